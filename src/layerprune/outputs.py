@@ -1,0 +1,48 @@
+"""Output directories that appear whole or not at all."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from layerprune.errors import LayerpruneError
+
+
+def check_output_dir(output: Path, overwrite: bool, inputs: tuple[Path, ...] = ()) -> None:
+    """Refuse an output that exists (without overwrite) or that is, or holds, an input."""
+    out = output.expanduser().resolve()
+    for source in inputs:
+        src = source.expanduser().resolve()
+        if out == src or src.is_relative_to(out) or out.is_relative_to(src):
+            raise LayerpruneError(f"output {output} is the input model directory (or inside it); choose another")
+    if out.exists() and not overwrite:
+        raise LayerpruneError(f"output {output} already exists; pass --overwrite to replace it")
+    if out.exists() and not out.is_dir():
+        raise LayerpruneError(f"output {output} exists and is not a directory")
+
+
+@contextlib.contextmanager
+def atomic_output_dir(output: Path, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary sibling directory; on success it replaces `output`, on failure it vanishes."""
+    output = output.expanduser()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+    try:
+        yield tmp
+        if output.exists():
+            if not overwrite:
+                raise LayerpruneError(f"output {output} appeared while writing; pass --overwrite to replace it")
+            shutil.rmtree(output)
+        tmp.rename(output)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if exc.errno == errno.ENOSPC:
+            raise LayerpruneError(f"no space left on device while writing {output}; nothing was written") from exc
+        raise LayerpruneError(f"could not write {output}: {exc}") from exc
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,0 +1,46 @@
+"""How to run (device, dtype, cache, shard size, seed): kept apart from what to do (recipes)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+CACHE_ENV = "LAYERPRUNE_CACHE"
+
+
+class RunSettings(BaseModel):
+    """Execution settings shared by every stage."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    device: str = Field("auto", description="Device: auto, cpu, cuda, cuda:1, ...")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weight dtype (auto: bfloat16 on CUDA, float32 on CPU)"
+    )
+    cache_dir: Path | None = Field(
+        None, description=f"Cache for converted models (default ${CACHE_ENV} or ~/.cache/layerprune)"
+    )
+    max_shard_size: str = Field("2GB", description="Largest safetensors shard when saving")
+    seed: int = Field(0, description="Random seed")
+    allow_pickle: bool = Field(False, description="Allow checkpoints stored only as pickle .bin files")
+    trust_remote_code: bool = Field(False, description="Run model code shipped with a hub checkpoint")
+
+    def resolved_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def resolved_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.resolved_device().type == "cuda" else torch.float32
+        return getattr(torch, self.dtype)
+
+    def resolved_cache_dir(self) -> Path:
+        if self.cache_dir is not None:
+            return self.cache_dir
+        env = os.environ.get(CACHE_ENV)
+        return Path(env) if env else Path.home() / ".cache" / "layerprune"

@@ -1,0 +1,72 @@
+"""Tiny random decoder-only models of each supported architecture, built offline in a temp dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+CORPUS = [
+    "Question: what is 12 + 7? Answer: 19", "The quick brown fox jumps over the lazy dog.",
+    "( [ { } ] ) 0 1 2 3 4 5 6 7 8 9 + - * = #### ", "You are a helpful assistant.",
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
+] * 20
+
+COMMON = dict(vocab_size=384, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256, head_dim=16)
+
+ARCHS: dict[str, dict] = {
+    "llama": dict(model_type="llama"),
+    "mistral": dict(model_type="mistral", sliding_window=8),
+    "qwen2": dict(model_type="qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=3),
+    "qwen3": dict(model_type="qwen3", use_sliding_window=True, sliding_window=8, max_window_layers=3),
+    "gemma2": dict(model_type="gemma2", sliding_window=8, query_pre_attn_scalar=16, final_logit_softcapping=30.0),
+    "gemma3_text": dict(model_type="gemma3_text", sliding_window=8, query_pre_attn_scalar=16,
+                        layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                                     "sliding_attention", "sliding_attention", "full_attention"]),
+    "phi3": dict(model_type="phi3", pad_token_id=0),
+    "olmo2": dict(model_type="olmo2"),
+}
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=380, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CORPUS, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def tiny_config(arch: str, layers: int = 6):
+    from transformers import AutoConfig
+
+    spec = dict(ARCHS[arch])
+    model_type = spec.pop("model_type")
+    kwargs = {**COMMON, **spec, "num_hidden_layers": layers, "bos_token_id": 1, "eos_token_id": 2}
+    kwargs.setdefault("pad_token_id", 0)
+    if "layer_types" in kwargs:
+        kwargs["layer_types"] = kwargs["layer_types"][:layers]
+    return AutoConfig.for_model(model_type, **kwargs)
+
+
+def make_tiny_model(directory: Path, arch: str = "llama", layers: int = 6, seed: int = 0) -> Path:
+    """Save a random tiny model with tokenizer and chat template to `directory`; return it."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, layers))
+    with torch.no_grad():  # random residual scale so that every block matters a little
+        for param in model.parameters():
+            param.normal_(0.0, 0.08)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    tiny_tokenizer().save_pretrained(directory)
+    return directory
