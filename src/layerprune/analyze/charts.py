@@ -1,0 +1,101 @@
+"""PNG charts for `analyze` (matplotlib, headless)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+
+def _pyplot():  # type: ignore[no-untyped-def]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_heatmaps(path: Path, tasks: dict[str, dict[str, list[float]]], critical: dict[str, dict[str, set[int]]],
+                  row_label: str) -> None:
+    """One heatmap per task (rows = blocks or relative-depth rows, columns = models), critical cells marked."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(tasks), figsize=(2.2 + 1.6 * len(tasks) * max(2, _models(tasks)), 7),
+                             squeeze=False)
+    for ax, (task, columns) in zip(axes[0], tasks.items()):
+        labels = list(columns)
+        matrix = [list(row) for row in zip(*columns.values())]
+        image = ax.imshow(matrix, aspect="auto", cmap="viridis", vmin=min(0.0, min(map(min, matrix))),
+                          vmax=max(0.05, max(map(max, matrix))), interpolation="nearest")
+        for col, label in enumerate(labels):
+            for row in sorted(critical[task][label]):
+                ax.text(col, row, "*", ha="center", va="center", color="red", fontsize=14, fontweight="bold")
+        ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(row_label)
+        ax.set_title(f"{task}: relative drop", fontsize=10)
+        fig.colorbar(image, ax=ax, fraction=0.05)
+    fig.suptitle("Drop when one block is skipped (* = critical)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _models(tasks: dict[str, dict[str, list[float]]]) -> int:
+    return max(len(columns) for columns in tasks.values())
+
+
+def plot_drop_curves(path: Path, drops: dict[str, dict[str, list[float]]], threshold: float) -> None:
+    """Drop over relative depth, one panel per task, one line per model."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(drops), figsize=(5 * len(drops), 3.6), squeeze=False)
+    for ax, (task, per_model) in zip(axes[0], drops.items()):
+        for label, values in per_model.items():
+            depth = len(values)
+            ax.plot([(i + 0.5) / depth for i in range(depth)], values, marker=".", label=label)
+        ax.axhline(threshold, color="red", linestyle="--", linewidth=0.8, label=f"threshold {threshold:g}")
+        ax.set_xlabel("relative depth of the skipped block")
+        ax.set_ylabel("relative drop")
+        ax.set_title(task, fontsize=10)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_nmi(path: Path, nmi: Sequence[float], elbow: int | None, critical: Sequence[int], title: str) -> None:
+    """NMI after each block (x = 0 is the embedding layer), elbow and critical blocks marked."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    xs = list(range(len(nmi)))
+    ax.plot(xs, nmi, marker="o", markersize=3, label="NMI vs embedding clusters")
+    for block in critical:
+        ax.axvspan(block + 0.5, block + 1.5, color="red", alpha=0.15, linewidth=0)
+    if critical:
+        ax.plot([], [], color="red", alpha=0.3, linewidth=6, label="critical block (skip drop > threshold)")
+    if elbow is not None:
+        ax.axvline(elbow + 1, color="black", linestyle="--", linewidth=1, label=f"elbow: block {elbow}")
+    ax.set_xlabel("after block (0 = embeddings)")
+    ax.set_ylabel("NMI")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_degeneration(path: Path, stats: dict[str, dict[str, float | int | None]]) -> None:
+    """Grouped bars of rep-2/3/4 and self-BLEU-4 per variant."""
+    plt = _pyplot()
+    keys = ["rep_2", "rep_3", "rep_4", "self_bleu_4"]
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    width = 0.8 / max(1, len(stats))
+    for offset, (label, values) in enumerate(stats.items()):
+        heights = [float(values.get(key) or 0.0) for key in keys]
+        ax.bar([i + offset * width for i in range(len(keys))], heights, width, label=label)
+    ax.set_xticks([i + width * (len(stats) - 1) / 2 for i in range(len(keys))], keys)
+    ax.set_ylabel("share / score")
+    ax.set_title("Degeneration (higher = more repetitive)", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,137 @@
+"""`analyze importance`: per-block ablation drops per model and task, compared across models and tasks."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from pathlib import Path
+from typing import Any
+
+from layerprune.analyze import charts, metrics
+from layerprune.analyze.records import Timer, loaded_models, resolve_models, run_record, write_json
+from layerprune.analyze.schemas import ImportanceAnalysis
+from layerprune.analyze.tasks import TASKS, TaskItem, task_items
+from layerprune.analyze.walk import ablate_accuracy, ablate_nll, build_batches
+from layerprune.data import resolve_data_dir
+from layerprune.models import LoadedModel, find_decoder_stack
+from layerprune.settings import RunSettings
+
+log = logging.getLogger(__name__)
+
+
+def score_blocks(loaded: LoadedModel, task: str, items: list[TaskItem], config: ImportanceAnalysis) -> dict[str, Any]:
+    """Base score, per-block ablated scores, relative drops and critical blocks of one model on one task."""
+    if config.metric == "nll":
+        batches = build_batches(loaded.tokenizer, items, config.batch_size, config.max_length)
+        result = ablate_nll(loaded.model, batches)
+        base = metrics.answer_probability(result.base_nll)
+        scores = [metrics.answer_probability(nll) for nll in result.ablated_nll]
+        raw = {"base_nll": result.base_nll, "ablated_nll": result.ablated_nll, "scored_tokens": result.scored_tokens}
+    else:
+        base, scores = ablate_accuracy(loaded.model, loaded.tokenizer, items, TASKS.get(task), config.batch_size)
+        raw = {}
+    drops = metrics.relative_drops(base, scores)
+    return {"base_score": base, "scores": scores, "drops": drops,
+            "critical": metrics.critical_blocks(drops, config.threshold), "depth": len(drops), **raw}
+
+
+def compare_models(per_model: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Pairwise Spearman of drops and Jaccard of critical sets, on a grid aligned by relative depth."""
+    depths = {label: result["depth"] for label, result in per_model.items()}
+    grid = max(depths.values())
+    aligned = len(set(depths.values())) > 1
+    drops = {label: metrics.align_by_depth(r["drops"], grid) for label, r in per_model.items()}
+    critical = {label: metrics.align_blocks(r["critical"], r["depth"], grid) for label, r in per_model.items()}
+    pairs = {}
+    for a, b in itertools.combinations(per_model, 2):
+        pairs[f"{a} vs {b}"] = {"spearman": metrics.spearman(drops[a], drops[b]),
+                                "critical_jaccard": metrics.jaccard(critical[a], critical[b])}
+    return {"aligned_by": "relative depth" if aligned else "block index", "rows": grid, "depths": depths,
+            "aligned_drops": drops, "aligned_critical": critical, "pairs": pairs}
+
+
+def compare_tasks(per_task: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """For one model: Spearman of drops between tasks and which critical blocks each task has alone."""
+    pairs = {}
+    for a, b in itertools.combinations(per_task, 2):
+        ca, cb = set(per_task[a]["critical"]), set(per_task[b]["critical"])
+        pairs[f"{a} vs {b}"] = {"spearman": metrics.spearman(per_task[a]["drops"], per_task[b]["drops"]),
+                                "critical_jaccard": metrics.jaccard(ca, cb), "both": sorted(ca & cb),
+                                f"only_{a}": sorted(ca - cb), f"only_{b}": sorted(cb - ca)}
+    return pairs
+
+
+def collect_scores(config: ImportanceAnalysis, settings: RunSettings, timer: Timer) -> tuple[dict, dict]:
+    """Run every task on every model (one model in memory at a time)."""
+    data_dir = resolve_data_dir(config.data_dir)
+    sources = resolve_models(config.models, settings)
+    items = {task: task_items(task, config.samples, settings.seed, config.shots, data_dir) for task in config.tasks}
+    results: dict[str, dict[str, Any]] = {task: {} for task in config.tasks}
+    models: dict[str, Any] = {}
+    for label, loaded in loaded_models(sources, settings):
+        depth = len(find_decoder_stack(loaded.model))
+        models[label] = {"spec": loaded.source.spec, "source": vars(loaded.source), "depth": depth,
+                         "load_seconds": round(loaded.load_seconds, 2)}
+        for task in config.tasks:
+            log.info("importance: %s on %s (%d blocks, %d items, %s)", label, task, depth, len(items[task]), config.metric)
+            with timer(f"{label}/{task}"):
+                results[task][label] = score_blocks(loaded, task, items[task], config)
+    return models, results
+
+
+def analyze_importance(config: ImportanceAnalysis, settings: RunSettings, out: Path) -> dict[str, Any]:
+    """Compute everything and write importance.json, heatmap.png, drops.png and summary.md into `out`."""
+    timer = Timer()
+    models, results = collect_scores(config, settings, timer)
+    across_models = {task: compare_models(per_model) for task, per_model in results.items()}
+    across_tasks = {label: compare_tasks({task: results[task][label] for task in results}) for label in models}
+    report = {"config": config.model_dump(mode="json"), "models": models, "tasks": results,
+              "across_models": across_models, "across_tasks": across_tasks, "timings_s": timer.seconds,
+              "score": score_description(config.metric), "run": run_record(settings)}
+    write_json(out / "importance.json", report)
+    write_importance_charts(out, results, across_models, config.threshold)
+    (out / "summary.md").write_text(importance_summary(report), encoding="utf-8")
+    return report
+
+
+def score_description(metric: str) -> str:
+    if metric == "nll":
+        return ("score = exp(-mean answer-token NLL) (geometric-mean probability of the answer tokens); "
+                "drop = (score_full - score_skipped) / score_full")
+    return "score = greedy exact-match accuracy; drop = (acc_full - acc_skipped) / acc_full"
+
+
+def write_importance_charts(out: Path, results: dict, across: dict, threshold: float) -> None:
+    aligned = any(a["aligned_by"] == "relative depth" for a in across.values())
+    row_label = f"relative-depth row (of {max(a['rows'] for a in across.values())})" if aligned else "block"
+    charts.plot_heatmaps(out / "heatmap.png", {t: a["aligned_drops"] for t, a in across.items()},
+                         {t: a["aligned_critical"] for t, a in across.items()}, row_label)
+    charts.plot_drop_curves(out / "drops.png", {t: {m: r["drops"] for m, r in per.items()} for t, per in results.items()},
+                            threshold)
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def importance_summary(report: dict[str, Any]) -> str:
+    """A short markdown summary of importance.json."""
+    config = report["config"]
+    lines = ["# Block importance", "", f"Metric: {config['metric']} ({report['score']}); critical = drop > "
+             f"{config['threshold']:g}; {config['samples']} items per task.", ""]
+    for task, per_model in report["tasks"].items():
+        across = report["across_models"][task]
+        lines += [f"## {task}", "", "| model | blocks | full score | critical blocks |", "|---|---|---|---|"]
+        lines += [f"| {m} | {r['depth']} | {_fmt(r['base_score'])} | {r['critical']} |" for m, r in per_model.items()]
+        if across["aligned_by"] == "relative depth":
+            lines += ["", f"Models have different depths {across['depths']}: compared on {across['rows']} rows "
+                          "aligned by relative depth."]
+        lines += [f"- {pair}: Spearman {_fmt(v['spearman'])}, critical-set Jaccard {_fmt(v['critical_jaccard'])}"
+                  for pair, v in across["pairs"].items()]
+        lines.append("")
+    lines += ["## Task vs task (per model)", ""]
+    for label, pairs in report["across_tasks"].items():
+        for pair, v in pairs.items():
+            only = "; ".join(f"{k.removeprefix('only_')} only: {v[k]}" for k in v if k.startswith("only_"))
+            lines.append(f"- {label}, {pair}: Spearman {_fmt(v['spearman'])}; both: {v['both']}; {only}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,170 @@
+"""Pure measures used by `analyze`: drops, critical sets, rank correlation, overlap, elbow, degeneration.
+
+Everything here works on plain Python numbers and strings (no model, no torch), so each function is
+unit-tested against values computed by hand.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from typing import Sequence
+
+WORD = re.compile(r"\w+|[^\w\s]")
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+def answer_probability(mean_nll: float) -> float:
+    """Geometric-mean probability of the scored tokens, exp(-mean NLL): an accuracy-like score in (0, 1]."""
+    return math.exp(-mean_nll)
+
+
+def relative_drops(base: float, ablated: Sequence[float]) -> list[float]:
+    """(base - ablated) / base for each ablated score (higher-is-better scores); 0 when base is 0."""
+    if base == 0:
+        return [0.0 for _ in ablated]
+    return [(base - value) / base for value in ablated]
+
+
+def critical_blocks(drops: Sequence[float], threshold: float) -> list[int]:
+    """Indices whose relative drop is strictly above `threshold`."""
+    return [index for index, drop in enumerate(drops) if drop > threshold]
+
+
+def average_ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks; tied values share the mean of their ranks."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for position in range(start, end + 1):
+            ranks[order[position]] = (start + end) / 2 + 1
+        start = end + 1
+    return ranks
+
+
+def pearson(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Pearson correlation; None when either side is constant or shorter than 2."""
+    if len(x) != len(y):
+        raise ValueError(f"pearson needs equal lengths, got {len(x)} and {len(y)}")
+    if len(x) < 2:
+        return None
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
+    sxx = sum((a - mx) ** 2 for a in x)
+    syy = sum((b - my) ** 2 for b in y)
+    if sxx == 0 or syy == 0:
+        return None
+    return sxy / math.sqrt(sxx * syy)
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Spearman rank correlation (Pearson of average ranks); None when undefined."""
+    return pearson(average_ranks(x), average_ranks(y))
+
+
+def jaccard(a: set[int] | Sequence[int], b: set[int] | Sequence[int]) -> float | None:
+    """|A & B| / |A | B|; None when both sets are empty (nothing to compare)."""
+    a, b = set(a), set(b)
+    if not a and not b:
+        return None
+    return len(a & b) / len(a | b)
+
+
+def relative_depth_map(depth: int, grid: int) -> list[int]:
+    """For each of `grid` rows at relative depth (r + 0.5) / grid, the block of a `depth`-block model there."""
+    return [min(depth - 1, int((row + 0.5) / grid * depth)) for row in range(grid)]
+
+
+def align_by_depth(values: Sequence[float], grid: int) -> list[float]:
+    """Resample per-block values onto `grid` rows by relative depth (identity when the depths match)."""
+    return [values[block] for block in relative_depth_map(len(values), grid)]
+
+
+def align_blocks(blocks: Sequence[int], depth: int, grid: int) -> set[int]:
+    """Grid rows that fall on any of `blocks` of a `depth`-block model."""
+    chosen = set(blocks)
+    return {row for row, block in enumerate(relative_depth_map(depth, grid)) if block in chosen}
+
+
+def largest_drop(series: Sequence[float]) -> int | None:
+    """Index i > 0 maximising series[i-1] - series[i] (the elbow); None for fewer than 2 points."""
+    if len(series) < 2:
+        return None
+    return max(range(1, len(series)), key=lambda i: series[i - 1] - series[i])
+
+
+def words(text: str) -> list[str]:
+    """Lower-cased word and punctuation tokens."""
+    return WORD.findall(text.lower())
+
+
+def ngrams(tokens: Sequence[str], n: int) -> list[tuple[str, ...]]:
+    return [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+
+
+def rep_n(tokens: Sequence[str], n: int) -> float | None:
+    """Share of repeated n-grams in one response: 1 - unique / total; None when it has no n-gram."""
+    grams = ngrams(tokens, n)
+    if not grams:
+        return None
+    return 1 - len(set(grams)) / len(grams)
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences split at . ! ? followed by space, and at line breaks; empty pieces dropped."""
+    return [part.strip() for part in SENTENCE_END.split(text) if part.strip()]
+
+
+def sentence_bleu(hypothesis: Sequence[str], references: Sequence[Sequence[str]], max_n: int = 4,
+                  epsilon: float = 0.1) -> float:
+    """BLEU-`max_n` of one tokenized sentence against references (uniform weights, clipped counts,
+    brevity penalty against the closest reference length, zero counts smoothed to `epsilon`)."""
+    if not hypothesis or not references:
+        return 0.0
+    log_precision = 0.0
+    for n in range(1, max_n + 1):
+        hyp = Counter(ngrams(hypothesis, n))
+        total = sum(hyp.values())
+        if total == 0:
+            log_precision += math.log(epsilon) / max_n  # shorter than n: smoothed like a zero count
+            continue
+        best: Counter[tuple[str, ...]] = Counter()
+        for reference in references:
+            best |= Counter(ngrams(reference, n))
+        clipped = sum(min(count, best[gram]) for gram, count in hyp.items())
+        log_precision += math.log((clipped or epsilon) / total) / max_n
+    closest = min((len(r) for r in references), key=lambda length: (abs(length - len(hypothesis)), length))
+    brevity = 1.0 if len(hypothesis) > closest else math.exp(1 - closest / len(hypothesis))
+    return brevity * math.exp(log_precision)
+
+
+def self_bleu(text: str, max_n: int = 4) -> float | None:
+    """Mean BLEU of each sentence against the other sentences of the same response; None under 2 sentences."""
+    sentences = [words(s) for s in split_sentences(text)]
+    sentences = [s for s in sentences if s]
+    if len(sentences) < 2:
+        return None
+    scores = [sentence_bleu(s, sentences[:i] + sentences[i + 1 :], max_n) for i, s in enumerate(sentences)]
+    return sum(scores) / len(scores)
+
+
+def mean_or_none(values: Sequence[float | None]) -> float | None:
+    """Mean of the defined values; None when none is defined."""
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None
+
+
+def degeneration_stats(outputs: Sequence[str]) -> dict[str, float | int | None]:
+    """rep-2/3/4 and self-BLEU-4 (means over responses where defined) and mean length in words."""
+    tokenized = [words(text) for text in outputs]
+    stats: dict[str, float | int | None] = {"responses": len(outputs)}
+    for n in (2, 3, 4):
+        stats[f"rep_{n}"] = mean_or_none([rep_n(tokens, n) for tokens in tokenized])
+    stats["self_bleu_4"] = mean_or_none([self_bleu(text) for text in outputs])
+    stats["mean_length_words"] = mean_or_none([float(len(tokens)) for tokens in tokenized])
+    return stats

@@ -1,0 +1,76 @@
+"""What each `analyze` subcommand does (strict pydantic schemas; their descriptions are the CLI help)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+DEFAULT_MODELS = ["embedded", "embedded:gemma3-270m"]
+
+
+class OutputOptions(BaseModel):
+    """Where results go."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    output: Path | None = Field(None, description="Output directory (default analysis/<subcommand>)")
+    overwrite: bool = Field(False, description="Replace the output directory if it exists")
+    data_dir: Path | None = Field(None, description="Local data mirror (default $LAYERPRUNE_DATA_DIR or ../shared/data)")
+
+
+class ImportanceAnalysis(OutputOptions):
+    """Per-block ablation drops for several models and tasks, compared across both."""
+
+    models: list[str] = Field(default_factory=lambda: list(DEFAULT_MODELS),
+                              description="Models to compare: hub ids, local dirs, .gguf files or embedded[:name]")
+    tasks: list[str] = Field(default_factory=lambda: ["arithmetic", "factual"],
+                             description="Comma-separated tasks: arithmetic, gsm8k (train), factual (capitals), triviaqa")
+    metric: Literal["nll", "accuracy"] = Field(
+        "nll", description="nll: answer-token NLL with prefix reuse (fast); accuracy: greedy exact match (generates)")
+    samples: int = Field(32, ge=1, description="Items per task")
+    shots: int = Field(3, ge=0, description="Few-shot examples per prompt (arithmetic, factual, triviaqa)")
+    threshold: float = Field(0.2, gt=0, description="Relative drop above which a block is critical")
+    batch_size: int = Field(16, ge=1, description="Sequences per forward")
+    max_length: int = Field(512, ge=8, description="Longest sequence in tokens (prompts are cut from the left)")
+
+    @field_validator("models", "tasks")
+    @classmethod
+    def _not_empty(cls, value: list[str]) -> list[str]:
+        value = [v for v in value if v]
+        if not value:
+            raise ValueError("needs at least one entry")
+        if len(set(value)) != len(value):
+            raise ValueError(f"lists an entry twice: {value}")
+        return value
+
+
+class NmiAnalysis(OutputOptions):
+    """NMI between each block's token clusters and the embedding layer's clusters."""
+
+    model: str = Field("embedded", description="Model: hub id, local dir, .gguf file or embedded[:name]")
+    calib: str = Field("gsm8k", description="Calibration task whose texts give the tokens: arithmetic, gsm8k, factual, triviaqa")
+    samples: int = Field(24, ge=1, description="Calibration texts")
+    k: int = Field(16, ge=2, description="k-means clusters per block")
+    normalize: bool = Field(True, description="Cluster unit-length hidden states (cosine geometry) instead of raw ones")
+    threshold: float = Field(0.2, gt=0, description="Relative drop (of answer-token probability on the calibration "
+                                                    "texts) above which a block is marked critical")
+    batch_size: int = Field(8, ge=1, description="Sequences per forward")
+    max_length: int = Field(256, ge=8, description="Longest sequence in tokens")
+
+
+class DegenerationAnalysis(OutputOptions):
+    """Repetition and self-similarity of responses, per model or generations file."""
+
+    generations: list[Path] = Field(default_factory=list,
+                                    description="JSONL files with prompt and output fields (one per model variant)")
+    models: list[str] = Field(default_factory=list, description="Or: models to generate with, e.g. original, pruned, recovered")
+    labels: list[str] = Field(default_factory=list, description="Comma-separated names for the files/models, in order")
+    prompt_field: str = Field("prompt", description="Field holding the prompt in the generations files")
+    output_field: str = Field("output", description="Field holding the response in the generations files")
+    prompts: str = Field("alpaca_eval", description="Prompts for on-the-fly generation: a data-mirror folder "
+                                                    "(first split found) with an instruction/question/prompt field")
+    samples: int = Field(8, ge=1, description="Prompts to generate from (on-the-fly only)")
+    max_new_tokens: int = Field(128, ge=1, description="Tokens generated per response (greedy)")
+    batch_size: int = Field(8, ge=1, description="Prompts per generate call")

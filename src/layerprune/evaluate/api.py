@@ -1,0 +1,54 @@
+"""Several models in one call: each evaluated (cached), then compared when there is more than one."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from layerprune.evaluate.report import compare, format_table
+from layerprune.evaluate.runner import evaluate_model
+from layerprune.evaluate.schema import EvalSettings, Summary
+from layerprune.models import resolve_model
+from layerprune.models.loading import load_tokenizer
+from layerprune.outputs import atomic_output_dir, check_output_dir
+from layerprune.settings import RunSettings
+
+log = logging.getLogger(__name__)
+
+
+def tokenizer_fingerprint(spec: Any, run: RunSettings) -> tuple[int, tuple[tuple[str, int], ...]]:
+    tokenizer = load_tokenizer(resolve_model(spec, run), run)
+    vocab = tokenizer.get_vocab()
+    return len(vocab), tuple(sorted(vocab.items()))
+
+
+def warn_tokenizer_mismatch(roles: dict[str, Any], run: RunSettings) -> str | None:
+    """A baseline whose tokenizer differs from the pruned model's makes the comparison doubtful: warn, go on."""
+    if "baseline" not in roles or "pruned" not in roles:
+        return None
+    if tokenizer_fingerprint(roles["baseline"], run) == tokenizer_fingerprint(roles["pruned"], run):
+        return None
+    message = (f"warning: the baseline {roles['baseline']} has a different tokenizer than the pruned model "
+               f"{roles['pruned']}; scores are compared anyway")
+    log.warning(message)
+    return message
+
+
+def evaluate_models(roles: dict[str, Any], settings: EvalSettings, run: RunSettings, output: Path,
+                    overwrite: bool = False) -> str:
+    """Evaluate each model into output/<role> (or output itself for one model); return the printed tables."""
+    check_output_dir(output, overwrite)
+    warning = warn_tokenizer_mismatch(roles, run)
+    summaries: dict[str, Summary] = {}
+    with atomic_output_dir(output, overwrite) as tmp:
+        for role, spec in roles.items():
+            target = tmp if len(roles) == 1 else tmp / role
+            log.info("== %s: %s", role, spec or "embedded")
+            summaries[role] = evaluate_model(spec, settings, run, target, overwrite=True)
+        if len(roles) == 1:
+            return format_table(next(iter(summaries.values())))
+        report = compare(summaries, tmp)
+        if warning:
+            (tmp / "comparison.md").write_text((tmp / "comparison.md").read_text() + f"\n{warning}\n")
+    return "\n\n".join(f"## {role}\n{format_table(s)}" for role, s in summaries.items()) + "\n\n" + report["table"]

@@ -1,0 +1,105 @@
+"""Point lm-eval's own task configs (prompts, metrics) at local JSONL files laid out like the hub."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from layerprune.data import DATA_ENV
+from layerprune.errors import LayerpruneError
+from layerprune.evaluate.registry import TaskSpec
+
+log = logging.getLogger(__name__)
+SPLIT_KEYS = ("training_split", "validation_split", "test_split", "fewshot_split")
+
+
+def lm_eval_tasks_dir() -> Path:
+    import lm_eval.tasks
+
+    return Path(lm_eval.tasks.__file__).parent
+
+
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
+
+
+def split_path(data_dir: Path, dataset: str, split: str) -> Path:
+    return data_dir / dataset / f"{split}.jsonl"
+
+
+def missing_splits(spec: TaskSpec, data_dir: Path | None) -> list[Path]:
+    """The local files this task needs that are not there (all of them when there is no data dir)."""
+    assert spec.dataset is not None
+    root = data_dir if data_dir is not None else Path(f"${DATA_ENV}")
+    paths = [split_path(root, spec.dataset, split) for split in sorted(set(spec.splits.values()))]
+    return [p for p in paths if data_dir is None or not p.is_file()]
+
+
+def check_local_data(spec: TaskSpec, data_dir: Path | None) -> bool:
+    """True when the task reads local files; False to use the hub; an error when neither can work."""
+    missing = missing_splits(spec, data_dir)
+    if not missing:
+        return True
+    if hub_offline():
+        raise LayerpruneError(
+            f"no data for task '{spec.name}' (dataset '{spec.dataset}') and the hub is offline: looked for "
+            f"{missing[0]}; put the hub's rows there as JSONL (--data-dir or ${DATA_ENV})"
+        )
+    log.warning("%s: no local file at %s; reading %s from the hub", spec.name, missing[0], spec.dataset)
+    return False
+
+
+def local_overrides(spec: TaskSpec, data_dir: Path) -> dict[str, Any]:
+    """The config keys that swap the hub dataset for local JSONL files, splits unchanged in name."""
+    assert spec.dataset is not None
+    files = {split: str(split_path(data_dir, spec.dataset, split).resolve()) for split in set(spec.splits.values())}
+    overrides: dict[str, Any] = {key: spec.splits.get(key) for key in SPLIT_KEYS}
+    overrides.update(dataset_path="json", dataset_name=None, dataset_kwargs={"data_files": files})
+    return overrides
+
+
+def lm_eval_config(spec: TaskSpec, data_dir: Path | None) -> dict[str, Any]:
+    """lm-eval's task config for `spec` (functions resolved), with local files when there are some."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    assert spec.lm_eval_yaml is not None
+    config = load_yaml(lm_eval_tasks_dir() / spec.lm_eval_yaml, resolve_func=True)
+    for key in ("tag", "group"):
+        config.pop(key, None)
+    if check_local_data(spec, data_dir):
+        assert data_dir is not None
+        config.update(local_overrides(spec, data_dir))
+    return config
+
+
+def write_task_yaml(spec: TaskSpec, data_dir: Path, folder: Path) -> Path:
+    """A task YAML for lm-eval's own CLI (`--include_path folder`): include lm-eval's file, swap the data."""
+    assert spec.lm_eval_yaml is not None
+    folder.mkdir(parents=True, exist_ok=True)
+    body = {"include": str(lm_eval_tasks_dir() / spec.lm_eval_yaml), "task": spec.name, "tag": []}
+    body.update(local_overrides(spec, data_dir))
+    path = folder / f"{spec.name}.yaml"
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    return path
+
+
+def count_rows(path: Path) -> int:
+    with path.open(encoding="utf-8") as handle:
+        return sum(1 for line in handle if line.strip())
+
+
+def check_fewshot_pool(spec: TaskSpec, data_dir: Path | None, num_fewshot: int) -> None:
+    """Refuse more few-shot examples than the split they are drawn from holds (minus the question)."""
+    if num_fewshot <= 0 or data_dir is None or spec.dataset is None:
+        return
+    path = split_path(data_dir, spec.dataset, spec.fewshot_split)
+    if not path.is_file():
+        return
+    pool = count_rows(path) - (spec.fewshot_split == spec.eval_split)
+    if num_fewshot > pool:
+        raise LayerpruneError(f"--num-fewshot {num_fewshot} is larger than the few-shot pool of '{spec.name}' "
+                              f"({pool} examples in {path})")

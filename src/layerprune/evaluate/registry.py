@@ -1,0 +1,82 @@
+"""The tasks `evaluate` knows: lm-eval's own tasks mapped onto local files, and this project's probes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from layerprune.probes import OPS
+from layerprune.registry import Registry
+
+Kind = Literal["classification", "generative"]
+Source = Literal["lm_eval", "probe", "humaneval"]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """How one task is run and which of its metrics is the headline number."""
+
+    name: str
+    kind: Kind
+    source: Source
+    metrics: tuple[str, ...]  # lm-eval result keys ("acc", "exact_match,strict-match"); the first is the headline
+    dataset: str | None = None  # folder in the data mirror
+    lm_eval_yaml: str | None = None  # path under lm_eval/tasks/
+    splits: dict[str, str] = field(default_factory=dict)  # lm-eval split key -> mirror split
+    chat_protocol: bool = False  # --chat-template auto applies the template to this task
+    optional: bool = False  # suites skip it (with a warning) when its data is not there
+    probe: dict[str, object] = field(default_factory=dict)  # arguments for layerprune.probes
+
+    @property
+    def eval_split(self) -> str:
+        return self.splits.get("test_split") or self.splits["validation_split"]
+
+    @property
+    def fewshot_split(self) -> str:
+        """The split lm-eval draws few-shot examples from (its own rule: fewshot, train, validation, test)."""
+        for key in ("fewshot_split", "training_split", "validation_split", "test_split"):
+            if key in self.splits:
+                return self.splits[key]
+        raise KeyError(self.name)
+
+
+TASKS: Registry[TaskSpec] = Registry("task")
+ONLY_TEST = {"test_split": "test"}
+ONLY_VALIDATION = {"validation_split": "validation"}
+ACC = ("acc", "acc_norm")
+
+
+def add_task(spec: TaskSpec) -> TaskSpec:
+    return TASKS.register(spec.name)(spec)
+
+
+for _name, _yaml, _splits, _metrics in [
+    ("arc_easy", "arc/arc_easy.yaml", ONLY_TEST, ("acc_norm", "acc")),
+    ("arc_challenge", "arc/arc_challenge.yaml", ONLY_TEST, ("acc_norm", "acc")),
+    ("hellaswag", "hellaswag/hellaswag.yaml", ONLY_VALIDATION, ("acc_norm", "acc")),
+    ("piqa", "piqa/piqa.yaml", ONLY_VALIDATION, ("acc_norm", "acc")),
+    ("winogrande", "winogrande/default.yaml", ONLY_VALIDATION, ("acc",)),
+    ("boolq", "super_glue/boolq/default.yaml", ONLY_VALIDATION, ("acc",)),
+    ("openbookqa", "openbookqa/openbookqa.yaml", ONLY_TEST, ("acc_norm", "acc")),
+]:
+    add_task(TaskSpec(_name, "classification", "lm_eval", _metrics, _name, _yaml, _splits))
+
+add_task(TaskSpec("gsm8k", "generative", "lm_eval", ("exact_match,strict-match", "exact_match,flexible-extract"),
+                  "gsm8k", "gsm8k/gsm8k.yaml", {"fewshot_split": "train", "training_split": "train",
+                                                "test_split": "test"}, chat_protocol=True))
+add_task(TaskSpec("triviaqa", "generative", "lm_eval", ("exact_match,remove_whitespace",), "triviaqa",
+                  "triviaqa/default.yaml", {"training_split": "train", "validation_split": "validation"},
+                  chat_protocol=True, optional=True))
+add_task(TaskSpec("humaneval_plus", "generative", "humaneval", ("pass@1",), "humaneval_plus",
+                  splits=ONLY_TEST))
+
+OP_NAMES = {"+": "add", "-": "sub", "*": "mul"}
+add_task(TaskSpec("arith_1dc", "generative", "probe", ("exact_match",), probe={"family": "arithmetic",
+                                                                              "kind": "composite"}))
+for _digits in range(2, 6):
+    for _op in OPS:
+        add_task(TaskSpec(f"arith_{_digits}d_{OP_NAMES[_op]}", "generative", "probe", ("exact_match",),
+                          probe={"family": "arithmetic", "kind": "multi", "digits": _digits, "op": _op}))
+for _depth in range(2, 9):
+    add_task(TaskSpec(f"brackets_d{_depth}", "generative", "probe", ("exact_match",),
+                      probe={"family": "brackets", "depth": _depth}))

@@ -1,0 +1,90 @@
+"""Model fingerprints, the result cache keyed by (model hash, task, settings), and summary rows."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from layerprune.evaluate.registry import TaskSpec
+from layerprune.evaluate.schema import TaskResult
+from layerprune.models import ModelSource
+
+HASH_CHUNK = 8 << 20
+
+
+def file_sha256(path: Path, memo: dict[str, Any]) -> str:
+    """A file's sha256, remembered by (path, size, mtime) so large weights are read once."""
+    stat = path.stat()
+    key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    if key not in memo:
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            while chunk := handle.read(HASH_CHUNK):
+                digest.update(chunk)
+        memo[key] = digest.hexdigest()
+    return str(memo[key])
+
+
+def model_hash(source: ModelSource, cache_root: Path) -> str:
+    """What identifies the exact weights: file hashes for local models, id and revision for the hub."""
+    if not source.is_local:
+        return hashlib.sha256(json.dumps(source.identity, sort_keys=True, default=str).encode()).hexdigest()
+    memo_path = cache_root / "file_hashes.json"
+    memo = json.loads(memo_path.read_text()) if memo_path.is_file() else {}
+    folder = Path(source.location)
+    names = sorted(p.name for p in folder.iterdir() if p.suffix in (".safetensors", ".bin") or p.name == "config.json")
+    digest = hashlib.sha256()
+    for name in names:
+        digest.update(f"{name}:{file_sha256(folder / name, memo)}\n".encode())
+    memo_path.parent.mkdir(parents=True, exist_ok=True)
+    memo_path.write_text(json.dumps(memo, indent=0))
+    return digest.hexdigest()
+
+
+def settings_key(settings: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def cache_path(cache_root: Path, model_digest: str, task: str, settings: dict[str, Any]) -> Path:
+    return cache_root / model_digest[:20] / f"{task}-{settings_key(settings)}.json"
+
+
+def read_cached(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def write_cached(path: Path, entry: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(entry, indent=1, default=str))
+    tmp.replace(path)
+
+
+def _number(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(number) else number
+
+
+def summarize(spec: TaskSpec, raw: dict[str, Any], settings: dict[str, Any], seconds: float) -> list[TaskResult]:
+    """Pick the task's metrics (headline first) out of lm-eval's results dict."""
+    scores = raw["results"][spec.name]
+    n = int(raw.get("n-samples", {}).get(spec.name, {}).get("effective", 0))
+    rows = []
+    for index, metric in enumerate(spec.metrics):
+        name, _, filt = metric.partition(",")
+        value = _number(scores.get(f"{name},{filt or 'none'}"))
+        if value is None:
+            continue
+        stderr = _number(scores.get(f"{name}_stderr,{filt or 'none'}"))
+        rows.append(TaskResult(task=spec.name, kind=spec.kind, metric=metric, value=value, stderr=stderr, n=n,
+                               headline=index == 0, settings=settings, seconds=seconds))
+    return rows

@@ -1,0 +1,221 @@
+"""Evaluate one model: plan the tasks, run each through lm-eval's `simple_evaluate`, cache and save results."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from layerprune.data import resolve_data_dir
+from layerprune.errors import LayerpruneError, one_line
+from layerprune.evaluate.offline import lm_eval_config
+from layerprune.evaluate.project_tasks import humaneval_config, probe_config
+from layerprune.evaluate.results import cache_path, model_hash, read_cached, summarize, write_cached
+from layerprune.evaluate.sandbox import SandboxLimits
+from layerprune.evaluate.schema import EvalSettings, Summary, TaskResult
+from layerprune.evaluate.suites import PlannedTask, plan_tasks
+from layerprune.models import LoadedModel, ModelSource, load_model, resolve_model
+from layerprune.models.loading import load_tokenizer
+from layerprune.outputs import atomic_output_dir, check_output_dir
+from layerprune.settings import RunSettings
+
+log = logging.getLogger(__name__)
+CPU_BATCH = 32
+
+
+@dataclass
+class ModelHandle:
+    """A model that is loaded only when some task is not cached."""
+
+    source: ModelSource
+    run: RunSettings
+    loaded: LoadedModel | None = None
+    lm: Any = None
+    digest: str = ""
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def get(self) -> LoadedModel:
+        if self.loaded is None:
+            log.info("loading %s", self.source.spec)
+            self.loaded = load_model(self.source, self.run)
+        return self.loaded
+
+
+def has_chat_template(handle: ModelHandle) -> bool:
+    tokenizer = handle.loaded.tokenizer if handle.loaded else load_tokenizer(handle.source, handle.run)
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def applies_chat(task: PlannedTask, mode: str, template: bool) -> bool:
+    """--chat-template: on = every task (when the model has a template), auto = where the task calls for it."""
+    if mode == "off" or not template:
+        return False
+    return mode == "on" or task.spec.chat_protocol
+
+
+def task_settings(task: PlannedTask, settings: EvalSettings, run: RunSettings, chat: bool) -> dict[str, Any]:
+    """Everything that can change a task's score; the cache key and the record in the summary."""
+    import lm_eval
+
+    return {"task": task.spec.name, "limit": task.limit, "num_fewshot": task.num_fewshot,
+            "max_gen_toks": task.max_gen_toks, "chat_template": chat, "backend": settings.backend,
+            "batch_size": settings.batch_size, "dtype": str(run.resolved_dtype()),
+            "device": run.resolved_device().type, "probe_seed": settings.probe_seed if task.spec.source == "probe"
+            else None, "lm_eval": lm_eval.__version__ if hasattr(lm_eval, "__version__") else
+            importlib.metadata.version("lm_eval"), "data": _data_identity(task, settings)}
+
+
+def _data_identity(task: PlannedTask, settings: EvalSettings) -> str | None:
+    if task.spec.source == "probe" or task.spec.dataset is None:
+        return None
+    data_dir = resolve_data_dir(settings.data_dir)
+    if data_dir is None:
+        return "hub"
+    folder = data_dir / task.spec.dataset
+    files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
+    return ";".join(f"{p.name}:{p.stat().st_size}" for p in files) or "hub"
+
+
+def task_config(task: PlannedTask, settings: EvalSettings, data_dir: Path | None) -> dict[str, Any]:
+    spec = task.spec
+    if spec.source == "probe":
+        return probe_config(spec, settings.probe_seed)
+    if spec.source == "humaneval":
+        limits = SandboxLimits(timeout_s=settings.sandbox_timeout, memory_mb=settings.sandbox_memory_mb)
+        return humaneval_config(spec, data_dir, limits)
+    return lm_eval_config(spec, data_dir)
+
+
+def build_task(config: dict[str, Any], spec_name: str, data_hint: str) -> Any:
+    """lm-eval Task object for a config dict (this downloads or reads the data)."""
+    from lm_eval.tasks import TaskManager
+
+    try:
+        return TaskManager(include_defaults=False).load([config])["tasks"][spec_name]
+    except LayerpruneError:
+        raise
+    except Exception as exc:  # datasets raises many types for missing files or no network
+        raise LayerpruneError(f"could not load the data of task '{spec_name}' ({one_line(exc)[:160]}); "
+                              f"{data_hint}") from exc
+
+
+def make_lm(handle: ModelHandle, settings: EvalSettings) -> Any:
+    """lm-eval's model wrapper: HFLM around the loaded model, or vLLM given the model's location."""
+    if handle.lm is not None:
+        return handle.lm
+    batch: int | str = settings.batch_size if settings.batch_size == "auto" else int(settings.batch_size)
+    if settings.backend == "vllm":
+        if importlib.util.find_spec("vllm") is None:
+            raise LayerpruneError("--backend vllm needs vLLM (pip install 'layerprune[vllm]' on a CUDA machine)")
+        from lm_eval.models.vllm_causallms import VLLM
+
+        handle.lm = VLLM(pretrained=handle.source.location, batch_size=batch,
+                         dtype=str(handle.run.resolved_dtype()).removeprefix("torch."), seed=handle.run.seed)
+        return handle.lm
+    from lm_eval.models.huggingface import HFLM
+
+    loaded = handle.get()
+    if batch == "auto" and loaded.model.device.type == "cpu":
+        batch = CPU_BATCH
+    handle.lm = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=batch, max_batch_size=64)
+    return handle.lm
+
+
+def run_task(handle: ModelHandle, task: PlannedTask, settings: EvalSettings, chat: bool,
+             data_dir: Path | None) -> dict[str, Any]:
+    """One task through `simple_evaluate`; returns lm-eval's results (samples included)."""
+    import lm_eval
+
+    hint = f"put it at {data_dir or '<data-dir>'}/{task.spec.dataset}/ (--data-dir)"
+    lm_task = build_task(task_config(task, settings, data_dir), task.spec.name, hint)
+    gen = {"max_gen_toks": task.max_gen_toks} if task.max_gen_toks else None
+    raw = lm_eval.simple_evaluate(
+        model=make_lm(handle, settings), tasks=[lm_task], num_fewshot=task.num_fewshot, limit=task.limit,
+        apply_chat_template=chat, fewshot_as_multiturn=chat, gen_kwargs=gen, log_samples=True,
+        confirm_run_unsafe_code=True,
+    )
+    if raw is None:
+        raise LayerpruneError(f"lm-eval returned no results for {task.spec.name}")
+    return raw
+
+
+def evaluate_task(handle: ModelHandle, task: PlannedTask, settings: EvalSettings, chat: bool,
+                  data_dir: Path | None, cache_root: Path) -> dict[str, Any]:
+    """Cached result of one task: {'rows': [...], 'raw': lm-eval results, 'samples': [...]}."""
+    key = task_settings(task, settings, handle.run, chat)
+    path = cache_path(cache_root, handle.digest, task.spec.name, key)
+    cached = read_cached(path) if settings.reuse else None
+    if cached is not None:
+        for row in cached["rows"]:
+            row["cached"] = True
+        return cached
+    start = time.perf_counter()
+    raw = run_task(handle, task, settings, chat, data_dir)
+    seconds = time.perf_counter() - start
+    samples = raw.pop("samples", {}).get(task.spec.name, [])
+    rows = [r.model_dump() for r in summarize(task.spec, raw, key, seconds)]
+    entry = json.loads(json.dumps({"rows": rows, "raw": raw, "samples": samples}, default=str))
+    write_cached(path, entry)
+    return entry
+
+
+def versions() -> dict[str, str]:
+    names = ("layerprune", "lm_eval", "torch", "transformers", "datasets")
+    found = {}
+    for name in names:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def _handle_for(model: str | os.PathLike[str] | LoadedModel | ModelSource | None, run: RunSettings) -> ModelHandle:
+    if isinstance(model, LoadedModel):
+        return ModelHandle(model.source, run, loaded=model)
+    source = model if isinstance(model, ModelSource) else resolve_model(model, run)
+    return ModelHandle(source, run)
+
+
+def evaluate_model(
+    model: str | os.PathLike[str] | LoadedModel | ModelSource | None,
+    settings: EvalSettings | None = None,
+    run: RunSettings | None = None,
+    output_dir: Path | None = None,
+    overwrite: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> Summary:
+    """Evaluate one model on a suite or tasks; results are cached and, given `output_dir`, saved there."""
+    settings, run = settings or EvalSettings(), run or RunSettings()
+    if output_dir is not None:
+        check_output_dir(output_dir, overwrite)
+    data_dir = resolve_data_dir(settings.data_dir)
+    planned, skipped = plan_tasks(settings, data_dir)
+    handle = _handle_for(model, run)
+    cache_root = run.resolved_cache_dir() / "eval"
+    handle.digest = model_hash(handle.source, cache_root)
+    template = has_chat_template(handle)
+    entries = {}
+    for index, task in enumerate(planned, 1):
+        chat = applies_chat(task, settings.chat_template, template)
+        (progress or log.info)(f"[{index}/{len(planned)}] {task.spec.name} (limit {task.limit}, chat {chat})")
+        entries[task.spec.name] = evaluate_task(handle, task, settings, chat, data_dir, cache_root)
+    summary = Summary(
+        model={"spec": handle.source.spec, "location": handle.source.location, "kind": handle.source.kind,
+               "identity": handle.source.identity, "chat_template": settings.chat_template,
+               "has_chat_template": template},
+        model_hash=handle.digest, results=[TaskResult(**r) for e in entries.values() for r in e["rows"]],
+        versions=versions(), skipped=skipped,
+    )
+    if output_dir is not None:
+        from layerprune.evaluate.report import write_model_results
+
+        with atomic_output_dir(output_dir, overwrite) as tmp:
+            write_model_results(tmp, summary, entries)
+    return summary

@@ -1,0 +1,120 @@
+"""Evaluation settings (what and how to evaluate), per-task results and per-model summaries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from layerprune.errors import LayerpruneError
+
+
+class TaskSettings(BaseModel):
+    """Settings a suite gives a kind of task or one task."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: float | None = Field(None, gt=0)
+    num_fewshot: int | None = Field(None, ge=0)
+    max_gen_toks: int | None = Field(None, ge=1)
+
+
+class Suite(BaseModel):
+    """A named list of tasks (or other suites) with settings per task kind and per task."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    description: str
+    tasks: list[str] = Field(min_length=1)
+    classification: TaskSettings = TaskSettings()
+    generative: TaskSettings = TaskSettings()
+    overrides: dict[str, TaskSettings] = {}
+
+
+class EvalSettings(BaseModel):
+    """What to evaluate and how."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tasks: list[str] | None = Field(None, description="Comma-separated tasks (see --list)")
+    suite: str | None = Field(None, description="A suite of tasks (see --list); default: quick when --tasks is not given")
+    limit: float | None = Field(None, description="Documents per task: a count, or a fraction of the set if below 1")
+    num_fewshot: int | None = Field(None, description="Few-shot examples for lm-eval tasks (default: the task's own)")
+    max_gen_toks: int | None = Field(None, ge=1, description="Most tokens generated per answer (generative tasks)")
+    batch_size: str = Field("auto", description="Batch size: a number, or auto (32 on CPU, lm-eval's search on GPU)")
+    chat_template: Literal["auto", "on", "off"] = Field(
+        "auto", description="Apply the model's chat template: auto = for tasks whose protocol calls for it")
+    backend: Literal["hf", "vllm"] = Field("hf", description="lm-eval backend: hf (in-process model) or vllm (GPU)")
+    data_dir: Path | None = Field(None, description="Local data mirror DIR/<dataset>/<split>.jsonl "
+                                                    "(default $LAYERPRUNE_DATA_DIR or ../shared/data)")
+    probe_seed: int = Field(0, description="Seed the algorithmic probes are generated from")
+    sandbox_timeout: float = Field(10.0, gt=0, description="Seconds each HumanEval+ program may run")
+    sandbox_memory_mb: int = Field(2048, ge=64, description="Address-space limit of each HumanEval+ program (MB)")
+    reuse: bool = Field(True, description="Reuse cached results for the same model, task and settings")
+
+    @field_validator("limit")
+    @classmethod
+    def _positive_limit(cls, value: float | None) -> float | None:
+        if value is not None and value <= 0:
+            raise ValueError("--limit must be above 0 (a count, or a fraction below 1)")
+        if value is not None and value >= 1 and value != int(value):
+            raise ValueError("--limit of 1 or more must be a whole number of documents")
+        return value
+
+    @field_validator("num_fewshot")
+    @classmethod
+    def _fewshot(cls, value: int | None) -> int | None:
+        if value is not None and value < 0:
+            raise ValueError("--num-fewshot must be 0 or more")
+        return value
+
+    @field_validator("batch_size")
+    @classmethod
+    def _batch(cls, value: str) -> str:
+        if value != "auto" and not (value.isdigit() and int(value) > 0):
+            raise ValueError("--batch-size must be a positive number or auto")
+        return value
+
+
+class TaskResult(BaseModel):
+    """One metric of one task for one model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: str
+    kind: Literal["classification", "generative"]
+    metric: str
+    value: float
+    stderr: float | None
+    n: int
+    headline: bool
+    settings: dict[str, Any]
+    seconds: float
+    cached: bool = False
+
+
+class Summary(BaseModel):
+    """Everything one model scored, and what identifies the model and the settings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: dict[str, Any]
+    model_hash: str
+    results: list[TaskResult]
+    versions: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+
+    def headlines(self) -> dict[str, TaskResult]:
+        """task -> its headline metric."""
+        return {r.task: r for r in self.results if r.headline}
+
+
+def parse_task_list(value: str | list[str] | None) -> list[str] | None:
+    if value is None:
+        return None
+    names = value.split(",") if isinstance(value, str) else value
+    names = [n.strip() for n in names if n.strip()]
+    if not names:
+        raise LayerpruneError("--tasks is empty")
+    return names

@@ -1,0 +1,122 @@
+"""Suites as data (tasks/suites.yaml) and the plan they expand to: tasks with their settings."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from layerprune.errors import LayerpruneError
+from layerprune.evaluate.offline import check_fewshot_pool, missing_splits
+from layerprune.evaluate.registry import TASKS, TaskSpec
+from layerprune.evaluate.schema import EvalSettings, Suite, TaskSettings
+from layerprune.registry import unknown_name_message
+from layerprune.schema_cli import build_schema
+
+log = logging.getLogger(__name__)
+DEFAULT_SUITE = "quick"
+
+
+@dataclass(frozen=True)
+class PlannedTask:
+    """One task with the settings it will run under."""
+
+    spec: TaskSpec
+    limit: float | None
+    num_fewshot: int | None
+    max_gen_toks: int | None
+
+
+@functools.cache
+def load_suites() -> dict[str, Suite]:
+    """The shipped suites, validated."""
+    text = resources.files("layerprune.evaluate").joinpath("tasks/suites.yaml").read_text()
+    return {name: build_schema(Suite, body) for name, body in yaml.safe_load(text).items()}
+
+
+def get_suite(name: str) -> Suite:
+    suites = load_suites()
+    if name not in suites:
+        raise LayerpruneError(unknown_name_message("suite", name, suites))
+    return suites[name]
+
+
+def expand(name: str, seen: tuple[str, ...] = ()) -> list[tuple[str, list[Suite]]]:
+    """Leaf tasks of a suite, each with the chain of suites it came through (outermost first)."""
+    if name in seen:
+        raise LayerpruneError(f"suite '{name}' includes itself")
+    suite = get_suite(name)
+    out: list[tuple[str, list[Suite]]] = []
+    for item in suite.tasks:
+        if item in load_suites():
+            out += [(task, [suite, *chain]) for task, chain in expand(item, (*seen, name))]
+        else:
+            TASKS.get(item)
+            out.append((item, [suite]))
+    return out
+
+
+def _suite_settings(spec: TaskSpec, chain: list[Suite]) -> TaskSettings:
+    """Innermost suite first, outer suites win (quick's limits beat the algorithmic suite's)."""
+    merged: dict[str, object] = {}
+    for suite in reversed(chain):
+        for layer in (getattr(suite, spec.kind), suite.overrides.get(spec.name)):
+            if layer is not None:
+                merged.update(layer.model_dump(exclude_none=True))
+    return TaskSettings.model_validate(merged)
+
+
+def resolve_task(name: str) -> TaskSpec:
+    if name in load_suites() and name not in TASKS:
+        raise LayerpruneError(f"'{name}' is a suite; use --suite {name}")
+    if name not in TASKS:
+        raise LayerpruneError(unknown_name_message("task", name, [*TASKS.names(), *load_suites()]))
+    return TASKS.get(name)
+
+
+def plan_tasks(settings: EvalSettings, data_dir: Path | None) -> tuple[list[PlannedTask], dict[str, str]]:
+    """The tasks to run with their settings, and the optional ones skipped for missing data."""
+    if settings.tasks:
+        entries = [(resolve_task(name).name, []) for name in settings.tasks]
+        from_suite = False
+    else:
+        entries = expand(settings.suite or DEFAULT_SUITE)
+        from_suite = True
+    planned, skipped = [], {}
+    for name, chain in dict(entries).items():
+        spec = TASKS.get(name)
+        if from_suite and spec.optional and spec.dataset and missing_splits(spec, data_dir):
+            skipped[name] = f"no data at {missing_splits(spec, data_dir)[0]}"
+            continue
+        planned.append(_plan_one(spec, _suite_settings(spec, chain), settings, data_dir))
+    if not planned:
+        raise LayerpruneError(f"nothing to evaluate: {'; '.join(f'{k}: {v}' for k, v in skipped.items())}")
+    return planned, skipped
+
+
+def _plan_one(spec: TaskSpec, suite: TaskSettings, settings: EvalSettings, data_dir: Path | None) -> PlannedTask:
+    fewshot = settings.num_fewshot if settings.num_fewshot is not None else suite.num_fewshot
+    if spec.source != "lm_eval":
+        fewshot = 0  # probes carry their own shots; HumanEval+ is zero-shot
+    elif fewshot is not None:
+        check_fewshot_pool(spec, data_dir, fewshot)
+    limit = settings.limit if settings.limit is not None else suite.limit
+    tokens = settings.max_gen_toks if settings.max_gen_toks is not None else suite.max_gen_toks
+    return PlannedTask(spec, limit, fewshot, tokens if spec.source in ("lm_eval", "humaneval") else None)
+
+
+def describe_suites() -> str:
+    """The text `evaluate --list` prints."""
+    lines = ["suites:"]
+    for name, suite in load_suites().items():
+        lines.append(f"  {name:<15} {suite.description}")
+        lines.append(f"  {'':<15} tasks: {', '.join(suite.tasks)}")
+    lines.append("tasks:")
+    for name in TASKS.names():
+        spec = TASKS.get(name)
+        lines.append(f"  {name:<15} {spec.kind:<15} {', '.join(spec.metrics)}")
+    return "\n".join(lines)

@@ -1,0 +1,187 @@
+"""`prune_model`: score decoder blocks, drop the least important, save a smaller HF model."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from layerprune.data import resolve_data_dir
+from layerprune.errors import LayerpruneError
+from layerprune.models import LoadedModel, drop_blocks, find_decoder_stack, load_model, resolve_model
+from layerprune.models.blocks import check_block_indices
+from layerprune.models.loading import copy_tokenizer_files
+from layerprune.outputs import atomic_output_dir, check_output_dir
+from layerprune.prune.calib import CalibSet, load_calibration, tokenize_calibration
+from layerprune.prune.recipe import PruneRecipe
+from layerprune.prune.report import model_card, package_versions, plot_scores, write_report
+from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult, score_blocks
+from layerprune.settings import RunSettings
+
+log = logging.getLogger(__name__)
+DATA_FREE_SCORES = {"last", "random"}
+
+
+@dataclass
+class PruneResult:
+    """The pruned model (in memory), its report, and where it was saved (None on a dry run)."""
+
+    loaded: LoadedModel
+    report: dict[str, Any]
+    output: Path | None
+
+
+def prune_model(
+    model: str | None,
+    recipe: PruneRecipe,
+    settings: RunSettings | None = None,
+    output: Path | None = None,
+    overwrite: bool = False,
+    dry_run: bool = False,
+) -> PruneResult:
+    """Load `model`, choose `recipe.n_drop` blocks, drop them and (unless dry_run) save to `output`."""
+    settings = settings or RunSettings()
+    started = time.perf_counter()
+    if recipe.layers is None:
+        SCORES.get(recipe.score)  # an unknown name fails before any loading
+    source = resolve_model(model, settings)
+    if output is not None and not dry_run:
+        check_output_dir(output, overwrite, (Path(source.location),) if source.is_local else ())
+    loaded = load_model(source, settings)
+    depth = len(find_decoder_stack(loaded.model))
+    protected = recipe.protected_blocks(depth)
+    check_request(recipe, depth, protected)
+    params_before = loaded.model.num_parameters()
+    log.info("plan: %s, %d -> %d blocks, %.1fM -> ~%.1fM parameters, score %s", source.spec, depth, depth - recipe.n_drop,
+             params_before / 1e6, _estimate_params_after(loaded, recipe.n_drop) / 1e6, recipe.method_name)
+    calib, result, score_seconds = choose_blocks(loaded, recipe, settings, protected)
+    config_before = _per_layer_config(loaded.model)
+    kept = drop_blocks(loaded.model, result.drop)
+    report = build_report(loaded, recipe, settings, protected, calib, result, kept, depth, params_before)
+    report["config_per_layer"] = {"before": config_before, "after": _per_layer_config(loaded.model)}
+    report["timings"] = {"load_s": round(loaded.load_seconds, 2), "score_s": round(score_seconds, 2)}
+    if not dry_run and output is not None:
+        save_pruned(loaded, report, output, overwrite, settings)
+    report["timings"]["total_s"] = round(time.perf_counter() - started, 2)
+    return PruneResult(loaded, report, None if dry_run else output)
+
+
+def check_request(recipe: PruneRecipe, depth: int, protected: list[int]) -> None:
+    """Depth-dependent checks of --drop / --layers against the model and the protected blocks."""
+    if recipe.layers is not None:
+        check_block_indices(recipe.layers, depth)
+        clash = sorted(set(recipe.layers) & set(protected))
+        if clash:
+            raise LayerpruneError(f"--layers drops protected block(s) {clash}; change --protect to allow it")
+    if depth - recipe.n_drop < len(protected) + 1:
+        raise LayerpruneError(
+            f"dropping {recipe.n_drop} of {depth} blocks leaves fewer than the {len(protected)} protected block(s) plus one"
+        )
+
+
+def choose_blocks(
+    loaded: LoadedModel, recipe: PruneRecipe, settings: RunSettings, protected: list[int]
+) -> tuple[CalibSet | None, ScoreResult, float]:
+    """Explicit layers, or the recipe's score over calibration data."""
+    depth = len(find_decoder_stack(loaded.model))
+    if recipe.layers is not None:
+        return None, ScoreResult([None] * depth, sorted(recipe.layers)), 0.0
+    calib, batches = None, []
+    if recipe.score not in DATA_FREE_SCORES:
+        calib = load_calibration(recipe.calib, recipe.calib_samples, settings.seed, resolve_data_dir(recipe.data_dir))
+        log.info("calibration: %s", calib.description)
+        batches = [b.to(loaded.model.device) for b in
+                   tokenize_calibration(calib, loaded.tokenizer, recipe.calib_seq_len, recipe.batch_size)]
+    ctx = _context(loaded, recipe, settings, protected, calib, batches)
+    start = time.perf_counter()
+    with _progress_bar(f"scoring {depth} blocks ({recipe.score})") as progress:
+        ctx.progress = progress
+        result = score_blocks(recipe.score, ctx)
+    if len(result.drop) != recipe.n_drop:
+        raise LayerpruneError(f"score '{recipe.score}' found only {len(result.drop)} droppable blocks, not {recipe.n_drop}")
+    return calib, result, time.perf_counter() - start
+
+
+def _context(loaded, recipe, settings, protected, calib, batches) -> ScoreContext:  # noqa: ANN001
+    only_short = calib is not None and all(item.stop == "\n" for item in calib.items)
+    return ScoreContext(
+        model=loaded.model, tokenizer=loaded.tokenizer, stack=find_decoder_stack(loaded.model), batches=batches,
+        calib=calib or CalibSet([], "none"), drop=recipe.n_drop, protected=protected, metric=recipe.metric,
+        iterative=recipe.iterative, seed=settings.seed, batch_size=recipe.batch_size,
+        max_new_tokens=recipe.max_new_tokens or (8 if only_short else 256),
+    )
+
+
+class _progress_bar:
+    """A tqdm bar on stderr fed by the scores' progress callback."""
+
+    def __init__(self, title: str) -> None:
+        self.title = title
+
+    def __enter__(self) -> Callable[[str, int], None]:
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(desc=self.title, unit="step", leave=False)
+
+        def update(message: str, steps: int) -> None:
+            self.bar.set_postfix_str(message, refresh=False)
+            self.bar.update(steps)
+
+        return update
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.close()
+
+
+def _estimate_params_after(loaded: LoadedModel, n_drop: int) -> float:
+    layers = find_decoder_stack(loaded.model).layers
+    per_block = sum(p.numel() for p in layers.parameters()) / len(layers)
+    return loaded.model.num_parameters() - n_drop * per_block
+
+
+def _per_layer_config(model: Any) -> dict[str, Any]:
+    from layerprune.models.blocks import text_config
+
+    config = text_config(model)
+    keys = ("num_hidden_layers", "layer_types", "max_window_layers", "sliding_window")
+    return {key: getattr(config, key) for key in keys if getattr(config, key, None) is not None}
+
+
+def build_report(loaded, recipe, settings, protected, calib, result, kept, depth, params_before) -> dict[str, Any]:  # noqa: ANN001
+    """Everything needed to know how the model was made."""
+    source = loaded.source
+    return {
+        "source": {"spec": source.spec, "location": source.location, "kind": source.kind, "identity": source.identity},
+        "method": {"score": recipe.method_name, "metric": recipe.metric, "iterative": recipe.iterative,
+                   "protect": protected, "seed": settings.seed},
+        "recipe": recipe.model_dump(mode="json"),
+        "calibration": None if calib is None else {
+            "description": calib.description, "samples": len(calib.items), "seq_len": recipe.calib_seq_len},
+        "scores": result.scores,
+        "steps": result.steps,
+        "score_details": result.details,
+        "dropped": sorted(result.drop),
+        "kept": kept,
+        "num_blocks_before": depth,
+        "num_blocks_after": len(kept),
+        "params_before": params_before,
+        "params_after": loaded.model.num_parameters(),
+        "versions": package_versions(),
+    }
+
+
+def save_pruned(loaded: LoadedModel, report: dict[str, Any], output: Path, overwrite: bool, settings: RunSettings) -> None:
+    """Write model shards, tokenizer, report, card and chart to a temp dir, then rename it into place."""
+    start = time.perf_counter()
+    with atomic_output_dir(output, overwrite) as tmp:
+        loaded.model.save_pretrained(tmp, safe_serialization=True, max_shard_size=settings.max_shard_size)
+        copy_tokenizer_files(loaded.source, tmp, loaded.tokenizer)
+        title = f"{report['source']['spec'] or 'model'}: {report['method']['score']} scores, dropped {report['dropped']}"
+        if any(s is not None for s in report["scores"]):
+            plot_scores(tmp / "block_scores.png", report["scores"], report["dropped"], report["method"]["protect"], title)
+            report["scores_png"] = "block_scores.png"
+        report["timings"]["save_s"] = round(time.perf_counter() - start, 2)
+        write_report(tmp, report)
+        (tmp / "README.md").write_text(model_card(report))

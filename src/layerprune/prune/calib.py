@@ -1,0 +1,145 @@
+"""Calibration data: GSM8K train, generated arithmetic probes, generic text, or a JSONL file."""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from layerprune.data import local_split, load_rows, read_jsonl
+from layerprune.errors import LayerpruneError
+from layerprune.probes import arithmetic_probes
+from layerprune.prune.forward import CalibBatch
+from layerprune.registry import Registry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CalibItem:
+    """A text to score whole (answer None), or a prompt whose answer alone is scored."""
+
+    prompt: str
+    answer: str | None = None
+    expected: str | None = None  # exact-match target for --metric accuracy
+    stop: str = "\n"  # generation is cut here before the answer is read
+
+
+@dataclass
+class CalibSet:
+    items: list[CalibItem]
+    description: str
+
+
+CALIB_SOURCES: Registry[Callable[[int, int, Path | None], CalibSet]] = Registry("calibration source")
+
+
+def gsm8k_final_number(answer: str) -> str:
+    """'... #### 72' -> '72' (commas removed)."""
+    return answer.split("####")[-1].strip().replace(",", "")
+
+
+@CALIB_SOURCES.register("gsm8k")
+def gsm8k_calib(n: int, seed: int, data_dir: Path | None) -> CalibSet:
+    rows = load_rows("gsm8k", "train", data_dir)  # train only: test items are for evaluation
+    picked = random.Random(seed).sample(rows, min(n, len(rows)))
+    items = [
+        CalibItem(f"Question: {r['question']}\nAnswer:", " " + r["answer"].strip(), gsm8k_final_number(r["answer"]),
+                  "\nQuestion:")
+        for r in picked
+    ]
+    where = local_split(data_dir, "gsm8k", "train") or "hub openai/gsm8k"
+    return CalibSet(items, f"gsm8k train ({where}), {len(items)} question+answer pairs, NLL on answers")
+
+
+@CALIB_SOURCES.register("arithmetic")
+def arithmetic_calib(n: int, seed: int, data_dir: Path | None) -> CalibSet:
+    probes = arithmetic_probes(n, seed=seed)
+    items = [CalibItem(p.prompt, p.answer, p.answer.strip()) for p in probes]
+    return CalibSet(items, f"generated arithmetic probes (3-shot composites, seed {seed}), {n} items")
+
+
+@CALIB_SOURCES.register("text")
+def text_calib(n: int, seed: int, data_dir: Path | None) -> CalibSet:
+    rows = load_rows("dolly", "train", data_dir)
+    picked = random.Random(seed).sample(rows, min(n, len(rows)))
+    items = [CalibItem(f"{r['instruction']}\n{r['response']}") for r in picked]
+    return CalibSet(items, f"generic text: dolly instruction+response, {len(items)} texts")
+
+
+def jsonl_calib(path: Path, n: int, seed: int) -> CalibSet:
+    """A JSONL file of {"text"} or {"prompt", "answer"} rows."""
+    rows = read_jsonl(path)
+    items = []
+    for number, row in enumerate(rows, 1):
+        if isinstance(row.get("text"), str) and row["text"].strip():
+            items.append(CalibItem(row["text"]))
+        elif isinstance(row.get("prompt"), str) and isinstance(row.get("answer"), str):
+            items.append(CalibItem(row["prompt"], row["answer"], extract_last_number(row["answer"])))
+        else:
+            raise LayerpruneError(f"{path}:{number}: expected a 'text' field or 'prompt' and 'answer' fields")
+    picked = items if len(items) <= n else random.Random(seed).sample(items, n)
+    return CalibSet(picked, f"JSONL file {path}, {len(picked)} items")
+
+
+def load_calibration(name: str | None, n: int, seed: int, data_dir: Path | None) -> CalibSet:
+    """The named source, a JSONL path, or (None/'auto') GSM8K train when reachable, else arithmetic probes."""
+    if name in (None, "auto"):
+        try:
+            calib = gsm8k_calib(n, seed, data_dir)
+        except LayerpruneError as exc:
+            log.warning("GSM8K train not reachable (%s); using generated arithmetic probes", exc)
+            return arithmetic_calib(n, seed, data_dir)
+        return calib
+    if name.endswith(".jsonl") or Path(name).is_file():
+        return jsonl_calib(Path(name), n, seed)
+    return CALIB_SOURCES.get(name)(n, seed, data_dir)
+
+
+def tokenize_calibration(calib: CalibSet, tokenizer, seq_len: int, batch_size: int) -> list[CalibBatch]:  # noqa: ANN001
+    """Right-padded batches, sorted by length; the loss mask covers answers (or whole texts)."""
+    encoded = [_encode(item, tokenizer, seq_len) for item in calib.items]
+    encoded = [e for e in encoded if e[1].sum() > 0]
+    if not encoded:
+        raise LayerpruneError("calibration data has no scorable tokens (answers cut off by --calib-seq-len?)")
+    encoded.sort(key=lambda e: len(e[0]))
+    return [_collate(encoded[i : i + batch_size], tokenizer.pad_token_id) for i in range(0, len(encoded), batch_size)]
+
+
+def _encode(item: CalibItem, tokenizer, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None and _adds_bos(tokenizer) else []
+    prompt = bos + tokenizer(item.prompt, add_special_tokens=False)["input_ids"]
+    answer = tokenizer(item.answer, add_special_tokens=False)["input_ids"] if item.answer else []
+    ids = (prompt + answer)[:seq_len]
+    scored = [0] * len(prompt) + [1] * len(answer) if item.answer else [0] * len(bos) + [1] * (len(prompt) - len(bos))
+    return torch.tensor(ids), torch.tensor(scored[:seq_len])
+
+
+def _adds_bos(tokenizer) -> bool:  # noqa: ANN001
+    probe = tokenizer("a")["input_ids"]
+    return bool(probe) and probe[0] == tokenizer.bos_token_id
+
+
+def _collate(rows: list[tuple[torch.Tensor, torch.Tensor]], pad_id: int) -> CalibBatch:
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    loss = torch.zeros((len(rows), width), dtype=torch.long)
+    for row, (tokens, scored) in enumerate(rows):
+        ids[row, : len(tokens)] = tokens
+        attn[row, : len(tokens)] = 1
+        loss[row, : len(tokens)] = scored
+    return CalibBatch(ids, attn, loss)
+
+
+def extract_last_number(text: str) -> str | None:
+    """The answer a text gives: what follows '####' if present, else its last number (commas removed)."""
+    if "####" in text:
+        text = text.split("####")[-1]
+    numbers = re.findall(r"-?\d[\d,]*(?:\.\d+)?", text)
+    return numbers[-1].replace(",", "").rstrip(".") if numbers else None

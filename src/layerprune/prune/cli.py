@@ -1,0 +1,51 @@
+"""`layerprune prune` / `prune`: a thin layer over `prune_model`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+from layerprune.prune.recipe import PruneRecipe
+from layerprune.schema_cli import add_schema_args, build_schema, explicit_values
+from layerprune.settings import RunSettings
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="Hub id, local directory, .gguf file, or embedded[:NAME] (default: embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--output", type=Path, default=None, help="Output directory (default: runs/<model>-<score>-drop<N>)")
+    parser.add_argument("--overwrite", action="store_true", help="Replace an existing output directory")
+    parser.add_argument("--dry-run", action="store_true", help="Score and print the plan; write nothing")
+    parser.add_argument("--json", action="store_true", help="Print the report as JSON at the end")
+    add_schema_args(parser, PruneRecipe, group="what to prune")
+    add_schema_args(parser, RunSettings, group="how to run")
+
+
+def default_output(model: str | None, recipe: PruneRecipe) -> Path:
+    name = re.sub(r"[^\w.-]+", "-", Path(model).name if model else "smollm2-135m-instruct").strip("-") or "model"
+    return Path("runs") / f"{name}-{recipe.method_name}-drop{recipe.n_drop}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from layerprune.prune.api import prune_model
+
+    recipe = build_schema(PruneRecipe, explicit_values(args, PruneRecipe))
+    settings = build_schema(RunSettings, explicit_values(args, RunSettings))
+    output = args.output or default_output(args.model, recipe)
+    result = prune_model(args.model, recipe, settings, output, overwrite=args.overwrite, dry_run=args.dry_run)
+    print_summary(result.report, result.output)
+    if args.json:
+        print(json.dumps(result.report, indent=2, default=str))
+    return 0
+
+
+def print_summary(report: dict, output: Path | None) -> None:
+    scores = report["scores"]
+    if any(s is not None for s in scores):
+        print("block scores (higher = more important):")
+        print("  " + "  ".join(f"{i}:{'-' if s is None else f'{s:.4g}'}" for i, s in enumerate(scores)))
+    print(f"blocks {report['num_blocks_before']} -> {report['num_blocks_after']}, "
+          f"parameters {report['params_before'] / 1e6:.1f}M -> {report['params_after'] / 1e6:.1f}M")
+    print(f"dropped blocks (original numbering): {report['dropped']}")
+    print(f"output: {output}" if output else "dry run: nothing written")

@@ -1,0 +1,119 @@
+"""Walk a model block by block: capture each block's inputs once, then replay any subset of blocks.
+
+This is what makes ablation cheap: the hidden states before an ablated block are the full model's,
+so every candidate starts from the cached input of the block it removes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from layerprune.models.blocks import DecoderStack
+
+
+@dataclass
+class CalibBatch:
+    """Token ids, attention mask and a mask of the positions whose token is scored (labels)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+
+    def to(self, device: torch.device) -> "CalibBatch":
+        return CalibBatch(self.input_ids.to(device), self.attention_mask.to(device), self.loss_mask.to(device))
+
+    @property
+    def scored_tokens(self) -> int:
+        return int(self.loss_mask[:, 1:].sum())
+
+
+@dataclass
+class BlockInputs:
+    """What the full model fed each block: hidden states (in) and the other call arguments."""
+
+    batch: CalibBatch
+    hidden: list[torch.Tensor]
+    call_args: list[tuple[tuple[Any, ...], dict[str, Any]]]
+    output: torch.Tensor
+
+    def states(self) -> list[torch.Tensor]:
+        """h_0 .. h_L: the input of every block and the output of the last one."""
+        return [*self.hidden, self.output]
+
+
+def block_output(out: Any) -> torch.Tensor:
+    """Decoder blocks return a tensor (transformers 5) or a tuple whose first item is it."""
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def capture_block_inputs(stack: DecoderStack, batch: CalibBatch, keep_hidden: bool = True) -> BlockInputs:
+    """One forward of the base model with hooks recording every block's inputs and the last output."""
+    hidden: list[torch.Tensor] = []
+    call_args: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    last: list[torch.Tensor] = []
+
+    def pre_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        state = args[0] if args else kwargs["hidden_states"]
+        hidden.append(state if keep_hidden or not hidden else state[:0])
+        call_args.append((tuple(args[1:]), {k: v for k, v in kwargs.items() if k != "hidden_states"}))
+
+    def post_hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+        last.append(block_output(output))
+
+    handles = [block.register_forward_pre_hook(pre_hook, with_kwargs=True) for block in stack.layers]
+    handles.append(stack.layers[-1].register_forward_hook(post_hook))
+    try:
+        stack.base(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return BlockInputs(batch, hidden, call_args, last[-1])
+
+
+def run_blocks(stack: DecoderStack, inputs: BlockInputs, hidden: torch.Tensor, blocks: Iterable[int]) -> torch.Tensor:
+    """Apply the given blocks (original indices, in order) to `hidden`, each with its recorded arguments."""
+    for index in blocks:
+        args, kwargs = inputs.call_args[index]
+        hidden = block_output(stack.layers[index](hidden, *args, **kwargs))
+    return hidden
+
+
+def masked_nll(stack: DecoderStack, hidden: torch.Tensor, batch: CalibBatch) -> tuple[float, int]:
+    """Summed next-token NLL over the scored positions; logits are computed only where needed."""
+    mask = batch.loss_mask[:, 1:].bool()
+    targets = batch.input_ids[:, 1:][mask]
+    logits = stack.logits(hidden[:, :-1][mask])
+    return float(F.cross_entropy(logits.float(), targets, reduction="sum")), int(targets.numel())
+
+
+def prefix_states(stack: DecoderStack, inputs: BlockInputs, kept: Sequence[int]) -> dict[int, torch.Tensor]:
+    """The hidden state entering each kept block in the model made of `kept` blocks only."""
+    if len(kept) == len(inputs.call_args) and len(inputs.hidden[-1]):
+        return dict(zip(kept, inputs.hidden))
+    states: dict[int, torch.Tensor] = {}
+    hidden = inputs.hidden[0]
+    for index in kept:
+        states[index] = hidden
+        hidden = run_blocks(stack, inputs, hidden, [index])
+    return states
+
+
+def candidate_losses(
+    stack: DecoderStack, inputs: BlockInputs, kept: Sequence[int], candidates: Sequence[int]
+) -> dict[int, tuple[float, int]]:
+    """NLL (sum, count) of the `kept` model with each candidate removed, from the shared prefix."""
+    states = prefix_states(stack, inputs, kept)
+    losses = {}
+    for candidate in candidates:
+        rest = kept[kept.index(candidate) + 1 :]
+        losses[candidate] = masked_nll(stack, run_blocks(stack, inputs, states[candidate], rest), inputs.batch)
+    return losses
+
+
+def model_loss(stack: DecoderStack, inputs: BlockInputs, kept: Sequence[int]) -> tuple[float, int]:
+    """NLL (sum, count) of the model made of `kept` blocks."""
+    return masked_nll(stack, run_blocks(stack, inputs, inputs.hidden[0], kept), inputs.batch)

@@ -1,0 +1,68 @@
+"""What to prune: a strict schema, shared by the CLI, run recipes and Python callers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from layerprune.errors import LayerpruneError
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class PruneRecipe(BaseModel):
+    """How to choose the blocks to drop."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    drop: int | None = Field(None, ge=1, description="Number of decoder blocks to drop")
+    layers: list[int] | None = Field(None, description="Explicit blocks to drop, comma-separated (original numbering)")
+    score: str = Field("ablation", description="Importance score: ablation, block-influence, angular, taylor, last, random")
+    metric: Literal["nll", "accuracy"] = Field(
+        "nll", description="Ablation metric: teacher-forced NLL, or greedy exact-match accuracy on items with answers"
+    )
+    iterative: bool = Field(False, description="Greedy removal: re-score the remaining blocks after each drop")
+    calib: str = Field(
+        "auto", description="Calibration data: auto (GSM8K train if reachable, else arithmetic), gsm8k, arithmetic, text, or a JSONL file"
+    )
+    calib_samples: int = Field(64, ge=1, description="Number of calibration items")
+    calib_seq_len: int = Field(256, ge=8, description="Longest calibration sequence in tokens")
+    batch_size: int = Field(8, ge=1, description="Calibration batch size")
+    max_new_tokens: int | None = Field(
+        None, ge=1, description="Tokens generated per item for --metric accuracy (default: 8 for arithmetic, 256 otherwise)"
+    )
+    protect: list[int] = Field([0], description="Blocks never dropped, comma-separated; negative counts from the end")
+    data_dir: Path | None = Field(None, description="Local data mirror laid out as DIR/<dataset>/<split>.jsonl")
+
+    @field_validator("layers")
+    @classmethod
+    def _no_duplicates(cls, layers: list[int] | None) -> list[int] | None:
+        if layers is not None:
+            dupes = sorted({i for i in layers if layers.count(i) > 1})
+            if dupes:
+                raise ValueError(f"lists block(s) {dupes} more than once")
+            if not layers:
+                raise ValueError("is empty")
+        return layers
+
+    @model_validator(mode="after")
+    def _drop_or_layers(self) -> "PruneRecipe":
+        if self.drop is None and self.layers is None:
+            raise ValueError("give --drop N or --layers LIST")
+        if self.drop is not None and self.layers is not None and self.drop != len(self.layers):
+            raise ValueError(f"--drop {self.drop} disagrees with --layers ({len(self.layers)} blocks)")
+        return self
+
+    @property
+    def n_drop(self) -> int:
+        return len(self.layers) if self.layers is not None else int(self.drop or 0)
+
+    @property
+    def method_name(self) -> str:
+        return "explicit" if self.layers is not None else self.score
+
+    def protected_blocks(self, depth: int) -> list[int]:
+        """Protected indices normalised to 0..depth-1."""
+        bad = [i for i in self.protect if not -depth <= i < depth]
+        if bad:
+            raise LayerpruneError(f"--protect has block index(es) {bad} outside a {depth}-block model")
+        return sorted({i % depth for i in self.protect})

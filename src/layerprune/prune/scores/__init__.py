@@ -1,0 +1,62 @@
+"""Importance scores: one small module each, registered by name. Higher score = more important."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from torch import nn
+
+from layerprune.models.blocks import DecoderStack
+from layerprune.prune.calib import CalibSet
+from layerprune.prune.forward import CalibBatch
+from layerprune.registry import Registry
+
+
+@dataclass
+class ScoreContext:
+    """Everything a score needs: the model, its blocks, calibration data and the drop request."""
+
+    model: nn.Module
+    tokenizer: Any
+    stack: DecoderStack
+    batches: list[CalibBatch]
+    calib: CalibSet
+    drop: int
+    protected: list[int]
+    metric: str = "nll"
+    iterative: bool = False
+    seed: int = 0
+    batch_size: int = 8
+    max_new_tokens: int = 8
+    progress: Callable[[str, int], Any] | None = None
+
+    @property
+    def depth(self) -> int:
+        return len(self.stack)
+
+
+@dataclass
+class ScoreResult:
+    """Per-block scores (original numbering; None where not scored) and the blocks chosen to drop."""
+
+    scores: list[float | None]
+    drop: list[int]
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+ScoreFn = Callable[[ScoreContext], ScoreResult]
+SCORES: Registry[ScoreFn] = Registry("score")
+
+
+def score_blocks(name: str, ctx: ScoreContext) -> ScoreResult:
+    """Run the named importance score."""
+    return SCORES.get(name)(ctx)
+
+
+def protected_or_none(scores: Sequence[float], protected: Sequence[int]) -> list[float | None]:
+    return [None if i in protected else s for i, s in enumerate(scores)]
+
+
+from layerprune.prune.scores import ablation, angular, influence, simple, taylor  # noqa: E402,F401  (registration)

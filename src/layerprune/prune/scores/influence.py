@@ -1,0 +1,30 @@
+"""Block influence (ShortGPT): 1 - cosine of a block's input and output hidden states."""
+
+from __future__ import annotations
+
+import torch
+
+from layerprune.prune.forward import capture_block_inputs
+from layerprune.prune.metrics import block_influence, mean, select_lowest
+from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult
+
+
+def hidden_state_sums(ctx: ScoreContext, pair_fn, offset: int) -> list[float | None]:  # noqa: ANN001
+    """Average `pair_fn(h_l, h_{l+offset})` over calibration tokens, in one forward per batch."""
+    totals = [[0.0, 0] for _ in range(ctx.depth + 1 - offset)]
+    with torch.inference_mode():
+        for batch in ctx.batches:
+            states = capture_block_inputs(ctx.stack, batch).states()
+            for start, total in enumerate(totals):
+                value, count = pair_fn(states[start], states[start + offset], batch.attention_mask)
+                total[0] += value
+                total[1] += count
+            if ctx.progress:
+                ctx.progress("hidden states", 1)
+    return [mean(s, n) for s, n in totals]
+
+
+@SCORES.register("block-influence")
+def influence(ctx: ScoreContext) -> ScoreResult:
+    scores = hidden_state_sums(ctx, block_influence, 1)
+    return ScoreResult(scores, select_lowest(scores, ctx.drop, ctx.protected))

@@ -1,0 +1,39 @@
+"""First-order Taylor importance: |gradient x weight| of the calibration NLL, summed per block."""
+
+from __future__ import annotations
+
+import torch
+
+from layerprune.prune.forward import capture_block_inputs, masked_nll
+from layerprune.prune.metrics import select_lowest, taylor_importance
+from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult
+
+
+@SCORES.register("taylor")
+def taylor(ctx: ScoreContext) -> ScoreResult:
+    params = list(ctx.model.parameters())
+    flags = [p.requires_grad for p in params]
+    in_blocks = {id(p) for p in ctx.stack.layers.parameters()}
+    ctx.model.zero_grad(set_to_none=True)
+    try:
+        for p in params:  # gradients only where they are scored
+            p.requires_grad_(id(p) in in_blocks)
+        for batch in ctx.batches:
+            _backward(ctx, batch)
+            if ctx.progress:
+                ctx.progress("gradients", 1)
+        scores = [taylor_importance((p.grad, p) for p in block.parameters() if p.grad is not None) for block in ctx.stack.layers]
+    finally:
+        ctx.model.zero_grad(set_to_none=True)
+        for p, flag in zip(params, flags):
+            p.requires_grad_(flag)
+    return ScoreResult(scores, select_lowest(scores, ctx.drop, ctx.protected))
+
+
+def _backward(ctx: ScoreContext, batch) -> None:  # noqa: ANN001
+    with torch.enable_grad():
+        inputs = capture_block_inputs(ctx.stack, batch, keep_hidden=False)
+        mask = batch.loss_mask[:, 1:].bool()
+        logits = ctx.stack.logits(inputs.output[:, :-1][mask])
+        loss = torch.nn.functional.cross_entropy(logits.float(), batch.input_ids[:, 1:][mask], reduction="sum")
+        (loss / max(1, int(mask.sum()))).backward()

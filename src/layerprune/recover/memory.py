@@ -1,0 +1,150 @@
+"""Peak training memory estimate (weights, gradients, optimizer states, activations) for `--dry-run`.
+
+All arithmetic is over the model config: nothing is loaded (the parameter count comes from a meta-device model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+GB = 1e9
+
+# bytes per trainable parameter of each optimizer's state (two AdamW moments)
+OPTIMIZER_STATE_BYTES = {"adamw_torch": None, "adamw_8bit": 2.0, "paged_adamw_8bit": 2.0, "paged_adamw_32bit": 8.0}
+# elements kept for backward per token and decoder block, in units of hidden, intermediate, attention width
+ACT_PER_HIDDEN, ACT_PER_INTERMEDIATE, ACT_PER_ATTN = 8, 4, 4
+NORM_FP32_COPIES = 2  # RMSNorm upcasts its input to float32 (two norms per block)
+LOGIT_COPIES = 3  # logits, their float32 log-softmax and its gradient
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Sizes of a decoder-only model that the estimate needs."""
+
+    params: int
+    linear_params: int  # decoder-block linear weights (quantized by QLoRA)
+    lora_dims: int  # sum of in + out features over the linears LoRA adapts (times r = adapter size)
+    layers: int
+    hidden: int
+    intermediate: int
+    attn_width: int  # heads * head_dim
+    vocab: int
+
+
+@dataclass
+class MemoryPlan:
+    """Estimated peak memory of one training step, in GB."""
+
+    method: str
+    optimizer: str
+    seq_len: int
+    batch_size: int
+    weight_bytes: float
+    weights: float
+    adapters: float
+    gradients: float
+    optimizer_states: float
+    activations: float
+    activations_no_checkpointing: float
+    activations_checkpointing: float
+    gradient_checkpointing: bool
+    teacher: float
+    total: float
+    budget: float
+    fits: bool
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def model_shape(config: Any) -> ModelShape:
+    """Count parameters on the meta device and read the block sizes from the config."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    linears = [m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "lm_head" not in name]
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return ModelShape(
+        params=sum(p.numel() for p in model.parameters()),
+        linear_params=sum(m.weight.numel() for m in linears),
+        lora_dims=sum(m.in_features + m.out_features for m in linears),
+        layers=text.num_hidden_layers, hidden=text.hidden_size, intermediate=text.intermediate_size,
+        attn_width=heads * head_dim, vocab=text.vocab_size,
+    )
+
+
+def activation_bytes(shape: ModelShape, tokens: int, act_bytes: int, checkpointing: bool) -> float:
+    """Saved activations of one step: every block's (or, checkpointed, each block's input plus one block's)."""
+    per_block = tokens * (act_bytes * (ACT_PER_HIDDEN * shape.hidden + ACT_PER_INTERMEDIATE * shape.intermediate
+                                       + ACT_PER_ATTN * shape.attn_width) + 4 * NORM_FP32_COPIES * shape.hidden)
+    logits = tokens * shape.vocab * (act_bytes + 4 * (LOGIT_COPIES - 1))
+    if checkpointing:
+        return shape.layers * tokens * shape.hidden * act_bytes + per_block + logits
+    return shape.layers * per_block + logits
+
+
+def plan_memory(shape: ModelShape, method: str, seq_len: int, batch_size: int, optimizer: str = "adamw_torch",
+                weight_bytes: int = 2, lora_r: int = 64, gradient_checkpointing: bool = True,
+                teacher_params: int = 0, budget_gb: float = 80.0) -> MemoryPlan:
+    """Estimate the peak of one step; `weight_bytes` 2 for bf16 weights, 4 for float32."""
+    adapter = method in ("lora", "qlora") or (method == "kd" and lora_r > 0)
+    trainable = shape.lora_dims * lora_r if adapter else shape.params
+    param_bytes = 4 if adapter else weight_bytes  # peft keeps adapters in float32
+    if method == "qlora":
+        weights = shape.linear_params * 0.5 * 1.03 + (shape.params - shape.linear_params) * 2
+    else:
+        weights = shape.params * weight_bytes
+    state = OPTIMIZER_STATE_BYTES[optimizer] or 2 * param_bytes
+    tokens = seq_len * batch_size
+    act_bytes = 2 if weight_bytes == 2 or method == "qlora" else 4
+    with_ckpt = activation_bytes(shape, tokens, act_bytes, True)
+    without = activation_bytes(shape, tokens, act_bytes, False)
+    parts = {"weights": weights, "adapters": trainable * 4 if adapter else 0.0, "gradients": trainable * param_bytes,
+             "optimizer_states": trainable * state, "teacher": teacher_params * weight_bytes,
+             "activations": with_ckpt if gradient_checkpointing else without}
+    total = sum(parts.values())
+    return MemoryPlan(method=method, optimizer=optimizer, seq_len=seq_len, batch_size=batch_size,
+                      weight_bytes=weight_bytes, **{k: v / GB for k, v in parts.items()},
+                      activations_no_checkpointing=without / GB, activations_checkpointing=with_ckpt / GB,
+                      gradient_checkpointing=gradient_checkpointing, total=total / GB, budget=budget_gb,
+                      fits=total / GB <= budget_gb)
+
+
+def choose_optimizer(shape: ModelShape, method: str, requested: str, cuda: bool, **kwargs: Any) -> tuple[str, MemoryPlan]:
+    """`auto`: AdamW, or 8-bit then paged 8-bit AdamW when full fine-tuning would not fit (CUDA only)."""
+    if requested != "auto":
+        return requested, plan_memory(shape, method, optimizer=requested, **kwargs)
+    plan = plan_memory(shape, method, optimizer="adamw_torch", **kwargs)
+    if plan.fits or method not in ("full", "kd") or not cuda:
+        if not plan.fits and method in ("full", "kd"):
+            plan.notes.append("does not fit; 8-bit AdamW (bitsandbytes) would need CUDA")
+        return "adamw_torch", plan
+    for candidate in ("adamw_8bit", "paged_adamw_8bit"):
+        smaller = plan_memory(shape, method, optimizer=candidate, **kwargs)
+        if smaller.fits or candidate == "paged_adamw_8bit":
+            smaller.notes.append(f"full fine-tuning with AdamW needs {plan.total:.1f} GB > {plan.budget:.0f} GB: "
+                                 f"switched to {candidate}")
+            return candidate, smaller
+    raise AssertionError("unreachable")
+
+
+def format_plan(plan: MemoryPlan, model: str) -> str:
+    """A small table for the terminal."""
+    rows = [("weights", plan.weights), ("LoRA adapters", plan.adapters), ("gradients", plan.gradients),
+            (f"optimizer ({plan.optimizer})", plan.optimizer_states), ("teacher (kd)", plan.teacher),
+            (f"activations ({'with' if plan.gradient_checkpointing else 'without'} grad checkpointing)", plan.activations)]
+    lines = [f"memory plan: {model}, method {plan.method}, batch {plan.batch_size} x {plan.seq_len} tokens, "
+             f"{'bf16' if plan.weight_bytes == 2 else 'float32'} weights"]
+    lines += [f"  {name:48s} {value:9.2f} GB" for name, value in rows if value > 0]
+    lines.append(f"  {'(activations with / without checkpointing)':48s} {plan.activations_checkpointing:9.2f} / "
+                 f"{plan.activations_no_checkpointing:.2f} GB")
+    verdict = "fits" if plan.fits else "does NOT fit"
+    lines.append(f"  {'estimated peak':48s} {plan.total:9.2f} GB  -> {verdict} in {plan.budget:.0f} GB")
+    lines += [f"  note: {note}" for note in plan.notes]
+    return "\n".join(lines)

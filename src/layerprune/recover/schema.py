@@ -1,0 +1,149 @@
+"""The recover recipe: what to generate and how to fine-tune (strict, typed, one section per concern)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Method = Literal["lora", "qlora", "full", "kd"]
+Optimizer = Literal["auto", "adamw_torch", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit"]
+
+
+class Section(BaseModel):
+    """Base for recipe sections: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class PromptSource(Section):
+    """Where the prompts come from."""
+
+    source: str = Field("gsm8k", description="Prompt set: gsm8k, dolly, alpaca_seed, or a path to a .jsonl file")
+    split: str = Field("train", description="Split of a named prompt set")
+    field: str = Field("prompt", description="Prompt field of a .jsonl source (answer field: 'answer', optional)")
+    samples: int | None = Field(None, ge=1, description="Use at most this many prompts (None: all)")
+    shuffle_seed: int = Field(0, description="Seed of the prompt shuffle before taking --samples")
+
+
+class GenerationSection(Section):
+    """How the teacher answers each prompt (stage 1)."""
+
+    system_prompt: str | None = Field("You are a helpful assistant.", description="System message (None: none)")
+    temperature: float = Field(0.9, ge=0.0, description="Sampling temperature (0: greedy)")
+    top_p: float = Field(0.95, gt=0.0, le=1.0, description="Nucleus sampling top-p")
+    max_new_tokens: int = Field(512, ge=1, description="Longest teacher response in tokens")
+    batch_size: int = Field(16, ge=1, description="Prompts per generation batch")
+    backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend: hf (transformers) or vllm")
+    filter: Literal["none", "correct"] = Field(
+        "none", description="Keep every response (none) or only those whose final number is right (correct)"
+    )
+    max_response_tokens: int | None = Field(None, ge=1, description="Drop responses longer than this (length cap)")
+    drop_truncated: bool = Field(True, description="Drop responses cut off at max_new_tokens")
+
+
+class TrainSection(Section):
+    """Stage 2 optimisation settings (defaults follow the pruning study)."""
+
+    learning_rate: float = Field(2e-4, gt=0, description="Peak learning rate")
+    lr_scheduler: str = Field("constant_with_warmup", description="transformers scheduler name")
+    warmup_steps: int = Field(50, ge=0, description="Warmup steps")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1")
+    adam_beta2: float = Field(0.99, ge=0, lt=1, description="AdamW beta2")
+    weight_decay: float = Field(1e-4, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm")
+    optimizer: Optimizer = Field(
+        "auto", description="Optimizer (auto: adamw_torch, or 8-bit/paged AdamW when full SFT would not fit the budget)"
+    )
+    batch_size: int = Field(4, ge=1, description="Per-device micro-batch size")
+    grad_accum: int = Field(2, ge=1, description="Gradient accumulation steps")
+    epochs: float = Field(1.0, gt=0, description="Training epochs")
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (overrides epochs)")
+    max_length: int = Field(8192, ge=16, description="Longest training sequence in tokens (prompt + response)")
+    bf16: bool = Field(True, description="bfloat16 mixed precision (switched off automatically on a CPU)")
+    gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass")
+    held_out: float = Field(0.1, ge=0.0, lt=0.9, description="Fraction of responses held out for the loss curve")
+    eval_steps: int = Field(50, ge=1, description="Held-out loss every this many steps")
+    logging_steps: int = Field(5, ge=1, description="Training loss every this many steps")
+    save_steps: int = Field(100, ge=1, description="Checkpoint every this many steps (for --resume)")
+
+
+class LoraSection(Section):
+    """Flat LoRA settings, mapped onto peft.LoraConfig in one function."""
+
+    r: int = Field(64, ge=1, description="LoRA rank")
+    alpha: float = Field(16, gt=0, description="LoRA alpha (scale = alpha / r)")
+    dropout: float = Field(0.05, ge=0, lt=1, description="LoRA dropout")
+    target_modules: list[str] | str = Field("all-linear", description="Modules to adapt (all-linear: every linear but lm_head)")
+    bias: Literal["none", "all", "lora_only"] = Field("none", description="Which biases to train")
+
+    @field_validator("target_modules")
+    @classmethod
+    def _split(cls, value: list[str] | str) -> list[str] | str:
+        if isinstance(value, str) and "," in value:
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+
+class KdSection(Section):
+    """Knowledge distillation from the teacher's token distribution (method kd)."""
+
+    temperature: float = Field(1.0, gt=0, description="Softmax temperature of teacher and student")
+    weight: float = Field(1.0, ge=0, le=1, description="Loss = weight * forward KL + (1 - weight) * cross-entropy")
+    adapter: Literal["lora", "full"] = Field("lora", description="Train LoRA adapters or all weights")
+
+
+class RecoverRecipe(Section):
+    """Self-generated-response fine-tuning of a pruned model (what to do; RunSettings says how)."""
+
+    name: str = Field("custom", description="Recipe name")
+    description: str = Field("", description="One line about the recipe")
+    model: str | None = Field(None, description="Pruned model directory (or any model spec with drop_blocks)")
+    teacher: str | None = Field(None, description="Teacher model (default: the source named in prune_report.json)")
+    drop_blocks: list[int] | None = Field(
+        None, description="Drop these blocks from --model before recovering (teacher = --model unpruned)"
+    )
+    method: Method = Field("lora", description="lora, qlora (4-bit, CUDA), full, or kd (distil the teacher)")
+    prompts: PromptSource = Field(default_factory=PromptSource)
+    generate: GenerationSection = Field(default_factory=GenerationSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    lora: LoraSection = Field(default_factory=LoraSection)
+    kd: KdSection = Field(default_factory=KdSection)
+
+    @model_validator(mode="after")
+    def _check(self) -> "RecoverRecipe":
+        if self.generate.filter == "correct" and not _has_answers(self.prompts.source):
+            raise ValueError(f"generate.filter 'correct' needs prompts with known answers (gsm8k or a .jsonl "
+                             f"with an 'answer' field), not '{self.prompts.source}'")
+        if self.drop_blocks is not None and (not self.drop_blocks or min(self.drop_blocks) < 0):
+            raise ValueError("drop_blocks must list block indices >= 0")
+        if self.train.max_length <= self.generate.max_new_tokens // 4:
+            raise ValueError("train.max_length is shorter than a quarter of generate.max_new_tokens")
+        return self
+
+    def uses_lora(self) -> bool:
+        """Whether training leaves a LoRA adapter."""
+        return self.method in ("lora", "qlora") or (self.method == "kd" and self.kd.adapter == "lora")
+
+
+def _has_answers(source: str) -> bool:
+    return source == "gsm8k" or source.endswith(".jsonl")
+
+
+SECTIONS: dict[str, type[Section]] = {
+    "prompts": PromptSource, "generate": GenerationSection, "train": TrainSection, "lora": LoraSection, "kd": KdSection,
+}
+
+
+def merge_layers(*layers: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge recipe dicts left to right (later wins, section by section)."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if isinstance(value, dict) and isinstance(merged.get(key), dict):
+                merged[key] = {**merged[key], **value}
+            else:
+                merged[key] = value
+    return merged
+

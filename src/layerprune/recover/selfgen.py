@@ -1,0 +1,231 @@
+"""Stage 1: the teacher answers prompts; responses are appended to a JSONL file as they come (resumable)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from layerprune.data import iter_jsonl, load_rows, read_jsonl
+from layerprune.errors import LayerpruneError
+from layerprune.recover.schema import GenerationSection, PromptSource
+
+log = logging.getLogger(__name__)
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt, its stable id (for resuming) and its known answer, if any."""
+
+    id: str
+    text: str
+    answer: str | None = None
+
+
+def prompt_id(text: str) -> str:
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
+
+
+def load_prompts(source: PromptSource, data_dir: Path | None) -> list[Prompt]:
+    """Prompts of the recipe's source, shuffled with its seed and cut to `samples`; empty is an error."""
+    rows = _source_rows(source, data_dir)
+    prompts = list({p.id: p for p in (_to_prompt(row, source) for row in rows) if p is not None}.values())
+    if not prompts:
+        raise LayerpruneError(f"the prompt set '{source.source}' is empty (no non-empty '{_field(source)}' values)")
+    random.Random(source.shuffle_seed).shuffle(prompts)
+    return prompts[: source.samples] if source.samples else prompts
+
+
+def _source_rows(source: PromptSource, data_dir: Path | None) -> list[dict[str, Any]]:
+    if source.source.endswith(".jsonl"):
+        return read_jsonl(Path(source.source).expanduser())
+    return load_rows(source.source, source.split, data_dir)
+
+
+def _field(source: PromptSource) -> str:
+    return {"gsm8k": "question", "dolly": "instruction", "alpaca_seed": "instruction"}.get(source.source, source.field)
+
+
+def _to_prompt(row: dict[str, Any], source: PromptSource) -> Prompt | None:
+    text = str(row.get(_field(source)) or "").strip()
+    if not text:
+        return None
+    if source.source == "dolly" and row.get("context"):
+        text = f"{text}\n\n{row['context']}"
+    if source.source == "alpaca_seed" and row.get("instances") and row["instances"][0].get("input"):
+        text = f"{text}\n\n{row['instances'][0]['input']}"
+    answer = row.get("answer")
+    if source.source == "gsm8k" and answer is not None:
+        answer = final_number(str(answer).split("####")[-1])
+    return Prompt(prompt_id(text), text, None if answer is None else str(answer))
+
+
+def final_number(text: str) -> str | None:
+    """The last number in a text, without thousands separators or a trailing '.0'."""
+    found = NUMBER.findall(text)
+    if not found:
+        return None
+    value = found[-1].replace(",", "").rstrip(".")
+    return value[:-2] if value.endswith(".0") else value
+
+
+def is_correct(response: str, answer: str | None) -> bool:
+    """Whether the response's final number equals the known answer."""
+    if answer is None:
+        return False
+    got, want = final_number(response), final_number(answer)
+    return got is not None and want is not None and float(got) == float(want)
+
+
+def chat_messages(prompt: str, system_prompt: str | None) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return [*messages, {"role": "user", "content": prompt}]
+
+
+def render_prompt(tokenizer: Any, prompt: str, system_prompt: str | None) -> str:
+    """The chat-template text the teacher continues; templates without a system role get it inline."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise LayerpruneError("the teacher's tokenizer has no chat template; self-generation needs one")
+    try:
+        return tokenizer.apply_chat_template(chat_messages(prompt, system_prompt), tokenize=False,
+                                             add_generation_prompt=True)
+    except Exception:  # e.g. "System role not supported"
+        inline = f"{system_prompt}\n\n{prompt}" if system_prompt else prompt
+        return tokenizer.apply_chat_template(chat_messages(inline, None), tokenize=False, add_generation_prompt=True)
+
+
+def done_ids(path: Path) -> set[str]:
+    """Ids of prompts already answered in a responses file."""
+    return {row["id"] for row in iter_jsonl(path) if "id" in row}
+
+
+def generate_responses(model: Any, tokenizer: Any, prompts: list[Prompt], settings: GenerationSection,
+                       path: Path) -> dict[str, Any]:
+    """Answer every prompt not yet in `path`, appending one JSON line per response; return timing stats."""
+    done = done_ids(path)
+    todo = [p for p in prompts if p.id not in done]
+    log.info("self-generation: %d prompts, %d already answered, %d to go", len(prompts), len(prompts) - len(todo), len(todo))
+    start = time.perf_counter()
+    if todo:
+        generate = _generate_vllm if settings.backend == "vllm" else _generate_hf
+        generate(model, tokenizer, todo, settings, path)
+    return {"prompts": len(prompts), "resumed_from": len(prompts) - len(todo), "generated": len(todo),
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def _generate_hf(model: Any, tokenizer: Any, prompts: list[Prompt], settings: GenerationSection, path: Path) -> None:
+    import torch
+
+    texts = {p.id: render_prompt(tokenizer, p.text, settings.system_prompt) for p in prompts}
+    ordered = sorted(prompts, key=lambda p: len(tokenizer(texts[p.id], add_special_tokens=False)["input_ids"]))
+    tokenizer.padding_side = "left"
+    sampling = {"do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p} \
+        if settings.temperature > 0 else {"do_sample": False}
+    for first in range(0, len(ordered), settings.batch_size):
+        batch = ordered[first: first + settings.batch_size]
+        enc = tokenizer([texts[p.id] for p in batch], return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = enc.to(model.device)
+        with torch.inference_mode():
+            out = model.generate(**enc, max_new_tokens=settings.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                                 **sampling)
+        new = out[:, enc["input_ids"].shape[1]:]
+        _append(path, (_record(p, tokenizer, ids, settings) for p, ids in zip(batch, new.tolist())))
+        log.info("  answered %d/%d", min(first + settings.batch_size, len(ordered)), len(ordered))
+
+
+def _record(prompt: Prompt, tokenizer: Any, ids: list[int], settings: GenerationSection) -> dict[str, Any]:
+    stop = {tokenizer.eos_token_id, tokenizer.pad_token_id} | set(_eos_ids(tokenizer))
+    stop.discard(None)
+    length = next((i for i, tok in enumerate(ids) if tok in stop), len(ids))
+    text = tokenizer.decode(ids[:length], skip_special_tokens=True).strip()
+    return {"id": prompt.id, "prompt": prompt.text, "answer": prompt.answer, "response": text,
+            "tokens": length, "truncated": length >= settings.max_new_tokens}
+
+
+def _eos_ids(tokenizer: Any) -> list[int]:
+    extra = []
+    for token in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>"):
+        tid = tokenizer.convert_tokens_to_ids(token) if token in tokenizer.get_vocab() else None
+        if tid is not None:
+            extra.append(tid)
+    return extra
+
+
+def _append(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        handle.flush()
+
+
+def check_vllm() -> None:
+    """vLLM must be importable for `--backend vllm`."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise LayerpruneError("--backend vllm needs vLLM: pip install 'layerprune[vllm]' (or use --backend hf)")
+
+
+def _generate_vllm(model: Any, tokenizer: Any, prompts: list[Prompt], settings: GenerationSection, path: Path) -> None:
+    from vllm import LLM, SamplingParams  # type: ignore[import-not-found]
+
+    llm = LLM(model=str(model), tokenizer=str(model))
+    params = SamplingParams(temperature=settings.temperature, top_p=settings.top_p, max_tokens=settings.max_new_tokens)
+    texts = [render_prompt(tokenizer, p.text, settings.system_prompt) for p in prompts]
+    for first in range(0, len(prompts), 256):  # vLLM batches internally; chunks keep the file growing
+        outputs = llm.generate(texts[first: first + 256], params)
+        rows = [{"id": p.id, "prompt": p.text, "answer": p.answer, "response": o.outputs[0].text.strip(),
+                 "tokens": len(o.outputs[0].token_ids), "truncated": o.outputs[0].finish_reason == "length"}
+                for p, o in zip(prompts[first: first + 256], outputs)]
+        _append(path, rows)
+
+
+def filter_responses(rows: list[dict[str, Any]], settings: GenerationSection) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Apply the recipe's filters; the card counts what each filter removed."""
+    card = {"responses": len(rows), "empty": 0, "truncated": 0, "too_long": 0, "wrong": 0}
+    kept = []
+    for row in rows:
+        reason = _drop_reason(row, settings)
+        if reason:
+            card[reason] += 1
+        else:
+            kept.append(row)
+    card["kept"] = len(kept)
+    if not kept:
+        raise LayerpruneError(f"every response was filtered away ({_describe(card)}); loosen generate.filter, "
+                              "generate.max_response_tokens or generate.drop_truncated")
+    return kept, card
+
+
+def _drop_reason(row: dict[str, Any], settings: GenerationSection) -> str | None:
+    if not row["response"].strip():
+        return "empty"
+    if settings.drop_truncated and row.get("truncated"):
+        return "truncated"
+    if settings.max_response_tokens and row.get("tokens", 0) > settings.max_response_tokens:
+        return "too_long"
+    if settings.filter == "correct" and not is_correct(row["response"], row.get("answer")):
+        return "wrong"
+    return None
+
+
+def _describe(card: dict[str, int]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in card.items() if v)
+
+
+def responses_for(prompts: list[Prompt], path: Path) -> list[dict[str, Any]]:
+    """The answered rows of these prompts, in prompt order (later duplicates ignored)."""
+    wanted = {p.id for p in prompts}
+    rows: dict[str, dict[str, Any]] = {}
+    for row in iter_jsonl(path):
+        if row.get("id") in wanted and row["id"] not in rows:
+            rows[row["id"]] = row
+    return [rows[p.id] for p in prompts if p.id in rows]

@@ -1,0 +1,210 @@
+"""Stage 2: fine-tune the pruned model on the teacher's responses with TRL (LoRA, QLoRA, full or KD)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from layerprune.errors import LayerpruneError
+from layerprune.recover.schema import KdSection, LoraSection, RecoverRecipe
+from layerprune.recover.selfgen import chat_messages
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(LayerpruneError):
+    """The training loss became NaN or infinite."""
+
+
+def lora_config(section: LoraSection) -> Any:
+    """Map the recipe's flat LoRA section onto peft.LoraConfig."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=section.r, lora_alpha=section.alpha, lora_dropout=section.dropout,
+                      target_modules=section.target_modules, bias=section.bias, task_type="CAUSAL_LM")
+
+
+def quantization_config() -> Any:
+    """4-bit NF4 with double quantization (QLoRA); bf16 compute."""
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=torch.bfloat16)
+
+
+def split_rows(rows: list[dict[str, Any]], held_out: float, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Shuffle and hold out a fraction (at least one row when held_out > 0 and two or more rows)."""
+    rows = list(rows)
+    random.Random(seed).shuffle(rows)
+    n_eval = 0 if held_out == 0 or len(rows) < 2 else max(1, round(len(rows) * held_out))
+    return rows[n_eval:], rows[:n_eval]
+
+
+def to_dataset(rows: list[dict[str, Any]], system_prompt: str | None) -> Any:
+    """Prompt-completion conversations (TRL computes the loss on the completion only)."""
+    from datasets import Dataset
+
+    return Dataset.from_list([
+        {"prompt": chat_messages(row["prompt"], system_prompt),
+         "completion": [{"role": "assistant", "content": row["response"]}]}
+        for row in rows
+    ])
+
+
+def bf16_allowed(recipe: RecoverRecipe, device: torch.device) -> bool:
+    """bf16 mixed precision only where it helps (CUDA with bf16 support); say so when it is switched off."""
+    if not recipe.train.bf16:
+        return False
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return True
+    log.warning("bf16 switched off: %s has no bf16 training support here; training in float32", device.type)
+    return False
+
+
+def sft_config(recipe: RecoverRecipe, output_dir: Path, device: torch.device, optimizer: str, seed: int,
+               has_eval: bool) -> Any:
+    """TRL's SFTConfig from the recipe's train section."""
+    from trl import SFTConfig
+
+    train = recipe.train
+    return SFTConfig(
+        output_dir=str(output_dir), learning_rate=train.learning_rate, lr_scheduler_type=train.lr_scheduler,
+        warmup_steps=train.warmup_steps, adam_beta1=train.adam_beta1, adam_beta2=train.adam_beta2,
+        weight_decay=train.weight_decay, max_grad_norm=train.max_grad_norm, optim=optimizer,
+        per_device_train_batch_size=train.batch_size, per_device_eval_batch_size=train.batch_size,
+        gradient_accumulation_steps=train.grad_accum, num_train_epochs=train.epochs,
+        max_steps=train.max_steps or -1, max_length=train.max_length, bf16=bf16_allowed(recipe, device),
+        gradient_checkpointing=train.gradient_checkpointing, completion_only_loss=True, packing=False,
+        eval_strategy="steps" if has_eval else "no", eval_steps=train.eval_steps, logging_steps=train.logging_steps,
+        logging_first_step=True, save_strategy="steps", save_steps=train.save_steps, save_total_limit=2,
+        report_to="none", seed=seed, use_cpu=device.type == "cpu", disable_tqdm=True, dataloader_num_workers=0,
+        model_init_kwargs=None, include_num_input_tokens_seen="all",
+    )
+
+
+def make_trainer(recipe: RecoverRecipe, model: Any, tokenizer: Any, args: Any, train_set: Any, eval_set: Any,
+                 teacher: Any = None) -> Any:
+    """SFTTrainer (or the KD subclass) with the LoRA config when the method uses adapters."""
+    peft_config = lora_config(recipe.lora) if recipe.uses_lora() else None
+    cls = _trainer_classes()["kd" if recipe.method == "kd" else "sft"]
+    kwargs = {"teacher": teacher, "kd": recipe.kd} if recipe.method == "kd" else {}
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer = cls(model=model, args=args, train_dataset=train_set, eval_dataset=eval_set, processing_class=tokenizer,
+                  peft_config=peft_config, callbacks=[LossLogCallback()], **kwargs)
+    trainer.remove_callback(PrinterCallback)
+    return trainer
+
+
+def _trainer_classes() -> dict[str, type]:
+    from trl import SFTTrainer
+
+    class GuardedSFTTrainer(SFTTrainer):
+        """SFTTrainer that stops on a non-finite loss before it reaches the weights."""
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # type: ignore[override]
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            check_finite(loss[0] if isinstance(loss, tuple) else loss, self.state.global_step, self.args.output_dir)
+            return loss
+
+    class KDTrainer(GuardedSFTTrainer):
+        """Forward KL to the teacher's token distribution on the completion tokens (eval loss stays cross-entropy)."""
+
+        def __init__(self, *args: Any, teacher: Any, kd: KdSection, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.teacher, self.kd = teacher, kd
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # type: ignore[override]
+            if not model.training:
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            loss = distillation_loss(model, self.teacher, inputs, self.kd)
+            check_finite(loss, self.state.global_step, self.args.output_dir)
+            return loss
+
+    return {"sft": GuardedSFTTrainer, "kd": KDTrainer}
+
+
+def distillation_loss(student: Any, teacher: Any, inputs: dict[str, Any], kd: KdSection) -> torch.Tensor:
+    """weight * KL(teacher || student) + (1 - weight) * cross-entropy, over the completion tokens."""
+    labels = inputs["labels"][:, 1:]
+    mask = labels != -100
+    forward = {k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask", "position_ids")}
+    logits = student(**forward, use_cache=False).logits[:, :-1][mask].float()
+    with torch.no_grad():
+        teacher_logits = teacher(**forward, use_cache=False).logits[:, :-1][mask].float()
+    loss = forward_kl(logits, teacher_logits, kd.temperature)
+    if kd.weight < 1:
+        ce = torch.nn.functional.cross_entropy(logits, labels[mask])
+        loss = kd.weight * loss + (1 - kd.weight) * ce
+    return loss
+
+
+def forward_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Mean over tokens of KL(p_teacher || p_student), scaled by T^2 as in Hinton et al."""
+    if student_logits.numel() == 0:
+        return student_logits.sum()
+    student = torch.log_softmax(student_logits / temperature, dim=-1)
+    teacher = torch.log_softmax(teacher_logits / temperature, dim=-1)
+    kl = (teacher.exp() * (teacher - student)).sum(-1)
+    return kl.mean() * temperature**2
+
+
+def check_finite(loss: torch.Tensor, step: int, output_dir: str) -> None:
+    if not math.isfinite(float(loss.detach())):
+        last = last_checkpoint(Path(output_dir))
+        kept = f"last good checkpoint: {last}" if last else "no checkpoint was saved yet"
+        raise NonFiniteLossError(f"training loss became {float(loss.detach())} at step {step}; stopped ({kept}); "
+                                 "lower train.learning_rate and re-run (add --resume to continue from the checkpoint)")
+
+
+def last_checkpoint(directory: Path) -> Path | None:
+    """The newest checkpoint-N folder in a trainer output directory."""
+    found = [p for p in directory.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()] if directory.is_dir() else []
+    return max(found, key=lambda p: int(p.name.split("-")[-1]), default=None)
+
+
+class LossLogCallback(TrainerCallback):
+    """Print the train and held-out losses as one short line each."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):  # type: ignore[no-untyped-def]
+        logs = logs or {}
+        if "loss" in logs:
+            log.info("  step %d/%d  loss %.4f  lr %.2e", state.global_step, state.max_steps, logs["loss"],
+                     logs.get("learning_rate", 0.0))
+        if "eval_loss" in logs:
+            log.info("  step %d/%d  held-out loss %.4f", state.global_step, state.max_steps, logs["eval_loss"])
+
+
+def loss_curve(log_history: list[dict[str, Any]], before: float | None) -> dict[str, list[list[float]]]:
+    """[[step, loss], ...] for training and held-out losses (held-out includes step 0, before training)."""
+    train = [[e["step"], e["loss"]] for e in log_history if "loss" in e]
+    held = {0: before} if before is not None else {}
+    held.update({e["step"]: e["eval_loss"] for e in log_history if "eval_loss" in e and e["step"] > 0})
+    return {"train": train, "held_out": [[step, loss] for step, loss in sorted(held.items())]}
+
+
+def plot_loss_curve(curve: dict[str, list[list[float]]], path: Path, title: str) -> None:
+    """Save the loss curve as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, points in curve.items():
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o" if name == "held_out" else None,
+                    label=name.replace("_", "-"))
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss (completion tokens)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

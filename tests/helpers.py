@@ -1,0 +1,48 @@
+"""Shared test helpers: skip-reference logits, directory fingerprints, CLI runs."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from layerprune.cli import main
+from layerprune.models import find_decoder_stack
+
+
+def skip_reference_logits(model, input_ids: torch.Tensor, skip: Sequence[int]) -> torch.Tensor:  # noqa: ANN001
+    """Logits of the full model with each skipped block's output replaced by its input."""
+    handles = []
+    for index in skip:
+        def hook(module, args, kwargs, output):  # noqa: ANN001, ANN202
+            hidden = args[0] if args else kwargs["hidden_states"]
+            return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+        handles.append(find_decoder_stack(model).layers[index].register_forward_hook(hook, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            return model(input_ids=input_ids, use_cache=False).logits
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def fingerprint(path: Path) -> dict[str, str]:
+    """Every file under `path` with its sha256 (to check an input was left untouched)."""
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def run_cli(capsys, argv: Sequence[str]) -> tuple[int, str, str]:  # noqa: ANN001
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_line_error(code: int, err: str, *needles: str) -> None:
+    lines = [line for line in err.strip().splitlines() if line.startswith("error:")]
+    assert code == 2, err
+    assert len(lines) == 1, err
+    for needle in needles:
+        assert needle.lower() in lines[0].lower(), lines[0]

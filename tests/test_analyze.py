@@ -1,0 +1,166 @@
+"""`analyze`: skip == zero-out, prefix reuse == naive loop, CLI bad inputs, tiny end-to-end runs."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from layerprune.analyze.tasks import task_items
+from layerprune.analyze.walk import ablate_nll, ablate_nll_naive, build_batches, zero_block_outputs
+from layerprune.cli import main
+from layerprune.models import find_decoder_stack, load_model, skipped_blocks
+
+
+def tiny_batches(loaded, n=3, score_all=False):
+    items = task_items("arithmetic", n, seed=0, shots=1, data_dir=None)
+    return build_batches(loaded.tokenizer, items, batch_size=2, max_length=64, score_all=score_all)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "qwen2", "olmo2", "phi3"])
+def test_skipping_a_block_equals_zeroing_its_output_projections(tiny_models, arch):
+    loaded = load_model(str(tiny_models(arch, 4)))
+    model = loaded.model
+    ids = loaded.tokenizer(["Question: what is 12 + 7? Answer: 19"], return_tensors="pt")["input_ids"]
+    for block in (0, 2):
+        with torch.no_grad(), skipped_blocks(model, [block]):
+            skipped = model(input_ids=ids).logits
+        zeroed_model = copy.deepcopy(model)
+        assert len(zero_block_outputs(find_decoder_stack(zeroed_model).layers[block])) == 2
+        with torch.no_grad():
+            zeroed = zeroed_model(input_ids=ids).logits
+            full = model(input_ids=ids).logits
+        torch.testing.assert_close(skipped, zeroed, atol=1e-5, rtol=1e-4)
+        assert not torch.allclose(full, skipped, atol=1e-4)  # the block did something
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_prefix_reuse_matches_a_full_forward_per_block(tiny_models, arch):
+    loaded = load_model(str(tiny_models(arch, 4)))
+    batches = tiny_batches(loaded)
+    fast, naive = ablate_nll(loaded.model, batches), ablate_nll_naive(loaded.model, batches)
+    assert fast.scored_tokens == naive.scored_tokens > 0
+    assert fast.base_nll == pytest.approx(naive.base_nll, rel=1e-4)
+    assert fast.ablated_nll == pytest.approx(naive.ablated_nll, rel=1e-4)
+
+
+def test_batches_score_only_the_target(tiny_llama):
+    loaded = load_model(str(tiny_llama))
+    items = task_items("factual", 2, seed=0, shots=1, data_dir=None)
+    batch = build_batches(loaded.tokenizer, items, batch_size=2, max_length=64)[0]
+    for row, item in enumerate(items):
+        scored = batch.input_ids[row][batch.loss_mask[row].bool()]
+        assert loaded.tokenizer.decode(scored) == item.target
+    assert int((batch.loss_mask * (1 - batch.attention_mask)).sum()) == 0
+
+
+def run_cli(capsys, *argv):
+    code = main(["analyze", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_importance_end_to_end_with_different_depths(tiny_models, tmp_path, capsys):
+    out = tmp_path / "imp"
+    code, stdout, err = run_cli(capsys, "importance", "--models", str(tiny_models("llama", 6)),
+                                str(tiny_models("gemma3_text", 4)), "--tasks", "arithmetic,factual",
+                                "--samples", "3", "--output", str(out))
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["drops.png", "heatmap.png", "importance.json", "summary.md"]
+    report = json.loads((out / "importance.json").read_text())
+    assert report["across_models"]["arithmetic"]["aligned_by"] == "relative depth"
+    assert report["across_models"]["arithmetic"]["rows"] == 6
+    assert len(report["tasks"]["factual"]["llama-6"]["drops"]) == 6
+    assert "llama-6 vs gemma3_text-4" in report["across_models"]["factual"]["pairs"]
+    assert "aligned by relative depth" in (out / "summary.md").read_text()
+
+
+def test_importance_accuracy_metric(tiny_llama, tmp_path, capsys):
+    out = tmp_path / "acc"
+    code, _, err = run_cli(capsys, "importance", "--models", str(tiny_llama), "--tasks", "arithmetic",
+                           "--metric", "accuracy", "--samples", "2", "--output", str(out))
+    assert code == 0, err
+    result = json.loads((out / "importance.json").read_text())["tasks"]["arithmetic"]["llama-6"]
+    assert len(result["scores"]) == 6 and 0.0 <= result["base_score"] <= 1.0
+
+
+def test_nmi_end_to_end(tiny_llama, tmp_path, capsys):
+    out = tmp_path / "nmi"
+    code, _, err = run_cli(capsys, "nmi", "--model", str(tiny_llama), "--calib", "factual", "--samples", "4",
+                           "--k", "4", "--output", str(out))
+    assert code == 0, err
+    report = json.loads((out / "nmi.json").read_text())
+    assert len(report["nmi"]) == 7 and report["nmi"][0] == 1.0
+    assert all(0.0 <= v <= 1.0 + 1e-9 for v in report["nmi"]) and 0 <= report["elbow_block"] < 6
+    assert (out / "nmi.png").stat().st_size > 0
+
+
+def test_degeneration_from_file_and_model(tiny_llama, shared_data, tmp_path, capsys):
+    gen = tmp_path / "gen.jsonl"
+    gen.write_text('{"prompt": "p", "output": "one two one two. one two one two."}\n')
+    out = tmp_path / "deg"
+    code, stdout, err = run_cli(capsys, "degeneration", "--generations", str(gen), "--models", str(tiny_llama),
+                                "--labels", "original,pruned", "--samples", "2", "--max-new-tokens", "8",
+                                "--data-dir", str(shared_data), "--output", str(out))
+    assert code == 0, err
+    variants = json.loads((out / "degeneration.json").read_text())["variants"]
+    assert list(variants) == ["original", "pruned"]
+    assert variants["original"]["rep_2"] == pytest.approx(5 / 9)  # 9 bigrams, 4 kinds: ab, ba, b., .a
+    assert variants["original"]["self_bleu_4"] == pytest.approx(1.0)
+    assert (out / "generations" / "pruned.jsonl").is_file()
+
+
+def assert_one_line_error(capsys, argv, *needles, output: Path | None = None):
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    for needle in needles:
+        assert needle in err, err
+    if output is not None:
+        assert not output.exists() and not list(output.parent.glob(f".{output.name}.tmp-*"))
+
+
+def test_bad_inputs(tiny_llama, shared_data, tmp_path, capsys):
+    out = tmp_path / "out"
+    model = ["--models", str(tiny_llama), "--output", str(out)]
+    assert_one_line_error(capsys, ["importance", *model, "--tasks", "arithmetc"], "did you mean: arithmetic", output=out)
+    assert_one_line_error(capsys, ["importance", *model, "--tasks", "triviaqa", "--data-dir", str(shared_data)],
+                          "triviaqa", "validation.jsonl", output=out)
+    assert_one_line_error(capsys, ["importance", *model, "--samples", "0"], "samples", output=out)
+    assert_one_line_error(capsys, ["importance", "--models", str(tmp_path / "nope"), "--output", str(out)],
+                          "not found", output=out)
+    assert_one_line_error(capsys, ["nmi", "--model", str(tiny_llama), "--calib", "factual", "--samples", "2",
+                                   "--k", "5000", "--output", str(out)], "k=5000", "--k", output=out)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "p", "text": "no output field"}\n')
+    assert_one_line_error(capsys, ["degeneration", "--generations", str(bad), "--output", str(out)],
+                          "'output'", "--output-field", output=out)
+    assert_one_line_error(capsys, ["degeneration", "--output", str(out)], "--generations", output=out)
+    assert_one_line_error(capsys, ["degeneration", "--generations", str(bad), "--labels", "a,b", "--output", str(out)],
+                          "--labels", output=out)
+    assert bad.read_text() == '{"prompt": "p", "text": "no output field"}\n'
+
+
+def test_existing_output_needs_overwrite(tmp_path, capsys):
+    gen = tmp_path / "gen.jsonl"
+    gen.write_text('{"prompt": "p", "output": "a b c"}\n')
+    out = tmp_path / "deg"
+    out.mkdir()
+    assert_one_line_error(capsys, ["degeneration", "--generations", str(gen), "--output", str(out)], "--overwrite")
+    assert main(["analyze", "degeneration", "--generations", str(gen), "--output", str(out), "--overwrite"]) == 0
+    assert (out / "degeneration.json").is_file()
+
+
+@pytest.mark.slow
+def test_embedded_models_importance_and_nmi(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "importance", "--tasks", "arithmetic", "--samples", "4", "--output",
+                           str(tmp_path / "imp"))
+    assert code == 0, err
+    report = json.loads((tmp_path / "imp" / "importance.json").read_text())
+    assert report["models"]["smollm2-135m-instruct"]["depth"] == 30 and report["models"]["gemma3-270m"]["depth"] == 18
+    assert report["across_models"]["arithmetic"]["aligned_by"] == "relative depth"
+    code, _, err = run_cli(capsys, "nmi", "--samples", "4", "--k", "8", "--output", str(tmp_path / "nmi"))
+    assert code == 0, err
+    assert len(json.loads((tmp_path / "nmi" / "nmi.json").read_text())["nmi"]) == 31

@@ -1,0 +1,100 @@
+"""Pure measures of `analyze`, against values computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from layerprune.analyze import metrics
+from layerprune.analyze.tasks import clean_gsm8k_solution, final_number, first_line, task_items
+
+
+def test_rep_n_counts_repeated_ngrams():
+    tokens = "a b a b".split()
+    assert metrics.rep_n(tokens, 2) == pytest.approx(1 / 3)  # ab, ba, ab: 2 unique of 3
+    assert metrics.rep_n(tokens, 3) == 0.0  # aba, bab
+    assert metrics.rep_n(tokens, 5) is None
+
+
+def test_words_split_punctuation_and_lowercase():
+    assert metrics.words("The cat, sat.") == ["the", "cat", ",", "sat", "."]
+
+
+def test_sentence_bleu_by_hand():
+    hyp, ref = "the cat sat on".split(), "the cat sat here".split()
+    # p1 = 3/4, p2 = 2/3, p3 = 1/2, p4 = 0 -> smoothed 0.1/1; equal lengths -> no brevity penalty
+    expected = (0.75 * (2 / 3) * 0.5 * 0.1) ** 0.25
+    assert metrics.sentence_bleu(hyp, [ref]) == pytest.approx(expected)
+    assert metrics.sentence_bleu(ref, [ref]) == pytest.approx(1.0)
+
+
+def test_sentence_bleu_brevity_penalty():
+    # p1 = p2 = 1, no 3/4-grams in a 2-token hypothesis -> 0.1 each; BP = exp(1 - 4/2)
+    expected = math.exp(-1) * (0.1 * 0.1) ** 0.25
+    assert metrics.sentence_bleu(["the", "cat"], [["the", "cat", "sat", "on"]]) == pytest.approx(expected)
+
+
+def test_self_bleu_within_one_response():
+    assert metrics.self_bleu("A b c d. A b c d.") == pytest.approx(1.0)
+    assert metrics.self_bleu("Only one sentence here.") is None
+    assert metrics.split_sentences("One. Two!\nThree") == ["One.", "Two!", "Three"]
+
+
+def test_degeneration_stats_means_over_defined_values():
+    stats = metrics.degeneration_stats(["a b a b", "x"])
+    assert stats["rep_2"] == pytest.approx(1 / 3)  # "x" has no bigram: left out of the mean
+    assert stats["mean_length_words"] == pytest.approx(2.5)
+    assert stats["self_bleu_4"] is None and stats["responses"] == 2
+
+
+def test_drops_and_critical_blocks():
+    assert metrics.relative_drops(0.5, [0.4, 0.6]) == pytest.approx([0.2, -0.2])
+    assert metrics.relative_drops(0.0, [0.1]) == [0.0]
+    assert metrics.critical_blocks([0.1, 0.25, 0.2, 0.3], 0.2) == [1, 3]
+    assert metrics.answer_probability(math.log(2)) == pytest.approx(0.5)
+
+
+def test_spearman_by_hand():
+    # rank differences 0, 1, 1, 0 -> rho = 1 - 6 * 2 / (4 * 15) = 0.8
+    assert metrics.spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+    assert metrics.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert metrics.average_ranks([10, 20, 20, 30]) == [1, 2.5, 2.5, 4]
+    assert metrics.spearman([1, 1, 1], [1, 2, 3]) is None
+
+
+def test_jaccard():
+    assert metrics.jaccard({1, 2}, {2, 3}) == pytest.approx(1 / 3)
+    assert metrics.jaccard([], [4]) == 0.0
+    assert metrics.jaccard([], []) is None
+
+
+def test_relative_depth_alignment():
+    # rows at (r + 0.5) / 6 of a 4-block model: 0.33, 1.0, 1.67, 2.33, 3.0, 3.67 -> blocks 0 1 1 2 3 3
+    assert metrics.relative_depth_map(4, 6) == [0, 1, 1, 2, 3, 3]
+    assert metrics.relative_depth_map(5, 5) == [0, 1, 2, 3, 4]
+    assert metrics.align_by_depth([0.0, 1.0, 2.0, 3.0], 6) == [0.0, 1.0, 1.0, 2.0, 3.0, 3.0]
+    assert metrics.align_blocks([1], 4, 6) == {1, 2}
+
+
+def test_elbow_is_largest_drop():
+    assert metrics.largest_drop([1.0, 0.9, 0.5, 0.45]) == 2
+    assert metrics.largest_drop([1.0]) is None
+
+
+def test_answer_extraction():
+    assert final_number("so 3 + 4\n#### 1,234") == "1234"
+    assert final_number("It is 7. The answer is 42.") == "42"
+    assert final_number("3 and 5") == "5"
+    assert first_line("  Paris\nQ: next") == "paris"
+
+
+def test_gsm8k_solution_cleaning():
+    text, final = clean_gsm8k_solution("He has 2+3 = <<2+3=5>>5 apples.\n#### 5")
+    assert (text, final) == ("He has 2+3 = 5 apples.\nThe answer is 5.", "5")
+
+
+def test_factual_task_is_offline_and_seeded():
+    items = task_items("factual", 5, seed=1, shots=2, data_dir=None)
+    assert len(items) == 5 and items == task_items("factual", 5, seed=1, shots=2, data_dir=None)
+    assert items[0].prompt.count("Q: What is the capital of") == 3 and items[0].target.startswith(" ")

@@ -1,0 +1,272 @@
+"""`evaluate`: suites, offline mapping, bad inputs, caching and the comparison report (tiny models, dummy LM)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from layerprune.cli import main
+from layerprune.errors import LayerpruneError
+from layerprune.evaluate import EvalSettings, Summary, TaskResult, compare, load_suites, plan_tasks
+from layerprune.evaluate.offline import lm_eval_config, write_task_yaml
+from layerprune.evaluate.project_tasks import probe_config, score_exact
+from layerprune.evaluate.registry import TASKS
+from layerprune.evaluate.runner import ModelHandle, applies_chat, evaluate_task
+from layerprune.evaluate.suites import PlannedTask
+from layerprune.settings import RunSettings
+
+ARC_ROWS = [{"id": f"q{i}", "question": f"What is {i} plus one?",
+             "choices": {"text": [str(i + 1), str(i + 5), "blue", "seven"], "label": ["A", "B", "C", "D"]},
+             "answerKey": "A"} for i in range(6)]
+GSM_ROWS = [{"question": f"Tom has {i} apples and buys 2 more. How many?", "answer": f"{i} + 2 = {i + 2}\n#### {i + 2}"}
+            for i in range(6)]
+
+
+def write_rows(root: Path, dataset: str, split: str, rows: list[dict]) -> None:
+    (root / dataset).mkdir(parents=True, exist_ok=True)
+    (root / dataset / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "data"
+    write_rows(root, "arc_easy", "test", ARC_ROWS)
+    write_rows(root, "gsm8k", "train", GSM_ROWS)
+    write_rows(root, "gsm8k", "test", GSM_ROWS)
+    return root
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()  # drop what fixtures printed
+    code = main(["evaluate", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+# suites and names ---------------------------------------------------------------------------------------
+
+def test_every_suite_expands_to_known_tasks(shared_data):
+    for name in load_suites():
+        planned, skipped = plan_tasks(EvalSettings(suite=name), shared_data) if name != "factual" else ([], {})
+        assert all(t.spec.name in TASKS for t in planned)
+    assert set(load_suites()) >= {"classification", "reasoning", "algorithmic", "factual", "quick", "paper"}
+
+
+def test_quick_covers_classification_and_reasoning_with_limits(shared_data):
+    planned, _ = plan_tasks(EvalSettings(suite="quick"), shared_data)
+    names = {t.spec.name for t in planned}
+    assert {"arc_easy", "boolq", "gsm8k", "humaneval_plus", "arith_1dc", "arith_5d_mul", "brackets_d8"} <= names
+    assert all(t.limit is not None and t.limit <= 40 for t in planned)
+
+
+def test_paper_protocol_settings(shared_data):
+    planned = {t.spec.name: t for t in plan_tasks(EvalSettings(suite="paper"), shared_data)[0]}
+    assert (planned["arc_easy"].num_fewshot, planned["arc_easy"].limit) == (5, 0.2)
+    assert planned["gsm8k"].num_fewshot == 0 and planned["gsm8k"].limit is None
+
+
+def test_cli_flag_beats_suite(shared_data):
+    planned = plan_tasks(EvalSettings(suite="quick", limit=3), shared_data)[0]
+    assert {t.limit for t in planned} == {3}
+
+
+def test_list(capsys):
+    code, out, _ = run_cli(capsys, "--list")
+    assert code == 0 and "quick" in out and "brackets_d8" in out and "arith_1dc" in out
+
+
+def test_factual_without_data_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(LayerpruneError, match="triviaqa"):
+        plan_tasks(EvalSettings(suite="factual"), tmp_path / "empty")
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--tasks", "arc_esay"], "did you mean: arc_easy"),
+    (["--suite", "quik"], "did you mean: quick"),
+    (["--tasks", "reasoning"], "is a suite; use --suite reasoning"),
+    (["--limit", "0"], "--limit must be above 0"),
+    (["--limit", "-3"], "--limit must be above 0"),
+    (["--batch-size", "zero"], "--batch-size"),
+])
+def test_bad_input_is_one_line(capsys, tmp_path, tiny_llama, argv, expected):
+    out = tmp_path / "out"
+    code, _, err = run_cli(capsys, "--model", str(tiny_llama), "--output", str(out), *argv)
+    assert code == 2 and expected in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_num_fewshot_larger_than_pool(capsys, tmp_path, tiny_llama, data_dir):
+    code, _, err = run_cli(capsys, "--model", str(tiny_llama), "--tasks", "arc_easy", "--num-fewshot", "6",
+                           "--data-dir", str(data_dir), "--output", str(tmp_path / "o"))
+    assert code == 2 and "few-shot pool" in err and "5 examples" in err
+
+
+def test_missing_data_names_dataset_and_path(capsys, tmp_path, tiny_llama, data_dir, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    code, _, err = run_cli(capsys, "--model", str(tiny_llama), "--tasks", "piqa", "--data-dir", str(data_dir),
+                           "--output", str(tmp_path / "o"))
+    assert code == 2 and "piqa" in err and str(data_dir / "piqa" / "validation.jsonl") in err
+
+
+def test_model_without_tokenizer_files(capsys, tmp_path, tiny_llama, data_dir):
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_llama, bare)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (bare / name).unlink(missing_ok=True)
+    code, _, err = run_cli(capsys, "--model", str(bare), "--tasks", "arith_1dc", "--limit", "1",
+                           "--output", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c"))
+    assert code == 2 and "no tokenizer files" in err
+
+
+def test_existing_output_is_not_overwritten(capsys, tmp_path, tiny_llama):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "keep").write_text("x")
+    code, _, err = run_cli(capsys, "--model", str(tiny_llama), "--tasks", "arith_1dc", "--output", str(out))
+    assert code == 2 and "already exists" in err and (out / "keep").read_text() == "x"
+
+
+# offline mapping ----------------------------------------------------------------------------------------
+
+def test_offline_mapping_keeps_prompts_and_swaps_data(data_dir):
+    from lm_eval.tasks import TaskManager
+
+    config = lm_eval_config(TASKS.get("arc_easy"), data_dir)
+    assert config["dataset_path"] == "json" and config["dataset_name"] is None
+    assert config["dataset_kwargs"]["data_files"] == {"test": str((data_dir / "arc_easy" / "test.jsonl").resolve())}
+    assert config["doc_to_text"] == "Question: {{question}}\nAnswer:" and config["training_split"] is None
+    task = TaskManager(include_defaults=False).load([config])["tasks"]["arc_easy"]
+    docs = list(task.test_docs())
+    assert len(docs) == 6 and task.doc_to_text(docs[0]) == "Question: What is 0 plus one?\nAnswer:"
+    assert task.doc_to_target(docs[0]) == 0
+
+
+def test_task_yaml_for_lm_eval_cli_matches(data_dir, tmp_path):
+    from lm_eval.tasks import TaskManager
+
+    write_task_yaml(TASKS.get("gsm8k"), data_dir, tmp_path / "yaml")
+    manager = TaskManager(include_defaults=False, include_path=str(tmp_path / "yaml"))
+    task = manager.load(["gsm8k"])["tasks"]["gsm8k"]
+    ours = TaskManager(include_defaults=False).load([lm_eval_config(TASKS.get("gsm8k"), data_dir)])["tasks"]["gsm8k"]
+    assert task.config.dataset_kwargs == ours.config.dataset_kwargs
+    assert task.config.filter_list == ours.config.filter_list and len(list(task.test_docs())) == 6
+
+
+def test_probe_tasks_are_deterministic():
+    spec = TASKS.get("brackets_d4")
+    rows = probe_config(spec, 0)["custom_dataset"]()["test"]
+    assert rows[0] == probe_config(spec, 0)["custom_dataset"]()["test"][0]
+    assert rows[0] != probe_config(spec, 1)["custom_dataset"]()["test"][0]
+    assert score_exact({"answer": " } ] )"}, [" } ] ) "]) == {"exact_match": 1.0}
+    assert score_exact({"answer": " 42"}, [" 41"]) == {"exact_match": 0.0}
+
+
+def test_chat_template_rule():
+    gsm, arc = (PlannedTask(TASKS.get(n), None, None, None) for n in ("gsm8k", "arc_easy"))
+    assert applies_chat(gsm, "auto", True) and not applies_chat(arc, "auto", True)
+    assert applies_chat(arc, "on", True) and not applies_chat(gsm, "off", True)
+    assert not applies_chat(gsm, "on", False)
+
+
+# runs with lm-eval's dummy model and with tiny models ---------------------------------------------------
+
+def test_dummy_lm_results_are_summarized_and_cached(tmp_path, data_dir, tiny_llama, monkeypatch):
+    from lm_eval.models.dummy import DummyLM
+
+    from layerprune.evaluate import runner
+    from layerprune.models import resolve_model
+
+    from transformers import AutoTokenizer
+
+    dummy = DummyLM()
+    dummy.__dict__["tokenizer"] = AutoTokenizer.from_pretrained(tiny_llama)  # its default is a hub tokenizer
+    handle = ModelHandle(resolve_model(str(tiny_llama)), RunSettings(), lm=dummy, digest="d" * 64)
+    task = PlannedTask(TASKS.get("gsm8k"), 4, 2, 8)
+    settings = EvalSettings(data_dir=data_dir)
+    entry = evaluate_task(handle, task, settings, False, data_dir, tmp_path / "cache")
+    metrics = [r["metric"] for r in entry["rows"]]
+    assert metrics == ["exact_match,strict-match", "exact_match,flexible-extract"]
+    assert entry["rows"][0]["n"] == 4 and entry["rows"][0]["settings"]["num_fewshot"] == 2
+    assert len(entry["samples"]) == 8  # one per document and filter (strict, flexible)
+
+    monkeypatch.setattr(runner, "run_task", lambda *a, **k: pytest.fail("re-evaluated a cached task"))
+    again = evaluate_task(handle, task, settings, False, data_dir, tmp_path / "cache")
+    assert again["rows"][0]["cached"] and again["rows"][0]["value"] == entry["rows"][0]["value"]
+    with pytest.raises(pytest.fail.Exception):  # other settings: a new key, so it would run again
+        evaluate_task(handle, PlannedTask(TASKS.get("gsm8k"), 3, 2, 8), settings, False, data_dir, tmp_path / "cache")
+
+
+def test_tiny_model_end_to_end_and_cache(capsys, tmp_path, tiny_llama, data_dir, shared_data):
+    import shutil
+
+    write_rows(data_dir, "humaneval_plus", "test",
+               [json.loads(line) for line in (shared_data / "humaneval_plus" / "test.jsonl").open()][:2])
+    args = ["--model", str(tiny_llama), "--tasks", "arc_easy,gsm8k,arith_1dc,brackets_d2,humaneval_plus",
+            "--limit", "2", "--max-gen-toks", "4", "--data-dir", str(data_dir), "--output", str(tmp_path / "o"),
+            "--cache-dir", str(tmp_path / "c"), "--num-fewshot", "1"]
+    code, out, err = run_cli(capsys, *args)
+    assert code == 0, err
+    summary = Summary.model_validate_json((tmp_path / "o" / "summary.json").read_text())
+    assert {r.task for r in summary.results} == {"arc_easy", "gsm8k", "arith_1dc", "brackets_d2", "humaneval_plus"}
+    assert summary.model["has_chat_template"] and summary.model["chat_template"] == "auto"
+    assert next(r for r in summary.results if r.task == "gsm8k").settings["chat_template"] is True
+    assert next(r for r in summary.results if r.task == "arc_easy").settings["num_fewshot"] == 1
+    raw = json.loads((tmp_path / "o" / "results" / "gsm8k.json").read_text())
+    assert "exact_match,flexible-extract" in raw["results"]["gsm8k"]
+    assert (tmp_path / "o" / "samples" / "humaneval_plus.jsonl").read_text().count("\n") == 2
+    shutil.rmtree(tmp_path / "o")
+    code, out, _ = run_cli(capsys, *args)
+    assert code == 0 and "| no |" not in out and out.count("| yes |") == len(summary.results)
+
+
+def test_comparison_with_tokenizer_warning(capsys, tmp_path, tiny_models, caplog):
+    from transformers import AutoTokenizer
+
+    baseline, pruned = tiny_models("llama", 4), tiny_models("llama", 2)
+    other = tmp_path / "other-tok"
+    import shutil
+
+    shutil.copytree(baseline, other)
+    tok = AutoTokenizer.from_pretrained(other)
+    tok.add_tokens(["<extra_token>"])
+    tok.save_pretrained(other)
+    code, out, err = run_cli(capsys, "--model", str(pruned), "--baseline", str(other), "--pruned", str(pruned),
+                             "--tasks", "arith_1dc,brackets_d2", "--limit", "2", "--output", str(tmp_path / "cmp"),
+                             "--cache-dir", str(tmp_path / "c"))
+    assert code == 0, err
+    assert "different tokenizer" in caplog.text
+    for name in ("comparison.md", "comparison.json", "tasks_generative.png", "averages.png"):
+        assert (tmp_path / "cmp" / name).is_file()
+    assert (tmp_path / "cmp" / "baseline" / "summary.json").is_file() and "recovered_share" in out or "recovered" in out
+
+
+# report -------------------------------------------------------------------------------------------------
+
+def fake_summary(values: dict[str, float]) -> Summary:
+    kinds = {"arc_easy": "classification", "boolq": "classification", "gsm8k": "generative", "arith_1dc": "generative"}
+    rows = [TaskResult(task=t, kind=kinds[t], metric="acc", value=v, stderr=0.01, n=10, headline=True, settings={},
+                       seconds=1.0) for t, v in values.items()]
+    return Summary(model={"spec": "x"}, model_hash="h", results=rows)
+
+
+def test_compare_retention_and_recovered_share(tmp_path):
+    summaries = {"baseline": fake_summary({"arc_easy": 0.8, "boolq": 0.6, "gsm8k": 0.4, "arith_1dc": 0.5}),
+                 "pruned": fake_summary({"arc_easy": 0.6, "boolq": 0.6, "gsm8k": 0.1, "arith_1dc": 0.1}),
+                 "recovered": fake_summary({"arc_easy": 0.7, "boolq": 0.5, "gsm8k": 0.25, "arith_1dc": 0.3})}
+    report = compare(summaries, tmp_path / "r")
+    arc = next(r for r in report["rows"] if r["task"] == "arc_easy")
+    assert arc["retention_pruned"] == pytest.approx(0.75) and arc["recovered_share"] == pytest.approx(0.5)
+    boolq = next(r for r in report["rows"] if r["task"] == "boolq")
+    assert boolq["recovered_share"] is None  # no drop to recover
+    cls, gen = report["averages"]
+    assert cls["baseline"] == pytest.approx(0.7) and cls["recovered"] == pytest.approx(0.6)
+    assert gen["pruned"] == pytest.approx(0.1) and gen["recovered_share"] == pytest.approx((0.275 - 0.1) / (0.45 - 0.1))
+    assert "| arc_easy | acc | 0.8000 | 0.6000 | 0.7000 | 75.0% | 87.5% | 50.0% |" in report["table"]
+    for name in ("comparison.md", "tasks_classification.png", "tasks_generative.png", "averages.png"):
+        assert (tmp_path / "r" / name).stat().st_size > 0

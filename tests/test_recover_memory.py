@@ -1,0 +1,98 @@
+"""The --dry-run memory estimate against the measured peak of a training step of small models on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from transformers import LlamaConfig
+
+from layerprune.recover.memory import choose_optimizer, format_plan, model_shape, plan_memory
+
+SMALL = dict(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=6, num_attention_heads=8,
+             num_key_value_heads=4, max_position_embeddings=1024, tie_word_embeddings=False)
+
+# runs in a fresh process: peak RSS minus RSS after imports = weights + grads + optimizer + activations
+PROBE = textwrap.dedent("""
+    import json, resource, sys, torch
+    from transformers import LlamaConfig, AutoModelForCausalLM
+    spec = json.loads(sys.argv[1])
+    torch.manual_seed(0); torch.set_num_threads(2)
+    def rss():
+        return int(open("/proc/self/statm").read().split()[1]) * 4096
+    config = LlamaConfig(**spec["config"])
+    config._attn_implementation = "sdpa"
+    ids = torch.randint(0, config.vocab_size, (spec["batch"], spec["seq"]))
+    base = rss()
+    model = AutoModelForCausalLM.from_config(config)
+    if spec["checkpointing"]:
+        model.gradient_checkpointing_enable()
+    if spec["method"] == "lora":
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=spec["r"], target_modules="all-linear"))
+        if spec["checkpointing"]:
+            model.enable_input_require_grads()
+    model.train()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    for _ in range(2):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"peak_delta": peak - base}))
+""")
+
+CASES = [
+    dict(method="full", checkpointing=False, batch=4, seq=256, r=0),
+    dict(method="lora", checkpointing=True, batch=4, seq=512, r=16),
+]
+
+
+def measure_peak(method: str, checkpointing: bool, batch: int, seq: int, r: int, config: dict | None = None) -> float:
+    """Peak RSS growth (bytes) of two float32 training steps in a fresh process."""
+    spec = dict(config=config or SMALL, method=method, checkpointing=checkpointing, batch=batch, seq=seq, r=r)
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"}  # RSS follows live tensors
+    out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(spec)], capture_output=True, text=True, check=True,
+                         env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])["peak_delta"]
+
+
+def estimate(method: str, checkpointing: bool, batch: int, seq: int, r: int, config: dict | None = None) -> float:
+    shape = model_shape(LlamaConfig(**(config or SMALL)))
+    plan = plan_memory(shape, method, seq_len=seq, batch_size=batch, weight_bytes=4, lora_r=r,
+                       gradient_checkpointing=checkpointing, budget_gb=80)
+    return plan.total * 1e9
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['method']}-ckpt{int(c['checkpointing'])}")
+def test_estimate_within_30_percent_of_measured_peak(case):
+    measured = measure_peak(**case)
+    predicted = estimate(**case)
+    assert abs(predicted - measured) / measured < 0.30, (predicted / 1e6, measured / 1e6)
+
+
+def test_gradient_checkpointing_lowers_the_activation_estimate():
+    shape = model_shape(LlamaConfig(**SMALL))
+    plan = plan_memory(shape, "full", seq_len=2048, batch_size=4, weight_bytes=2)
+    assert plan.activations_checkpointing < plan.activations_no_checkpointing
+    assert plan.activations == plan.activations_checkpointing
+
+
+def test_full_sft_switches_to_8bit_adamw_when_it_does_not_fit():
+    shape = model_shape(LlamaConfig(**SMALL))
+    kwargs = dict(seq_len=256, batch_size=1, weight_bytes=2, gradient_checkpointing=True)
+    full = plan_memory(shape, "full", budget_gb=80, **kwargs)
+    budget = (full.total - full.optimizer_states * 0.6)  # between the AdamW and the 8-bit AdamW totals
+    optimizer, plan = choose_optimizer(shape, "full", "auto", cuda=True, budget_gb=budget, **kwargs)
+    assert optimizer == "adamw_8bit" and plan.fits
+    assert "switched to adamw_8bit" in format_plan(plan, "small")
+
+
+def test_qlora_weights_are_about_a_quarter_of_bf16():
+    shape = model_shape(LlamaConfig(**SMALL))
+    bf16 = plan_memory(shape, "lora", seq_len=128, batch_size=1, weight_bytes=2, lora_r=8)
+    nf4 = plan_memory(shape, "qlora", seq_len=128, batch_size=1, weight_bytes=2, lora_r=8)
+    assert nf4.weights < 0.6 * bf16.weights
