@@ -123,6 +123,7 @@ def analyze_degeneration(config: DegenerationAnalysis, settings: RunSettings, ou
     variants = collect_variants(config, settings, timer)
     stats = {label: metrics.degeneration_stats([r["output"] for r in rows]) for label, rows in variants.items()}
     report = {"config": config.model_dump(mode="json"), "variants": stats, "timings_s": timer.seconds,
+              "cpu_s": timer.cpu_seconds,
               "definitions": {"rep_n": "1 - unique/total word n-grams within a response, mean over responses",
                               "self_bleu_4": "BLEU-4 of each sentence against the other sentences of the same "
                                              "response (responses with 2+ sentences), mean",

@@ -87,6 +87,7 @@ def analyze_importance(config: ImportanceAnalysis, settings: RunSettings, out: P
     across_tasks = {label: compare_tasks({task: results[task][label] for task in results}) for label in models}
     report = {"config": config.model_dump(mode="json"), "models": models, "tasks": results,
               "across_models": across_models, "across_tasks": across_tasks, "timings_s": timer.seconds,
+              "cpu_s": timer.cpu_seconds,
               "score": score_description(config.metric), "run": run_record(settings)}
     write_json(out / "importance.json", report)
     write_importance_charts(out, results, across_models, config.threshold)

@@ -85,7 +85,8 @@ def analyze_nmi(config: NmiAnalysis, settings: RunSettings, out: Path) -> dict[s
               "tokens": tokens, "reference": "k-means clusters of the embedding layer (block 0 input)",
               "nmi": series, "nmi_after_block": {i: v for i, v in enumerate(series[1:])}, "elbow_block": elbow,
               "elbow_nmi_drop": None if elbow_index is None else series[elbow_index - 1] - series[elbow_index],
-              "skip_drops": drops, "critical": critical, "timings_s": timer.seconds, "run": run_record(settings)}
+              "skip_drops": drops, "critical": critical, "timings_s": timer.seconds,
+              "cpu_s": timer.cpu_seconds, "run": run_record(settings)}
     write_json(out / "nmi.json", report)
     charts.plot_nmi(out / "nmi.png", series, elbow, critical, f"{label}: token clusters vs embedding clusters "
                     f"({config.calib}, {tokens} tokens, k={config.k})")

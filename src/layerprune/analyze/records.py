@@ -80,10 +80,12 @@ def loaded_models(sources: list[tuple[str, ModelSource]], settings: RunSettings)
 
 
 class Timer:
-    """Named wall-clock sections: `with timer("load"): ...`; `.seconds` maps name -> total."""
+    """Named sections: `with timer("load"): ...`; `.seconds` maps name -> wall-clock total, and
+    `.cpu_seconds` name -> process CPU time (all threads; steadier than wall time on a shared machine)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.cpu_seconds: dict[str, float] = {}
 
     def __call__(self, name: str) -> "_Section":
         return _Section(self, name)
@@ -94,8 +96,9 @@ class _Section:
         self.timer, self.name = timer, name
 
     def __enter__(self) -> None:
-        self.start = time.perf_counter()
+        self.start, self.cpu_start = time.perf_counter(), time.process_time()
 
     def __exit__(self, *exc: object) -> None:
-        elapsed = time.perf_counter() - self.start
-        self.timer.seconds[self.name] = round(self.timer.seconds.get(self.name, 0.0) + elapsed, 3)
+        wall, cpu = time.perf_counter() - self.start, time.process_time() - self.cpu_start
+        self.timer.seconds[self.name] = round(self.timer.seconds.get(self.name, 0.0) + wall, 3)
+        self.timer.cpu_seconds[self.name] = round(self.timer.cpu_seconds.get(self.name, 0.0) + cpu, 3)

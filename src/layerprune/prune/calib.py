@@ -96,9 +96,17 @@ def load_calibration(name: str | None, n: int, seed: int, data_dir: Path | None)
             log.warning("GSM8K train not reachable (%s); using generated arithmetic probes", exc)
             return arithmetic_calib(n, seed, data_dir)
         return calib
+    if "+" in name:
+        return mix_calibration(name.split("+"), n, seed, data_dir)
     if name.endswith(".jsonl") or Path(name).is_file():
         return jsonl_calib(Path(name), n, seed)
     return CALIB_SOURCES.get(name)(n, seed, data_dir)
+
+
+def mix_calibration(names: list[str], n: int, seed: int, data_dir: Path | None) -> CalibSet:
+    """'gsm8k+arithmetic': an equal share of `n` from each source."""
+    parts = [load_calibration(name, n // len(names) + (i < n % len(names)), seed, data_dir) for i, name in enumerate(names)]
+    return CalibSet([item for part in parts for item in part.items], " + ".join(part.description for part in parts))
 
 
 def tokenize_calibration(calib: CalibSet, tokenizer, seq_len: int, batch_size: int) -> list[CalibBatch]:  # noqa: ANN001

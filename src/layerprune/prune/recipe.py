@@ -22,9 +22,9 @@ class PruneRecipe(BaseModel):
     )
     iterative: bool = Field(False, description="Greedy removal: re-score the remaining blocks after each drop")
     calib: str = Field(
-        "auto", description="Calibration data: auto (GSM8K train if reachable, else arithmetic), gsm8k, arithmetic, text, or a JSONL file"
+        "auto", description="Calibration data: auto (GSM8K train if reachable, else arithmetic), gsm8k, arithmetic, text, a JSONL file, or a mix such as gsm8k+arithmetic"
     )
-    calib_samples: int = Field(64, ge=1, description="Number of calibration items")
+    calib_samples: int = Field(32, ge=1, description="Number of calibration items")
     calib_seq_len: int = Field(256, ge=8, description="Longest calibration sequence in tokens")
     batch_size: int = Field(8, ge=1, description="Calibration batch size")
     max_new_tokens: int | None = Field(

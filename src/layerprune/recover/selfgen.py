@@ -160,10 +160,21 @@ def _eos_ids(tokenizer: Any) -> list[int]:
 
 def _append(path: Path, rows: Iterable[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    drop_torn_tail(path)
     with path.open("a", encoding="utf-8") as handle:
         for row in rows:
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")
         handle.flush()
+
+
+def drop_torn_tail(path: Path) -> None:
+    """Cut a half-written last line (an interrupted append) so the next row starts on its own line."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with path.open("rb+") as handle:
+        data = handle.read()
+        if not data.endswith(b"\n"):
+            handle.truncate(data.rfind(b"\n") + 1)
 
 
 def check_vllm() -> None:

@@ -1,0 +1,46 @@
+"""`evaluate` on the embedded SmolLM2-135M: same numbers as lm-eval's own CLI; reproducible probes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from layerprune.evaluate import EvalSettings, evaluate_model
+from layerprune.evaluate.offline import write_task_yaml
+from layerprune.evaluate.registry import TASKS
+from layerprune.models import resolve_model
+from layerprune.settings import RunSettings
+
+pytestmark = pytest.mark.slow
+LIMIT = 20
+
+
+def lm_eval_cli(model_dir: str, task: str, data_dir: Path, folder: Path) -> dict:
+    """lm-eval's own CLI on the same local files (our task YAML includes lm-eval's and swaps the data)."""
+    write_task_yaml(TASKS.get(task), data_dir, folder / "tasks")
+    command = [str(Path(sys.executable).parent / "lm_eval"), "--model", "hf", "--model_args",
+               f"pretrained={model_dir},dtype=float32", "--tasks", task, "--include_path", str(folder / "tasks"),
+               "--limit", str(LIMIT), "--batch_size", "8", "--device", "cpu", "--output_path", str(folder / "out")]
+    subprocess.run(command, check=True, capture_output=True, timeout=900)
+    (result,) = (folder / "out").rglob("results_*.json")
+    return json.loads(result.read_text())["results"][task]
+
+
+def test_classification_matches_lm_eval_cli(tmp_path, shared_data):
+    run = RunSettings(cache_dir=None)
+    source = resolve_model("embedded", run)
+    settings = EvalSettings(tasks=["arc_easy"], limit=LIMIT, batch_size="8", data_dir=shared_data, reuse=False)
+    ours = {r.metric: r.value for r in evaluate_model(source, settings, run).results}
+    theirs = lm_eval_cli(source.location, "arc_easy", shared_data, tmp_path)
+    assert ours["acc"] == theirs["acc,none"] and ours["acc_norm"] == theirs["acc_norm,none"]
+
+
+def test_probes_are_reproducible(shared_data):
+    settings = EvalSettings(tasks=["arith_1dc", "brackets_d2"], limit=8, reuse=False)
+    first = evaluate_model("embedded", settings).results
+    second = evaluate_model("embedded", settings).results
+    assert [r.value for r in first] == [r.value for r in second]

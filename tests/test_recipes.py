@@ -1,0 +1,84 @@
+"""`layerprune recipes` and the recover recipe schema."""
+
+from __future__ import annotations
+
+import pytest
+
+from layerprune import recipes_cli
+from layerprune.cli import main
+from layerprune.errors import LayerpruneError
+from layerprune.recipes_cli import RECIPE_KINDS, RecipeKind, find_recipe, shipped_recipes, validate_recipe
+from layerprune.recover.schema import RecoverRecipe
+
+EXPECTED = {"selfgen-gsm8k", "selfgen-dolly", "selfgen-alpaca", "kd-gsm8k", "demo"}
+
+
+def test_every_expected_recover_recipe_is_shipped():
+    assert EXPECTED <= {name for kind, name in shipped_recipes("recover")}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_shipped_recipe_validates_and_shows_its_command(name):
+    kind, path = find_recipe(name)
+    assert kind == "recover"
+    _, recipe = validate_recipe(path, kind)
+    assert recipe.name == name
+    assert path.read_text().startswith(f"# recover --recipe {name}")
+
+
+def test_validate_all_list_show_cp(capsys, tmp_path):
+    assert main(["recipes", "validate"]) == 0
+    assert main(["recipes", "list"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in EXPECTED)
+    assert main(["recipes", "show", "demo"]) == 0
+    assert "drop_blocks" in capsys.readouterr().out
+    assert main(["recipes", "cp", "demo", str(tmp_path)]) == 0
+    assert (tmp_path / "demo.yaml").is_file()
+    assert main(["recipes", "validate", str(tmp_path / "demo.yaml")]) == 0
+    assert main(["recipes", "cp", "demo", str(tmp_path)]) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_unknown_recipe_suggests_close_names(capsys):
+    assert main(["recipes", "show", "selfgen-gsm"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown recipe 'selfgen-gsm'; did you mean: selfgen-gsm8k")
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("data, bad", [
+    ({"methd": "lora"}, "methd"),
+    ({"lora": {"rank": 8}}, "lora.rank"),
+    ({"train": {"learning_rate": -1}}, "train.learning_rate"),
+    ({"method": "dora"}, "method"),
+])
+def test_schema_rejects_unknown_keys_and_bad_values(data, bad):
+    with pytest.raises(Exception) as info:
+        RecoverRecipe.model_validate(data)
+    assert bad in str(info.value)
+
+
+def test_validate_names_the_bad_field_in_one_line(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: bad\ngenerate:\n  temprature: 0.7\n")
+    assert main(["recipes", "validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key 'generate.temprature'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_filter_correct_needs_known_answers():
+    with pytest.raises(ValueError, match="known answers"):
+        RecoverRecipe.model_validate({"prompts": {"source": "dolly"}, "generate": {"filter": "correct"}})
+
+
+def test_a_new_recipe_kind_is_one_dict_entry(tmp_path, monkeypatch):
+    (tmp_path / "toy").mkdir()
+    (tmp_path / "toy" / "one.yaml").write_text("# layerprune run --recipe one\nname: one\n")
+    monkeypatch.setattr(recipes_cli, "RECIPES_DIR", tmp_path)
+    monkeypatch.setitem(RECIPE_KINDS, "toy", RecipeKind("toy", "layerprune.recover.schema:LoraSection"))
+    monkeypatch.setitem(RECIPE_KINDS, "recover", RecipeKind("missing", "layerprune.recover.schema:RecoverRecipe"))
+    kind, path = find_recipe("one")
+    assert kind == "toy"
+    with pytest.raises(LayerpruneError, match="unknown key 'name'"):
+        validate_recipe(path, kind)

@@ -1,0 +1,227 @@
+"""recover on tiny random models: self-generation, TRL training, outputs, precedence and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from layerprune.cli import build_parser, main
+from layerprune.models import drop_blocks
+from layerprune.recover import runner, selfgen, train
+from layerprune.recover.cli import build_recipe
+from layerprune.recover.schema import GenerationSection, PromptSource, RecoverRecipe
+
+FAST = ["--max-new-tokens", "6", "--no-generate-drop-truncated", "--samples", "8", "--train-max-length", "64",
+        "--train-batch-size", "4", "--max-steps", "2", "--held-out", "0.25", "--train-warmup-steps", "0",
+        "--no-train-gradient-checkpointing", "--learning-rate", "1e-2", "--lora-r", "4", "--device", "cpu", "-q"]
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"what is {i} + 7?", "answer": str(i + 7)}) + "\n" for i in range(12)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def pruned(tiny_models, tmp_path_factory) -> Path:
+    """A tiny model minus two blocks, with the prune_report.json that names its teacher."""
+    teacher = tiny_models("llama", 6)
+    model = AutoModelForCausalLM.from_pretrained(teacher)
+    drop_blocks(model, [2, 3])
+    out = tmp_path_factory.mktemp("pruned") / "p2"
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(teacher).save_pretrained(out)
+    (out / "prune_report.json").write_text(json.dumps({"source": {"spec": str(teacher), "location": str(teacher),
+                                                                  "kind": "local", "identity": {}}}))
+    return out
+
+
+def recover_cli(*extra: str) -> int:
+    return main(["recover", *extra, *FAST])
+
+
+def test_cli_lora_end_to_end_merged_model_loads_and_generates(pruned, prompts_file, tmp_path):
+    out = tmp_path / "rec"
+    assert recover_cli("--model", str(pruned), "--prompts", str(prompts_file), "-o", str(out)) == 0
+    report = json.loads((out / "recover_report.json").read_text())
+    assert report["teacher"] == json.loads((pruned / "prune_report.json").read_text())["source"]["spec"]
+    assert report["held_out_loss"]["before"] is not None and report["held_out_loss"]["after"] is not None
+    assert report["loss_curve"]["held_out"][0][0] == 0 and report["tokens_seen"] > 0
+    assert report["data"]["filter"]["kept"] == 8 and report["data"]["held_out_examples"] == 2
+    assert (out / "adapter" / "adapter_config.json").is_file() and (out / "loss_curve.png").is_file()
+    assert not list(out.glob("*.bin")) and not (out.parent / "rec.work").exists()
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert model.config.num_hidden_layers == 4
+    assert not any("lora" in name for name, _ in model.named_parameters())
+    ids = tokenizer("what is", return_tensors="pt")
+    assert model.generate(**ids, max_new_tokens=3, do_sample=False).shape[1] == ids["input_ids"].shape[1] + 3
+
+
+def test_generation_resume_skips_done_prompts(tiny_llama, prompts_file, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    prompts = selfgen.load_prompts(PromptSource(source=str(prompts_file)), None)
+    settings = GenerationSection(max_new_tokens=3, batch_size=4)
+    path = tmp_path / "responses.jsonl"
+    first = selfgen.generate_responses(model, tokenizer, prompts[:5], settings, path)
+    path.write_text(path.read_text() + '{"id": "torn')  # an interrupted write
+    second = selfgen.generate_responses(model, tokenizer, prompts, settings, path)
+    assert first["generated"] == 5 and second["resumed_from"] == 5 and second["generated"] == 7
+    rows = selfgen.responses_for(prompts, path)
+    assert [r["id"] for r in rows] == [p.id for p in prompts]
+    assert selfgen.generate_responses(model, tokenizer, prompts, settings, path)["generated"] == 0
+
+
+def test_cli_resumes_an_interrupted_generation(pruned, prompts_file, tmp_path, capsys):
+    out = tmp_path / "rec"
+    prompts = selfgen.load_prompts(PromptSource(source=str(prompts_file), samples=8), None)
+    work = tmp_path / "rec.work"
+    work.mkdir()
+    done = [{"id": p.id, "prompt": p.text, "answer": p.answer, "response": f"FAKE {i}", "tokens": 2, "truncated": False}
+            for i, p in enumerate(prompts[:3])]
+    (work / "responses.jsonl").write_text("".join(json.dumps(r) + "\n" for r in done))
+    assert recover_cli("--model", str(pruned), "--prompts", str(prompts_file), "-o", str(out)) == 0
+    report = json.loads((out / "recover_report.json").read_text())
+    assert report["data"]["generation"]["resumed_from"] == 3 and report["data"]["generation"]["generated"] == 5
+    assert (out / "data" / "responses.jsonl").read_text().count("FAKE") == 3
+
+
+def _rows(n: int = 8) -> list[dict]:
+    return [{"prompt": f"what is {i} + 1?", "response": f"The answer is {i + 1}.", "tokens": 5} for i in range(n)]
+
+
+def _trainer(model_dir: Path, tmp_path: Path, method: str, **train_fields):
+    recipe = RecoverRecipe.model_validate({"method": method, "lora": {"r": 4},
+                                           "train": {"max_steps": 2, "batch_size": 4, "grad_accum": 1, "warmup_steps": 0,
+                                                     "learning_rate": 1e-2, "gradient_checkpointing": False,
+                                                     "max_length": 64, **train_fields}})
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    args = train.sft_config(recipe, tmp_path / "trainer", torch.device("cpu"), "adamw_torch", 0, has_eval=False)
+    teacher = AutoModelForCausalLM.from_pretrained(model_dir) if method == "kd" else None
+    return train.make_trainer(recipe, model, tokenizer, args, train.to_dataset(_rows(), None), None, teacher)
+
+
+def test_lora_leaves_base_weights_unchanged_and_changes_the_adapter(tiny_llama, tmp_path):
+    trainer = _trainer(tiny_llama, tmp_path, "lora")
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    lora = [n for n in before if "lora_" in n]
+    assert lora and all(not before[n].equal(after[n]) for n in lora if "lora_B" in n)
+    assert all(before[n].equal(after[n]) for n in before if "lora_" not in n)
+
+
+def test_full_sft_changes_the_weights(tiny_llama, tmp_path):
+    trainer = _trainer(tiny_llama, tmp_path, "full")
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    changed = [n for n, p in trainer.model.named_parameters() if not before[n].equal(p)]
+    assert len(changed) > 0.9 * len(before)
+
+
+def test_kd_trains_the_adapter_towards_the_teacher(tiny_llama, tiny_models, tmp_path):
+    trainer = _trainer(tiny_llama, tmp_path, "kd")
+    trainer.teacher = AutoModelForCausalLM.from_pretrained(tiny_models("llama", 6)).eval()
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
+    trainer.train()
+    assert all(not before[n].equal(p) for n, p in trainer.model.named_parameters() if n in before)
+
+
+def test_forward_kl_is_zero_for_equal_distributions_and_positive_otherwise():
+    logits = torch.randn(5, 11)
+    assert train.forward_kl(logits, logits).abs() < 1e-6
+    assert train.forward_kl(logits, logits.flip(-1)) > 0.01
+
+
+def test_nan_loss_stops_with_one_line_and_keeps_weights(tiny_llama, tmp_path):
+    trainer = _trainer(tiny_llama, tmp_path, "lora")
+    with torch.no_grad():
+        next(p for n, p in trainer.model.named_parameters() if "embed" in n).fill_(float("nan"))
+    with pytest.raises(train.NonFiniteLossError, match="loss became nan at step 0; stopped .no checkpoint"):
+        trainer.train()
+
+
+def test_lora_config_maps_the_flat_section():
+    config = train.lora_config(RecoverRecipe.model_validate({"lora": {"r": 8, "alpha": 4, "target_modules": "q_proj,v_proj"}}).lora)
+    assert (config.r, config.lora_alpha, config.lora_dropout, set(config.target_modules)) == (8, 4, 0.05, {"q_proj", "v_proj"})
+    assert RecoverRecipe().lora.target_modules == "all-linear"
+
+
+def test_final_number_and_correctness_filter():
+    assert selfgen.final_number("so 1,234.0 apples") == "1234" and selfgen.final_number("none") is None
+    assert selfgen.is_correct("... 3 + 4 = 7 so the answer is 7.", "7") and not selfgen.is_correct("8", "7")
+    rows = [{"response": "it is 7", "answer": "7", "tokens": 3}, {"response": "it is 9", "answer": "7", "tokens": 3},
+            {"response": "7 " * 40, "answer": "7", "tokens": 40}]
+    kept, card = selfgen.filter_responses(rows, GenerationSection(filter="correct", max_response_tokens=10))
+    assert len(kept) == 1 and card == {"responses": 3, "empty": 0, "truncated": 0, "too_long": 1, "wrong": 1, "kept": 1}
+
+
+def test_precedence_defaults_recipe_cli(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("name: r\ntrain:\n  bf16: true\n  epochs: 3\nlora:\n  r: 32\n  alpha: 8\n")
+    parse = build_parser().parse_args
+    from_recipe = build_recipe(parse(["recover", "--recipe", str(path)]))
+    assert (from_recipe.train.epochs, from_recipe.lora.r, from_recipe.lora.alpha, from_recipe.lora.dropout) == (3, 32, 8, 0.05)
+    cli = build_recipe(parse(["recover", "--recipe", str(path), "--no-train-bf16", "--lora-r", "4", "--samples", "9"]))
+    assert (cli.train.bf16, cli.lora.r, cli.lora.alpha, cli.prompts.samples, cli.train.epochs) == (False, 4, 8, 9, 3)
+    assert build_recipe(parse(["recover"])).train.bf16 is True
+
+
+def test_cli_resume_continues_from_the_last_checkpoint(pruned, prompts_file, tmp_path, monkeypatch, caplog):
+    out = tmp_path / "rec"
+    args = ["--model", str(pruned), "--prompts", str(prompts_file), "-o", str(out), "--train-save-steps", "1"]
+
+    def crash(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "save_outputs", crash)
+    assert recover_cli(*args) == 130 and not out.exists()
+    assert (tmp_path / "rec.work" / "trainer" / "checkpoint-2").is_dir()
+    monkeypatch.undo()
+    caplog.set_level("INFO")
+    assert main(["recover", *args, *FAST[:-1], "--max-steps", "3", "--resume"]) == 0
+    assert "resuming from" in caplog.text
+    report = json.loads((out / "recover_report.json").read_text())
+    assert report["data"]["generation"]["generated"] == 0 and report["loss_curve"]["train"][-1][0] == 3
+
+
+def test_dry_run_prints_a_memory_plan(pruned, capsys):
+    assert main(["recover", "--model", str(pruned), "--dry-run", "--method", "full", "--memory-budget", "0.001"]) == 0
+    out = capsys.readouterr().out
+    assert "memory plan" in out and "switched to" in out and "does NOT fit" in out
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("case", ["recipe", "bad_field", "not_model", "no_teacher", "qlora", "empty_prompts",
+                                  "all_filtered", "exists", "vllm"])
+def test_bad_input_gives_one_line_and_nonzero_exit(case, pruned, tiny_llama, prompts_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    base = ["--model", str(pruned), "--prompts", str(prompts_file), "-o", str(out)]
+    args, expect = {
+        "recipe": (["--recipe", "demoo", *base], "unknown recipe 'demoo'"),
+        "bad_field": (["--recipe", str(_write(tmp_path / "b.yaml", "lora:\n  rank: 3\n")), *base], "unknown key 'lora.rank'"),
+        "not_model": (["--model", str(tmp_path), "--prompts", str(prompts_file), "-o", str(out)], "not a model directory"),
+        "no_teacher": (["--model", str(tiny_llama), "--prompts", str(prompts_file), "-o", str(out)], "no teacher known"),
+        "qlora": ([*base, "--method", "qlora"], "needs a CUDA GPU"),
+        "empty_prompts": (["--model", str(pruned), "--prompts", str(_write(tmp_path / "e.jsonl", '{"prompt": " "}\n')),
+                           "-o", str(out)], "is empty"),
+        "all_filtered": ([*base, "--filter", "correct"], "every response was filtered away"),
+        "exists": ([*base[:-1], str(tmp_path)], "already exists; pass --overwrite"),
+        "vllm": ([*base, "--backend", "vllm"], "needs vLLM"),
+    }[case]
+    code = recover_cli(*args)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("error: ") and expect in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
