@@ -15,7 +15,7 @@ import time
 import torch
 
 from layerprune.analyze.tasks import task_items
-from layerprune.analyze.walk import ablate_nll, ablate_nll_naive, build_batches
+from layerprune.analyze.walk import ablate_blocks, ablate_blocks_naive, build_batches
 from layerprune.data import resolve_data_dir
 from layerprune.models import find_decoder_stack, load_model
 
@@ -40,12 +40,12 @@ def main() -> None:
     batches = build_batches(loaded.tokenizer, items, args.batch_size, 512)
     depth = len(find_decoder_stack(loaded.model))
     tokens = sum(int(b.attention_mask.sum()) for b in batches)
-    ablate_nll(loaded.model, batches[:1])  # warm-up
+    ablate_blocks(loaded.model, batches[:1])  # warm-up
     fast_s = naive_s = 0.0
     for _ in range(args.repeats):
-        naive, seconds = timed(ablate_nll_naive, loaded.model, batches)
+        naive, seconds = timed(ablate_blocks_naive, loaded.model, batches)
         naive_s += seconds
-        fast, seconds = timed(ablate_nll, loaded.model, batches)
+        fast, seconds = timed(ablate_blocks, loaded.model, batches)
         fast_s += seconds
     diff = max(abs(a - b) for a, b in zip(fast.ablated_nll, naive.ablated_nll))
     print(f"model {args.model}: {depth} blocks, task {args.task}, {len(items)} items, {tokens} tokens, "

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from layerprune.analyze.tasks import task_items
-from layerprune.analyze.walk import ablate_nll, ablate_nll_naive, build_batches, zero_block_outputs
+from layerprune.analyze.walk import ablate_blocks, ablate_blocks_naive, build_batches, zero_block_outputs
 from layerprune.cli import main
 from layerprune.models import find_decoder_stack, load_model, skipped_blocks
 
@@ -41,10 +41,12 @@ def test_skipping_a_block_equals_zeroing_its_output_projections(tiny_models, arc
 def test_prefix_reuse_matches_a_full_forward_per_block(tiny_models, arch):
     loaded = load_model(str(tiny_models(arch, 4)))
     batches = tiny_batches(loaded)
-    fast, naive = ablate_nll(loaded.model, batches), ablate_nll_naive(loaded.model, batches)
+    fast, naive = ablate_blocks(loaded.model, batches), ablate_blocks_naive(loaded.model, batches)
     assert fast.scored_tokens == naive.scored_tokens > 0
     assert fast.base_nll == pytest.approx(naive.base_nll, rel=1e-4)
     assert fast.ablated_nll == pytest.approx(naive.ablated_nll, rel=1e-4)
+    assert (fast.base_accuracy, fast.ablated_accuracy) == (naive.base_accuracy, naive.ablated_accuracy)
+    assert fast.items == 3
 
 
 def test_batches_score_only_the_target(tiny_llama):
@@ -78,10 +80,11 @@ def test_importance_end_to_end_with_different_depths(tiny_models, tmp_path, caps
     assert "aligned by relative depth" in (out / "summary.md").read_text()
 
 
-def test_importance_accuracy_metric(tiny_llama, tmp_path, capsys):
+@pytest.mark.parametrize("metric", ["accuracy", "generate"])
+def test_importance_accuracy_metrics(tiny_llama, tmp_path, capsys, metric):
     out = tmp_path / "acc"
     code, _, err = run_cli(capsys, "importance", "--models", str(tiny_llama), "--tasks", "arithmetic",
-                           "--metric", "accuracy", "--samples", "2", "--output", str(out))
+                           "--metric", metric, "--samples", "2", "--output", str(out))
     assert code == 0, err
     result = json.loads((out / "importance.json").read_text())["tasks"]["arithmetic"]["llama-6"]
     assert len(result["scores"]) == 6 and 0.0 <= result["base_score"] <= 1.0
@@ -96,6 +99,20 @@ def test_nmi_end_to_end(tiny_llama, tmp_path, capsys):
     assert len(report["nmi"]) == 7 and report["nmi"][0] == 1.0
     assert all(0.0 <= v <= 1.0 + 1e-9 for v in report["nmi"]) and 0 <= report["elbow_block"] < 6
     assert (out / "nmi.png").stat().st_size > 0
+    assert len(report["skip_drops"]) == 6 and "first 4 factual texts" in report["critical_source"]
+
+
+def test_nmi_takes_critical_blocks_from_an_importance_report(tiny_llama, tmp_path, capsys):
+    imp = tmp_path / "imp.json"
+    imp.write_text(json.dumps({"tasks": {"factual": {"llama-6": {"drops": [0.5, 0, 0, 0, 0, 0.3], "critical": [0, 5]}}}}))
+    out = tmp_path / "nmi"
+    code, _, err = run_cli(capsys, "nmi", "--model", str(tiny_llama), "--calib", "arithmetic", "--samples", "2",
+                           "--k", "3", "--critical-from", str(imp), "--output", str(out))
+    assert code == 0, err
+    assert json.loads((out / "nmi.json").read_text())["critical"] == [0, 5]
+    assert_one_line_error(capsys, ["nmi", "--model", str(tiny_llama), "--calib", "arithmetic", "--samples", "2",
+                                   "--k", "3", "--critical-from", str(imp), "--critical-task", "gsm8k",
+                                   "--output", str(tmp_path / "nmi2")], "no task 'gsm8k'", output=tmp_path / "nmi2")
 
 
 def test_degeneration_from_file_and_model(tiny_llama, shared_data, tmp_path, capsys):
@@ -125,7 +142,8 @@ def assert_one_line_error(capsys, argv, *needles, output: Path | None = None):
 def test_bad_inputs(tiny_llama, shared_data, tmp_path, capsys):
     out = tmp_path / "out"
     model = ["--models", str(tiny_llama), "--output", str(out)]
-    assert_one_line_error(capsys, ["importance", *model, "--tasks", "arithmetc"], "did you mean: arithmetic", output=out)
+    assert_one_line_error(capsys, ["importance", *model, "--tasks", "arithmetc"], "did you mean: arithmetic",
+                          output=out)
     assert_one_line_error(capsys, ["importance", *model, "--tasks", "triviaqa", "--data-dir", str(shared_data)],
                           "triviaqa", "validation.jsonl", output=out)
     assert_one_line_error(capsys, ["importance", *model, "--samples", "0"], "samples", output=out)

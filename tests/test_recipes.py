@@ -19,7 +19,7 @@ def test_every_expected_recover_recipe_is_shipped():
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_shipped_recipe_validates_and_shows_its_command(name):
-    kind, path = find_recipe(name)
+    kind, path = find_recipe(name, "recover")
     assert kind == "recover"
     _, recipe = validate_recipe(path, kind)
     assert recipe.name == name
@@ -31,13 +31,25 @@ def test_validate_all_list_show_cp(capsys, tmp_path):
     assert main(["recipes", "list"]) == 0
     listed = capsys.readouterr().out
     assert all(name in listed for name in EXPECTED)
-    assert main(["recipes", "show", "demo"]) == 0
+    assert main(["recipes", "show", "demo", "--kind", "recover"]) == 0
     assert "drop_blocks" in capsys.readouterr().out
-    assert main(["recipes", "cp", "demo", str(tmp_path)]) == 0
+    assert main(["recipes", "cp", "demo", str(tmp_path), "--kind", "recover"]) == 0
     assert (tmp_path / "demo.yaml").is_file()
-    assert main(["recipes", "validate", str(tmp_path / "demo.yaml")]) == 0
-    assert main(["recipes", "cp", "demo", str(tmp_path)]) == 2
+    assert main(["recipes", "validate", str(tmp_path / "demo.yaml"), "--kind", "recover"]) == 0
+    assert main(["recipes", "cp", "demo", str(tmp_path), "--kind", "recover"]) == 2
     assert "already exists" in capsys.readouterr().err
+
+
+def test_a_name_shared_by_two_kinds_asks_for_the_kind(capsys, monkeypatch, tmp_path):
+    (tmp_path / "recover").mkdir()
+    (tmp_path / "other").mkdir()
+    for folder in ("recover", "other"):
+        (tmp_path / folder / "same.yaml").write_text("name: same\n")
+    monkeypatch.setattr(recipes_cli, "RECIPES_DIR", tmp_path)
+    monkeypatch.setitem(RECIPE_KINDS, "other", RecipeKind("other", "layerprune.recover.schema:RecoverRecipe"))
+    assert main(["recipes", "show", "same"]) == 2
+    assert "pass --kind" in capsys.readouterr().err
+    assert find_recipe("same", "other")[0] == "other"
 
 
 def test_unknown_recipe_suggests_close_names(capsys):

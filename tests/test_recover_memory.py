@@ -85,7 +85,7 @@ def test_full_sft_switches_to_8bit_adamw_when_it_does_not_fit():
     shape = model_shape(LlamaConfig(**SMALL))
     kwargs = dict(seq_len=256, batch_size=1, weight_bytes=2, gradient_checkpointing=True)
     full = plan_memory(shape, "full", budget_gb=80, **kwargs)
-    budget = (full.total - full.optimizer_states * 0.6)  # between the AdamW and the 8-bit AdamW totals
+    budget = (full.total - full.optimizer_states * 0.4)  # between the AdamW and the 8-bit AdamW totals
     optimizer, plan = choose_optimizer(shape, "full", "auto", cuda=True, budget_gb=budget, **kwargs)
     assert optimizer == "adamw_8bit" and plan.fits
     assert "switched to adamw_8bit" in format_plan(plan, "small")

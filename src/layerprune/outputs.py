@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -33,6 +34,7 @@ def atomic_output_dir(output: Path, overwrite: bool = False) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
     try:
         yield tmp
+        _normal_permissions(tmp)
         if output.exists():
             if not overwrite:
                 raise LayerpruneError(f"output {output} appeared while writing; pass --overwrite to replace it")
@@ -46,3 +48,12 @@ def atomic_output_dir(output: Path, overwrite: bool = False) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _normal_permissions(root: Path) -> None:
+    """mkdtemp makes a private directory; give the result the user's usual permissions."""
+    umask = os.umask(0)
+    os.umask(umask)
+    root.chmod(0o777 & ~umask)
+    for path in root.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)

@@ -43,6 +43,8 @@ class RecipeKind:
 # kind -> where its recipes live and which schema validates them
 RECIPE_KINDS: dict[str, RecipeKind] = {
     "recover": RecipeKind("recover", "layerprune.recover.schema:RecoverRecipe"),
+    "run": RecipeKind(".", "layerprune.pipeline.recipe:RunRecipe"),
+    "study": RecipeKind("studies", "layerprune.pipeline.recipe:RunRecipe"),
 }
 
 

@@ -99,7 +99,8 @@ def check_labels(config: DegenerationAnalysis) -> list[str] | None:
     return config.labels or None
 
 
-def collect_variants(config: DegenerationAnalysis, settings: RunSettings, timer: Timer) -> dict[str, list[dict[str, str]]]:
+def collect_variants(config: DegenerationAnalysis, settings: RunSettings,
+                     timer: Timer) -> dict[str, list[dict[str, str]]]:
     """label -> rows of {prompt, output}, from the files then from on-the-fly generation."""
     labels = check_labels(config)
     variants = {label: read_generations(path, config.prompt_field, config.output_field)

@@ -11,7 +11,7 @@ from layerprune.analyze import charts, metrics
 from layerprune.analyze.records import Timer, loaded_models, resolve_models, run_record, write_json
 from layerprune.analyze.schemas import ImportanceAnalysis
 from layerprune.analyze.tasks import TASKS, TaskItem, task_items
-from layerprune.analyze.walk import ablate_accuracy, ablate_nll, build_batches
+from layerprune.analyze.walk import ablate_blocks, ablate_generation, build_batches
 from layerprune.data import resolve_data_dir
 from layerprune.models import LoadedModel, find_decoder_stack
 from layerprune.settings import RunSettings
@@ -21,15 +21,18 @@ log = logging.getLogger(__name__)
 
 def score_blocks(loaded: LoadedModel, task: str, items: list[TaskItem], config: ImportanceAnalysis) -> dict[str, Any]:
     """Base score, per-block ablated scores, relative drops and critical blocks of one model on one task."""
-    if config.metric == "nll":
-        batches = build_batches(loaded.tokenizer, items, config.batch_size, config.max_length)
-        result = ablate_nll(loaded.model, batches)
-        base = metrics.answer_probability(result.base_nll)
-        scores = [metrics.answer_probability(nll) for nll in result.ablated_nll]
-        raw = {"base_nll": result.base_nll, "ablated_nll": result.ablated_nll, "scored_tokens": result.scored_tokens}
+    if config.metric == "generate":
+        base, scores = ablate_generation(loaded.model, loaded.tokenizer, items, TASKS.get(task), config.batch_size)
+        raw: dict[str, Any] = {}
     else:
-        base, scores = ablate_accuracy(loaded.model, loaded.tokenizer, items, TASKS.get(task), config.batch_size)
-        raw = {}
+        batches = build_batches(loaded.tokenizer, items, config.batch_size, config.max_length)
+        result = ablate_blocks(loaded.model, batches)
+        raw = vars(result)
+        if config.metric == "nll":
+            base = metrics.answer_probability(result.base_nll)
+            scores = [metrics.answer_probability(nll) for nll in result.ablated_nll]
+        else:
+            base, scores = result.base_accuracy, result.ablated_accuracy
     drops = metrics.relative_drops(base, scores)
     return {"base_score": base, "scores": scores, "drops": drops,
             "critical": metrics.critical_blocks(drops, config.threshold), "depth": len(drops), **raw}
@@ -73,7 +76,8 @@ def collect_scores(config: ImportanceAnalysis, settings: RunSettings, timer: Tim
         models[label] = {"spec": loaded.source.spec, "source": vars(loaded.source), "depth": depth,
                          "load_seconds": round(loaded.load_seconds, 2)}
         for task in config.tasks:
-            log.info("importance: %s on %s (%d blocks, %d items, %s)", label, task, depth, len(items[task]), config.metric)
+            log.info("importance: %s on %s (%d blocks, %d items, %s)", label, task, depth, len(items[task]),
+                     config.metric)
             with timer(f"{label}/{task}"):
                 results[task][label] = score_blocks(loaded, task, items[task], config)
     return models, results
@@ -96,10 +100,10 @@ def analyze_importance(config: ImportanceAnalysis, settings: RunSettings, out: P
 
 
 def score_description(metric: str) -> str:
-    if metric == "nll":
-        return ("score = exp(-mean answer-token NLL) (geometric-mean probability of the answer tokens); "
-                "drop = (score_full - score_skipped) / score_full")
-    return "score = greedy exact-match accuracy; drop = (acc_full - acc_skipped) / acc_full"
+    score = {"nll": "exp(-mean answer-token NLL), the geometric-mean probability of the answer tokens",
+             "accuracy": "teacher-forced exact match (every answer token is the model's argmax)",
+             "generate": "greedy-generation exact match"}[metric]
+    return f"score = {score}; drop = (score_full - score_skipped) / score_full"
 
 
 def write_importance_charts(out: Path, results: dict, across: dict, threshold: float) -> None:
@@ -107,8 +111,8 @@ def write_importance_charts(out: Path, results: dict, across: dict, threshold: f
     row_label = f"relative-depth row (of {max(a['rows'] for a in across.values())})" if aligned else "block"
     charts.plot_heatmaps(out / "heatmap.png", {t: a["aligned_drops"] for t, a in across.items()},
                          {t: a["aligned_critical"] for t, a in across.items()}, row_label)
-    charts.plot_drop_curves(out / "drops.png", {t: {m: r["drops"] for m, r in per.items()} for t, per in results.items()},
-                            threshold)
+    drops = {task: {label: r["drops"] for label, r in per.items()} for task, per in results.items()}
+    charts.plot_drop_curves(out / "drops.png", drops, threshold)
 
 
 def _fmt(value: float | None) -> str:

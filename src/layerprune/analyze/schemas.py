@@ -17,7 +17,8 @@ class OutputOptions(BaseModel):
 
     output: Path | None = Field(None, description="Output directory (default analysis/<subcommand>)")
     overwrite: bool = Field(False, description="Replace the output directory if it exists")
-    data_dir: Path | None = Field(None, description="Local data mirror (default $LAYERPRUNE_DATA_DIR or ../shared/data)")
+    data_dir: Path | None = Field(None, description="Local data mirror "
+                                                    "(default $LAYERPRUNE_DATA_DIR or ../shared/data)")
 
 
 class ImportanceAnalysis(OutputOptions):
@@ -26,11 +27,14 @@ class ImportanceAnalysis(OutputOptions):
     models: list[str] = Field(default_factory=lambda: list(DEFAULT_MODELS),
                               description="Models to compare: hub ids, local dirs, .gguf files or embedded[:name]")
     tasks: list[str] = Field(default_factory=lambda: ["arithmetic", "factual"],
-                             description="Comma-separated tasks: arithmetic, gsm8k (train), factual (capitals), triviaqa")
-    metric: Literal["nll", "accuracy"] = Field(
-        "nll", description="nll: answer-token NLL with prefix reuse (fast); accuracy: greedy exact match (generates)")
-    samples: int = Field(32, ge=1, description="Items per task")
-    shots: int = Field(3, ge=0, description="Few-shot examples per prompt (arithmetic, factual, triviaqa)")
+                             description="Tasks (space/comma-separated): arithmetic, gsm8k (train), "
+                                         "factual (capitals), triviaqa")
+    metric: Literal["nll", "accuracy", "generate"] = Field(
+        "nll", description="nll: answer-token probability exp(-NLL); accuracy: teacher-forced exact match (every "
+                           "answer token is the argmax); both reuse the prefix (fast); generate: greedy generation "
+                           "exact match, one generation per skipped block (slow; for gsm8k-style answers)")
+    samples: int = Field(16, ge=1, description="Items per task")
+    shots: int = Field(1, ge=0, description="Few-shot examples per prompt (arithmetic, factual, triviaqa)")
     threshold: float = Field(0.2, gt=0, description="Relative drop above which a block is critical")
     batch_size: int = Field(16, ge=1, description="Sequences per forward")
     max_length: int = Field(512, ge=8, description="Longest sequence in tokens (prompts are cut from the left)")
@@ -50,12 +54,18 @@ class NmiAnalysis(OutputOptions):
     """NMI between each block's token clusters and the embedding layer's clusters."""
 
     model: str = Field("embedded", description="Model: hub id, local dir, .gguf file or embedded[:name]")
-    calib: str = Field("gsm8k", description="Calibration task whose texts give the tokens: arithmetic, gsm8k, factual, triviaqa")
-    samples: int = Field(24, ge=1, description="Calibration texts")
+    calib: str = Field("gsm8k", description="Calibration task whose texts give the tokens: "
+                                            "arithmetic, gsm8k, factual, triviaqa")
+    samples: int = Field(16, ge=1, description="Calibration texts")
     k: int = Field(16, ge=2, description="k-means clusters per block")
     normalize: bool = Field(True, description="Cluster unit-length hidden states (cosine geometry) instead of raw ones")
     threshold: float = Field(0.2, gt=0, description="Relative drop (of answer-token probability on the calibration "
                                                     "texts) above which a block is marked critical")
+    ablation_samples: int = Field(4, ge=0, description="Calibration texts used to find the critical blocks by "
+                                                       "skipping each block (0: none marked)")
+    critical_from: Path | None = Field(None, description="Take the critical blocks from this `analyze importance` "
+                                                         "importance.json instead (same model label)")
+    critical_task: str | None = Field(None, description="Task of --critical-from to use (default: its first task)")
     batch_size: int = Field(8, ge=1, description="Sequences per forward")
     max_length: int = Field(256, ge=8, description="Longest sequence in tokens")
 
@@ -65,7 +75,8 @@ class DegenerationAnalysis(OutputOptions):
 
     generations: list[Path] = Field(default_factory=list,
                                     description="JSONL files with prompt and output fields (one per model variant)")
-    models: list[str] = Field(default_factory=list, description="Or: models to generate with, e.g. original, pruned, recovered")
+    models: list[str] = Field(default_factory=list,
+                              description="Or: models to generate with, e.g. original, pruned, recovered")
     labels: list[str] = Field(default_factory=list, description="Comma-separated names for the files/models, in order")
     prompt_field: str = Field("prompt", description="Field holding the prompt in the generations files")
     output_field: str = Field("output", description="Field holding the response in the generations files")

@@ -9,19 +9,12 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from layerprune.analyze.tasks import Task, TaskItem
 from layerprune.models import find_decoder_stack, skipped_blocks
-from layerprune.prune.forward import CalibBatch, candidate_losses, capture_block_inputs, model_loss
-
-
-@dataclass
-class AblationResult:
-    """Mean NLL of the full model and of each one-block-skipped model, over the same scored tokens."""
-
-    base_nll: float
-    ablated_nll: list[float]
-    scored_tokens: int
+from layerprune.models.blocks import DecoderStack
+from layerprune.prune.forward import CalibBatch, capture_block_inputs, prefix_states, run_blocks
 
 
 def encode_item(tokenizer: Any, item: TaskItem, max_length: int) -> tuple[list[int], int]:
@@ -51,44 +44,87 @@ def build_batches(tokenizer: Any, items: Sequence[TaskItem], batch_size: int, ma
     return batches
 
 
+@dataclass
+class AblationResult:
+    """NLL and teacher-forced exact match of the full model and of each one-block-skipped model."""
+
+    base_nll: float
+    ablated_nll: list[float]
+    base_accuracy: float
+    ablated_accuracy: list[float]
+    scored_tokens: int
+    items: int
+
+
+class _Totals:
+    """Running sums for one model variant: NLL, scored tokens, items whose every answer token is the argmax."""
+
+    def __init__(self) -> None:
+        self.nll, self.tokens, self.correct, self.items = 0.0, 0, 0, 0
+
+    def add(self, logits: torch.Tensor, batch: CalibBatch) -> None:
+        mask = batch.loss_mask[:, 1:].bool()
+        targets = batch.input_ids[:, 1:][mask]
+        self.nll += float(F.cross_entropy(logits.float(), targets, reduction="sum"))
+        self.tokens += int(targets.numel())
+        wrong_rows = mask.nonzero()[:, 0][logits.argmax(-1) != targets]
+        wrong = torch.bincount(wrong_rows, minlength=mask.shape[0])
+        scored = mask.any(dim=1)
+        self.correct += int((scored & (wrong == 0)).sum())
+        self.items += int(scored.sum())
+
+    def mean_nll(self) -> float:
+        return self.nll / max(self.tokens, 1)
+
+    def accuracy(self) -> float:
+        return self.correct / max(self.items, 1)
+
+
+def scored_logits(stack: DecoderStack, hidden: torch.Tensor, batch: CalibBatch) -> torch.Tensor:
+    """Logits at the positions that predict a scored token (the head runs on those only)."""
+    return stack.logits(hidden[:, :-1][batch.loss_mask[:, 1:].bool()])
+
+
+def collect(base: _Totals, ablated: list[_Totals]) -> AblationResult:
+    return AblationResult(base.mean_nll(), [t.mean_nll() for t in ablated], base.accuracy(),
+                          [t.accuracy() for t in ablated], base.tokens, base.items)
+
+
 @torch.no_grad()
-def ablate_nll(model: Any, batches: Sequence[CalibBatch]) -> AblationResult:
-    """Skip each block in turn; every candidate reuses the full model's hidden states before it."""
+def ablate_blocks(model: Any, batches: Sequence[CalibBatch]) -> AblationResult:
+    """Skip each block in turn; every candidate starts from the full model's hidden state before it
+    (prune.forward's cached block inputs), so block i costs only the blocks after it."""
     stack = find_decoder_stack(model)
     blocks = list(range(len(stack)))
     device = next(model.parameters()).device
-    base_sum, sums, count = 0.0, [0.0] * len(blocks), 0
+    base, ablated = _Totals(), [_Totals() for _ in blocks]
     for batch in batches:
-        inputs = capture_block_inputs(stack, batch.to(device))
-        base, n = model_loss(stack, inputs, blocks)
-        base_sum, count = base_sum + base, count + n
-        for block, (loss, _) in candidate_losses(stack, inputs, blocks, blocks).items():
-            sums[block] += loss
-    count = max(count, 1)
-    return AblationResult(base_sum / count, [s / count for s in sums], count)
+        batch = batch.to(device)
+        inputs = capture_block_inputs(stack, batch)
+        base.add(scored_logits(stack, inputs.output, batch), batch)
+        states = prefix_states(stack, inputs, blocks)
+        for block in blocks:
+            hidden = run_blocks(stack, inputs, states[block], blocks[block + 1 :])
+            ablated[block].add(scored_logits(stack, hidden, batch), batch)
+    return collect(base, ablated)
 
 
 @torch.no_grad()
-def ablate_nll_naive(model: Any, batches: Sequence[CalibBatch]) -> AblationResult:
+def ablate_blocks_naive(model: Any, batches: Sequence[CalibBatch]) -> AblationResult:
     """The same numbers with a full forward per skipped block (the reference the benchmark compares to)."""
     device = next(model.parameters()).device
     depth = len(find_decoder_stack(model))
 
-    def loss_of(skip: list[int]) -> tuple[float, int]:
-        total, count = 0.0, 0
+    def totals(skip: list[int]) -> _Totals:
+        total = _Totals()
         with skipped_blocks(model, skip):
             for batch in batches:
                 batch = batch.to(device)
                 logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
-                mask = batch.loss_mask[:, 1:].bool()
-                targets = batch.input_ids[:, 1:][mask]
-                total += float(torch.nn.functional.cross_entropy(logits[:, :-1][mask].float(), targets, reduction="sum"))
-                count += int(targets.numel())
-        return total, count
+                total.add(logits[:, :-1][batch.loss_mask[:, 1:].bool()], batch)
+        return total
 
-    base, count = loss_of([])
-    ablated = [loss_of([block])[0] / max(count, 1) for block in range(depth)]
-    return AblationResult(base / max(count, 1), ablated, count)
+    return collect(totals([]), [totals([block]) for block in range(depth)])
 
 
 @torch.no_grad()
@@ -115,9 +151,10 @@ def exact_match(answers: Sequence[str], items: Sequence[TaskItem]) -> float:
     return sum(a == item.answer.lower() for a, item in zip(answers, items)) / max(len(items), 1)
 
 
-def ablate_accuracy(model: Any, tokenizer: Any, items: Sequence[TaskItem], task: Task,
+def ablate_generation(model: Any, tokenizer: Any, items: Sequence[TaskItem], task: Task,
                     batch_size: int) -> tuple[float, list[float]]:
-    """Exact-match accuracy of the full model and of each one-block-skipped model (generation each time)."""
+    """Greedy-generation exact match of the full model and of each one-block-skipped model (slow: generates
+    L + 1 times; for tasks whose answer follows a free-form solution, e.g. gsm8k)."""
     depth = len(find_decoder_stack(model))
     base = exact_match(greedy_answers(model, tokenizer, items, task, batch_size), items)
     ablated = []

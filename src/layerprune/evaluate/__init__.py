@@ -1,11 +1,26 @@
 """Evaluation through lm-evaluation-harness: offline task mapping, algorithmic probes, HumanEval+ in a sandbox,
-cached per-model summaries and the baseline / pruned / recovered comparison."""
+cached per-model summaries and the baseline / pruned / recovered comparison.
 
-from layerprune.evaluate.api import evaluate_models
-from layerprune.evaluate.report import compare, format_table
-from layerprune.evaluate.runner import evaluate_model
-from layerprune.evaluate.schema import EvalSettings, Summary, TaskResult
-from layerprune.evaluate.suites import describe_suites, load_suites, plan_tasks
+Public API (imported lazily, so `layerprune --help` stays fast):
+    evaluate_model(model, settings, run, output_dir, overwrite) -> Summary
+    evaluate_models(roles, settings, run, output, overwrite) -> printed tables
+    compare(summaries, output_dir) -> {"table", "rows", "averages", "paths"}
+"""
 
-__all__ = ["EvalSettings", "Summary", "TaskResult", "compare", "describe_suites", "evaluate_model",
-           "evaluate_models", "format_table", "load_suites", "plan_tasks"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "evaluate_model": "runner", "evaluate_models": "api", "compare": "report", "format_table": "report",
+    "EvalSettings": "schema", "Summary": "schema", "TaskResult": "schema", "describe_suites": "suites",
+    "load_suites": "suites", "plan_tasks": "suites",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'layerprune.evaluate' has no attribute '{name}'")
+    return getattr(importlib.import_module(f"layerprune.evaluate.{_EXPORTS[name]}"), name)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,7 +39,6 @@ class ModelHandle:
     loaded: LoadedModel | None = None
     lm: Any = None
     digest: str = ""
-    extras: dict[str, Any] = field(default_factory=dict)
 
     def get(self) -> LoadedModel:
         if self.loaded is None:
@@ -61,14 +61,15 @@ def applies_chat(task: PlannedTask, mode: str, template: bool) -> bool:
 
 def task_settings(task: PlannedTask, settings: EvalSettings, run: RunSettings, chat: bool) -> dict[str, Any]:
     """Everything that can change a task's score; the cache key and the record in the summary."""
-    import lm_eval
-
-    return {"task": task.spec.name, "limit": task.limit, "num_fewshot": task.num_fewshot,
-            "max_gen_toks": task.max_gen_toks, "chat_template": chat, "backend": settings.backend,
-            "batch_size": settings.batch_size, "dtype": str(run.resolved_dtype()),
-            "device": run.resolved_device().type, "probe_seed": settings.probe_seed if task.spec.source == "probe"
-            else None, "lm_eval": lm_eval.__version__ if hasattr(lm_eval, "__version__") else
-            importlib.metadata.version("lm_eval"), "data": _data_identity(task, settings)}
+    source = task.spec.source
+    return {
+        "task": task.spec.name, "limit": task.limit, "num_fewshot": task.num_fewshot,
+        "max_gen_toks": task.max_gen_toks, "chat_template": chat, "backend": settings.backend,
+        "batch_size": settings.batch_size, "dtype": str(run.resolved_dtype()), "device": run.resolved_device().type,
+        "probe_seed": settings.probe_seed if source == "probe" else None,
+        "sandbox": [settings.sandbox_timeout, settings.sandbox_memory_mb] if source == "humaneval" else None,
+        "lm_eval": importlib.metadata.version("lm_eval"), "data": _data_identity(task, settings),
+    }
 
 
 def _data_identity(task: PlannedTask, settings: EvalSettings) -> str | None:
@@ -92,12 +93,10 @@ def task_config(task: PlannedTask, settings: EvalSettings, data_dir: Path | None
     return lm_eval_config(spec, data_dir)
 
 
-def build_task(config: dict[str, Any], spec_name: str, data_hint: str) -> Any:
+def build_task(manager: Any, config: dict[str, Any], spec_name: str, data_hint: str) -> Any:
     """lm-eval Task object for a config dict (this downloads or reads the data)."""
-    from lm_eval.tasks import TaskManager
-
     try:
-        return TaskManager(include_defaults=False).load([config])["tasks"][spec_name]
+        return manager.load([config])["tasks"][spec_name]
     except LayerpruneError:
         raise
     except Exception as exc:  # datasets raises many types for missing files or no network
@@ -131,14 +130,16 @@ def run_task(handle: ModelHandle, task: PlannedTask, settings: EvalSettings, cha
              data_dir: Path | None) -> dict[str, Any]:
     """One task through `simple_evaluate`; returns lm-eval's results (samples included)."""
     import lm_eval
+    from lm_eval.tasks import TaskManager
 
+    manager = TaskManager(include_defaults=False)  # configs come whole; indexing lm-eval's ~14k YAMLs takes a minute
     hint = f"put it at {data_dir or '<data-dir>'}/{task.spec.dataset}/ (--data-dir)"
-    lm_task = build_task(task_config(task, settings, data_dir), task.spec.name, hint)
+    lm_task = build_task(manager, task_config(task, settings, data_dir), task.spec.name, hint)
     gen = {"max_gen_toks": task.max_gen_toks} if task.max_gen_toks else None
     raw = lm_eval.simple_evaluate(
         model=make_lm(handle, settings), tasks=[lm_task], num_fewshot=task.num_fewshot, limit=task.limit,
         apply_chat_template=chat, fewshot_as_multiturn=chat, gen_kwargs=gen, log_samples=True,
-        confirm_run_unsafe_code=True,
+        confirm_run_unsafe_code=True, task_manager=manager,
     )
     if raw is None:
         raise LayerpruneError(f"lm-eval returned no results for {task.spec.name}")
@@ -176,6 +177,18 @@ def versions() -> dict[str, str]:
     return found
 
 
+def fingerprint(handle: ModelHandle, cache_root: Path) -> str:
+    """The weight files' hash plus the block count (a model with blocks dropped in memory differs from its files)."""
+    digest = model_hash(handle.source, cache_root)
+    if handle.loaded is not None:
+        layers = handle.loaded.model.config.get_text_config().num_hidden_layers
+    else:
+        config = Path(handle.source.location) / "config.json"
+        body = json.loads(config.read_text()) if config.is_file() else {}
+        layers = body.get("num_hidden_layers", body.get("text_config", {}).get("num_hidden_layers"))
+    return hashlib.sha256(f"{digest}:{layers}".encode()).hexdigest()
+
+
 def _handle_for(model: str | os.PathLike[str] | LoadedModel | ModelSource | None, run: RunSettings) -> ModelHandle:
     if isinstance(model, LoadedModel):
         return ModelHandle(model.source, run, loaded=model)
@@ -190,8 +203,14 @@ def evaluate_model(
     output_dir: Path | None = None,
     overwrite: bool = False,
     progress: Callable[[str], None] | None = None,
+    model_hash_override: str | None = None,
 ) -> Summary:
-    """Evaluate one model on a suite or tasks; results are cached and, given `output_dir`, saved there."""
+    """Evaluate one model on a suite or tasks; results are cached and, given `output_dir`, saved there.
+
+    `model` is a spec (hub id, directory, .gguf, "embedded"), a ModelSource or a LoadedModel (used as is).
+    Results are cached by (model hash, task, settings); pass `model_hash_override` for a model changed in memory
+    in a way its files and shape do not show, or `EvalSettings(reuse=False)`.
+    """
     settings, run = settings or EvalSettings(), run or RunSettings()
     if output_dir is not None:
         check_output_dir(output_dir, overwrite)
@@ -199,7 +218,7 @@ def evaluate_model(
     planned, skipped = plan_tasks(settings, data_dir)
     handle = _handle_for(model, run)
     cache_root = run.resolved_cache_dir() / "eval"
-    handle.digest = model_hash(handle.source, cache_root)
+    handle.digest = model_hash_override or fingerprint(handle, cache_root)
     template = has_chat_template(handle)
     entries = {}
     for index, task in enumerate(planned, 1):

@@ -82,10 +82,21 @@ def default_output(recipe: Any) -> Path:
     return Path("runs") / f"recover-{recipe.name}"
 
 
+def quiet_progress_bars() -> None:
+    """-q: no transformers/datasets progress bars either."""
+    import datasets
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+
+
 def run(args: argparse.Namespace) -> int:
-    from layerprune.recover.runner import RecoverJob, dry_run, recover
+    from layerprune.recover.runner import RecoverJob, distributed_state, dry_run, recover
 
     recipe = build_recipe(args)
+    if getattr(args, "quiet", False):
+        quiet_progress_bars()
     settings = RunSettings(**explicit_values(args, RunSettings))
     job = RecoverJob(output=args.output or default_output(recipe), settings=settings, overwrite=args.overwrite,
                      resume=args.resume, data_dir=args.data_dir, memory_budget=args.memory_budget)
@@ -93,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         dry_run(recipe, job)
         return 0
     report = recover(recipe, job)
+    if not distributed_state(settings).is_main_process:
+        return 0
     loss = report["held_out_loss"]
     print(f"recovered model: {job.output}  held-out loss {loss['before']} -> {loss['after']}  "
           f"({report['seconds']['total']:.0f} s)")

@@ -91,20 +91,33 @@ def recover(recipe: RecoverRecipe, job: RecoverJob) -> dict[str, Any]:
     check_output_dir(job.output, job.overwrite, inputs=(Path(student.location),) if student.is_local else ())
     data_dir = resolve_data_dir(job.data_dir) if not recipe.prompts.source.endswith(".jsonl") else None
     prompts = selfgen.load_prompts(recipe.prompts, data_dir)
-    job.work.mkdir(parents=True, exist_ok=True)
-    check_fingerprint(recipe, teacher, job.work)
-    generation = generate(recipe, teacher, prompts, job)
+    state = distributed_state(job.settings)
+    if not state.is_main_process:  # one voice under `accelerate launch`
+        logging.getLogger("layerprune").setLevel(logging.WARNING)
+    with state.main_process_first():  # under `accelerate launch` the main process generates, the others reuse it
+        job.work.mkdir(parents=True, exist_ok=True)
+        check_fingerprint(recipe, teacher, job.work, write=state.is_main_process)
+        generation = generate(recipe, teacher, prompts, job)
+        student = materialize_student(recipe, student, job.settings, job.work)
     rows = selfgen.responses_for(prompts, job.work / "responses.jsonl")
     kept, card = selfgen.filter_responses(rows, recipe.generate)
-    student = materialize_student(recipe, student, job.settings, job.work)
     result = fine_tune(recipe, student, teacher, kept, job)
     report = build_report(recipe, job, student, teacher, generation, card, result, time.perf_counter() - start)
-    save_outputs(recipe, job, student, result, report)
-    shutil.rmtree(job.work, ignore_errors=True)
+    if state.is_main_process:
+        save_outputs(recipe, job, student, result, report)
+        shutil.rmtree(job.work, ignore_errors=True)
+    state.wait_for_everyone()
     return report
 
 
-def check_fingerprint(recipe: RecoverRecipe, teacher: str, work: Path) -> None:
+def distributed_state(settings: RunSettings) -> Any:
+    """accelerate's process state: one process, or several under `accelerate launch`/`torchrun` (gloo on CPUs)."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=settings.resolved_device().type == "cpu")
+
+
+def check_fingerprint(recipe: RecoverRecipe, teacher: str, work: Path, write: bool = True) -> None:
     """Cached responses must come from the same teacher and sampling settings."""
     gen = recipe.generate
     current = {"teacher": teacher, "system_prompt": gen.system_prompt, "temperature": gen.temperature,
@@ -117,7 +130,8 @@ def check_fingerprint(recipe: RecoverRecipe, teacher: str, work: Path) -> None:
             changed = sorted(k for k in current if cached.get(k) != current[k])
             raise LayerpruneError(f"{work} holds responses generated with other settings ({', '.join(changed)}); "
                                   "delete it to start over")
-    path.write_text(json.dumps(current, indent=2))
+    if write:
+        path.write_text(json.dumps(current, indent=2))
 
 
 def generate(recipe: RecoverRecipe, teacher: str, prompts: list[selfgen.Prompt], job: RecoverJob) -> dict[str, Any]:
@@ -184,7 +198,7 @@ def fine_tune(recipe: RecoverRecipe, student: ModelSource, teacher: str, rows: l
     after = trainer.evaluate()["eval_loss"] if eval_set is not None else None
     log.info("held-out loss after training: %s (before %s)", _fmt(after), _fmt(before))
     data = {"train_examples": len(train_rows), "held_out_examples": len(eval_rows),
-            "train_response_tokens": sum(r.get("tokens", 0) for r in train_rows)}
+            "train_response_tokens": sum(r.get("tokens", 0) for r in train_rows), "steps": trainer.state.global_step}
     return TrainResult(trainer.model, loaded.tokenizer, before, after, train.loss_curve(trainer.state.log_history, before),
                        plan, optimizer, data, time.perf_counter() - start, int(trainer.state.num_input_tokens_seen or 0))
 

@@ -1,0 +1,59 @@
+"""A run recipe: the model, how to prune it, how to recover it, and what to evaluate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from layerprune.evaluate.schema import EvalSettings
+from layerprune.prune.recipe import PruneRecipe
+
+
+class RecoverStage(BaseModel):
+    """Which recover recipe to run on the pruned model, with field overrides."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    recipe: str = Field("demo", description="Recover recipe: a shipped name (layerprune recipes list) or a YAML path")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="Recover-recipe fields to change (nested by section)")
+
+    def resolve(self, student: str, teacher: str | None) -> Any:
+        """The validated RecoverRecipe for this run's pruned model and original (teacher)."""
+        from layerprune.recipes_cli import load_recipe
+        from layerprune.recover.schema import RecoverRecipe, merge_layers
+
+        base, _ = load_recipe(self.recipe, "recover")
+        fixed = {"model": student, "teacher": teacher or "embedded", "drop_blocks": None}
+        return RecoverRecipe.model_validate(merge_layers(base, self.overrides, fixed))
+
+
+class RunRecipe(BaseModel):
+    """prune -> evaluate -> recover -> evaluate -> report, for one model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="Run name (default output: runs/<name>)")
+    description: str = Field("", description="What this run shows")
+    model: str | None = Field(None, description="Original model: hub id, local directory, .gguf, or embedded[:NAME]")
+    prune: PruneRecipe = Field(description="Prune stage (see `layerprune prune --help`)")
+    recover: RecoverStage | None = Field(default_factory=RecoverStage, description="Recover stage; null skips it")
+    evaluate: EvalSettings = Field(default_factory=lambda: EvalSettings(suite="quick"), description="Evaluation")
+    output: Path | None = Field(None, description="Run directory")
+
+    @model_validator(mode="after")
+    def _recover_recipe_is_valid(self) -> "RunRecipe":
+        if self.recover is not None:
+            try:
+                self.recover.resolve("<pruned>", self.model)
+            except ValidationError as exc:
+                from layerprune.schema_cli import validation_message
+
+                raise ValueError(validation_message(exc, f"recover recipe '{self.recover.recipe}'")) from None
+            except Exception as exc:  # LayerpruneError from a missing recipe: report it as this field's error
+                raise ValueError(f"recover.recipe: {exc}") from None
+        return self
+
+    def run_dir(self) -> Path:
+        return self.output or Path("runs") / self.name

@@ -1,0 +1,163 @@
+"""Run a recipe stage by stage; each stage is skipped when its output is already complete."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from layerprune.errors import LayerpruneError
+from layerprune.pipeline.recipe import RunRecipe
+from layerprune.registry import unknown_name_message
+from layerprune.settings import RunSettings
+
+log = logging.getLogger(__name__)
+STAGES = ("prune", "eval-baseline", "eval-pruned", "recover", "eval-recovered", "report")
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Where each stage writes inside one run directory."""
+
+    root: Path
+
+    @property
+    def pruned(self) -> Path:
+        return self.root / "pruned"
+
+    @property
+    def recovered(self) -> Path:
+        return self.root / "recovered"
+
+    @property
+    def selfgen(self) -> Path:
+        return self.root / "selfgen.jsonl"
+
+    @property
+    def state(self) -> Path:
+        return self.root / "run.json"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report.md"
+
+    def eval(self, role: str) -> Path:
+        return self.root / "eval" / role
+
+    def stage_output(self, stage: str) -> Path:
+        """The file whose presence marks a stage complete (outputs are written atomically)."""
+        if stage.startswith("eval-"):
+            return self.eval(stage.removeprefix("eval-")) / "summary.json"
+        return {"prune": self.pruned / "prune_report.json", "recover": self.recovered / "recover_report.json",
+                "report": self.report}[stage]
+
+
+def recipe_fingerprint(recipe: RunRecipe) -> str:
+    return hashlib.sha256(recipe.model_dump_json(exclude={"description"}).encode()).hexdigest()[:16]
+
+
+def claim_run_dir(paths: RunPaths, recipe: RunRecipe, overwrite: bool) -> None:
+    """A run directory belongs to one recipe: refuse another recipe's outputs unless --overwrite."""
+    fingerprint = recipe_fingerprint(recipe)
+    if paths.state.is_file():
+        other = json.loads(paths.state.read_text())
+        if other.get("fingerprint") == fingerprint:
+            return
+        if not overwrite:
+            raise LayerpruneError(f"{paths.root} holds outputs of another recipe ('{other.get('name')}', or this one "
+                                  "changed); pass --overwrite to start it over, or choose another output")
+        shutil.rmtree(paths.root)
+    elif paths.root.exists() and any(paths.root.iterdir()) and not overwrite:
+        raise LayerpruneError(f"{paths.root} exists and is not a layerprune run directory; pass --overwrite or choose another")
+    elif paths.root.exists() and overwrite:
+        shutil.rmtree(paths.root)
+    paths.root.mkdir(parents=True, exist_ok=True)
+    paths.state.write_text(json.dumps({"name": recipe.name, "fingerprint": fingerprint,
+                                       "recipe": recipe.model_dump(mode="json")}, indent=2))
+
+
+def stages_for(recipe: RunRecipe) -> list[str]:
+    return [s for s in STAGES if recipe.recover is not None or s not in ("recover", "eval-recovered")]
+
+
+def reset_from(paths: RunPaths, recipe: RunRecipe, stage: str) -> None:
+    """--from STAGE: forget the outputs of STAGE and every later stage."""
+    stages = stages_for(recipe)
+    if stage not in stages:
+        raise LayerpruneError(unknown_name_message("stage", stage, stages))
+    for later in stages[stages.index(stage):]:
+        target = paths.stage_output(later)
+        folder = target.parent if later != "report" else target
+        if folder.is_dir():
+            shutil.rmtree(folder)
+        elif folder.exists():
+            folder.unlink()
+    if stage in ("recover",) and paths.selfgen.exists():
+        paths.selfgen.unlink()
+
+
+def run_pipeline(recipe: RunRecipe, settings: RunSettings, from_stage: str | None = None,
+                 overwrite: bool = False) -> Path:
+    """Run every incomplete stage in order; return the report path."""
+    paths = RunPaths(recipe.run_dir())
+    claim_run_dir(paths, recipe, overwrite)
+    if from_stage:
+        reset_from(paths, recipe, from_stage)
+    actions: dict[str, Callable[[], Any]] = {
+        "prune": lambda: run_prune(recipe, settings, paths),
+        "eval-baseline": lambda: run_eval(recipe, settings, paths, "baseline", recipe.model),
+        "eval-pruned": lambda: run_eval(recipe, settings, paths, "pruned", str(paths.pruned)),
+        "recover": lambda: run_recover(recipe, settings, paths),
+        "eval-recovered": lambda: run_eval(recipe, settings, paths, "recovered", str(paths.recovered)),
+        "report": lambda: write_run_report(recipe, paths),
+    }
+    stages = stages_for(recipe)
+    for number, stage in enumerate(stages, 1):
+        if paths.stage_output(stage).exists():
+            log.info("[%d/%d] %s: complete, skipped", number, len(stages), stage)
+            continue
+        log.info("[%d/%d] %s ...", number, len(stages), stage)
+        start = time.perf_counter()
+        actions[stage]()
+        log.info("[%d/%d] %s done in %.0f s", number, len(stages), stage, time.perf_counter() - start)
+    return paths.report
+
+
+def run_prune(recipe: RunRecipe, settings: RunSettings, paths: RunPaths) -> None:
+    from layerprune.prune.api import prune_model
+
+    prune_model(recipe.model, recipe.prune, settings, paths.pruned, overwrite=True)
+
+
+def run_eval(recipe: RunRecipe, settings: RunSettings, paths: RunPaths, role: str, model: str | None) -> None:
+    from layerprune.evaluate.runner import evaluate_model
+
+    evaluate_model(model, recipe.evaluate, settings, paths.eval(role), overwrite=True,
+                   progress=lambda message: log.info("  %s: %s", role, message))
+
+
+def run_recover(recipe: RunRecipe, settings: RunSettings, paths: RunPaths) -> None:
+    from layerprune.recover.runner import RecoverJob, recover
+
+    assert recipe.recover is not None
+    recover_recipe = recipe.recover.resolve(str(paths.pruned), recipe.model)
+    data_dir = recipe.evaluate.data_dir or recipe.prune.data_dir
+    recover(recover_recipe, RecoverJob(output=paths.recovered, settings=settings, data_dir=data_dir))
+    responses = paths.recovered / "data" / "responses.jsonl"
+    if responses.is_file() and not paths.selfgen.exists():
+        try:
+            os.link(responses, paths.selfgen)
+        except OSError:
+            shutil.copy2(responses, paths.selfgen)
+
+
+def write_run_report(recipe: RunRecipe, paths: RunPaths) -> None:
+    from layerprune.pipeline.report import write_report
+
+    write_report(recipe, paths)

@@ -1,0 +1,117 @@
+"""`layerprune run`: shipped recipes dry-run; a tiny end-to-end run; resume, --from and foreign run directories."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import assert_one_line_error, run_cli
+from layerprune.recipes_cli import shipped_recipes
+
+RUN_RECIPES = sorted(p for (kind, _), p in shipped_recipes().items() if kind in ("run", "study"))
+
+
+def test_studies_cover_three_models_three_arms_two_recoveries():
+    names = [p.stem for p in RUN_RECIPES if p.parent.name == "studies" and p.stem.startswith("limits-")]
+    assert len(names) == 18
+    for model in ("llama31-8b", "qwen25-7b", "mistral-7b"):
+        for arm in ("reverse", "bi", "ablation"):
+            assert sum(n.startswith(f"limits-{model}-{arm}") for n in names) == 2
+    for path in RUN_RECIPES:
+        data = yaml.safe_load(path.read_text())
+        if data["prune"].get("calib"):
+            assert "test" not in data["prune"]["calib"]  # calibration never on test items
+        assert path.read_text().startswith("# layerprune run ")
+
+
+@pytest.mark.parametrize("path", RUN_RECIPES, ids=[p.stem for p in RUN_RECIPES])
+def test_every_shipped_run_recipe_dry_runs(capsys, path, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, out, err = run_cli(capsys, ["run", str(path), "--dry-run", "--output", str(tmp_path / "run")])
+    assert code == 0, err
+    assert "recipe: valid" in out and "memory" in out
+    assert not (tmp_path / "run").exists()
+
+
+def tiny_recipe(model: Path, output: Path, name: str = "tiny") -> dict:
+    return {
+        "name": name, "model": str(model), "output": str(output),
+        "prune": {"drop": 2, "score": "ablation", "calib": "arithmetic", "calib_samples": 4},
+        "recover": {"recipe": "demo", "overrides": {
+            "prompts": {"source": "gsm8k", "samples": 4}, "generate": {"max_new_tokens": 8, "batch_size": 4},
+            "train": {"max_steps": 2, "epochs": 1, "max_length": 512, "batch_size": 2, "eval_steps": 1,
+                      "logging_steps": 1, "save_steps": 1, "held_out": 0.5}, "lora": {"r": 4, "alpha": 8}}},
+        "evaluate": {"tasks": ["arith_1dc"], "limit": 4, "batch_size": "4"},
+    }
+
+
+@pytest.fixture
+def tiny_run(tiny_llama, tmp_path, shared_data, monkeypatch):
+    monkeypatch.setenv("LAYERPRUNE_DATA_DIR", str(shared_data))
+    monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(yaml.safe_dump(tiny_recipe(tiny_llama, tmp_path / "run")))
+    return recipe, tmp_path / "run"
+
+
+def test_tiny_pipeline_runs_resumes_and_reruns_from_a_stage(capsys, tiny_run, caplog):
+    recipe, run = tiny_run
+    code, out, err = run_cli(capsys, ["run", str(recipe)])
+    assert code == 0, err
+    for path in ("pruned/prune_report.json", "eval/baseline/summary.json", "eval/pruned/summary.json",
+                 "recovered/recover_report.json", "eval/recovered/summary.json", "selfgen.jsonl", "report.md"):
+        assert (run / path).exists(), path
+    report = (run / "report.md").read_text()
+    assert "## Evaluation: baseline / pruned / recovered" in report and "arith_1dc" in report
+    assert "tokens/s" in report and "Dropped (original numbering)" in report
+
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        code, _, err = run_cli(capsys, ["run", str(recipe)])
+    assert code == 0, err
+    assert caplog.text.count("complete, skipped") == 6
+
+    before = json.loads((run / "recovered" / "recover_report.json").read_text())
+    code, _, err = run_cli(capsys, ["run", str(recipe), "--from", "report"])
+    assert code == 0, err
+    assert json.loads((run / "recovered" / "recover_report.json").read_text()) == before
+
+
+def test_run_directory_of_another_recipe_is_refused(capsys, tiny_run, tiny_llama, tmp_path):
+    recipe, run = tiny_run
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"name": "other", "fingerprint": "x"}))
+    code, _, err = run_cli(capsys, ["run", str(recipe)])
+    assert_one_line_error(code, err, "another recipe", "--overwrite")
+    assert json.loads((run / "run.json").read_text())["name"] == "other"
+
+
+def test_bad_run_recipes(capsys, tiny_llama, tmp_path):
+    bad = tiny_recipe(tiny_llama, tmp_path / "r")
+    bad["prune"]["dorp"] = 2
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(bad))
+    code, _, err = run_cli(capsys, ["run", str(tmp_path / "a.yaml"), "--dry-run"])
+    assert_one_line_error(code, err, "dorp")
+
+    bad = tiny_recipe(tiny_llama, tmp_path / "r")
+    bad["recover"]["overrides"]["train"]["learning_rate"] = -1
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump(bad))
+    code, _, err = run_cli(capsys, ["run", str(tmp_path / "b.yaml"), "--dry-run"])
+    assert_one_line_error(code, err, "learning_rate")
+
+    bad = tiny_recipe(tmp_path / "missing-model", tmp_path / "r")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(bad))
+    code, _, err = run_cli(capsys, ["run", str(tmp_path / "c.yaml"), "--dry-run"])
+    assert_one_line_error(code, err, "not found")
+
+    code, _, err = run_cli(capsys, ["run", "no-such-recipe"])
+    assert_one_line_error(code, err, "recipe")
+
+
+def test_from_unknown_stage(capsys, tiny_run):
+    recipe, _ = tiny_run
+    code, _, err = run_cli(capsys, ["run", str(recipe), "--from", "recovr"])
+    assert_one_line_error(code, err, "did you mean: recover")
