@@ -99,7 +99,7 @@ def test_nmi_end_to_end(tiny_llama, tmp_path, capsys):
     assert len(report["nmi"]) == 7 and report["nmi"][0] == 1.0
     assert all(0.0 <= v <= 1.0 + 1e-9 for v in report["nmi"]) and 0 <= report["elbow_block"] < 6
     assert (out / "nmi.png").stat().st_size > 0
-    assert len(report["skip_drops"]) == 6 and "first 4 factual texts" in report["critical_source"]
+    assert len(report["skip_drops"]) == 6 and "first 2 factual texts" in report["critical_source"]
 
 
 def test_nmi_takes_critical_blocks_from_an_importance_report(tiny_llama, tmp_path, capsys):

@@ -225,3 +225,22 @@ def test_bad_input_gives_one_line_and_nonzero_exit(case, pruned, tiny_llama, pro
     assert code == 2, err
     assert err.startswith("error: ") and expect in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
+
+
+@pytest.mark.gpu
+def test_qlora_on_cuda_trains_and_merges_into_a_bf16_model(pruned, prompts_file, tmp_path):
+    out = tmp_path / "q"
+    fast = [a if a != "cpu" else "cuda" for a in FAST]
+    assert main(["recover", "--model", str(pruned), "--prompts", str(prompts_file), "-o", str(out), "--method", "qlora",
+                 *fast]) == 0
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.num_hidden_layers == 4 and not getattr(model.config, "quantization_config", None)
+
+
+def test_cached_responses_from_other_sampling_settings_are_refused(pruned, prompts_file, tmp_path, capsys):
+    work = tmp_path / "out.work"
+    work.mkdir()
+    (work / "generation.json").write_text(json.dumps({"teacher": "x", "temperature": 0.1}))
+    assert recover_cli("--model", str(pruned), "--prompts", str(prompts_file), "-o", str(tmp_path / "out")) == 2
+    assert "holds responses generated with other settings (backend, max_new_tokens, system_prompt, teacher, temp" in \
+        capsys.readouterr().err

@@ -16,26 +16,31 @@ def _pyplot():  # type: ignore[no-untyped-def]
 
 
 def plot_heatmaps(path: Path, tasks: dict[str, dict[str, list[float]]], critical: dict[str, dict[str, set[int]]],
-                  row_label: str) -> None:
-    """One heatmap per task (rows = blocks or relative-depth rows, columns = models), critical cells marked."""
+                  relative_depth: bool) -> None:
+    """One heatmap per task (rows = blocks, or rows aligned by relative depth; columns = models) on one
+    shared colour scale, critical cells marked with a dot."""
     plt = _pyplot()
+    matrices = {task: [list(row) for row in zip(*columns.values())] for task, columns in tasks.items()}
+    values = [v for matrix in matrices.values() for row in matrix for v in row]
+    low, high = min(0.0, min(values)), max(0.05, max(values))
     fig, axes = plt.subplots(1, len(tasks), figsize=(2.2 + 1.6 * len(tasks) * max(2, _models(tasks)), 7),
                              squeeze=False)
     for ax, (task, columns) in zip(axes[0], tasks.items()):
-        labels = list(columns)
-        matrix = [list(row) for row in zip(*columns.values())]
-        image = ax.imshow(matrix, aspect="auto", cmap="viridis", vmin=min(0.0, min(map(min, matrix))),
-                          vmax=max(0.05, max(map(max, matrix))), interpolation="nearest")
-        for col, label in enumerate(labels):
-            for row in sorted(critical[task][label]):
-                ax.text(col, row, "*", ha="center", va="center", color="red", fontsize=14, fontweight="bold")
+        labels, rows = list(columns), len(matrices[task])
+        image = ax.imshow(matrices[task], aspect="auto", cmap="viridis", vmin=low, vmax=high, interpolation="nearest")
+        marks = [(col, row) for col, label in enumerate(labels) for row in sorted(critical[task][label])]
+        if marks:
+            ax.scatter(*zip(*marks), s=14, c="red", edgecolors="white", linewidths=0.5, label="critical")
         ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel(row_label)
-        ax.set_title(f"{task}: relative drop", fontsize=10)
-        fig.colorbar(image, ax=ax, fraction=0.05)
-    fig.suptitle("Drop when one block is skipped (* = critical)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+        if relative_depth:
+            ticks = [round(f * rows - 0.5) for f in (0.0, 0.25, 0.5, 0.75, 1.0)]
+            ax.set_yticks(ticks, [f"{f:.2f}" for f in (0.0, 0.25, 0.5, 0.75, 1.0)])
+        ax.set_title(f"{task}", fontsize=10)
+    axes[0][0].set_ylabel("relative depth of the skipped block" if relative_depth else "skipped block")
+    fig.colorbar(image, ax=list(axes[0]), fraction=0.04, label="relative drop")
+    aligned = " (models of different depths aligned by relative depth)" if relative_depth else ""
+    fig.suptitle(f"Drop when one block is skipped; red dot = critical{aligned}", fontsize=9)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 

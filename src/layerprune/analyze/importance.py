@@ -108,9 +108,8 @@ def score_description(metric: str) -> str:
 
 def write_importance_charts(out: Path, results: dict, across: dict, threshold: float) -> None:
     aligned = any(a["aligned_by"] == "relative depth" for a in across.values())
-    row_label = f"relative-depth row (of {max(a['rows'] for a in across.values())})" if aligned else "block"
     charts.plot_heatmaps(out / "heatmap.png", {t: a["aligned_drops"] for t, a in across.items()},
-                         {t: a["aligned_critical"] for t, a in across.items()}, row_label)
+                         {t: a["aligned_critical"] for t, a in across.items()}, aligned)
     drops = {task: {label: r["drops"] for label, r in per.items()} for task, per in results.items()}
     charts.plot_drop_curves(out / "drops.png", drops, threshold)
 

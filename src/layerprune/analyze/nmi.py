@@ -34,7 +34,7 @@ def cluster_labels(states: np.ndarray, k: int, seed: int, normalize: bool) -> np
 
     if normalize:
         states = states / np.maximum(np.linalg.norm(states, axis=1, keepdims=True), 1e-12)
-    return KMeans(n_clusters=k, n_init=3, random_state=seed).fit_predict(states)
+    return KMeans(n_clusters=k, n_init=2, max_iter=100, random_state=seed).fit_predict(states)
 
 
 def nmi(reference: Sequence[int], labels: Sequence[int]) -> float:

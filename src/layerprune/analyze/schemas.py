@@ -25,7 +25,8 @@ class ImportanceAnalysis(OutputOptions):
     """Per-block ablation drops for several models and tasks, compared across both."""
 
     models: list[str] = Field(default_factory=lambda: list(DEFAULT_MODELS),
-                              description="Models to compare: hub ids, local dirs, .gguf files or embedded[:name]")
+                              description="Models to compare: hub ids, local dirs, .gguf files or embedded[:name] "
+                                          "(default: embedded embedded:gemma3-270m)")
     tasks: list[str] = Field(default_factory=lambda: ["arithmetic", "factual"],
                              description="Tasks (space/comma-separated): arithmetic, gsm8k (train), "
                                          "factual (capitals), triviaqa")
@@ -56,12 +57,12 @@ class NmiAnalysis(OutputOptions):
     model: str = Field("embedded", description="Model: hub id, local dir, .gguf file or embedded[:name]")
     calib: str = Field("gsm8k", description="Calibration task whose texts give the tokens: "
                                             "arithmetic, gsm8k, factual, triviaqa")
-    samples: int = Field(16, ge=1, description="Calibration texts")
+    samples: int = Field(8, ge=1, description="Calibration texts")
     k: int = Field(16, ge=2, description="k-means clusters per block")
     normalize: bool = Field(True, description="Cluster unit-length hidden states (cosine geometry) instead of raw ones")
     threshold: float = Field(0.2, gt=0, description="Relative drop (of answer-token probability on the calibration "
                                                     "texts) above which a block is marked critical")
-    ablation_samples: int = Field(4, ge=0, description="Calibration texts used to find the critical blocks by "
+    ablation_samples: int = Field(2, ge=0, description="Calibration texts used to find the critical blocks by "
                                                        "skipping each block (0: none marked)")
     critical_from: Path | None = Field(None, description="Take the critical blocks from this `analyze importance` "
                                                          "importance.json instead (same model label)")

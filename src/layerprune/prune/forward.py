@@ -82,12 +82,18 @@ def run_blocks(stack: DecoderStack, inputs: BlockInputs, hidden: torch.Tensor, b
     return hidden
 
 
-def masked_nll(stack: DecoderStack, hidden: torch.Tensor, batch: CalibBatch) -> tuple[float, int]:
+def nll_sum(stack: DecoderStack, hidden: torch.Tensor, batch: CalibBatch) -> tuple[torch.Tensor, int]:
     """Summed next-token NLL over the scored positions; logits are computed only where needed."""
     mask = batch.loss_mask[:, 1:].bool()
     targets = batch.input_ids[:, 1:][mask]
     logits = stack.logits(hidden[:, :-1][mask])
-    return float(F.cross_entropy(logits.float(), targets, reduction="sum")), int(targets.numel())
+    return F.cross_entropy(logits.float(), targets, reduction="sum"), int(targets.numel())
+
+
+def masked_nll(stack: DecoderStack, hidden: torch.Tensor, batch: CalibBatch) -> tuple[float, int]:
+    """`nll_sum` as a plain float."""
+    total, count = nll_sum(stack, hidden, batch)
+    return float(total), count
 
 
 def prefix_states(stack: DecoderStack, inputs: BlockInputs, kept: Sequence[int]) -> dict[int, torch.Tensor]:

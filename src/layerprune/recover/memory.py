@@ -119,12 +119,12 @@ def plan_memory(shape: ModelShape, method: str, seq_len: int, batch_size: int, o
 def choose_optimizer(shape: ModelShape, method: str, requested: str, cuda: bool, **kwargs: Any) -> tuple[str, MemoryPlan]:
     """`auto`: AdamW, or 8-bit then paged 8-bit AdamW when full fine-tuning would not fit (CUDA only)."""
     if requested != "auto":
-        return requested, plan_memory(shape, method, optimizer=requested, **kwargs)
+        return requested, advise(plan_memory(shape, method, optimizer=requested, **kwargs))
     plan = plan_memory(shape, method, optimizer="adamw_torch", **kwargs)
     if plan.fits or method not in ("full", "kd") or not cuda:
         if not plan.fits and method in ("full", "kd"):
             plan.notes.append("does not fit; 8-bit AdamW (bitsandbytes) would need CUDA")
-        return "adamw_torch", plan
+        return "adamw_torch", advise(plan)
     for candidate in ("adamw_8bit", "paged_adamw_8bit"):
         smaller = plan_memory(shape, method, optimizer=candidate, **kwargs)
         if smaller.fits or candidate == "paged_adamw_8bit":
@@ -132,6 +132,14 @@ def choose_optimizer(shape: ModelShape, method: str, requested: str, cuda: bool,
                                  f"switched to {candidate}")
             return candidate, smaller
     raise AssertionError("unreachable")
+
+
+def advise(plan: MemoryPlan) -> MemoryPlan:
+    """Add what to change when the plan does not fit."""
+    if not plan.fits:
+        hint = "turn on gradient checkpointing, " if not plan.gradient_checkpointing else ""
+        plan.notes.append(f"over budget: {hint}lower train.batch_size or train.max_length, or use qlora")
+    return plan
 
 
 def format_plan(plan: MemoryPlan, model: str) -> str:

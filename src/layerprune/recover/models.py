@@ -67,10 +67,14 @@ def materialize_student(recipe: RecoverRecipe, student: ModelSource, settings: R
     """With drop_blocks, save the model minus those blocks to work/student once; otherwise the student as is."""
     if recipe.drop_blocks is None:
         return student
-    target = work / "student"
-    if not (target / "config.json").is_file():
-        _save_dropped(student, sorted(set(recipe.drop_blocks)), settings, target)
+    target, indices = work / "student", sorted(set(recipe.drop_blocks))
+    if _report_dropped(target / PRUNE_REPORT) != indices:
+        _save_dropped(student, indices, settings, target)
     return resolve_model(str(target), settings)
+
+
+def _report_dropped(report: Path) -> list[int] | None:
+    return json.loads(report.read_text()).get("dropped") if report.is_file() else None
 
 
 def _save_dropped(source: ModelSource, indices: list[int], settings: RunSettings, target: Path) -> None:

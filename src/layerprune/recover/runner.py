@@ -14,7 +14,7 @@ from layerprune import __version__
 from layerprune.data import resolve_data_dir
 from layerprune.errors import LayerpruneError
 from layerprune.models import ModelSource, load_model, resolve_model
-from layerprune.models.loading import copy_tokenizer_files
+from layerprune.models.loading import copy_tokenizer_files, load_tokenizer
 from layerprune.outputs import atomic_output_dir, check_output_dir
 from layerprune.recover import memory, selfgen, train
 from layerprune.recover.models import PRUNE_REPORT, materialize_student, resolve_student, teacher_spec
@@ -121,8 +121,7 @@ def check_fingerprint(recipe: RecoverRecipe, teacher: str, work: Path, write: bo
     """Cached responses must come from the same teacher and sampling settings."""
     gen = recipe.generate
     current = {"teacher": teacher, "system_prompt": gen.system_prompt, "temperature": gen.temperature,
-               "top_p": gen.top_p, "max_new_tokens": gen.max_new_tokens, "backend": gen.backend,
-               "drop_blocks": recipe.drop_blocks}
+               "top_p": gen.top_p, "max_new_tokens": gen.max_new_tokens, "backend": gen.backend}
     path = work / "generation.json"
     if path.is_file():
         cached = json.loads(path.read_text())
@@ -141,19 +140,13 @@ def generate(recipe: RecoverRecipe, teacher: str, prompts: list[selfgen.Prompt],
         return {"prompts": len(prompts), "resumed_from": len(prompts), "generated": 0, "seconds": 0.0}
     if recipe.generate.backend == "vllm":
         source = resolve_model(teacher, job.settings)
-        tokenizer = load_model_tokenizer(source, job.settings)
+        tokenizer = load_tokenizer(source, job.settings)
         return selfgen.generate_responses(source.location, tokenizer, prompts, recipe.generate, path)
     log.info("loading the teacher %s", teacher)
     loaded = load_model(teacher, job.settings)
     stats = selfgen.generate_responses(loaded.model, loaded.tokenizer, prompts, recipe.generate, path)
     del loaded
     return stats
-
-
-def load_model_tokenizer(source: ModelSource, settings: RunSettings) -> Any:
-    from layerprune.models.loading import load_tokenizer
-
-    return load_tokenizer(source, settings)
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from layerprune.prune.forward import capture_block_inputs, masked_nll
+from layerprune.prune.forward import capture_block_inputs, nll_sum
 from layerprune.prune.metrics import select_lowest, taylor_importance
 from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult
 
@@ -33,7 +33,5 @@ def taylor(ctx: ScoreContext) -> ScoreResult:
 def _backward(ctx: ScoreContext, batch) -> None:  # noqa: ANN001
     with torch.enable_grad():
         inputs = capture_block_inputs(ctx.stack, batch, keep_hidden=False)
-        mask = batch.loss_mask[:, 1:].bool()
-        logits = ctx.stack.logits(inputs.output[:, :-1][mask])
-        loss = torch.nn.functional.cross_entropy(logits.float(), batch.input_ids[:, 1:][mask], reduction="sum")
-        (loss / max(1, int(mask.sum()))).backward()
+        total, count = nll_sum(ctx.stack, inputs.output, batch)
+        (total / max(1, count)).backward()
