@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    import torch
 
 CACHE_ENV = "LAYERPRUNE_CACHE"
 
@@ -29,12 +30,16 @@ class RunSettings(BaseModel):
     allow_pickle: bool = Field(False, description="Allow checkpoints stored only as pickle .bin files")
     trust_remote_code: bool = Field(False, description="Run model code shipped with a hub checkpoint")
 
-    def resolved_device(self) -> torch.device:
+    def resolved_device(self) -> "torch.device":
+        import torch
+
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
 
-    def resolved_dtype(self) -> torch.dtype:
+    def resolved_dtype(self) -> "torch.dtype":
+        import torch
+
         if self.dtype == "auto":
             return torch.bfloat16 if self.resolved_device().type == "cuda" else torch.float32
         return getattr(torch, self.dtype)

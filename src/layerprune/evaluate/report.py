@@ -91,7 +91,8 @@ def _cell(value: Any, percent: bool = False) -> str:
 
 
 def format_comparison(rows: list[dict[str, Any]], roles: list[str]) -> str:
-    extra = [c for c in ("retention_pruned", "retention_recovered", "recovered_share") if any(c in r for r in rows)]
+    extra = [c for c in ("retention_pruned", "retention_recovered", "recovered_share")
+             if any(r.get(c) is not None for r in rows)]
     head = ["task", "metric", *roles, *extra]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
