@@ -244,7 +244,8 @@ def test_comparison_with_tokenizer_warning(capsys, tmp_path, tiny_models, caplog
     for name in ("comparison.md", "comparison.json", "tasks_generative.png", "averages.png"):
         assert (tmp_path / "cmp" / name).is_file()
     assert (tmp_path / "cmp" / "baseline" / "summary.json").is_file()
-    assert "| task | metric | baseline | pruned | recovered | retention_pruned |" in out
+    # retention columns are hidden when every baseline score is 0 (a tiny random model), so check the roles only
+    assert "| task | metric | baseline | pruned | recovered |" in out
 
 
 # report -------------------------------------------------------------------------------------------------

@@ -115,3 +115,14 @@ def test_from_unknown_stage(capsys, tiny_run):
     recipe, _ = tiny_run
     code, _, err = run_cli(capsys, ["run", str(recipe), "--from", "recovr"])
     assert_one_line_error(code, err, "did you mean: recover")
+
+
+@pytest.mark.parametrize("name", ["importance-qwen25-7b", "importance-llama31-8b"])
+def test_importance_study_recipes_load_and_flags_override_them(name):
+    from layerprune.analyze.cli import build_config
+    from layerprune.cli import build_parser
+
+    args = build_parser().parse_args(["analyze", "importance", "--recipe", name, "--samples", "3"])
+    config, _ = build_config(args)
+    assert len(config.models) == 4 and config.tasks == ["gsm8k", "triviaqa"]
+    assert config.samples == 3  # the flag beats the recipe's 200

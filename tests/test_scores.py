@@ -73,10 +73,11 @@ def test_mixed_calibration_takes_an_equal_share():
     assert len(calib.items) == 5 and " + " in calib.description
 
 
-@pytest.fixture
-def tiny_ctx(tiny_llama):
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
-    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+@pytest.fixture(params=["llama", "gemma3_text", "qwen2", "phi3"])
+def tiny_ctx(request, tiny_models):
+    path = tiny_models(request.param, 6)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
     calib = arithmetic_calib(6, 0, None)
     batches = tokenize_calibration(calib, tokenizer, 64, 4)
     return ScoreContext(model=model, tokenizer=tokenizer, stack=find_decoder_stack(model), batches=batches,

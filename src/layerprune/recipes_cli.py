@@ -44,7 +44,8 @@ class RecipeKind:
 RECIPE_KINDS: dict[str, RecipeKind] = {
     "recover": RecipeKind("recover", "layerprune.recover.schema:RecoverRecipe"),
     "run": RecipeKind(".", "layerprune.pipeline.recipe:RunRecipe"),
-    "study": RecipeKind("studies", "layerprune.pipeline.recipe:RunRecipe"),
+    "study": RecipeKind("studies", "layerprune.pipeline.recipe:RunRecipe", "limits-*.yaml"),
+    "importance": RecipeKind("studies", "layerprune.analyze.schemas:ImportanceAnalysis", "importance-*.yaml"),
 }
 
 
@@ -75,7 +76,7 @@ def find_recipe(name_or_path: str | Path, kind: str | None = None) -> tuple[str 
 def _kind_of(path: Path) -> str | None:
     resolved = path.resolve()
     for kind, spec in RECIPE_KINDS.items():
-        if resolved.parent == spec.directory().resolve():
+        if resolved.parent == spec.directory().resolve() and resolved.match(spec.glob):
             return kind
     return None
 

@@ -35,7 +35,8 @@ def _list_parser(item_type: type) -> Any:
     return parse
 
 
-def _flag_kwargs(annotation: Any) -> dict[str, Any]:
+def flag_kwargs(annotation: Any) -> dict[str, Any]:
+    """argparse keyword arguments (type, choices or action) for a field annotation."""
     annotation = _strip_optional(annotation)
     origin = typing.get_origin(annotation)
     if annotation is bool:
@@ -62,7 +63,7 @@ def add_schema_args(parser: argparse.ArgumentParser, schema: type[BaseModel], sk
         if default not in (None, [], ()) and not callable(default):
             help_text += f" (default: {default})".replace("%", "%%")
         flags = ["--" + name.replace("_", "-"), *(aliases or {}).get(name, [])]
-        target.add_argument(*flags, dest=name, default=argparse.SUPPRESS, help=help_text, **_flag_kwargs(field.annotation))
+        target.add_argument(*flags, dest=name, default=argparse.SUPPRESS, help=help_text, **flag_kwargs(field.annotation))
 
 
 def explicit_values(args: argparse.Namespace, schema: type[BaseModel]) -> dict[str, Any]:

@@ -34,6 +34,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="analysis", metavar="ANALYSIS", required=True)
     for name, (schema, summary, list_flags) in SUBCOMMANDS.items():
         command = sub.add_parser(name, help=summary, description=summary)
+        command.add_argument("--recipe", default=None,
+                             help="YAML file (or shipped name) with these fields; flags override it")
         add_schema_args(command, schema, skip=list_flags)
         for flag in list_flags:
             add_list_flag(command, schema, flag)
@@ -51,7 +53,13 @@ def build_config(args: argparse.Namespace) -> tuple[Any, RunSettings]:
     for flag in list_flags:
         if flag in values:
             values[flag] = flatten(values[flag])
-    return build_schema(schema, values), build_schema(RunSettings, explicit_values(args, RunSettings))
+    base: dict[str, Any] = {}
+    if getattr(args, "recipe", None):
+        from layerprune.recipes_cli import RECIPE_KINDS, find_recipe, read_recipe_dict
+
+        _, path = find_recipe(args.recipe, args.analysis if args.analysis in RECIPE_KINDS else None)
+        base = read_recipe_dict(path)
+    return build_schema(schema, base, values), build_schema(RunSettings, explicit_values(args, RunSettings))
 
 
 def analysis_function(name: str) -> Callable[[Any, RunSettings, Path], dict[str, Any]]:

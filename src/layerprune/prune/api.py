@@ -50,6 +50,10 @@ def prune_model(
     if output is not None and not dry_run:
         check_output_dir(output, overwrite, (Path(source.location),) if source.is_local else ())
     loaded = load_model(source, settings)
+    if source.kind == "local":  # the exact weights pruned (memoized; evaluate reuses the same memo)
+        from layerprune.evaluate.results import model_hash
+
+        source.identity["weights_sha256"] = model_hash(source, settings.resolved_cache_dir() / "eval")
     depth = len(find_decoder_stack(loaded.model))
     protected = recipe.protected_blocks(depth)
     check_request(recipe, depth, protected)

@@ -96,28 +96,67 @@ def masked_nll(stack: DecoderStack, hidden: torch.Tensor, batch: CalibBatch) -> 
     return float(total), count
 
 
+FINAL = -1  # key of the last kept block's output in `prefix_states`
+
+
 def prefix_states(stack: DecoderStack, inputs: BlockInputs, kept: Sequence[int]) -> dict[int, torch.Tensor]:
-    """The hidden state entering each kept block in the model made of `kept` blocks only."""
+    """The hidden state entering each kept block in the model made of `kept` blocks only (FINAL: its output)."""
     if len(kept) == len(inputs.call_args) and len(inputs.hidden[-1]):
-        return dict(zip(kept, inputs.hidden))
+        return {**dict(zip(kept, inputs.hidden)), FINAL: inputs.output}
     states: dict[int, torch.Tensor] = {}
     hidden = inputs.hidden[0]
     for index in kept:
         states[index] = hidden
         hidden = run_blocks(stack, inputs, hidden, [index])
+    states[FINAL] = hidden
     return states
 
 
 def candidate_losses(
-    stack: DecoderStack, inputs: BlockInputs, kept: Sequence[int], candidates: Sequence[int]
+    stack: DecoderStack, inputs: BlockInputs, kept: Sequence[int], candidates: Sequence[int],
+    states: dict[int, torch.Tensor] | None = None,
 ) -> dict[int, tuple[float, int]]:
-    """NLL (sum, count) of the `kept` model with each candidate removed, from the shared prefix."""
-    states = prefix_states(stack, inputs, kept)
-    losses = {}
-    for candidate in candidates:
-        rest = kept[kept.index(candidate) + 1 :]
-        losses[candidate] = masked_nll(stack, run_blocks(stack, inputs, states[candidate], rest), inputs.batch)
-    return losses
+    """NLL (sum, count) of the `kept` model with each candidate removed, from the shared prefix.
+
+    All candidates advance together, block by block: the ones already skipped are stacked along the batch
+    axis, so each kept block runs once per step on a bigger batch instead of once per candidate.
+    """
+    states = states if states is not None else prefix_states(stack, inputs, kept)
+    wanted = set(candidates)
+    order: list[int] = []
+    active: torch.Tensor | None = None
+    for index in kept:
+        if active is not None:
+            active = _run_stacked(stack, inputs, index, active, len(order))
+        if index in wanted:  # skipping `index`: its output is its input
+            order.append(index)
+            active = states[index] if active is None else torch.cat([active, states[index]])
+    if active is None:
+        return {}
+    finals = active.chunk(len(order))
+    return {c: masked_nll(stack, final, inputs.batch) for c, final in zip(order, finals)}
+
+
+def _run_stacked(stack: DecoderStack, inputs: BlockInputs, index: int, hidden: torch.Tensor, copies: int) -> torch.Tensor:
+    """Block `index` on `copies` batches stacked along dim 0, its recorded arguments repeated to match."""
+    args, kwargs = inputs.call_args[index]
+    size = inputs.batch.input_ids.shape[0]
+    args = tuple(_repeat(a, size, copies) for a in args)
+    kwargs = {k: _repeat(v, size, copies) for k, v in kwargs.items()}
+    return block_output(stack.layers[index](hidden, *args, **kwargs))
+
+
+def _repeat(value: Any, size: int, copies: int) -> Any:
+    """Tile per-example tensors (first dim == batch size) `copies` times; broadcastable ones stay as they are."""
+    if copies == 1:
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.repeat(copies, *([1] * (value.dim() - 1))) if value.dim() and value.shape[0] == size else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_repeat(v, size, copies) for v in value)
+    if isinstance(value, dict):
+        return {k: _repeat(v, size, copies) for k, v in value.items()}
+    return value
 
 
 def model_loss(stack: DecoderStack, inputs: BlockInputs, kept: Sequence[int]) -> tuple[float, int]:

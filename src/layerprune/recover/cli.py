@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from layerprune.errors import LayerpruneError
-from layerprune.schema_cli import _flag_kwargs, add_schema_args, explicit_values, validation_message
+from layerprune.schema_cli import flag_kwargs, add_schema_args, explicit_values, validation_message
 from layerprune.settings import RunSettings
 
 TOP_LEVEL = ("model", "teacher", "drop_blocks", "method")
@@ -47,7 +47,7 @@ def add_section_args(group: Any, section: str, schema: type[BaseModel]) -> None:
         flags = [f"--{section}-{name}".replace("_", "-")] + ([ALIASES[dest]] if dest in ALIASES else [])
         default = field.get_default(call_default_factory=True)
         help_text = (field.description or "") + (f" (default: {default})" if default is not None else "")
-        kwargs = _flag_kwargs(field.annotation)
+        kwargs = flag_kwargs(field.annotation)
         if "type" in kwargs:
             kwargs["metavar"] = name.upper()
         group.add_argument(*flags, dest=dest, default=argparse.SUPPRESS, help=help_text.replace("%", "%%"), **kwargs)

@@ -9,7 +9,8 @@ import torch
 from layerprune.errors import LayerpruneError
 from layerprune.models.blocks import skipped_blocks
 from layerprune.prune.calib import CalibItem, extract_last_number
-from layerprune.prune.forward import BlockInputs, candidate_losses, capture_block_inputs, masked_nll, run_blocks
+from layerprune.prune.forward import (FINAL, BlockInputs, candidate_losses, capture_block_inputs, masked_nll,
+                                      prefix_states)
 from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult
 
 
@@ -54,9 +55,9 @@ def _nll_losses(
             inputs = cache[number] if number < len(cache) else capture_block_inputs(ctx.stack, batch, keep_hidden=full)
             if not full and number >= len(cache):
                 cache.append(inputs)
-            hidden = inputs.output if full else run_blocks(ctx.stack, inputs, inputs.hidden[0], kept)
-            _add(totals[-1], masked_nll(ctx.stack, hidden, batch))
-            for candidate, loss in candidate_losses(ctx.stack, inputs, kept, candidates).items():
+            states = prefix_states(ctx.stack, inputs, kept)  # one pass gives every prefix and the base loss
+            _add(totals[-1], masked_nll(ctx.stack, states[FINAL], batch))
+            for candidate, loss in candidate_losses(ctx.stack, inputs, kept, candidates, states).items():
                 _add(totals[candidate], loss)
             if ctx.progress:
                 ctx.progress("ablation", 1)
