@@ -4,7 +4,7 @@
     .venv/bin/python bench/bench_prune.py --samples 8     # quicker
 
 Each arm runs in its own subprocess (same model, same calibration batches) so that its peak memory
-(ru_maxrss, minus the process's size right after loading) can be reported; times exclude loading.
+(VmHWM, minus the process's size right after loading) can be reported; times exclude loading.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -25,7 +24,9 @@ ARMS = ["forward", "influence", "angular", "naive_oneshot", "fast_oneshot", "nai
 
 
 def rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak RSS (VmHWM: unlike ru_maxrss, not inherited from the parent across exec)."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
 
 
 def setup(args):  # noqa: ANN001, ANN201

@@ -18,7 +18,7 @@ SMALL = dict(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidde
 
 # runs in a fresh process: peak RSS minus RSS after imports = weights + grads + optimizer + activations
 PROBE = textwrap.dedent("""
-    import json, resource, sys, torch
+    import json, sys, torch
     from transformers import LlamaConfig, AutoModelForCausalLM
     spec = json.loads(sys.argv[1])
     torch.manual_seed(0); torch.set_num_threads(2)
@@ -41,7 +41,8 @@ PROBE = textwrap.dedent("""
     for _ in range(2):
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # VmHWM is this process's own peak; ru_maxrss would carry the forking parent's size across exec
+    peak = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:"))
     print(json.dumps({"peak_delta": peak - base}))
 """)
 
