@@ -272,3 +272,77 @@ def test_compare_retention_and_recovered_share(tmp_path):
     assert "| arc_easy | acc | 0.8000 | 0.6000 | 0.7000 | 75.0% | 87.5% | 50.0% |" in report["table"]
     for name in ("comparison.md", "tasks_classification.png", "tasks_generative.png", "averages.png"):
         assert (tmp_path / "r" / name).stat().st_size > 0
+
+
+# mmlu: lm-eval's 57 subject tasks over one local file, aggregated like lm-eval's group ---------------------
+
+def mmlu_subjects() -> list[str]:
+    import yaml
+
+    from layerprune.evaluate.offline import lm_eval_tasks_dir
+
+    files = sorted((lm_eval_tasks_dir() / "mmlu" / "default").glob("mmlu_*.yaml"))
+    return [yaml.safe_load(path.read_text())["dataset_name"] for path in files]
+
+
+def write_mmlu(root: Path, per_subject: int = 2) -> list[str]:
+    subjects = mmlu_subjects()
+    for split in ("test", "dev"):
+        write_rows(root, "mmlu", split, [
+            {"question": f"{split} {subject} question {i}?", "subject": subject,
+             "choices": [f"{subject} {i}", "two", "three", "four"], "answer": i % 4}
+            for subject in subjects for i in range(per_subject)])
+    return subjects
+
+
+def test_mmlu_is_in_classification_only_where_its_data_is(tmp_path, data_dir, shared_data, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    planned, skipped = plan_tasks(EvalSettings(suite="classification", limit=2), data_dir)
+    assert "mmlu" not in {t.spec.name for t in planned} and str(data_dir / "mmlu") in skipped["mmlu"]
+    assert "mmlu" in {t.spec.name for t in plan_tasks(EvalSettings(suite="classification"), None)[0]}  # hub user
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert "mmlu" in plan_tasks(EvalSettings(suite="classification"), shared_data)[1]
+    with pytest.raises(LayerpruneError, match="no data for task 'arc_easy'.*hub is offline"):  # before any model loads
+        plan_tasks(EvalSettings(suite="classification"), None)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    write_mmlu(data_dir)
+    assert "mmlu" in {t.spec.name for t in plan_tasks(EvalSettings(suite="classification"), data_dir)[0]}
+    assert "mmlu" not in {t.spec.name for t in plan_tasks(EvalSettings(suite="quick"), data_dir)[0]}
+
+
+def test_mmlu_subjects_read_their_own_rows_and_shots(data_dir):
+    from lm_eval.tasks import TaskManager
+
+    from layerprune.evaluate.offline import lm_eval_configs
+
+    subjects = write_mmlu(data_dir)
+    assert len(subjects) == 57
+    configs = lm_eval_configs(TASKS.get("mmlu"), data_dir)
+    task = TaskManager(include_defaults=False).load([configs[3]])["tasks"][configs[3]["task"]]
+    subject = subjects[3]
+    assert {d["subject"] for d in task.test_docs()} == {subject} and len(task.test_docs()) == 2
+    assert [d["question"] for d in task.fewshot_docs()] == [f"dev {subject} question {i}?" for i in range(2)]
+    assert task.config.description.endswith(f"about {subject.replace('_', ' ')}.\n\n")  # lm-eval's own prompt
+
+
+def test_mmlu_fewshot_pool_is_per_subject(data_dir):
+    write_mmlu(data_dir, per_subject=2)
+    with pytest.raises(LayerpruneError, match="few-shot pool of 'mmlu' .2 examples.*subject"):
+        plan_tasks(EvalSettings(tasks=["mmlu"], num_fewshot=3), data_dir)
+
+
+def test_mmlu_group_score_is_lm_eval_size_weighted_mean(tmp_path, data_dir, tiny_llama):
+    from layerprune.evaluate import evaluate_model
+
+    write_mmlu(data_dir, per_subject=2)
+    settings = EvalSettings(tasks=["mmlu"], limit=2, num_fewshot=1, data_dir=data_dir, batch_size="16")
+    summary = evaluate_model(str(tiny_llama), settings, RunSettings(cache_dir=tmp_path / "c"),
+                             output_dir=tmp_path / "o")
+    (row,) = [r for r in summary.results if r.task == "mmlu"]
+    raw = json.loads((tmp_path / "o" / "results" / "mmlu.json").read_text())
+    subs = {k: v for k, v in raw["results"].items() if k.startswith("mmlu_")}
+    assert len(subs) == 57 and row.n == 114
+    assert row.value == pytest.approx(sum(v["acc,none"] for v in subs.values()) / 57)
+    samples = (tmp_path / "o" / "samples" / "mmlu.jsonl").read_text().splitlines()
+    assert len(samples) == 114 and all(json.loads(s)["subtask"].startswith("mmlu_") for s in samples)

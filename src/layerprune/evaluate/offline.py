@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import collections
+import functools
+import json
 import logging
 import os
 from pathlib import Path
@@ -64,16 +67,56 @@ def local_overrides(spec: TaskSpec, data_dir: Path) -> dict[str, Any]:
 
 def lm_eval_config(spec: TaskSpec, data_dir: Path | None) -> dict[str, Any]:
     """lm-eval's task config for `spec` (functions resolved), with local files when there are some."""
-    from lm_eval.tasks._yaml_loader import load_yaml
-
-    assert spec.lm_eval_yaml is not None
-    config = load_yaml(lm_eval_tasks_dir() / spec.lm_eval_yaml, resolve_func=True)
-    for key in ("tag", "group"):
-        config.pop(key, None)
+    assert spec.lm_eval_yaml is not None and spec.subtask_field is None
+    config = _load_config(lm_eval_tasks_dir() / spec.lm_eval_yaml)
     if check_local_data(spec, data_dir):
         assert data_dir is not None
         config.update(local_overrides(spec, data_dir))
     return config
+
+
+def lm_eval_configs(spec: TaskSpec, data_dir: Path | None) -> list[dict[str, Any]]:
+    """One config per lm-eval task behind `spec`: itself, or every subtask of a group such as mmlu."""
+    if spec.subtask_field is None:
+        return [lm_eval_config(spec, data_dir)]
+    assert spec.lm_eval_yaml is not None
+    local = check_local_data(spec, data_dir)
+    configs = []
+    for path in sorted((lm_eval_tasks_dir() / spec.lm_eval_yaml).glob(f"{spec.name}_*.yaml")):
+        config = _load_config(path)
+        if local:
+            assert data_dir is not None
+            subset = config["dataset_name"]  # the hub config of this subject is the value of the split column
+            config.update(local_overrides(spec, data_dir))
+            config["process_docs"] = functools.partial(only_rows_where, field=spec.subtask_field, value=subset)
+        configs.append(config)
+    if not configs:
+        raise LayerpruneError(f"lm-eval {_lm_eval_version()} has no {spec.name} subtasks in {spec.lm_eval_yaml}")
+    return configs
+
+
+def only_rows_where(dataset: Any, field: str, value: str) -> Any:
+    """The rows of one subtask (one MMLU subject) out of a file that holds them all."""
+    return dataset.filter(_field_is, fn_kwargs={"field": field, "value": value})
+
+
+def _field_is(row: dict[str, Any], field: str, value: str) -> bool:
+    return bool(row[field] == value)
+
+
+def _load_config(path: Path) -> dict[str, Any]:
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    config: dict[str, Any] = load_yaml(path, resolve_func=True)
+    for key in ("tag", "group"):
+        config.pop(key, None)
+    return config
+
+
+def _lm_eval_version() -> str:
+    import importlib.metadata
+
+    return importlib.metadata.version("lm_eval")
 
 
 def write_task_yaml(spec: TaskSpec, data_dir: Path, folder: Path) -> Path:
@@ -100,6 +143,11 @@ def check_fewshot_pool(spec: TaskSpec, data_dir: Path | None, num_fewshot: int) 
     if not path.is_file():
         return
     pool = count_rows(path) - (spec.fewshot_split == spec.eval_split)
+    where = f"{path}"
+    if spec.subtask_field is not None:  # each subtask draws from its own rows
+        counts = collections.Counter(json.loads(line)[spec.subtask_field] for line in path.open() if line.strip())
+        smallest, pool = min(counts.items(), key=lambda item: item[1]) if counts else ("", 0)
+        where = f"{path}, {spec.subtask_field} '{smallest}'"
     if num_fewshot > pool:
         raise LayerpruneError(f"--num-fewshot {num_fewshot} is larger than the few-shot pool of '{spec.name}' "
-                              f"({pool} examples in {path})")
+                              f"({pool} examples in {where})")

@@ -24,7 +24,8 @@ class TaskSpec:
     lm_eval_yaml: str | None = None  # path under lm_eval/tasks/
     splits: dict[str, str] = field(default_factory=dict)  # lm-eval split key -> mirror split
     chat_protocol: bool = False  # --chat-template auto applies the template to this task
-    optional: bool = False  # suites skip it (with a warning) when its data is not there
+    optional: bool = False  # suites skip it when a data mirror is set up without it, or the hub is offline
+    subtask_field: str | None = None  # a group (mmlu): lm-eval_yaml is a folder of subtasks, split by this column
     probe: dict[str, object] = field(default_factory=dict)  # arguments for layerprune.probes
 
     @property
@@ -61,6 +62,10 @@ for _name, _yaml, _splits, _metrics in [
 ]:
     add_task(TaskSpec(_name, "classification", "lm_eval", _metrics, _name, _yaml, _splits))
 
+# MMLU: lm-eval's 57 subject tasks (mmlu/default), aggregated as lm-eval's `mmlu` group does (weighted by size).
+# Locally it reads the hub's "all" config: <data-dir>/mmlu/{test,dev}.jsonl with a `subject` column.
+add_task(TaskSpec("mmlu", "classification", "lm_eval", ("acc",), "mmlu", "mmlu/default",
+                  {"test_split": "test", "fewshot_split": "dev"}, optional=True, subtask_field="subject"))
 add_task(TaskSpec("gsm8k", "generative", "lm_eval", ("exact_match,strict-match", "exact_match,flexible-extract"),
                   "gsm8k", "gsm8k/gsm8k.yaml", {"fewshot_split": "train", "training_split": "train",
                                                 "test_split": "test"}, chat_protocol=True))

@@ -74,6 +74,33 @@ def _number(value: Any) -> float | None:
     return None if math.isnan(number) else number
 
 
+def aggregate_group(spec: TaskSpec, raw: dict[str, Any]) -> None:
+    """Add a group's own entry to lm-eval's results, as lm-eval's group config does it (mmlu: weighted by size).
+
+    The subtasks' entries stay; samples are merged under the group's name, each marked with its subtask.
+    """
+    from lm_eval.api.metrics import aggregate_subtask_metrics, pooled_sample_stderr
+
+    prefix = f"{spec.name}_"
+    names = sorted(name for name in raw["results"] if name.startswith(prefix))
+    sizes = [int(raw["n-samples"][name]["effective"]) for name in names]
+    scores: dict[str, Any] = {"alias": spec.name}
+    for metric in spec.metrics:
+        name, _, filt = metric.partition(",")
+        key, err_key = f"{name},{filt or 'none'}", f"{name}_stderr,{filt or 'none'}"
+        values = [_number(raw["results"][sub].get(key)) for sub in names]
+        if not names or any(v is None for v in values):
+            continue
+        scores[key] = aggregate_subtask_metrics(values, sizes, weight_by_size=True)
+        errors = [_number(raw["results"][sub].get(err_key)) for sub in names]
+        scores[err_key] = pooled_sample_stderr(errors, sizes) if all(e is not None for e in errors) else None
+    raw["results"][spec.name] = scores
+    raw.setdefault("n-samples", {})[spec.name] = {"effective": sum(sizes), "original": sum(
+        int(raw["n-samples"][name].get("original", 0)) for name in names)}
+    samples = raw.get("samples", {})
+    samples[spec.name] = [{**sample, "subtask": name} for name in names for sample in samples.pop(name, [])]
+
+
 def summarize(spec: TaskSpec, raw: dict[str, Any], settings: dict[str, Any], seconds: float) -> list[TaskResult]:
     """Pick the task's metrics (headline first) out of lm-eval's results dict."""
     scores = raw["results"][spec.name]

@@ -15,9 +15,10 @@ from typing import Any, Callable
 
 from layerprune.data import resolve_data_dir
 from layerprune.errors import LayerpruneError, one_line
-from layerprune.evaluate.offline import lm_eval_config
+from layerprune.evaluate.offline import lm_eval_configs
 from layerprune.evaluate.project_tasks import humaneval_config, probe_config
-from layerprune.evaluate.results import cache_path, model_hash, read_cached, summarize, write_cached
+from layerprune.evaluate.results import (aggregate_group, cache_path, model_hash, read_cached, summarize,
+                                         write_cached)
 from layerprune.evaluate.sandbox import SandboxLimits
 from layerprune.evaluate.schema import EvalSettings, Summary, TaskResult
 from layerprune.evaluate.suites import PlannedTask, plan_tasks
@@ -83,20 +84,22 @@ def _data_identity(task: PlannedTask, settings: EvalSettings) -> str | None:
     return ";".join(f"{p.name}:{p.stat().st_size}" for p in files) or "hub"
 
 
-def task_config(task: PlannedTask, settings: EvalSettings, data_dir: Path | None) -> dict[str, Any]:
+def task_configs(task: PlannedTask, settings: EvalSettings, data_dir: Path | None) -> list[dict[str, Any]]:
+    """The lm-eval task configs behind one of our tasks (several for a group such as mmlu)."""
     spec = task.spec
     if spec.source == "probe":
-        return probe_config(spec, settings.probe_seed)
+        return [probe_config(spec, settings.probe_seed)]
     if spec.source == "humaneval":
         limits = SandboxLimits(timeout_s=settings.sandbox_timeout, memory_mb=settings.sandbox_memory_mb)
-        return humaneval_config(spec, data_dir, limits)
-    return lm_eval_config(spec, data_dir)
+        return [humaneval_config(spec, data_dir, limits)]
+    return lm_eval_configs(spec, data_dir)
 
 
-def build_task(manager: Any, config: dict[str, Any], spec_name: str, data_hint: str) -> Any:
-    """lm-eval Task object for a config dict (this downloads or reads the data)."""
+def build_tasks(manager: Any, configs: list[dict[str, Any]], spec_name: str, data_hint: str) -> list[Any]:
+    """lm-eval Task objects for config dicts (this downloads or reads the data)."""
     try:
-        return manager.load([config])["tasks"][spec_name]
+        tasks = manager.load(configs)["tasks"]
+        return [tasks[config["task"]] for config in configs]
     except LayerpruneError:
         raise
     except Exception as exc:  # datasets raises many types for missing files or no network
@@ -134,15 +137,17 @@ def run_task(handle: ModelHandle, task: PlannedTask, settings: EvalSettings, cha
 
     manager = TaskManager(include_defaults=False)  # configs come whole; indexing lm-eval's ~14k YAMLs takes a minute
     hint = f"put it at {data_dir or '<data-dir>'}/{task.spec.dataset}/ (--data-dir)"
-    lm_task = build_task(manager, task_config(task, settings, data_dir), task.spec.name, hint)
+    lm_tasks = build_tasks(manager, task_configs(task, settings, data_dir), task.spec.name, hint)
     gen = {"max_gen_toks": task.max_gen_toks} if task.max_gen_toks else None
     raw = lm_eval.simple_evaluate(
-        model=make_lm(handle, settings), tasks=[lm_task], num_fewshot=task.num_fewshot, limit=task.limit,
+        model=make_lm(handle, settings), tasks=lm_tasks, num_fewshot=task.num_fewshot, limit=task.limit,
         apply_chat_template=chat, fewshot_as_multiturn=chat, gen_kwargs=gen, log_samples=True,
         confirm_run_unsafe_code=True, task_manager=manager,
     )
     if raw is None:
         raise LayerpruneError(f"lm-eval returned no results for {task.spec.name}")
+    if task.spec.subtask_field is not None:
+        aggregate_group(task.spec, raw)
     return raw
 
 
@@ -223,7 +228,8 @@ def evaluate_model(
     entries = {}
     for index, task in enumerate(planned, 1):
         chat = applies_chat(task, settings.chat_template, template)
-        (progress or log.info)(f"[{index}/{len(planned)}] {task.spec.name} (limit {task.limit}, chat {chat})")
+        limit = "all" if task.limit is None else f"{task.limit:g}"
+        (progress or log.info)(f"[{index}/{len(planned)}] {task.spec.name} (limit {limit}, chat {chat})")
         entries[task.spec.name] = evaluate_task(handle, task, settings, chat, data_dir, cache_root)
     summary = Summary(
         model={"spec": handle.source.spec, "location": handle.source.location, "kind": handle.source.kind,

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from layerprune.errors import LayerpruneError
-from layerprune.evaluate.offline import check_fewshot_pool, missing_splits
+from layerprune.evaluate.offline import check_fewshot_pool, check_local_data, hub_offline, missing_splits
 from layerprune.evaluate.registry import TASKS, TaskSpec
 from layerprune.evaluate.schema import EvalSettings, Suite, TaskSettings
 from layerprune.registry import unknown_name_message
@@ -89,8 +89,8 @@ def plan_tasks(settings: EvalSettings, data_dir: Path | None) -> tuple[list[Plan
     planned, skipped = [], {}
     for name, chain in dict(entries).items():
         spec = TASKS.get(name)
-        if from_suite and spec.optional and spec.dataset and missing_splits(spec, data_dir):
-            skipped[name] = f"no data at {missing_splits(spec, data_dir)[0]}"
+        if from_suite and (reason := _skip_reason(spec, data_dir)):
+            skipped[name] = reason
             continue
         planned.append(_plan_one(spec, _suite_settings(spec, chain), settings, data_dir))
     if not planned:
@@ -98,7 +98,22 @@ def plan_tasks(settings: EvalSettings, data_dir: Path | None) -> tuple[list[Plan
     return planned, skipped
 
 
+def _skip_reason(spec: TaskSpec, data_dir: Path | None) -> str | None:
+    """Why a suite leaves out an optional task: its files are not in the data mirror in use, or the hub is offline.
+
+    Without any mirror (a user with the hub) it is read from the hub like every other task.
+    """
+    if not spec.optional or spec.dataset is None:
+        return None
+    missing = missing_splits(spec, data_dir)
+    if not missing or (data_dir is None and not hub_offline()):
+        return None
+    return f"no data at {missing[0]} (--tasks {spec.name} reads it from the hub)"
+
+
 def _plan_one(spec: TaskSpec, suite: TaskSettings, settings: EvalSettings, data_dir: Path | None) -> PlannedTask:
+    if spec.dataset is not None and hub_offline() and missing_splits(spec, data_dir):
+        check_local_data(spec, data_dir)  # fails now, naming the missing file, rather than after the model loads
     fewshot = settings.num_fewshot if settings.num_fewshot is not None else suite.num_fewshot
     if spec.source != "lm_eval":
         fewshot = 0  # probes carry their own shots; HumanEval+ is zero-shot
