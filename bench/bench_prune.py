@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ARMS = ["forward", "influence", "angular", "naive_oneshot", "fast_oneshot", "naive_iterative", "fast_iterative",
-        "reload_iterative_step1"]
+ARMS = ["forward", "influence", "angular", "naive_oneshot", "fast_oneshot", "fast_oneshot_stacked", "naive_iterative",
+        "fast_iterative", "reload_iterative_step1"]
 
 
 def rss_mb() -> float:
@@ -79,11 +79,11 @@ def reload_loss(loaded, batches, skip, workdir):  # noqa: ANN001, ANN201
     return loss
 
 
-def context(loaded, stack, calib, batches, drop, iterative):  # noqa: ANN001, ANN201
+def context(loaded, stack, calib, batches, drop, iterative, stacked=1):  # noqa: ANN001, ANN201
     from layerprune.prune.scores import ScoreContext
 
     return ScoreContext(model=loaded.model, tokenizer=loaded.tokenizer, stack=stack, batches=batches, calib=calib,
-                        drop=drop, protected=[0], iterative=iterative)
+                        drop=drop, protected=[0], iterative=iterative, stack_candidates=stacked)
 
 
 def run_arm(arm: str, args) -> dict:  # noqa: ANN001
@@ -118,8 +118,9 @@ def _run_once(arm, args, loaded, stack, calib, batches, depth):  # noqa: ANN001,
                               context(loaded, stack, calib, batches, args.drop, False)).drop
     elif arm == "naive_oneshot":
         result = [naive_loss(loaded.model, stack, batches, [c]) for c in range(depth)]
-    elif arm == "fast_oneshot":
-        res = score_blocks("ablation", context(loaded, stack, calib, batches, args.drop, False))
+    elif arm in ("fast_oneshot", "fast_oneshot_stacked"):
+        stacked = 0 if arm == "fast_oneshot_stacked" else 1  # 0: every candidate in one stacked batch
+        res = score_blocks("ablation", context(loaded, stack, calib, batches, args.drop, False, stacked))
         result = [s + res.details["base"] for s in res.scores]
     elif arm == "naive_iterative":
         dropped: list[int] = []
@@ -155,6 +156,7 @@ def ratio_rows(r: dict, drop: int) -> list[tuple[str, float, str]]:
             rows.append((name, r[num]["seconds"] / (r[den]["seconds"] * scale), note))
 
     add("ablation one-shot vs naive loop", "fast_oneshot", "naive_oneshot", "target <= 0.60")
+    add("ablation one-shot, --stack-candidates 0 (all), vs naive", "fast_oneshot_stacked", "naive_oneshot", "option")
     add("iterative ablation vs naive in-memory loop", "fast_iterative", "naive_iterative", "target <= 0.55")
     if "reload_iterative_step1" in r:
         depth = len(r["reload_iterative_step1"]["result"]) + 1
@@ -176,6 +178,9 @@ def report(r: dict, drop: int) -> None:
     if "naive_oneshot" in r and "fast_oneshot" in r:
         diff = max(abs(a - b) for a, b in zip(r["naive_oneshot"]["result"], r["fast_oneshot"]["result"]))
         print(f"\nmax |naive - fast| one-shot loss: {diff:.2e}")
+    if "naive_oneshot" in r and "fast_oneshot_stacked" in r:
+        diff = max(abs(a - b) for a, b in zip(r["naive_oneshot"]["result"], r["fast_oneshot_stacked"]["result"]))
+        print(f"max |naive - fast, all candidates stacked| one-shot loss: {diff:.2e}")
     if "naive_iterative" in r and "fast_iterative" in r:
         print(f"iterative drops: naive {r['naive_iterative']['result']}, fast {r['fast_iterative']['result']}")
     if "reload_iterative_step1" in r:

@@ -126,3 +126,24 @@ def test_importance_study_recipes_load_and_flags_override_them(name):
     config, _ = build_config(args)
     assert len(config.models) == 4 and config.tasks == ["gsm8k", "triviaqa"]
     assert config.samples == 3  # the flag beats the recipe's 200
+
+
+def test_run_directory_is_claimed_by_recipe_not_by_path_or_execution_settings(tiny_llama, tmp_path):
+    from layerprune.errors import LayerpruneError
+    from layerprune.pipeline.recipe import RunRecipe
+    from layerprune.pipeline.stages import RunPaths, claim_run_dir
+
+    body = tiny_recipe(tiny_llama, tmp_path / "r")
+    recipe = RunRecipe.model_validate(body)
+    run = tmp_path / "elsewhere"
+    run.mkdir()
+    # an older run.json: its fingerprint hashed the output path too; the recipe it records decides
+    recorded = recipe.model_dump(mode="json") | {"output": "some/other/path"}
+    recorded["prune"]["stack_candidates"] = 0
+    (run / "run.json").write_text(json.dumps({"name": recipe.name, "fingerprint": "old-rule", "recipe": recorded}))
+    claim_run_dir(RunPaths(run), recipe, overwrite=False)  # same recipe: accepted, nothing removed
+    assert json.loads((run / "run.json").read_text())["fingerprint"] == "old-rule"
+    recorded["prune"]["drop"] = recipe.prune.n_drop + 1
+    (run / "run.json").write_text(json.dumps({"name": recipe.name, "fingerprint": "old-rule", "recipe": recorded}))
+    with pytest.raises(LayerpruneError, match="another recipe"):
+        claim_run_dir(RunPaths(run), recipe, overwrite=False)

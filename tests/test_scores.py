@@ -95,7 +95,9 @@ def naive_loss(model, batches, skip):  # noqa: ANN001, ANN202
     return total / count
 
 
-def test_prefix_reuse_ablation_equals_naive_full_forward(tiny_ctx):
+@pytest.mark.parametrize("stacked", [0, 1, 4])
+def test_prefix_reuse_ablation_equals_naive_full_forward(tiny_ctx, stacked):
+    tiny_ctx.stack_candidates = stacked  # all candidates stacked, one at a time, groups of 4 then 2
     result = score_blocks("ablation", tiny_ctx)
     base = naive_loss(tiny_ctx.model, tiny_ctx.batches, [])
     assert result.details["base"] == pytest.approx(base, rel=1e-5)
@@ -103,8 +105,9 @@ def test_prefix_reuse_ablation_equals_naive_full_forward(tiny_ctx):
         assert score == pytest.approx(naive_loss(tiny_ctx.model, tiny_ctx.batches, [block]) - base, abs=1e-5)
 
 
-def test_iterative_ablation_equals_naive_greedy(tiny_ctx):
-    tiny_ctx.iterative = True
+@pytest.mark.parametrize("stacked", [0, 2])
+def test_iterative_ablation_equals_naive_greedy(tiny_ctx, stacked):
+    tiny_ctx.iterative, tiny_ctx.stack_candidates = True, stacked
     result = score_blocks("ablation", tiny_ctx)
     dropped: list[int] = []
     for step in result.steps:

@@ -59,7 +59,17 @@ class RunPaths:
 
 
 def recipe_fingerprint(recipe: RunRecipe) -> str:
-    return hashlib.sha256(recipe.model_dump_json(exclude={"description"}).encode()).hexdigest()[:16]
+    """What makes a run directory this recipe's: all but the prose, where it is written and settings that change no result."""
+    exclude = {"description": True, "output": True, "prune": {"stack_candidates"}}
+    return hashlib.sha256(recipe.model_dump_json(exclude=exclude).encode()).hexdigest()[:16]
+
+
+def _stored_fingerprint(state: dict) -> str | None:
+    """The fingerprint of the recipe a run directory records, by today's rule (older runs hashed more fields)."""
+    try:
+        return recipe_fingerprint(RunRecipe.model_validate(state.get("recipe")))
+    except ValueError:
+        return None
 
 
 def claim_run_dir(paths: RunPaths, recipe: RunRecipe, overwrite: bool) -> None:
@@ -67,7 +77,7 @@ def claim_run_dir(paths: RunPaths, recipe: RunRecipe, overwrite: bool) -> None:
     fingerprint = recipe_fingerprint(recipe)
     if paths.state.is_file():
         other = json.loads(paths.state.read_text())
-        if other.get("fingerprint") == fingerprint:
+        if fingerprint in (other.get("fingerprint"), _stored_fingerprint(other)):
             return
         if not overwrite:
             raise LayerpruneError(f"{paths.root} holds outputs of another recipe ('{other.get('name')}', or this one "

@@ -114,7 +114,7 @@ def _context(loaded, recipe, settings, protected, calib, batches) -> ScoreContex
         model=loaded.model, tokenizer=loaded.tokenizer, stack=find_decoder_stack(loaded.model), batches=batches,
         calib=calib or CalibSet([], "none"), drop=recipe.n_drop, protected=protected, metric=recipe.metric,
         iterative=recipe.iterative, seed=settings.seed, batch_size=recipe.batch_size,
-        max_new_tokens=recipe.max_new_tokens or (8 if only_short else 256),
+        max_new_tokens=recipe.max_new_tokens or (8 if only_short else 256), stack_candidates=recipe.stack_candidates,
     )
 
 

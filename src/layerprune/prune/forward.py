@@ -114,25 +114,37 @@ def prefix_states(stack: DecoderStack, inputs: BlockInputs, kept: Sequence[int])
 
 def candidate_losses(
     stack: DecoderStack, inputs: BlockInputs, kept: Sequence[int], candidates: Sequence[int],
-    states: dict[int, torch.Tensor] | None = None,
+    states: dict[int, torch.Tensor] | None = None, group: int = 0,
 ) -> dict[int, tuple[float, int]]:
     """NLL (sum, count) of the `kept` model with each candidate removed, from the shared prefix.
 
-    All candidates advance together, block by block: the ones already skipped are stacked along the batch
-    axis, so each kept block runs once per step on a bigger batch instead of once per candidate.
+    Candidates advance together, block by block: the ones already skipped are stacked along the batch axis, so
+    each kept block runs once per step on a bigger batch instead of once per candidate. `group` caps how many are
+    stacked at once (0: all of them; 1: one at a time, the least memory); each group starts from its own prefix.
     """
     states = states if states is not None else prefix_states(stack, inputs, kept)
     wanted = set(candidates)
+    ordered = [index for index in kept if index in wanted]
+    size = group if group > 0 else max(len(ordered), 1)
+    losses: dict[int, tuple[float, int]] = {}
+    for start in range(0, len(ordered), size):
+        losses.update(_stacked_losses(stack, inputs, kept, ordered[start : start + size], states))
+    return losses
+
+
+def _stacked_losses(stack: DecoderStack, inputs: BlockInputs, kept: Sequence[int], candidates: Sequence[int],
+                    states: dict[int, torch.Tensor]) -> dict[int, tuple[float, int]]:
+    """`candidate_losses` for one group of candidates, all stacked."""
+    wanted = set(candidates)
     order: list[int] = []
     active: torch.Tensor | None = None
-    for index in kept:
+    for index in kept[kept.index(candidates[0]):]:
         if active is not None:
             active = _run_stacked(stack, inputs, index, active, len(order))
         if index in wanted:  # skipping `index`: its output is its input
             order.append(index)
             active = states[index] if active is None else torch.cat([active, states[index]])
-    if active is None:
-        return {}
+    assert active is not None
     finals = active.chunk(len(order))
     return {c: masked_nll(stack, final, inputs.batch) for c, final in zip(order, finals)}
 

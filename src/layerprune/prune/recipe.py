@@ -27,6 +27,10 @@ class PruneRecipe(BaseModel):
     calib_samples: int = Field(32, ge=1, description="Number of calibration items")
     calib_seq_len: int = Field(256, ge=8, description="Longest calibration sequence in tokens")
     batch_size: int = Field(8, ge=1, description="Calibration batch size")
+    stack_candidates: int = Field(
+        1, ge=0, description="Ablation candidates that advance together as one stacked batch (0 = all); 1, one at "
+        "a time, used the least memory and was also the fastest on a CPU"
+    )
     max_new_tokens: int | None = Field(
         None, ge=1, description="Tokens generated per item for --metric accuracy (default: 8 for arithmetic, 256 otherwise)"
     )

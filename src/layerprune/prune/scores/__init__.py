@@ -29,6 +29,7 @@ class ScoreContext:
     seed: int = 0
     batch_size: int = 8
     max_new_tokens: int = 8
+    stack_candidates: int = 1  # ablation: candidates stacked per pass (0: all)
     progress: Callable[[str, int], Any] | None = None
 
     @property

@@ -57,7 +57,8 @@ def _nll_losses(
                 cache.append(inputs)
             states = prefix_states(ctx.stack, inputs, kept)  # one pass gives every prefix and the base loss
             _add(totals[-1], masked_nll(ctx.stack, states[FINAL], batch))
-            for candidate, loss in candidate_losses(ctx.stack, inputs, kept, candidates, states).items():
+            losses = candidate_losses(ctx.stack, inputs, kept, candidates, states, ctx.stack_candidates)
+            for candidate, loss in losses.items():
                 _add(totals[candidate], loss)
             if ctx.progress:
                 ctx.progress("ablation", 1)
