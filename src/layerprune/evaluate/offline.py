@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import importlib.metadata
 import json
 import logging
 import os
@@ -42,16 +43,22 @@ def missing_splits(spec: TaskSpec, data_dir: Path | None) -> list[Path]:
     return [p for p in paths if data_dir is None or not p.is_file()]
 
 
-def check_local_data(spec: TaskSpec, data_dir: Path | None) -> bool:
-    """True when the task reads local files; False to use the hub; an error when neither can work."""
+def require_data(spec: TaskSpec, data_dir: Path | None) -> list[Path]:
+    """The local files the task lacks (the hub has to supply them); an error when the hub is offline too."""
     missing = missing_splits(spec, data_dir)
-    if not missing:
-        return True
-    if hub_offline():
+    if missing and hub_offline():
         raise LayerpruneError(
             f"no data for task '{spec.name}' (dataset '{spec.dataset}') and the hub is offline: looked for "
             f"{missing[0]}; put the hub's rows there as JSONL (--data-dir or ${DATA_ENV})"
         )
+    return missing
+
+
+def check_local_data(spec: TaskSpec, data_dir: Path | None) -> bool:
+    """True when the task reads local files; False to use the hub; an error when neither can work."""
+    missing = require_data(spec, data_dir)
+    if not missing:
+        return True
     log.warning("%s: no local file at %s; reading %s from the hub", spec.name, missing[0], spec.dataset)
     return False
 
@@ -91,7 +98,8 @@ def lm_eval_configs(spec: TaskSpec, data_dir: Path | None) -> list[dict[str, Any
             config["process_docs"] = functools.partial(only_rows_where, field=spec.subtask_field, value=subset)
         configs.append(config)
     if not configs:
-        raise LayerpruneError(f"lm-eval {_lm_eval_version()} has no {spec.name} subtasks in {spec.lm_eval_yaml}")
+        raise LayerpruneError(f"lm-eval {importlib.metadata.version('lm_eval')} has no {spec.name} subtasks in "
+                              f"{spec.lm_eval_yaml}")
     return configs
 
 
@@ -111,12 +119,6 @@ def _load_config(path: Path) -> dict[str, Any]:
     for key in ("tag", "group"):
         config.pop(key, None)
     return config
-
-
-def _lm_eval_version() -> str:
-    import importlib.metadata
-
-    return importlib.metadata.version("lm_eval")
 
 
 def write_task_yaml(spec: TaskSpec, data_dir: Path, folder: Path) -> Path:
@@ -142,12 +144,14 @@ def check_fewshot_pool(spec: TaskSpec, data_dir: Path | None, num_fewshot: int) 
     path = split_path(data_dir, spec.dataset, spec.fewshot_split)
     if not path.is_file():
         return
-    pool = count_rows(path) - (spec.fewshot_split == spec.eval_split)
-    where = f"{path}"
-    if spec.subtask_field is not None:  # each subtask draws from its own rows
-        counts = collections.Counter(json.loads(line)[spec.subtask_field] for line in path.open() if line.strip())
-        smallest, pool = min(counts.items(), key=lambda item: item[1]) if counts else ("", 0)
+    if spec.subtask_field is None:
+        rows, where = count_rows(path), f"{path}"
+    else:  # each subtask draws from its own rows: the smallest one bounds the shots
+        with path.open(encoding="utf-8") as handle:
+            counts = collections.Counter(json.loads(line)[spec.subtask_field] for line in handle if line.strip())
+        smallest, rows = min(counts.items(), key=lambda item: item[1]) if counts else ("", 0)
         where = f"{path}, {spec.subtask_field} '{smallest}'"
+    pool = rows - (spec.fewshot_split == spec.eval_split)
     if num_fewshot > pool:
         raise LayerpruneError(f"--num-fewshot {num_fewshot} is larger than the few-shot pool of '{spec.name}' "
                               f"({pool} examples in {where})")

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from layerprune.errors import LayerpruneError
-from layerprune.evaluate.offline import check_fewshot_pool, check_local_data, hub_offline, missing_splits
+from layerprune.evaluate.offline import check_fewshot_pool, hub_offline, missing_splits, require_data
 from layerprune.evaluate.registry import TASKS, TaskSpec
 from layerprune.evaluate.schema import EvalSettings, Suite, TaskSettings
 from layerprune.registry import unknown_name_message
@@ -112,8 +112,8 @@ def _skip_reason(spec: TaskSpec, data_dir: Path | None) -> str | None:
 
 
 def _plan_one(spec: TaskSpec, suite: TaskSettings, settings: EvalSettings, data_dir: Path | None) -> PlannedTask:
-    if spec.dataset is not None and hub_offline() and missing_splits(spec, data_dir):
-        check_local_data(spec, data_dir)  # fails now, naming the missing file, rather than after the model loads
+    if spec.dataset is not None:
+        require_data(spec, data_dir)  # fails now, naming the missing file, rather than after the model loads
     fewshot = settings.num_fewshot if settings.num_fewshot is not None else suite.num_fewshot
     if spec.source != "lm_eval":
         fewshot = 0  # probes carry their own shots; HumanEval+ is zero-shot

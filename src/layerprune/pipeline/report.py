@@ -77,12 +77,14 @@ def verdict(averages: list[dict[str, Any]]) -> list[str]:
 
 def noise_note(summaries: dict[str, Any]) -> list[str]:
     """Small evaluation limits make single numbers noisy: say how small."""
-    counts = sorted({r.n for s in summaries.values() for r in s.results if r.headline and r.n})
+    heads = [r for s in summaries.values() for r in s.results if r.headline and r.n]
+    counts = sorted({r.n for r in heads})
     if not counts or counts[0] >= 200:
         return []
-    return [f"Each task was scored on {counts[0]}-{counts[-1]} documents (standard errors of 0.05-0.12 on accuracies): "
-            "differences smaller than about two standard errors are noise, and retention above 100% is one such case."]
-    return lines
+    errors = sorted(r.stderr for r in heads if r.stderr)
+    spread = f" (standard errors of {errors[0]:.2f}-{errors[-1]:.2f})" if errors else ""
+    return [f"Each task was scored on {counts[0]}-{counts[-1]} documents{spread}: differences smaller than about two "
+            "standard errors are noise, and retention above 100% is one such case."]
 
 
 def write_report(recipe: RunRecipe, paths: Any) -> Path:
