@@ -5,18 +5,66 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import secrets
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from layerprune.data import load_rows
+from layerprune.errors import LayerpruneError
 from layerprune.evaluate.registry import TaskSpec
-from layerprune.evaluate.sandbox import SandboxLimits, run_program
+from layerprune.evaluate.humaneval import (GT_TIME_LIMIT_FACTOR, MIN_TIME_LIMIT, Oracle, check_completion,
+                                           check_program, count_statuses, expected_outputs, pass_at_k)
+from layerprune.evaluate.sandbox import SandboxLimits
 from layerprune.probes import Probe, arithmetic_probes, bracket_probes
 
 PROBE_DOCS = 500  # generated per probe task; --limit takes the first ones
 PROBE_MAX_TOKENS = 32
 # lm-eval's humaneval.yaml, with its hub-loaded code_eval metric replaced by our sandbox
 HUMANEVAL_STOPS = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"]
+HUMANEVAL_TOP_P = 0.95  # lm-eval's humaneval_64.yaml
+DEFAULT_TEMPERATURE = 0.2  # lm-eval's sampled configs (humaneval_64, gsm8k-cot-self-consistency)
+PASS_KS = (1, 10)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """N completions per document, sampled at a temperature: scored as pass@k (and maj@N where answers vote)."""
+
+    n: int
+    temperature: float
+
+
+def sampled_ks(n: int) -> list[int]:
+    """The k of pass@k reported for n samples: 1, and 10 where n >= 10."""
+    return [k for k in PASS_KS if k <= n]
+
+
+def sampled_metrics(n: int, majority: bool) -> list[dict[str, Any]]:
+    names = [f"pass@{k}" for k in sampled_ks(n)] + ([f"maj@{n}"] if majority else [])
+    return [{"metric": name, "aggregation": "mean", "higher_is_better": True} for name in names]
+
+
+def with_sampling(config: dict[str, Any], sampling: Sampling, majority: bool, top_p: float | None = None,
+                  keep: tuple[str, ...] = ("status", "check")) -> dict[str, Any]:
+    """The same task, generating `sampling.n` completions per document (lm-eval `repeats`), all kept for scoring."""
+    gen = {**config["generation_kwargs"], "do_sample": True, "temperature": sampling.temperature}
+    if top_p is not None:
+        gen["top_p"] = top_p
+    kept = [m for m in config["metric_list"] if m["metric"] in keep]
+    return {**config, "repeats": sampling.n, "generation_kwargs": gen,
+            "filter_list": [{"name": "none", "filter": [{"function": "take_first_k", "k": sampling.n}]}],
+            "metric_list": sampled_metrics(sampling.n, majority) + kept}
+
+
+def sampled_scores(answers: list[str], gold: str, majority: bool) -> dict[str, float]:
+    """pass@k (unbiased) over N answers, and whether the most common answer (first seen on a tie) is right."""
+    correct = sum(a == gold for a in answers)
+    scores = {f"pass@{k}": pass_at_k(len(answers), correct, k) for k in sampled_ks(len(answers))}
+    if majority:
+        scores[f"maj@{len(answers)}"] = float(Counter(answers).most_common(1)[0][0] == gold)
+    return scores
 
 
 def probe_rows(spec: TaskSpec, seed: int, n: int = PROBE_DOCS) -> list[Probe]:
@@ -28,8 +76,11 @@ def probe_rows(spec: TaskSpec, seed: int, n: int = PROBE_DOCS) -> list[Probe]:
     return arithmetic_probes(n, seed=seed, **args)  # type: ignore[arg-type]
 
 
-def score_exact(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
-    """Exact match of the first generated line against the answer (surrounding spaces ignored)."""
+def score_exact(doc: dict[str, Any], results: list[Any]) -> dict[str, float]:
+    """Exact match of the first generated line against the answer (surrounding spaces ignored); pass@k and
+    maj@N when N answers were sampled."""
+    if isinstance(results[0], list):
+        return sampled_scores([r.strip() for r in results[0]], doc["answer"].strip(), majority=True)
     return {"exact_match": float(results[0].strip() == doc["answer"].strip())}
 
 
@@ -39,9 +90,9 @@ def _dataset(rows: list[dict[str, Any]], **_: Any) -> dict[str, Any]:
     return {"test": datasets.Dataset.from_list(rows)}
 
 
-def probe_config(spec: TaskSpec, seed: int) -> dict[str, Any]:
+def probe_config(spec: TaskSpec, seed: int, sampling: Sampling | None = None) -> dict[str, Any]:
     rows = [{"prompt": p.prompt, "answer": p.answer} for p in probe_rows(spec, seed)]
-    return {
+    config = {
         "task": spec.name, "custom_dataset": functools.partial(_dataset, rows), "test_split": "test",
         "output_type": "generate_until", "doc_to_text": "{{prompt}}", "doc_to_target": "{{answer}}",
         "target_delimiter": "", "num_fewshot": 0, "process_results": score_exact,
@@ -49,43 +100,27 @@ def probe_config(spec: TaskSpec, seed: int) -> dict[str, Any]:
         "generation_kwargs": {"until": ["\n"], "max_gen_toks": PROBE_MAX_TOKENS, "do_sample": False},
         "metadata": {"version": 1.0, "seed": seed},
     }
+    return with_sampling(config, sampling, majority=True) if sampling else config
 
 
-HARNESS = '''
-
-import copy as _copy, json as _json, math as _math
-_candidate = {entry_point}
-_ref_ns = {{}}
-exec({reference!r}, _ref_ns)
-_reference = _ref_ns[{entry_point!r}]
-
-def _same(a, b, atol):
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y, atol) for x, y in zip(a, b))
-    if isinstance(a, float) or isinstance(b, float):
-        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-            return _math.isclose(a, b, rel_tol=1e-7, abs_tol=atol or 1e-6)
-    return a == b
-
-{test}
-check(_candidate)
-for _args in _json.loads({inputs!r}):
-    _expected = _reference(*_copy.deepcopy(_args))
-    assert _same(_candidate(*_copy.deepcopy(_args)), _expected, {atol!r}), _args
-'''
+def humaneval_program(doc: dict[str, Any], completion: str, oracle: Oracle | None = None) -> str:
+    """The program that checks `completion` on every HumanEval+ input (see evaluate.humaneval for the verdict)."""
+    oracle = oracle or expected_outputs([doc], None)[doc["task_id"]]
+    return check_program(doc, completion, oracle, f"layerprune-check-{secrets.token_hex(8)}")
 
 
-def humaneval_program(doc: dict[str, Any], completion: str) -> str:
-    """The candidate, then the base tests, then every HumanEval+ input checked against the reference."""
-    inputs = json.loads(doc["inputs"])
-    return doc["prompt"] + completion + HARNESS.format(
-        entry_point=doc["entry_point"], reference=doc["prompt"] + doc["reference"], test=doc["test"],
-        inputs=json.dumps(inputs), atol=float(doc["atol"] or 0),
-    )
-
-
-def score_program(limits: SandboxLimits, doc: dict[str, Any], results: list[str]) -> dict[str, float]:
-    return {"pass@1": float(run_program(humaneval_program(doc, results[0]), limits).passed)}
+def score_humaneval(oracles: dict[str, Oracle], limits: SandboxLimits, doc: dict[str, Any],
+                    results: list[Any]) -> dict[str, Any]:
+    """pass@1 of one greedy completion, or the unbiased pass@k of N sampled ones; each run's sandbox status."""
+    sampled = isinstance(results[0], list)
+    completions = results[0] if sampled else [results[0]]
+    verdicts = [check_completion(doc, c, oracles[doc["task_id"]], limits) for c in completions]
+    statuses, details = [v.status for v in verdicts], [v.detail for v in verdicts]
+    if not sampled:
+        return {"pass@1": float(verdicts[0].passed), "status": statuses[0], "check": details[0]}
+    correct = sum(v.passed for v in verdicts)
+    scores = {f"pass@{k}": pass_at_k(len(verdicts), correct, k) for k in sampled_ks(len(verdicts))}
+    return {**scores, "status": statuses, "check": details}
 
 
 def humaneval_rows(data_dir: Path | None) -> list[dict[str, Any]]:
@@ -97,13 +132,57 @@ def humaneval_rows(data_dir: Path | None) -> list[dict[str, Any]]:
             for r in rows]
 
 
-def humaneval_config(spec: TaskSpec, data_dir: Path | None, limits: SandboxLimits) -> dict[str, Any]:
-    scorer: Callable[..., dict[str, float]] = functools.partial(score_program, limits)
-    return {
-        "task": spec.name, "custom_dataset": functools.partial(_dataset, humaneval_rows(data_dir)),
+def _no_aggregate(items: list[Any]) -> None:
+    return None
+
+
+STATUS_METRICS = [{"metric": "status", "aggregation": count_statuses, "higher_is_better": True},
+                  {"metric": "check", "aggregation": _no_aggregate, "higher_is_better": True}]
+
+
+def humaneval_config(spec: TaskSpec, data_dir: Path | None, limits: SandboxLimits, cache_dir: Path | None = None,
+                     sampling: Sampling | None = None) -> dict[str, Any]:
+    """lm-eval's humaneval.yaml, scored by EvalPlus's rules in our sandbox (expected outputs computed once, cached)."""
+    rows = humaneval_rows(data_dir)
+    scorer: Callable[..., dict[str, Any]] = functools.partial(score_humaneval, expected_outputs(rows, cache_dir),
+                                                              limits)
+    config = {
+        "task": spec.name, "custom_dataset": functools.partial(_dataset, rows),
         "test_split": "test", "output_type": "generate_until", "doc_to_text": "{{prompt}}",
         "doc_to_target": "{{entry_point}}", "num_fewshot": 0, "process_results": scorer,
-        "metric_list": [{"metric": "pass@1", "aggregation": "mean", "higher_is_better": True}],
+        "metric_list": [{"metric": "pass@1", "aggregation": "mean", "higher_is_better": True}, *STATUS_METRICS],
         "generation_kwargs": {"until": list(HUMANEVAL_STOPS), "max_gen_toks": 1024, "do_sample": False},
-        "metadata": {"version": 1.0, "sandbox": copy.copy(limits.__dict__)},
+        "metadata": {"version": 2.0, "sandbox": copy.copy(limits.__dict__), "time_limit_factor": GT_TIME_LIMIT_FACTOR,
+                     "min_time_limit": MIN_TIME_LIMIT},
     }
+    return with_sampling(config, sampling, majority=False, top_p=HUMANEVAL_TOP_P) if sampling else config
+
+
+def score_sampled_match(target: str, match: dict[str, Any], doc: dict[str, Any], results: list[Any]) -> dict[str, float]:
+    """pass@k and maj@N of N extracted answers, each judged by the task's own exact_match settings."""
+    from lm_eval.api.metrics import exact_match_hf_evaluate
+    from lm_eval.utils import apply_template
+
+    gold = apply_template(target, doc) if isinstance(target, str) else str(target(doc))
+    answers = [str(a) for a in results[0]]
+    right = {a: bool(exact_match_hf_evaluate(predictions=[a], references=[gold], **match)["exact_match"])
+             for a in set(answers)}
+    correct = sum(right[a] for a in answers)
+    scores = {f"pass@{k}": pass_at_k(len(answers), correct, k) for k in sampled_ks(len(answers))}
+    scores[f"maj@{len(answers)}"] = float(right[Counter(answers).most_common(1)[0][0]])
+    return scores
+
+
+def lm_eval_sampling(config: dict[str, Any], sampling: Sampling) -> dict[str, Any]:
+    """An lm-eval exact_match task (gsm8k) sampled N times: each filter keeps all N answers instead of the first."""
+    metrics = [m for m in config.get("metric_list", []) if m.get("metric") == "exact_match"]
+    if config.get("output_type") != "generate_until" or len(metrics) != 1:
+        raise LayerpruneError(f"--samples-per-task scores generative exact_match tasks; {config['task']} is not one")
+    match = {k: v for k, v in metrics[0].items() if k not in ("metric", "aggregation", "higher_is_better")}
+    filters = config.get("filter_list") or [{"name": "none", "filter": [{"function": "take_first"}]}]
+    kept = [{"name": f["name"], "filter": [{"function": "take_first_k", "k": sampling.n} if step["function"] ==
+                                           "take_first" else step for step in f["filter"]]} for f in filters]
+    gen = {**config.get("generation_kwargs", {}), "do_sample": True, "temperature": sampling.temperature}
+    return {**config, "repeats": sampling.n, "generation_kwargs": gen, "filter_list": kept,
+            "process_results": functools.partial(score_sampled_match, config["doc_to_target"], match),
+            "metric_list": sampled_metrics(sampling.n, majority=True)}

@@ -20,6 +20,10 @@ def format_table(summary: Summary) -> str:
                      f"{'on' if r.settings.get('chat_template') else 'off'} | {'yes' if r.cached else 'no'} |")
     for task, why in summary.skipped.items():
         lines.append(f"| {task} | skipped | {why} | | | | |")
+    outcomes = [f"{r.task} ({r.metric}): " + ", ".join(f"{k} {v}" for k, v in r.statuses.items())
+                for r in summary.results if r.statuses]
+    if outcomes:
+        lines += ["", "Sandbox outcomes (a timeout is not a wrong answer):", *(f"- {o}" for o in outcomes)]
     return "\n".join(lines)
 
 

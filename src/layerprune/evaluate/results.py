@@ -101,17 +101,32 @@ def aggregate_group(spec: TaskSpec, raw: dict[str, Any]) -> None:
     samples[spec.name] = [{**sample, "subtask": name} for name in names for sample in samples.pop(name, [])]
 
 
-def summarize(spec: TaskSpec, raw: dict[str, Any], settings: dict[str, Any], seconds: float) -> list[TaskResult]:
-    """Pick the task's metrics (headline first) out of lm-eval's results dict."""
+def summarize(spec: TaskSpec, raw: dict[str, Any], settings: dict[str, Any], seconds: float,
+              sampled: bool = False) -> list[TaskResult]:
+    """Pick the task's metrics (headline first) out of lm-eval's results dict; with `sampled`, its pass@k / maj@N
+    (named "<metric>[,<filter>] sampled", never the headline). Sandbox status counts go on the first row."""
     scores = raw["results"][spec.name]
     n = int(raw.get("n-samples", {}).get(spec.name, {}).get("effective", 0))
+    metrics = sampled_metrics(scores) if sampled else list(spec.metrics)
+    statuses = scores.get("status,none") if isinstance(scores.get("status,none"), dict) else None
     rows = []
-    for index, metric in enumerate(spec.metrics):
+    for index, metric in enumerate(metrics):
         name, _, filt = metric.partition(",")
         value = _number(scores.get(f"{name},{filt or 'none'}"))
         if value is None:
             continue
         stderr = _number(scores.get(f"{name}_stderr,{filt or 'none'}"))
-        rows.append(TaskResult(task=spec.name, kind=spec.kind, metric=metric, value=value, stderr=stderr, n=n,
-                               headline=index == 0, settings=settings, seconds=seconds))
+        rows.append(TaskResult(task=spec.name, kind=spec.kind, metric=f"{metric} sampled" if sampled else metric,
+                               value=value, stderr=stderr, n=n, headline=index == 0 and not sampled,
+                               settings=settings, seconds=seconds, statuses=None if rows else statuses))
     return rows
+
+
+def sampled_metrics(scores: dict[str, Any]) -> list[str]:
+    """pass@k and maj@N keys of a sampled run, as "pass@10" or "pass@10,strict-match", pass@ before maj@."""
+    names = []
+    for key in scores:
+        name, _, filt = key.partition(",")
+        if name.startswith(("pass@", "maj@")) and "_stderr" not in name:
+            names.append(name if filt == "none" else f"{name},{filt}")
+    return sorted(names, key=lambda m: (m.startswith("maj@"), m.partition(",")[2], int(m.split("@")[1].split(",")[0])))

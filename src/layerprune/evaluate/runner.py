@@ -16,7 +16,9 @@ from typing import Any, Callable
 from layerprune.data import resolve_data_dir
 from layerprune.errors import LayerpruneError, one_line
 from layerprune.evaluate.offline import lm_eval_configs
-from layerprune.evaluate.project_tasks import humaneval_config, probe_config
+from layerprune.evaluate.humaneval import GT_TIME_LIMIT_FACTOR, MIN_TIME_LIMIT, reference_lm
+from layerprune.evaluate.project_tasks import (DEFAULT_TEMPERATURE, Sampling, humaneval_config, humaneval_rows,
+                                               lm_eval_sampling, probe_config)
 from layerprune.evaluate.results import (aggregate_group, cache_path, model_hash, read_cached, summarize,
                                          write_cached)
 from layerprune.evaluate.sandbox import SandboxLimits
@@ -60,15 +62,18 @@ def applies_chat(task: PlannedTask, mode: str, template: bool) -> bool:
     return mode == "on" or task.spec.chat_protocol
 
 
-def task_settings(task: PlannedTask, settings: EvalSettings, run: RunSettings, chat: bool) -> dict[str, Any]:
+def task_settings(task: PlannedTask, settings: EvalSettings, run: RunSettings, chat: bool,
+                  sampling: Sampling | None = None) -> dict[str, Any]:
     """Everything that can change a task's score; the cache key and the record in the summary."""
     source = task.spec.source
+    sandbox = [settings.sandbox_timeout, settings.sandbox_memory_mb, GT_TIME_LIMIT_FACTOR, MIN_TIME_LIMIT, "evalplus"]
     return {
         "task": task.spec.name, "limit": task.limit, "num_fewshot": task.num_fewshot,
         "max_gen_toks": task.max_gen_toks, "chat_template": chat, "backend": settings.backend,
         "batch_size": settings.batch_size, "dtype": str(run.resolved_dtype()), "device": run.resolved_device().type,
         "probe_seed": settings.probe_seed if source == "probe" else None,
-        "sandbox": [settings.sandbox_timeout, settings.sandbox_memory_mb] if source == "humaneval" else None,
+        "sandbox": sandbox if source == "humaneval" else None,
+        "sampling": [sampling.n, sampling.temperature] if sampling else None,
         "lm_eval": importlib.metadata.version("lm_eval"), "data": _data_identity(task, settings),
     }
 
@@ -84,15 +89,25 @@ def _data_identity(task: PlannedTask, settings: EvalSettings) -> str | None:
     return ";".join(f"{p.name}:{p.stat().st_size}" for p in files) or "hub"
 
 
-def task_configs(task: PlannedTask, settings: EvalSettings, data_dir: Path | None) -> list[dict[str, Any]]:
+def task_configs(task: PlannedTask, settings: EvalSettings, data_dir: Path | None, cache_root: Path | None = None,
+                 sampling: Sampling | None = None) -> list[dict[str, Any]]:
     """The lm-eval task configs behind one of our tasks (several for a group such as mmlu)."""
     spec = task.spec
     if spec.source == "probe":
-        return [probe_config(spec, settings.probe_seed)]
+        return [probe_config(spec, settings.probe_seed, sampling)]
     if spec.source == "humaneval":
         limits = SandboxLimits(timeout_s=settings.sandbox_timeout, memory_mb=settings.sandbox_memory_mb)
-        return [humaneval_config(spec, data_dir, limits)]
-    return lm_eval_configs(spec, data_dir)
+        oracle_dir = cache_root / "humaneval_plus" if cache_root is not None else None
+        return [humaneval_config(spec, data_dir, limits, oracle_dir, sampling)]
+    configs = lm_eval_configs(spec, data_dir)
+    return [lm_eval_sampling(c, sampling) for c in configs] if sampling else configs
+
+
+def task_sampling(task: PlannedTask, settings: EvalSettings) -> Sampling | None:
+    """--samples-per-task for a generative task: N samples at the flag's temperature (or lm-eval's 0.2)."""
+    if settings.samples_per_task is None or task.spec.kind != "generative" or task.spec.subtask_field:
+        return None
+    return Sampling(settings.samples_per_task, settings.temperature or DEFAULT_TEMPERATURE)
 
 
 def build_tasks(manager: Any, configs: list[dict[str, Any]], spec_name: str, data_hint: str) -> list[Any]:
@@ -130,14 +145,14 @@ def make_lm(handle: ModelHandle, settings: EvalSettings) -> Any:
 
 
 def run_task(handle: ModelHandle, task: PlannedTask, settings: EvalSettings, chat: bool,
-             data_dir: Path | None) -> dict[str, Any]:
+             data_dir: Path | None, cache_root: Path | None = None, sampling: Sampling | None = None) -> dict[str, Any]:
     """One task through `simple_evaluate`; returns lm-eval's results (samples included)."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
     manager = TaskManager(include_defaults=False)  # configs come whole; indexing lm-eval's ~14k YAMLs takes a minute
     hint = f"put it at {data_dir or '<data-dir>'}/{task.spec.dataset}/ (--data-dir)"
-    lm_tasks = build_tasks(manager, task_configs(task, settings, data_dir), task.spec.name, hint)
+    lm_tasks = build_tasks(manager, task_configs(task, settings, data_dir, cache_root, sampling), task.spec.name, hint)
     gen = {"max_gen_toks": task.max_gen_toks} if task.max_gen_toks else None
     raw = lm_eval.simple_evaluate(
         model=make_lm(handle, settings), tasks=lm_tasks, num_fewshot=task.num_fewshot, limit=task.limit,
@@ -152,9 +167,12 @@ def run_task(handle: ModelHandle, task: PlannedTask, settings: EvalSettings, cha
 
 
 def evaluate_task(handle: ModelHandle, task: PlannedTask, settings: EvalSettings, chat: bool,
-                  data_dir: Path | None, cache_root: Path) -> dict[str, Any]:
-    """Cached result of one task: {'rows': [...], 'raw': lm-eval results, 'samples': [...]}."""
-    key = task_settings(task, settings, handle.run, chat)
+                  data_dir: Path | None, cache_root: Path, sampling: Sampling | None = None) -> dict[str, Any]:
+    """Cached result of one task: {'rows': [...], 'raw': lm-eval results, 'samples': [...]}.
+
+    With `sampling`, the task's N sampled completions per document, scored as pass@k / maj@N (rows not headline).
+    """
+    key = task_settings(task, settings, handle.run, chat, sampling)
     path = cache_path(cache_root, handle.digest, task.spec.name, key)
     cached = read_cached(path) if settings.reuse else None
     if cached is not None:
@@ -162,10 +180,10 @@ def evaluate_task(handle: ModelHandle, task: PlannedTask, settings: EvalSettings
             row["cached"] = True
         return cached
     start = time.perf_counter()
-    raw = run_task(handle, task, settings, chat, data_dir)
+    raw = run_task(handle, task, settings, chat, data_dir, cache_root, sampling)
     seconds = time.perf_counter() - start
     samples = raw.pop("samples", {}).get(task.spec.name, [])
-    rows = [r.model_dump() for r in summarize(task.spec, raw, key, seconds)]
+    rows = [r.model_dump() for r in summarize(task.spec, raw, key, seconds, sampled=sampling is not None)]
     entry = json.loads(json.dumps({"rows": rows, "raw": raw, "samples": samples}, default=str))
     write_cached(path, entry)
     return entry
@@ -192,6 +210,18 @@ def fingerprint(handle: ModelHandle, cache_root: Path) -> str:
         body = json.loads(config.read_text()) if config.is_file() else {}
         layers = body.get("num_hidden_layers", body.get("text_config", {}).get("num_hidden_layers"))
     return hashlib.sha256(f"{digest}:{layers}".encode()).hexdigest()
+
+
+def reference_handle(planned: list[PlannedTask], data_dir: Path | None, run: RunSettings) -> ModelHandle:
+    """A stand-in model that answers each HumanEval+ prompt with the dataset's canonical solution."""
+    others = [t.spec.name for t in planned if t.spec.source != "humaneval"]
+    if others:
+        raise LayerpruneError(f"--reference-solutions scores HumanEval+ only; not {', '.join(others)} "
+                              "(--tasks humaneval_plus)")
+    source = ModelSource("reference-solutions", "", "reference", {"dataset": "humaneval_plus canonical_solution"})
+    handle = ModelHandle(source, run, lm=reference_lm(humaneval_rows(data_dir)))
+    handle.digest = hashlib.sha256(b"reference-solutions").hexdigest()
+    return handle
 
 
 def _handle_for(model: str | os.PathLike[str] | LoadedModel | ModelSource | None, run: RunSettings) -> ModelHandle:
@@ -221,16 +251,26 @@ def evaluate_model(
         check_output_dir(output_dir, overwrite)
     data_dir = resolve_data_dir(settings.data_dir)
     planned, skipped = plan_tasks(settings, data_dir)
-    handle = _handle_for(model, run)
     cache_root = run.resolved_cache_dir() / "eval"
-    handle.digest = model_hash_override or fingerprint(handle, cache_root)
-    template = has_chat_template(handle)
+    if settings.reference_solutions:
+        handle, template = reference_handle(planned, data_dir, run), False
+        settings = settings.model_copy(update={"reuse": False})  # a check of the machine: always run it
+    else:
+        handle = _handle_for(model, run)
+        handle.digest = model_hash_override or fingerprint(handle, cache_root)
+        template = has_chat_template(handle)
     entries = {}
     for index, task in enumerate(planned, 1):
         chat = applies_chat(task, settings.chat_template, template)
         limit = "all" if task.limit is None else f"{task.limit:g}"
         (progress or log.info)(f"[{index}/{len(planned)}] {task.spec.name} (limit {limit}, chat {chat})")
         entries[task.spec.name] = evaluate_task(handle, task, settings, chat, data_dir, cache_root)
+        sampling = task_sampling(task, settings)
+        if sampling is not None:
+            (progress or log.info)(f"[{index}/{len(planned)}] {task.spec.name}: {sampling.n} samples per document "
+                                   f"at temperature {sampling.temperature:g}")
+            entries[f"{task.spec.name}.sampled"] = evaluate_task(handle, task, settings, chat, data_dir, cache_root,
+                                                                 sampling)
     summary = Summary(
         model={"spec": handle.source.spec, "location": handle.source.location, "kind": handle.source.kind,
                "identity": handle.source.identity, "chat_template": settings.chat_template,

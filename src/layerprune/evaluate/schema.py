@@ -49,8 +49,16 @@ class EvalSettings(BaseModel):
     data_dir: Path | None = Field(None, description="Local data mirror DIR/<dataset>/<split>.jsonl "
                                                     "(default $LAYERPRUNE_DATA_DIR or ../shared/data)")
     probe_seed: int = Field(0, description="Seed the algorithmic probes are generated from")
-    sandbox_timeout: float = Field(10.0, gt=0, description="Seconds each HumanEval+ program may run")
+    sandbox_timeout: float = Field(60.0, gt=0, description="Most seconds one HumanEval+ program may run in all "
+                                   "(EvalPlus's per-task cap); each input gets max(1 s, 4 x the reference's time)")
     sandbox_memory_mb: int = Field(2048, ge=64, description="Address-space limit of each HumanEval+ program (MB)")
+    samples_per_task: int | None = Field(
+        None, ge=1, description="Also sample N completions per document and report pass@k (k = 1, and 10 where "
+        "N >= 10), and maj@N for GSM8K and the probes, next to the greedy scores")
+    temperature: float | None = Field(None, gt=0, description="Sampling temperature with --samples-per-task "
+                                                              "(default 0.2, as lm-eval's sampled tasks)")
+    reference_solutions: bool = Field(False, description="Score HumanEval+'s canonical solutions instead of a "
+                                      "model's completions: checks the machine and the harness (expect 1.0)")
     reuse: bool = Field(True, description="Reuse cached results for the same model, task and settings")
 
     @field_validator("limit")
@@ -92,6 +100,7 @@ class TaskResult(BaseModel):
     settings: dict[str, Any]
     seconds: float
     cached: bool = False
+    statuses: dict[str, int] | None = None  # sandbox outcomes (passed, failed, timeout, ...) of a code task
 
 
 class Summary(BaseModel):
