@@ -5,7 +5,7 @@
 - Each input of a candidate gets max(MIN_TIME_LIMIT, GT_TIME_LIMIT_FACTOR x the reference's time); the whole
   program gets the sum of those, capped (EvalPlus's EVALPLUS_TIMEOUT_PER_TASK, our `sandbox_timeout`).
 - Outputs are compared as EvalPlus's `untrusted_check` does: exact, else (floats or atol) `np.allclose` with
-  rtol 1e-7, and |poly(x)| <= atol for find_zero.
+  rtol 1e-7 (here in plain Python: the sandbox need not import numpy), and |poly(x)| <= atol for find_zero.
 - A pass means every check ran: the program ends by writing a line with a per-run nonce and the count of inputs
   checked, and the harness requires it (an early `sys.exit(0)` / `os._exit(0)` exits 0 without it).
 - Each run's sandbox status is kept: passed, failed, timeout, memory, blocked, killed or error.
@@ -35,7 +35,7 @@ MIN_TIME_LIMIT = 1.0
 TASK_TIMEOUT_CAP = 60.0
 STARTUP_SLACK = 2.0  # interpreter start and loading the inputs, on top of the inputs' limits
 REFERENCE_TIMEOUT = 600.0
-ORACLE_VERSION = "2"  # part of the cache key: bump when the way expected outputs are computed changes
+ORACLE_VERSION = "3"  # part of the cache key: bump when the way expected outputs are computed changes
 STATUSES = ("passed", "failed", "timeout", "memory", "blocked", "killed", "error")
 INLINE_BYTES = 64 << 10  # an expected output larger than this (pickled) is carried as a digest, not its value
 
@@ -51,7 +51,8 @@ def _canon(x, h):
     if x is None:
         h.update(b"N")
     elif t in (bool, int) or (t is float and _dmath.isfinite(x) and x == int(x)):
-        h.update(b"n%d;" % int(x))
+        n = int(x)
+        h.update(b"n" + n.to_bytes((n.bit_length() + 8) // 8, "little", signed=True) + b";")
     elif t is float:
         h.update(b"f" + repr(x).encode() + b";")
     elif t is str:
@@ -99,7 +100,7 @@ out.write(pickle.dumps((outputs, seconds, digests), protocol=4))
 '''
 
 CHECK_PROGRAM = DIGEST_SOURCE.replace("{", "{{").replace("}", "}}") + r'''
-import base64 as _b64, io as _io, json as _json, math as _math, os as _os, pickle as _pickle, signal as _signal
+import base64 as _b64, cmath as _cmath, io as _io, json as _json, math as _math, os as _os, pickle as _pickle, signal as _signal
 import sys as _sys
 
 _NONCE = {nonce!r}
@@ -148,11 +149,24 @@ def _same(out, exp, inp, atol):
     if atol == 0 and _is_floats(exp):
         atol = 1e-6
     if not exact and atol != 0:
-        import numpy
         if type(out) != type(exp) or (isinstance(exp, (list, tuple)) and len(out) != len(exp)):
             return False
-        return bool(numpy.allclose(out, exp, rtol=1e-07, atol=atol))
+        return _allclose(out, exp, atol)
     return bool(exact)
+
+
+def _allclose(out, exp, atol, rtol=1e-07):
+    # numpy.allclose(out, exp, rtol, atol) for numbers and equal-shaped nested sequences, in plain Python (the
+    # sandbox may not import numpy): |out - exp| <= atol + rtol * |exp|, NaN never close, infinities only to themselves
+    if isinstance(exp, (list, tuple)) or isinstance(out, (list, tuple)):
+        if not (isinstance(exp, (list, tuple)) and isinstance(out, (list, tuple))) or len(out) != len(exp):
+            return False
+        return all(_allclose(o, e, atol, rtol) for o, e in zip(out, exp))
+    if isinstance(out, str) or isinstance(exp, str):
+        raise TypeError("not numbers")
+    if _cmath.isinf(out) or _cmath.isinf(exp):
+        return out == exp
+    return abs(out - exp) <= atol + rtol * abs(exp)
 
 
 def _main():

@@ -1,0 +1,153 @@
+"""HumanEval+ scored as EvalPlus scores it: a pass means every check ran, the reference runs outside the candidate's
+budget, each run's sandbox status is kept, pass@k and maj@N from sampled completions."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from layerprune.cli import main
+from layerprune.evaluate import Summary
+from layerprune.evaluate.project_tasks import humaneval_config, sampled_scores
+from layerprune.evaluate.registry import TASKS
+from layerprune.evaluate.sandbox import SandboxLimits
+
+ADD = {"task_id": "Toy/0", "prompt": "def add(a, b):\n", "entry_point": "add", "canonical_solution": "    return a + b\n",
+       "test": "", "atol": 0, "base_input": [[1, 2], [3, 4]], "plus_input": [[10, -3], [0.5, 0.25]]}
+# the reference takes 0.8 s per input: more than the whole budget the old harness gave candidate AND reference
+SLOW = {"task_id": "Toy/1", "prompt": "def twice(x):\n", "entry_point": "twice", "test": "", "atol": 0,
+        "canonical_solution": "    import time\n    time.sleep(0.8)\n    return 2 * x\n",
+        "base_input": [[1], [2]], "plus_input": []}
+EARLY_EXITS = ["    import sys\n    sys.exit(0)\n", "    import os\n    os._exit(0)\n", "    exit()\n",
+               "    return a + b\nimport os\nos._exit(0)\n", "    return a + b\nraise SystemExit(0)\n"]
+
+
+def write_problems(root: Path, rows: list[dict]) -> Path:
+    (root / "humaneval_plus").mkdir(parents=True, exist_ok=True)
+    (root / "humaneval_plus" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def scorer(tmp_path: Path, rows: list[dict], timeout: float = 5.0):
+    config = humaneval_config(TASKS.get("humaneval_plus"), write_problems(tmp_path / "data", rows),
+                              SandboxLimits(timeout_s=timeout, memory_mb=512), tmp_path / "oracles")
+    docs = {d["task_id"]: d for d in config["custom_dataset"]()["test"]}
+    return lambda task_id, completion: config["process_results"](docs[task_id], [completion])
+
+
+def test_early_exit_is_not_a_pass(tmp_path):
+    score = scorer(tmp_path, [ADD])
+    assert score("Toy/0", "    return a + b\n")["pass@1"] == 1.0
+    for completion in EARLY_EXITS:
+        result = score("Toy/0", completion)
+        assert result["pass@1"] == 0.0, completion
+        assert result["status"] == "failed", result
+
+
+def test_wrong_answer_fails_and_floats_use_evalplus_tolerance(tmp_path):
+    score = scorer(tmp_path, [ADD])
+    assert score("Toy/0", "    return a - b\n")["status"] == "failed"
+    off = "    return a + b + ({} if isinstance(a, float) else 0)\n"
+    assert score("Toy/0", off.format(1e-9))["pass@1"] == 1.0  # within atol 1e-6 where the expected is a float
+    assert score("Toy/0", off.format(1e-3))["pass@1"] == 0.0
+    assert score("Toy/0", "    return a + b + 1e-9\n")["pass@1"] == 0.0  # a float where an int is expected
+
+
+def test_reference_runs_outside_the_candidates_budget(tmp_path):
+    score = scorer(tmp_path, [SLOW], timeout=1.0)
+    assert score("Toy/1", "    return 2 * x\n")["pass@1"] == 1.0
+
+
+def test_timeout_and_memory_are_their_own_status(tmp_path):
+    score = scorer(tmp_path, [ADD])
+    assert score("Toy/0", "    while True:\n        pass\n")["status"] == "timeout"
+    assert score("Toy/0", "    x = bytearray(8 << 30)\n")["status"] == "memory"
+    assert score("Toy/0", "    import subprocess\n    subprocess.run(['true'])\n")["status"] == "blocked"
+
+
+def test_expected_outputs_are_cached_by_content(tmp_path, monkeypatch):
+    from layerprune.evaluate import humaneval
+
+    scorer(tmp_path, [ADD])
+    monkeypatch.setattr(humaneval, "run_reference", lambda row: pytest.fail("recomputed a cached oracle"))
+    scorer(tmp_path, [ADD])
+    changed = {**ADD, "plus_input": [[7, 8]]}
+    with pytest.raises(pytest.fail.Exception):
+        scorer(tmp_path, [changed])
+
+
+def test_large_outputs_compare_by_digest(tmp_path):
+    big = {"task_id": "Toy/2", "prompt": "def seq(n):\n", "entry_point": "seq", "test": "", "atol": 0,
+           "canonical_solution": "    return ' '.join(str(i) for i in range(n))\n", "base_input": [[200000]],
+           "plus_input": [[3]]}
+    power = {"task_id": "Toy/3", "prompt": "def power(n):\n", "entry_point": "power", "test": "", "atol": 0,
+             "canonical_solution": "    return 7 ** n\n", "base_input": [[300000]], "plus_input": []}
+    score = scorer(tmp_path, [big, power])
+    assert score("Toy/2", "    return ' '.join(map(str, range(n)))\n")["pass@1"] == 1.0
+    assert score("Toy/2", "    return ' '.join(map(str, range(n - 1)))\n")["pass@1"] == 0.0
+    assert score("Toy/3", "    return pow(7, n)\n")["pass@1"] == 1.0  # beyond int-to-str's digit limit
+    assert score("Toy/3", "    return 7 ** n + 1\n")["pass@1"] == 0.0
+
+
+def test_pass_at_k_is_the_unbiased_estimator():
+    from layerprune.evaluate.humaneval import pass_at_k
+
+    for n, c, k in [(20, 2, 10), (10, 3, 1), (5, 0, 1), (10, 10, 10), (30, 7, 10)]:
+        assert pass_at_k(n, c, k) == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k))
+    scores = sampled_scores(["1", "2", "2", "3", "9", "9", "9", "9", "9", "2"], "2", majority=True)
+    assert scores["pass@1"] == pytest.approx(0.3) and scores["pass@10"] == 1.0 and scores["maj@10"] == 0.0
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(["evaluate", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_reference_solutions_and_statuses_in_samples(capsys, tmp_path, shared_data):
+    rows = [json.loads(line) for line in (shared_data / "humaneval_plus" / "test.jsonl").open()][:2]
+    data = write_problems(tmp_path / "data", rows)
+    code, out, err = run_cli(capsys, "--tasks", "humaneval_plus", "--reference-solutions", "--data-dir", str(data),
+                             "--output", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c"))
+    assert code == 0, err
+    summary = Summary.model_validate_json((tmp_path / "o" / "summary.json").read_text())
+    (row,) = summary.results
+    assert row.value == 1.0 and row.n == 2 and row.statuses == {"passed": 2}
+    samples = [json.loads(line) for line in (tmp_path / "o" / "samples" / "humaneval_plus.jsonl").open()]
+    assert [s["status"] for s in samples] == ["passed", "passed"]
+    assert "passed 2" in out
+
+    code, _, err = run_cli(capsys, "--tasks", "humaneval_plus,arith_1dc", "--reference-solutions", "--data-dir", str(data),
+                           "--output", str(tmp_path / "o2"))
+    assert code == 2 and "error: --reference-solutions scores HumanEval+ only" in err
+    assert not (tmp_path / "o2").exists()
+
+
+def test_samples_per_task_reports_greedy_and_pass_at_k(capsys, tmp_path, tiny_llama, shared_data):
+    rows = [json.loads(line) for line in (shared_data / "humaneval_plus" / "test.jsonl").open()][:1]
+    data = write_problems(tmp_path / "data", rows)
+    gsm = [{"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"} for i in range(3)]
+    for split in ("train", "test"):
+        (data / "gsm8k").mkdir(exist_ok=True)
+        (data / "gsm8k" / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gsm))
+    code, out, err = run_cli(capsys, "--model", str(tiny_llama), "--tasks", "arith_1dc,gsm8k,humaneval_plus",
+                             "--limit", "1", "--max-gen-toks", "3", "--num-fewshot", "1", "--samples-per-task", "10",
+                             "--temperature", "0.7", "--data-dir", str(data), "--output", str(tmp_path / "o"),
+                             "--cache-dir", str(tmp_path / "c"))
+    assert code == 0, err
+    summary = Summary.model_validate_json((tmp_path / "o" / "summary.json").read_text())
+    metrics = {(r.task, r.metric): r for r in summary.results}
+    assert metrics[("arith_1dc", "exact_match")].headline
+    for task, names in [("arith_1dc", ["pass@1", "pass@10", "maj@10"]), ("humaneval_plus", ["pass@1", "pass@10"]),
+                        ("gsm8k", ["pass@1,strict-match", "pass@10,strict-match", "maj@10,flexible-extract"])]:
+        for name in names:
+            row = metrics[(task, f"{name} sampled")]
+            assert not row.headline and row.settings["sampling"] == [10, 0.7] and 0.0 <= row.value <= 1.0
+    assert metrics[("humaneval_plus", "pass@1")].statuses and metrics[("humaneval_plus", "pass@1 sampled")].statuses
+    assert sum(metrics[("humaneval_plus", "pass@1 sampled")].statuses.values()) == 10
+    sampled = [json.loads(line) for line in (tmp_path / "o" / "samples" / "humaneval_plus.sampled.jsonl").open()]
+    assert len(sampled[0]["status"]) == 10
