@@ -11,7 +11,7 @@ import pytest
 
 from layerprune.cli import main
 from layerprune.evaluate import Summary
-from layerprune.evaluate.project_tasks import humaneval_config, sampled_scores
+from layerprune.evaluate.project_tasks import humaneval_config
 from layerprune.evaluate.registry import TASKS
 from layerprune.evaluate.sandbox import SandboxLimits
 
@@ -94,6 +94,7 @@ def test_large_outputs_compare_by_digest(tmp_path):
 
 def test_pass_at_k_is_the_unbiased_estimator():
     from layerprune.evaluate.humaneval import pass_at_k
+    from layerprune.evaluate.project_tasks import sampled_scores
 
     for n, c, k in [(20, 2, 10), (10, 3, 1), (5, 0, 1), (10, 10, 10), (30, 7, 10)]:
         assert pass_at_k(n, c, k) == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k))

@@ -44,3 +44,13 @@ def test_probes_are_reproducible(shared_data):
     first = evaluate_model("embedded", settings).results
     second = evaluate_model("embedded", settings).results
     assert [r.value for r in first] == [r.value for r in second]
+
+
+def test_humaneval_reference_solutions_all_pass(shared_data, tmp_path):
+    """The dataset's own canonical solutions pass every HumanEval+ problem (164/164): the machine and the harness
+    hold (expected outputs outside the budget, EvalPlus's time limits, the end-of-checks marker)."""
+    settings = EvalSettings(tasks=["humaneval_plus"], reference_solutions=True, data_dir=shared_data)
+    summary = evaluate_model(None, settings, RunSettings(cache_dir=tmp_path / "cache"))
+    (row,) = summary.results
+    assert (row.value, row.n) == (1.0, 164), row.statuses
+    assert row.statuses == {"passed": 164}
