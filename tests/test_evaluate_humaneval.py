@@ -15,8 +15,8 @@ from layerprune.evaluate.project_tasks import humaneval_config
 from layerprune.evaluate.registry import TASKS
 from layerprune.evaluate.sandbox import SandboxLimits
 
-ADD = {"task_id": "Toy/0", "prompt": "def add(a, b):\n", "entry_point": "add", "canonical_solution": "    return a + b\n",
-       "test": "", "atol": 0, "base_input": [[1, 2], [3, 4]], "plus_input": [[10, -3], [0.5, 0.25]]}
+ADD = {"task_id": "Toy/0", "prompt": "def add(a, b):\n", "entry_point": "add", "test": "",
+       "canonical_solution": "    return a + b\n", "atol": 0, "base_input": [[1, 2], [3, 4]], "plus_input": [[10, -3], [0.5, 0.25]]}
 # the reference takes 0.8 s per input: more than the whole budget the old harness gave candidate AND reference
 SLOW = {"task_id": "Toy/1", "prompt": "def twice(x):\n", "entry_point": "twice", "test": "", "atol": 0,
         "canonical_solution": "    import time\n    time.sleep(0.8)\n    return 2 * x\n",
@@ -122,8 +122,8 @@ def test_reference_solutions_and_statuses_in_samples(capsys, tmp_path, shared_da
     assert [s["status"] for s in samples] == ["passed", "passed"]
     assert "passed 2" in out
 
-    code, _, err = run_cli(capsys, "--tasks", "humaneval_plus,arith_1dc", "--reference-solutions", "--data-dir", str(data),
-                           "--output", str(tmp_path / "o2"))
+    code, _, err = run_cli(capsys, "--tasks", "humaneval_plus,arith_1dc", "--reference-solutions",
+                           "--data-dir", str(data), "--output", str(tmp_path / "o2"))
     assert code == 2 and "error: --reference-solutions scores HumanEval+ only" in err
     assert not (tmp_path / "o2").exists()
 
@@ -152,3 +152,19 @@ def test_samples_per_task_reports_greedy_and_pass_at_k(capsys, tmp_path, tiny_ll
     assert sum(metrics[("humaneval_plus", "pass@1 sampled")].statuses.values()) == 10
     sampled = [json.loads(line) for line in (tmp_path / "o" / "samples" / "humaneval_plus.sampled.jsonl").open()]
     assert len(sampled[0]["status"]) == 10
+
+
+def test_comparison_shows_greedy_and_sampled_scores():
+    from layerprune.evaluate import TaskResult, compare
+
+    def summary(greedy: float, sampled: float) -> Summary:
+        common = {"task": "humaneval_plus", "kind": "generative", "stderr": None, "n": 164, "settings": {},
+                  "seconds": 1.0}
+        return Summary(model={}, model_hash="x", results=[
+            TaskResult(metric="pass@1", value=greedy, headline=True, **common),
+            TaskResult(metric="pass@10 sampled", value=sampled, headline=False, **common)])
+
+    report = compare({"baseline": summary(0.30, 0.60), "pruned": summary(0.05, 0.50)})
+    line = next(row for row in report["table"].splitlines() if "pass@10 sampled" in row)
+    assert "0.6000" in line and "0.5000" in line
+    assert report["averages"][0]["baseline"] == pytest.approx(0.30)  # averages stay over the greedy headlines

@@ -22,7 +22,7 @@ import secrets
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -100,7 +100,8 @@ out.write(pickle.dumps((outputs, seconds, digests), protocol=4))
 '''
 
 CHECK_PROGRAM = DIGEST_SOURCE.replace("{", "{{").replace("}", "}}") + r'''
-import base64 as _b64, cmath as _cmath, io as _io, json as _json, math as _math, os as _os, pickle as _pickle, signal as _signal
+import base64 as _b64, cmath as _cmath, io as _io, json as _json, math as _math, os as _os, pickle as _pickle
+import signal as _signal
 import sys as _sys
 
 _NONCE = {nonce!r}
@@ -354,7 +355,7 @@ def check_completion(row: dict[str, Any], completion: str, oracle: Oracle,
     limits = limits or SandboxLimits()
     nonce = f"layerprune-check-{secrets.token_hex(8)}"
     budget = program_timeout(time_limits(oracle), limits.timeout_s)
-    bounded = SandboxLimits(**{**limits.__dict__, "timeout_s": budget})
+    bounded = replace(limits, timeout_s=budget)
     result = run_program(check_program(row, completion, oracle, nonce), bounded)
     return judge(result, nonce, len(oracle.outputs))
 

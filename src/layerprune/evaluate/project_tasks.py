@@ -158,7 +158,8 @@ def humaneval_config(spec: TaskSpec, data_dir: Path | None, limits: SandboxLimit
     return with_sampling(config, sampling, majority=False, top_p=HUMANEVAL_TOP_P) if sampling else config
 
 
-def score_sampled_match(target: str, match: dict[str, Any], doc: dict[str, Any], results: list[Any]) -> dict[str, float]:
+def score_sampled_match(target: str, match: dict[str, Any], doc: dict[str, Any],
+                        results: list[Any]) -> dict[str, float]:
     """pass@k and maj@N of N extracted answers, each judged by the task's own exact_match settings."""
     from lm_eval.api.metrics import exact_match_hf_evaluate
     from lm_eval.utils import apply_template

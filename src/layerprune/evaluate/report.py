@@ -66,6 +66,20 @@ def comparison_rows(summaries: dict[str, Summary]) -> list[dict[str, Any]]:
     return rows
 
 
+def sampled_rows(summaries: dict[str, Summary]) -> list[dict[str, Any]]:
+    """Per task: each role's pass@k / maj@N from --samples-per-task, where every role has that metric."""
+    values = [{(r.task, r.metric): r for r in s.results if r.metric.endswith(" sampled")} for s in summaries.values()]
+    keys = [k for k in values[0] if all(k in v for v in values)] if values else []
+    rows = []
+    for task, metric in keys:
+        kind = values[0][(task, metric)].kind
+        row: dict[str, Any] = {"task": f"{task} ({metric})", "kind": kind, "metric": metric}
+        row.update({role: v[(task, metric)].value for role, v in zip(summaries, values)})
+        row.update(_derived(row))
+        rows.append(row)
+    return rows
+
+
 def _derived(row: dict[str, Any]) -> dict[str, Any]:
     base, pruned, rec = row.get("baseline"), row.get("pruned"), row.get("recovered")
     out = {"retention_pruned": _ratio(pruned, base), "retention_recovered": _ratio(rec, base)}
@@ -144,6 +158,7 @@ def compare(summaries: dict[str, Summary], output_dir: Path | None = None) -> di
     ordered = {role: summaries[role] for role in roles}
     rows = comparison_rows(ordered)
     averages = average_rows(rows, roles)
+    rows += sampled_rows(ordered)  # pass@k / maj@N next to the greedy headline, outside the averages
     table = format_comparison(rows + averages, roles)
     result: dict[str, Any] = {"table": table, "rows": rows, "averages": averages, "paths": {}}
     if output_dir is None:
