@@ -16,7 +16,8 @@ from layerprune.evaluate.registry import TASKS
 from layerprune.evaluate.sandbox import SandboxLimits
 
 ADD = {"task_id": "Toy/0", "prompt": "def add(a, b):\n", "entry_point": "add", "test": "",
-       "canonical_solution": "    return a + b\n", "atol": 0, "base_input": [[1, 2], [3, 4]], "plus_input": [[10, -3], [0.5, 0.25]]}
+       "canonical_solution": "    return a + b\n", "atol": 0, "base_input": [[1, 2], [3, 4]],
+       "plus_input": [[10, -3], [0.5, 0.25]]}
 # the reference takes 0.8 s per input: more than the whole budget the old harness gave candidate AND reference
 SLOW = {"task_id": "Toy/1", "prompt": "def twice(x):\n", "entry_point": "twice", "test": "", "atol": 0,
         "canonical_solution": "    import time\n    time.sleep(0.8)\n    return 2 * x\n",
