@@ -112,16 +112,18 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 def test_reference_solutions_and_statuses_in_samples(capsys, tmp_path, shared_data):
     rows = [json.loads(line) for line in (shared_data / "humaneval_plus" / "test.jsonl").open()][:2]
-    data = write_problems(tmp_path / "data", rows)
+    huge = {"task_id": "Toy/4", "prompt": "def power(n):\n", "entry_point": "power", "test": "", "atol": 0,
+            "canonical_solution": "    return 7 ** n\n", "base_input": [[6000]], "plus_input": []}  # > 4300 digits
+    data = write_problems(tmp_path / "data", [*rows, huge])
     code, out, err = run_cli(capsys, "--tasks", "humaneval_plus", "--reference-solutions", "--data-dir", str(data),
                              "--output", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c"))
     assert code == 0, err
     summary = Summary.model_validate_json((tmp_path / "o" / "summary.json").read_text())
     (row,) = summary.results
-    assert row.value == 1.0 and row.n == 2 and row.statuses == {"passed": 2}
+    assert row.value == 1.0 and row.n == 3 and row.statuses == {"passed": 3}
     samples = [json.loads(line) for line in (tmp_path / "o" / "samples" / "humaneval_plus.jsonl").open()]
-    assert [s["status"] for s in samples] == ["passed", "passed"]
-    assert "passed 2" in out
+    assert [s["status"] for s in samples] == ["passed"] * 3
+    assert "passed 3" in out
 
     code, _, err = run_cli(capsys, "--tasks", "humaneval_plus,arith_1dc", "--reference-solutions",
                            "--data-dir", str(data), "--output", str(tmp_path / "o2"))

@@ -9,7 +9,7 @@ import secrets
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from layerprune.data import load_rows
 from layerprune.errors import LayerpruneError
@@ -109,6 +109,33 @@ def humaneval_program(doc: dict[str, Any], completion: str, oracle: Oracle | Non
     return check_program(doc, completion, oracle, f"layerprune-check-{secrets.token_hex(8)}")
 
 
+class HumanEvalScorer:
+    """lm-eval's process_results for HumanEval+ (not a partial or dataclass: lm-eval's config dump would spell out
+    every expected output, and ints past 4300 digits make that dump fail)."""
+
+    def __init__(self, oracles: dict[str, Oracle], limits: SandboxLimits) -> None:
+        self.oracles, self.limits = oracles, limits
+
+    def __call__(self, doc: dict[str, Any], results: list[Any]) -> dict[str, Any]:
+        return score_humaneval(self.oracles, self.limits, doc, results)
+
+    def __repr__(self) -> str:
+        return f"HumanEvalScorer(EvalPlus rules, {len(self.oracles)} problems, {self.limits})"
+
+
+class RowsDataset:
+    """lm-eval's custom_dataset: the rows as a `test` split (its repr does not spell out every row)."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+
+    def __call__(self, **_: Any) -> dict[str, Any]:
+        return _dataset(self.rows)
+
+    def __repr__(self) -> str:
+        return f"RowsDataset({len(self.rows)} rows)"
+
+
 def score_humaneval(oracles: dict[str, Oracle], limits: SandboxLimits, doc: dict[str, Any],
                     results: list[Any]) -> dict[str, Any]:
     """pass@1 of one greedy completion, or the unbiased pass@k of N sampled ones; each run's sandbox status."""
@@ -144,12 +171,10 @@ def humaneval_config(spec: TaskSpec, data_dir: Path | None, limits: SandboxLimit
                      sampling: Sampling | None = None) -> dict[str, Any]:
     """lm-eval's humaneval.yaml, scored by EvalPlus's rules in our sandbox (expected outputs computed once, cached)."""
     rows = humaneval_rows(data_dir)
-    scorer: Callable[..., dict[str, Any]] = functools.partial(score_humaneval, expected_outputs(rows, cache_dir),
-                                                              limits)
     config = {
-        "task": spec.name, "custom_dataset": functools.partial(_dataset, rows),
+        "task": spec.name, "custom_dataset": RowsDataset(rows),
         "test_split": "test", "output_type": "generate_until", "doc_to_text": "{{prompt}}",
-        "doc_to_target": "{{entry_point}}", "num_fewshot": 0, "process_results": scorer,
+        "doc_to_target": "{{entry_point}}", "num_fewshot": 0, "process_results": HumanEvalScorer(expected_outputs(rows, cache_dir), limits),
         "metric_list": [{"metric": "pass@1", "aggregation": "mean", "higher_is_better": True}, *STATUS_METRICS],
         "generation_kwargs": {"until": list(HUMANEVAL_STOPS), "max_gen_toks": 1024, "do_sample": False},
         "metadata": {"version": 2.0, "sandbox": copy.copy(limits.__dict__), "time_limit_factor": GT_TIME_LIMIT_FACTOR,
