@@ -142,7 +142,7 @@ def score_humaneval(oracles: dict[str, Oracle], limits: SandboxLimits, doc: dict
     sampled = isinstance(results[0], list)
     completions = results[0] if sampled else [results[0]]
     verdicts = [check_completion(doc, c, oracles[doc["task_id"]], limits) for c in completions]
-    statuses, details = [v.status for v in verdicts], [v.detail for v in verdicts]
+    statuses, details = [v.status for v in verdicts], [f"{v.detail} ({v.seconds:.2f}s)" for v in verdicts]
     if not sampled:
         return {"pass@1": float(verdicts[0].passed), "status": statuses[0], "check": details[0]}
     correct = sum(v.passed for v in verdicts)
