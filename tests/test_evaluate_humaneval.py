@@ -131,14 +131,28 @@ def test_reference_solutions_and_statuses_in_samples(capsys, tmp_path, shared_da
     assert not (tmp_path / "o2").exists()
 
 
-def test_samples_per_task_reports_greedy_and_pass_at_k(capsys, tmp_path, tiny_llama, shared_data):
-    rows = [json.loads(line) for line in (shared_data / "humaneval_plus" / "test.jsonl").open()][:1]
-    data = write_problems(tmp_path / "data", rows)
+def test_sampled_humaneval_scores_pass_at_k_and_keeps_every_status(tmp_path):
+    from layerprune.evaluate.project_tasks import Sampling, with_sampling
+
+    config = humaneval_config(TASKS.get("humaneval_plus"), write_problems(tmp_path / "data", [ADD]),
+                              SandboxLimits(timeout_s=5, memory_mb=512), tmp_path / "oracles")
+    sampled = with_sampling(config, Sampling(10, 0.8), majority=False)
+    assert sampled["repeats"] == 10 and sampled["generation_kwargs"]["do_sample"] is True
+    assert [m["metric"] for m in sampled["metric_list"]] == ["pass@1", "pass@10", "status", "check"]
+    doc = config["custom_dataset"]()["test"][0]
+    completions = ["    return a + b\n"] * 3 + ["    return a - b\n"] * 6 + ["    import os\n    os._exit(0)\n"]
+    scores = config["process_results"](doc, [completions])
+    assert scores["pass@1"] == pytest.approx(0.3) and scores["pass@10"] == 1.0
+    assert scores["status"] == ["passed"] * 3 + ["failed"] * 7
+
+
+def test_samples_per_task_reports_greedy_and_pass_at_k(capsys, tmp_path, tiny_llama):
+    data = tmp_path / "data"
     gsm = [{"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"} for i in range(3)]
     for split in ("train", "test"):
-        (data / "gsm8k").mkdir(exist_ok=True)
+        (data / "gsm8k").mkdir(parents=True, exist_ok=True)
         (data / "gsm8k" / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gsm))
-    code, out, err = run_cli(capsys, "--model", str(tiny_llama), "--tasks", "arith_1dc,gsm8k,humaneval_plus",
+    code, out, err = run_cli(capsys, "--model", str(tiny_llama), "--tasks", "arith_1dc,gsm8k",
                              "--limit", "1", "--max-gen-toks", "3", "--num-fewshot", "1", "--samples-per-task", "10",
                              "--temperature", "0.7", "--data-dir", str(data), "--output", str(tmp_path / "o"),
                              "--cache-dir", str(tmp_path / "c"))
@@ -146,15 +160,13 @@ def test_samples_per_task_reports_greedy_and_pass_at_k(capsys, tmp_path, tiny_ll
     summary = Summary.model_validate_json((tmp_path / "o" / "summary.json").read_text())
     metrics = {(r.task, r.metric): r for r in summary.results}
     assert metrics[("arith_1dc", "exact_match")].headline
-    for task, names in [("arith_1dc", ["pass@1", "pass@10", "maj@10"]), ("humaneval_plus", ["pass@1", "pass@10"]),
+    for task, names in [("arith_1dc", ["pass@1", "pass@10", "maj@10"]),
                         ("gsm8k", ["pass@1,strict-match", "pass@10,strict-match", "maj@10,flexible-extract"])]:
         for name in names:
             row = metrics[(task, f"{name} sampled")]
             assert not row.headline and row.settings["sampling"] == [10, 0.7] and 0.0 <= row.value <= 1.0
-    assert metrics[("humaneval_plus", "pass@1")].statuses and metrics[("humaneval_plus", "pass@1 sampled")].statuses
-    assert sum(metrics[("humaneval_plus", "pass@1 sampled")].statuses.values()) == 10
-    sampled = [json.loads(line) for line in (tmp_path / "o" / "samples" / "humaneval_plus.sampled.jsonl").open()]
-    assert len(sampled[0]["status"]) == 10
+    sampled = [json.loads(line) for line in (tmp_path / "o" / "samples" / "arith_1dc.sampled.jsonl").open()]
+    assert len(sampled) == 1 and len(sampled[0]["resps"][0]) == 10
 
 
 def test_comparison_shows_greedy_and_sampled_scores():
