@@ -129,6 +129,9 @@ def test_reference_solutions_and_statuses_in_samples(capsys, tmp_path, shared_da
                            "--data-dir", str(data), "--output", str(tmp_path / "o2"))
     assert code == 2 and "error: --reference-solutions scores HumanEval+ only" in err
     assert not (tmp_path / "o2").exists()
+    code, _, err = run_cli(capsys, "--tasks", "humaneval_plus", "--reference-solutions", "--model", "embedded",
+                           "--data-dir", str(data), "--output", str(tmp_path / "o3"))
+    assert code == 2 and "drop --model" in err and not (tmp_path / "o3").exists()
 
 
 def test_sampled_humaneval_scores_pass_at_k_and_keeps_every_status(tmp_path):

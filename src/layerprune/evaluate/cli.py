@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from layerprune.errors import LayerpruneError
 from layerprune.evaluate.schema import EvalSettings, parse_task_list
 from layerprune.schema_cli import add_schema_args, build_schema, explicit_values
 from layerprune.settings import RunSettings
@@ -60,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
     from layerprune.evaluate.api import evaluate_models
 
     settings, run_settings = _settings(args)
+    if settings.reference_solutions and any(v is not None for v in (args.model, args.baseline, args.pruned)):
+        raise LayerpruneError("--reference-solutions scores the dataset's own solutions; drop --model, --baseline "
+                              "and --pruned")
     roles = model_roles(args)
     output = args.output or _default_output(roles)
     tables = evaluate_models(roles, settings, run_settings, output, args.overwrite)
