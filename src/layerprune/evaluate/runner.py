@@ -21,7 +21,7 @@ from layerprune.evaluate.project_tasks import (DEFAULT_TEMPERATURE, Sampling, hu
                                                lm_eval_sampling, probe_config)
 from layerprune.evaluate.results import (aggregate_group, cache_path, model_hash, read_cached, summarize,
                                          write_cached)
-from layerprune.evaluate.sandbox import SandboxLimits
+from layerprune.evaluate.sandbox import SandboxLimits, isolation_level
 from layerprune.evaluate.schema import EvalSettings, Summary, TaskResult
 from layerprune.evaluate.suites import PlannedTask, plan_tasks
 from layerprune.models import LoadedModel, ModelSource, load_model, resolve_model
@@ -96,7 +96,8 @@ def task_configs(task: PlannedTask, settings: EvalSettings, data_dir: Path | Non
     if spec.source == "probe":
         return [probe_config(spec, settings.probe_seed, sampling)]
     if spec.source == "humaneval":
-        limits = SandboxLimits(timeout_s=settings.sandbox_timeout, memory_mb=settings.sandbox_memory_mb)
+        limits = SandboxLimits(timeout_s=settings.sandbox_timeout, memory_mb=settings.sandbox_memory_mb,
+                               allow_unsafe=settings.unsafe_code_exec)
         oracle_dir = cache_root / "humaneval_plus" if cache_root is not None else None
         return [humaneval_config(spec, data_dir, limits, oracle_dir, sampling)]
     configs = lm_eval_configs(spec, data_dir)
@@ -251,6 +252,8 @@ def evaluate_model(
         check_output_dir(output_dir, overwrite)
     data_dir = resolve_data_dir(settings.data_dir)
     planned, skipped = plan_tasks(settings, data_dir)
+    if any(task.spec.source == "humaneval" for task in planned):
+        isolation_level(settings.unsafe_code_exec)  # refuse before the model loads
     cache_root = run.resolved_cache_dir() / "eval"
     if settings.reference_solutions:
         handle, template = reference_handle(planned, data_dir, run), False

@@ -59,6 +59,8 @@ class EvalSettings(BaseModel):
                                                               "(default 0.2, as lm-eval's sampled tasks)")
     reference_solutions: bool = Field(False, description="Score HumanEval+'s canonical solutions instead of a "
                                       "model's completions: checks the machine and the harness (expect 1.0)")
+    unsafe_code_exec: bool = Field(False, description="Run generated code even where no isolation is available "
+                                                      "(not root and no user namespaces): unsafe")
     reuse: bool = Field(True, description="Reuse cached results for the same model, task and settings")
 
     @field_validator("limit")
