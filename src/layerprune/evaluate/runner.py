@@ -72,7 +72,7 @@ def task_settings(task: PlannedTask, settings: EvalSettings, run: RunSettings, c
         "max_gen_toks": task.max_gen_toks, "chat_template": chat, "backend": settings.backend,
         "batch_size": settings.batch_size, "dtype": str(run.resolved_dtype()), "device": run.resolved_device().type,
         "probe_seed": settings.probe_seed if source == "probe" else None,
-        "sandbox": sandbox if source == "humaneval" else None,
+        "sandbox": sandbox + [isolation_level(settings.unsafe_code_exec)] if source == "humaneval" else None,
         "sampling": [sampling.n, sampling.temperature] if sampling else None,
         "lm_eval": importlib.metadata.version("lm_eval"), "data": _data_identity(task, settings),
     }

@@ -1,5 +1,5 @@
-"""The sandbox's launcher: run as a script (`python -I -S sandbox_launcher.py CONFIG`, the config a marshal dump in hex:
-no import costs), standard library only.
+"""The sandbox's launcher: `python -I -S -c "import sandbox_launcher; sandbox_launcher.main()" CONFIG` (the config a
+marshal dump in hex: no import costs), standard library only.
 
 It isolates one program from the operating system, then executes it:
 1. (this process) new mount, PID, network, IPC and UTS namespaces (and a user namespace when not root);
@@ -64,8 +64,8 @@ def _locked_flags(path: str) -> int:
 
 
 def _mounts_under(target: str) -> list[str]:
-    with open("/proc/self/mountinfo", encoding="utf-8") as handle:
-        points = [line.split()[4].encode().decode("unicode_escape") for line in handle]
+    with open("/proc/self/mountinfo", "rb") as handle:
+        points = [os.fsdecode(line.split()[4].decode("unicode_escape").encode("latin-1")) for line in handle]
     return sorted({p for p in points if p == target or p.startswith(target.rstrip("/") + "/")})
 
 
@@ -122,7 +122,7 @@ def _build_dev(root: str, shm_mb: int) -> None:
     _mkdirs(dev)
     _mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
     for name in DEVICES:
-        open(f"{dev}/{name}", "w").close()
+        os.close(os.open(f"{dev}/{name}", os.O_WRONLY | os.O_CREAT, 0o644))
         bind(f"/dev/{name}", f"{dev}/{name}", writable=True, device=True)
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2")):
