@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from layerprune.errors import LayerpruneError
+from layerprune.errors import LayerpruneError, one_line
 
 from layerprune.evaluate import sandbox_launcher
 
@@ -226,7 +226,7 @@ def available_isolation() -> tuple[str, str]:
         probe = execute("pass\n", SandboxLimits(timeout_s=20), mode)
         if probe.passed:
             return mode, ""
-        reasons.append(f"{mode}: {probe.reason or probe.status} {probe.stderr.strip()[-200:]}".strip())
+        reasons.append(one_line(f"{mode}: {probe.reason or probe.status} {probe.stderr.strip()[-200:]}"))
     if os.geteuid() != 0:
         reasons.insert(0, "not root")
     return "none", "; ".join(reasons)

@@ -201,7 +201,10 @@ def enter_namespaces(cfg: dict) -> None:
     uid, gid = os.getuid(), os.getgid()
     if cfg["mode"] == "userns":
         flags |= CLONE_NEWUSER
-    _check(libc.unshare(flags), "unshare")
+    if libc.unshare(flags) != 0:
+        hint = " (user namespaces off or at their limit: sysctl user.max_user_namespaces)" \
+            if cfg["mode"] == "userns" else ""
+        raise SetupError(f"unshare: {os.strerror(ctypes.get_errno())}{hint}")
     if cfg["mode"] == "userns":
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
             with open(f"/proc/self/{name}", "w", encoding="ascii") as handle:
