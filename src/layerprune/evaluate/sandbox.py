@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from layerprune.errors import LayerpruneError, one_line
-
 from layerprune.evaluate import sandbox_launcher
 
 # The launcher is imported (not run as a script) so that its cached bytecode is used: compiling it costs ms.
@@ -40,8 +39,9 @@ UID_BASE = 1_500_000_000  # dedicated ids own no file and no home; one per run s
 GRACE_S = 5.0
 TAIL_BYTES = 64 << 10
 MARKER = b"layerprune-sandbox-complete:"
-BLOCKED = re.compile(r"^(PermissionError|OSError|ConnectionError|\w*Error): \[Errno (1|13|30|97|99|101|111)\]",
-                     re.MULTILINE)
+# the last line of a traceback for what the isolation refuses: EPERM, EACCES, EROFS, no address family, no
+# address, network unreachable, connection refused
+BLOCKED = re.compile(r"^\w*Error: \[Errno (1|13|30|97|99|101|111)\]")
 STATUSES = ("passed", "failed", "timeout", "memory", "blocked", "killed", "error")
 
 # The program runs inside this wrapper: it takes the run's token from stdin (then closed), executes
@@ -109,8 +109,8 @@ def interpreter_dirs() -> list[str]:
     """The directories this interpreter needs, outside the system ones that are always bound."""
     dirs = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
     dirs.add(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
-    system = ("/usr", "/etc", "/bin", "/sbin", "/lib")
-    return sorted((d for d in dirs if d != "/" and not d.startswith(system)), key=len)
+    system = [Path("/usr"), Path("/etc")] + [Path("/", name) for name in ("bin", "sbin", "lib", "lib32", "lib64")]
+    return sorted((d for d in dirs if d != "/" and not any(Path(d).is_relative_to(s) for s in system)), key=len)
 
 
 def _config(run: Path, mode: str, limits: SandboxLimits) -> dict:
@@ -175,7 +175,7 @@ def classify(outcome: str, stdout_tail: bytes, stderr: str, token: bytes) -> tup
         sig = int(value)
         if sig == signal.SIGXCPU:
             return "timeout", -sig, "CPU-time limit"
-        return "killed", -sig, f"killed by {signal.Signals(sig).name}"
+        return "killed", -sig, f"killed by {signal.strsignal(sig) or sig}"
     if kind != "exit":
         return "error", None, f"sandbox setup failed: {outcome[6:] if kind == 'setup' else outcome or 'no outcome'}"
     code = int(value)
@@ -185,7 +185,7 @@ def classify(outcome: str, stdout_tail: bytes, stderr: str, token: bytes) -> tup
         return "failed", 0, "exited before its last statement ran"
     if "MemoryError" in stderr:
         return "memory", code, "memory limit"
-    if BLOCKED.search(stderr):
+    if BLOCKED.match((stderr.strip().splitlines() or [""])[-1]):
         return "blocked", code, "an operation the sandbox forbids"
     return "failed", code, "non-zero exit"
 
@@ -210,7 +210,7 @@ def execute(code: str, limits: SandboxLimits, mode: str) -> SandboxResult:
         except OSError:
             pass
         finished = _wait(proc, limits)
-        outcome = (run / "status").read_text(encoding="utf-8", errors="replace") if finished else "timeout"
+        outcome = _tail(run / "status").decode("utf-8", "replace") if finished else "timeout"
         stderr = _tail(run / "stderr", 4000).decode("utf-8", "replace")
         stdout = _tail(run / "stdout")
         status, returncode, reason = classify(outcome, stdout, stderr, token)
