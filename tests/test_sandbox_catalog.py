@@ -4,7 +4,8 @@ Each case runs a program that tries to do harm, then checks from outside that no
 outside are unchanged, an outside process is alive, a listener got no connection, no secret was printed,
 no process of the run is left, and the evaluator's peak memory barely moved. Cases marked `hook_off`
 first switch off the old Python audit hook through `import __main__` (a boundary must not depend on it).
-Bounded: a few forks, short sleeps, files only in temporary directories; every process started is
+Bounded: a few forks, short sleeps, files only in temporary directories (the stand-in home too); every process
+started is
 ended by its id.
 """
 
@@ -237,7 +238,9 @@ def outside(monkeypatch: pytest.MonkeyPatch):
     (root / "sub" / "inner.txt").write_text("keep too")
     secret = "SECRET-" + secrets.token_hex(8)
     monkeypatch.setenv("LAYERPRUNE_CATALOG_SECRET", secret)
-    home_file = Path.home() / f".layerprune-catalog-{secrets.token_hex(4)}"
+    home = Path(tempfile.mkdtemp(prefix="layerprune-home-"))  # stands in for the user's home (mode 700)
+    home_file = home / ".cache" / "huggingface" / "token"
+    home_file.parent.mkdir(parents=True)
     home_file.write_text(secret)
     victim = subprocess.Popen(["sleep", "30"], start_new_session=True)
     unix_path = str(root.parent / f"layerprune-catalog-{secrets.token_hex(4)}.sock")
@@ -257,9 +260,10 @@ def outside(monkeypatch: pytest.MonkeyPatch):
         victim.wait()
         for sock in sockets:
             sock.close()
-        for path in [home_file, Path(unix_path), *state.extra_paths]:
+        for path in [Path(unix_path), *state.extra_paths]:
             path.unlink(missing_ok=True)
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def _wait_gone(tag: str) -> list[int]:
