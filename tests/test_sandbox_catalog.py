@@ -4,9 +4,8 @@ Each case runs a program that tries to do harm, then checks from outside that no
 outside are unchanged, an outside process is alive, a listener got no connection, no secret was printed,
 no process of the run is left, and the evaluator's peak memory barely moved. Cases marked `hook_off`
 first switch off the old Python audit hook through `import __main__` (a boundary must not depend on it).
-Bounded: a few forks, short sleeps, files only in temporary directories (the stand-in home too); every process
-started is
-ended by its id.
+Bounded: a few forks, short sleeps, files only in temporary directories (the stand-in home too); every
+process started is ended by its id.
 """
 
 from __future__ import annotations
