@@ -28,9 +28,11 @@ from typing import Callable
 
 import pytest
 
-from layerprune.evaluate.sandbox import SandboxLimits, run_program
+from layerprune.evaluate.sandbox import SandboxLimits, available_isolation, run_program
 
 LIMITS = SandboxLimits(timeout_s=4, memory_mb=512)
+pytestmark = pytest.mark.skipif(available_isolation()[0] == "none",
+                                reason="no isolation here: " + available_isolation()[1])
 STARTED = "sandbox-case-started"
 HOOK_OFF = ("import __main__\n__main__._BLOCKED = ()\n__main__._PATH_EVENTS = {}\n__main__._ROOT = ''\n"
             "__main__._WRITE_FLAGS = 0\n")
@@ -111,7 +113,8 @@ CASES += [
          "subprocess.Popen(['sleep', '{tag}'], stdout=sys.stdout, stderr=sys.stderr, start_new_session=True)\n"
          "assert 1 + 1 == 2\n", hook_off=True, must_pass=True),
     Case(PROC, "fork-count-bounded", "import time\nn = 0\nfor _ in range(40):\n    try:\n        pid = os.fork()\n"
-         "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(1)\n        os._exit(0)\n    n += 1\n"
+         "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(1)\n        os._exit(0)\n"
+         "    n += 1\n"
          "assert n < 40, 'forked ' + str(n)\n", hook_off=True, must_pass=True),
 ]
 NET = "network"
@@ -124,17 +127,20 @@ CASES += [
          "s.sendto(b'leak', socket.MSG_FASTOPEN, ('127.0.0.1', {tcp}))\n"),
     Case(NET, "raw-icmp", "import socket, sys\n"
          "s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)\n"
-         "s.sendto(b'\\x08\\x00\\xf7\\xff\\x00\\x00\\x00\\x00', ('127.0.0.1', 0))\nprint('LE' + 'AK raw', file=sys.stderr)\n"),
+         "s.sendto(b'\\x08\\x00\\xf7\\xff\\x00\\x00\\x00\\x00', ('127.0.0.1', 0))\n"
+         "print('LE' + 'AK raw', file=sys.stderr)\n"),
     Case(NET, "unix-abstract", "import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({abstract!r})\n",
          hook_off=True),
     Case(NET, "unix-path", "import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({unix!r})\n", hook_off=True),
-    Case(NET, "dns", "import socket, sys\nprint('LE' + 'AK dns', socket.getaddrinfo('pypi.org', 443)[0], file=sys.stderr)\n"),
+    Case(NET, "dns", "import socket, sys\n"
+         "print('LE' + 'AK dns', socket.getaddrinfo('pypi.org', 443)[0], file=sys.stderr)\n"),
 ]
 SECRET = "secrets"
 CASES += [
     Case(SECRET, "environment", "import sys\nprint(dict(os.environ), open('/proc/self/environ').read(), "
          "file=sys.stderr)\n"),
-    Case(SECRET, "parent-environ", "import sys\nprint(open(f'/proc/{{os.getppid()}}/environ').read(), file=sys.stderr)\n"),
+    Case(SECRET, "parent-environ",
+         "import sys\nprint(open(f'/proc/{{os.getppid()}}/environ').read(), file=sys.stderr)\n"),
     Case(SECRET, "ancestors-environ", "import sys\npid = os.getpid()\nwhile pid > 1:\n"
          "    pid = int(open(f'/proc/{{pid}}/stat').read().rsplit(')', 1)[1].split()[1])\n"
          "    print(open(f'/proc/{{pid}}/environ').read(), file=sys.stderr)\n"),
