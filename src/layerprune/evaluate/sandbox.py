@@ -9,6 +9,10 @@ Output goes to files, so RLIMIT_FSIZE caps what a program can print; the evaluat
 
 Where neither root nor user namespaces are available, running generated code is refused unless the user
 opts in (`--unsafe-code-exec`); every result records the isolation it ran under.
+
+Known limits: memory is bounded per process (RLIMIT_AS), so one program may hold up to max_processes x
+memory_mb (no cgroup is created); there is no seccomp filter; the pass token guards against early exits, not
+against a program that deliberately digs it out of the wrapper's frame.
 """
 
 from __future__ import annotations
