@@ -66,7 +66,7 @@ def test_timeout_and_memory_are_their_own_status(tmp_path):
     score = scorer(tmp_path, [ADD])
     assert score("Toy/0", "    while True:\n        pass\n")["status"] == "timeout"
     assert score("Toy/0", "    x = bytearray(8 << 30)\n")["status"] == "memory"
-    assert score("Toy/0", "    import subprocess\n    subprocess.run(['true'])\n")["status"] == "blocked"
+    assert score("Toy/0", "    open('/etc/layerprune-check', 'w')\n")["status"] == "blocked"
 
 
 def test_expected_outputs_are_cached_by_content(tmp_path, monkeypatch):

@@ -208,8 +208,7 @@ def _main():
         if not same:
             _say("failed %d wrong output" % i)
             _os._exit(1)
-    _say("passed %d" % len(_INPUTS))
-    _os._exit(0)
+    _say("passed %d" % len(_INPUTS))  # then return: the sandbox's own pass needs the program to end normally
 
 
 _main()

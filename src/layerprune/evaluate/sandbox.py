@@ -43,9 +43,9 @@ UID_BASE = 1_500_000_000  # dedicated ids own no file and no home; one per run s
 GRACE_S = 5.0
 TAIL_BYTES = 64 << 10
 MARKER = b"layerprune-sandbox-complete:"
-# the last line of a traceback for what the isolation refuses: EPERM, EACCES, EROFS, no address family, no
-# address, network unreachable, connection refused
-BLOCKED = re.compile(r"^\w*Error: \[Errno (1|13|30|97|99|101|111)\]")
+# the error the program ended on (its stderr's last line: a traceback's, or a harness's report of it) is one
+# the isolation produces: EPERM, EACCES, EROFS, no address family, no address, unreachable, refused
+BLOCKED = re.compile(r"\b\w*Error: \[Errno (1|13|30|97|99|101|111)\]")
 STATUSES = ("passed", "failed", "timeout", "memory", "blocked", "killed", "error")
 
 # The program runs inside this wrapper: it takes the run's token from stdin (then closed), executes
@@ -189,7 +189,7 @@ def classify(outcome: str, stdout_tail: bytes, stderr: str, token: bytes) -> tup
         return "failed", 0, "exited before its last statement ran"
     if "MemoryError" in stderr:
         return "memory", code, "memory limit"
-    if BLOCKED.match((stderr.strip().splitlines() or [""])[-1]):
+    if BLOCKED.search((stderr.strip().splitlines() or [""])[-1]):
         return "blocked", code, "an operation the sandbox forbids"
     return "failed", code, "non-zero exit"
 
