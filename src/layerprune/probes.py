@@ -1,21 +1,62 @@
-"""Algorithmic probes generated from a seed: arithmetic and balanced brackets."""
+"""Algorithmic probes generated from a seed: arithmetic and balanced brackets.
+
+Evaluation and calibration draw from separate random streams, and a calibration draw never repeats an
+expression of the evaluation items (the first PROBE_DOCS of every probe task of its family at EVAL_SEED).
+"""
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
+from typing import Callable
 
 OPS = ("+", "-", "*")
+OP_NAMES = {"+": "add", "-": "sub", "*": "mul"}
 BRACKETS = {"(": ")", "[": "]", "{": "}"}
+PROBE_DOCS = 500  # items per probe task; evaluation's --limit takes the first ones
+EVAL_SEED = 0  # the evaluation's default --probe-seed, whose items calibration avoids
+PROBE_VERSION = 2  # bump when the items a seed gives change (2: distinct questions, separate calibration stream)
+MAX_REPEATS = 1000  # consecutive repeated questions after which a probe family is taken as exhausted
+Stream = str  # "eval" or "calib"
 
 
 @dataclass(frozen=True)
 class Probe:
-    """One question with an exact expected answer; `prompt` already holds the few-shot prefix."""
+    """One question with an exact expected answer; `prompt` holds the few-shot prefix, then `question`."""
 
     prompt: str
     answer: str
     kind: str
+    question: str = ""  # the part of the prompt after the few-shot prefix
+
+
+def probe_tasks() -> dict[str, dict[str, object]]:
+    """Every probe task: name -> generator arguments (its `family` first)."""
+    tasks: dict[str, dict[str, object]] = {"arith_1dc": {"family": "arithmetic", "kind": "composite"}}
+    for digits in range(2, 6):
+        for op in OPS:
+            tasks[f"arith_{digits}d_{OP_NAMES[op]}"] = {"family": "arithmetic", "kind": "multi", "digits": digits,
+                                                        "op": op}
+    for depth in range(2, 9):
+        tasks[f"brackets_d{depth}"] = {"family": "brackets", "depth": depth}
+    return tasks
+
+
+def generate_probes(args: dict[str, object], n: int, seed: int, stream: Stream = "eval") -> list[Probe]:
+    """The items of one probe task (arguments as in `probe_tasks`)."""
+    rest = dict(args)
+    family = rest.pop("family")
+    if family == "brackets":
+        return bracket_probes(n, depth=int(rest["depth"]), seed=seed, stream=stream)  # type: ignore[arg-type]
+    return arithmetic_probes(n, seed=seed, stream=stream, **rest)  # type: ignore[arg-type]
+
+
+@functools.cache
+def evaluation_questions(family: str) -> frozenset[str]:
+    """The questions of the evaluation items of a family: what a calibration draw must never be."""
+    return frozenset(p.question for args in probe_tasks().values() if args["family"] == family
+                     for p in generate_probes(args, PROBE_DOCS, EVAL_SEED))
 
 
 def composite_expression(rng: random.Random) -> tuple[str, int]:
@@ -37,20 +78,55 @@ def multi_digit_expression(rng: random.Random, digits: int, op: str) -> tuple[st
     return f"{a} {op} {b}", int(eval(f"{a} {op} {b}"))  # noqa: S307
 
 
-def arithmetic_probes(n: int, seed: int = 0, shots: int = 3, kind: str = "composite", digits: int = 1,
-                      op: str = "+") -> list[Probe]:
-    """`n` arithmetic questions, each with a `shots`-example prefix, all from `seed`."""
-    rng = random.Random(f"arith-{kind}-{digits}-{op}-{seed}")
+def _rng(key: str, stream: Stream) -> random.Random:
+    return random.Random(key if stream == "eval" else f"{stream}:{key}")
 
-    def draw() -> tuple[str, int]:
-        return composite_expression(rng) if kind == "composite" else multi_digit_expression(rng, digits, op)
 
-    probes = []
-    for _ in range(n):
+def _avoiding(draw: Callable[[], tuple[str, str]], avoid: frozenset[str]) -> Callable[[], tuple[str, str]]:
+    """`draw`, redrawn while its question is one to avoid."""
+    def redraw() -> tuple[str, str]:
+        for _ in range(MAX_REPEATS):
+            question, answer = draw()
+            if question not in avoid:
+                return question, answer
+        raise RuntimeError("every draw of this probe family is an evaluation item")
+    return redraw
+
+
+def _distinct(draw: Callable[[], tuple[str, str]], n: int, shots: int) -> list[tuple[list[tuple[str, str]], str, str]]:
+    """Up to `n` items (examples, question, answer) with distinct questions; fewer when the family has fewer."""
+    items, seen, repeats = [], set(), 0
+    while len(items) < n and repeats < MAX_REPEATS:
         examples = [draw() for _ in range(shots)]
         question, answer = draw()
-        prefix = "".join(f"{q} = {a}\n" for q, a in examples)
-        probes.append(Probe(f"{prefix}{question} =", f" {answer}", f"arith_{kind}" if kind == "composite" else f"arith_{digits}d{op}"))
+        if question in seen:
+            repeats += 1
+            continue
+        seen.add(question)
+        repeats = 0
+        items.append((examples, question, answer))
+    return items
+
+
+def arithmetic_probes(n: int, seed: int = 0, shots: int = 3, kind: str = "composite", digits: int = 1,
+                      op: str = "+", stream: Stream = "eval") -> list[Probe]:
+    """Up to `n` arithmetic questions with distinct questions, each with a `shots`-example prefix, all from `seed`.
+
+    stream "calib" draws from its own generator and never yields an evaluation question, in a question or an example.
+    """
+    rng = _rng(f"arith-{kind}-{digits}-{op}-{seed}", stream)
+
+    def draw() -> tuple[str, str]:
+        text, value = composite_expression(rng) if kind == "composite" else multi_digit_expression(rng, digits, op)
+        return f"{text} =", f" {value}"
+
+    if stream != "eval":
+        draw = _avoiding(draw, evaluation_questions("arithmetic"))
+    name = "arith_composite" if kind == "composite" else f"arith_{digits}d{op}"
+    probes = []
+    for examples, question, answer in _distinct(draw, n, shots):
+        prefix = "".join(f"{q}{a}\n" for q, a in examples)
+        probes.append(Probe(f"{prefix}{question}", answer, name, question))
     return probes
 
 
@@ -61,13 +137,18 @@ def bracket_sequence(rng: random.Random, depth: int) -> tuple[str, str]:
     return opening, closing
 
 
-def bracket_probes(n: int, depth: int, seed: int = 0, shots: int = 3) -> list[Probe]:
-    """'Complete the sequence' questions: input '( [ {' expects '} ] )'."""
-    rng = random.Random(f"brackets-{depth}-{seed}")
-    probes = []
-    for _ in range(n):
-        examples = [bracket_sequence(rng, depth) for _ in range(shots)]
+def bracket_probes(n: int, depth: int, seed: int = 0, shots: int = 3, stream: Stream = "eval") -> list[Probe]:
+    """'Complete the sequence' questions: input '( [ {' expects '} ] )'; at most 3**depth distinct ones."""
+    rng = _rng(f"brackets-{depth}-{seed}", stream)
+
+    def draw() -> tuple[str, str]:
         opening, closing = bracket_sequence(rng, depth)
-        prefix = "".join(f"Input: {' '.join(o)}\nClosing: {' '.join(c)}\n" for o, c in examples)
-        probes.append(Probe(f"{prefix}Input: {' '.join(opening)}\nClosing:", f" {' '.join(closing)}", f"brackets_d{depth}"))
+        return f"Input: {' '.join(opening)}\nClosing:", f" {' '.join(closing)}"
+
+    if stream != "eval":
+        draw = _avoiding(draw, evaluation_questions("brackets"))
+    probes = []
+    for examples, question, answer in _distinct(draw, n, shots):
+        prefix = "".join(f"{q}{a}\n" for q, a in examples)
+        probes.append(Probe(f"{prefix}{question}", answer, f"brackets_d{depth}", question))
     return probes

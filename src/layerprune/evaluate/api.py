@@ -6,9 +6,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from layerprune.data import resolve_data_dir
+from layerprune.evaluate.overlap import calibration_overlap
 from layerprune.evaluate.report import compare, format_table
 from layerprune.evaluate.runner import evaluate_model
 from layerprune.evaluate.schema import EvalSettings, Summary
+from layerprune.evaluate.suites import plan_tasks
 from layerprune.models import resolve_model
 from layerprune.models.loading import load_tokenizer
 from layerprune.outputs import atomic_output_dir, check_output_dir
@@ -41,11 +44,15 @@ def evaluate_models(roles: dict[str, Any], settings: EvalSettings, run: RunSetti
     check_output_dir(output, overwrite)
     warning = warn_tokenizer_mismatch(roles, run)
     summaries: dict[str, Summary] = {}
+    pruned = roles.get("pruned")
+    if pruned is not None:  # refuse an overlap before any model is evaluated
+        calibration_overlap(plan_tasks(settings, resolve_data_dir(settings.data_dir))[0], settings,
+                            resolve_data_dir(settings.data_dir), pruned)
     with atomic_output_dir(output, overwrite) as tmp:
         for role, spec in roles.items():
             target = tmp if len(roles) == 1 else tmp / role
             log.info("== %s: %s", role, spec or "embedded")
-            summaries[role] = evaluate_model(spec, settings, run, target, overwrite=True)
+            summaries[role] = evaluate_model(spec, settings, run, target, overwrite=True, calibration_from=pruned)
         if len(roles) == 1:
             return format_table(next(iter(summaries.values())))
         report = compare(summaries, tmp)

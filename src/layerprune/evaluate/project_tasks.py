@@ -17,9 +17,8 @@ from layerprune.evaluate.registry import TaskSpec
 from layerprune.evaluate.humaneval import (GT_TIME_LIMIT_FACTOR, MIN_TIME_LIMIT, Oracle, check_completion,
                                            check_program, count_statuses, expected_outputs, pass_at_k)
 from layerprune.evaluate.sandbox import SandboxLimits
-from layerprune.probes import Probe, arithmetic_probes, bracket_probes
+from layerprune.probes import PROBE_DOCS, PROBE_VERSION, Probe, generate_probes
 
-PROBE_DOCS = 500  # generated per probe task; --limit takes the first ones
 PROBE_MAX_TOKENS = 32
 # lm-eval's humaneval.yaml, with its hub-loaded code_eval metric replaced by our sandbox
 HUMANEVAL_STOPS = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"]
@@ -68,12 +67,8 @@ def sampled_scores(answers: list[str], gold: str, majority: bool) -> dict[str, f
 
 
 def probe_rows(spec: TaskSpec, seed: int, n: int = PROBE_DOCS) -> list[Probe]:
-    """The deterministic questions of a probe task."""
-    args = dict(spec.probe)
-    family = args.pop("family")
-    if family == "brackets":
-        return bracket_probes(n, depth=int(args["depth"]), seed=seed)  # type: ignore[arg-type]
-    return arithmetic_probes(n, seed=seed, **args)  # type: ignore[arg-type]
+    """The deterministic questions of a probe task (distinct ones: fewer than `n` where the family has fewer)."""
+    return generate_probes(spec.probe, n, seed)
 
 
 def score_exact(doc: dict[str, Any], results: list[Any]) -> dict[str, float]:
@@ -98,7 +93,7 @@ def probe_config(spec: TaskSpec, seed: int, sampling: Sampling | None = None) ->
         "target_delimiter": "", "num_fewshot": 0, "process_results": score_exact,
         "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
         "generation_kwargs": {"until": ["\n"], "max_gen_toks": PROBE_MAX_TOKENS, "do_sample": False},
-        "metadata": {"version": 1.0, "seed": seed},
+        "metadata": {"version": float(PROBE_VERSION), "seed": seed},
     }
     return with_sampling(config, sampling, majority=True) if sampling else config
 

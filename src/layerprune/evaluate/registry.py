@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from layerprune.probes import OPS
+from layerprune.probes import probe_tasks
 from layerprune.registry import Registry
 
 Kind = Literal["classification", "generative"]
@@ -75,13 +75,5 @@ add_task(TaskSpec("triviaqa", "generative", "lm_eval", ("exact_match,remove_whit
 add_task(TaskSpec("humaneval_plus", "generative", "humaneval", ("pass@1",), "humaneval_plus",
                   splits=ONLY_TEST))
 
-OP_NAMES = {"+": "add", "-": "sub", "*": "mul"}
-add_task(TaskSpec("arith_1dc", "generative", "probe", ("exact_match",), probe={"family": "arithmetic",
-                                                                              "kind": "composite"}))
-for _digits in range(2, 6):
-    for _op in OPS:
-        add_task(TaskSpec(f"arith_{_digits}d_{OP_NAMES[_op]}", "generative", "probe", ("exact_match",),
-                          probe={"family": "arithmetic", "kind": "multi", "digits": _digits, "op": _op}))
-for _depth in range(2, 9):
-    add_task(TaskSpec(f"brackets_d{_depth}", "generative", "probe", ("exact_match",),
-                      probe={"family": "brackets", "depth": _depth}))
+for _name, _args in probe_tasks().items():
+    add_task(TaskSpec(_name, "generative", "probe", ("exact_match",), probe=_args))

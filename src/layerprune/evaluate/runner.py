@@ -16,6 +16,7 @@ from typing import Any, Callable
 from layerprune.data import resolve_data_dir
 from layerprune.errors import LayerpruneError, one_line
 from layerprune.evaluate.offline import lm_eval_configs
+from layerprune.evaluate.overlap import calibration_overlap
 from layerprune.evaluate.humaneval import GT_TIME_LIMIT_FACTOR, MIN_TIME_LIMIT, reference_lm
 from layerprune.evaluate.project_tasks import (DEFAULT_TEMPERATURE, Sampling, humaneval_config, humaneval_rows,
                                                lm_eval_sampling, probe_config)
@@ -240,12 +241,15 @@ def evaluate_model(
     overwrite: bool = False,
     progress: Callable[[str], None] | None = None,
     model_hash_override: str | None = None,
+    calibration_from: str | os.PathLike[str] | None = None,
 ) -> Summary:
     """Evaluate one model on a suite or tasks; results are cached and, given `output_dir`, saved there.
 
     `model` is a spec (hub id, directory, .gguf, "embedded"), a ModelSource or a LoadedModel (used as is).
     Results are cached by (model hash, task, settings); pass `model_hash_override` for a model changed in memory
     in a way its files and shape do not show, or `EvalSettings(reuse=False)`.
+    The evaluated documents are checked against the calibration items recorded by the pruned model directory
+    `calibration_from` (default: `model` itself when it is one); an overlap is refused unless `allow_overlap`.
     """
     settings, run = settings or EvalSettings(), run or RunSettings()
     if output_dir is not None:
@@ -254,6 +258,7 @@ def evaluate_model(
     planned, skipped = plan_tasks(settings, data_dir)
     if any(task.spec.source == "humaneval" for task in planned):
         isolation_level(settings.unsafe_code_exec)  # refuse before the model loads
+    overlap = calibration_overlap(planned, settings, data_dir, calibration_from or model)
     cache_root = run.resolved_cache_dir() / "eval"
     if settings.reference_solutions:
         handle, template = reference_handle(planned, data_dir, run), False
@@ -279,7 +284,7 @@ def evaluate_model(
                "identity": handle.source.identity, "chat_template": settings.chat_template,
                "has_chat_template": template},
         model_hash=handle.digest, results=[TaskResult(**r) for e in entries.values() for r in e["rows"]],
-        versions=versions(), skipped=skipped,
+        versions=versions(), skipped=skipped, calibration_overlap=overlap,
     )
     if output_dir is not None:
         from layerprune.evaluate.report import write_model_results

@@ -62,6 +62,8 @@ class EvalSettings(BaseModel):
     unsafe_code_exec: bool = Field(False, description="Run generated code even where no isolation is available "
                                                       "(not root and no user namespaces): unsafe")
     reuse: bool = Field(True, description="Reuse cached results for the same model, task and settings")
+    allow_overlap: bool = Field(False, description="Evaluate even when evaluated documents are among the pruned "
+                                                   "model's calibration items (recorded in the results)")
 
     @field_validator("limit")
     @classmethod
@@ -115,6 +117,7 @@ class Summary(BaseModel):
     results: list[TaskResult]
     versions: dict[str, str] = {}
     skipped: dict[str, str] = {}
+    calibration_overlap: dict[str, Any] | None = None  # evaluated documents found in a pruned model's calibration
 
     def headlines(self) -> dict[str, TaskResult]:
         """task -> its headline metric."""

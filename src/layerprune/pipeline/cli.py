@@ -17,6 +17,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="Re-run from this stage: prune, eval-baseline, eval-pruned, recover, eval-recovered, report")
     parser.add_argument("--overwrite", action="store_true", help="Start over in a run directory holding another recipe's outputs")
     parser.add_argument("--dry-run", action="store_true", help="Validate recipes, model access, data and memory; do no work")
+    parser.add_argument("--allow-overlap", action="store_true",
+                        help="Evaluate even when evaluated documents are among the calibration items (recorded)")
     add_schema_args(parser, RunSettings, group="how to run")
 
 
@@ -27,6 +29,8 @@ def run(args: argparse.Namespace) -> int:
 
     recipe = load_run_recipe(args.recipe, args.output)
     settings = build_schema(RunSettings, explicit_values(args, RunSettings))
+    if args.allow_overlap:
+        recipe.evaluate.allow_overlap = True
     if args.dry_run:
         print(dry_run(recipe, settings))
         return 0

@@ -60,7 +60,7 @@ class RunPaths:
 
 def recipe_fingerprint(recipe: RunRecipe) -> str:
     """What makes a run directory this recipe's: all but the prose, where it is written and settings that change no result."""
-    exclude = {"description": True, "output": True, "prune": {"stack_candidates"}}
+    exclude = {"description": True, "output": True, "prune": {"stack_candidates"}, "evaluate": {"allow_overlap"}}
     return hashlib.sha256(recipe.model_dump_json(exclude=exclude).encode()).hexdigest()[:16]
 
 
@@ -149,7 +149,7 @@ def run_eval(recipe: RunRecipe, settings: RunSettings, paths: RunPaths, role: st
     from layerprune.evaluate.runner import evaluate_model
 
     evaluate_model(model, recipe.evaluate, settings, paths.eval(role), overwrite=True,
-                   progress=lambda message: log.info("  %s: %s", role, message))
+                   progress=lambda message: log.info("  %s: %s", role, message), calibration_from=paths.pruned)
 
 
 def run_recover(recipe: RunRecipe, settings: RunSettings, paths: RunPaths) -> None:

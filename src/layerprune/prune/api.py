@@ -162,7 +162,8 @@ def build_report(loaded, recipe, settings, protected, calib, result, kept, depth
                    "protect": protected, "seed": settings.seed},
         "recipe": recipe.model_dump(mode="json"),
         "calibration": None if calib is None else {
-            "description": calib.description, "samples": len(calib.items), "seq_len": recipe.calib_seq_len},
+            "description": calib.description, "samples": len(calib.items), "seq_len": recipe.calib_seq_len,
+            "fallback": calib.fallback, "items": calib.record()},
         "scores": result.scores,
         "steps": result.steps,
         "score_details": result.details,

@@ -34,6 +34,11 @@ class CalibItem:
 class CalibSet:
     items: list[CalibItem]
     description: str
+    fallback: str | None = None  # why --calib auto used another source than GSM8K train
+
+    def record(self) -> list[dict[str, str]]:
+        """The items as prune_report.json lists them: text, or prompt and answer."""
+        return [{"text": i.prompt} if i.answer is None else {"prompt": i.prompt, "answer": i.answer} for i in self.items]
 
 
 CALIB_SOURCES: Registry[Callable[[int, int, Path | None], CalibSet]] = Registry("calibration source")
@@ -59,9 +64,10 @@ def gsm8k_calib(n: int, seed: int, data_dir: Path | None) -> CalibSet:
 
 @CALIB_SOURCES.register("arithmetic")
 def arithmetic_calib(n: int, seed: int, data_dir: Path | None) -> CalibSet:
-    probes = arithmetic_probes(n, seed=seed)
+    probes = arithmetic_probes(n, seed=seed, stream="calib")  # own stream; never an evaluation probe's question
     items = [CalibItem(p.prompt, p.answer, p.answer.strip()) for p in probes]
-    return CalibSet(items, f"generated arithmetic probes (3-shot composites, seed {seed}), {n} items")
+    return CalibSet(items, f"generated arithmetic probes (3-shot composites, calibration stream, seed {seed}; "
+                           f"no evaluation probe among them), {len(items)} items")
 
 
 @CALIB_SOURCES.register("text")
@@ -94,7 +100,9 @@ def load_calibration(name: str | None, n: int, seed: int, data_dir: Path | None)
             calib = gsm8k_calib(n, seed, data_dir)
         except LayerpruneError as exc:
             log.warning("GSM8K train not reachable (%s); using generated arithmetic probes", exc)
-            return arithmetic_calib(n, seed, data_dir)
+            calib = arithmetic_calib(n, seed, data_dir)
+            calib.fallback = f"--calib auto: GSM8K train not reachable ({exc}); used generated arithmetic probes"
+            calib.description = f"{calib.description} [{calib.fallback}]"
         return calib
     if "+" in name:
         return mix_calibration(name.split("+"), n, seed, data_dir)
@@ -106,7 +114,9 @@ def load_calibration(name: str | None, n: int, seed: int, data_dir: Path | None)
 def mix_calibration(names: list[str], n: int, seed: int, data_dir: Path | None) -> CalibSet:
     """'gsm8k+arithmetic': an equal share of `n` from each source."""
     parts = [load_calibration(name, n // len(names) + (i < n % len(names)), seed, data_dir) for i, name in enumerate(names)]
-    return CalibSet([item for part in parts for item in part.items], " + ".join(part.description for part in parts))
+    fallbacks = [part.fallback for part in parts if part.fallback]
+    return CalibSet([item for part in parts for item in part.items], " + ".join(part.description for part in parts),
+                    "; ".join(fallbacks) or None)
 
 
 def tokenize_calibration(calib: CalibSet, tokenizer, seq_len: int, batch_size: int) -> list[CalibBatch]:  # noqa: ANN001
