@@ -119,3 +119,99 @@ def test_run_refuses_overlap_before_evaluating(capsys, tiny_llama, tmp_path, gsm
     assert code == 0, err
     summary = json.loads((tmp_path / "run" / "eval" / "pruned" / "summary.json").read_text())
     assert summary["calibration_overlap"]["tasks"] == {"gsm8k": 5} and summary["calibration_overlap"]["allowed"]
+
+
+# 4. reports that know their noise and their settings ----------------------------------------------------------
+
+def summary_of(values: dict[str, tuple[float, float]], **settings) -> "Summary":
+    from layerprune.evaluate import Summary, TaskResult
+
+    kinds = {"arc_easy": "classification", "piqa": "classification", "boolq": "classification",
+             "arith_1dc": "generative", "brackets_d5": "generative"}
+    rows = [TaskResult(task=t, kind=kinds[t], metric="acc", value=v, stderr=se, n=300, headline=True,
+                       settings={"limit": 300, **settings.get(t, {})}, seconds=1.0) for t, (v, se) in values.items()]
+    return Summary(model={"spec": "x"}, model_hash="h", results=rows)
+
+
+def test_comparison_marks_noise_and_shows_retention_only_for_a_clear_drop(tmp_path):
+    from layerprune.evaluate import compare
+
+    summaries = {"baseline": summary_of({"arc_easy": (0.500, 0.029), "piqa": (0.600, 0.028), "arith_1dc": (0.30, 0.03)}),
+                 "pruned": summary_of({"arc_easy": (0.499, 0.029), "piqa": (0.640, 0.028), "arith_1dc": (0.05, 0.01)}),
+                 "recovered": summary_of({"arc_easy": (0.530, 0.029), "piqa": (0.62, 0.028), "arith_1dc": (0.1, 0.02)})}
+    report = compare(summaries, tmp_path / "r")
+    rows = {r["task"]: r for r in report["rows"]}
+    # a 0.001 drop and a gain are noise: no retention, no recovered share (were 3100% and -150%)
+    for task in ("arc_easy", "piqa"):
+        assert rows[task]["recovered_share"] is None and rows[task]["retention_pruned"] is None
+        assert rows[task]["pruned_vs_baseline"]["within_noise"] is True
+    assert rows["arith_1dc"]["retention_pruned"] == pytest.approx(0.05 / 0.30)
+    assert rows["arith_1dc"]["recovered_share"] == pytest.approx(0.05 / 0.25)
+    assert rows["arith_1dc"]["pruned_vs_baseline"]["se"] == pytest.approx((0.03 ** 2 + 0.01 ** 2) ** 0.5)
+    line = next(l for l in report["table"].splitlines() if l.startswith("| arc_easy "))
+    assert "0.5000 ± 0.0290" in line and "(within noise)" in line and "n/a (no clear drop)" in line
+    assert "3100" not in report["table"] and "-150" not in report["table"]
+    cls = report["averages"][0]
+    assert cls["baseline_stderr"] == pytest.approx((0.029 ** 2 + 0.028 ** 2) ** 0.5 / 2)
+    saved = json.loads((tmp_path / "r" / "comparison.json").read_text())
+    assert saved["rows"][0]["baseline_stderr"] == 0.029 and "within noise" in saved["noise_rule"]
+    assert "within noise" in (tmp_path / "r" / "comparison.md").read_text()
+
+
+def test_roles_evaluated_with_different_settings_are_marked_and_left_out_of_averages():
+    from layerprune.evaluate import compare
+
+    values = {"arc_easy": (0.7, 0.02), "piqa": (0.6, 0.02)}
+    summaries = {"baseline": summary_of(values), "pruned": summary_of(
+        {"arc_easy": (0.5, 0.02), "piqa": (0.5, 0.02)}, piqa={"limit": 50, "num_fewshot": 5})}
+    report = compare(summaries)
+    piqa = next(r for r in report["rows"] if r["task"] == "piqa")
+    assert set(piqa["settings_differ"]) == {"limit", "num_fewshot"} and piqa["retention_pruned"] is None
+    assert any("piqa was evaluated with different limit" in w for w in report["warnings"])
+    assert report["table"].startswith("**WARNING: piqa")
+    assert "**piqa (SETTINGS DIFFER)**" in report["table"]
+    assert report["averages"][0]["task"] == "average (classification, 1 tasks)"
+    assert report["averages"][0]["baseline"] == pytest.approx(0.7)
+
+
+def test_cache_key_follows_data_content_and_layerprune_version(tmp_path, monkeypatch):
+    from layerprune.evaluate import runner
+    from layerprune.evaluate.runner import task_settings
+    from layerprune.evaluate.schema import EvalSettings
+    from layerprune.evaluate.suites import PlannedTask
+    from layerprune.settings import RunSettings
+
+    write_rows(tmp_path, "gsm8k", "test", GSM_TEST)
+    task, settings = PlannedTask(TASKS.get("gsm8k"), 4, 0, 8), EvalSettings(data_dir=tmp_path)
+    before = task_settings(task, settings, RunSettings(), False)
+    fixed = [dict(r, answer=r["answer"].replace("#### 2", "#### 3")) for r in GSM_TEST]  # same size, other gold
+    write_rows(tmp_path, "gsm8k", "test", fixed)
+    assert (tmp_path / "gsm8k" / "test.jsonl").stat().st_size == len("".join(json.dumps(r) + "\n" for r in GSM_TEST))
+    after = task_settings(task, settings, RunSettings(), False)
+    assert before["data"] != after["data"]
+    monkeypatch.setattr(runner, "__version__", "9.9.9")
+    assert task_settings(task, settings, RunSettings(), False) != after
+
+
+def test_probe_questions_are_distinct_and_few_where_the_family_is_small():
+    for task, distinct in (("brackets_d2", 9), ("brackets_d3", 27), ("brackets_d4", 81), ("arith_2d_add", 500)):
+        rows = probe_config(TASKS.get(task), 0)["custom_dataset"]()["test"]
+        questions = [row["prompt"].splitlines()[-2:] for row in rows]
+        assert len(rows) == distinct and len({tuple(q) for q in questions}) == distinct, task
+
+
+def test_run_report_verdict_speaks_of_noise_not_ratios_of_noise():
+    from layerprune.evaluate import compare
+    from layerprune.pipeline.report import verdict
+
+    base = {"arc_easy": (0.50, 0.03), "piqa": (0.60, 0.03), "arith_1dc": (0.30, 0.03), "brackets_d5": (0.20, 0.03)}
+    pruned = {"arc_easy": (0.52, 0.03), "piqa": (0.59, 0.03), "arith_1dc": (0.02, 0.01), "brackets_d5": (0.01, 0.01)}
+    recovered = {"arc_easy": (0.51, 0.03), "piqa": (0.60, 0.03), "arith_1dc": (0.03, 0.01), "brackets_d5": (0.02, 0.01)}
+    averages = compare({"baseline": summary_of(base), "pruned": summary_of(pruned),
+                        "recovered": summary_of(recovered)})["averages"]
+    pruning, recovery = verdict(averages)
+    assert "classification shows no clear drop" in pruning and "suffered more, as the study describes" in pruning
+    assert "generative -" not in recovery and "generative +0.010" in recovery and "within noise" in recovery
+    flat = {t: (v, se) for t, (v, se) in base.items()}
+    averages = compare({"baseline": summary_of(base), "pruned": summary_of(flat)})["averages"]
+    assert "did NOT drop clearly" in verdict(averages)[0]

@@ -269,7 +269,8 @@ def test_compare_retention_and_recovered_share(tmp_path):
     cls, gen = report["averages"]
     assert cls["baseline"] == pytest.approx(0.7) and cls["recovered"] == pytest.approx(0.6)
     assert gen["pruned"] == pytest.approx(0.1) and gen["recovered_share"] == pytest.approx((0.275 - 0.1) / (0.45 - 0.1))
-    assert "| arc_easy | acc | 0.8000 | 0.6000 | 0.7000 | 75.0% | 87.5% | 50.0% |" in report["table"]
+    assert ("| arc_easy | acc | 10 | 0.8000 ± 0.0100 | 0.6000 ± 0.0100 | 0.7000 ± 0.0100 | -0.2000 ± 0.0141 | "
+            "+0.1000 ± 0.0141 | 75.0% | 87.5% | 50.0% |") in report["table"]
     for name in ("comparison.md", "tasks_classification.png", "tasks_generative.png", "averages.png"):
         assert (tmp_path / "r" / name).stat().st_size > 0
 

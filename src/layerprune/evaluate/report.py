@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
-from layerprune.evaluate.schema import Summary
+from layerprune.evaluate.schema import Summary, TaskResult
 
 ROLES = ("baseline", "pruned", "recovered")
 
@@ -46,21 +47,59 @@ def _write_text(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+NOISE_SE = 2.0  # a difference below this many combined standard errors is "within noise"
+# settings whose difference between roles makes their scores incomparable
+COMPARED_SETTINGS = ("limit", "num_fewshot", "chat_template", "max_gen_toks", "data", "probe_seed", "sandbox",
+                     "layerprune", "probe_version")
+NO_CLEAR_DROP = "n/a (no clear drop)"
+
+
 def _ratio(num: float | None, den: float | None) -> float | None:
     if num is None or den is None or abs(den) < 1e-12:
         return None
     return num / den
 
 
+def combined_se(*errors: float | None) -> float | None:
+    """sqrt of the sum of squares (independent estimates); None when any is unknown."""
+    if any(e is None for e in errors):
+        return None
+    return math.sqrt(sum(float(e) ** 2 for e in errors))  # type: ignore[arg-type]
+
+
+def difference(row: dict[str, Any], high: str, low: str) -> dict[str, Any] | None:
+    """row[high] - row[low] with its standard error and whether it is within noise (< 2 combined SE)."""
+    if row.get(high) is None or row.get(low) is None:
+        return None
+    diff = row[high] - row[low]
+    se = combined_se(row.get(f"{high}_stderr"), row.get(f"{low}_stderr"))
+    return {"diff": diff, "se": se, "within_noise": None if se is None else abs(diff) < NOISE_SE * se}
+
+
+def settings_differ(results: dict[str, TaskResult]) -> dict[str, dict[str, Any]]:
+    """setting -> {role: value} for each compared setting whose value is not the same for every role."""
+    out = {}
+    for key in COMPARED_SETTINGS:
+        values = {role: r.settings.get(key) for role, r in results.items()}
+        if len({json.dumps(v, sort_keys=True, default=str) for v in values.values()}) > 1:
+            out[key] = values
+    return out
+
+
 def comparison_rows(summaries: dict[str, Summary]) -> list[dict[str, Any]]:
-    """Per task: each role's headline value, retention (model / baseline) and the recovered share of the drop."""
+    """Per task: each role's headline value and standard error, the differences between roles with their noise,
+    retention (model / baseline) and the recovered share of the drop where the drop is clear."""
     heads = {role: s.headlines() for role, s in summaries.items()}
     tasks = [t for t in next(iter(heads.values())) if all(t in h for h in heads.values())]
     rows = []
     for task in tasks:
         first = next(iter(heads.values()))[task]
-        row: dict[str, Any] = {"task": task, "kind": first.kind, "metric": first.metric}
-        row.update({role: heads[role][task].value for role in heads})
+        results = {role: heads[role][task] for role in heads}
+        row: dict[str, Any] = {"task": task, "kind": first.kind, "metric": first.metric,
+                               "n": {role: r.n for role, r in results.items()},
+                               "settings_differ": settings_differ(results)}
+        for role, result in results.items():
+            row[role], row[f"{role}_stderr"] = result.value, result.stderr
         row.update(_derived(row))
         rows.append(row)
     return rows
@@ -73,51 +112,109 @@ def sampled_rows(summaries: dict[str, Summary]) -> list[dict[str, Any]]:
     rows = []
     for task, metric in keys:
         kind = values[0][(task, metric)].kind
-        row: dict[str, Any] = {"task": f"{task} ({metric})", "kind": kind, "metric": metric}
-        row.update({role: v[(task, metric)].value for role, v in zip(summaries, values)})
+        results = {role: v[(task, metric)] for role, v in zip(summaries, values)}
+        row: dict[str, Any] = {"task": f"{task} ({metric})", "kind": kind, "metric": metric,
+                               "n": {role: r.n for role, r in results.items()},
+                               "settings_differ": settings_differ(results)}
+        for role, result in results.items():
+            row[role], row[f"{role}_stderr"] = result.value, result.stderr
         row.update(_derived(row))
         rows.append(row)
     return rows
 
 
 def _derived(row: dict[str, Any]) -> dict[str, Any]:
+    """Differences with their noise; retention and recovered share only where baseline - pruned > 2 SE."""
+    drop, recovery = difference(row, "baseline", "pruned"), difference(row, "recovered", "pruned")
+    out: dict[str, Any] = {"pruned_vs_baseline": difference(row, "pruned", "baseline"),
+                           "recovered_vs_pruned": recovery, "recovered_vs_baseline": difference(row, "recovered", "baseline")}
+    clear = (drop is not None and drop["se"] is not None and not row.get("settings_differ")
+             and drop["diff"] > NOISE_SE * drop["se"])
+    out["clear_drop"] = clear if drop is not None else None
     base, pruned, rec = row.get("baseline"), row.get("pruned"), row.get("recovered")
-    out = {"retention_pruned": _ratio(pruned, base), "retention_recovered": _ratio(rec, base)}
-    if base is not None and pruned is not None and rec is not None:
-        out["recovered_share"] = _ratio(rec - pruned, base - pruned)
+    out["retention_pruned"] = _ratio(pruned, base) if clear else None
+    out["retention_recovered"] = _ratio(rec, base) if clear else None
+    out["recovered_share"] = _ratio(rec - pruned, base - pruned) if clear and rec is not None else None
     return out
 
 
 def average_rows(rows: list[dict[str, Any]], roles: list[str]) -> list[dict[str, Any]]:
-    """Means over classification tasks and over generative tasks, each kind on its own."""
+    """Means over classification tasks and over generative tasks, each kind on its own; the mean's standard error
+    is sqrt(sum of SE^2) / count. Rows whose roles ran with different settings are left out."""
     out = []
     for kind in ("classification", "generative"):
-        group = [r for r in rows if r["kind"] == kind]
+        group = [r for r in rows if r["kind"] == kind and not r["settings_differ"]]
         if not group:
             continue
-        avg: dict[str, Any] = {"task": f"average ({kind}, {len(group)} tasks)", "kind": kind, "metric": "mean"}
-        avg.update({role: sum(r[role] for r in group) / len(group) for role in roles})
+        avg: dict[str, Any] = {"task": f"average ({kind}, {len(group)} tasks)", "kind": kind, "metric": "mean",
+                               "n": {role: sum(r["n"][role] for r in group) for role in roles}, "settings_differ": {}}
+        for role in roles:
+            avg[role] = sum(r[role] for r in group) / len(group)
+            se = combined_se(*(r[f"{role}_stderr"] for r in group))
+            avg[f"{role}_stderr"] = None if se is None else se / len(group)
         avg.update(_derived(avg))
         out.append(avg)
     return out
 
 
-def _cell(value: Any, percent: bool = False) -> str:
+def _cell(value: Any, se: float | None = None) -> str:
     if value is None:
         return "-"
-    return f"{100 * value:.1f}%" if percent else f"{value:.4f}"
+    return f"{value:.4f}" + (f" ± {se:.4f}" if se is not None else " ± ?")
+
+
+def _diff_cell(diff: dict[str, Any] | None) -> str:
+    if diff is None:
+        return "-"
+    se = "?" if diff["se"] is None else f"{diff['se']:.4f}"
+    mark = " (SE unknown)" if diff["within_noise"] is None else " (within noise)" if diff["within_noise"] else ""
+    return f"{diff['diff']:+.4f} ± {se}{mark}"
+
+
+def _share_cell(row: dict[str, Any], column: str) -> str:
+    if row["settings_differ"]:
+        return "n/a (settings differ)"
+    if not row.get("clear_drop"):
+        return NO_CLEAR_DROP
+    value = row.get(column)
+    return "-" if value is None else f"{100 * value:.1f}%"
 
 
 def format_comparison(rows: list[dict[str, Any]], roles: list[str]) -> str:
+    """Markdown: value ± SE per role, the differences (marked "within noise" under 2 combined SE), retention."""
+    diffs = [c for c, title in DIFF_COLUMNS if any(r.get(c) is not None for r in rows)]
     extra = [c for c in ("retention_pruned", "retention_recovered", "recovered_share")
-             if any(r.get(c) is not None for r in rows)]
-    head = ["task", "metric", *roles, *extra]
+             if any(r.get("clear_drop") is not None for r in rows) and (c != "retention_recovered" or "recovered" in roles)
+             and (c != "recovered_share" or "recovered" in roles)]
+    head = ["task", "metric", "n", *roles, *(dict(DIFF_COLUMNS)[c] for c in diffs), *(c.replace("_", " ") for c in extra)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        cells = [row["task"], row["metric"], *(_cell(row.get(r)) for r in roles),
-                 *(_cell(row.get(c), percent=True) for c in extra)]
+        counts = sorted(set(row["n"].values()))
+        task = f"**{row['task']} (SETTINGS DIFFER)**" if row["settings_differ"] else row["task"]
+        cells = [task, row["metric"], "/".join(str(c) for c in counts),
+                 *(_cell(row.get(r), row.get(f"{r}_stderr")) for r in roles),
+                 *(_diff_cell(row.get(c)) for c in diffs), *(_share_cell(row, c) for c in extra)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+DIFF_COLUMNS = [("pruned_vs_baseline", "pruned - baseline"), ("recovered_vs_pruned", "recovered - pruned")]
+
+
+def settings_warning(rows: list[dict[str, Any]]) -> list[str]:
+    """Loud lines naming each task whose roles were evaluated with different settings."""
+    out = []
+    for row in rows:
+        for key, values in row["settings_differ"].items():
+            shown = ", ".join(f"{role} {json.dumps(v, default=str)}" for role, v in values.items())
+            out.append(f"**WARNING: {row['task']} was evaluated with different {key} ({shown}); its scores are not "
+                       "comparable and it is left out of the averages.**")
+    return out
+
+
+NOISE_NOTE = ("Values are shown ± one standard error. A difference is marked \"within noise\" when it is smaller than "
+              "twice the combined standard error sqrt(SE1^2 + SE2^2); retention and the recovered share are shown only "
+              "where the drop (baseline - pruned) exceeds that, else \"n/a (no clear drop)\".")
 
 
 def plot_comparison(rows: list[dict[str, Any]], averages: list[dict[str, Any]], roles: list[str],
@@ -136,7 +233,9 @@ def plot_comparison(rows: list[dict[str, Any]], averages: list[dict[str, Any]], 
         fig, ax = plt.subplots(figsize=(max(5.0, 0.7 * len(group) * len(roles)), 4))
         width = 0.8 / len(roles)
         for i, role in enumerate(roles):
-            ax.bar([x + i * width for x in range(len(group))], [r[role] for r in group], width, label=role)
+            errors = [r.get(f"{role}_stderr") or 0.0 for r in group]
+            ax.bar([x + i * width for x in range(len(group))], [r[role] for r in group], width, label=role,
+                   yerr=errors, capsize=2)
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(group))], [r["task"] for r in group],
                       rotation=45, ha="right", fontsize=8)
         ax.set_ylabel("score")
@@ -159,14 +258,19 @@ def compare(summaries: dict[str, Summary], output_dir: Path | None = None) -> di
     rows = comparison_rows(ordered)
     averages = average_rows(rows, roles)
     rows += sampled_rows(ordered)  # pass@k / maj@N next to the greedy headline, outside the averages
-    table = format_comparison(rows + averages, roles)
-    result: dict[str, Any] = {"table": table, "rows": rows, "averages": averages, "paths": {}}
+    warnings = settings_warning(rows)
+    table = "\n\n".join([*warnings, format_comparison(rows + averages, roles), NOISE_NOTE])
+    result: dict[str, Any] = {"table": table, "rows": rows, "averages": averages, "warnings": warnings, "paths": {}}
     if output_dir is None:
         return result
     output_dir.mkdir(parents=True, exist_ok=True)
-    _write_text(output_dir / "comparison.md", "# Comparison\n\n" + table + "\n")
+    overlap = {r: s.calibration_overlap for r, s in ordered.items() if s.calibration_overlap}
+    _write_text(output_dir / "comparison.md", "# Comparison\n\n" + table + "\n" + "".join(
+        f"\n{role}: evaluated documents found in the calibration data (--allow-overlap): {o['tasks']}\n"
+        for role, o in overlap.items() if o["tasks"]))
     _write_text(output_dir / "comparison.json", json.dumps(
-        {"rows": rows, "averages": averages, "models": {r: s.model for r, s in ordered.items()}}, indent=1, default=str))
+        {"rows": rows, "averages": averages, "warnings": warnings, "noise_rule": NOISE_NOTE,
+         "calibration_overlap": overlap, "models": {r: s.model for r, s in ordered.items()}}, indent=1, default=str))
     charts = [p.name for p in plot_comparison(rows, averages, roles, output_dir)]
     names = ["comparison.md", "comparison.json", *charts]
     result["paths"] = {name: output_dir / name for name in names}

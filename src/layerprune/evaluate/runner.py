@@ -13,21 +13,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from layerprune import __version__
 from layerprune.data import resolve_data_dir
 from layerprune.errors import LayerpruneError, one_line
+from layerprune.evaluate.humaneval import GT_TIME_LIMIT_FACTOR, MIN_TIME_LIMIT, reference_lm
 from layerprune.evaluate.offline import lm_eval_configs
 from layerprune.evaluate.overlap import calibration_overlap
-from layerprune.evaluate.humaneval import GT_TIME_LIMIT_FACTOR, MIN_TIME_LIMIT, reference_lm
 from layerprune.evaluate.project_tasks import (DEFAULT_TEMPERATURE, Sampling, humaneval_config, humaneval_rows,
                                                lm_eval_sampling, probe_config)
-from layerprune.evaluate.results import (aggregate_group, cache_path, model_hash, read_cached, summarize,
-                                         write_cached)
+from layerprune.evaluate.results import (aggregate_group, cache_path, file_sha256, model_hash, read_cached,
+                                         summarize, write_cached)
 from layerprune.evaluate.sandbox import SandboxLimits, isolation_level
 from layerprune.evaluate.schema import EvalSettings, Summary, TaskResult
 from layerprune.evaluate.suites import PlannedTask, plan_tasks
 from layerprune.models import LoadedModel, ModelSource, load_model, resolve_model
 from layerprune.models.loading import load_tokenizer
 from layerprune.outputs import atomic_output_dir, check_output_dir
+from layerprune.probes import PROBE_VERSION
 from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
@@ -76,10 +78,15 @@ def task_settings(task: PlannedTask, settings: EvalSettings, run: RunSettings, c
         "sandbox": sandbox + [isolation_level(settings.unsafe_code_exec)] if source == "humaneval" else None,
         "sampling": [sampling.n, sampling.temperature] if sampling else None,
         "lm_eval": importlib.metadata.version("lm_eval"), "data": _data_identity(task, settings),
+        "layerprune": __version__, "probe_version": PROBE_VERSION if source == "probe" else None,
     }
 
 
+_FILE_HASHES: dict[str, Any] = {}  # (path, size, mtime) -> sha256, for this process
+
+
 def _data_identity(task: PlannedTask, settings: EvalSettings) -> str | None:
+    """The content hashes of the task's local data files ("hub" when it reads the hub)."""
     if task.spec.source == "probe" or task.spec.dataset is None:
         return None
     data_dir = resolve_data_dir(settings.data_dir)
@@ -87,7 +94,7 @@ def _data_identity(task: PlannedTask, settings: EvalSettings) -> str | None:
         return "hub"
     folder = data_dir / task.spec.dataset
     files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
-    return ";".join(f"{p.name}:{p.stat().st_size}" for p in files) or "hub"
+    return ";".join(f"{p.name}:{file_sha256(p, _FILE_HASHES)[:16]}" for p in files) or "hub"
 
 
 def task_configs(task: PlannedTask, settings: EvalSettings, data_dir: Path | None, cache_root: Path | None = None,

@@ -49,42 +49,69 @@ def measure_speed(paths: Any, model: str | None) -> dict[str, Any]:
     return result
 
 
+def _change(avg: dict[str, Any], key: str) -> str:
+    diff = avg.get(key)
+    if diff is None:
+        return ""
+    se = "?" if diff["se"] is None else f"{diff['se']:.3f}"
+    return f"{diff['diff']:+.3f} ± {se}"
+
+
+def _drop_phrase(kind: str, avg: dict[str, Any]) -> str:
+    if avg.get("clear_drop"):
+        return f"{kind} kept {100 * avg['retention_pruned']:.0f}% of the original ({_change(avg, 'pruned_vs_baseline')})"
+    return f"{kind} shows no clear drop ({_change(avg, 'pruned_vs_baseline')}, within 2 standard errors or a gain)"
+
+
 def verdict(averages: list[dict[str, Any]]) -> list[str]:
-    """Does the run show the study's pattern? Said plainly either way."""
+    """Does the run show the study's pattern, beyond noise? Said plainly either way."""
     by_kind = {a["kind"]: a for a in averages}
     cls, gen = by_kind.get("classification"), by_kind.get("generative")
     if not cls or not gen:
         return ["Only one kind of task was evaluated, so the classification-vs-generative pattern cannot be checked."]
-    lines = []
-    rc, rg = cls.get("retention_pruned"), gen.get("retention_pruned")
-    if rc is not None and rg is not None:
-        holds = rg < rc
-        lines.append(f"Pruning: classification kept {100 * rc:.0f}% of the original, generative reasoning {100 * rg:.0f}%"
-                     f" -> {'generative reasoning suffered more, as the study describes' if holds else 'generative reasoning did NOT suffer more here; the study pattern does not show on this run'}.")
-    sc, sg = cls.get("recovered_share"), gen.get("recovered_share")
-    tc, tg = cls.get("retention_recovered"), gen.get("retention_recovered")
-    if tc is not None and tg is not None:
-        share = "" if sc is None or sg is None else f" (recovered share of the drop: classification {100 * sc:.0f}%, generative {100 * sg:.0f}%)"
-        if sc is not None and sg is not None and sc <= 0 and sg <= 0:
-            outcome = "recovery won back none of the drop on either kind of task here"
-        elif tg < tc:
-            outcome = "recovery leaves generative reasoning further below the original than classification, as the study describes"
-        else:
-            outcome = "the study pattern (generative reasoning stays further below after recovery) does NOT show here"
-        lines.append(f"Recovery: classification at {100 * tc:.0f}% of the original, generative at {100 * tg:.0f}%{share} -> {outcome}.")
+    if gen.get("clear_drop") is None:
+        return []
+    if not gen["clear_drop"]:
+        outcome = "generative reasoning did NOT drop clearly; the study pattern does not show on this run"
+    elif not cls.get("clear_drop") or gen["retention_pruned"] < cls["retention_pruned"]:
+        outcome = "generative reasoning suffered more, as the study describes"
+    else:
+        outcome = "generative reasoning did NOT suffer more here; the study pattern does not show on this run"
+    lines = [f"Pruning: {_drop_phrase('classification', cls)}; {_drop_phrase('generative reasoning', gen)} -> {outcome}."]
+    if gen.get("recovered_vs_pruned") is not None:
+        lines.append(f"Recovery: {_recovery_phrase('classification', cls)}; {_recovery_phrase('generative', gen)}.")
     return lines
+
+
+def _recovery_phrase(kind: str, avg: dict[str, Any]) -> str:
+    change = avg["recovered_vs_pruned"]
+    text = f"{kind} {_change(avg, 'recovered_vs_pruned')} over the pruned model"
+    if change["within_noise"]:
+        return text + " (within noise: nothing won back beyond noise)"
+    if avg.get("clear_drop") and avg.get("recovered_share") is not None:
+        return text + (f", {100 * avg['recovered_share']:.0f}% of the drop won back, "
+                       f"{100 * avg['retention_recovered']:.0f}% of the original")
+    return text + " (no clear drop to win back)"
 
 
 def noise_note(summaries: dict[str, Any]) -> list[str]:
     """Small evaluation limits make single numbers noisy: say how small."""
     heads = [r for s in summaries.values() for r in s.results if r.headline and r.n]
     counts = sorted({r.n for r in heads})
-    if not counts or counts[0] >= 200:
+    if not counts:
         return []
     errors = sorted(r.stderr for r in heads if r.stderr)
-    spread = f" (standard errors of {errors[0]:.2f}-{errors[-1]:.2f})" if errors else ""
-    return [f"Each task was scored on {counts[0]}-{counts[-1]} documents{spread}: differences smaller than about two "
-            "standard errors are noise, and retention above 100% is one such case."]
+    spread = f" (standard errors of {errors[0]:.3f}-{errors[-1]:.3f})" if errors else ""
+    return [f"Each task was scored on {counts[0]}-{counts[-1]} documents{spread}: the tables mark differences smaller "
+            "than twice the combined standard error \"within noise\", and give retention only where the drop is "
+            "larger than that."]
+
+
+def overlap_note(summaries: dict[str, Any]) -> list[str]:
+    """Loud: evaluated documents that were among the calibration items (allowed with --allow-overlap)."""
+    return [f"WARNING: {role} was evaluated on documents that chose the pruned blocks (calibration items): "
+            f"{s.calibration_overlap['tasks']} (--allow-overlap)."
+            for role, s in summaries.items() if s.calibration_overlap and s.calibration_overlap["tasks"]]
 
 
 def write_report(recipe: RunRecipe, paths: Any) -> Path:
@@ -96,7 +123,8 @@ def write_report(recipe: RunRecipe, paths: Any) -> Path:
     comparison = compare(summaries, paths.root / "eval") if len(summaries) > 1 else None
     speed = measure_speed(paths, recipe.model)
     lines = [f"# layerprune run: {recipe.name}", "", recipe.description, "", "## Outcome at a glance", ""]
-    lines += [f"- {line}" for line in verdict(comparison["averages"] if comparison else []) + noise_note(summaries)]
+    lines += [f"- {line}" for line in verdict(comparison["averages"] if comparison else []) + noise_note(summaries)
+              + overlap_note(summaries)]
     lines += _model_lines(prune, paths, speed)
     lines += ["", "## Evaluation: baseline / pruned / recovered", ""]
     if comparison:
