@@ -215,3 +215,46 @@ def test_run_report_verdict_speaks_of_noise_not_ratios_of_noise():
     flat = {t: (v, se) for t, (v, se) in base.items()}
     averages = compare({"baseline": summary_of(base), "pruned": summary_of(flat)})["averages"]
     assert "did NOT drop clearly" in verdict(averages)[0]
+
+
+# the demo shows its contrast outside noise, in about 25 minutes ------------------------------------------------
+
+CLASSIFICATION_DOCS_PER_S = 7 * 200 / 390  # README: 7 classification tasks x 200 documents in ~6.5 min (idle, 2 cores)
+PROBE_DOCS_PER_S = 7.0  # README: probes ~7 documents/s
+OTHER_STAGES_S = 120 + 208 + 301 + 21  # README: make's installs, prune (with the GGUF conversion), recover, report
+
+
+def test_demo_recipe_has_the_documents_to_show_its_contrast_in_time(shared_data):
+    from layerprune.evaluate.project_tasks import probe_rows
+    from layerprune.evaluate.suites import plan_tasks
+    from layerprune.pipeline.plan import load_run_recipe
+
+    recipe = load_run_recipe("recipes/demo.yaml")
+    planned, skipped = plan_tasks(recipe.evaluate, shared_data)
+    assert not skipped
+    seconds = 0.0
+    for task in planned:
+        if task.spec.kind == "classification":
+            assert task.limit is not None and 2 * (2 * 0.25 / task.limit) ** 0.5 < 0.10, task.spec.name
+            seconds += task.limit / CLASSIFICATION_DOCS_PER_S
+        else:
+            assert task.spec.source == "probe" and task.limit is not None
+            docs = min(task.limit, len(probe_rows(task.spec, recipe.evaluate.probe_seed)))
+            assert docs >= 100, task.spec.name
+            seconds += docs / PROBE_DOCS_PER_S
+    kinds = {t.spec.kind for t in planned}
+    assert kinds == {"classification", "generative"}
+    assert 3 * seconds + OTHER_STAGES_S < 25 * 60  # three evaluations (baseline, pruned, recovered)
+
+
+def test_overlap_finds_copied_probe_items_and_not_longer_numbers():
+    from layerprune.evaluate.overlap import contains, count_overlap, evaluated_rows
+    from layerprune.evaluate.schema import EvalSettings
+    from layerprune.evaluate.suites import PlannedTask
+
+    task = PlannedTask(TASKS.get("arith_1dc"), 16, 0, None)
+    rows = probe_config(TASKS.get("arith_1dc"), 0)["custom_dataset"]()["test"]
+    docs = evaluated_rows(task, EvalSettings(), None)
+    assert len(docs) == 16
+    assert count_overlap(docs, [r["prompt"] + r["answer"] for r in rows[10:40]]) == 6
+    assert contains("x 12 + 3 = 15", "12 + 3 =") and not contains("112 + 3 = 115", "12 + 3 =")
