@@ -256,5 +256,5 @@ def test_overlap_finds_copied_probe_items_and_not_longer_numbers():
     rows = probe_config(TASKS.get("arith_1dc"), 0)["custom_dataset"]()["test"]
     docs = evaluated_rows(task, EvalSettings(), None)
     assert len(docs) == 16
-    assert count_overlap(docs, [r["prompt"] + r["answer"] for r in rows[10:40]]) == 6
+    assert count_overlap(docs, [rows[i]["prompt"] + rows[i]["answer"] for i in range(10, 40)]) == 6
     assert contains("x 12 + 3 = 15", "12 + 3 =") and not contains("112 + 3 = 115", "12 + 3 =")
