@@ -258,3 +258,73 @@ def test_overlap_finds_copied_probe_items_and_not_longer_numbers():
     assert len(docs) == 16
     assert count_overlap(docs, [rows[i]["prompt"] + rows[i]["answer"] for i in range(10, 40)]) == 6
     assert contains("x 12 + 3 = 15", "12 + 3 =") and not contains("112 + 3 = 115", "12 + 3 =")
+
+
+# 5. bad data, found before any model loads ----------------------------------------------------------------
+
+NO_MODEL = "/nonexistent/model"  # planning must fail on the data before this is even looked at
+
+
+def arc_rows(n: int) -> list[dict]:
+    return [{"id": f"q{i}", "question": f"What is {i} plus one, said plainly?", "answerKey": "A",
+             "choices": {"text": [str(i + 1), "blue"], "label": ["A", "B"]}} for i in range(n)]
+
+
+def evaluate_err(capsys, tmp_path, data: Path, *argv: str) -> tuple[int, str]:
+    code, _, err = run_cli(capsys, ["evaluate", "--model", NO_MODEL, "--data-dir", str(data),
+                                    "--output", str(tmp_path / "out"), *argv])
+    assert not (tmp_path / "out").exists()
+    return code, err
+
+
+def test_empty_and_malformed_data_files_fail_at_planning(capsys, tmp_path):
+    data = tmp_path / "data"
+    write_rows(data, "arc_easy", "test", [])
+    code, err = evaluate_err(capsys, tmp_path, data, "--tasks", "arith_1dc,arc_easy")
+    assert_one_line_error(code, err, "arc_easy/test.jsonl is empty")
+    write_rows(data, "arc_easy", "test", arc_rows(4))
+    path = data / "arc_easy" / "test.jsonl"
+    path.write_text(path.read_text().replace('{"id": "q2"', '{"id": q2', 1))
+    code, err = evaluate_err(capsys, tmp_path, data, "--tasks", "arith_1dc,arc_easy")
+    assert_one_line_error(code, err, "test.jsonl:3: not valid JSON")
+
+
+def test_default_fewshot_pool_smaller_than_k(capsys, tmp_path):
+    data = tmp_path / "data"
+    write_rows(data, "gsm8k", "test", GSM_TEST)
+    write_rows(data, "gsm8k", "train", GSM_TRAIN[:3])  # lm-eval's gsm8k takes 5 examples from train
+    code, err = evaluate_err(capsys, tmp_path, data, "--tasks", "gsm8k")
+    assert_one_line_error(code, err, "--num-fewshot 5 is larger than the few-shot pool of 'gsm8k'", "3 examples")
+
+
+def test_safetensors_header_that_is_json_but_not_an_object(capsys, tiny_llama, tmp_path):
+    import shutil
+    import struct
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama, model)
+    for header in (b"[1, 2]", b'{"w": 5}'):
+        (model / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+        code, _, err = run_cli(capsys, ["prune", "--model", str(model), "--drop", "1", "--score", "last",
+                                        "--output", str(tmp_path / "out")])
+        assert_one_line_error(code, err, "corrupt safetensors file")
+    assert not (tmp_path / "out").exists()
+
+
+def test_triviaqa_needs_only_the_split_it_scores(tmp_path, monkeypatch):
+    from layerprune.evaluate.offline import lm_eval_config
+    from layerprune.evaluate.schema import EvalSettings
+    from layerprune.evaluate.suites import plan_tasks
+    from layerprune.errors import LayerpruneError
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    data = tmp_path / "data"
+    data.mkdir()
+    with pytest.raises(LayerpruneError, match="triviaqa/validation.jsonl"):
+        plan_tasks(EvalSettings(tasks=["triviaqa"]), data)
+    write_rows(data, "triviaqa", "validation", [{"question": "Who wrote the play Hamlet, in English?",
+                                                  "answer": {"aliases": ["Shakespeare"], "value": "Shakespeare"}}])
+    planned, _ = plan_tasks(EvalSettings(tasks=["triviaqa"]), data)
+    assert planned[0].spec.name == "triviaqa"
+    config = lm_eval_config(planned[0].spec, data)
+    assert set(config["dataset_kwargs"]["data_files"]) == {"validation"} and config["training_split"] is None

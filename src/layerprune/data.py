@@ -73,6 +73,18 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+_CHECKED: set[tuple[str, int, int]] = set()
+
+
+def check_jsonl(path: Path) -> None:
+    """Fail with one line (file and line number) on an empty file or a line that is not a JSON object."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _CHECKED:
+        read_jsonl(path)
+        _CHECKED.add(key)
+
+
 def load_rows(dataset: str, split: str, data_dir: Path | None) -> list[dict[str, Any]]:
     """A split from the local mirror, else from the hub; when neither works, say what to put where."""
     local = local_split(data_dir, dataset, split)

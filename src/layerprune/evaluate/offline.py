@@ -35,17 +35,47 @@ def split_path(data_dir: Path, dataset: str, split: str) -> Path:
     return data_dir / dataset / f"{split}.jsonl"
 
 
-def missing_splits(spec: TaskSpec, data_dir: Path | None) -> list[Path]:
+def default_fewshot(spec: TaskSpec) -> int:
+    """The few-shot count lm-eval's task config gives (0 where it gives none)."""
+    if spec.lm_eval_yaml is None or not spec.lm_eval_yaml.endswith(".yaml"):
+        return 0
+    return _yaml_fewshot(spec.lm_eval_yaml)
+
+
+@functools.cache
+def _yaml_fewshot(relative: str) -> int:
+    body = yaml.safe_load((lm_eval_tasks_dir() / relative).read_text().replace("!function", "")) or {}
+    return int(body.get("num_fewshot") or 0)
+
+
+def needed_splits(spec: TaskSpec, num_fewshot: int | None = None) -> list[str]:
+    """The scored split, then the few-shot split where examples are drawn (--num-fewshot, else the task's own)."""
+    shots = default_fewshot(spec) if num_fewshot is None else num_fewshot
+    splits = [spec.eval_split]
+    if shots > 0 and spec.fewshot_split not in splits:
+        splits.append(spec.fewshot_split)
+    return splits
+
+
+def missing_splits(spec: TaskSpec, data_dir: Path | None, num_fewshot: int | None = None) -> list[Path]:
     """The local files this task needs that are not there (all of them when there is no data dir)."""
     assert spec.dataset is not None
     root = data_dir if data_dir is not None else Path(f"${DATA_ENV}")
-    paths = [split_path(root, spec.dataset, split) for split in sorted(set(spec.splits.values()))]
+    paths = [split_path(root, spec.dataset, split) for split in needed_splits(spec, num_fewshot)]
     return [p for p in paths if data_dir is None or not p.is_file()]
 
 
-def require_data(spec: TaskSpec, data_dir: Path | None) -> list[Path]:
+def local_files(spec: TaskSpec, data_dir: Path | None, num_fewshot: int | None = None) -> list[Path]:
+    """The local files the task will read."""
+    if data_dir is None or spec.dataset is None:
+        return []
+    paths = [split_path(data_dir, spec.dataset, split) for split in needed_splits(spec, num_fewshot)]
+    return [p for p in paths if p.is_file()]
+
+
+def require_data(spec: TaskSpec, data_dir: Path | None, num_fewshot: int | None = None) -> list[Path]:
     """The local files the task lacks (the hub has to supply them); an error when the hub is offline too."""
-    missing = missing_splits(spec, data_dir)
+    missing = missing_splits(spec, data_dir, num_fewshot)
     if missing and hub_offline():
         raise LayerpruneError(
             f"no data for task '{spec.name}' (dataset '{spec.dataset}') and the hub is offline: looked for "
@@ -66,8 +96,10 @@ def check_local_data(spec: TaskSpec, data_dir: Path | None) -> bool:
 def local_overrides(spec: TaskSpec, data_dir: Path) -> dict[str, Any]:
     """The config keys that swap the hub dataset for local JSONL files, splits unchanged in name."""
     assert spec.dataset is not None
-    files = {split: str(split_path(data_dir, spec.dataset, split).resolve()) for split in set(spec.splits.values())}
-    overrides: dict[str, Any] = {key: spec.splits.get(key) for key in SPLIT_KEYS}
+    paths = {split: split_path(data_dir, spec.dataset, split) for split in set(spec.splits.values())}
+    files = {split: str(path.resolve()) for split, path in paths.items() if path.is_file() or split == spec.eval_split}
+    overrides: dict[str, Any] = {key: spec.splits.get(key) if spec.splits.get(key) in files else None
+                                 for key in SPLIT_KEYS}
     overrides.update(dataset_path="json", dataset_name=None, dataset_kwargs={"data_files": files})
     return overrides
 

@@ -11,7 +11,9 @@ from pathlib import Path
 import yaml
 
 from layerprune.errors import LayerpruneError
-from layerprune.evaluate.offline import check_fewshot_pool, hub_offline, missing_splits, require_data
+from layerprune.data import check_jsonl
+from layerprune.evaluate.offline import (check_fewshot_pool, default_fewshot, hub_offline, local_files,
+                                         missing_splits, require_data)
 from layerprune.evaluate.registry import TASKS, TaskSpec
 from layerprune.evaluate.schema import EvalSettings, Suite, TaskSettings
 from layerprune.registry import unknown_name_message
@@ -112,13 +114,15 @@ def _skip_reason(spec: TaskSpec, data_dir: Path | None) -> str | None:
 
 
 def _plan_one(spec: TaskSpec, suite: TaskSettings, settings: EvalSettings, data_dir: Path | None) -> PlannedTask:
-    if spec.dataset is not None:
-        require_data(spec, data_dir)  # fails now, naming the missing file, rather than after the model loads
     fewshot = settings.num_fewshot if settings.num_fewshot is not None else suite.num_fewshot
+    if spec.dataset is not None:  # fails now, naming the missing or bad file, rather than after the model loads
+        require_data(spec, data_dir, fewshot if spec.source == "lm_eval" else 0)
+        for path in local_files(spec, data_dir, fewshot if spec.source == "lm_eval" else 0):
+            check_jsonl(path)
     if spec.source != "lm_eval":
         fewshot = 0  # probes carry their own shots; HumanEval+ is zero-shot
-    elif fewshot is not None:
-        check_fewshot_pool(spec, data_dir, fewshot)
+    else:
+        check_fewshot_pool(spec, data_dir, default_fewshot(spec) if fewshot is None else fewshot)
     limit = settings.limit if settings.limit is not None else suite.limit
     tokens = settings.max_gen_toks if settings.max_gen_toks is not None else suite.max_gen_toks
     return PlannedTask(spec, limit, fewshot, tokens if spec.source in ("lm_eval", "humaneval") else None)

@@ -23,11 +23,25 @@ def check_safetensors_file(path: Path) -> None:
             header = json.loads(handle.read(header_len))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise LayerpruneError(f"corrupt safetensors file {path}: unreadable header ({exc})") from exc
-    end = max((meta["data_offsets"][1] for key, meta in header.items() if key != "__metadata__"), default=0)
+    end = max((_data_end(path, key, meta) for key, meta in _entries(path, header)), default=0)
     if 8 + header_len + end > size:
         raise LayerpruneError(
             f"truncated safetensors file {path}: tensors need {8 + header_len + end} bytes, file has {size}"
         )
+
+
+def _entries(path: Path, header: object) -> list[tuple[str, object]]:
+    if not isinstance(header, dict):
+        raise LayerpruneError(f"corrupt safetensors file {path}: header is JSON but not an object "
+                              f"({type(header).__name__})")
+    return [(key, meta) for key, meta in header.items() if key != "__metadata__"]
+
+
+def _data_end(path: Path, key: str, meta: object) -> int:
+    offsets = meta.get("data_offsets") if isinstance(meta, dict) else None
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+        raise LayerpruneError(f"corrupt safetensors file {path}: tensor '{key}' has no valid data_offsets")
+    return offsets[1]
 
 
 def check_model_dir_weights(path: Path, allow_pickle: bool) -> None:
