@@ -245,7 +245,7 @@ def test_comparison_with_tokenizer_warning(capsys, tmp_path, tiny_models, caplog
         assert (tmp_path / "cmp" / name).is_file()
     assert (tmp_path / "cmp" / "baseline" / "summary.json").is_file()
     # retention columns are hidden when every baseline score is 0 (a tiny random model), so check the roles only
-    assert "| task | metric | baseline | pruned | recovered |" in out
+    assert "| task | metric | n | baseline | pruned | recovered |" in out
 
 
 # report -------------------------------------------------------------------------------------------------
