@@ -328,3 +328,29 @@ def test_triviaqa_needs_only_the_split_it_scores(tmp_path, monkeypatch):
     assert planned[0].spec.name == "triviaqa"
     config = lm_eval_config(planned[0].spec, data)
     assert set(config["dataset_kwargs"]["data_files"]) == {"validation"} and config["training_split"] is None
+
+
+def test_bad_calibration_file_fails_before_the_model_loads(capsys, tiny_llama, tmp_path, monkeypatch):
+    from layerprune.prune import api
+
+    calib = tmp_path / "calib.jsonl"
+    calib.write_text('{"text": "fine"}\n{"text": broken}\n')
+    monkeypatch.setattr(api, "load_model", lambda *a, **k: pytest.fail("the model loaded before the data was read"))
+    code, _, err = run_cli(capsys, ["prune", "--model", str(tiny_llama), "--drop", "1", "--calib", str(calib),
+                                    "--output", str(tmp_path / "out")])
+    assert_one_line_error(code, err, "calib.jsonl:2: not valid JSON")
+
+
+def test_run_checks_every_data_file_before_its_first_stage(capsys, tiny_llama, tmp_path, gsm_dir, monkeypatch):
+    from layerprune.prune import api
+
+    monkeypatch.setattr(api, "load_model", lambda *a, **k: pytest.fail("a stage started before the data was checked"))
+    write_rows(gsm_dir, "arc_easy", "test", [])
+    recipe = {"name": "bad", "model": str(tiny_llama), "output": str(tmp_path / "run"), "recover": None,
+              "prune": {"drop": 1, "calib": "gsm8k", "calib_samples": 4, "data_dir": str(gsm_dir)},
+              "evaluate": {"tasks": ["gsm8k", "arc_easy"], "limit": 4, "data_dir": str(gsm_dir)}}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    code, _, err = run_cli(capsys, ["run", str(path)])
+    assert_one_line_error(code, err, "arc_easy/test.jsonl is empty")
+    assert not (tmp_path / "run").exists()

@@ -83,6 +83,18 @@ def check_data(recipe: RunRecipe) -> list[str]:
     return lines
 
 
+def validate_data(recipe: RunRecipe, settings: RunSettings, prune_pending: bool = True) -> None:
+    """Every data file the run reads, checked before any stage starts: the evaluation plan's files (empty files,
+    bad JSONL lines, few-shot pools) and, while the prune stage is still to run, its calibration items."""
+    from layerprune.evaluate.suites import plan_tasks
+
+    plan_tasks(recipe.evaluate, resolve_data_dir(recipe.evaluate.data_dir))
+    if prune_pending:
+        from layerprune.prune.api import read_calibration
+
+        read_calibration(recipe.prune, settings)
+
+
 def memory_plan(recipe: RunRecipe, settings: RunSettings) -> str:
     """Recover's memory estimate for the pruned model on one GPU."""
     from layerprune.recover import memory

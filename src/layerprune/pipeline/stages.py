@@ -115,7 +115,11 @@ def reset_from(paths: RunPaths, recipe: RunRecipe, stage: str) -> None:
 def run_pipeline(recipe: RunRecipe, settings: RunSettings, from_stage: str | None = None,
                  overwrite: bool = False) -> Path:
     """Run every incomplete stage in order; return the report path."""
+    from layerprune.pipeline.plan import validate_data
+
     paths = RunPaths(recipe.run_dir())
+    validate_data(recipe, settings, prune_pending=bool(from_stage == "prune" or overwrite
+                                                       or not paths.stage_output("prune").exists()))
     claim_run_dir(paths, recipe, overwrite)
     if from_stage:
         reset_from(paths, recipe, from_stage)

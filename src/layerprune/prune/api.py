@@ -49,6 +49,7 @@ def prune_model(
     source = resolve_model(model, settings)
     if output is not None and not dry_run:
         check_output_dir(output, overwrite, (Path(source.location),) if source.is_local else ())
+    calib = read_calibration(recipe, settings)  # bad calibration data fails before the model loads
     loaded = load_model(source, settings)
     if source.kind == "local":  # the exact weights pruned (memoized; evaluate reuses the same memo)
         from layerprune.evaluate.results import model_hash
@@ -60,7 +61,7 @@ def prune_model(
     params_before = loaded.model.num_parameters()
     log.info("plan: %s, %d -> %d blocks, %.1fM -> ~%.1fM parameters, score %s", source.spec, depth, depth - recipe.n_drop,
              params_before / 1e6, _estimate_params_after(loaded, recipe.n_drop) / 1e6, recipe.method_name)
-    calib, result, score_seconds = choose_blocks(loaded, recipe, settings, protected)
+    calib, result, score_seconds = choose_blocks(loaded, recipe, settings, protected, calib)
     config_before = _per_layer_config(loaded.model)
     kept = drop_blocks(loaded.model, result.drop)
     report = build_report(loaded, recipe, settings, protected, calib, result, kept, depth, params_before)
@@ -85,17 +86,26 @@ def check_request(recipe: PruneRecipe, depth: int, protected: list[int]) -> None
         )
 
 
+def read_calibration(recipe: PruneRecipe, settings: RunSettings) -> CalibSet | None:
+    """The calibration items the recipe's score needs (None for explicit layers and data-free scores)."""
+    if recipe.layers is not None or recipe.score in DATA_FREE_SCORES:
+        return None
+    calib = load_calibration(recipe.calib, recipe.calib_samples, settings.seed, resolve_data_dir(recipe.data_dir))
+    log.info("calibration: %s", calib.description)
+    return calib
+
+
 def choose_blocks(
-    loaded: LoadedModel, recipe: PruneRecipe, settings: RunSettings, protected: list[int]
+    loaded: LoadedModel, recipe: PruneRecipe, settings: RunSettings, protected: list[int],
+    calib: CalibSet | None = None,
 ) -> tuple[CalibSet | None, ScoreResult, float]:
-    """Explicit layers, or the recipe's score over calibration data."""
+    """Explicit layers, or the recipe's score over calibration data (read here unless given)."""
     depth = len(find_decoder_stack(loaded.model))
     if recipe.layers is not None:
         return None, ScoreResult([None] * depth, sorted(recipe.layers)), 0.0
-    calib, batches = None, []
-    if recipe.score not in DATA_FREE_SCORES:
-        calib = load_calibration(recipe.calib, recipe.calib_samples, settings.seed, resolve_data_dir(recipe.data_dir))
-        log.info("calibration: %s", calib.description)
+    batches = []
+    calib = calib or read_calibration(recipe, settings)
+    if calib is not None:
         batches = [b.to(loaded.model.device) for b in
                    tokenize_calibration(calib, loaded.tokenizer, recipe.calib_seq_len, recipe.batch_size)]
     ctx = _context(loaded, recipe, settings, protected, calib, batches)
