@@ -136,7 +136,8 @@ def summary_of(values: dict[str, tuple[float, float]], **settings) -> "Summary":
 def test_comparison_marks_noise_and_shows_retention_only_for_a_clear_drop(tmp_path):
     from layerprune.evaluate import compare
 
-    summaries = {"baseline": summary_of({"arc_easy": (0.500, 0.029), "piqa": (0.600, 0.028), "arith_1dc": (0.30, 0.03)}),
+    summaries = {"baseline": summary_of({"arc_easy": (0.500, 0.029), "piqa": (0.600, 0.028),
+                                         "arith_1dc": (0.30, 0.03)}),
                  "pruned": summary_of({"arc_easy": (0.499, 0.029), "piqa": (0.640, 0.028), "arith_1dc": (0.05, 0.01)}),
                  "recovered": summary_of({"arc_easy": (0.530, 0.029), "piqa": (0.62, 0.028), "arith_1dc": (0.1, 0.02)})}
     report = compare(summaries, tmp_path / "r")

@@ -126,8 +126,8 @@ def sampled_rows(summaries: dict[str, Summary]) -> list[dict[str, Any]]:
 def _derived(row: dict[str, Any]) -> dict[str, Any]:
     """Differences with their noise; retention and recovered share only where baseline - pruned > 2 SE."""
     drop, recovery = difference(row, "baseline", "pruned"), difference(row, "recovered", "pruned")
-    out: dict[str, Any] = {"pruned_vs_baseline": difference(row, "pruned", "baseline"),
-                           "recovered_vs_pruned": recovery, "recovered_vs_baseline": difference(row, "recovered", "baseline")}
+    out: dict[str, Any] = {"pruned_vs_baseline": difference(row, "pruned", "baseline"), "recovered_vs_pruned": recovery,
+                           "recovered_vs_baseline": difference(row, "recovered", "baseline")}
     clear = (drop is not None and drop["se"] is not None and not row.get("settings_differ")
              and drop["diff"] > NOISE_SE * drop["se"])
     out["clear_drop"] = clear if drop is not None else None
@@ -183,10 +183,11 @@ def _share_cell(row: dict[str, Any], column: str) -> str:
 def format_comparison(rows: list[dict[str, Any]], roles: list[str]) -> str:
     """Markdown: value ± SE per role, the differences (marked "within noise" under 2 combined SE), retention."""
     diffs = [c for c, title in DIFF_COLUMNS if any(r.get(c) is not None for r in rows)]
+    judged = any(r.get("clear_drop") is not None for r in rows)
     extra = [c for c in ("retention_pruned", "retention_recovered", "recovered_share")
-             if any(r.get("clear_drop") is not None for r in rows) and (c != "retention_recovered" or "recovered" in roles)
-             and (c != "recovered_share" or "recovered" in roles)]
-    head = ["task", "metric", "n", *roles, *(dict(DIFF_COLUMNS)[c] for c in diffs), *(c.replace("_", " ") for c in extra)]
+             if judged and (c == "retention_pruned" or "recovered" in roles)]
+    head = ["task", "metric", "n", *roles, *(dict(DIFF_COLUMNS)[c] for c in diffs),
+            *(c.replace("_", " ") for c in extra)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         counts = sorted(set(row["n"].values()))

@@ -59,7 +59,8 @@ def _change(avg: dict[str, Any], key: str) -> str:
 
 def _drop_phrase(kind: str, avg: dict[str, Any]) -> str:
     if avg.get("clear_drop"):
-        return f"{kind} kept {100 * avg['retention_pruned']:.0f}% of the original ({_change(avg, 'pruned_vs_baseline')})"
+        change = _change(avg, "pruned_vs_baseline")
+        return f"{kind} kept {100 * avg['retention_pruned']:.0f}% of the original ({change})"
     return f"{kind} shows no clear drop ({_change(avg, 'pruned_vs_baseline')}, within 2 standard errors or a gain)"
 
 
@@ -77,7 +78,8 @@ def verdict(averages: list[dict[str, Any]]) -> list[str]:
         outcome = "generative reasoning suffered more, as the study describes"
     else:
         outcome = "generative reasoning did NOT suffer more here; the study pattern does not show on this run"
-    lines = [f"Pruning: {_drop_phrase('classification', cls)}; {_drop_phrase('generative reasoning', gen)} -> {outcome}."]
+    drops = f"{_drop_phrase('classification', cls)}; {_drop_phrase('generative reasoning', gen)}"
+    lines = [f"Pruning: {drops} -> {outcome}."]
     if gen.get("recovered_vs_pruned") is not None:
         lines.append(f"Recovery: {_recovery_phrase('classification', cls)}; {_recovery_phrase('generative', gen)}.")
     return lines

@@ -38,7 +38,8 @@ class CalibSet:
 
     def record(self) -> list[dict[str, str]]:
         """The items as prune_report.json lists them: text, or prompt and answer."""
-        return [{"text": i.prompt} if i.answer is None else {"prompt": i.prompt, "answer": i.answer} for i in self.items]
+        return [{"text": i.prompt} if i.answer is None else {"prompt": i.prompt, "answer": i.answer}
+                for i in self.items]
 
 
 CALIB_SOURCES: Registry[Callable[[int, int, Path | None], CalibSet]] = Registry("calibration source")
