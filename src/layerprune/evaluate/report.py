@@ -50,7 +50,7 @@ def _write_text(path: Path, text: str) -> None:
 NOISE_SE = 2.0  # a difference below this many combined standard errors is "within noise"
 # settings whose difference between roles makes their scores incomparable
 COMPARED_SETTINGS = ("limit", "num_fewshot", "chat_template", "max_gen_toks", "data", "probe_seed", "sandbox",
-                     "layerprune", "probe_version")
+                     "sampling", "layerprune", "probe_version")
 NO_CLEAR_DROP = "n/a (no clear drop)"
 
 
