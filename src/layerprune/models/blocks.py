@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from layerprune.errors import LayerpruneError
+from layerprune.models.layer_fields import slice_layer_config
 
 STACK_PATHS = ("model.layers", "model.decoder.layers", "transformer.h", "gpt_neox.layers",
                "model.language_model.layers", "language_model.model.layers", "transformer.layers")
@@ -47,12 +48,40 @@ class DecoderStack:
         return head
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final norm, head and (Gemma) soft-capping, applied to the last block's output."""
+        """Final norm, head and the family's logit scaling, applied to the last block's output.
+
+        Granite divides by `logits_scaling`, Cohere multiplies by `logit_scale`, Falcon-H1 by
+        `lm_head_multiplier`, Gemma soft-caps; `check_logits` proves it equals the model's own forward.
+        """
         logits = self.lm_head()(self.final_norm()(hidden))
-        cap = getattr(self.config, "final_logit_softcapping", None)
+        config = self.config
+        if getattr(config, "logits_scaling", None):
+            logits = logits / config.logits_scaling
+        for name in ("logit_scale", "lm_head_multiplier"):
+            if getattr(config, name, None) is not None:
+                logits = logits * getattr(config, name)
+        cap = getattr(config, "final_logit_softcapping", None)
         if cap:
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+    def check_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> float:
+        """Refuse a model whose own forward gives other logits than norm + head on the last block's output."""
+        captured: list[torch.Tensor] = []
+        handle = self.layers[-1].register_forward_hook(
+            lambda module, args, output: captured.append(output[0] if isinstance(output, (tuple, list)) else output))
+        try:
+            with torch.inference_mode():
+                own = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits.float()
+                ours = self.logits(captured[-1]).float()
+        finally:
+            handle.remove()
+        diff = float((own - ours).abs().max())
+        if not diff <= 1e-3 * float(own.abs().max()) + 1e-4:
+            raise LayerpruneError(
+                f"{type(self.model).__name__}: the logits from its final norm and head differ from its own forward "
+                f"(max |diff| {diff:.3g}); scores computed from them would be wrong, so this model is refused for this score")
+        return diff
 
 
 def text_config(model: nn.Module) -> Any:
@@ -101,18 +130,26 @@ def check_block_indices(indices: Sequence[int], depth: int, what: str = "--layer
     return sorted(indices)
 
 
-def drop_blocks(model: nn.Module, drop: Sequence[int]) -> list[int]:
-    """Remove blocks in place, re-index attention, slice per-layer config; return kept indices."""
+def drop_blocks(model: nn.Module, drop: Sequence[int], force: bool = False) -> list[int]:
+    """Remove blocks in place, re-index attention, rewrite the block fields of the config; return kept indices.
+
+    A config that cannot describe the kept blocks is refused before anything changes; `force` lets unknown
+    layer-looking fields through (lists with one entry per block are sliced, the rest left as they are).
+    """
     stack = find_decoder_stack(model)
     depth = len(stack)
     drop = check_block_indices(drop, depth, "blocks to drop")
     kept = [i for i in range(depth) if i not in set(drop)]
     if not kept:
         raise LayerpruneError("cannot drop every block")
+    configs = _configs(model)
+    sliced = [copy.copy(config) for config in configs]
+    for config in sliced:  # on copies first: a refusal leaves the model as it was
+        slice_layer_config(config, kept, depth, force)
     setattr(stack.base, stack.attr, nn.ModuleList([stack.layers[i] for i in kept]))
     reindex_layers(stack.layers)
-    for config in _configs(model):
-        slice_layer_config(config, kept, depth)
+    for config, new in zip(configs, sliced):
+        config.__dict__.update(vars(new))
     return kept
 
 
@@ -129,19 +166,6 @@ def _configs(model: nn.Module) -> list[Any]:
     return configs if text is model.config else configs + [text]
 
 
-def slice_layer_config(config: Any, kept: Sequence[int], depth: int) -> None:
-    """Keep per-layer settings of the kept blocks (not a truncation: patterns may interleave)."""
-    if getattr(config, "num_hidden_layers", None) != depth:
-        return
-    for key, value in list(vars(config).items()):
-        if isinstance(value, (list, tuple)) and len(value) == depth and not key.startswith("_"):
-            setattr(config, key, type(value)(value[i] for i in kept))
-    window = getattr(config, "max_window_layers", None)
-    if isinstance(window, int):
-        config.max_window_layers = sum(1 for i in kept if i < window)
-    config.num_hidden_layers = len(kept)
-
-
 @contextlib.contextmanager
 def skipped_blocks(model: nn.Module, skip: Sequence[int]) -> Iterator[list[int]]:
     """Behave as if `skip` were dropped (generation and KV cache included), then restore."""
@@ -152,7 +176,7 @@ def skipped_blocks(model: nn.Module, skip: Sequence[int]) -> Iterator[list[int]]
     original_layers = stack.layers
     saved_configs = [(config, copy.copy(vars(config))) for config in _configs(model)]
     try:
-        yield drop_blocks(model, skip)
+        yield drop_blocks(model, skip, force=True)
     finally:
         setattr(stack.base, stack.attr, original_layers)
         reindex_layers(original_layers)

@@ -19,6 +19,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from layerprune.errors import LayerpruneError, one_line
 from layerprune.models import embedded
 from layerprune.models.safetensors_check import check_model_dir_weights
+from layerprune.models.surgery import checkpoint_dtype
 from layerprune.outputs import atomic_output_dir
 from layerprune.settings import RunSettings
 
@@ -51,6 +52,7 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     source: ModelSource
     load_seconds: float = 0.0
+    checkpoint_dtype: torch.dtype | None = None  # the dtype the weights are stored in (config, else tensors)
 
 
 def resolve_model(spec: str | os.PathLike[str] | None, settings: RunSettings | None = None) -> ModelSource:
@@ -140,6 +142,7 @@ def load_model(
     start = time.perf_counter()
     config = _load_config(source, settings)
     check_decoder_only(config, source.spec)
+    stored = checkpoint_dtype(config, Path(source.location) if source.is_local else None)
     tokenizer = load_tokenizer(source, settings)
     try:
         model = AutoModelForCausalLM.from_pretrained(
@@ -158,7 +161,7 @@ def load_model(
     model.eval()
     if source.kind == "hub":
         source.identity["revision"] = getattr(model.config, "_commit_hash", None)
-    return LoadedModel(model, tokenizer, source, time.perf_counter() - start)
+    return LoadedModel(model, tokenizer, source, time.perf_counter() - start, stored)
 
 
 def _load_config(source: ModelSource, settings: RunSettings) -> Any:

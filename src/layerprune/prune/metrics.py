@@ -14,6 +14,14 @@ def token_cosine(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> torch.
     return torch.nn.functional.cosine_similarity(a[keep].float(), b[keep].float(), dim=-1)
 
 
+def last_token_mask(mask: torch.Tensor) -> torch.Tensor:
+    """A mask keeping only each row's last real token (right or left padding)."""
+    last = mask.shape[1] - 1 - mask.flip(1).to(torch.int64).argmax(dim=1)
+    out = torch.zeros_like(mask)
+    out[torch.arange(mask.shape[0], device=mask.device), last] = 1
+    return out * mask
+
+
 def block_influence(h_in: torch.Tensor, h_out: torch.Tensor, mask: torch.Tensor) -> tuple[float, int]:
     """Sum over tokens of 1 - cos(input, output) of a block, and the token count (ShortGPT's BI)."""
     cos = token_cosine(h_in, h_out, mask)

@@ -34,6 +34,16 @@ class PruneRecipe(BaseModel):
     max_new_tokens: int | None = Field(
         None, ge=1, description="Tokens generated per item for --metric accuracy (default: 8 for arithmetic, 256 otherwise)"
     )
+    angular_tokens: Literal["last", "all"] = Field(
+        "last", description="Angular score: distance at each sequence's last token (Gromov et al.) or averaged over all tokens"
+    )
+    verify: bool = Field(
+        True, description="Before keeping the output, check the new config matches the pruned weights and the reloaded "
+        "model gives the original's logits with the blocks skipped (--no-verify skips it; its cost is in the report)"
+    )
+    force: bool = Field(
+        False, description="Prune even when the config has layer-looking fields layerprune does not know how to renumber"
+    )
     protect: list[int] = Field([0], description="Blocks never dropped, comma-separated; negative counts from the end")
     data_dir: Path | None = Field(None, description="Local data mirror laid out as DIR/<dataset>/<split>.jsonl")
 

@@ -30,6 +30,7 @@ class ScoreContext:
     batch_size: int = 8
     max_new_tokens: int = 8
     stack_candidates: int = 1  # ablation: candidates stacked per pass (0: all)
+    angular_tokens: str = "last"  # angular: the last token of each sequence (Gromov et al.) or all tokens
     progress: Callable[[str, int], Any] | None = None
 
     @property

@@ -5,18 +5,19 @@ from __future__ import annotations
 import torch
 
 from layerprune.prune.forward import capture_block_inputs
-from layerprune.prune.metrics import block_influence, mean, select_lowest
+from layerprune.prune.metrics import block_influence, last_token_mask, mean, select_lowest
 from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult
 
 
-def hidden_state_sums(ctx: ScoreContext, pair_fn, offset: int) -> list[float | None]:  # noqa: ANN001
-    """Average `pair_fn(h_l, h_{l+offset})` over calibration tokens, in one forward per batch."""
+def hidden_state_sums(ctx: ScoreContext, pair_fn, offset: int, tokens: str = "all") -> list[float | None]:  # noqa: ANN001
+    """Average `pair_fn(h_l, h_{l+offset})` over calibration tokens (all, or each row's last), one forward per batch."""
     totals = [[0.0, 0] for _ in range(ctx.depth + 1 - offset)]
     with torch.inference_mode():
         for batch in ctx.batches:
             states = capture_block_inputs(ctx.stack, batch).states()
+            mask = last_token_mask(batch.attention_mask) if tokens == "last" else batch.attention_mask
             for start, total in enumerate(totals):
-                value, count = pair_fn(states[start], states[start + offset], batch.attention_mask)
+                value, count = pair_fn(states[start], states[start + offset], mask)
                 total[0] += value
                 total[1] += count
             if ctx.progress:

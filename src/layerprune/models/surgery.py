@@ -1,0 +1,204 @@
+"""Write a pruned model in the checkpoint's dtype, and prove it loads as pruned before it is kept.
+
+`verify_surgery` is the check every writer runs: the model class built from the new config (on the meta
+device) has exactly the pruned weights' keys and shapes, and the written directory, reloaded, gives the
+logits of the original model with the dropped blocks skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from layerprune.errors import LayerpruneError, one_line
+from layerprune.models.blocks import find_decoder_stack
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+NO_SPACE = re.compile(r"no space left|os error 28|storagefull|errno 28", re.IGNORECASE)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def as_dtype(value: Any) -> torch.dtype | None:
+    """A config's dtype entry (a string or torch.dtype) as a floating torch.dtype, or None."""
+    if isinstance(value, torch.dtype):
+        return value if value.is_floating_point else None
+    return DTYPES.get(str(value).removeprefix("torch.")) if value else None
+
+
+def checkpoint_dtype(config: Any, directory: Path | None = None) -> torch.dtype | None:
+    """The dtype the checkpoint is stored in: its config's dtype, else its safetensors tensors' commonest."""
+    for cfg in (config, config.get_text_config() if hasattr(config, "get_text_config") else config):
+        for key in ("dtype", "torch_dtype"):
+            found = as_dtype(getattr(cfg, key, None))
+            if found is not None:
+                return found
+    return _safetensors_dtype(directory) if directory is not None else None
+
+
+def _safetensors_dtype(directory: Path) -> torch.dtype | None:
+    names = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+    counts: dict[torch.dtype, int] = {}
+    for path in sorted(directory.glob("*.safetensors"))[:1]:
+        with path.open("rb") as handle:
+            header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
+        for name, info in header.items():
+            if name != "__metadata__" and info.get("dtype") in names:
+                counts[names[info["dtype"]]] = counts.get(names[info["dtype"]], 0) + 1
+    return max(counts, key=counts.get) if counts else None
+
+
+def cast_state_dict(model: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The state dict with floating tensors in `dtype` (fp32-pinned modules kept), tied tensors still shared."""
+    keep_fp32 = set(getattr(model, "_keep_in_fp32_modules", None) or []) | set(getattr(model, "_keep_in_fp32_modules_strict", None) or [])
+    cast: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+    out = {}
+    for name, tensor in model.state_dict().items():
+        target = torch.float32 if any(part in name.split(".") for part in keep_fp32) else dtype
+        if tensor.is_floating_point() and tensor.dtype != target:
+            key = (tensor.data_ptr(), tensor.shape, tensor.stride(), target)
+            tensor = cast.setdefault(key, tensor.to(target))  # type: ignore[arg-type]
+        out[name] = tensor
+    return out
+
+
+def saved_size(model: nn.Module, dtype: torch.dtype) -> int:
+    """Bytes the weights take in `dtype` (tied tensors counted once)."""
+    seen: set[int] = set()
+    total = 0
+    for tensor in model.state_dict().values():
+        if tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        total += tensor.numel() * (torch.finfo(dtype).bits // 8 if tensor.is_floating_point() else tensor.element_size())
+    return total
+
+
+def check_free_space(directory: Path, needed: int, label: Path | str) -> None:
+    """Refuse to start a write the disk cannot hold (with 5% and 64 MB to spare)."""
+    free = shutil.disk_usage(directory).free
+    if free < needed * 1.05 + (64 << 20):
+        raise LayerpruneError(f"not enough disk space for {label}: it needs about {_gb(needed)}, {_gb(free)} free")
+
+
+def _gb(size: float) -> str:
+    return f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
+
+
+def write_pretrained(model: nn.Module, directory: Path, dtype: torch.dtype, max_shard_size: str, label: Path | str) -> int:
+    """save_pretrained in `dtype` (config's dtype set to match); a full disk is one line naming `label`."""
+    needed = saved_size(model, dtype)
+    check_free_space(directory, needed, label)
+    state = None if dtype == next(model.parameters()).dtype else cast_state_dict(model, dtype)
+    try:
+        model.save_pretrained(directory, safe_serialization=True, max_shard_size=max_shard_size, state_dict=state)
+    except Exception as exc:
+        if NO_SPACE.search(str(exc)) or getattr(exc, "errno", None) == 28:
+            raise LayerpruneError(f"disk full while writing {label}: it needs about {_gb(needed)}; nothing was written") from exc
+        raise
+    _set_config_dtype(directory / "config.json", dtype_name(dtype))
+    return needed
+
+
+def _set_config_dtype(path: Path, name: str) -> None:
+    config = json.loads(path.read_text())
+
+    def visit(node: Any) -> None:
+        if isinstance(node, dict):
+            for key in ("dtype", "torch_dtype"):
+                if key in node:
+                    node[key] = name
+            for value in node.values():
+                visit(value)
+
+    config["dtype"] = name
+    visit(config)
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def skip_reference_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                          skip: Sequence[int]) -> torch.Tensor:
+    """Logits of the full model with each skipped block's output replaced by its input (no config changes)."""
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        hidden = args[0] if args else kwargs["hidden_states"]
+        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+    layers = find_decoder_stack(model).layers
+    handles = [layers[index].register_forward_hook(hook, with_kwargs=True) for index in skip]
+    try:
+        with torch.inference_mode():
+            return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits.float()
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def check_config_matches_weights(model: nn.Module) -> int:
+    """Build the model class from its (new) config on the meta device: same state-dict keys and shapes."""
+    with torch.device("meta"):
+        fresh = type(model)(model.config)
+    expected = {name: tuple(t.shape) for name, t in fresh.state_dict().items()}
+    actual = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    missing, unexpected = sorted(set(expected) - set(actual)), sorted(set(actual) - set(expected))
+    shapes = sorted(name for name in set(expected) & set(actual) if expected[name] != actual[name])
+    if missing or unexpected or shapes:
+        raise LayerpruneError(
+            f"surgery check failed: the new {type(model).__name__} config expects other weights than the pruned ones "
+            f"(missing {_few(missing)}, unexpected {_few(unexpected)}, other shapes {_few(shapes)}); nothing was written")
+    return len(actual)
+
+
+def _few(names: list[str]) -> str:
+    return "none" if not names else ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def compare_reloaded_logits(directory: Path, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                            reference: torch.Tensor, dtype: torch.dtype, device: torch.device, rtol: float) -> dict[str, Any]:
+    """Reload `directory` in `dtype` on `device` and compare its logits with `reference`; raise on a mismatch."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        reloaded, info = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, output_loading_info=True)
+    except Exception as exc:
+        raise LayerpruneError(f"surgery check failed: the written model does not load: {one_line(exc)[:300]}") from exc
+    problems = {key: sorted(info.get(key) or []) for key in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if any(problems.values()):
+        raise LayerpruneError(f"surgery check failed: reloading the written model reports {_loading(problems)}; nothing was written")
+    reloaded.to(device).eval()
+    with torch.inference_mode():
+        logits = reloaded(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits.float()
+    del reloaded
+    diff = float((logits - reference).abs().max())
+    scale = float(reference.abs().max())
+    tolerance = rtol * scale + 1e-4
+    if not diff <= tolerance:
+        raise LayerpruneError(
+            f"surgery check failed: the written model's logits differ from the original with the blocks skipped "
+            f"(max |diff| {diff:.3g} > {tolerance:.3g}); nothing was written")
+    return {"max_abs_diff": diff, "tolerance": tolerance, "reference_max_abs": scale}
+
+
+def _loading(problems: dict[str, list[Any]]) -> str:
+    return "; ".join(f"{key.replace('_', ' ')}: {_few([str(k) for k in keys])}" for key, keys in problems.items() if keys)
+
+
+def verify_surgery(model: nn.Module, directory: Path, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                   reference: torch.Tensor, lossless: bool) -> dict[str, Any]:
+    """Both checks on a pruned in-memory `model` written to `directory`; a record of what was compared."""
+    start = time.perf_counter()
+    keys = check_config_matches_weights(model)
+    compute = next(model.parameters()).dtype
+    rtol = (1e-3 if compute == torch.float32 else 2e-2) if lossless else 5e-2
+    record = compare_reloaded_logits(directory, input_ids, attention_mask, reference, compute, input_ids.device, rtol)
+    return {"checked": True, "keys": keys, "tokens": int(input_ids.numel()), **record,
+            "seconds": round(time.perf_counter() - start, 2)}
