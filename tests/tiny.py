@@ -33,6 +33,30 @@ ARCHS: dict[str, dict] = {
     "phi3": dict(model_type="phi3", pad_token_id=0),
     "olmo2": dict(model_type="olmo2"),
 }
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+# Families whose config describes blocks by index, period or threshold, or whose head scales the logits.
+MORE_ARCHS: dict[str, dict] = {
+    "qwen3_moe": dict(model_type="qwen3_moe", **MOE, mlp_only_layers=[0, 3]),
+    "qwen3_moe_step": dict(model_type="qwen3_moe", **MOE, decoder_sparse_step=2),
+    "mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2),
+    "deepseek_v3": dict(model_type="deepseek_v3", n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                        n_group=1, topk_group=1, first_k_dense_replace=2, q_lora_rank=32, kv_lora_rank=16,
+                        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_shared_experts=1, head_dim=8,
+                        num_key_value_heads=4),  # MLA: one latent KV per head, as in the real model
+    "llama4_text": dict(model_type="llama4_text", num_local_experts=4, num_experts_per_tok=1, intermediate_size_mlp=128,
+                        moe_layers=[1, 3, 4], no_rope_layers=[1, 1, 1, 0, 1, 1]),
+    "granite": dict(model_type="granite", logits_scaling=4.0, residual_multiplier=0.5, embedding_multiplier=2.0,
+                    attention_multiplier=0.2),
+    "cohere2": dict(model_type="cohere2", logit_scale=0.25, sliding_window=8),
+    "jamba": dict(model_type="jamba", **{k: v for k, v in MOE.items() if k != "moe_intermediate_size"},
+                  attn_layer_period=3, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
+                  mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=8),
+    "falcon_h1": dict(model_type="falcon_h1", lm_head_multiplier=0.5, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16,
+                      mamba_n_groups=1, mamba_d_state=8, mamba_chunk_size=16, mamba_d_conv=4),
+    "gemma3n_text": dict(model_type="gemma3n_text", vocab_size_per_layer_input=384, hidden_size_per_layer_input=8,
+                         num_kv_shared_layers=2, sliding_window=8, laurel_rank=8, altup_num_inputs=2,
+                         layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2),
+}
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
@@ -50,7 +74,7 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 def tiny_config(arch: str, layers: int = 6):
     from transformers import AutoConfig
 
-    spec = dict(ARCHS[arch])
+    spec = dict({**ARCHS, **MORE_ARCHS}[arch])
     model_type = spec.pop("model_type")
     kwargs = {**COMMON, **spec, "num_hidden_layers": layers, "bos_token_id": 1, "eos_token_id": 2}
     kwargs.setdefault("pad_token_id", 0)
