@@ -174,7 +174,7 @@ def test_disk_full_during_save_is_one_line(tiny_llama, tmp_path, capsys, monkeyp
 
     monkeypatch.setattr("transformers.modeling_utils.safe_save_file", full)
     code, _, err = run_cli(capsys, ["prune", "--model", str(tiny_llama), "--layers", "1,3", "--output", str(tmp_path / "out")])
-    assert_one_line_error(code, err, "disk full while writing", str(tmp_path / "out"), "needs about")
+    assert_one_line_error(code, err, "no space left on device while writing", str(tmp_path / "out"), "needs about")
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp-*"))
 
 

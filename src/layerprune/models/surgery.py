@@ -103,7 +103,7 @@ def write_pretrained(model: nn.Module, directory: Path, dtype: torch.dtype, max_
         model.save_pretrained(directory, safe_serialization=True, max_shard_size=max_shard_size, state_dict=state)
     except Exception as exc:
         if NO_SPACE.search(str(exc)) or getattr(exc, "errno", None) == 28:
-            raise LayerpruneError(f"disk full while writing {label}: it needs about {_gb(needed)}; nothing was written") from exc
+            raise LayerpruneError(f"no space left on device while writing {label}: it needs about {_gb(needed)}; nothing was written") from exc
         raise
     _set_config_dtype(directory / "config.json", dtype_name(dtype))
     return needed
