@@ -18,12 +18,15 @@ from layerprune.prune.metrics import last_token_mask
 from layerprune.prune.recipe import PruneRecipe
 
 DROP = [1, 3]  # kept 0, 2, 4, 5
-PRUNED = ["qwen3_moe", "qwen3_moe_step", "mixtral", "deepseek_v3", "llama4_text", "granite", "cohere2", "jamba", "falcon_h1"]
+PRUNED = ["qwen3_moe", "qwen3_moe_step", "mixtral", "deepseek_v3", "llama4_text", "granite", "cohere2", "jamba", "falcon_h1",
+          "bamba", "zamba"]
 EXPECTED_FIELDS = {
     "qwen3_moe": {"mlp_only_layers": [0], "decoder_sparse_step": 1},  # dense 0 and 3; 3 dropped
     "qwen3_moe_step": {"mlp_only_layers": [0, 1, 2], "decoder_sparse_step": 1},  # sparse 1, 3, 5; only 5 kept
     "deepseek_v3": {"first_k_dense_replace": 1},
     "llama4_text": {"moe_layers": [2], "no_rope_layers": [1, 1, 1, 1]},
+    "bamba": {"attn_layer_indices": [2]},
+    "zamba": {"layers_block_type": ["linear_attention", "hybrid", "hybrid", "linear_attention"]},
     "jamba": {"attn_layer_period": 3, "attn_layer_offset": 2, "expert_layer_period": 4, "expert_layer_offset": 3},
 }
 
@@ -75,6 +78,37 @@ def test_gemma3n_is_refused_naming_the_field(tiny_models, tmp_path):
     with pytest.raises(LayerpruneError, match="num_kv_shared_layers|hidden_size_per_layer_input"):
         prune_model(str(tiny_models("gemma3n_text", 6)), PruneRecipe(layers=DROP), output=tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_zamba_left_with_one_hybrid_block_fails_verification_with_nothing_written(tiny_models, tmp_path):
+    with pytest.raises(LayerpruneError, match="surgery check failed: the new config does not build"):
+        prune_model(str(tiny_models("zamba", 6)), PruneRecipe(layers=[2]), output=tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp-*"))
+
+
+def _config(model_type, **kwargs):
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type, num_hidden_layers=6, **kwargs)
+
+
+def test_mllama_cross_attention_layers_are_renumbered():
+    from transformers.models.mllama.configuration_mllama import MllamaTextConfig
+
+    config = MllamaTextConfig(num_hidden_layers=6, cross_attention_layers=[1, 2, 5])
+    layer_fields.slice_layer_config(config, [0, 2, 4, 5], 6)
+    assert config.cross_attention_layers == [1, 3] and config.num_hidden_layers == 4
+
+
+def test_deepseek_moe_layer_freq_is_refitted_or_refused():
+    config = _config("deepseek_v3", first_k_dense_replace=1)
+    config.moe_layer_freq = 2  # remote-code DeepSeek: MoE at blocks >= 1 with i % 2 == 0 -> 2, 4
+    layer_fields.slice_layer_config(config, [0, 1, 3, 4], 6)  # MoE kept: old 4 -> new 3
+    assert (config.first_k_dense_replace, config.moe_layer_freq) == (3, 1)
+    config = _config("deepseek_v3", first_k_dense_replace=0)
+    config.moe_layer_freq = 2  # MoE at 0, 2, 4: keeping 0, 1, 2, 4 gives x.x x: no threshold + period fits
+    with pytest.raises(LayerpruneError, match="moe_layer_freq"):
+        layer_fields.slice_layer_config(config, [0, 1, 2, 4], 6)
 
 
 def test_refusal_leaves_the_in_memory_model_as_it_was(tiny_models):

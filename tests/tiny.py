@@ -53,6 +53,10 @@ MORE_ARCHS: dict[str, dict] = {
                   mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=8),
     "falcon_h1": dict(model_type="falcon_h1", lm_head_multiplier=0.5, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16,
                       mamba_n_groups=1, mamba_d_state=8, mamba_chunk_size=16, mamba_d_conv=4),
+    "bamba": dict(model_type="bamba", attn_layer_indices=[1, 4], mamba_d_state=8, mamba_n_heads=4, mamba_d_head=32,
+                  mamba_n_groups=1, mamba_chunk_size=16, mamba_d_conv=4, mamba_expand=2),
+    "zamba": dict(model_type="zamba", attn_layer_period=3, attn_layer_offset=1, mamba_d_state=8, attention_hidden_size=128,
+                  attention_head_dim=32, n_mamba_heads=2),  # hybrid (shared attention) blocks 2 and 4
     "gemma3n_text": dict(model_type="gemma3n_text", vocab_size_per_layer_input=384, hidden_size_per_layer_input=8,
                          num_kv_shared_layers=2, sliding_window=8, laurel_rank=8, altup_num_inputs=2,
                          layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2),

@@ -119,7 +119,11 @@ def _fit_period(pattern: list[bool]) -> tuple[int, int] | None:
 def _jamba_periods(config: Any, kept: Sequence[int], depth: int) -> Updates:
     """Jamba: attention (and expert) blocks are every `period`-th from `offset`; re-fit both for the kept blocks."""
     updates: Updates = {}
+    if isinstance(vars(config).get("layers_block_type"), list):  # Zamba: an explicit list (sliced); periods only built it
+        return updates
     for kind in ("attn", "expert"):
+        if not hasattr(config, f"{kind}_layer_period"):
+            continue
         period, offset = getattr(config, f"{kind}_layer_period"), getattr(config, f"{kind}_layer_offset")
         wanted = [i % period == offset for i in kept]
         fit = _fit_period(wanted)
@@ -168,10 +172,6 @@ RULES: list[FieldRule] = [
     refused("hybrid_layer_ids", "shared attention blocks are assigned to hybrid blocks by position"),
 ]
 FIELD_RULES: dict[str, FieldRule] = {name: rule for rule in RULES for name in rule.fields}
-REFUSED_TYPES = {
-    "zamba": "layers_block_type (hybrid blocks share one attention block, tied by position)",
-    "zamba2": "hybrid_layer_ids (shared attention blocks are assigned to hybrid blocks by position)",
-}
 NOT_PER_BLOCK = {"architectures", "eos_token_id", "bos_token_id", "pad_token_id", "mlp_multipliers", "ssm_multipliers",
                  "time_step_limit", "bad_words_ids", "suppress_tokens", "begin_suppress_tokens"}
 
@@ -197,9 +197,7 @@ def unknown_layer_fields(config: Any, depth: int) -> list[str]:
 
 
 def check_layer_fields(config: Any, depth: int, force: bool = False) -> list[str]:
-    """Refuse families that cannot be pruned and unknown layer-looking fields (unless forced); return the unknown."""
-    if _model_type(config) in REFUSED_TYPES:
-        raise LayerpruneError(f"cannot drop blocks of {_model_type(config)}: config field {REFUSED_TYPES[_model_type(config)]}")
+    """Refuse unknown layer-looking fields (unless forced); return them."""
     unknown = unknown_layer_fields(config, depth)
     if unknown and not force:
         raise LayerpruneError(

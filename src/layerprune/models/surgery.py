@@ -145,8 +145,12 @@ def skip_reference_logits(model: nn.Module, input_ids: torch.Tensor, attention_m
 
 def check_config_matches_weights(model: nn.Module) -> int:
     """Build the model class from its (new) config on the meta device: same state-dict keys and shapes."""
-    with torch.device("meta"):
-        fresh = type(model)(model.config)
+    try:
+        with torch.device("meta"):
+            fresh = type(model)(model.config)
+    except Exception as exc:  # the family's own checks of its config, in many exception types
+        raise LayerpruneError(f"surgery check failed: the new config does not build a {type(model).__name__}: "
+                              f"{one_line(exc)[:300]}; nothing was written") from exc
     expected = {name: tuple(t.shape) for name, t in fresh.state_dict().items()}
     actual = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     missing, unexpected = sorted(set(expected) - set(actual)), sorted(set(actual) - set(expected))

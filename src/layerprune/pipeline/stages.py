@@ -60,7 +60,8 @@ class RunPaths:
 
 def recipe_fingerprint(recipe: RunRecipe) -> str:
     """What makes a run directory this recipe's: all but the prose, where it is written and settings that change no result."""
-    exclude = {"description": True, "output": True, "prune": {"stack_candidates"}, "evaluate": {"allow_overlap"}}
+    exclude = {"description": True, "output": True, "prune": {"stack_candidates", "verify", "force"},
+               "evaluate": {"allow_overlap"}}
     return hashlib.sha256(recipe.model_dump_json(exclude=exclude).encode()).hexdigest()[:16]
 
 

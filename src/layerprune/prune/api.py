@@ -16,7 +16,7 @@ from layerprune.models import LoadedModel, drop_blocks, find_decoder_stack, load
 from layerprune.models.blocks import check_block_indices, text_config
 from layerprune.models.layer_fields import FIELD_RULES, check_layer_fields
 from layerprune.models.loading import copy_tokenizer_files
-from layerprune.models.surgery import dtype_name, skip_reference_logits, verify_surgery, write_pretrained
+from layerprune.models.surgery import check_config_matches_weights, dtype_name, skip_reference_logits, verify_surgery, write_pretrained
 from layerprune.outputs import atomic_output_dir, check_output_dir
 from layerprune.prune.calib import CalibSet, load_calibration, tokenize_calibration
 from layerprune.prune.recipe import PruneRecipe
@@ -206,6 +206,8 @@ def save_pruned(loaded: LoadedModel, report: dict[str, Any], output: Path, overw
     start = time.perf_counter()
     with atomic_output_dir(output, overwrite) as tmp:
         saved = _save_dtype(loaded, settings)
+        if probe is not None:
+            check_config_matches_weights(loaded.model)  # cheap: fail before writing anything big
         write_pretrained(loaded.model, tmp, saved, settings.max_shard_size, output)
         copy_tokenizer_files(loaded.source, tmp, loaded.tokenizer)
         report["timings"]["save_s"] = round(time.perf_counter() - start, 2)
