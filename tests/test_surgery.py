@@ -224,3 +224,13 @@ def test_angular_tokens_default_last_and_recorded(tiny_llama, shared_data, tmp_p
     assert last["recipe"]["angular_tokens"] == "last" and last["score_details"]["tokens"] == "last"
     assert every["score_details"]["tokens"] == "all"
     assert last["scores"] != every["scores"]
+
+
+@pytest.mark.gpu
+def test_gpu_run_keeps_an_fp16_checkpoint_in_fp16(tiny_models, tmp_path):
+    from layerprune.settings import RunSettings
+
+    source = str(_tiny_in(torch.float16, tiny_models, tmp_path))
+    result = prune_model(source, PruneRecipe(layers=DROP), RunSettings(device="cuda"), output=tmp_path / "out")
+    assert _saved_dtypes(tmp_path / "out") == {"F16"}
+    assert result.report["dtype"]["computed_in"] == "bfloat16" and result.report["verification"]["checked"] is True

@@ -48,4 +48,10 @@ def print_summary(report: dict, output: Path | None) -> None:
     print(f"blocks {report['num_blocks_before']} -> {report['num_blocks_after']}, "
           f"parameters {report['params_before'] / 1e6:.1f}M -> {report['params_after'] / 1e6:.1f}M")
     print(f"dropped blocks (original numbering): {report['dropped']}")
+    check = report.get("verification") or {}
+    if output and check.get("checked"):
+        print(f"verified: the reloaded model gives the skipped original's logits (max |diff| {check['max_abs_diff']:.3g}, "
+              f"{check['seconds']}s); saved in {report['dtype']['saved']}")
+    elif output:
+        print(f"not verified (--no-verify); saved in {report['dtype']['saved']}")
     print(f"output: {output}" if output else "dry run: nothing written")
