@@ -143,8 +143,12 @@ def skip_reference_logits(model: nn.Module, input_ids: torch.Tensor, attention_m
             handle.remove()
 
 
-def check_config_matches_weights(model: nn.Module) -> int:
-    """Build the model class from its (new) config on the meta device: same state-dict keys and shapes."""
+def check_config_matches_weights(model: nn.Module, shapes: dict[str, tuple[int, ...]] | None = None) -> int:
+    """Build the model class from its (new) config on the meta device: same state-dict keys and shapes.
+
+    `shapes` (name -> shape) are the weights to be written; by default `model`'s own state dict (a streaming
+    writer passes what it will write, and `model` may then live on the meta device).
+    """
     try:
         with torch.device("meta"):
             fresh = type(model)(model.config)
@@ -152,7 +156,7 @@ def check_config_matches_weights(model: nn.Module) -> int:
         raise LayerpruneError(f"surgery check failed: the new config does not build a {type(model).__name__}: "
                               f"{one_line(exc)[:300]}; nothing was written") from exc
     expected = {name: tuple(t.shape) for name, t in fresh.state_dict().items()}
-    actual = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    actual = shapes if shapes is not None else {name: tuple(t.shape) for name, t in model.state_dict().items()}
     missing, unexpected = sorted(set(expected) - set(actual)), sorted(set(actual) - set(expected))
     shapes = sorted(name for name in set(expected) & set(actual) if expected[name] != actual[name])
     if missing or unexpected or shapes:
