@@ -20,6 +20,7 @@ from layerprune.settings import RunSettings
 ARC_ROWS = [{"id": f"q{i}", "question": f"What is {i} plus one?",
              "choices": {"text": [str(i + 1), str(i + 5), "blue", "seven"], "label": ["A", "B", "C", "D"]},
              "answerKey": "A"} for i in range(6)]
+ARC_TRAIN = [{**row, "id": f"t{i}", "question": f"Train question {i}?"} for i, row in enumerate(ARC_ROWS)]
 GSM_ROWS = [{"question": f"Tom has {i} apples and buys 2 more. How many?", "answer": f"{i} + 2 = {i + 2}\n#### {i + 2}"}
             for i in range(6)]
 
@@ -33,6 +34,7 @@ def write_rows(root: Path, dataset: str, split: str, rows: list[dict]) -> None:
 def data_dir(tmp_path: Path) -> Path:
     root = tmp_path / "data"
     write_rows(root, "arc_easy", "test", ARC_ROWS)
+    write_rows(root, "arc_easy", "train", ARC_TRAIN)
     write_rows(root, "gsm8k", "train", GSM_ROWS)
     write_rows(root, "gsm8k", "test", GSM_ROWS)
     return root
@@ -48,8 +50,9 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 # suites and names ---------------------------------------------------------------------------------------
 
 def test_every_suite_expands_to_known_tasks(shared_data):
-    for name in load_suites():
-        planned, skipped = plan_tasks(EvalSettings(suite=name), shared_data) if name != "factual" else ([], {})
+    for name in load_suites():  # paper's 5 shots: hellaswag, piqa, winogrande and boolq lack their pool offline
+        settings = EvalSettings(suite=name, fewshot_from_eval_split=True)
+        planned, skipped = plan_tasks(settings, shared_data) if name != "factual" else ([], {})
         assert all(t.spec.name in TASKS for t in planned)
     assert set(load_suites()) >= {"classification", "reasoning", "algorithmic", "factual", "quick", "paper"}
 
@@ -62,8 +65,12 @@ def test_quick_covers_classification_and_reasoning_with_limits(shared_data):
 
 
 def test_paper_protocol_settings(shared_data):
-    planned = {t.spec.name: t for t in plan_tasks(EvalSettings(suite="paper"), shared_data)[0]}
+    with pytest.raises(LayerpruneError, match="hellaswag/train.jsonl is missing"):
+        plan_tasks(EvalSettings(suite="paper"), shared_data)
+    planned = {t.spec.name: t for t in plan_tasks(EvalSettings(suite="paper", fewshot_from_eval_split=True),
+                                                   shared_data)[0]}
     assert (planned["arc_easy"].num_fewshot, planned["arc_easy"].limit) == (5, 0.2)
+    assert (planned["arc_easy"].fewshot_pool, planned["hellaswag"].fewshot_pool) == ("train", "validation")
     assert planned["gsm8k"].num_fewshot == 0 and planned["gsm8k"].limit is None
 
 
@@ -100,6 +107,7 @@ def test_bad_input_is_one_line(capsys, tmp_path, tiny_llama, argv, expected):
 
 
 def test_num_fewshot_larger_than_pool(capsys, tmp_path, tiny_llama, data_dir):
+    write_rows(data_dir, "arc_easy", "train", ARC_ROWS[:5])
     code, _, err = run_cli(capsys, "--model", str(tiny_llama), "--tasks", "arc_easy", "--num-fewshot", "6",
                            "--data-dir", str(data_dir), "--output", str(tmp_path / "o"))
     assert code == 2 and "few-shot pool" in err and "5 examples" in err
@@ -319,7 +327,7 @@ def test_mmlu_subjects_read_their_own_rows_and_shots(data_dir):
 
     subjects = write_mmlu(data_dir)
     assert len(subjects) == 57
-    configs = lm_eval_configs(TASKS.get("mmlu"), data_dir)
+    configs = lm_eval_configs(TASKS.get("mmlu"), data_dir, pool="dev")
     task = TaskManager(include_defaults=False).load([configs[3]])["tasks"][configs[3]["task"]]
     subject = subjects[3]
     assert {d["subject"] for d in task.test_docs()} == {subject} and len(task.test_docs()) == 2

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from layerprune.evaluate import EvalSettings, evaluate_model
+from layerprune.evaluate import EvalSettings, evaluate_model, plan_tasks
 from layerprune.evaluate.offline import write_task_yaml
 from layerprune.evaluate.registry import TASKS
 from layerprune.models import resolve_model
@@ -17,14 +17,17 @@ from layerprune.settings import RunSettings
 
 pytestmark = pytest.mark.slow
 LIMIT = 20
+FEWSHOT_LIMIT = 10
 
 
-def lm_eval_cli(model_dir: str, task: str, data_dir: Path, folder: Path) -> dict:
+def lm_eval_cli(model_dir: str, task: str, data_dir: Path, folder: Path, limit: int = LIMIT, shots: int | None = None,
+                pool: str | None = None) -> dict:
     """lm-eval's own CLI on the same local files (our task YAML includes lm-eval's and swaps the data)."""
-    write_task_yaml(TASKS.get(task), data_dir, folder / "tasks")
+    write_task_yaml(TASKS.get(task), data_dir, folder / "tasks", pool)
     command = [str(Path(sys.executable).parent / "lm_eval"), "--model", "hf", "--model_args",
                f"pretrained={model_dir},dtype=float32", "--tasks", task, "--include_path", str(folder / "tasks"),
-               "--limit", str(LIMIT), "--batch_size", "8", "--device", "cpu", "--output_path", str(folder / "out")]
+               "--limit", str(limit), "--batch_size", "8", "--device", "cpu", "--output_path", str(folder / "out")]
+    command += ["--num_fewshot", str(shots)] if shots is not None else []
     subprocess.run(command, check=True, capture_output=True, timeout=900)
     (result,) = (folder / "out").rglob("results_*.json")
     return json.loads(result.read_text())["results"][task]
@@ -36,6 +39,18 @@ def test_classification_matches_lm_eval_cli(tmp_path, shared_data):
     settings = EvalSettings(tasks=["arc_easy"], limit=LIMIT, batch_size="8", data_dir=shared_data, reuse=False)
     ours = {r.metric: r.value for r in evaluate_model(source, settings, run).results}
     theirs = lm_eval_cli(source.location, "arc_easy", shared_data, tmp_path)
+    assert ours["acc"] == theirs["acc,none"] and ours["acc_norm"] == theirs["acc_norm,none"]
+
+
+def test_five_shot_from_training_split_matches_lm_eval_cli(tmp_path, shared_data):
+    run = RunSettings(cache_dir=None)
+    source = resolve_model("embedded", run)
+    settings = EvalSettings(tasks=["arc_challenge"], limit=FEWSHOT_LIMIT, num_fewshot=5, batch_size="8",
+                            data_dir=shared_data, reuse=False)
+    (planned,) = plan_tasks(settings, shared_data)[0]
+    assert planned.fewshot_pool == "train"  # lm-eval's own pool, not the scored test split
+    ours = {r.metric: r.value for r in evaluate_model(source, settings, run).results}
+    theirs = lm_eval_cli(source.location, "arc_challenge", shared_data, tmp_path, FEWSHOT_LIMIT, 5, "train")
     assert ours["acc"] == theirs["acc,none"] and ours["acc_norm"] == theirs["acc_norm,none"]
 
 

@@ -9,7 +9,7 @@ from layerprune.probes import probe_tasks
 from layerprune.registry import Registry
 
 Kind = Literal["classification", "generative"]
-Source = Literal["lm_eval", "probe", "humaneval"]
+Source = Literal["lm_eval", "lm_eval_index", "probe", "humaneval"]  # lm_eval_index: a name run by lm-eval's manager
 
 
 @dataclass(frozen=True)
@@ -20,13 +20,15 @@ class TaskSpec:
     kind: Kind
     source: Source
     metrics: tuple[str, ...]  # lm-eval result keys ("acc", "exact_match,strict-match"); the first is the headline
+    # (empty: every metric lm-eval reports, in its order)
     dataset: str | None = None  # folder in the data mirror
     lm_eval_yaml: str | None = None  # path under lm_eval/tasks/
-    splits: dict[str, str] = field(default_factory=dict)  # lm-eval split key -> mirror split
+    splits: dict[str, str] = field(default_factory=dict)  # lm-eval split key -> split, as lm-eval's YAML says
     chat_protocol: bool = False  # --chat-template auto applies the template to this task
     optional: bool = False  # suites skip it when a data mirror is set up without it, or the hub is offline
     subtask_field: str | None = None  # a group (mmlu): lm-eval_yaml is a folder of subtasks, split by this column
     probe: dict[str, object] = field(default_factory=dict)  # arguments for layerprune.probes
+    fixed_shots: bool = False  # the config lists its few-shot examples (fewshot_config.samples): no pool file
 
     @property
     def eval_split(self) -> str:
@@ -43,7 +45,9 @@ class TaskSpec:
 
 TASKS: Registry[TaskSpec] = Registry("task")
 ONLY_TEST = {"test_split": "test"}
-ONLY_VALIDATION = {"validation_split": "validation"}
+# lm-eval's own split keys (its YAML); the mirror's files are named after the split: <data-dir>/<dataset>/<split>.jsonl
+TRAIN_VALIDATION_TEST = {"training_split": "train", "validation_split": "validation", "test_split": "test"}
+TRAIN_VALIDATION = {"training_split": "train", "validation_split": "validation"}
 ACC = ("acc", "acc_norm")
 
 
@@ -52,13 +56,13 @@ def add_task(spec: TaskSpec) -> TaskSpec:
 
 
 for _name, _yaml, _splits, _metrics in [
-    ("arc_easy", "arc/arc_easy.yaml", ONLY_TEST, ("acc_norm", "acc")),
-    ("arc_challenge", "arc/arc_challenge.yaml", ONLY_TEST, ("acc_norm", "acc")),
-    ("hellaswag", "hellaswag/hellaswag.yaml", ONLY_VALIDATION, ("acc_norm", "acc")),
-    ("piqa", "piqa/piqa.yaml", ONLY_VALIDATION, ("acc_norm", "acc")),
-    ("winogrande", "winogrande/default.yaml", ONLY_VALIDATION, ("acc",)),
-    ("boolq", "super_glue/boolq/default.yaml", ONLY_VALIDATION, ("acc",)),
-    ("openbookqa", "openbookqa/openbookqa.yaml", ONLY_TEST, ("acc_norm", "acc")),
+    ("arc_easy", "arc/arc_easy.yaml", TRAIN_VALIDATION_TEST, ("acc_norm", "acc")),
+    ("arc_challenge", "arc/arc_challenge.yaml", TRAIN_VALIDATION_TEST, ("acc_norm", "acc")),
+    ("hellaswag", "hellaswag/hellaswag.yaml", TRAIN_VALIDATION, ("acc_norm", "acc")),
+    ("piqa", "piqa/piqa.yaml", TRAIN_VALIDATION, ("acc_norm", "acc")),
+    ("winogrande", "winogrande/default.yaml", TRAIN_VALIDATION, ("acc",)),
+    ("boolq", "super_glue/boolq/default.yaml", TRAIN_VALIDATION, ("acc",)),
+    ("openbookqa", "openbookqa/openbookqa.yaml", TRAIN_VALIDATION_TEST, ("acc_norm", "acc")),
 ]:
     add_task(TaskSpec(_name, "classification", "lm_eval", _metrics, _name, _yaml, _splits))
 

@@ -104,22 +104,50 @@ def aggregate_group(spec: TaskSpec, raw: dict[str, Any]) -> None:
 def summarize(spec: TaskSpec, raw: dict[str, Any], settings: dict[str, Any], seconds: float,
               sampled: bool = False) -> list[TaskResult]:
     """Pick the task's metrics (headline first) out of lm-eval's results dict; with `sampled`, its pass@k / maj@N
-    (named "<metric>[,<filter>] sampled", never the headline). Sandbox status counts go on the first row."""
-    scores = raw["results"][spec.name]
-    n = int(raw.get("n-samples", {}).get(spec.name, {}).get("effective", 0))
-    metrics = sampled_metrics(scores) if sampled else list(spec.metrics)
+    (named "<metric>[,<filter>] sampled", never the headline). Sandbox status counts go on the first row.
+
+    A task of lm-eval's index (no metrics named) reports every metric lm-eval gives it; a group without
+    aggregated metrics (e.g. leaderboard) reports each of its tasks under the task's own name.
+    """
+    if not spec.metrics and not sampled:
+        names = [spec.name] if reported_metrics(raw["results"].get(spec.name, {})) else sorted(raw["results"])
+        return [row for name in names for row in _rows(spec, name, raw, reported_metrics(raw["results"][name]),
+                                                       settings, seconds)]
+    metrics = sampled_metrics(raw["results"][spec.name]) if sampled else list(spec.metrics)
+    return _rows(spec, spec.name, raw, metrics, settings, seconds, sampled)
+
+
+def reported_metrics(scores: dict[str, Any]) -> list[str]:
+    """'acc', 'exact_match,strict-match', ...: the numbers lm-eval reports for one task, in its order."""
+    keys = [key for key in scores if "," in key and "_stderr," not in key and _number(scores[key]) is not None]
+    return [key.removesuffix(",none") for key in keys]
+
+
+def _rows(spec: TaskSpec, name: str, raw: dict[str, Any], metrics: list[str], settings: dict[str, Any],
+          seconds: float, sampled: bool = False) -> list[TaskResult]:
+    scores = raw["results"][name]
+    n = _effective_n(name, raw)
     statuses = scores.get("status,none") if isinstance(scores.get("status,none"), dict) else None
-    rows = []
+    rows: list[TaskResult] = []
     for index, metric in enumerate(metrics):
-        name, _, filt = metric.partition(",")
-        value = _number(scores.get(f"{name},{filt or 'none'}"))
+        key, _, filt = metric.partition(",")
+        value = _number(scores.get(f"{key},{filt or 'none'}"))
         if value is None:
             continue
-        stderr = _number(scores.get(f"{name}_stderr,{filt or 'none'}"))
-        rows.append(TaskResult(task=spec.name, kind=spec.kind, metric=f"{metric} sampled" if sampled else metric,
+        stderr = _number(scores.get(f"{key}_stderr,{filt or 'none'}"))
+        rows.append(TaskResult(task=name, kind=spec.kind, metric=f"{metric} sampled" if sampled else metric,
                                value=value, stderr=stderr, n=n, headline=index == 0 and not sampled,
                                settings=settings, seconds=seconds, statuses=None if rows else statuses))
     return rows
+
+
+def _effective_n(name: str, raw: dict[str, Any]) -> int:
+    """Documents scored: the task's own count, or the sum over a group's tasks."""
+    counts = raw.get("n-samples", {})
+    if name in counts:
+        return int(counts[name].get("effective", 0))
+    members = raw.get("group_subtasks", {}).get(name, [])
+    return sum(_effective_n(member, raw) for member in members)
 
 
 def sampled_metrics(scores: dict[str, Any]) -> list[str]:

@@ -25,6 +25,7 @@ from layerprune.evaluate.results import (aggregate_group, cache_path, file_sha25
                                          summarize, write_cached)
 from layerprune.evaluate.sandbox import SandboxLimits, isolation_level
 from layerprune.evaluate.schema import EvalSettings, Summary, TaskResult
+from layerprune.evaluate.registry import TASKS, TaskSpec
 from layerprune.evaluate.suites import PlannedTask, plan_tasks
 from layerprune.models import LoadedModel, ModelSource, load_model, resolve_model
 from layerprune.models.loading import load_tokenizer
@@ -72,6 +73,7 @@ def task_settings(task: PlannedTask, settings: EvalSettings, run: RunSettings, c
     sandbox = [settings.sandbox_timeout, settings.sandbox_memory_mb, GT_TIME_LIMIT_FACTOR, MIN_TIME_LIMIT, "evalplus"]
     return {
         "task": task.spec.name, "limit": task.limit, "num_fewshot": task.num_fewshot,
+        "fewshot_split": task.fewshot_pool, "fewshot_from_eval_split": _from_eval_split(task),
         "max_gen_toks": task.max_gen_toks, "chat_template": chat, "backend": settings.backend,
         "batch_size": settings.batch_size, "dtype": str(run.resolved_dtype()), "device": run.resolved_device().type,
         "probe_seed": settings.probe_seed if source == "probe" else None,
@@ -79,7 +81,41 @@ def task_settings(task: PlannedTask, settings: EvalSettings, run: RunSettings, c
         "sampling": [sampling.n, sampling.temperature] if sampling else None,
         "lm_eval": importlib.metadata.version("lm_eval"), "data": _data_identity(task, settings),
         "layerprune": __version__, "probe_version": PROBE_VERSION if source == "probe" else None,
+        "task_files": _task_files_identity(task, settings),
     }
+
+
+def _task_files_identity(task: PlannedTask, settings: EvalSettings) -> str | None:
+    """For a task that is not layerprune's own: a hash of the user's task folder and of the local data files its
+    YAML names, so an edited task never serves a stale result (lm-eval's own files are pinned by its version)."""
+    spec = task.spec
+    if spec.name in TASKS and TASKS.get(spec.name) is spec:
+        return None
+    files = sorted(Path(settings.include_path).rglob("*")) if settings.include_path is not None else []
+    files += _local_data_files(spec)
+    digest = hashlib.sha256()
+    for path in files:
+        if path.is_file() and path.suffix in (".yaml", ".yml", ".py", ".jsonl", ".json", ".csv", ".txt"):
+            digest.update(f"{path}:".encode() + hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()[:16]
+
+
+def _local_data_files(spec: TaskSpec) -> list[Path]:
+    if spec.lm_eval_yaml is None or spec.dataset is not None:
+        return []
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    config = load_yaml(Path(spec.lm_eval_yaml), resolve_func=False)
+    named = (config.get("dataset_kwargs") or {}).get("data_files") or []
+    values = named.values() if isinstance(named, dict) else [named] if isinstance(named, str) else named
+    flat = [v for value in values for v in (value if isinstance(value, list) else [value])]
+    return [Path(v) for v in flat if isinstance(v, str) and Path(v).is_file()]
+
+
+def _from_eval_split(task: PlannedTask) -> bool:
+    """Few-shot examples drawn from the scored split in place of lm-eval's own pool (--fewshot-from-eval-split)."""
+    spec = task.spec
+    return task.fewshot_pool is not None and task.fewshot_pool == spec.eval_split != spec.fewshot_split
 
 
 _FILE_HASHES: dict[str, Any] = {}  # (path, size, mtime) -> sha256, for this process
@@ -108,13 +144,15 @@ def task_configs(task: PlannedTask, settings: EvalSettings, data_dir: Path | Non
                                allow_unsafe=settings.unsafe_code_exec)
         oracle_dir = cache_root / "humaneval_plus" if cache_root is not None else None
         return [humaneval_config(spec, data_dir, limits, oracle_dir, sampling)]
-    configs = lm_eval_configs(spec, data_dir)
+    configs = lm_eval_configs(spec, data_dir, task.fewshot_pool)
     return [lm_eval_sampling(c, sampling) for c in configs] if sampling else configs
 
 
 def task_sampling(task: PlannedTask, settings: EvalSettings) -> Sampling | None:
     """--samples-per-task for a generative task: N samples at the flag's temperature (or lm-eval's 0.2)."""
     if settings.samples_per_task is None or task.spec.kind != "generative" or task.spec.subtask_field:
+        return None
+    if task.spec.source == "lm_eval_index":  # a group run by name: its configs are lm-eval's, not ours to change
         return None
     return Sampling(settings.samples_per_task, settings.temperature or DEFAULT_TEMPERATURE)
 
@@ -159,9 +197,13 @@ def run_task(handle: ModelHandle, task: PlannedTask, settings: EvalSettings, cha
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_defaults=False)  # configs come whole; indexing lm-eval's ~14k YAMLs takes a minute
-    hint = f"put it at {data_dir or '<data-dir>'}/{task.spec.dataset}/ (--data-dir)"
-    lm_tasks = build_tasks(manager, task_configs(task, settings, data_dir, cache_root, sampling), task.spec.name, hint)
+    if task.spec.source == "lm_eval_index":
+        manager, lm_tasks = index_tasks(task, settings)
+    else:
+        manager = TaskManager(include_defaults=False)  # configs come whole; no need to index lm-eval's 14k YAMLs
+        hint = f"put it at {data_dir or '<data-dir>'}/{task.spec.dataset}/ (--data-dir)"
+        lm_tasks = build_tasks(manager, task_configs(task, settings, data_dir, cache_root, sampling), task.spec.name,
+                               hint)
     gen = {"max_gen_toks": task.max_gen_toks} if task.max_gen_toks else None
     raw = lm_eval.simple_evaluate(
         model=make_lm(handle, settings), tasks=lm_tasks, num_fewshot=task.num_fewshot, limit=task.limit,
@@ -172,7 +214,31 @@ def run_task(handle: ModelHandle, task: PlannedTask, settings: EvalSettings, cha
         raise LayerpruneError(f"lm-eval returned no results for {task.spec.name}")
     if task.spec.subtask_field is not None:
         aggregate_group(task.spec, raw)
+    if task.spec.source == "lm_eval_index":
+        merge_samples(task.spec.name, raw)
     return raw
+
+
+def index_tasks(task: PlannedTask, settings: EvalSettings) -> tuple[Any, list[Any]]:
+    """A group, tag or Python task by name, built by lm-eval's TaskManager as its CLI does (this reads the data)."""
+    from layerprune.evaluate.lm_eval_index import manager_for
+
+    manager = manager_for(task.spec.name, settings.include_path)
+    try:
+        loaded = manager.load([task.spec.name])
+    except Exception as exc:  # datasets raises many types for missing files or no network
+        raise LayerpruneError(f"could not load lm-eval task '{task.spec.name}' ({one_line(exc)[:200]})") from exc
+    top = loaded["groups"].get(task.spec.name) or loaded["tasks"].get(task.spec.name)
+    return manager, [top] if top is not None else list(loaded["tasks"].values())
+
+
+def merge_samples(name: str, raw: dict[str, Any]) -> None:
+    """A group's or tag's samples under its own name, each marked with its subtask."""
+    samples = raw.get("samples", {})
+    subs = sorted(key for key in samples if key != name)
+    if subs:
+        merged = [{**sample, "subtask": sub} for sub in subs for sample in samples.pop(sub)]
+        samples[name] = samples.pop(name, []) + merged
 
 
 def evaluate_task(handle: ModelHandle, task: PlannedTask, settings: EvalSettings, chat: bool,

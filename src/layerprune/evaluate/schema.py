@@ -37,10 +37,16 @@ class EvalSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    tasks: list[str] | None = Field(None, description="Comma-separated tasks (see --list)")
+    tasks: list[str] | None = Field(None, description="Comma-separated tasks (see --list), or any task, group or "
+                                                      "tag lm-eval knows (lm-eval ls tasks)")
+    include_path: Path | None = Field(None, description="A folder of your own lm-eval task YAMLs, as lm-eval's "
+                                                       "--include_path: --tasks then knows their tasks and groups")
     suite: str | None = Field(None, description="A suite of tasks (see --list); default: quick when --tasks is not given")
     limit: float | None = Field(None, description="Documents per task: a count, or a fraction of the set if below 1")
     num_fewshot: int | None = Field(None, description="Few-shot examples for lm-eval tasks (default: the task's own)")
+    fewshot_from_eval_split: bool = Field(
+        False, description="Where the few-shot pool lm-eval uses (its training split, fewshot_split or validation) "
+                           "is missing locally, draw the examples from the scored split (never a document itself)")
     max_gen_toks: int | None = Field(None, ge=1, description="Most tokens generated per answer (generative tasks)")
     batch_size: str = Field("auto", description="Batch size: a number, or auto (32 on CPU, lm-eval's search on GPU)")
     chat_template: Literal["auto", "on", "off"] = Field(

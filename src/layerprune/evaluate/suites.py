@@ -12,8 +12,8 @@ import yaml
 
 from layerprune.errors import LayerpruneError
 from layerprune.data import check_jsonl
-from layerprune.evaluate.offline import (check_fewshot_pool, default_fewshot, hub_offline, local_files,
-                                         missing_splits, require_data)
+from layerprune.evaluate.offline import (check_fewshot_pool, default_fewshot, fewshot_pool, hub_offline,
+                                         local_files, missing_splits, require_data)
 from layerprune.evaluate.registry import TASKS, TaskSpec
 from layerprune.evaluate.schema import EvalSettings, Suite, TaskSettings
 from layerprune.registry import unknown_name_message
@@ -31,6 +31,7 @@ class PlannedTask:
     limit: float | None
     num_fewshot: int | None
     max_gen_toks: int | None
+    fewshot_pool: str | None = None  # the split few-shot examples come from (None: zero-shot, or not lm-eval data)
 
 
 @functools.cache
@@ -72,25 +73,38 @@ def _suite_settings(spec: TaskSpec, chain: list[Suite]) -> TaskSettings:
     return TaskSettings.model_validate(merged)
 
 
-def resolve_task(name: str) -> TaskSpec:
+def resolve_task(name: str, include_path: Path | None = None) -> TaskSpec:
+    """A registered task, else (the user's folder first) any task, group or tag lm-eval knows."""
+    from layerprune.evaluate.lm_eval_index import lm_eval_task_spec, unknown_task_message, user_entry
+
+    if user_entry(name, include_path) is not None:
+        return lm_eval_task_spec(name, include_path)  # type: ignore[return-value]
     if name in load_suites() and name not in TASKS:
         raise LayerpruneError(f"'{name}' is a suite; use --suite {name}")
-    if name not in TASKS:
-        raise LayerpruneError(unknown_name_message("task", name, [*TASKS.names(), *load_suites()]))
-    return TASKS.get(name)
+    if name in TASKS:
+        return TASKS.get(name)
+    spec = lm_eval_task_spec(name, include_path)
+    if spec is None:
+        raise LayerpruneError(unknown_task_message(name, [*TASKS.names(), *load_suites()], include_path))
+    return spec
 
 
 def plan_tasks(settings: EvalSettings, data_dir: Path | None) -> tuple[list[PlannedTask], dict[str, str]]:
     """The tasks to run with their settings, and the optional ones skipped for missing data."""
     if settings.tasks:
-        entries = [(resolve_task(name).name, []) for name in settings.tasks]
+        from layerprune.evaluate.lm_eval_index import expand_patterns
+
+        names = expand_patterns(settings.tasks, TASKS.names(), settings.include_path)
+        specs = {name: resolve_task(name, settings.include_path) for name in names}
+        entries: list[tuple[str, list[Suite]]] = [(name, []) for name in names]
         from_suite = False
     else:
         entries = expand(settings.suite or DEFAULT_SUITE)
+        specs = {name: TASKS.get(name) for name, _ in entries}
         from_suite = True
     planned, skipped = [], {}
     for name, chain in dict(entries).items():
-        spec = TASKS.get(name)
+        spec = specs[name]
         if from_suite and (reason := _skip_reason(spec, data_dir)):
             skipped[name] = reason
             continue
@@ -115,17 +129,23 @@ def _skip_reason(spec: TaskSpec, data_dir: Path | None) -> str | None:
 
 def _plan_one(spec: TaskSpec, suite: TaskSettings, settings: EvalSettings, data_dir: Path | None) -> PlannedTask:
     fewshot = settings.num_fewshot if settings.num_fewshot is not None else suite.num_fewshot
+    shots = (fewshot if fewshot is not None else default_fewshot(spec)) if spec.source == "lm_eval" else 0
+    pool = fewshot_pool(spec, data_dir, shots, settings.fewshot_from_eval_split) if spec.source == "lm_eval" else None
     if spec.dataset is not None:  # fails now, naming the missing or bad file, rather than after the model loads
-        require_data(spec, data_dir, fewshot if spec.source == "lm_eval" else 0)
-        for path in local_files(spec, data_dir, fewshot if spec.source == "lm_eval" else 0):
+        require_data(spec, data_dir, pool)
+        for path in local_files(spec, data_dir, pool):
             check_jsonl(path)
-    if spec.source != "lm_eval":
+    elif spec.name not in TASKS:
+        from layerprune.evaluate.lm_eval_index import require_reachable
+
+        require_reachable(spec, settings.include_path)
+    if spec.source in ("probe", "humaneval"):
         fewshot = 0  # probes carry their own shots; HumanEval+ is zero-shot
-    else:
-        check_fewshot_pool(spec, data_dir, default_fewshot(spec) if fewshot is None else fewshot)
+    elif spec.source == "lm_eval":
+        check_fewshot_pool(spec, data_dir, shots, pool)
     limit = settings.limit if settings.limit is not None else suite.limit
     tokens = settings.max_gen_toks if settings.max_gen_toks is not None else suite.max_gen_toks
-    return PlannedTask(spec, limit, fewshot, tokens if spec.source in ("lm_eval", "humaneval") else None)
+    return PlannedTask(spec, limit, fewshot, tokens if spec.source != "probe" else None, pool)
 
 
 def describe_suites() -> str:
@@ -138,4 +158,5 @@ def describe_suites() -> str:
     for name in TASKS.names():
         spec = TASKS.get(name)
         lines.append(f"  {name:<15} {spec.kind:<15} {', '.join(spec.metrics)}")
+    lines.append("  and any task, group or tag lm-eval knows (`lm-eval ls tasks`); your own YAMLs with --include-path")
     return "\n".join(lines)
