@@ -145,7 +145,7 @@ def test_bad_inputs(tiny_llama, shared_data, tmp_path, capsys):
     assert_one_line_error(capsys, ["importance", *model, "--tasks", "arithmetc"], "did you mean: arithmetic",
                           output=out)
     assert_one_line_error(capsys, ["importance", *model, "--tasks", "triviaqa", "--data-dir", str(shared_data)],
-                          "triviaqa", "validation.jsonl", output=out)
+                          "triviaqa", "train.jsonl", output=out)
     assert_one_line_error(capsys, ["importance", *model, "--samples", "0"], "samples", output=out)
     assert_one_line_error(capsys, ["importance", "--models", str(tmp_path / "nope"), "--output", str(out)],
                           "not found", output=out)

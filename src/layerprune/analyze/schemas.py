@@ -36,7 +36,13 @@ class ImportanceAnalysis(OutputOptions):
                            "exact match, one generation per skipped block (slow; for gsm8k-style answers)")
     samples: int = Field(16, ge=1, description="Items per task")
     shots: int = Field(1, ge=0, description="Few-shot examples per prompt (arithmetic, factual, triviaqa)")
-    threshold: float = Field(0.2, gt=0, description="Relative drop above which a block is critical")
+    threshold: float = Field(0.2, gt=0, description="Relative drop above which a block is critical (when the drop "
+                                                    "is also significant)")
+    alpha: float = Field(0.05, gt=0, lt=1, description="A drop is significant when the lower end of its paired "
+                                                         "bootstrap (1 - alpha) interval is above 0")
+    resamples: int = Field(1000, ge=100, description="Bootstrap resamples of the items per drop")
+    min_base_score: float = Field(0.05, ge=0, description="Below this full-model score the drops are undefined "
+                                                           "(reported as null, no critical blocks), not 0")
     batch_size: int = Field(16, ge=1, description="Sequences per forward")
     max_length: int = Field(512, ge=8, description="Longest sequence in tokens (prompts are cut from the left)")
 
