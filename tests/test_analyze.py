@@ -96,10 +96,23 @@ def test_nmi_end_to_end(tiny_llama, tmp_path, capsys):
                            "--k", "4", "--output", str(out))
     assert code == 0, err
     report = json.loads((out / "nmi.json").read_text())
-    assert len(report["nmi"]) == 7 and report["nmi"][0] == 1.0
-    assert all(0.0 <= v <= 1.0 + 1e-9 for v in report["nmi"]) and 0 <= report["elbow_block"] < 6
+    assert len(report["nmi"]) == len(report["ami"]) == len(report["seed_agreement"]) == 7
+    assert all(0.0 <= v <= 1.0 + 1e-9 for v in report["nmi"]) and 1 <= report["elbow_block"] < 6
+    assert report["nmi"][0] == pytest.approx(report["seed_agreement"][0], abs=0.5)  # measured, not set to 1
     assert (out / "nmi.png").stat().st_size > 0
     assert len(report["skip_drops"]) == 6 and "first 2 factual texts" in report["critical_source"]
+
+
+def test_nmi_takes_texts_until_min_tokens(tiny_llama, tmp_path, capsys):
+    out = tmp_path / "nmi"
+    code, _, err = run_cli(capsys, "nmi", "--model", str(tiny_llama), "--calib", "factual", "--samples", "2",
+                           "--min-tokens", "300", "--k", "3", "--seeds", "2", "--ablation-samples", "0",
+                           "--output", str(out))
+    assert code == 0, err
+    report = json.loads((out / "nmi.json").read_text())
+    assert report["tokens"] >= 300 and report["texts"] > 2
+    assert_one_line_error(capsys, ["nmi", "--model", str(tiny_llama), "--calib", "factual", "--min-tokens", "10000000",
+                                   "--output", str(tmp_path / "nmi2")], "--min-tokens", output=tmp_path / "nmi2")
 
 
 def test_nmi_takes_critical_blocks_from_an_importance_report(tiny_llama, tmp_path, capsys):

@@ -19,6 +19,7 @@ def test_gsm8k_numbers_are_equal_as_numbers():
     assert grade("She pays 6 * 3 = 18.00 dollars.\nThe answer is 18.00", gsm8k("18"))
     assert grade("It costs $1,000.", gsm8k("1000"))
     assert grade("#### 18.", gsm8k("18"))
+    assert grade("</think> So 18.0 apples. \\(\\boxed{18.0}\\) then 7", gsm8k("18"))
     assert not grade("The answer is 18.5", gsm8k("18"))
     assert numbers_equal("-3.0", "-3") and not numbers_equal("", "0") and not numbers_equal("abc", "abc")
 
@@ -85,3 +86,46 @@ def test_probability_score_resamples_items_with_their_token_counts():
                                     min_base_score=0.0)
     base = np.exp(-(2 * np.log(2) + np.log(4)) / 3)
     assert result["base_score"] == pytest.approx(base) and result["drops"] == pytest.approx([(base - 1) / base])
+
+
+def blobs(rng, labels, spread=0.05, dims=8):
+    centers = rng.normal(size=(labels.max() + 1, dims)) * 3
+    return centers[labels] + rng.normal(scale=spread, size=(len(labels), dims))
+
+
+def test_nmi_on_synthetic_clusters_with_known_structure():
+    from layerprune.analyze.nmi import nmi_over_depth
+
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(4), 60)
+    same = blobs(rng, labels)
+    moved = blobs(rng, labels)  # the same grouping at other places: still NMI 1
+    merged = blobs(rng, labels // 2)  # clusters merged pairwise: half the information
+    noise = rng.normal(size=(240, 8))  # no structure: AMI about 0
+    series = nmi_over_depth([same, moved, merged, noise], k=4, seed=0, normalize=False, seeds=3)
+    assert series["nmi"][0] == pytest.approx(1.0) and series["nmi"][1] == pytest.approx(1.0)
+    # 4 equal clusters vs their pairwise merge (k-means splits each merged pair in 2 at random):
+    assert 0.4 < series["nmi"][2] < 0.9 and series["nmi"][3] < 0.1
+    assert abs(series["ami"][3]) < 0.03 and series["ami"][1] == pytest.approx(1.0)
+    assert series["seed_agreement"][0] == pytest.approx(1.0) and series["seed_agreement"][3] < 0.9
+    assert all(lo <= m <= hi for lo, m, hi in zip(series["nmi_min"], series["nmi"], series["nmi_max"]))
+
+
+def test_nmi_of_the_reference_is_measured_not_assumed():
+    from layerprune.analyze.nmi import nmi_over_depth
+
+    noise = np.random.default_rng(1).normal(size=(300, 8))  # k-means of noise depends on the seed
+    series = nmi_over_depth([noise, noise], k=6, seed=0, normalize=False, seeds=2)
+    assert series["nmi"][0] < 0.95 and series["nmi"][0] == series["nmi"][1]
+
+
+def test_elbow_leaves_the_first_step_out_and_measures_its_distance_to_critical_blocks():
+    from layerprune.analyze import metrics
+    from layerprune.analyze.nmi import elbow_report
+
+    series = {"nmi": [0.98, 0.5, 0.45, 0.2, 0.18], "seed_agreement": [0.98, 0.95, 0.96, 0.97, 0.97]}
+    report = elbow_report(series, critical=[0, 5])
+    assert report["elbow_block"] == 2 and report["elbow_nmi_drop"] == pytest.approx(0.25)  # state 3 = after block 2
+    assert report["first_step_drop"] == pytest.approx(0.48) and report["elbow_distance_to_critical"] == 2
+    assert report["clustering_noise"] == pytest.approx(0.05) and report["elbow_above_noise"]
+    assert metrics.largest_drop([1.0, 0.5, 0.45]) == 1 and metrics.largest_drop([1.0, 0.5], start=2) is None

@@ -98,3 +98,45 @@ def test_generation_importance_equals_a_naive_loop(tiny_llama):
 def test_generations_are_cut_at_stop_strings():
     assert cut_at_stops("18 apples.\nQuestion: next", ("Question:", "</s>")) == "18 apples.\n"
     assert cut_at_stops("no stop here", ()) == "no stop here"
+
+
+def test_per_model_decoding_over_the_analysis_wide_settings():
+    from layerprune.analyze.schemas import Decoding
+
+    config = ImportanceAnalysis(models=["a", "b"], max_new_tokens=64, per_model={
+        "b": Decoding(instruction="Please reason step by step.", max_new_tokens=4096, temperature=0.6, top_p=0.95)})
+    assert config.decoding("a") == Decoding(chat_template="auto", max_new_tokens=64, temperature=0.0, top_p=1.0)
+    b = config.decoding("b")
+    assert (b.chat_template, b.max_new_tokens, b.temperature, b.top_p) == ("auto", 4096, 0.6, 0.95)
+    with pytest.raises(ValueError, match="not in models"):
+        ImportanceAnalysis(models=["a"], per_model={"c": Decoding()})
+
+
+def test_prompts_follow_the_chat_template_setting_with_the_instruction_before_the_answer_cue(tiny_llama):
+    from layerprune.analyze.importance import generation_plan
+    from layerprune.analyze.tasks import TASKS
+    from layerprune.analyze.walk import GenerationPlan, render_prompt
+
+    loaded = load_model(str(tiny_llama))
+    loaded.tokenizer.chat_template = "{% for m in messages %}<user>{{ m['content'] }}</user>{% endfor %}<bot>"
+    plan = GenerationPlan(8, chat=True, instruction="Think step by step.")
+    assert render_prompt(loaded.tokenizer, "Question: 2+2?\nAnswer:", plan) == \
+        "<user>Question: 2+2?\nThink step by step.\nAnswer:</user><bot>"
+    auto = ImportanceAnalysis(models=[str(tiny_llama)], metric="generate")
+    assert generation_plan(auto, loaded, TASKS.get("gsm8k"), 0).chat  # as evaluate's auto: gsm8k is a chat task
+    assert not generation_plan(auto, loaded, TASKS.get("arithmetic"), 0).chat
+    off = ImportanceAnalysis(models=[str(tiny_llama)], chat_template="off")
+    assert not generation_plan(off, loaded, TASKS.get("gsm8k"), 0).chat
+    assert generation_plan(off, loaded, TASKS.get("gsm8k"), 0).max_new_tokens == 192
+
+
+def test_sampled_generation_is_seeded(tiny_llama):
+    from layerprune.analyze.walk import GenerationPlan, generate_texts
+
+    loaded = load_model(str(tiny_llama))
+    prompts = ["Q: What is the capital of France?\nA:", "Q: 2 + 2 =\nA:"]
+    sampled = GenerationPlan(12, temperature=5.0, seed=3)
+    first = generate_texts(loaded.model, loaded.tokenizer, prompts, sampled, batch_size=2)
+    assert first == generate_texts(loaded.model, loaded.tokenizer, prompts, sampled, batch_size=2)
+    other = generate_texts(loaded.model, loaded.tokenizer, prompts, GenerationPlan(12, temperature=5.0, seed=4), 2)
+    assert other != first

@@ -17,6 +17,7 @@ from typing import Sequence
 
 NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
 NEW_TURN = re.compile(r"\n\s*(?:Question|Human|User|Q)\s*:|Question:|Human:")
+BOXED = re.compile(r"\\boxed\{\s*\$?(\-?[0-9][0-9\.\,]*)\s*\}")  # R1-style final answers
 STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")  # lm-eval gsm8k.yaml strict-match
 ANSWER_IS = re.compile(r"answer is[:\s]*\$?(\-?[0-9][0-9\.\,]*)", re.IGNORECASE)
 TRIVIAQA_STOPS = ("\n", ".", ",")  # lm-eval triviaqa/default.yaml generation_kwargs.until
@@ -44,9 +45,10 @@ def numbers_equal(a: str, b: str) -> bool:
 
 
 def final_number(text: str) -> str:
-    """The GSM8K answer of a generation: '#### N', else 'the answer is N', else the last number ('' if none)."""
+    """The GSM8K answer of a generation: '\\boxed{N}', else '#### N', else 'the answer is N', else the last number
+    ('' if none)."""
     text = cut_at_new_turn(text)
-    for pattern in (STRICT, ANSWER_IS):
+    for pattern in (BOXED, STRICT, ANSWER_IS):
         found = pattern.findall(text)
         if found:
             return found[-1].replace(",", "").rstrip(".")

@@ -77,23 +77,29 @@ def plot_drop_curves(path: Path, drops: dict[str, dict[str, list[float]]], thres
     plt.close(fig)
 
 
-def plot_nmi(path: Path, nmi: Sequence[float], elbow: int | None, critical: Sequence[int], title: str) -> None:
-    """NMI after each block (x = 0 is the embedding layer), elbow and critical blocks marked."""
+def plot_nmi(path: Path, series: dict[str, list[float]], elbow: int | None, critical: Sequence[int],
+             title: str) -> None:
+    """NMI and AMI after each block (x = 0 is the embedding layer) with the spread over k-means seeds and the
+    seed-to-seed agreement (the clustering noise); elbow and critical blocks marked."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.8))
+    nmi = series["nmi"]
     xs = list(range(len(nmi)))
-    ax.plot(xs, nmi, marker="o", markersize=3, label="NMI vs embedding clusters")
+    ax.fill_between(xs, series["nmi_min"], series["nmi_max"], color="C0", alpha=0.2, linewidth=0)
+    ax.plot(xs, nmi, marker="o", markersize=3, label="NMI vs embedding clusters (band: k-means seeds)")
+    ax.plot(xs, series["ami"], marker=".", markersize=3, color="C2", label="AMI vs embedding clusters")
+    ax.plot(xs, series["seed_agreement"], linestyle=":", color="gray", label="seed-to-seed NMI (noise ceiling)")
     for block in critical:
         ax.axvspan(block + 0.5, block + 1.5, color="red", alpha=0.15, linewidth=0)
     if critical:
-        ax.plot([], [], color="red", alpha=0.3, linewidth=6, label="critical block (skip drop > threshold)")
+        ax.plot([], [], color="red", alpha=0.3, linewidth=6, label="critical block")
     if elbow is not None:
         ax.axvline(elbow + 1, color="black", linestyle="--", linewidth=1, label=f"elbow: block {elbow}")
     ax.set_xlabel("after block (0 = embeddings)")
-    ax.set_ylabel("NMI")
-    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("NMI / AMI")
+    ax.set_ylim(min(0.0, min(series["ami"])), 1.05)
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

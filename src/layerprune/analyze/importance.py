@@ -10,8 +10,8 @@ from typing import Any
 from layerprune.analyze import charts, metrics, stats
 from layerprune.analyze.records import Timer, loaded_models, resolve_models, run_record, write_json
 from layerprune.analyze.schemas import ImportanceAnalysis
-from layerprune.analyze.tasks import TASKS, TaskItem, task_items
-from layerprune.analyze.walk import ablate_blocks, ablate_generation, build_batches
+from layerprune.analyze.tasks import TASKS, Task, TaskItem, task_items
+from layerprune.analyze.walk import GenerationPlan, ablate_blocks, ablate_generation, build_batches
 from layerprune.data import resolve_data_dir
 from layerprune.models import LoadedModel, find_decoder_stack
 from layerprune.settings import RunSettings
@@ -23,9 +23,10 @@ def score_blocks(loaded: LoadedModel, task: str, items: list[TaskItem], config: 
                  seed: int = 0) -> dict[str, Any]:
     """Base score, per-block ablated scores, relative drops with bootstrap intervals, and critical blocks
     (drop above the threshold and significant) of one model on one task; every per-item value is kept."""
-    tokens = None
+    tokens, plan = None, None
     if config.metric == "generate":
-        result: Any = ablate_generation(loaded.model, loaded.tokenizer, items, TASKS.get(task), config.batch_size)
+        plan = generation_plan(config, loaded, TASKS.get(task), seed)
+        result: Any = ablate_generation(loaded.model, loaded.tokenizer, items, TASKS.get(task), config.batch_size, plan)
         base_items, ablated_items, kind = result.base_item_correct, result.ablated_item_correct, "mean"
         scores = result.ablated_accuracy
     else:
@@ -41,7 +42,17 @@ def score_blocks(loaded: LoadedModel, task: str, items: list[TaskItem], config: 
     statistics = stats.block_statistics(base_items, ablated_items, kind, config.threshold, tokens, config.resamples,
                                         config.alpha, config.min_base_score, seed)
     per_item = {"prompts": [item.prompt for item in items], "answers": [item.answer for item in items], **vars(result)}
-    return {**statistics, "scores": scores, "depth": len(scores), "per_item": per_item}
+    return {**statistics, "scores": scores, "depth": len(scores), "generation": vars(plan) if plan else None,
+            "per_item": per_item}
+
+
+def generation_plan(config: ImportanceAnalysis, loaded: LoadedModel, task: Task, seed: int) -> GenerationPlan:
+    """This model's prompt and decoding for this task (per_model over the analysis-wide settings)."""
+    decoding = config.decoding(loaded.source.spec)
+    has_template = bool(getattr(loaded.tokenizer, "chat_template", None))
+    chat = has_template and (decoding.chat_template == "on" or (decoding.chat_template == "auto" and task.chat_protocol))
+    return GenerationPlan(decoding.max_new_tokens or task.max_new_tokens, task.stops, chat, decoding.instruction,
+                          decoding.temperature or 0.0, decoding.top_p or 1.0, seed)
 
 
 def defined(values: list[float | None]) -> bool:

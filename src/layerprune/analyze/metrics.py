@@ -91,11 +91,20 @@ def align_blocks(blocks: Sequence[int], depth: int, grid: int) -> set[int]:
     return {row for row, block in enumerate(relative_depth_map(depth, grid)) if block in chosen}
 
 
-def largest_drop(series: Sequence[float]) -> int | None:
-    """Index i > 0 maximising series[i-1] - series[i] (the elbow); None for fewer than 2 points."""
-    if len(series) < 2:
+def largest_drop(series: Sequence[float], start: int = 1) -> int | None:
+    """Index i >= start maximising series[i-1] - series[i] (the elbow); None when there is no such step.
+
+    `start=2` leaves the first step (embeddings -> after block 0) out."""
+    if len(series) <= max(start, 1):
         return None
-    return max(range(1, len(series)), key=lambda i: series[i - 1] - series[i])
+    return max(range(max(start, 1), len(series)), key=lambda i: series[i - 1] - series[i])
+
+
+def distance_to_nearest(block: int | None, blocks: Sequence[int]) -> int | None:
+    """|block - b| for the nearest b of `blocks`; None when either is missing."""
+    if block is None or not blocks:
+        return None
+    return min(abs(block - b) for b in blocks)
 
 
 def words(text: str) -> list[str]:

@@ -48,6 +48,7 @@ class Task:
     max_new_tokens: int
     kind: str  # math | factual
     stops: tuple[str, ...] = ()  # generation stops at any of these (lm-eval's `until` for the task)
+    chat_protocol: bool = False  # chat_template auto applies the template (as evaluate does for this task)
 
 
 TASKS: Registry[Task] = Registry("task")
@@ -130,9 +131,9 @@ def build_triviaqa(n: int, seed: int, shots: int, data_dir: Path | None) -> list
 
 
 TASKS.register("arithmetic")(Task(build_arithmetic, grade_first_number, 6, "math"))
-TASKS.register("gsm8k")(Task(build_gsm8k, grade_final_number, 192, "math", grading.GSM8K_STOPS))
+TASKS.register("gsm8k")(Task(build_gsm8k, grade_final_number, 192, "math", grading.GSM8K_STOPS, True))
 TASKS.register("factual")(Task(build_factual, grade_short_answer, 8, "factual"))
-TASKS.register("triviaqa")(Task(build_triviaqa, grade_short_answer, 16, "factual"))
+TASKS.register("triviaqa")(Task(build_triviaqa, grade_short_answer, 16, "factual", (), True))
 
 
 def task_items(name: str, n: int, seed: int, shots: int, data_dir: Path | None) -> list[TaskItem]:

@@ -149,19 +149,59 @@ def cut_at_stops(text: str, stops: Sequence[str]) -> str:
     return text
 
 
+@dataclass(frozen=True)
+class GenerationPlan:
+    """How prompts become generations: chat template or raw, instruction, budget, greedy or seeded sampling."""
+
+    max_new_tokens: int
+    stops: tuple[str, ...] = ()
+    chat: bool = False
+    instruction: str | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+def with_instruction(prompt: str, instruction: str | None) -> str:
+    """The instruction on its own line after the question (before a closing 'Answer:'/'A:' line)."""
+    if not instruction:
+        return prompt
+    for cue in ("\nAnswer:", "\nA:"):
+        if prompt.endswith(cue):
+            return f"{prompt[: -len(cue)]}\n{instruction}{cue}"
+    return f"{prompt}\n{instruction}"
+
+
+def render_prompt(tokenizer: Any, prompt: str, plan: GenerationPlan) -> str:
+    """The text the model sees: the prompt as one user turn of the chat template, or the raw prompt."""
+    prompt = with_instruction(prompt, plan.instruction)
+    if not plan.chat:
+        return prompt
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
 @torch.no_grad()
-def generate_texts(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int, batch_size: int,
-                   stops: Sequence[str] = ()) -> list[str]:
-    """Greedy continuations of `prompts` (left-padded batches), cut at the first stop string."""
+def generate_texts(model: Any, tokenizer: Any, prompts: Sequence[str], plan: GenerationPlan,
+                   batch_size: int) -> list[str]:
+    """Continuations of `prompts` (left-padded batches), cut at the first stop string; sampled runs reseed
+    with `plan.seed` first, so every variant of a model draws the same random numbers."""
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
     device = next(model.parameters()).device
     texts: list[str] = []
-    stop_args = {"stop_strings": list(stops), "tokenizer": tokenizer} if stops else {}
+    stops = list(plan.stops)
+    decode = ({"do_sample": True, "temperature": plan.temperature, "top_p": plan.top_p} if plan.temperature > 0
+              else {"do_sample": False})
+    extra = {"stop_strings": stops, "tokenizer": tokenizer} if stops else {}
+    if plan.temperature > 0:
+        torch.manual_seed(plan.seed)
     try:
         for start in range(0, len(prompts), batch_size):
-            encoded = tokenizer(list(prompts[start : start + batch_size]), return_tensors="pt", padding=True).to(device)
-            out = model.generate(**encoded, max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id, **stop_args)
+            chunk = [render_prompt(tokenizer, p, plan) for p in prompts[start : start + batch_size]]
+            encoded = tokenizer(chunk, return_tensors="pt", padding=True,
+                                add_special_tokens=not plan.chat).to(device)
+            out = model.generate(**encoded, max_new_tokens=plan.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                                 **decode, **extra)
             decoded = tokenizer.batch_decode(out[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
             texts.extend(cut_at_stops(text, stops) for text in decoded)
     finally:
@@ -187,23 +227,24 @@ class GenerationResult:
         return [sum(c) / max(len(c), 1) for c in self.ablated_item_correct]
 
 
-def graded_generations(model: Any, tokenizer: Any, items: Sequence[TaskItem], task: Task,
-                       batch_size: int) -> tuple[list[str], list[bool]]:
-    texts = generate_texts(model, tokenizer, [item.prompt for item in items], task.max_new_tokens, batch_size,
-                           task.stops)
+def graded_generations(model: Any, tokenizer: Any, items: Sequence[TaskItem], task: Task, batch_size: int,
+                       plan: GenerationPlan) -> tuple[list[str], list[bool]]:
+    texts = generate_texts(model, tokenizer, [item.prompt for item in items], plan, batch_size)
     return texts, [task.grade(text, item) for text, item in zip(texts, items)]
 
 
-def ablate_generation(model: Any, tokenizer: Any, items: Sequence[TaskItem], task: Task,
-                      batch_size: int) -> GenerationResult:
-    """Graded greedy generations of the full model and of each one-block-skipped model (slow: generates
-    L + 1 times; for tasks whose answer follows a free-form solution, e.g. gsm8k)."""
+def ablate_generation(model: Any, tokenizer: Any, items: Sequence[TaskItem], task: Task, batch_size: int,
+                      plan: GenerationPlan | None = None) -> GenerationResult:
+    """Graded generations of the full model and of each one-block-skipped model (slow: generates L + 1 times;
+    for tasks whose answer follows a free-form solution, e.g. gsm8k). Default plan: greedy, the task's budget
+    and stop strings, raw prompts."""
+    plan = plan or GenerationPlan(task.max_new_tokens, task.stops)
     depth = len(find_decoder_stack(model))
-    base = graded_generations(model, tokenizer, items, task, batch_size)
+    base = graded_generations(model, tokenizer, items, task, batch_size, plan)
     ablated = []
     for block in range(depth):
         with skipped_blocks(model, [block]):
-            ablated.append(graded_generations(model, tokenizer, items, task, batch_size))
+            ablated.append(graded_generations(model, tokenizer, items, task, batch_size, plan))
     return GenerationResult(base[0], base[1], [a[0] for a in ablated], [a[1] for a in ablated])
 
 
