@@ -177,3 +177,39 @@ def degeneration_stats(outputs: Sequence[str]) -> dict[str, float | int | None]:
     stats["self_bleu_4"] = mean_or_none([self_bleu(text) for text in outputs])
     stats["mean_length_words"] = mean_or_none([float(len(tokens)) for tokens in tokenized])
     return stats
+
+
+STUDY_MIN_SENTENCE_TOKENS = 4
+
+
+def study_tokens(text: str) -> list[str]:
+    """nltk's word tokenizer (Treebank rules, no downloaded data), lower-cased."""
+    from nltk.tokenize import NLTKWordTokenizer
+
+    return [token.lower() for token in NLTKWordTokenizer().tokenize(text)]
+
+
+def study_self_bleu(text: str) -> float | None:
+    """The pruning study's self-BLEU-4: nltk tokens, sentences under 4 tokens dropped, nltk's sentence_bleu
+    (uniform weights, smoothing method1) of each sentence against the others, mean x 100; None under 2 sentences."""
+    from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu as nltk_bleu
+
+    sentences = [study_tokens(s) for s in split_sentences(text)]
+    sentences = [s for s in sentences if len(s) >= STUDY_MIN_SENTENCE_TOKENS]
+    if len(sentences) < 2:
+        return None
+    smooth = SmoothingFunction().method1
+    scores = [nltk_bleu(sentences[:i] + sentences[i + 1 :], s, smoothing_function=smooth)
+              for i, s in enumerate(sentences)]
+    return 100 * sum(scores) / len(scores)
+
+
+def study_degeneration_stats(outputs: Sequence[str]) -> dict[str, float | None]:
+    """rep-2/3/4 on nltk tokens and the study's self-BLEU-4, both x 100 (means over responses where defined)."""
+    tokenized = [study_tokens(text) for text in outputs]
+    stats: dict[str, float | None] = {}
+    for n in (2, 3, 4):
+        value = mean_or_none([rep_n(tokens, n) for tokens in tokenized])
+        stats[f"study_rep_{n}"] = None if value is None else 100 * value
+    stats["study_self_bleu_4"] = mean_or_none([study_self_bleu(text) for text in outputs])
+    return stats
