@@ -195,3 +195,10 @@ def test_embedded_models_importance_and_nmi(tmp_path, capsys):
     code, _, err = run_cli(capsys, "nmi", "--samples", "4", "--k", "8", "--output", str(tmp_path / "nmi"))
     assert code == 0, err
     assert len(json.loads((tmp_path / "nmi" / "nmi.json").read_text())["nmi"]) == 31
+
+
+@pytest.mark.parametrize("recipe", ["importance-qwen25-7b", "importance-llama31-8b"])
+def test_shipped_gpu_study_recipes_fail_clearly_offline(shared_data, tmp_path, capsys, recipe):
+    out = tmp_path / "imp"
+    assert_one_line_error(capsys, ["importance", "--recipe", recipe, "--data-dir", str(shared_data),
+                                   "--output", str(out)], "triviaqa/train.jsonl", "offline", output=out)
