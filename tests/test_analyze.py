@@ -202,3 +202,14 @@ def test_shipped_gpu_study_recipes_fail_clearly_offline(shared_data, tmp_path, c
     out = tmp_path / "imp"
     assert_one_line_error(capsys, ["importance", "--recipe", recipe, "--data-dir", str(shared_data),
                                    "--output", str(out)], "triviaqa/train.jsonl", "offline", output=out)
+
+
+def test_dry_run_prints_each_models_prompt_and_budget_without_loading(tmp_path, capsys):
+    out = tmp_path / "imp"
+    code, stdout, err = run_cli(capsys, "importance", "--recipe", "importance-qwen25-7b", "--dry-run",
+                                "--output", str(out))
+    assert code == 0, err
+    r1 = [line for line in stdout.splitlines() if line.startswith("- deepseek-ai/DeepSeek-R1-Distill-Qwen-7B / gsm8k")]
+    assert len(r1) == 1 and "4096 new tokens" in r1[0] and "temperature 0.6" in r1[0] and "boxed" in r1[0]
+    assert "Qwen/Qwen2.5-7B / gsm8k: chat template (when the tokenizer has one), 192 new tokens, greedy" in stdout
+    assert not out.exists()

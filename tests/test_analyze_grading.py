@@ -47,6 +47,8 @@ def test_short_answers_as_lm_eval_triviaqa_grades_them_over_every_alias():
     assert not grade(" Parisian food", item) and not grade(" Lyon", item)
     assert triviaqa_cut("  Paris, France.") == "Paris"  # lm-eval's until: "\n", ".", ","
     assert grade_short_answer(" U.S.A.", ["USA"])  # punctuation ignored, like lm-eval's exact_match
+    assert grade("<think>France... Lyon? No.</think>\nThe answer is \\boxed{Paris}.", item)  # reasoning models
+    assert not grade("<think>Paris? No.</think> \\boxed{Lyon}", item)
 
 
 def test_triviaqa_rows_keep_every_alias():

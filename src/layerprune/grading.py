@@ -18,6 +18,7 @@ from typing import Sequence
 NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
 NEW_TURN = re.compile(r"\n\s*(?:Question|Human|User|Q)\s*:|Question:|Human:")
 BOXED = re.compile(r"\\boxed\{\s*\$?(\-?[0-9][0-9\.\,]*)\s*\}")  # R1-style final answers
+BOXED_TEXT = re.compile(r"\\boxed\{([^{}]*)\}")
 STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")  # lm-eval gsm8k.yaml strict-match
 ANSWER_IS = re.compile(r"answer is[:\s]*\$?(\-?[0-9][0-9\.\,]*)", re.IGNORECASE)
 TRIVIAQA_STOPS = ("\n", ".", ",")  # lm-eval triviaqa/default.yaml generation_kwargs.until
@@ -89,9 +90,18 @@ def lm_eval_exact_match(prediction: str, alias: str) -> bool:
                                         ignore_punctuation=True)["exact_match"])
 
 
+def final_answer_text(text: str) -> str:
+    """A reasoning model's answer: the text after its last '</think>', and the last \\boxed{...} in it if any."""
+    text = text.rsplit("</think>", 1)[-1]
+    boxed = BOXED_TEXT.findall(text)
+    return boxed[-1] if boxed else text
+
+
 def grade_short_answer(text: str, aliases: Sequence[str]) -> bool:
     """TriviaQA grading over every alias: lm-eval's exact match of the cut answer, or the normalised alias
-    contained as whole words in the normalised answer (the first line of it)."""
+    contained as whole words in the normalised answer (the first line of it); a reasoning model's
+    '</think>' and '\\boxed{}' are read first."""
+    text = final_answer_text(text)
     cut = triviaqa_cut(text)
     if any(lm_eval_exact_match(cut, alias) for alias in aliases):
         return True

@@ -84,6 +84,11 @@ def run(args: argparse.Namespace) -> int:
     from layerprune.outputs import atomic_output_dir, check_output_dir
 
     config, settings = build_config(args)
+    if getattr(config, "dry_run", False):
+        from layerprune.analyze.importance import plan_text
+
+        print(plan_text(config), end="")
+        return 0
     out = config.output or Path("analysis") / args.analysis
     check_output_dir(out, config.overwrite)
     start = time.perf_counter()

@@ -71,6 +71,8 @@ class ImportanceAnalysis(OutputOptions):
     top_p: float = Field(1.0, gt=0, le=1, description="--metric generate: nucleus sampling when temperature > 0")
     per_model: dict[str, Decoding] = Field(default_factory=dict,
                                            description="Recipe only: prompt/decoding overrides per entry of models")
+    dry_run: bool = Field(False, description="Print each model's planned prompt and decoding per task (--metric "
+                                             "generate) and stop: no model, no data, no output")
 
     @field_validator("models", "tasks")
     @classmethod
