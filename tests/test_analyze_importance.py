@@ -42,9 +42,9 @@ def accuracy(rows) -> float:
 
 
 @pytest.mark.parametrize("metric", ["nll", "accuracy"])
-def test_teacher_forced_importance_equals_a_naive_loop(tiny_llama, metric):
-    loaded = load_model(str(tiny_llama))
-    items = task_items("arithmetic", 5, seed=0, shots=1, data_dir=None)
+def test_teacher_forced_importance_equals_a_naive_loop(tiny_models, metric):
+    loaded = load_model(str(tiny_models("llama", 4)))
+    items = task_items("arithmetic", 4, seed=0, shots=1, data_dir=None)
     config = ImportanceAnalysis(metric=metric, batch_size=2, min_base_score=0.0, resamples=200)
     result = score_blocks(loaded, "arithmetic", items, config)
     full, *ablated = naive_variants(loaded.model, loaded.tokenizer, items)
@@ -75,21 +75,21 @@ def naive_greedy(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
     return tokenizer.decode(new, skip_special_tokens=True)
 
 
-def test_generation_importance_equals_a_naive_loop(tiny_llama):
-    loaded = load_model(str(tiny_llama))
+def test_generation_importance_equals_a_naive_loop(tiny_models):
+    loaded = load_model(str(tiny_models("llama", 4)))
     model, tokenizer = loaded.model, loaded.tokenizer
     items = task_items("factual", 4, seed=0, shots=0, data_dir=None)
-    full = [naive_greedy(model, tokenizer, item.prompt, 5) for item in items]
+    full = [naive_greedy(model, tokenizer, item.prompt, 4) for item in items]
     # graded "right" when the generation starts like the full model's did for the first two items: every
     # skipped block that changes those generations loses them
     items = [TaskItem(item.prompt, item.target, text[:3] if i < 2 else "\u2603") for i, (item, text)
              in enumerate(zip(items, full))]
-    task = Task(lambda *_: [], lambda text, item: text.startswith(item.answer), 5, "test", ("\u2603",))
+    task = Task(lambda *_: [], lambda text, item: text.startswith(item.answer), 4, "test", ("\u2603",))
     result = ablate_generation(model, tokenizer, items, task, batch_size=2)
     assert result.base_generations == full and result.base_item_correct == [True, True, False, False]
     for block, (texts, correct) in enumerate(zip(result.ablated_generations, result.ablated_item_correct)):
         with skipped_blocks(model, [block]):
-            expected = [naive_greedy(model, tokenizer, item.prompt, 5) for item in items]
+            expected = [naive_greedy(model, tokenizer, item.prompt, 4) for item in items]
         assert texts == expected
         assert correct == [text.startswith(item.answer) for text, item in zip(expected, items)]
     assert result.ablated_accuracy == [sum(c) / 4 for c in result.ablated_item_correct]
