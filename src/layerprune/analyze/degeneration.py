@@ -122,8 +122,9 @@ def analyze_degeneration(config: DegenerationAnalysis, settings: RunSettings, ou
     """Write degeneration.json, degeneration.png, summary.md and (for generated ones) generations/*.jsonl."""
     timer = Timer()
     variants = collect_variants(config, settings, timer)
-    stats = {label: {**metrics.degeneration_stats([r["output"] for r in rows]),
-                     **metrics.study_degeneration_stats([r["output"] for r in rows])} for label, rows in variants.items()}
+    outputs = {label: [r["output"] for r in rows] for label, rows in variants.items()}
+    stats = {label: {**metrics.degeneration_stats(texts), **metrics.study_degeneration_stats(texts)}
+             for label, texts in outputs.items()}
     report = {"config": config.model_dump(mode="json"), "variants": stats, "timings_s": timer.seconds,
               "cpu_s": timer.cpu_seconds,
               "definitions": {"rep_n": "1 - unique/total word n-grams within a response, mean over responses",

@@ -50,7 +50,8 @@ def generation_plan(config: ImportanceAnalysis, loaded: LoadedModel, task: Task,
     """This model's prompt and decoding for this task (per_model over the analysis-wide settings)."""
     decoding = config.decoding(loaded.source.spec)
     has_template = bool(getattr(loaded.tokenizer, "chat_template", None))
-    chat = has_template and (decoding.chat_template == "on" or (decoding.chat_template == "auto" and task.chat_protocol))
+    wanted = decoding.chat_template == "on" or (decoding.chat_template == "auto" and task.chat_protocol)
+    chat = has_template and wanted
     return GenerationPlan(decoding.max_new_tokens or task.max_new_tokens, task.stops, chat, decoding.instruction,
                           decoding.temperature or 0.0, decoding.top_p or 1.0, seed)
 

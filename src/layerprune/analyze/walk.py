@@ -63,7 +63,7 @@ class AblationResult:
 
 
 class _Totals:
-    """Per-item sums for one model variant: answer-token NLL, scored tokens, whether every answer token is the argmax."""
+    """Per-item sums for one model variant: answer-token NLL, scored tokens, all answer tokens the argmax."""
 
     def __init__(self) -> None:
         self.item_nll: list[float] = []
