@@ -96,10 +96,23 @@ def test_nmi_end_to_end(tiny_llama, tmp_path, capsys):
                            "--k", "4", "--output", str(out))
     assert code == 0, err
     report = json.loads((out / "nmi.json").read_text())
-    assert len(report["nmi"]) == 7 and report["nmi"][0] == 1.0
-    assert all(0.0 <= v <= 1.0 + 1e-9 for v in report["nmi"]) and 0 <= report["elbow_block"] < 6
+    assert len(report["nmi"]) == len(report["ami"]) == len(report["seed_agreement"]) == 7
+    assert all(0.0 <= v <= 1.0 + 1e-9 for v in report["nmi"]) and 1 <= report["elbow_block"] < 6
+    assert report["nmi"][0] == pytest.approx(report["seed_agreement"][0], abs=0.5)  # measured, not set to 1
     assert (out / "nmi.png").stat().st_size > 0
     assert len(report["skip_drops"]) == 6 and "first 2 factual texts" in report["critical_source"]
+
+
+def test_nmi_takes_texts_until_min_tokens(tiny_llama, tmp_path, capsys):
+    out = tmp_path / "nmi"
+    code, _, err = run_cli(capsys, "nmi", "--model", str(tiny_llama), "--calib", "factual", "--samples", "2",
+                           "--min-tokens", "300", "--k", "3", "--seeds", "2", "--ablation-samples", "0",
+                           "--output", str(out))
+    assert code == 0, err
+    report = json.loads((out / "nmi.json").read_text())
+    assert report["tokens"] >= 300 and report["texts"] > 2
+    assert_one_line_error(capsys, ["nmi", "--model", str(tiny_llama), "--calib", "factual", "--min-tokens", "10000000",
+                                   "--output", str(tmp_path / "nmi2")], "--min-tokens", output=tmp_path / "nmi2")
 
 
 def test_nmi_takes_critical_blocks_from_an_importance_report(tiny_llama, tmp_path, capsys):
@@ -145,7 +158,7 @@ def test_bad_inputs(tiny_llama, shared_data, tmp_path, capsys):
     assert_one_line_error(capsys, ["importance", *model, "--tasks", "arithmetc"], "did you mean: arithmetic",
                           output=out)
     assert_one_line_error(capsys, ["importance", *model, "--tasks", "triviaqa", "--data-dir", str(shared_data)],
-                          "triviaqa", "validation.jsonl", output=out)
+                          "triviaqa", "train.jsonl", output=out)
     assert_one_line_error(capsys, ["importance", *model, "--samples", "0"], "samples", output=out)
     assert_one_line_error(capsys, ["importance", "--models", str(tmp_path / "nope"), "--output", str(out)],
                           "not found", output=out)
@@ -182,3 +195,21 @@ def test_embedded_models_importance_and_nmi(tmp_path, capsys):
     code, _, err = run_cli(capsys, "nmi", "--samples", "4", "--k", "8", "--output", str(tmp_path / "nmi"))
     assert code == 0, err
     assert len(json.loads((tmp_path / "nmi" / "nmi.json").read_text())["nmi"]) == 31
+
+
+@pytest.mark.parametrize("recipe", ["importance-qwen25-7b", "importance-llama31-8b"])
+def test_shipped_gpu_study_recipes_fail_clearly_offline(shared_data, tmp_path, capsys, recipe):
+    out = tmp_path / "imp"
+    assert_one_line_error(capsys, ["importance", "--recipe", recipe, "--data-dir", str(shared_data),
+                                   "--output", str(out)], "triviaqa/train.jsonl", "offline", output=out)
+
+
+def test_dry_run_prints_each_models_prompt_and_budget_without_loading(tmp_path, capsys):
+    out = tmp_path / "imp"
+    code, stdout, err = run_cli(capsys, "importance", "--recipe", "importance-qwen25-7b", "--dry-run",
+                                "--output", str(out))
+    assert code == 0, err
+    r1 = [line for line in stdout.splitlines() if line.startswith("- deepseek-ai/DeepSeek-R1-Distill-Qwen-7B / gsm8k")]
+    assert len(r1) == 1 and "4096 new tokens" in r1[0] and "temperature 0.6" in r1[0] and "boxed" in r1[0]
+    assert "Qwen/Qwen2.5-7B / gsm8k: chat template (when the tokenizer has one), 192 new tokens, greedy" in stdout
+    assert not out.exists()

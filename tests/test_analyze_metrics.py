@@ -7,7 +7,8 @@ import math
 import pytest
 
 from layerprune.analyze import metrics
-from layerprune.analyze.tasks import clean_gsm8k_solution, final_number, first_line, task_items
+from layerprune.analyze.tasks import clean_gsm8k_solution, task_items
+from layerprune.grading import final_number
 
 
 def test_rep_n_counts_repeated_ngrams():
@@ -86,7 +87,6 @@ def test_answer_extraction():
     assert final_number("so 3 + 4\n#### 1,234") == "1234"
     assert final_number("It is 7. The answer is 42.") == "42"
     assert final_number("3 and 5") == "5"
-    assert first_line("  Paris\nQ: next") == "paris"
 
 
 def test_gsm8k_solution_cleaning():
@@ -98,3 +98,13 @@ def test_factual_task_is_offline_and_seeded():
     items = task_items("factual", 5, seed=1, shots=2, data_dir=None)
     assert len(items) == 5 and items == task_items("factual", 5, seed=1, shots=2, data_dir=None)
     assert items[0].prompt.count("Q: What is the capital of") == 3 and items[0].target.startswith(" ")
+
+
+def test_study_degeneration_drops_short_sentences_and_reports_x100():
+    text = "The cat sat on the mat. The cat sat on the mat. Yes."  # "Yes ." has 2 tokens: dropped
+    assert metrics.study_self_bleu(text) == pytest.approx(100.0)
+    assert metrics.self_bleu(text) < 1.0  # the usual definition keeps "yes ." and scores it
+    assert metrics.study_self_bleu("The cat sat on the mat. Yes. No.") is None  # one sentence left
+    assert metrics.study_tokens("isn't it") == ["is", "n't", "it"]
+    stats = metrics.study_degeneration_stats(["a b a b"])
+    assert stats["study_rep_2"] == pytest.approx(100 / 3) and stats["study_self_bleu_4"] is None

@@ -26,6 +26,7 @@ HUB_DATASETS: dict[str, tuple[str, str | None]] = {
     "humaneval_plus": ("evalplus/humanevalplus", None),
     "dolly": ("databricks/databricks-dolly-15k", None),
     "alpaca_eval": ("tatsu-lab/alpaca_eval", "alpaca_eval"),
+    "triviaqa": ("mandarjoshi/trivia_qa", "rc.nocontext"),  # lm-eval's triviaqa dataset
 }
 
 

@@ -22,6 +22,9 @@ SUBCOMMANDS: dict[str, tuple[type[BaseModel], str, tuple[str, ...]]] = {
 }
 
 
+RECIPE_ONLY = ("per_model",)  # nested settings: a recipe's business, no flag
+
+
 def add_list_flag(parser: argparse.ArgumentParser, schema: type[BaseModel], name: str) -> None:
     """A list flag taking space- and/or comma-separated values, help text from the field."""
     field = schema.model_fields[name]
@@ -36,7 +39,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         command = sub.add_parser(name, help=summary, description=summary)
         command.add_argument("--recipe", default=None,
                              help="YAML file (or shipped name) with these fields; flags override it")
-        add_schema_args(command, schema, skip=list_flags)
+        add_schema_args(command, schema, skip=(*list_flags, *RECIPE_ONLY))
         for flag in list_flags:
             add_list_flag(command, schema, flag)
         add_schema_args(command, RunSettings, skip=("max_shard_size",), group="run settings")
@@ -81,6 +84,11 @@ def run(args: argparse.Namespace) -> int:
     from layerprune.outputs import atomic_output_dir, check_output_dir
 
     config, settings = build_config(args)
+    if getattr(config, "dry_run", False):
+        from layerprune.analyze.importance import plan_text
+
+        print(plan_text(config), end="")
+        return 0
     out = config.output or Path("analysis") / args.analysis
     check_output_dir(out, config.overwrite)
     start = time.perf_counter()

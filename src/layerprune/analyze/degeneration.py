@@ -122,13 +122,18 @@ def analyze_degeneration(config: DegenerationAnalysis, settings: RunSettings, ou
     """Write degeneration.json, degeneration.png, summary.md and (for generated ones) generations/*.jsonl."""
     timer = Timer()
     variants = collect_variants(config, settings, timer)
-    stats = {label: metrics.degeneration_stats([r["output"] for r in rows]) for label, rows in variants.items()}
+    outputs = {label: [r["output"] for r in rows] for label, rows in variants.items()}
+    stats = {label: {**metrics.degeneration_stats(texts), **metrics.study_degeneration_stats(texts)}
+             for label, texts in outputs.items()}
     report = {"config": config.model_dump(mode="json"), "variants": stats, "timings_s": timer.seconds,
               "cpu_s": timer.cpu_seconds,
               "definitions": {"rep_n": "1 - unique/total word n-grams within a response, mean over responses",
                               "self_bleu_4": "BLEU-4 of each sentence against the other sentences of the same "
                                              "response (responses with 2+ sentences), mean",
-                              "mean_length_words": "words and punctuation tokens per response"},
+                              "mean_length_words": "words and punctuation tokens per response",
+                              "study_rep_n": "rep_n on nltk word tokens, x 100 (the pruning study's scale)",
+                              "study_self_bleu_4": "as the pruning study: nltk tokens, sentences under 4 tokens "
+                                                   "dropped, nltk sentence_bleu (method1 smoothing), x 100"},
               "run": run_record(settings)}
     write_json(out / "degeneration.json", report)
     if config.models:
@@ -145,7 +150,8 @@ def degeneration_summary(stats: dict[str, dict[str, Any]]) -> str:
     def fmt(value: Any) -> str:
         return "n/a" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
 
-    keys = ["responses", "rep_2", "rep_3", "rep_4", "self_bleu_4", "mean_length_words"]
+    keys = ["responses", "rep_2", "rep_3", "rep_4", "self_bleu_4", "mean_length_words", "study_rep_2",
+            "study_self_bleu_4"]
     lines = ["# Degeneration", "", "| variant | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     lines += [f"| {label} | " + " | ".join(fmt(s.get(k)) for k in keys) + " |" for label, s in stats.items()]
     return "\n".join(lines) + "\n"

@@ -7,11 +7,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from layerprune.analyze import charts, metrics
+from layerprune.analyze import charts, metrics, stats
 from layerprune.analyze.records import Timer, loaded_models, resolve_models, run_record, write_json
 from layerprune.analyze.schemas import ImportanceAnalysis
-from layerprune.analyze.tasks import TASKS, TaskItem, task_items
-from layerprune.analyze.walk import ablate_blocks, ablate_generation, build_batches
+from layerprune.analyze.tasks import TASKS, Task, TaskItem, task_items
+from layerprune.analyze.walk import GenerationPlan, ablate_blocks, ablate_generation, build_batches, with_instruction
 from layerprune.data import resolve_data_dir
 from layerprune.models import LoadedModel, find_decoder_stack
 from layerprune.settings import RunSettings
@@ -19,23 +19,50 @@ from layerprune.settings import RunSettings
 log = logging.getLogger(__name__)
 
 
-def score_blocks(loaded: LoadedModel, task: str, items: list[TaskItem], config: ImportanceAnalysis) -> dict[str, Any]:
-    """Base score, per-block ablated scores, relative drops and critical blocks of one model on one task."""
+def score_blocks(loaded: LoadedModel, task: str, items: list[TaskItem], config: ImportanceAnalysis,
+                 seed: int = 0) -> dict[str, Any]:
+    """Base score, per-block ablated scores, relative drops with bootstrap intervals, and critical blocks
+    (drop above the threshold and significant) of one model on one task; every per-item value is kept."""
+    tokens, plan = None, None
     if config.metric == "generate":
-        base, scores = ablate_generation(loaded.model, loaded.tokenizer, items, TASKS.get(task), config.batch_size)
-        raw: dict[str, Any] = {}
+        plan = generation_plan(config, loaded, TASKS.get(task), seed)
+        result: Any = ablate_generation(loaded.model, loaded.tokenizer, items, TASKS.get(task), config.batch_size, plan)
+        base_items, ablated_items, kind = result.base_item_correct, result.ablated_item_correct, "mean"
+        scores = result.ablated_accuracy
     else:
         batches = build_batches(loaded.tokenizer, items, config.batch_size, config.max_length)
         result = ablate_blocks(loaded.model, batches)
-        raw = vars(result)
         if config.metric == "nll":
-            base = metrics.answer_probability(result.base_nll)
+            base_items, ablated_items, kind = result.base_item_nll, result.ablated_item_nll, "probability"
+            tokens = result.item_tokens
             scores = [metrics.answer_probability(nll) for nll in result.ablated_nll]
         else:
-            base, scores = result.base_accuracy, result.ablated_accuracy
-    drops = metrics.relative_drops(base, scores)
-    return {"base_score": base, "scores": scores, "drops": drops,
-            "critical": metrics.critical_blocks(drops, config.threshold), "depth": len(drops), **raw}
+            base_items, ablated_items, kind = result.base_item_correct, result.ablated_item_correct, "mean"
+            scores = result.ablated_accuracy
+    statistics = stats.block_statistics(base_items, ablated_items, kind, config.threshold, tokens, config.resamples,
+                                        config.alpha, config.min_base_score, seed)
+    per_item = {"prompts": [item.prompt for item in items], "answers": [item.answer for item in items], **vars(result)}
+    return {**statistics, "scores": scores, "depth": len(scores), "generation": vars(plan) if plan else None,
+            "per_item": per_item}
+
+
+def generation_plan(config: ImportanceAnalysis, loaded: LoadedModel, task: Task, seed: int) -> GenerationPlan:
+    """This model's prompt and decoding for this task (per_model over the analysis-wide settings)."""
+    decoding = config.decoding(loaded.source.spec)
+    has_template = bool(getattr(loaded.tokenizer, "chat_template", None))
+    wanted = decoding.chat_template == "on" or (decoding.chat_template == "auto" and task.chat_protocol)
+    chat = has_template and wanted
+    return GenerationPlan(decoding.max_new_tokens or task.max_new_tokens, task.stops, chat, decoding.instruction,
+                          decoding.temperature or 0.0, decoding.top_p or 1.0, seed)
+
+
+def defined(values: list[float | None]) -> bool:
+    return all(v is not None for v in values)
+
+
+def spearman_of(a: list[float | None], b: list[float | None]) -> float | None:
+    """Spearman of two drop profiles; None when either has undefined drops."""
+    return metrics.spearman(a, b) if defined(a) and defined(b) else None  # type: ignore[arg-type]
 
 
 def compare_models(per_model: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -45,12 +72,14 @@ def compare_models(per_model: dict[str, dict[str, Any]]) -> dict[str, Any]:
     aligned = len(set(depths.values())) > 1
     drops = {label: metrics.align_by_depth(r["drops"], grid) for label, r in per_model.items()}
     critical = {label: metrics.align_blocks(r["critical"], r["depth"], grid) for label, r in per_model.items()}
+    significant = {label: metrics.align_blocks([i for i, s in enumerate(r["significant"]) if s], r["depth"], grid)
+                   for label, r in per_model.items()}
     pairs = {}
     for a, b in itertools.combinations(per_model, 2):
-        pairs[f"{a} vs {b}"] = {"spearman": metrics.spearman(drops[a], drops[b]),
+        pairs[f"{a} vs {b}"] = {"spearman": spearman_of(drops[a], drops[b]),
                                 "critical_jaccard": metrics.jaccard(critical[a], critical[b])}
     return {"aligned_by": "relative depth" if aligned else "block index", "rows": grid, "depths": depths,
-            "aligned_drops": drops, "aligned_critical": critical, "pairs": pairs}
+            "aligned_drops": drops, "aligned_critical": critical, "aligned_significant": significant, "pairs": pairs}
 
 
 def compare_tasks(per_task: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -58,7 +87,7 @@ def compare_tasks(per_task: dict[str, dict[str, Any]]) -> dict[str, Any]:
     pairs = {}
     for a, b in itertools.combinations(per_task, 2):
         ca, cb = set(per_task[a]["critical"]), set(per_task[b]["critical"])
-        pairs[f"{a} vs {b}"] = {"spearman": metrics.spearman(per_task[a]["drops"], per_task[b]["drops"]),
+        pairs[f"{a} vs {b}"] = {"spearman": spearman_of(per_task[a]["drops"], per_task[b]["drops"]),
                                 "critical_jaccard": metrics.jaccard(ca, cb), "both": sorted(ca & cb),
                                 f"only_{a}": sorted(ca - cb), f"only_{b}": sorted(cb - ca)}
     return pairs
@@ -79,7 +108,7 @@ def collect_scores(config: ImportanceAnalysis, settings: RunSettings, timer: Tim
             log.info("importance: %s on %s (%d blocks, %d items, %s)", label, task, depth, len(items[task]),
                      config.metric)
             with timer(f"{label}/{task}"):
-                results[task][label] = score_blocks(loaded, task, items[task], config)
+                results[task][label] = score_blocks(loaded, task, items[task], config, settings.seed)
     return models, results
 
 
@@ -92,24 +121,29 @@ def analyze_importance(config: ImportanceAnalysis, settings: RunSettings, out: P
     report = {"config": config.model_dump(mode="json"), "models": models, "tasks": results,
               "across_models": across_models, "across_tasks": across_tasks, "timings_s": timer.seconds,
               "cpu_s": timer.cpu_seconds,
-              "score": score_description(config.metric), "run": run_record(settings)}
+              "score": score_description(config), "run": run_record(settings)}
     write_json(out / "importance.json", report)
     write_importance_charts(out, results, across_models, config.threshold)
     (out / "summary.md").write_text(importance_summary(report), encoding="utf-8")
     return report
 
 
-def score_description(metric: str) -> str:
+def score_description(config: ImportanceAnalysis) -> str:
     score = {"nll": "exp(-mean answer-token NLL), the geometric-mean probability of the answer tokens",
              "accuracy": "teacher-forced exact match (every answer token is the model's argmax)",
-             "generate": "greedy-generation exact match"}[metric]
-    return f"score = {score}; drop = (score_full - score_skipped) / score_full"
+             "generate": "greedy generation graded by layerprune.grading (numeric equivalence for numbers, "
+                         "lm-eval's triviaqa normalisation over every alias for short answers)"}[config.metric]
+    return (f"score = {score}; drop = (score_full - score_skipped) / score_full, with a paired bootstrap "
+            f"{1 - config.alpha:.0%} interval over items ({config.resamples} resamples); critical = drop > "
+            f"{config.threshold:g} and the interval above 0; drops undefined when score_full < "
+            f"{config.min_base_score:g}")
 
 
 def write_importance_charts(out: Path, results: dict, across: dict, threshold: float) -> None:
     aligned = any(a["aligned_by"] == "relative depth" for a in across.values())
     charts.plot_heatmaps(out / "heatmap.png", {t: a["aligned_drops"] for t, a in across.items()},
-                         {t: a["aligned_critical"] for t, a in across.items()}, aligned)
+                         {t: a["aligned_critical"] for t, a in across.items()}, aligned,
+                         {t: a["aligned_significant"] for t, a in across.items()})
     drops = {task: {label: r["drops"] for label, r in per.items()} for task, per in results.items()}
     charts.plot_drop_curves(out / "drops.png", drops, threshold)
 
@@ -121,12 +155,13 @@ def _fmt(value: float | None) -> str:
 def importance_summary(report: dict[str, Any]) -> str:
     """A short markdown summary of importance.json."""
     config = report["config"]
-    lines = ["# Block importance", "", f"Metric: {config['metric']} ({report['score']}); critical = drop > "
-             f"{config['threshold']:g}; {config['samples']} items per task.", ""]
+    lines = ["# Block importance", "", f"Metric: {config['metric']} ({report['score']}); {config['samples']} items "
+             "per task.", ""]
     for task, per_model in report["tasks"].items():
         across = report["across_models"][task]
         lines += [f"## {task}", "", "| model | blocks | full score | critical blocks |", "|---|---|---|---|"]
-        lines += [f"| {m} | {r['depth']} | {_fmt(r['base_score'])} | {r['critical']} |" for m, r in per_model.items()]
+        lines += [f"| {m} | {r['depth']} | {_fmt(r['base_score'])} | {r['undefined'] or r['critical']} |"
+                  for m, r in per_model.items()]
         if across["aligned_by"] == "relative depth":
             lines += ["", f"Models have different depths {across['depths']}: compared on {across['rows']} rows "
                           "aligned by relative depth."]
@@ -138,4 +173,21 @@ def importance_summary(report: dict[str, Any]) -> str:
         for pair, v in pairs.items():
             only = "; ".join(f"{k.removeprefix('only_')} only: {v[k]}" for k in v if k.startswith("only_"))
             lines.append(f"- {label}, {pair}: Spearman {_fmt(v['spearman'])}; both: {v['both']}; {only}")
+    return "\n".join(lines) + "\n"
+
+
+def plan_text(config: ImportanceAnalysis) -> str:
+    """The planned prompts and decoding per model and task, without loading anything (--dry-run)."""
+    lines = [f"# Plan: analyze importance, metric {config.metric}, {config.samples} items per task", ""]
+    for model in config.models:
+        decoding = config.decoding(model)
+        for name in config.tasks:
+            task = TASKS.get(name)
+            chat = decoding.chat_template == "on" or (decoding.chat_template == "auto" and task.chat_protocol)
+            sampled = (f"sampled at temperature {decoding.temperature:g}, top_p {decoding.top_p:g}, seeded"
+                       if decoding.temperature else "greedy")
+            example = "Question: <question>\nAnswer:" if name == "gsm8k" else "Q: <question>\nA:"
+            lines.append(f"- {model} / {name}: {'chat template (when the tokenizer has one)' if chat else 'raw prompt'}"
+                         f", {decoding.max_new_tokens or task.max_new_tokens} new tokens, {sampled}, stops "
+                         f"{list(task.stops)}; prompt {with_instruction(example, decoding.instruction)!r}")
     return "\n".join(lines) + "\n"

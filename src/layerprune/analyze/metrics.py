@@ -91,11 +91,20 @@ def align_blocks(blocks: Sequence[int], depth: int, grid: int) -> set[int]:
     return {row for row, block in enumerate(relative_depth_map(depth, grid)) if block in chosen}
 
 
-def largest_drop(series: Sequence[float]) -> int | None:
-    """Index i > 0 maximising series[i-1] - series[i] (the elbow); None for fewer than 2 points."""
-    if len(series) < 2:
+def largest_drop(series: Sequence[float], start: int = 1) -> int | None:
+    """Index i >= start maximising series[i-1] - series[i] (the elbow); None when there is no such step.
+
+    `start=2` leaves the first step (embeddings -> after block 0) out."""
+    if len(series) <= max(start, 1):
         return None
-    return max(range(1, len(series)), key=lambda i: series[i - 1] - series[i])
+    return max(range(max(start, 1), len(series)), key=lambda i: series[i - 1] - series[i])
+
+
+def distance_to_nearest(block: int | None, blocks: Sequence[int]) -> int | None:
+    """|block - b| for the nearest b of `blocks`; None when either is missing."""
+    if block is None or not blocks:
+        return None
+    return min(abs(block - b) for b in blocks)
 
 
 def words(text: str) -> list[str]:
@@ -167,4 +176,40 @@ def degeneration_stats(outputs: Sequence[str]) -> dict[str, float | int | None]:
         stats[f"rep_{n}"] = mean_or_none([rep_n(tokens, n) for tokens in tokenized])
     stats["self_bleu_4"] = mean_or_none([self_bleu(text) for text in outputs])
     stats["mean_length_words"] = mean_or_none([float(len(tokens)) for tokens in tokenized])
+    return stats
+
+
+STUDY_MIN_SENTENCE_TOKENS = 4
+
+
+def study_tokens(text: str) -> list[str]:
+    """nltk's word tokenizer (Treebank rules, no downloaded data), lower-cased."""
+    from nltk.tokenize import NLTKWordTokenizer
+
+    return [token.lower() for token in NLTKWordTokenizer().tokenize(text)]
+
+
+def study_self_bleu(text: str) -> float | None:
+    """The pruning study's self-BLEU-4: nltk tokens, sentences under 4 tokens dropped, nltk's sentence_bleu
+    (uniform weights, smoothing method1) of each sentence against the others, mean x 100; None under 2 sentences."""
+    from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu as nltk_bleu
+
+    sentences = [study_tokens(s) for s in split_sentences(text)]
+    sentences = [s for s in sentences if len(s) >= STUDY_MIN_SENTENCE_TOKENS]
+    if len(sentences) < 2:
+        return None
+    smooth = SmoothingFunction().method1
+    scores = [nltk_bleu(sentences[:i] + sentences[i + 1 :], s, smoothing_function=smooth)
+              for i, s in enumerate(sentences)]
+    return 100 * sum(scores) / len(scores)
+
+
+def study_degeneration_stats(outputs: Sequence[str]) -> dict[str, float | None]:
+    """rep-2/3/4 on nltk tokens and the study's self-BLEU-4, both x 100 (means over responses where defined)."""
+    tokenized = [study_tokens(text) for text in outputs]
+    stats: dict[str, float | None] = {}
+    for n in (2, 3, 4):
+        value = mean_or_none([rep_n(tokens, n) for tokens in tokenized])
+        stats[f"study_rep_{n}"] = None if value is None else 100 * value
+    stats["study_self_bleu_4"] = mean_or_none([study_self_bleu(text) for text in outputs])
     return stats

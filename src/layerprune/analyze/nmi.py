@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -44,10 +45,33 @@ def nmi(reference: Sequence[int], labels: Sequence[int]) -> float:
     return float(normalized_mutual_info_score(reference, labels))
 
 
-def nmi_over_depth(states: Sequence[np.ndarray], k: int, seed: int, normalize: bool) -> list[float]:
-    """NMI of each state's clusters against the first state's clusters (the first value is 1)."""
+def ami(reference: Sequence[int], labels: Sequence[int]) -> float:
+    """Adjusted mutual information (0 for independent labelings, whatever k and the token count)."""
+    from sklearn.metrics import adjusted_mutual_info_score
+
+    return float(adjusted_mutual_info_score(reference, labels))
+
+
+def nmi_over_depth(states: Sequence[np.ndarray], k: int, seed: int, normalize: bool,
+                   seeds: int = 3) -> dict[str, list[float]]:
+    """Agreement of each state's clusters with the embedding layer's (seed `seed`), no value assumed.
+
+    Every state is clustered with `seeds` other k-means seeds; per state: `nmi`/`ami` = mean NMI/AMI against
+    the reference (state 0 included: its value is the reference's own seed-to-seed agreement), and
+    `seed_agreement` = mean NMI between the state's clusterings with different seeds (how much of a change
+    re-clustering alone makes); `nmi_min`/`nmi_max` span the seeds."""
     reference = cluster_labels(states[0], k, seed, normalize)
-    return [1.0] + [nmi(reference, cluster_labels(s, k, seed, normalize)) for s in states[1:]]
+    series: dict[str, list[float]] = {"nmi": [], "nmi_min": [], "nmi_max": [], "ami": [], "seed_agreement": []}
+    for state in states:
+        labels = [cluster_labels(state, k, seed + 1 + i, normalize) for i in range(seeds)]
+        values = [nmi(reference, lab) for lab in labels]
+        pairs = [nmi(a, b) for i, a in enumerate(labels) for b in labels[i + 1 :]]
+        series["nmi"].append(float(np.mean(values)))
+        series["nmi_min"].append(min(values))
+        series["nmi_max"].append(max(values))
+        series["ami"].append(float(np.mean([ami(reference, lab) for lab in labels])))
+        series["seed_agreement"].append(float(np.mean(pairs)) if pairs else float("nan"))
+    return series
 
 
 def count_tokens(batches: Sequence[CalibBatch], skip_first: bool = True) -> int:
@@ -94,31 +118,60 @@ def critical_blocks_for(config: NmiAnalysis, model: Any, items: list[TaskItem],
     return drops, critical, f"skip drop on the first {len(subset)} {config.calib} texts"
 
 
+def calibration_items(config: NmiAnalysis, tokenizer: Any, seed: int) -> tuple[list[TaskItem], list[CalibBatch], int]:
+    """--samples texts, more when --min-tokens asks for more tokens (an error when the task runs out)."""
+    data_dir, n = resolve_data_dir(config.data_dir), config.samples
+    while True:
+        items = task_items(config.calib, n, seed, 1, data_dir)
+        batches = build_batches(tokenizer, items, config.batch_size, config.max_length)
+        tokens = count_tokens(batches)
+        if tokens >= config.min_tokens:
+            return items, batches, tokens
+        if len(items) < n:
+            raise LayerpruneError(f"--calib {config.calib} has only {tokens} tokens in {len(items)} texts, fewer than "
+                                  f"--min-tokens {config.min_tokens}; pick a larger task (gsm8k) or lower --min-tokens")
+        n = max(n + 1, math.ceil(n * config.min_tokens / max(tokens, 1) * 1.1))
+
+
+def elbow_report(series: dict[str, list[float]], critical: list[int]) -> dict[str, Any]:
+    """The largest one-block NMI drop after block 0 (the first step is left out), compared with the clustering
+    noise and the critical blocks."""
+    nmi_values = series["nmi"]
+    index = metrics.largest_drop(nmi_values, start=2)
+    block = None if index is None else index - 1
+    drop = None if index is None else nmi_values[index - 1] - nmi_values[index]
+    noise = 1 - min(series["seed_agreement"]) if series["seed_agreement"] else None
+    return {"elbow_block": block, "elbow_nmi_drop": drop,
+            "first_step_drop": nmi_values[0] - nmi_values[1] if len(nmi_values) > 1 else None,
+            "clustering_noise": noise, "elbow_above_noise": None if drop is None or noise is None else drop > noise,
+            "elbow_distance_to_critical": metrics.distance_to_nearest(block, critical)}
+
+
 def analyze_nmi(config: NmiAnalysis, settings: RunSettings, out: Path) -> dict[str, Any]:
-    """Compute NMI over depth and the critical blocks; write nmi.json, nmi.png, summary.md."""
+    """Compute NMI/AMI over depth with the clustering noise, and the critical blocks; write nmi.json, nmi.png,
+    summary.md."""
     timer = Timer()
     source = resolve_model(config.model, settings)
     label = model_label(source)
-    items = task_items(config.calib, config.samples, settings.seed, 1, resolve_data_dir(config.data_dir))
-    batches = build_batches(load_tokenizer(source, settings), items, config.batch_size, config.max_length)
-    tokens = count_tokens(batches)
+    items, batches, tokens = calibration_items(config, load_tokenizer(source, settings), settings.seed)
     check_k(config.k, tokens)
     preset = critical_from_report(config.critical_from, label, config.critical_task) if config.critical_from else None
     with timer("load"):
         loaded = load_model(source, settings)
     with timer("hidden_states"):
         states = [s.numpy() for s in token_states(loaded.model, batches)]
-    log.info("nmi: k-means (k=%d) on %d tokens x %d states", config.k, tokens, len(states))
+    log.info("nmi: k-means (k=%d) on %d tokens x %d states x %d seeds", config.k, tokens, len(states), config.seeds)
     with timer("kmeans_nmi"):
-        series = nmi_over_depth(states, config.k, settings.seed, config.normalize)
+        series = nmi_over_depth(states, config.k, settings.seed, config.normalize, config.seeds)
     with timer("critical_blocks"):
         drops, critical, critical_source = preset or critical_blocks_for(config, loaded.model, items, loaded.tokenizer)
-    elbow_index = metrics.largest_drop(series)
     report = {"config": config.model_dump(mode="json"), "model": {"label": label, "source": vars(source)},
-              "tokens": tokens, "reference": "k-means clusters of the embedding layer (block 0 input)",
-              "nmi": series, "nmi_after_block": dict(enumerate(series[1:])),
-              "elbow_block": None if elbow_index is None else elbow_index - 1,
-              "elbow_nmi_drop": None if elbow_index is None else series[elbow_index - 1] - series[elbow_index],
+              "tokens": tokens, "texts": len(items),
+              "reference": f"k-means clusters of the embedding layer (block 0 input), seed {settings.seed}; every "
+                           f"state re-clustered with {config.seeds} other seeds",
+              "pos_reference": "not computed (no part-of-speech tagger is a dependency)",
+              **series, "nmi_after_block": dict(enumerate(series["nmi"][1:])),
+              **elbow_report(series, critical),
               "skip_drops": drops, "critical": critical, "critical_source": critical_source,
               "timings_s": timer.seconds, "cpu_s": timer.cpu_seconds, "run": run_record(settings)}
     write_json(out / "nmi.json", report)
@@ -128,16 +181,27 @@ def analyze_nmi(config: NmiAnalysis, settings: RunSettings, out: Path) -> dict[s
     return report
 
 
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 def nmi_summary(report: dict[str, Any]) -> str:
     series = report["nmi"]
     low = min(range(len(series)), key=series.__getitem__)
     return "\n".join([
         "# Representation drift (NMI)", "",
-        f"Model {report['model']['label']}, calibration {report['config']['calib']}, {report['tokens']} tokens, "
-        f"k={report['config']['k']}; reference: {report['reference']}.", "",
-        f"- NMI after the last block: {series[-1]:.3f}; lowest {series[low]:.3f} after block {low - 1}.",
-        f"- Elbow (largest one-block drop): block {report['elbow_block']} (-{report['elbow_nmi_drop'] or 0:.3f}).",
-        f"- Critical blocks (drop > {report['config']['threshold']:g}; {report['critical_source']}): "
-        f"{report['critical']}.",
-        "", "NMI after each block: " + ", ".join(f"{v:.2f}" for v in series[1:]), "",
+        f"Model {report['model']['label']}, calibration {report['config']['calib']}, {report['tokens']} tokens "
+        f"({report['texts']} texts), k={report['config']['k']}; reference: {report['reference']}.", "",
+        f"- NMI of the embedding layer re-clustered (seed-to-seed agreement): {series[0]:.3f}; "
+        f"clustering noise (1 - lowest seed agreement of any state): {_fmt(report['clustering_noise'])}.",
+        f"- NMI after the last block: {series[-1]:.3f} (AMI {report['ami'][-1]:.3f}); lowest {series[low]:.3f} "
+        f"{'at the embeddings' if low == 0 else f'after block {low - 1}'}.",
+        f"- First step (embeddings -> after block 0): -{_fmt(report['first_step_drop'])}, left out of the elbow.",
+        f"- Elbow (largest later one-block drop): block {report['elbow_block']} (-{_fmt(report['elbow_nmi_drop'])}; "
+        f"above the clustering noise: {report['elbow_above_noise']}).",
+        f"- Critical blocks ({report['critical_source']}): {report['critical']}; elbow's distance to the nearest: "
+        f"{report['elbow_distance_to_critical']} blocks.",
+        f"- Part-of-speech reference: {report['pos_reference']}.",
+        "", "NMI after each block: " + ", ".join(f"{v:.2f}" for v in series[1:]),
+        "AMI after each block: " + ", ".join(f"{v:.2f}" for v in report["ami"][1:]), "",
     ])

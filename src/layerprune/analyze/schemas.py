@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DEFAULT_MODELS = ["embedded", "embedded:gemma3-270m"]
 
@@ -19,6 +19,22 @@ class OutputOptions(BaseModel):
     overwrite: bool = Field(False, description="Replace the output directory if it exists")
     data_dir: Path | None = Field(None, description="Local data mirror "
                                                     "(default $LAYERPRUNE_DATA_DIR or ../shared/data)")
+
+
+class Decoding(BaseModel):
+    """How one model is prompted and decodes in `--metric generate` (unset fields take the analysis-wide value)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    chat_template: Literal["auto", "on", "off"] | None = Field(
+        None, description="As evaluate's --chat-template: auto = gsm8k and triviaqa through the model's chat "
+                          "template when it has one; on = every task; off = raw prompts")
+    instruction: str | None = Field(None, description="Text added after each question (e.g. the R1-style 'Please "
+                                                      "reason step by step, and put your final answer within "
+                                                      "\\boxed{}.')")
+    max_new_tokens: int | None = Field(None, ge=1, description="Tokens generated per answer (default: the task's)")
+    temperature: float | None = Field(None, ge=0, description="0: greedy; above 0: sampled, seeded by --seed")
+    top_p: float | None = Field(None, gt=0, le=1, description="Nucleus sampling when temperature > 0")
 
 
 class ImportanceAnalysis(OutputOptions):
@@ -36,9 +52,27 @@ class ImportanceAnalysis(OutputOptions):
                            "exact match, one generation per skipped block (slow; for gsm8k-style answers)")
     samples: int = Field(16, ge=1, description="Items per task")
     shots: int = Field(1, ge=0, description="Few-shot examples per prompt (arithmetic, factual, triviaqa)")
-    threshold: float = Field(0.2, gt=0, description="Relative drop above which a block is critical")
+    threshold: float = Field(0.2, gt=0, description="Relative drop above which a block is critical (when the drop "
+                                                    "is also significant)")
+    alpha: float = Field(0.05, gt=0, lt=1, description="A drop is significant when the lower end of its paired "
+                                                         "bootstrap (1 - alpha) interval is above 0")
+    resamples: int = Field(1000, ge=100, description="Bootstrap resamples of the items per drop")
+    min_base_score: float = Field(0.05, ge=0, description="Below this full-model score the drops are undefined "
+                                                           "(reported as null, no critical blocks), not 0")
     batch_size: int = Field(16, ge=1, description="Sequences per forward")
     max_length: int = Field(512, ge=8, description="Longest sequence in tokens (prompts are cut from the left)")
+    chat_template: Literal["auto", "on", "off"] = Field(
+        "auto", description="--metric generate: as evaluate's --chat-template (auto = gsm8k and triviaqa through "
+                            "the model's chat template when it has one; on = every task; off = raw prompts)")
+    max_new_tokens: int | None = Field(None, ge=1, description="--metric generate: tokens per answer (default: the "
+                                                               "task's, 192 for gsm8k)")
+    temperature: float = Field(0.0, ge=0, description="--metric generate: 0 = greedy; above 0 = sampled, every "
+                                                      "variant with the same --seed")
+    top_p: float = Field(1.0, gt=0, le=1, description="--metric generate: nucleus sampling when temperature > 0")
+    per_model: dict[str, Decoding] = Field(default_factory=dict,
+                                           description="Recipe only: prompt/decoding overrides per entry of models")
+    dry_run: bool = Field(False, description="Print each model's planned prompt and decoding per task (--metric "
+                                             "generate) and stop: no model, no data, no output")
 
     @field_validator("models", "tasks")
     @classmethod
@@ -50,6 +84,20 @@ class ImportanceAnalysis(OutputOptions):
             raise ValueError(f"lists an entry twice: {value}")
         return value
 
+    @model_validator(mode="after")
+    def _per_model_names_models(self) -> "ImportanceAnalysis":
+        unknown = sorted(set(self.per_model) - set(self.models))
+        if unknown:
+            raise ValueError(f"per_model names {unknown}, which are not in models {self.models}")
+        return self
+
+    def decoding(self, model: str) -> Decoding:
+        """The analysis-wide decoding with `per_model[model]`'s fields over it."""
+        base = Decoding(chat_template=self.chat_template, max_new_tokens=self.max_new_tokens,
+                        temperature=self.temperature, top_p=self.top_p)
+        override = self.per_model.get(model)
+        return base.model_copy(update=override.model_dump(exclude_none=True)) if override else base
+
 
 class NmiAnalysis(OutputOptions):
     """NMI between each block's token clusters and the embedding layer's clusters."""
@@ -58,7 +106,11 @@ class NmiAnalysis(OutputOptions):
     calib: str = Field("gsm8k", description="Calibration task whose texts give the tokens: "
                                             "arithmetic, gsm8k, factual, triviaqa")
     samples: int = Field(8, ge=1, description="Calibration texts")
+    min_tokens: int = Field(0, ge=0, description="Take more calibration texts than --samples until there are at "
+                                                 "least this many tokens (the study used >= 10000)")
     k: int = Field(16, ge=2, description="k-means clusters per block")
+    seeds: int = Field(3, ge=2, description="k-means seeds per state besides the reference's: NMI/AMI are their "
+                                            "mean, their agreement with each other is the clustering noise")
     normalize: bool = Field(True, description="Cluster unit-length hidden states (cosine geometry) instead of raw ones")
     threshold: float = Field(0.2, gt=0, description="Relative drop (of answer-token probability on the calibration "
                                                     "texts) above which a block is marked critical")

@@ -3,8 +3,11 @@
 - arithmetic: few-shot composite arithmetic probes (layerprune.probes), answer = the number.
 - gsm8k: GSM8K *train* questions, zero-shot, target = the worked solution ending "The answer is N."
 - factual: few-shot "capital of <country>" recall from a list shipped with the code (facts.py).
-- triviaqa: few-shot closed-book questions from <data-dir>/triviaqa/validation.jsonl (not in the
-  default mirror: a clear error says where to put it).
+- triviaqa: few-shot closed-book questions from <data-dir>/triviaqa/train.jsonl (the rc.nocontext *train*
+  split: `evaluate` scores validation; not in the default mirror: a clear error says where to put it).
+
+Generations are graded by layerprune.grading: numbers by numeric equivalence (gsm8k, arithmetic), short
+answers by lm-eval's triviaqa normalisation over every alias (factual, triviaqa).
 """
 
 from __future__ import annotations
@@ -15,53 +18,55 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from layerprune import grading
 from layerprune.analyze.facts import CAPITALS
 from layerprune.data import load_rows
 from layerprune.errors import LayerpruneError
 from layerprune.probes import arithmetic_probes
 from layerprune.registry import Registry
 
-NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
-
 @dataclass(frozen=True)
 class TaskItem:
-    """One example: `target` is what NLL scores (after `prompt`); `answer` is what accuracy matches."""
+    """One example: `target` is what NLL scores (after `prompt`); `answer` is what a generation is graded
+    against (with `aliases`, every accepted spelling, for short answers)."""
 
     prompt: str
     target: str
     answer: str
+    aliases: tuple[str, ...] = ()
+
+    def accepted(self) -> tuple[str, ...]:
+        return self.aliases or (self.answer,)
 
 
 @dataclass(frozen=True)
 class Task:
-    """How to build a task's items and how to read an answer out of a greedy generation."""
+    """How to build a task's items and how to grade a generation (layerprune.grading)."""
 
     build: Callable[[int, int, int, Path | None], list[TaskItem]]
-    extract: Callable[[str], str]
+    grade: Callable[[str, TaskItem], bool]
     max_new_tokens: int
     kind: str  # math | factual
+    stops: tuple[str, ...] = ()  # generation stops at any of these (lm-eval's `until` for the task)
+    chat_protocol: bool = False  # chat_template auto applies the template (as evaluate does for this task)
 
 
 TASKS: Registry[Task] = Registry("task")
 
 
-def first_line(text: str) -> str:
-    """The first non-empty line of a continuation, stripped and lower-cased."""
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[0].lower() if lines else ""
+def grade_first_number(text: str, item: TaskItem) -> bool:
+    """Short numeric answers: the first number of the first line, compared numerically."""
+    return grading.numbers_equal(grading.first_number(text), item.answer)
 
 
-def final_number(text: str) -> str:
-    """The number after '####' or 'The answer is', else the last number in the text ('' if none)."""
-    text = text.split("\nQuestion:")[0]
-    for marker in ("####", "answer is"):
-        if marker in text:
-            found = NUMBER.findall(text.rsplit(marker, 1)[1])
-            if found:
-                return found[0].replace(",", "").rstrip(".")
-    found = NUMBER.findall(text)
-    return found[-1].replace(",", "").rstrip(".") if found else ""
+def grade_final_number(text: str, item: TaskItem) -> bool:
+    """GSM8K: the final number of the solution (before any new turn), compared numerically."""
+    return grading.grade_number(text, item.answer)
+
+
+def grade_short_answer(text: str, item: TaskItem) -> bool:
+    """TriviaQA-style: lm-eval's normalisation over every alias."""
+    return grading.grade_short_answer(text, item.accepted())
 
 
 def build_arithmetic(n: int, seed: int, shots: int, data_dir: Path | None) -> list[TaskItem]:
@@ -85,7 +90,8 @@ def build_gsm8k(n: int, seed: int, shots: int, data_dir: Path | None) -> list[Ta
     return items
 
 
-def qa_items(pairs: list[tuple[str, str]], n: int, seed: int, shots: int) -> list[TaskItem]:
+def qa_items(pairs: list[tuple[str, str]], n: int, seed: int, shots: int,
+             aliases: list[tuple[str, ...]] | None = None) -> list[TaskItem]:
     """Few-shot 'Q: ...\\nA: ...' items; the shots are other pairs of the same list."""
     rng = random.Random(seed)
     chosen = rng.sample(range(len(pairs)), min(n, len(pairs)))
@@ -94,7 +100,8 @@ def qa_items(pairs: list[tuple[str, str]], n: int, seed: int, shots: int) -> lis
         others = rng.sample([i for i in range(len(pairs)) if i != index], min(shots, len(pairs) - 1))
         prefix = "".join(f"Q: {pairs[i][0]}\nA: {pairs[i][1]}\n" for i in others)
         question, answer = pairs[index]
-        items.append(TaskItem(f"{prefix}Q: {question}\nA:", f" {answer}", answer.lower()))
+        accepted = aliases[index] if aliases else (answer,)
+        items.append(TaskItem(f"{prefix}Q: {question}\nA:", f" {answer}", answer, accepted))
     return items
 
 
@@ -103,25 +110,30 @@ def build_factual(n: int, seed: int, shots: int, data_dir: Path | None) -> list[
     return qa_items(pairs, n, seed, shots)
 
 
-def triviaqa_answer(row: dict[str, Any]) -> str:
+def triviaqa_answer(row: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+    """The answer and every alias of a TriviaQA row (a string answer is its own only alias)."""
     answer = row.get("answer")
+    aliases: tuple[str, ...] = ()
     if isinstance(answer, dict):
-        answer = answer.get("value") or (answer.get("aliases") or [None])[0]
+        aliases = tuple(str(a) for a in answer.get("aliases") or [] if a)
+        answer = answer.get("value") or (aliases or [None])[0]
     if not isinstance(answer, str) or not answer:
         raise LayerpruneError("triviaqa rows need 'question' and 'answer' (a string or {'value': ...})")
-    return answer
+    return answer, aliases or (answer,)
 
 
 def build_triviaqa(n: int, seed: int, shots: int, data_dir: Path | None) -> list[TaskItem]:
-    rows = load_rows("triviaqa", "validation", data_dir)
+    rows = load_rows("triviaqa", "train", data_dir)
     pool = random.Random(seed).sample(rows, min(len(rows), n + shots + 16))
-    return qa_items([(str(row["question"]), triviaqa_answer(row)) for row in pool], n, seed, shots)
+    answers = [triviaqa_answer(row) for row in pool]
+    pairs = [(str(row["question"]), answer) for row, (answer, _) in zip(pool, answers)]
+    return qa_items(pairs, n, seed, shots, [aliases for _, aliases in answers])
 
 
-TASKS.register("arithmetic")(Task(build_arithmetic, first_line, 6, "math"))
-TASKS.register("gsm8k")(Task(build_gsm8k, final_number, 192, "math"))
-TASKS.register("factual")(Task(build_factual, first_line, 8, "factual"))
-TASKS.register("triviaqa")(Task(build_triviaqa, first_line, 16, "factual"))
+TASKS.register("arithmetic")(Task(build_arithmetic, grade_first_number, 6, "math"))
+TASKS.register("gsm8k")(Task(build_gsm8k, grade_final_number, 192, "math", grading.GSM8K_STOPS, True))
+TASKS.register("factual")(Task(build_factual, grade_short_answer, 8, "factual"))
+TASKS.register("triviaqa")(Task(build_triviaqa, grade_short_answer, 16, "factual", (), True))
 
 
 def task_items(name: str, n: int, seed: int, shots: int, data_dir: Path | None) -> list[TaskItem]:

@@ -46,7 +46,8 @@ def build_batches(tokenizer: Any, items: Sequence[TaskItem], batch_size: int, ma
 
 @dataclass
 class AblationResult:
-    """NLL and teacher-forced exact match of the full model and of each one-block-skipped model."""
+    """NLL and teacher-forced exact match of the full model and of each one-block-skipped model, in total and
+    per item (summed answer-token NLL, answer tokens, all-argmax correct), items in input order."""
 
     base_nll: float
     ablated_nll: list[float]
@@ -54,30 +55,42 @@ class AblationResult:
     ablated_accuracy: list[float]
     scored_tokens: int
     items: int
+    item_tokens: list[int]
+    base_item_nll: list[float]
+    ablated_item_nll: list[list[float]]
+    base_item_correct: list[bool]
+    ablated_item_correct: list[list[bool]]
 
 
 class _Totals:
-    """Running sums for one model variant: NLL, scored tokens, items whose every answer token is the argmax."""
+    """Per-item sums for one model variant: answer-token NLL, scored tokens, all answer tokens the argmax."""
 
     def __init__(self) -> None:
-        self.nll, self.tokens, self.correct, self.items = 0.0, 0, 0, 0
+        self.item_nll: list[float] = []
+        self.item_tokens: list[int] = []
+        self.item_correct: list[bool] = []
 
     def add(self, logits: torch.Tensor, batch: CalibBatch) -> None:
         mask = batch.loss_mask[:, 1:].bool()
         targets = batch.input_ids[:, 1:][mask]
-        self.nll += float(F.cross_entropy(logits.float(), targets, reduction="sum"))
-        self.tokens += int(targets.numel())
-        wrong_rows = mask.nonzero()[:, 0][logits.argmax(-1) != targets]
-        wrong = torch.bincount(wrong_rows, minlength=mask.shape[0])
-        scored = mask.any(dim=1)
-        self.correct += int((scored & (wrong == 0)).sum())
-        self.items += int(scored.sum())
+        rows = mask.nonzero()[:, 0]
+        nll = F.cross_entropy(logits.float(), targets, reduction="none")
+        per_row = torch.zeros(mask.shape[0], dtype=torch.float64, device=nll.device).index_add_(0, rows, nll.double())
+        wrong = torch.bincount(rows[logits.argmax(-1) != targets], minlength=mask.shape[0])
+        for row in mask.any(dim=1).nonzero()[:, 0].tolist():
+            self.item_nll.append(float(per_row[row]))
+            self.item_tokens.append(int(mask[row].sum()))
+            self.item_correct.append(bool(wrong[row] == 0))
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.item_tokens)
 
     def mean_nll(self) -> float:
-        return self.nll / max(self.tokens, 1)
+        return sum(self.item_nll) / max(self.tokens, 1)
 
     def accuracy(self) -> float:
-        return self.correct / max(self.items, 1)
+        return sum(self.item_correct) / max(len(self.item_correct), 1)
 
 
 def scored_logits(stack: DecoderStack, hidden: torch.Tensor, batch: CalibBatch) -> torch.Tensor:
@@ -87,7 +100,9 @@ def scored_logits(stack: DecoderStack, hidden: torch.Tensor, batch: CalibBatch) 
 
 def collect(base: _Totals, ablated: list[_Totals]) -> AblationResult:
     return AblationResult(base.mean_nll(), [t.mean_nll() for t in ablated], base.accuracy(),
-                          [t.accuracy() for t in ablated], base.tokens, base.items)
+                          [t.accuracy() for t in ablated], base.tokens, len(base.item_tokens), base.item_tokens,
+                          base.item_nll, [t.item_nll for t in ablated], base.item_correct,
+                          [t.item_correct for t in ablated])
 
 
 @torch.no_grad()
@@ -127,41 +142,110 @@ def ablate_blocks_naive(model: Any, batches: Sequence[CalibBatch]) -> AblationRe
     return collect(totals([]), [totals([block]) for block in range(depth)])
 
 
+def cut_at_stops(text: str, stops: Sequence[str]) -> str:
+    """The text before the first of `stops` (lm-eval's `until`)."""
+    for stop in stops:
+        text = text.split(stop)[0]
+    return text
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """How prompts become generations: chat template or raw, instruction, budget, greedy or seeded sampling."""
+
+    max_new_tokens: int
+    stops: tuple[str, ...] = ()
+    chat: bool = False
+    instruction: str | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+def with_instruction(prompt: str, instruction: str | None) -> str:
+    """The instruction on its own line after the question (before a closing 'Answer:'/'A:' line)."""
+    if not instruction:
+        return prompt
+    for cue in ("\nAnswer:", "\nA:"):
+        if prompt.endswith(cue):
+            return f"{prompt[: -len(cue)]}\n{instruction}{cue}"
+    return f"{prompt}\n{instruction}"
+
+
+def render_prompt(tokenizer: Any, prompt: str, plan: GenerationPlan) -> str:
+    """The text the model sees: the prompt as one user turn of the chat template, or the raw prompt."""
+    prompt = with_instruction(prompt, plan.instruction)
+    if not plan.chat:
+        return prompt
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
 @torch.no_grad()
-def greedy_answers(model: Any, tokenizer: Any, items: Sequence[TaskItem], task: Task, batch_size: int) -> list[str]:
-    """Greedy continuations (left-padded batches), reduced to answers by the task's extractor."""
+def generate_texts(model: Any, tokenizer: Any, prompts: Sequence[str], plan: GenerationPlan,
+                   batch_size: int) -> list[str]:
+    """Continuations of `prompts` (left-padded batches), cut at the first stop string; sampled runs reseed
+    with `plan.seed` first, so every variant of a model draws the same random numbers."""
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
     device = next(model.parameters()).device
-    answers = []
+    texts: list[str] = []
+    stops = list(plan.stops)
+    decode = ({"do_sample": True, "temperature": plan.temperature, "top_p": plan.top_p} if plan.temperature > 0
+              else {"do_sample": False})
+    extra = {"stop_strings": stops, "tokenizer": tokenizer} if stops else {}
+    if plan.temperature > 0:
+        torch.manual_seed(plan.seed)
     try:
-        for start in range(0, len(items), batch_size):
-            prompts = [item.prompt for item in items[start : start + batch_size]]
-            encoded = tokenizer(prompts, return_tensors="pt", padding=True).to(device)
-            out = model.generate(**encoded, max_new_tokens=task.max_new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id)
-            texts = tokenizer.batch_decode(out[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
-            answers.extend(task.extract(text) for text in texts)
+        for start in range(0, len(prompts), batch_size):
+            chunk = [render_prompt(tokenizer, p, plan) for p in prompts[start : start + batch_size]]
+            encoded = tokenizer(chunk, return_tensors="pt", padding=True,
+                                add_special_tokens=not plan.chat).to(device)
+            out = model.generate(**encoded, max_new_tokens=plan.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                                 **decode, **extra)
+            decoded = tokenizer.batch_decode(out[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
+            texts.extend(cut_at_stops(text, stops) for text in decoded)
     finally:
         tokenizer.padding_side = side
-    return answers
+    return texts
 
 
-def exact_match(answers: Sequence[str], items: Sequence[TaskItem]) -> float:
-    """Share of answers equal to the expected (lower-cased) answers."""
-    return sum(a == item.answer.lower() for a, item in zip(answers, items)) / max(len(items), 1)
+@dataclass
+class GenerationResult:
+    """Generations and their grades for the full model and for each one-block-skipped model, per item."""
+
+    base_generations: list[str]
+    base_item_correct: list[bool]
+    ablated_generations: list[list[str]]
+    ablated_item_correct: list[list[bool]]
+
+    @property
+    def base_accuracy(self) -> float:
+        return sum(self.base_item_correct) / max(len(self.base_item_correct), 1)
+
+    @property
+    def ablated_accuracy(self) -> list[float]:
+        return [sum(c) / max(len(c), 1) for c in self.ablated_item_correct]
 
 
-def ablate_generation(model: Any, tokenizer: Any, items: Sequence[TaskItem], task: Task,
-                    batch_size: int) -> tuple[float, list[float]]:
-    """Greedy-generation exact match of the full model and of each one-block-skipped model (slow: generates
-    L + 1 times; for tasks whose answer follows a free-form solution, e.g. gsm8k)."""
+def graded_generations(model: Any, tokenizer: Any, items: Sequence[TaskItem], task: Task, batch_size: int,
+                       plan: GenerationPlan) -> tuple[list[str], list[bool]]:
+    texts = generate_texts(model, tokenizer, [item.prompt for item in items], plan, batch_size)
+    return texts, [task.grade(text, item) for text, item in zip(texts, items)]
+
+
+def ablate_generation(model: Any, tokenizer: Any, items: Sequence[TaskItem], task: Task, batch_size: int,
+                      plan: GenerationPlan | None = None) -> GenerationResult:
+    """Graded generations of the full model and of each one-block-skipped model (slow: generates L + 1 times;
+    for tasks whose answer follows a free-form solution, e.g. gsm8k). Default plan: greedy, the task's budget
+    and stop strings, raw prompts."""
+    plan = plan or GenerationPlan(task.max_new_tokens, task.stops)
     depth = len(find_decoder_stack(model))
-    base = exact_match(greedy_answers(model, tokenizer, items, task, batch_size), items)
+    base = graded_generations(model, tokenizer, items, task, batch_size, plan)
     ablated = []
     for block in range(depth):
         with skipped_blocks(model, [block]):
-            ablated.append(exact_match(greedy_answers(model, tokenizer, items, task, batch_size), items))
-    return base, ablated
+            ablated.append(graded_generations(model, tokenizer, items, task, batch_size, plan))
+    return GenerationResult(base[0], base[1], [a[0] for a in ablated], [a[1] for a in ablated])
 
 
 @torch.no_grad()
