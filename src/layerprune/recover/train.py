@@ -57,6 +57,14 @@ def to_dataset(rows: list[dict[str, Any]], system_prompt: str | None) -> Any:
     ])
 
 
+def longest_example(tokenizer: Any, rows: list[dict[str, Any]], system_prompt: str | None) -> int:
+    """Tokens of the longest prompt + response conversation, as the trainer will see it (before truncation)."""
+    lengths = [len(tokenizer.apply_chat_template(
+        [*chat_messages(row["prompt"], system_prompt), {"role": "assistant", "content": row["response"]}],
+        tokenize=True, return_dict=False)) for row in rows]
+    return max(lengths, default=1)
+
+
 def bf16_allowed(recipe: RecoverRecipe, device: torch.device) -> bool:
     """bf16 mixed precision only where it helps (CUDA with bf16 support); say so when it is switched off."""
     if not recipe.train.bf16:
@@ -164,8 +172,10 @@ def check_finite(loss: torch.Tensor, step: int, output_dir: str) -> None:
 
 
 def last_checkpoint(directory: Path) -> Path | None:
-    """The newest checkpoint-N folder in a trainer output directory."""
-    found = [p for p in directory.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()] if directory.is_dir() else []
+    """The newest complete checkpoint-N folder in a trainer output directory (the trainer writes its
+    trainer_state.json last, so a checkpoint without one was cut off while saving)."""
+    found = [p for p in directory.glob("checkpoint-*")
+             if p.name.split("-")[-1].isdigit() and (p / "trainer_state.json").is_file()] if directory.is_dir() else []
     return max(found, key=lambda p: int(p.name.split("-")[-1]), default=None)
 
 
