@@ -264,19 +264,17 @@ def fine_tune(recipe: RecoverRecipe, student: ModelSource, teacher: str, rows: l
         log.warning("memory plan: %s", note)
     trainer_dir = job.work / "trainer"
     resume_from = prepare_trainer_dir(trainer_dir, job.resume)
-    if resume_from is None:
-        (job.work / "before.json").unlink(missing_ok=True)
     # the training config before the model: under DeepSpeed ZeRO-3 it makes from_pretrained partition the weights
-    args = train.sft_config(recipe, trainer_dir, device, optimizer, job.settings.seed, has_eval=bool(eval_rows))
+    args = train.sft_config(recipe, trainer_dir, device, optimizer, job.settings.seed, has_eval=bool(eval_rows),
+                            eval_on_start=resume_from is None)
     loaded = load_student(recipe, student, job.settings)
     teacher_model = load_model(teacher, job.settings).model if recipe.method == "kd" else None
     system = recipe.generate.system_prompt
     eval_set = train.to_dataset(eval_rows, system) if eval_rows else None
     trainer = train.make_trainer(recipe, loaded.model, loaded.tokenizer, args, train.to_dataset(train_rows, system),
                                  eval_set, teacher_model)
-    before = held_out_before(trainer, job.work / "before.json") if eval_set is not None else None
-    log.info("held-out loss before training: %s", _fmt(before))
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    before = train.loss_before(trainer.state.log_history) if eval_set is not None else None
     after = trainer.evaluate()["eval_loss"] if eval_set is not None else None
     log.info("held-out loss after training: %s (before %s)", _fmt(after), _fmt(before))
     saved = job.work / "final"
@@ -290,18 +288,6 @@ def fine_tune(recipe: RecoverRecipe, student: ModelSource, teacher: str, rows: l
     del trainer, loaded, teacher_model
     release_memory()
     return result
-
-
-def held_out_before(trainer: Any, path: Path) -> float:
-    """The held-out loss of the untrained student, measured once and kept in the work directory across resumes."""
-    if path.is_file():
-        return float(json.loads(path.read_text())["eval_loss"])
-    loss = trainer.evaluate()["eval_loss"]
-    if trainer.accelerator.is_main_process:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"eval_loss": loss}))
-        os.replace(tmp, path)
-    return loss
 
 
 def release_memory() -> None:

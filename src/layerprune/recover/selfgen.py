@@ -118,7 +118,7 @@ def shard_files(path: Path) -> list[Path]:
 def merge_shards(path: Path) -> None:
     """Append the ranks' answers to the responses file (each id once), then delete the shard files."""
     for shard in shard_files(path):
-        done = done_ids(path) if path.is_file() else set()
+        done = {row["id"] for row in iter_jsonl(path) if "id" in row}
         drop_torn_tail(shard)
         _append(path, (row for row in iter_jsonl(shard) if row.get("id") not in done))
         shard.unlink()
