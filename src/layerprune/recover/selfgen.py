@@ -139,7 +139,7 @@ def sampling_settings(generation_config: Any, settings: GenerationSection) -> di
 
 
 def prompt_seed(seed: int, ids: Iterable[str]) -> int:
-    """A seed from the run's seed and prompt ids: the same prompts sample the same way in any run."""
+    """A seed from the run's seed and prompt ids: the same prompt samples the same way in any run."""
     digest = hashlib.sha256(f"{seed}:{','.join(ids)}".encode()).hexdigest()
     return int(digest[:8], 16)
 
@@ -149,8 +149,8 @@ def generate_responses(model: Any, tokenizer: Any, prompts: list[Prompt], settin
                        done: set[str] | None = None) -> dict[str, Any]:
     """Answer every prompt not yet in `path` (or its shard files), appending one JSON line per response.
 
-    Batches are planned over all of `prompts` and each is sampled with a seed of its prompt ids, so a run
-    resumed after an interruption writes the same responses as one that never stopped.
+    Every prompt samples with its own seed (the run's seed and the prompt id) and batches are planned over all of
+    `prompts`, so a run resumed after an interruption writes the same responses as one that never stopped.
     """
     done = done_ids(path) if done is None else done
     todo = [p for p in prompts if p.id not in done]
@@ -178,13 +178,43 @@ def _generate_hf(model: Any, tokenizer: Any, prompts: list[Prompt], done: set[st
             continue
         enc = tokenizer([texts[p.id] for p in batch], return_tensors="pt", padding=True, add_special_tokens=False)
         enc = enc.to(model.device)
-        torch.manual_seed(prompt_seed(seed, (p.id for p in batch)))
+        seeded = [SeededSampler([prompt_seed(seed, [p.id]) for p in batch], sampling)] if sampling["do_sample"] else []
         with torch.inference_mode():
             out = model.generate(**enc, max_new_tokens=settings.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                                 **sampling)
+                                 do_sample=False, logits_processor=seeded)
         new = out[:, enc["input_ids"].shape[1]:]
         _append(path, (_record(p, tokenizer, ids, settings) for p, ids in zip(batch, new.tolist()) if p.id not in done))
         log.info("  answered batch %d/%d", number, len(batches))
+
+
+class SeededSampler:
+    """Hugging Face's sampling warpers (temperature, top-k, top-p, min-p, in generate's order) with one random
+    generator per prompt: a response does not depend on the batch it was drawn in or on the global RNG.
+    Used as a logits processor of greedy decoding: it returns the drawn token as the only possible one."""
+
+    def __init__(self, seeds: list[int], sampling: dict[str, Any]) -> None:
+        from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper,
+                                                            TopKLogitsWarper, TopPLogitsWarper)
+
+        self.seeds, self.generators = seeds, None
+        self.warpers = [TemperatureLogitsWarper(sampling["temperature"])] if sampling["temperature"] != 1.0 else []
+        if sampling.get("top_k"):
+            self.warpers.append(TopKLogitsWarper(sampling["top_k"]))
+        if sampling["top_p"] < 1.0:
+            self.warpers.append(TopPLogitsWarper(sampling["top_p"]))
+        if sampling.get("min_p") is not None:
+            self.warpers.append(MinPLogitsWarper(sampling["min_p"]))
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        if self.generators is None:
+            self.generators = [torch.Generator(scores.device).manual_seed(s) for s in self.seeds]
+        for warper in self.warpers:
+            scores = warper(input_ids, scores)
+        probs = torch.softmax(scores.float(), dim=-1)
+        drawn = torch.stack([torch.multinomial(row, 1, generator=g) for row, g in zip(probs, self.generators)])
+        return torch.full_like(scores, float("-inf")).scatter_(1, drawn, 0.0)
 
 
 def _record(prompt: Prompt, tokenizer: Any, ids: list[int], settings: GenerationSection) -> dict[str, Any]:
