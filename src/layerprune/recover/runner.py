@@ -72,22 +72,34 @@ def dry_run(recipe: RecoverRecipe, job: RecoverJob) -> memory.MemoryPlan:
     return plan
 
 
+CHARS_PER_TOKEN = 3  # a cautious rate (English runs ~4) for sizing prompts when no tokenizer is at hand
+TEMPLATE_TOKENS = 64  # chat-template and system-prompt allowance of that estimate
+
+
 def dry_run_length(recipe: RecoverRecipe, student: ModelSource, job: RecoverJob) -> tuple[int, str]:
-    """The longest training example: from the responses already generated, else prompts + max_new_tokens."""
+    """The longest training example: from the responses already generated, else prompts + max_new_tokens
+    (prompts counted by the tokenizer, or estimated from their characters where it cannot be loaded)."""
+    cap = recipe.train.max_length
+    responses = job.work / "responses.jsonl"
+    try:
+        rows = selfgen.read_responses(responses) if responses.is_file() else [
+            {"prompt": p.text, "response": ""} for p in selfgen.load_prompts(recipe.prompts, _data_dir(recipe, job))]
+    except LayerpruneError as exc:
+        return cap, f"sequence length train.max_length (prompts not readable here: {exc})"
+    extra = 0 if responses.is_file() else recipe.generate.max_new_tokens
+    where = f"the {len(rows)} responses generated so far" if responses.is_file() else "longest prompt + max_new_tokens"
     try:
         tokenizer = load_tokenizer(student, job.settings)
-        responses = job.work / "responses.jsonl"
-        if responses.is_file():
-            rows = selfgen.read_responses(responses)
-            longest = train.longest_example(tokenizer, rows, recipe.generate.system_prompt)
-            return min(longest, recipe.train.max_length), f"sequence length from the {len(rows)} responses generated so far"
-        data_dir = resolve_data_dir(job.data_dir) if not recipe.prompts.source.endswith(".jsonl") else None
-        prompts = selfgen.load_prompts(recipe.prompts, data_dir)
-        rows = [{"prompt": p.text, "response": ""} for p in prompts]
-        longest = train.longest_example(tokenizer, rows, recipe.generate.system_prompt) + recipe.generate.max_new_tokens
-        return min(longest, recipe.train.max_length), "sequence length: longest prompt + generate.max_new_tokens"
-    except LayerpruneError as exc:
-        return recipe.train.max_length, f"sequence length train.max_length (prompts not readable here: {exc})"
+    except LayerpruneError:
+        chars = max(len(r["prompt"]) + len(r["response"]) for r in rows)
+        longest = chars // CHARS_PER_TOKEN + TEMPLATE_TOKENS + extra
+        return min(longest, cap), f"sequence length ~{longest} from {where} (no tokenizer here: {CHARS_PER_TOKEN} chars a token)"
+    longest = train.longest_example(tokenizer, rows, recipe.generate.system_prompt) + extra
+    return min(longest, cap), f"sequence length {longest} from {where}"
+
+
+def _data_dir(recipe: RecoverRecipe, job: RecoverJob) -> Path | None:
+    return resolve_data_dir(job.data_dir) if not recipe.prompts.source.endswith(".jsonl") else None
 
 
 def sharded_training() -> bool:
@@ -136,8 +148,7 @@ def recover(recipe: RecoverRecipe, job: RecoverJob) -> dict[str, Any]:
     for note in notes:
         log.warning("%s", note)
     check_output_dir(job.output, job.overwrite, inputs=(Path(student.location),) if student.is_local else ())
-    data_dir = resolve_data_dir(job.data_dir) if not recipe.prompts.source.endswith(".jsonl") else None
-    prompts = selfgen.load_prompts(recipe.prompts, data_dir)
+    prompts = selfgen.load_prompts(recipe.prompts, _data_dir(recipe, job))
     state = distributed_state(job.settings)
     job = replace(job, settings=rank_settings(job.settings, state))
     if not state.is_main_process:  # one voice under `accelerate launch`
