@@ -8,8 +8,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from layerprune.errors import LayerpruneError
-
 GB = 1e9
 
 # bytes per trainable parameter of each optimizer's state (two AdamW moments)
@@ -135,6 +133,8 @@ def choose_optimizer(shape: ModelShape, method: str, requested: str, cuda: bool,
     never under FSDP or DeepSpeed ZeRO, whose sharded optimizer states bitsandbytes' optimizers do not support)."""
     if requested != "auto":
         if sharded and requested in EIGHT_BIT:
+            from layerprune.errors import LayerpruneError
+
             raise LayerpruneError(f"train.optimizer {requested} (bitsandbytes) does not work under FSDP or DeepSpeed "
                                   "ZeRO; use adamw_torch or auto")
         return requested, advise(plan_memory(shape, method, optimizer=requested, **kwargs))
