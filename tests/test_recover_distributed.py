@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from layerprune.models import drop_blocks
 
 HERE = Path(__file__).resolve().parent
 FSDP_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP",
-            "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT", "FSDP_RESHARD_AFTER_FORWARD": "true", "OMP_NUM_THREADS": "1"}
+            "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT", "FSDP_RESHARD_AFTER_FORWARD": "true",
+            "FSDP_CPU_RAM_EFFICIENT_LOADING": "true", "OMP_NUM_THREADS": "1"}  # as accelerate/fsdp.yaml sets them
 FAST = ["--max-new-tokens", "6", "--no-generate-drop-truncated", "--samples", "8", "--train-max-length", "64",
         "--train-batch-size", "2", "--max-steps", "2", "--held-out", "0.25", "--train-warmup-steps", "0",
         "--no-train-gradient-checkpointing", "--learning-rate", "1e-2", "--lora-r", "4", "--device", "cpu", "-q"]
@@ -25,17 +24,7 @@ FAST = ["--max-new-tokens", "6", "--no-generate-drop-truncated", "--samples", "8
 
 @pytest.fixture(scope="module")
 def pruned(tiny_models, tmp_path_factory) -> Path:
-    teacher = tiny_models("llama", 6)
-    model = AutoModelForCausalLM.from_pretrained(teacher)
-    drop_blocks(model, [2, 3])
-    out = tmp_path_factory.mktemp("pruned") / "p2"
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(teacher).save_pretrained(out)
-    (out / "prune_report.json").write_text(json.dumps({"source": {"spec": str(teacher), "location": str(teacher),
-                                                                  "kind": "local", "identity": {}}}))
-    prompts = out.parent / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"what is {i} + 7?", "answer": str(i + 7)}) + "\n" for i in range(12)))
-    return out
+    return make_pruned_student(tiny_models("llama", 6), tmp_path_factory.mktemp("pruned") / "p2")
 
 
 def run_fsdp(pruned: Path, out: Path, method: str) -> dict[str, torch.Tensor]:

@@ -78,7 +78,8 @@ def measure_peak(method: str, checkpointing: bool, batch: int, seq: int, r: int,
 def estimate(method: str, checkpointing: bool, batch: int, seq: int, r: int, config: dict | None = None,
              teacher_layers: int = 0) -> float:
     shape = model_shape(LlamaConfig(**(config or SMALL)))
-    teacher = model_shape(LlamaConfig(**{**(config or SMALL), "num_hidden_layers": teacher_layers})) if teacher_layers else None
+    teacher_config = LlamaConfig(**{**(config or SMALL), "num_hidden_layers": teacher_layers})
+    teacher = model_shape(teacher_config) if teacher_layers else None
     plan = plan_memory(shape, method, seq_len=seq, batch_size=batch, weight_bytes=4, lora_r=r,
                        gradient_checkpointing=checkpointing, budget_gb=80, teacher=teacher)
     return plan.total * 1e9

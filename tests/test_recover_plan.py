@@ -1,4 +1,4 @@
-"""recover's planning: conflicts found before loading, the memory plan from the data, sampling equal on both backends."""
+"""recover's planning: conflicts before loading, the memory plan from the data, equal sampling on both backends."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig
 
-from helpers import assert_one_line_error, run_cli
-from layerprune.models import drop_blocks
+from helpers import assert_one_line_error, make_pruned_student, run_cli
 from layerprune.recover import memory, runner, selfgen, train
 from layerprune.recover.models import plan_recover
 from layerprune.recover.schema import GenerationSection, PromptSource, RecoverRecipe
@@ -26,17 +25,7 @@ SMALL = dict(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidde
 
 @pytest.fixture(scope="module")
 def pruned(tiny_models, tmp_path_factory) -> Path:
-    teacher = tiny_models("llama", 6)
-    model = AutoModelForCausalLM.from_pretrained(teacher)
-    drop_blocks(model, [2, 3])
-    out = tmp_path_factory.mktemp("pruned") / "p2"
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(teacher).save_pretrained(out)
-    (out / "prune_report.json").write_text(json.dumps({"source": {"spec": str(teacher), "location": str(teacher),
-                                                                  "kind": "local", "identity": {}}}))
-    prompts = out.parent / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"what is {i} + 7?", "answer": str(i + 7)}) + "\n" for i in range(12)))
-    return out
+    return make_pruned_student(tiny_models("llama", 6), tmp_path_factory.mktemp("pruned") / "p2")
 
 
 # -- conflicts at planning time ------------------------------------------------------------------------------------
@@ -95,7 +84,8 @@ def test_plan_uses_the_longest_tokenized_example_the_trainer_sees(pruned):
 
 
 def test_kd_counts_the_real_teacher_and_its_logits():
-    student, teacher = memory.model_shape(LlamaConfig(**SMALL)), memory.model_shape(LlamaConfig(**{**SMALL, "num_hidden_layers": 12}))
+    student = memory.model_shape(LlamaConfig(**SMALL))
+    teacher = memory.model_shape(LlamaConfig(**{**SMALL, "num_hidden_layers": 12}))
     kwargs = dict(seq_len=256, batch_size=2, weight_bytes=2, lora_r=8)
     plan = memory.plan_memory(student, "kd", teacher=teacher, **kwargs)
     logits = 256 * 2 * teacher.vocab * (2 + 8)
@@ -208,7 +198,8 @@ def test_vllm_gets_token_ids_without_a_second_bos_and_the_run_settings(tiny_llam
     assert [p["prompt_token_ids"] for p in calls["prompts"]] == hf_ids
     assert all(ids.count(tokenizer.bos_token_id) <= 1 for ids in hf_ids)
     engine = calls["engine"]
-    assert (engine["dtype"], engine["seed"], engine["max_num_seqs"], engine["gpu_memory_utilization"]) == ("bfloat16", 5, 2, 0.5)
+    assert (engine["dtype"], engine["seed"], engine["max_num_seqs"]) == ("bfloat16", 5, 2)
+    assert engine["gpu_memory_utilization"] == settings.vllm_gpu_memory == 0.5
     assert engine["max_model_len"] == max(map(len, hf_ids)) + 7
     seeds = [p["seed"] for p in calls["params"]]
     assert seeds == [selfgen.prompt_seed(5, [p.id]) for p in prompts] and len(set(seeds)) == 3

@@ -9,14 +9,15 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
+from transformers import Trainer
 
+from helpers import make_pruned_student
 from layerprune.cli import main
-from layerprune.models import drop_blocks
 from layerprune.pipeline import stages
 from layerprune.recover import runner
 
@@ -63,17 +64,7 @@ KILLS = {
 
 @pytest.fixture(scope="module")
 def pruned(tiny_models, tmp_path_factory) -> Path:
-    teacher = tiny_models("llama", 6)
-    model = AutoModelForCausalLM.from_pretrained(teacher)
-    drop_blocks(model, [2, 3])
-    out = tmp_path_factory.mktemp("pruned") / "p2"
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(teacher).save_pretrained(out)
-    (out / "prune_report.json").write_text(json.dumps({"source": {"spec": str(teacher), "location": str(teacher),
-                                                                  "kind": "local", "identity": {}}}))
-    prompts = out.parent / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"what is {i} + 7?", "answer": str(i + 7)}) + "\n" for i in range(12)))
-    return out
+    return make_pruned_student(tiny_models("llama", 6), tmp_path_factory.mktemp("pruned") / "p2")
 
 
 def command(pruned: Path, out: Path, *extra: str) -> list[str]:
@@ -92,8 +83,8 @@ def kill(pruned: Path, out: Path, point: str) -> None:
     script = "import os, signal, sys\n" + textwrap.dedent(KILLS[point]) + \
         "from layerprune.cli import main\nsys.exit(main(sys.argv[1:]))\n"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", script, *command(pruned, out)], env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run([sys.executable, "-c", script, *command(pruned, out)], env=env, capture_output=True,
+                          text=True, timeout=600)
     assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
     assert not out.exists()
 
@@ -140,7 +131,7 @@ def test_resume_runs_only_the_remaining_steps(pruned, tmp_path, monkeypatch):
 def test_run_pipeline_resumes_recovery(monkeypatch, tmp_path):
     jobs = []
     monkeypatch.setattr(runner, "recover", lambda recipe, job: jobs.append(job))
-    recipe = type("R", (), {"recover": type("S", (), {"resolve": lambda self, s, t: None})(), "model": "embedded",
-                            "evaluate": type("E", (), {"data_dir": None})(), "prune": type("P", (), {"data_dir": None})()})()
+    recipe = SimpleNamespace(recover=SimpleNamespace(resolve=lambda student, teacher: None), model="embedded",
+                             evaluate=SimpleNamespace(data_dir=None), prune=SimpleNamespace(data_dir=None))
     stages.run_recover(recipe, stages.RunSettings(), stages.RunPaths(tmp_path))
     assert jobs and jobs[0].resume is True

@@ -100,7 +100,7 @@ def plan_memory(shape: ModelShape, method: str, seq_len: int, batch_size: int, o
     adapter = method in ("lora", "qlora") or (method == "kd" and lora_r > 0)
     trainable = shape.lora_dims * lora_r if adapter else shape.params
     param_bytes = 4 if adapter else weight_bytes  # peft keeps adapters in float32
-    if method == "qlora":  # NF4 linears; prepare_model_for_kbit_training upcasts the rest (embeddings, norms, head) to fp32
+    if method == "qlora":  # NF4 linears; peft's prepare_model_for_kbit_training upcasts the rest to float32
         weights = shape.linear_params * 0.5 * 1.03 + (shape.params - shape.linear_params) * 4
     else:
         weights = shape.params * weight_bytes

@@ -93,7 +93,7 @@ def dry_run_length(recipe: RecoverRecipe, student: ModelSource, job: RecoverJob)
     except LayerpruneError:
         chars = max(len(r["prompt"]) + len(r["response"]) for r in rows)
         longest = chars // CHARS_PER_TOKEN + TEMPLATE_TOKENS + extra
-        return min(longest, cap), f"sequence length ~{longest} from {where} (no tokenizer here: {CHARS_PER_TOKEN} chars a token)"
+        return min(longest, cap), f"sequence length ~{longest} from {where} ({CHARS_PER_TOKEN} chars a token: no tokenizer)"
     longest = train.longest_example(tokenizer, rows, recipe.generate.system_prompt) + extra
     return min(longest, cap), f"sequence length {longest} from {where}"
 
@@ -135,7 +135,8 @@ def _config_of(spec: str, settings: RunSettings) -> Any:
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(resolve_model(spec, settings).location, trust_remote_code=settings.trust_remote_code)
+        location = resolve_model(spec, settings).location
+        return AutoConfig.from_pretrained(location, trust_remote_code=settings.trust_remote_code)
     except (LayerpruneError, OSError, ValueError):
         return None
 
@@ -235,7 +236,8 @@ def answer(recipe: RecoverRecipe, teacher: str, prompts: list[selfgen.Prompt], j
                                           done)["seconds"]
     log.info("loading the teacher %s", teacher)
     loaded = load_model(teacher, job.settings)
-    stats = selfgen.generate_responses(loaded.model, loaded.tokenizer, prompts, recipe.generate, target, seed, done=done)
+    stats = selfgen.generate_responses(loaded.model, loaded.tokenizer, prompts, recipe.generate, target, seed,
+                                       done=done)
     del loaded
     release_memory()
     return stats["seconds"]

@@ -300,7 +300,8 @@ def _generate_vllm(model: Any, tokenizer: Any, prompts: list[Prompt], settings: 
     try:
         for first in range(0, len(prompts), VLLM_CHUNK):
             chunk = prompts[first: first + VLLM_CHUNK]
-            params = [SamplingParams(**vllm_sampling_args(sampling, settings, prompt_seed(seed, [p.id]))) for p in chunk]
+            params = [SamplingParams(**vllm_sampling_args(sampling, settings, prompt_seed(seed, [p.id])))
+                      for p in chunk]
             outputs = llm.generate([{"prompt_token_ids": t} for t in ids[first: first + VLLM_CHUNK]], params)
             _append(path, [{"id": p.id, "prompt": p.text, "answer": p.answer, "response": o.outputs[0].text.strip(),
                             "tokens": len(o.outputs[0].token_ids), "truncated": o.outputs[0].finish_reason == "length"}

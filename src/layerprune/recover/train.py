@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -94,7 +95,8 @@ def sft_config(recipe: RecoverRecipe, output_dir: Path, device: torch.device, op
         gradient_accumulation_steps=train.grad_accum, num_train_epochs=train.epochs,
         max_steps=train.max_steps or -1, max_length=train.max_length, bf16=bf16_allowed(recipe, device),
         gradient_checkpointing=train.gradient_checkpointing, completion_only_loss=True, packing=False,
-        eval_strategy="steps" if has_eval else "no", eval_steps=train.eval_steps, eval_on_start=has_eval and eval_on_start, logging_steps=train.logging_steps,
+        eval_strategy="steps" if has_eval else "no", eval_steps=train.eval_steps,
+        eval_on_start=has_eval and eval_on_start, logging_steps=train.logging_steps,
         logging_first_step=True, save_strategy="steps", save_steps=train.save_steps, save_total_limit=2,
         report_to="none", seed=seed, use_cpu=device.type == "cpu", disable_tqdm=True, dataloader_num_workers=0,
         model_init_kwargs=None, include_num_input_tokens_seen="all",
@@ -180,8 +182,15 @@ def last_checkpoint(directory: Path) -> Path | None:
     """The newest complete checkpoint-N folder in a trainer output directory (the trainer writes its
     trainer_state.json last, so a checkpoint without one was cut off while saving)."""
     found = [p for p in directory.glob("checkpoint-*")
-             if p.name.split("-")[-1].isdigit() and (p / "trainer_state.json").is_file()] if directory.is_dir() else []
+             if p.name.split("-")[-1].isdigit() and _complete(p / "trainer_state.json")] if directory.is_dir() else []
     return max(found, key=lambda p: int(p.name.split("-")[-1]), default=None)
+
+
+def _complete(state: Path) -> bool:
+    try:
+        return isinstance(json.loads(state.read_text()), dict)
+    except (OSError, ValueError):
+        return False
 
 
 class LossLogCallback(TrainerCallback):
