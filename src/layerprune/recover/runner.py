@@ -277,11 +277,12 @@ def fine_tune(recipe: RecoverRecipe, student: ModelSource, teacher: str, rows: l
         log.warning("memory plan: %s", note)
     trainer_dir = job.work / "trainer"
     resume_from = prepare_trainer_dir(trainer_dir, job.resume)
-    # the training config before the model: under DeepSpeed ZeRO-3 it makes from_pretrained partition the weights
+    # the KD teacher is used whole on every process: loaded before the training config, so ZeRO-3 leaves it alone
+    teacher_model = load_model(teacher, job.settings).model if recipe.method == "kd" else None
+    # the training config before the student: under DeepSpeed ZeRO-3 it makes from_pretrained partition the weights
     args = train.sft_config(recipe, trainer_dir, device, optimizer, job.settings.seed, has_eval=bool(eval_rows),
                             eval_on_start=resume_from is None)
     loaded = load_student(recipe, student, job.settings)
-    teacher_model = load_model(teacher, job.settings).model if recipe.method == "kd" else None
     system = recipe.generate.system_prompt
     eval_set = train.to_dataset(eval_rows, system) if eval_rows else None
     trainer = train.make_trainer(recipe, loaded.model, loaded.tokenizer, args, train.to_dataset(train_rows, system),
