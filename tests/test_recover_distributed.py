@@ -12,6 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from helpers import make_pruned_student
+
 
 HERE = Path(__file__).resolve().parent
 FSDP_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP",
