@@ -46,3 +46,22 @@ def assert_one_line_error(code: int, err: str, *needles: str) -> None:
     assert len(lines) == 1, err
     for needle in needles:
         assert needle.lower() in lines[0].lower(), lines[0]
+
+
+def make_pruned_student(teacher: Path, out: Path) -> Path:
+    """`teacher` minus blocks 2 and 3, with the prune_report.json naming it, and prompts.jsonl next to it."""
+    import json
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from layerprune.models import drop_blocks
+
+    model = AutoModelForCausalLM.from_pretrained(teacher)
+    drop_blocks(model, [2, 3])
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(teacher).save_pretrained(out)
+    source = {"spec": str(teacher), "location": str(teacher), "kind": "local", "identity": {}}
+    (out / "prune_report.json").write_text(json.dumps({"source": source}))
+    rows = [{"prompt": f"what is {i} + 7?", "answer": str(i + 7)} for i in range(12)]
+    (out.parent / "prompts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return out

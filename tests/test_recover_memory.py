@@ -29,9 +29,14 @@ PROBE = textwrap.dedent("""
     ids = torch.randint(0, config.vocab_size, (spec["batch"], spec["seq"]))
     base = rss()
     model = AutoModelForCausalLM.from_config(config)
+    teacher = None
+    if spec["method"] == "kd":  # a teacher of teacher_layers blocks; forward KL on every token
+        teacher_config = LlamaConfig(**{**spec["config"], "num_hidden_layers": spec["teacher_layers"]})
+        teacher_config._attn_implementation = "sdpa"
+        teacher = AutoModelForCausalLM.from_config(teacher_config).eval()
     if spec["checkpointing"]:
         model.gradient_checkpointing_enable()
-    if spec["method"] == "lora":
+    if spec["method"] in ("lora", "kd"):
         from peft import LoraConfig, get_peft_model
         model = get_peft_model(model, LoraConfig(r=spec["r"], target_modules="all-linear"))
         if spec["checkpointing"]:
@@ -39,7 +44,13 @@ PROBE = textwrap.dedent("""
     model.train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     for _ in range(2):
-        loss = model(input_ids=ids, labels=ids).loss
+        if teacher is None:
+            loss = model(input_ids=ids, labels=ids).loss
+        else:
+            student = torch.log_softmax(model(input_ids=ids).logits.float(), -1)
+            with torch.no_grad():
+                target = torch.log_softmax(teacher(input_ids=ids).logits.float(), -1)
+            loss = (target.exp() * (target - student)).sum(-1).mean()
         loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
     # VmHWM is this process's own peak; ru_maxrss would carry the forking parent's size across exec
     peak = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:"))
@@ -49,22 +60,28 @@ PROBE = textwrap.dedent("""
 CASES = [
     dict(method="full", checkpointing=False, batch=4, seq=256, r=0),
     dict(method="lora", checkpointing=True, batch=4, seq=512, r=16),
+    dict(method="kd", checkpointing=True, batch=4, seq=256, r=16, teacher_layers=12),
 ]
 
 
-def measure_peak(method: str, checkpointing: bool, batch: int, seq: int, r: int, config: dict | None = None) -> float:
+def measure_peak(method: str, checkpointing: bool, batch: int, seq: int, r: int, config: dict | None = None,
+                 teacher_layers: int = 0) -> float:
     """Peak RSS growth (bytes) of two float32 training steps in a fresh process."""
-    spec = dict(config=config or SMALL, method=method, checkpointing=checkpointing, batch=batch, seq=seq, r=r)
+    spec = dict(config=config or SMALL, method=method, checkpointing=checkpointing, batch=batch, seq=seq, r=r,
+                teacher_layers=teacher_layers)
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"}  # RSS follows live tensors
     out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(spec)], capture_output=True, text=True, check=True,
                          env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])["peak_delta"]
 
 
-def estimate(method: str, checkpointing: bool, batch: int, seq: int, r: int, config: dict | None = None) -> float:
+def estimate(method: str, checkpointing: bool, batch: int, seq: int, r: int, config: dict | None = None,
+             teacher_layers: int = 0) -> float:
     shape = model_shape(LlamaConfig(**(config or SMALL)))
+    teacher_config = LlamaConfig(**{**(config or SMALL), "num_hidden_layers": teacher_layers})
+    teacher = model_shape(teacher_config) if teacher_layers else None
     plan = plan_memory(shape, method, seq_len=seq, batch_size=batch, weight_bytes=4, lora_r=r,
-                       gradient_checkpointing=checkpointing, budget_gb=80)
+                       gradient_checkpointing=checkpointing, budget_gb=80, teacher=teacher)
     return plan.total * 1e9
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -98,15 +99,21 @@ def validate_data(recipe: RunRecipe, settings: RunSettings, prune_pending: bool 
 def memory_plan(recipe: RunRecipe, settings: RunSettings) -> str:
     """Recover's memory estimate for the pruned model on one GPU."""
     from layerprune.recover import memory
-    from layerprune.recover.runner import RecoverJob, plan_for
+    from layerprune.models import resolve_model
+    from layerprune.recover.runner import RecoverJob, dry_run_length, plan_for
 
     assert recipe.recover is not None
     config, note = model_config(recipe.model, settings)
     if config is None:
         return f"memory: not estimated ({note})"
+    teacher_config = copy.deepcopy(config)
     config.num_hidden_layers -= recipe.prune.n_drop
     recover_recipe = recipe.recover.resolve("<pruned>", recipe.model)
-    _, plan = plan_for(recover_recipe, config, RecoverJob(output=recipe.run_dir() / "recovered", settings=settings), cuda=True)
+    job = RecoverJob(output=recipe.run_dir() / "recovered", settings=settings,
+                     data_dir=recipe.evaluate.data_dir or recipe.prune.data_dir)
+    seq_len, how = dry_run_length(recover_recipe, resolve_model(recipe.model, settings), job)
+    _, plan = plan_for(recover_recipe, config, job, cuda=True, seq_len=seq_len, teacher_config=teacher_config)
+    plan.notes.insert(0, how)
     return memory.format_plan(plan, f"{recipe.model or 'embedded'} minus {recipe.prune.n_drop} blocks") + (f"\n({note})" if note else "")
 
 

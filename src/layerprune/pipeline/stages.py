@@ -163,7 +163,7 @@ def run_recover(recipe: RunRecipe, settings: RunSettings, paths: RunPaths) -> No
     assert recipe.recover is not None
     recover_recipe = recipe.recover.resolve(str(paths.pruned), recipe.model)
     data_dir = recipe.evaluate.data_dir or recipe.prune.data_dir
-    recover(recover_recipe, RecoverJob(output=paths.recovered, settings=settings, data_dir=data_dir))
+    recover(recover_recipe, RecoverJob(output=paths.recovered, settings=settings, data_dir=data_dir, resume=True))
     responses = paths.recovered / "data" / "responses.jsonl"
     if responses.is_file() and not paths.selfgen.exists():
         try:

@@ -11,6 +11,7 @@ from typing import Any
 GB = 1e9
 
 # bytes per trainable parameter of each optimizer's state (two AdamW moments)
+EIGHT_BIT = ("adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit")  # bitsandbytes optimizers
 OPTIMIZER_STATE_BYTES = {"adamw_torch": None, "adamw_8bit": 2.0, "paged_adamw_8bit": 2.0, "paged_adamw_32bit": 8.0}
 # elements kept for backward per token and decoder block, in units of hidden, intermediate, attention width
 ACT_PER_HIDDEN, ACT_PER_INTERMEDIATE, ACT_PER_ATTN = 8, 4, 4
@@ -91,13 +92,16 @@ def activation_bytes(shape: ModelShape, tokens: int, act_bytes: int, checkpointi
 
 def plan_memory(shape: ModelShape, method: str, seq_len: int, batch_size: int, optimizer: str = "adamw_torch",
                 weight_bytes: int = 2, lora_r: int = 64, gradient_checkpointing: bool = True,
-                teacher_params: int = 0, budget_gb: float = 80.0) -> MemoryPlan:
-    """Estimate the peak of one step; `weight_bytes` 2 for bf16 weights, 4 for float32."""
+                teacher_params: int = 0, budget_gb: float = 80.0, teacher: ModelShape | None = None) -> MemoryPlan:
+    """Estimate the peak of one step; `weight_bytes` 2 for bf16 weights, 4 for float32.
+
+    `teacher` (KD): the teacher's weights and its logits over the batch (in float32 for the KL) are counted too.
+    """
     adapter = method in ("lora", "qlora") or (method == "kd" and lora_r > 0)
     trainable = shape.lora_dims * lora_r if adapter else shape.params
     param_bytes = 4 if adapter else weight_bytes  # peft keeps adapters in float32
-    if method == "qlora":
-        weights = shape.linear_params * 0.5 * 1.03 + (shape.params - shape.linear_params) * 2
+    if method == "qlora":  # NF4 linears; peft's prepare_model_for_kbit_training upcasts the rest to float32
+        weights = shape.linear_params * 0.5 * 1.03 + (shape.params - shape.linear_params) * 4
     else:
         weights = shape.params * weight_bytes
     state = OPTIMIZER_STATE_BYTES[optimizer] or 2 * param_bytes
@@ -105,30 +109,47 @@ def plan_memory(shape: ModelShape, method: str, seq_len: int, batch_size: int, o
     act_bytes = 2 if weight_bytes == 2 or method == "qlora" else 4
     with_ckpt = activation_bytes(shape, tokens, act_bytes, True)
     without = activation_bytes(shape, tokens, act_bytes, False)
+    teacher_bytes = teacher_params * weight_bytes
+    if teacher is not None:  # weights, plus logits in the model dtype, their float32 copy and log-softmax
+        teacher_bytes = teacher.params * weight_bytes + tokens * teacher.vocab * (act_bytes + 4 * 2)
     parts = {"weights": weights, "adapters": trainable * 4 if adapter else 0.0, "gradients": trainable * param_bytes,
-             "optimizer_states": trainable * state, "teacher": teacher_params * weight_bytes,
+             "optimizer_states": trainable * state, "teacher": teacher_bytes,
              "activations": with_ckpt if gradient_checkpointing else without}
     total = sum(parts.values())
-    return MemoryPlan(method=method, optimizer=optimizer, seq_len=seq_len, batch_size=batch_size,
+    plan = MemoryPlan(method=method, optimizer=optimizer, seq_len=seq_len, batch_size=batch_size,
                       weight_bytes=weight_bytes, **{k: v / GB for k, v in parts.items()},
                       activations_no_checkpointing=without / GB, activations_checkpointing=with_ckpt / GB,
                       gradient_checkpointing=gradient_checkpointing, total=total / GB, budget=budget_gb,
                       fits=total / GB <= budget_gb)
+    if not adapter and weight_bytes == 2:
+        plan.notes.append("full fine-tuning in pure bf16: weights, gradients and AdamW states in bf16, "
+                          "no float32 master copy (pass --dtype float32 to keep float32 weights)")
+    return plan
 
 
-def choose_optimizer(shape: ModelShape, method: str, requested: str, cuda: bool, **kwargs: Any) -> tuple[str, MemoryPlan]:
-    """`auto`: AdamW, or 8-bit then paged 8-bit AdamW when full fine-tuning would not fit (CUDA only)."""
+def choose_optimizer(shape: ModelShape, method: str, requested: str, cuda: bool, sharded: bool = False,
+                     **kwargs: Any) -> tuple[str, MemoryPlan]:
+    """`auto`: AdamW, or 8-bit then paged 8-bit AdamW when training all weights would not fit (one CUDA device;
+    never under FSDP or DeepSpeed ZeRO, whose sharded optimizer states bitsandbytes' optimizers do not support)."""
     if requested != "auto":
+        if sharded and requested in EIGHT_BIT:
+            from layerprune.errors import LayerpruneError
+
+            raise LayerpruneError(f"train.optimizer {requested} (bitsandbytes) does not work under FSDP or DeepSpeed "
+                                  "ZeRO; use adamw_torch or auto")
         return requested, advise(plan_memory(shape, method, optimizer=requested, **kwargs))
     plan = plan_memory(shape, method, optimizer="adamw_torch", **kwargs)
-    if plan.fits or method not in ("full", "kd") or not cuda:
-        if not plan.fits and method in ("full", "kd"):
-            plan.notes.append("does not fit; 8-bit AdamW (bitsandbytes) would need CUDA")
+    all_weights = method == "full" or (method == "kd" and not kwargs.get("lora_r"))
+    what = "full fine-tuning" if method == "full" else "distillation into all weights"
+    if plan.fits or not all_weights or not cuda or sharded:
+        if not plan.fits and all_weights:
+            why = "is not used under FSDP or ZeRO (shard the states instead)" if sharded else "would need CUDA"
+            plan.notes.append(f"{what} does not fit; 8-bit AdamW (bitsandbytes) {why}")
         return "adamw_torch", advise(plan)
     for candidate in ("adamw_8bit", "paged_adamw_8bit"):
         smaller = plan_memory(shape, method, optimizer=candidate, **kwargs)
         if smaller.fits or candidate == "paged_adamw_8bit":
-            smaller.notes.append(f"full fine-tuning with AdamW needs {plan.total:.1f} GB > {plan.budget:.0f} GB: "
+            smaller.notes.append(f"{what} with AdamW needs {plan.total:.1f} GB > {plan.budget:.0f} GB: "
                                  f"switched to {candidate}")
             return candidate, smaller
     raise AssertionError("unreachable")

@@ -28,6 +28,57 @@ def resolve_student(recipe: RecoverRecipe, settings: RunSettings) -> ModelSource
     return source
 
 
+def plan_recover(recipe: RecoverRecipe, settings: RunSettings) -> tuple[RecoverRecipe, ModelSource, str, list[str]]:
+    """Student, teacher and the recipe as it will run, with every recipe/model/teacher conflict found from configs
+    alone (before anything loads): a pruned model's drop_blocks is ignored, impossible ones are errors."""
+    notes: list[str] = []
+    student = resolve_student(recipe, settings)
+    if recipe.drop_blocks is not None and (Path(student.location) / PRUNE_REPORT).is_file():
+        notes.append(f"{recipe.model} is already pruned (it has a {PRUNE_REPORT}): the recipe's drop_blocks "
+                     f"{recipe.drop_blocks} is ignored and its source model is the teacher")
+        recipe = recipe.model_copy(update={"drop_blocks": None})
+    teacher = teacher_spec(recipe, student)
+    check_conflicts(recipe, student, teacher, settings)
+    return recipe, student, teacher, notes
+
+
+def check_conflicts(recipe: RecoverRecipe, student: ModelSource, teacher: str, settings: RunSettings) -> None:
+    """Refuse a student that is its own teacher, drop_blocks past the model's end and KD across vocabularies."""
+    config = _config(student.location, settings)
+    if recipe.drop_blocks is not None and config is not None:
+        blocks = config.get_text_config().num_hidden_layers
+        indices = sorted(set(recipe.drop_blocks))
+        if indices[-1] >= blocks or len(indices) >= blocks:
+            raise LayerpruneError(f"drop_blocks {indices} does not fit {recipe.model}, which has {blocks} blocks")
+    teacher_source = _resolved(teacher, settings)
+    if recipe.drop_blocks is None and teacher_source is not None and \
+            Path(teacher_source.location).resolve() == Path(student.location).resolve():
+        raise LayerpruneError(f"the teacher {teacher} is the model being recovered; pass the unpruned model as "
+                              "--teacher (or set drop_blocks to prune it first)")
+    teacher_config = _config(teacher_source.location, settings) if teacher_source is not None else None
+    if recipe.method == "kd" and config is not None and teacher_config is not None:
+        vocab, teacher_vocab = config.get_text_config().vocab_size, teacher_config.get_text_config().vocab_size
+        if vocab != teacher_vocab:
+            raise LayerpruneError(f"method kd needs one vocabulary: the student has {vocab} tokens, the teacher "
+                                  f"{teacher} {teacher_vocab}; use --method lora or full")
+
+
+def _resolved(spec: str, settings: RunSettings) -> ModelSource | None:
+    try:
+        return resolve_model(spec, settings)
+    except LayerpruneError:
+        return None
+
+
+def _config(location: str, settings: RunSettings) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(location, trust_remote_code=settings.trust_remote_code)
+    except (OSError, ValueError):
+        return None
+
+
 def teacher_spec(recipe: RecoverRecipe, student: ModelSource) -> str:
     """--teacher, else the unpruned --model (drop_blocks), else the source named in prune_report.json."""
     if recipe.teacher:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from layerprune.models import ModelSource, load_model, resolve_model
 from layerprune.models.loading import copy_tokenizer_files, load_tokenizer
 from layerprune.outputs import atomic_output_dir, check_output_dir
 from layerprune.recover import memory, selfgen, train
-from layerprune.recover.models import PRUNE_REPORT, materialize_student, resolve_student, teacher_spec
+from layerprune.recover.models import PRUNE_REPORT, materialize_student, plan_recover
 from layerprune.recover.schema import RecoverRecipe
 from layerprune.settings import RunSettings
 
@@ -54,60 +55,129 @@ def check_runnable(recipe: RecoverRecipe, settings: RunSettings) -> None:
 
 
 def dry_run(recipe: RecoverRecipe, job: RecoverJob) -> memory.MemoryPlan:
-    """Print the memory plan of the recipe's training step for the student model; load no weights."""
+    """Print the plan (conflicts resolved, memory of the training step); load no weights."""
     from transformers import AutoConfig
 
-    student = resolve_student(recipe, job.settings)
+    recipe, student, teacher, notes = plan_recover(recipe, job.settings)
     config = AutoConfig.from_pretrained(student.location, trust_remote_code=job.settings.trust_remote_code)
     if recipe.drop_blocks:
         config.num_hidden_layers -= len(set(recipe.drop_blocks))
-    optimizer, plan = plan_for(recipe, config, job, cuda=True)
+    seq_len, how = dry_run_length(recipe, student, job)
+    optimizer, plan = plan_for(recipe, config, job, cuda=True, seq_len=seq_len, teacher=teacher)
+    plan.notes.insert(0, how)
+    print(f"student: {student.spec}\nteacher: {teacher}")
+    for note in notes:
+        print(f"note: {note}")
     print(memory.format_plan(plan, student.spec))
     return plan
 
 
-def plan_for(recipe: RecoverRecipe, config: Any, job: RecoverJob, cuda: bool) -> tuple[str, memory.MemoryPlan]:
-    """The memory plan and optimizer for the student's config (bf16 weights on CUDA unless told otherwise)."""
+CHARS_PER_TOKEN = 3  # a cautious rate (English runs ~4) for sizing prompts when no tokenizer is at hand
+TEMPLATE_TOKENS = 64  # chat-template and system-prompt allowance of that estimate
+
+
+def dry_run_length(recipe: RecoverRecipe, student: ModelSource, job: RecoverJob) -> tuple[int, str]:
+    """The longest training example: from the responses already generated, else prompts + max_new_tokens
+    (prompts counted by the tokenizer, or estimated from their characters where it cannot be loaded)."""
+    cap = recipe.train.max_length
+    responses = job.work / "responses.jsonl"
+    try:
+        rows = selfgen.read_responses(responses) if responses.is_file() else [
+            {"prompt": p.text, "response": ""} for p in selfgen.load_prompts(recipe.prompts, _data_dir(recipe, job))]
+    except LayerpruneError as exc:
+        return cap, f"sequence length train.max_length (prompts not readable here: {exc})"
+    extra = 0 if responses.is_file() else recipe.generate.max_new_tokens
+    where = f"the {len(rows)} responses generated so far" if responses.is_file() else "longest prompt + max_new_tokens"
+    try:
+        tokenizer = load_tokenizer(student, job.settings)
+    except LayerpruneError:
+        chars = max(len(r["prompt"]) + len(r["response"]) for r in rows)
+        longest = chars // CHARS_PER_TOKEN + TEMPLATE_TOKENS + extra
+        return min(longest, cap), f"sequence length ~{longest} from {where} ({CHARS_PER_TOKEN} chars a token: no tokenizer)"
+    longest = train.longest_example(tokenizer, rows, recipe.generate.system_prompt) + extra
+    return min(longest, cap), f"sequence length {longest} from {where}"
+
+
+def _data_dir(recipe: RecoverRecipe, job: RecoverJob) -> Path | None:
+    return resolve_data_dir(job.data_dir) if not recipe.prompts.source.endswith(".jsonl") else None
+
+
+def sharded_training() -> bool:
+    """Whether `accelerate launch` set up FSDP or DeepSpeed (optimizer states sharded across processes)."""
+    return any(os.environ.get(f"ACCELERATE_USE_{name}", "false").lower() == "true" for name in ("FSDP", "DEEPSPEED"))
+
+
+def plan_for(recipe: RecoverRecipe, config: Any, job: RecoverJob, cuda: bool, seq_len: int | None = None,
+             teacher: str | None = None, teacher_config: Any = None) -> tuple[str, memory.MemoryPlan]:
+    """The memory plan and optimizer for the student's config (bf16 weights on CUDA unless told otherwise).
+
+    `seq_len`: the longest tokenized training example (default train.max_length); for kd the teacher's own
+    config (`teacher_config`, or read from `teacher`) sizes its weights and logits.
+    """
     shape = memory.model_shape(config)
     dtype = job.settings.dtype
     weight_bytes = 4 if dtype == "float32" or (dtype == "auto" and not cuda) else 2
-    optimizer, plan = memory.choose_optimizer(
-        shape, recipe.method, recipe.train.optimizer, cuda, seq_len=recipe.train.max_length,
-        batch_size=recipe.train.batch_size, weight_bytes=weight_bytes,
-        lora_r=recipe.lora.r if recipe.uses_lora() else 0,
-        gradient_checkpointing=recipe.train.gradient_checkpointing,
-        teacher_params=shape.params if recipe.method == "kd" else 0, budget_gb=job.memory_budget)
+    teacher_shape = None
     if recipe.method == "kd":
-        plan.notes.append("teacher counted at the student's size; the unpruned teacher is larger")
+        teacher_config = teacher_config or (_config_of(teacher, job.settings) if teacher else None)
+        teacher_shape = memory.model_shape(teacher_config) if teacher_config is not None else shape
+    optimizer, plan = memory.choose_optimizer(
+        shape, recipe.method, recipe.train.optimizer, cuda, sharded=sharded_training(),
+        seq_len=seq_len or recipe.train.max_length, batch_size=recipe.train.batch_size, weight_bytes=weight_bytes,
+        lora_r=recipe.lora.r if recipe.uses_lora() else 0,
+        gradient_checkpointing=recipe.train.gradient_checkpointing, teacher=teacher_shape, budget_gb=job.memory_budget)
+    if recipe.method == "kd" and teacher_config is None:
+        plan.notes.append("teacher counted at the student's size (its config was not readable)")
     return optimizer, plan
+
+
+def _config_of(spec: str, settings: RunSettings) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        location = resolve_model(spec, settings).location
+        return AutoConfig.from_pretrained(location, trust_remote_code=settings.trust_remote_code)
+    except (LayerpruneError, OSError, ValueError):
+        return None
 
 
 def recover(recipe: RecoverRecipe, job: RecoverJob) -> dict[str, Any]:
     """The whole stage; returns the report written to recover_report.json."""
     start = time.perf_counter()
     check_runnable(recipe, job.settings)
-    student = resolve_student(recipe, job.settings)
-    teacher = teacher_spec(recipe, student)
+    recipe, student, teacher, notes = plan_recover(recipe, job.settings)
+    for note in notes:
+        log.warning("%s", note)
     check_output_dir(job.output, job.overwrite, inputs=(Path(student.location),) if student.is_local else ())
-    data_dir = resolve_data_dir(job.data_dir) if not recipe.prompts.source.endswith(".jsonl") else None
-    prompts = selfgen.load_prompts(recipe.prompts, data_dir)
+    prompts = selfgen.load_prompts(recipe.prompts, _data_dir(recipe, job))
     state = distributed_state(job.settings)
+    job = replace(job, settings=rank_settings(job.settings, state))
     if not state.is_main_process:  # one voice under `accelerate launch`
         logging.getLogger("layerprune").setLevel(logging.WARNING)
-    with state.main_process_first():  # under `accelerate launch` the main process generates, the others reuse it
+    if state.is_main_process:
         job.work.mkdir(parents=True, exist_ok=True)
-        check_fingerprint(recipe, teacher, job.work, write=state.is_main_process)
-        generation = generate(recipe, teacher, prompts, job)
+        check_fingerprint(recipe, teacher, job.work)
+    state.wait_for_everyone()
+    generation = generate(recipe, teacher, prompts, job, state)
+    with state.main_process_first():
         student = materialize_student(recipe, student, job.settings, job.work)
     rows = selfgen.responses_for(prompts, job.work / "responses.jsonl")
     kept, card = selfgen.filter_responses(rows, recipe.generate)
     result = fine_tune(recipe, student, teacher, kept, job)
     report = build_report(recipe, job, student, teacher, generation, card, result, time.perf_counter() - start)
+    report["notes"] = notes
     if state.is_main_process:
         save_outputs(recipe, job, student, result, report)
         shutil.rmtree(job.work, ignore_errors=True)
     state.wait_for_everyone()
     return report
+
+
+def rank_settings(settings: RunSettings, state: Any) -> RunSettings:
+    """Under `accelerate launch` on GPUs each process loads models onto its own device, not the first one."""
+    if state.num_processes > 1 and state.device.type != "cpu":
+        return settings.model_copy(update={"device": str(state.device)})
+    return settings
 
 
 def distributed_state(settings: RunSettings) -> Any:
@@ -133,28 +203,51 @@ def check_fingerprint(recipe: RecoverRecipe, teacher: str, work: Path, write: bo
         path.write_text(json.dumps(current, indent=2))
 
 
-def generate(recipe: RecoverRecipe, teacher: str, prompts: list[selfgen.Prompt], job: RecoverJob) -> dict[str, Any]:
-    """Stage 1, skipping the prompts already answered in the work directory."""
+def generate(recipe: RecoverRecipe, teacher: str, prompts: list[selfgen.Prompt], job: RecoverJob,
+             state: Any) -> dict[str, Any]:
+    """Stage 1: every process answers its own share of the prompts not yet answered (resumable per process), then
+    the main process merges the shares into responses.jsonl."""
     path = job.work / "responses.jsonl"
-    if not {p.id for p in prompts} - selfgen.done_ids(path):
-        return {"prompts": len(prompts), "resumed_from": len(prompts), "generated": 0, "seconds": 0.0}
+    done = selfgen.done_ids(path)
+    resumed = sum(p.id in done for p in prompts)
+    state.wait_for_everyone()  # everyone has read what was there before anyone writes
+    mine = prompts[state.process_index::state.num_processes]
+    target = path if state.num_processes == 1 else selfgen.shard_path(path, state.process_index)
+    seconds = 0.0
+    if any(p.id not in done for p in mine):
+        seconds = answer(recipe, teacher, mine, job, target, done)
+    state.wait_for_everyone()
+    if state.is_main_process:
+        selfgen.merge_shards(path)
+    state.wait_for_everyone()
+    return {"prompts": len(prompts), "resumed_from": resumed, "generated": len(prompts) - resumed,
+            "processes": state.num_processes, "seconds": seconds}
+
+
+def answer(recipe: RecoverRecipe, teacher: str, prompts: list[selfgen.Prompt], job: RecoverJob, target: Path,
+           done: set[str]) -> float:
+    """Load the teacher (or start vLLM) and answer these prompts into `target`; the seconds it took."""
+    seed = job.settings.seed
     if recipe.generate.backend == "vllm":
         source = resolve_model(teacher, job.settings)
         tokenizer = load_tokenizer(source, job.settings)
-        return selfgen.generate_responses(source.location, tokenizer, prompts, recipe.generate, path)
+        engine = {"dtype": job.settings.dtype if job.settings.dtype != "auto" else "bfloat16"}
+        return selfgen.generate_responses(source.location, tokenizer, prompts, recipe.generate, target, seed, engine,
+                                          done)["seconds"]
     log.info("loading the teacher %s", teacher)
     loaded = load_model(teacher, job.settings)
-    stats = selfgen.generate_responses(loaded.model, loaded.tokenizer, prompts, recipe.generate, path)
+    stats = selfgen.generate_responses(loaded.model, loaded.tokenizer, prompts, recipe.generate, target, seed,
+                                       done=done)
     del loaded
-    return stats
+    release_memory()
+    return stats["seconds"]
 
 
 @dataclass
 class TrainResult:
-    """What fine-tuning produced, before it is written out."""
+    """What fine-tuning produced: the trained weights as the trainer saved them (gathered from every rank)."""
 
-    model: Any
-    tokenizer: Any
+    saved: Path
     loss_before: float | None
     loss_after: float | None
     curve: dict[str, list[list[float]]]
@@ -167,33 +260,59 @@ class TrainResult:
 
 def fine_tune(recipe: RecoverRecipe, student: ModelSource, teacher: str, rows: list[dict[str, Any]],
               job: RecoverJob) -> TrainResult:
-    """Stage 2 with TRL; held-out loss before and after."""
+    """Stage 2 with TRL; held-out loss before and after; the weights saved through the trainer on every rank."""
+    from transformers import AutoConfig
+
     start = time.perf_counter()
     train_rows, eval_rows = train.split_rows(rows, recipe.train.held_out, job.settings.seed)
     if not train_rows:
         raise LayerpruneError("no responses left to train on after holding some out; add prompts or lower train.held_out")
-    loaded = load_student(recipe, student, job.settings)
     device = job.settings.resolved_device()
-    optimizer, plan = plan_for(recipe, loaded.model.config, job, cuda=device.type == "cuda")
+    config = AutoConfig.from_pretrained(student.location, trust_remote_code=job.settings.trust_remote_code)
+    tokenizer = load_tokenizer(student, job.settings)
+    longest = train.longest_example(tokenizer, train_rows + eval_rows, recipe.generate.system_prompt)
+    optimizer, plan = plan_for(recipe, config, job, cuda=device.type == "cuda",
+                               seq_len=min(longest, recipe.train.max_length), teacher=teacher)
     for note in plan.notes:
         log.warning("memory plan: %s", note)
-    teacher_model = load_model(teacher, job.settings).model if recipe.method == "kd" else None
     trainer_dir = job.work / "trainer"
     resume_from = prepare_trainer_dir(trainer_dir, job.resume)
-    args = train.sft_config(recipe, trainer_dir, device, optimizer, job.settings.seed, has_eval=bool(eval_rows))
+    # the KD teacher is used whole on every process: loaded before the training config, so ZeRO-3 leaves it alone
+    teacher_model = load_model(teacher, job.settings).model if recipe.method == "kd" else None
+    # the training config before the student: under DeepSpeed ZeRO-3 it makes from_pretrained partition the weights
+    args = train.sft_config(recipe, trainer_dir, device, optimizer, job.settings.seed, has_eval=bool(eval_rows),
+                            eval_on_start=resume_from is None)
+    loaded = load_student(recipe, student, job.settings)
     system = recipe.generate.system_prompt
     eval_set = train.to_dataset(eval_rows, system) if eval_rows else None
     trainer = train.make_trainer(recipe, loaded.model, loaded.tokenizer, args, train.to_dataset(train_rows, system),
                                  eval_set, teacher_model)
-    before = trainer.evaluate()["eval_loss"] if eval_set is not None else None
-    log.info("held-out loss before training: %s", _fmt(before))
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    before = train.loss_before(trainer.state.log_history) if eval_set is not None else None
     after = trainer.evaluate()["eval_loss"] if eval_set is not None else None
     log.info("held-out loss after training: %s (before %s)", _fmt(after), _fmt(before))
+    saved = job.work / "final"
+    trainer.save_model(str(saved))  # every rank: gathers FSDP / ZeRO-3 shards; the main process writes
+    trainer.accelerator.wait_for_everyone()
     data = {"train_examples": len(train_rows), "held_out_examples": len(eval_rows),
-            "train_response_tokens": sum(r.get("tokens", 0) for r in train_rows), "steps": trainer.state.global_step}
-    return TrainResult(trainer.model, loaded.tokenizer, before, after, train.loss_curve(trainer.state.log_history, before),
-                       plan, optimizer, data, time.perf_counter() - start, int(trainer.state.num_input_tokens_seen or 0))
+            "train_response_tokens": sum(r.get("tokens", 0) for r in train_rows), "steps": trainer.state.global_step,
+            "resumed_from_step": int(resume_from.name.split("-")[-1]) if resume_from else 0}
+    result = TrainResult(saved, before, after, train.loss_curve(trainer.state.log_history, before), plan, optimizer,
+                         data, time.perf_counter() - start, int(trainer.state.num_input_tokens_seen or 0))
+    del trainer, loaded, teacher_model
+    release_memory()
+    return result
+
+
+def release_memory() -> None:
+    """Free what the trainer held before the merge loads the weights again."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _fmt(value: float | None) -> str:
@@ -252,14 +371,15 @@ def build_report(recipe: RecoverRecipe, job: RecoverJob, student: ModelSource, t
 
 def save_outputs(recipe: RecoverRecipe, job: RecoverJob, student: ModelSource, result: TrainResult,
                  report: dict[str, Any]) -> None:
-    """Merged safetensors model, adapter, report, loss curve and the data, all at once."""
+    """Merged safetensors model, adapter, report, loss curve and the data, all at once (main process only)."""
     with atomic_output_dir(job.output, job.overwrite) as tmp:
-        model = result.model
-        if recipe.uses_lora():
-            model.save_pretrained(tmp / "adapter", safe_serialization=True)
-            model = merged_model(recipe, model, student, job.settings, tmp / "adapter")
+        model = merged_model(recipe, student, job.settings, result.saved)
         model.save_pretrained(tmp, safe_serialization=True, max_shard_size=job.settings.max_shard_size)
-        copy_tokenizer_files(student, tmp, result.tokenizer)
+        if recipe.uses_lora():
+            (tmp / "adapter").mkdir()
+            for name in ("adapter_config.json", "adapter_model.safetensors"):
+                shutil.copy2(result.saved / name, tmp / "adapter" / name)
+        copy_tokenizer_files(student, tmp, load_tokenizer(student, job.settings))
         if (Path(student.location) / PRUNE_REPORT).is_file():
             shutil.copy2(Path(student.location) / PRUNE_REPORT, tmp / PRUNE_REPORT)
         (tmp / "data").mkdir()
@@ -270,11 +390,13 @@ def save_outputs(recipe: RecoverRecipe, job: RecoverJob, student: ModelSource, r
     log.info("saved %s (held-out loss %s -> %s)", job.output, _fmt(result.loss_before), _fmt(result.loss_after))
 
 
-def merged_model(recipe: RecoverRecipe, model: Any, student: ModelSource, settings: RunSettings, adapter: Path) -> Any:
-    """The adapter merged into the weights (QLoRA: into a bf16 reload of the base, not the 4-bit one)."""
-    if recipe.method != "qlora":
-        return model.merge_and_unload()
+def merged_model(recipe: RecoverRecipe, student: ModelSource, settings: RunSettings, saved: Path) -> Any:
+    """The trained model from what the trainer saved (gathered from every rank): the full weights as they are, or
+    the adapter merged into a fresh load of the student (QLoRA: a bf16 load, not the 4-bit one)."""
+    if not recipe.uses_lora():
+        return load_model(str(saved), settings).model
     from peft import PeftModel
 
-    base = load_model(student, settings.model_copy(update={"dtype": "bfloat16"})).model
-    return PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+    dtype = {"dtype": "bfloat16"} if recipe.method == "qlora" else {}
+    base = load_model(student, settings.model_copy(update=dtype)).model
+    return PeftModel.from_pretrained(base, str(saved)).merge_and_unload()

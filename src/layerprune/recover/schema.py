@@ -35,6 +35,9 @@ class GenerationSection(Section):
     max_new_tokens: int = Field(512, ge=1, description="Longest teacher response in tokens")
     batch_size: int = Field(16, ge=1, description="Prompts per generation batch")
     backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend: hf (transformers) or vllm")
+    vllm_gpu_memory: float = Field(
+        0.5, gt=0, le=0.95, description="vLLM's share of GPU memory (the engine is shut down before training)"
+    )
     filter: Literal["none", "correct"] = Field(
         "none", description="Keep every response (none) or only those whose final number is right (correct)"
     )

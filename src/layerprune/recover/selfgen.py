@@ -102,42 +102,119 @@ def render_prompt(tokenizer: Any, prompt: str, system_prompt: str | None) -> str
 
 
 def done_ids(path: Path) -> set[str]:
-    """Ids of prompts already answered in a responses file."""
-    return {row["id"] for row in iter_jsonl(path) if "id" in row}
+    """Ids of prompts already answered in a responses file or in any rank's shard file next to it."""
+    return {row["id"] for file in [path, *shard_files(path)] for row in iter_jsonl(file) if "id" in row}
+
+
+def shard_path(path: Path, rank: int) -> Path:
+    """Where one rank of a multi-process run appends its answers before the main process merges them."""
+    return path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+
+
+def shard_files(path: Path) -> list[Path]:
+    return sorted(path.parent.glob(f"{path.stem}.rank*{path.suffix}"))
+
+
+def merge_shards(path: Path) -> None:
+    """Append the ranks' answers to the responses file (each id once), then delete the shard files."""
+    for shard in shard_files(path):
+        done = {row["id"] for row in iter_jsonl(path) if "id" in row}
+        drop_torn_tail(shard)
+        _append(path, (row for row in iter_jsonl(shard) if row.get("id") not in done))
+        shard.unlink()
+
+
+def read_responses(path: Path) -> list[dict[str, Any]]:
+    return [row for row in iter_jsonl(path) if "response" in row]
+
+
+def sampling_settings(generation_config: Any, settings: GenerationSection) -> dict[str, Any]:
+    """The sampling both backends use: the recipe's temperature and top-p over the model's generation_config
+    (top_k, repetition_penalty, min_p), as Hugging Face's generate would combine them."""
+    if settings.temperature == 0:
+        return {"do_sample": False}
+    found = {name: getattr(generation_config, name, None) for name in ("top_k", "repetition_penalty", "min_p")}
+    return {"do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p,
+            **{name: value for name, value in found.items() if value is not None}}
+
+
+def prompt_seed(seed: int, ids: Iterable[str]) -> int:
+    """A seed from the run's seed and prompt ids: the same prompt samples the same way in any run."""
+    digest = hashlib.sha256(f"{seed}:{','.join(ids)}".encode()).hexdigest()
+    return int(digest[:8], 16)
 
 
 def generate_responses(model: Any, tokenizer: Any, prompts: list[Prompt], settings: GenerationSection,
-                       path: Path) -> dict[str, Any]:
-    """Answer every prompt not yet in `path`, appending one JSON line per response; return timing stats."""
-    done = done_ids(path)
+                       path: Path, seed: int = 0, engine: dict[str, Any] | None = None,
+                       done: set[str] | None = None) -> dict[str, Any]:
+    """Answer every prompt not yet in `path` (or its shard files), appending one JSON line per response.
+
+    Every prompt samples with its own seed (the run's seed and the prompt id) and batches are planned over all of
+    `prompts`, so a run resumed after an interruption writes the same responses as one that never stopped.
+    """
+    done = done_ids(path) if done is None else done
     todo = [p for p in prompts if p.id not in done]
     log.info("self-generation: %d prompts, %d already answered, %d to go", len(prompts), len(prompts) - len(todo), len(todo))
     start = time.perf_counter()
-    if todo:
-        generate = _generate_vllm if settings.backend == "vllm" else _generate_hf
-        generate(model, tokenizer, todo, settings, path)
+    if todo and settings.backend == "vllm":
+        _generate_vllm(model, tokenizer, todo, settings, path, seed, engine or {})
+    elif todo:
+        _generate_hf(model, tokenizer, prompts, done, settings, path, seed)
     return {"prompts": len(prompts), "resumed_from": len(prompts) - len(todo), "generated": len(todo),
             "seconds": round(time.perf_counter() - start, 1)}
 
 
-def _generate_hf(model: Any, tokenizer: Any, prompts: list[Prompt], settings: GenerationSection, path: Path) -> None:
+def _generate_hf(model: Any, tokenizer: Any, prompts: list[Prompt], done: set[str], settings: GenerationSection,
+                 path: Path, seed: int) -> None:
     import torch
 
     texts = {p.id: render_prompt(tokenizer, p.text, settings.system_prompt) for p in prompts}
-    ordered = sorted(prompts, key=lambda p: len(tokenizer(texts[p.id], add_special_tokens=False)["input_ids"]))
+    ordered = sorted(prompts, key=lambda p: (len(tokenizer(texts[p.id], add_special_tokens=False)["input_ids"]), p.id))
     tokenizer.padding_side = "left"
-    sampling = {"do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p} \
-        if settings.temperature > 0 else {"do_sample": False}
-    for first in range(0, len(ordered), settings.batch_size):
-        batch = ordered[first: first + settings.batch_size]
+    sampling = sampling_settings(model.generation_config, settings)
+    batches = [ordered[i: i + settings.batch_size] for i in range(0, len(ordered), settings.batch_size)]
+    for number, batch in enumerate(batches, 1):
+        if all(p.id in done for p in batch):
+            continue
         enc = tokenizer([texts[p.id] for p in batch], return_tensors="pt", padding=True, add_special_tokens=False)
         enc = enc.to(model.device)
+        seeded = [SeededSampler([prompt_seed(seed, [p.id]) for p in batch], sampling)] if sampling["do_sample"] else []
         with torch.inference_mode():
             out = model.generate(**enc, max_new_tokens=settings.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                                 **sampling)
+                                 do_sample=False, logits_processor=seeded)
         new = out[:, enc["input_ids"].shape[1]:]
-        _append(path, (_record(p, tokenizer, ids, settings) for p, ids in zip(batch, new.tolist())))
-        log.info("  answered %d/%d", min(first + settings.batch_size, len(ordered)), len(ordered))
+        _append(path, (_record(p, tokenizer, ids, settings) for p, ids in zip(batch, new.tolist()) if p.id not in done))
+        log.info("  answered batch %d/%d", number, len(batches))
+
+
+class SeededSampler:
+    """Hugging Face's sampling warpers (temperature, top-k, top-p, min-p, in generate's order) with one random
+    generator per prompt: a response does not depend on the batch it was drawn in or on the global RNG.
+    Used as a logits processor of greedy decoding: it returns the drawn token as the only possible one."""
+
+    def __init__(self, seeds: list[int], sampling: dict[str, Any]) -> None:
+        from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper,
+                                                            TopKLogitsWarper, TopPLogitsWarper)
+
+        self.seeds, self.generators = seeds, None
+        self.warpers = [TemperatureLogitsWarper(sampling["temperature"])] if sampling["temperature"] != 1.0 else []
+        if sampling.get("top_k"):
+            self.warpers.append(TopKLogitsWarper(sampling["top_k"]))
+        if sampling["top_p"] < 1.0:
+            self.warpers.append(TopPLogitsWarper(sampling["top_p"]))
+        if sampling.get("min_p") is not None:
+            self.warpers.append(MinPLogitsWarper(sampling["min_p"]))
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        if self.generators is None:
+            self.generators = [torch.Generator(scores.device).manual_seed(s) for s in self.seeds]
+        for warper in self.warpers:
+            scores = warper(input_ids, scores)
+        probs = torch.softmax(scores.float(), dim=-1)
+        drawn = torch.stack([torch.multinomial(row, 1, generator=g) for row, g in zip(probs, self.generators)])
+        return torch.full_like(scores, float("-inf")).scatter_(1, drawn, 0.0)
 
 
 def _record(prompt: Prompt, tokenizer: Any, ids: list[int], settings: GenerationSection) -> dict[str, Any]:
@@ -185,18 +262,69 @@ def check_vllm() -> None:
         raise LayerpruneError("--backend vllm needs vLLM: pip install 'layerprune[vllm]' (or use --backend hf)")
 
 
-def _generate_vllm(model: Any, tokenizer: Any, prompts: list[Prompt], settings: GenerationSection, path: Path) -> None:
+VLLM_CHUNK = 256  # prompts per llm.generate call: the responses file grows as they finish
+
+
+def vllm_engine_args(model: str, prompt_tokens: int, settings: GenerationSection, seed: int,
+                     engine: dict[str, Any]) -> dict[str, Any]:
+    """vllm.LLM's arguments: the run's dtype and seed, a context just long enough, a memory share that leaves the
+    rest of the GPU to training, and no more sequences at once than generate.batch_size allows."""
+    return {"model": model, "tokenizer": model, "dtype": engine.get("dtype", "auto"), "seed": seed,
+            "max_model_len": prompt_tokens + settings.max_new_tokens, "max_num_seqs": settings.batch_size,
+            "gpu_memory_utilization": settings.vllm_gpu_memory,
+            "tensor_parallel_size": engine.get("tensor_parallel_size", 1)}
+
+
+def vllm_sampling_args(sampling: dict[str, Any], settings: GenerationSection, seed: int) -> dict[str, Any]:
+    """vllm.SamplingParams' arguments equal to the Hugging Face path's `sampling_settings` (per-prompt seed)."""
+    if not sampling.get("do_sample"):
+        return {"temperature": 0.0, "max_tokens": settings.max_new_tokens, "seed": seed}
+    return {"temperature": sampling["temperature"], "top_p": sampling["top_p"], "top_k": sampling.get("top_k") or -1,
+            "repetition_penalty": sampling.get("repetition_penalty", 1.0), "min_p": sampling.get("min_p", 0.0),
+            "max_tokens": settings.max_new_tokens, "seed": seed}
+
+
+def _generate_vllm(model: Any, tokenizer: Any, prompts: list[Prompt], settings: GenerationSection, path: Path,
+                   seed: int, engine: dict[str, Any]) -> None:
+    from transformers import GenerationConfig
     from vllm import LLM, SamplingParams  # type: ignore[import-not-found]
 
-    llm = LLM(model=str(model), tokenizer=str(model))
-    params = SamplingParams(temperature=settings.temperature, top_p=settings.top_p, max_tokens=settings.max_new_tokens)
-    texts = [render_prompt(tokenizer, p.text, settings.system_prompt) for p in prompts]
-    for first in range(0, len(prompts), 256):  # vLLM batches internally; chunks keep the file growing
-        outputs = llm.generate(texts[first: first + 256], params)
-        rows = [{"id": p.id, "prompt": p.text, "answer": p.answer, "response": o.outputs[0].text.strip(),
-                 "tokens": len(o.outputs[0].token_ids), "truncated": o.outputs[0].finish_reason == "length"}
-                for p, o in zip(prompts[first: first + 256], outputs)]
-        _append(path, rows)
+    ids = [tokenizer(render_prompt(tokenizer, p.text, settings.system_prompt), add_special_tokens=False)["input_ids"]
+           for p in prompts]  # the template already holds the BOS: vLLM must not add a second
+    try:
+        generation_config = GenerationConfig.from_pretrained(str(model))
+    except OSError:
+        generation_config = GenerationConfig()
+    sampling = sampling_settings(generation_config, settings)
+    llm = LLM(**vllm_engine_args(str(model), max(map(len, ids)), settings, seed, engine))
+    try:
+        for first in range(0, len(prompts), VLLM_CHUNK):
+            chunk = prompts[first: first + VLLM_CHUNK]
+            params = [SamplingParams(**vllm_sampling_args(sampling, settings, prompt_seed(seed, [p.id])))
+                      for p in chunk]
+            outputs = llm.generate([{"prompt_token_ids": t} for t in ids[first: first + VLLM_CHUNK]], params)
+            _append(path, [{"id": p.id, "prompt": p.text, "answer": p.answer, "response": o.outputs[0].text.strip(),
+                            "tokens": len(o.outputs[0].token_ids), "truncated": o.outputs[0].finish_reason == "length"}
+                           for p, o in zip(chunk, outputs)])
+    finally:
+        shutdown_vllm(llm)
+
+
+def shutdown_vllm(llm: Any) -> None:
+    """Stop the engine and give its GPU memory back before training starts."""
+    import gc
+
+    engine = getattr(llm, "llm_engine", None)
+    core = getattr(engine, "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
+    del llm, engine, core
+    try:
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory  # type: ignore[import-not-found]
+
+        cleanup_dist_env_and_memory()
+    except ImportError:
+        gc.collect()
 
 
 def filter_responses(rows: list[dict[str, Any]], settings: GenerationSection) -> tuple[list[dict[str, Any]], dict[str, int]]:

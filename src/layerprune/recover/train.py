@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -57,6 +58,14 @@ def to_dataset(rows: list[dict[str, Any]], system_prompt: str | None) -> Any:
     ])
 
 
+def longest_example(tokenizer: Any, rows: list[dict[str, Any]], system_prompt: str | None) -> int:
+    """Tokens of the longest prompt + response conversation, as the trainer will see it (before truncation)."""
+    lengths = [len(tokenizer.apply_chat_template(
+        [*chat_messages(row["prompt"], system_prompt), {"role": "assistant", "content": row["response"]}],
+        tokenize=True, return_dict=False)) for row in rows]
+    return max(lengths, default=1)
+
+
 def bf16_allowed(recipe: RecoverRecipe, device: torch.device) -> bool:
     """bf16 mixed precision only where it helps (CUDA with bf16 support); say so when it is switched off."""
     if not recipe.train.bf16:
@@ -68,8 +77,13 @@ def bf16_allowed(recipe: RecoverRecipe, device: torch.device) -> bool:
 
 
 def sft_config(recipe: RecoverRecipe, output_dir: Path, device: torch.device, optimizer: str, seed: int,
-               has_eval: bool) -> Any:
-    """TRL's SFTConfig from the recipe's train section."""
+               has_eval: bool, eval_on_start: bool = True) -> Any:
+    """TRL's SFTConfig from the recipe's train section.
+
+    The held-out loss before training is the trainer's own evaluation at step 0 (`eval_on_start`: inside train(),
+    where FSDP2 has prepared the model); it is kept in the checkpoints' log history, so a resumed run does not
+    evaluate again.
+    """
     from trl import SFTConfig
 
     train = recipe.train
@@ -81,7 +95,8 @@ def sft_config(recipe: RecoverRecipe, output_dir: Path, device: torch.device, op
         gradient_accumulation_steps=train.grad_accum, num_train_epochs=train.epochs,
         max_steps=train.max_steps or -1, max_length=train.max_length, bf16=bf16_allowed(recipe, device),
         gradient_checkpointing=train.gradient_checkpointing, completion_only_loss=True, packing=False,
-        eval_strategy="steps" if has_eval else "no", eval_steps=train.eval_steps, logging_steps=train.logging_steps,
+        eval_strategy="steps" if has_eval else "no", eval_steps=train.eval_steps,
+        eval_on_start=has_eval and eval_on_start, logging_steps=train.logging_steps,
         logging_first_step=True, save_strategy="steps", save_steps=train.save_steps, save_total_limit=2,
         report_to="none", seed=seed, use_cpu=device.type == "cpu", disable_tqdm=True, dataloader_num_workers=0,
         model_init_kwargs=None, include_num_input_tokens_seen="all",
@@ -164,9 +179,18 @@ def check_finite(loss: torch.Tensor, step: int, output_dir: str) -> None:
 
 
 def last_checkpoint(directory: Path) -> Path | None:
-    """The newest checkpoint-N folder in a trainer output directory."""
-    found = [p for p in directory.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()] if directory.is_dir() else []
+    """The newest complete checkpoint-N folder in a trainer output directory (the trainer writes its
+    trainer_state.json last, so a checkpoint without one was cut off while saving)."""
+    found = [p for p in directory.glob("checkpoint-*")
+             if p.name.split("-")[-1].isdigit() and _complete(p / "trainer_state.json")] if directory.is_dir() else []
     return max(found, key=lambda p: int(p.name.split("-")[-1]), default=None)
+
+
+def _complete(state: Path) -> bool:
+    try:
+        return isinstance(json.loads(state.read_text()), dict)
+    except (OSError, ValueError):
+        return False
 
 
 class LossLogCallback(TrainerCallback):
@@ -179,6 +203,11 @@ class LossLogCallback(TrainerCallback):
                      logs.get("learning_rate", 0.0))
         if "eval_loss" in logs:
             log.info("  step %d/%d  held-out loss %.4f", state.global_step, state.max_steps, logs["eval_loss"])
+
+
+def loss_before(log_history: list[dict[str, Any]]) -> float | None:
+    """The held-out loss evaluated at step 0, before training."""
+    return next((e["eval_loss"] for e in log_history if "eval_loss" in e and e.get("step") == 0), None)
 
 
 def loss_curve(log_history: list[dict[str, Any]], before: float | None) -> dict[str, list[list[float]]]:

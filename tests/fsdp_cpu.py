@@ -1,0 +1,58 @@
+"""Run `layerprune recover` as one process of a CPU FSDP2 group (gloo), for tests: `torchrun ... fsdp_cpu.py ARGS`.
+
+accelerate turns FSDP on only for accelerator devices; on a CPU it would quietly run plain data parallel. This
+launcher lets its FSDP plugin apply to the gloo group too (FSDP2 itself runs on CPUs), and records the weights
+gathered from every rank when training ends (to $GATHERED) so a test can compare the saved model with them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+from accelerate.state import AcceleratorState, PartialState
+from accelerate.utils import DistributedType
+from transformers import TrainerCallback
+
+_init = AcceleratorState.__init__
+
+
+def _fsdp_on_cpu(self, *args, fsdp_plugin=None, **kwargs):  # type: ignore[no-untyped-def]
+    _init(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+    if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+        self.distributed_type, self.fsdp_plugin = DistributedType.FSDP, fsdp_plugin
+        PartialState._shared_state["distributed_type"] = DistributedType.FSDP  # AcceleratorState() copies it back
+
+
+class RecordGathered(TrainerCallback):
+    """At the end of training every rank joins the gather; rank 0 saves the full state dict."""
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):  # type: ignore[no-untyped-def]
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.fsdp import FSDPModule
+
+        assert any(isinstance(m, FSDPModule) for m in model.modules()), "the model was not sharded with FSDP2"
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if torch.distributed.get_rank() == 0:
+            torch.save({k: v.clone() for k, v in full.items()}, os.environ["GATHERED"])
+
+
+def main() -> int:
+    from layerprune.cli import main as cli_main
+    from layerprune.recover import train
+
+    AcceleratorState.__init__ = _fsdp_on_cpu
+    make = train.make_trainer
+
+    def make_recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
+        trainer = make(*args, **kwargs)
+        trainer.add_callback(RecordGathered())
+        return trainer
+
+    train.make_trainer = make_recorded
+    return cli_main(["recover", *sys.argv[1:]])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
