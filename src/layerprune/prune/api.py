@@ -10,7 +10,8 @@ from typing import Any, Callable
 
 from layerprune.data import resolve_data_dir
 from layerprune.errors import LayerpruneError
-from layerprune.models import LoadedModel, drop_blocks, find_decoder_stack, load_model, resolve_model
+from layerprune.models import LoadedModel, ModelSource, drop_blocks, find_decoder_stack, load_model, resolve_model
+from layerprune.models.shards import count_parameters, plan_stream, read_checkpoint
 from layerprune.models.blocks import check_block_indices
 from layerprune.models.loading import copy_tokenizer_files
 from layerprune.outputs import atomic_output_dir, check_output_dir
@@ -18,6 +19,7 @@ from layerprune.prune.calib import CalibSet, load_calibration, tokenize_calibrat
 from layerprune.prune.recipe import PruneRecipe
 from layerprune.prune.report import model_card, package_versions, plot_scores, write_report
 from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult, score_blocks
+from layerprune.prune.streaming import checkpoint_dir, describe_source, per_layer_config, save_streamed
 from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
@@ -26,9 +28,10 @@ DATA_FREE_SCORES = {"last", "random"}
 
 @dataclass
 class PruneResult:
-    """The pruned model (in memory), its report, and where it was saved (None on a dry run)."""
+    """The pruned model (in memory; None when it was streamed from the files), its report, and where it was saved
+    (None on a dry run)."""
 
-    loaded: LoadedModel
+    loaded: LoadedModel | None
     report: dict[str, Any]
     output: Path | None
 
@@ -49,11 +52,12 @@ def prune_model(
     source = resolve_model(model, settings)
     if output is not None and not dry_run:
         check_output_dir(output, overwrite, (Path(source.location),) if source.is_local else ())
+    if recipe.layers is not None or recipe.score in DATA_FREE_SCORES:
+        source_dir = checkpoint_dir(source)
+        if source_dir is not None:
+            return _prune_from_files(source, source_dir, recipe, settings, output, overwrite, dry_run, started)
     loaded = load_model(source, settings)
-    if source.kind == "local":  # the exact weights pruned (memoized; evaluate reuses the same memo)
-        from layerprune.evaluate.results import model_hash
-
-        source.identity["weights_sha256"] = model_hash(source, settings.resolved_cache_dir() / "eval")
+    _add_weights_hash(source, settings)
     depth = len(find_decoder_stack(loaded.model))
     protected = recipe.protected_blocks(depth)
     check_request(recipe, depth, protected)
@@ -63,7 +67,8 @@ def prune_model(
     calib, result, score_seconds = choose_blocks(loaded, recipe, settings, protected)
     config_before = _per_layer_config(loaded.model)
     kept = drop_blocks(loaded.model, result.drop)
-    report = build_report(loaded, recipe, settings, protected, calib, result, kept, depth, params_before)
+    report = build_report(source, recipe, settings, protected, calib, result, kept, depth, params_before,
+                          loaded.model.num_parameters())
     report["config_per_layer"] = {"before": config_before, "after": _per_layer_config(loaded.model)}
     report["timings"] = {"load_s": round(loaded.load_seconds, 2), "score_s": round(score_seconds, 2)}
     if not dry_run and output is not None:
@@ -153,9 +158,8 @@ def _per_layer_config(model: Any) -> dict[str, Any]:
     return {key: getattr(config, key) for key in keys if getattr(config, key, None) is not None}
 
 
-def build_report(loaded, recipe, settings, protected, calib, result, kept, depth, params_before) -> dict[str, Any]:  # noqa: ANN001
+def build_report(source, recipe, settings, protected, calib, result, kept, depth, params_before, params_after) -> dict[str, Any]:  # noqa: ANN001
     """Everything needed to know how the model was made."""
-    source = loaded.source
     return {
         "source": {"spec": source.spec, "location": source.location, "kind": source.kind, "identity": source.identity},
         "method": {"score": recipe.method_name, "metric": recipe.metric, "iterative": recipe.iterative,
@@ -171,21 +175,65 @@ def build_report(loaded, recipe, settings, protected, calib, result, kept, depth
         "num_blocks_before": depth,
         "num_blocks_after": len(kept),
         "params_before": params_before,
-        "params_after": loaded.model.num_parameters(),
+        "params_after": params_after,
         "versions": package_versions(),
     }
 
 
 def save_pruned(loaded: LoadedModel, report: dict[str, Any], output: Path, overwrite: bool, settings: RunSettings) -> None:
-    """Write model shards, tokenizer, report, card and chart to a temp dir, then rename it into place."""
+    """Write the pruned model: streamed from the source safetensors files (bit-exact, in their dtype) when there are
+    some, else `save_pretrained`; then tokenizer, report, card and chart; all in a temp dir renamed into place."""
+    source_dir = checkpoint_dir(loaded.source)
+    if source_dir is not None:
+        save_streamed(loaded.source, source_dir, report["dropped"], report, output, overwrite, settings, write_report_files)
+        return
     start = time.perf_counter()
     with atomic_output_dir(output, overwrite) as tmp:
         loaded.model.save_pretrained(tmp, safe_serialization=True, max_shard_size=settings.max_shard_size)
         copy_tokenizer_files(loaded.source, tmp, loaded.tokenizer)
-        title = f"{report['source']['spec'] or 'model'}: {report['method']['score']} scores, dropped {report['dropped']}"
-        if any(s is not None for s in report["scores"]):
-            plot_scores(tmp / "block_scores.png", report["scores"], report["dropped"], report["method"]["protect"], title)
-            report["scores_png"] = "block_scores.png"
+        report["saved"] = {"how": "save_pretrained of the model in memory"}
         report["timings"]["save_s"] = round(time.perf_counter() - start, 2)
-        write_report(tmp, report)
-        (tmp / "README.md").write_text(model_card(report))
+        write_report_files(tmp, report)
+
+
+def write_report_files(directory: Path, report: dict[str, Any]) -> None:
+    """Score chart, prune_report.json and model card."""
+    title = f"{report['source']['spec'] or 'model'}: {report['method']['score']} scores, dropped {report['dropped']}"
+    if any(s is not None for s in report["scores"]):
+        plot_scores(directory / "block_scores.png", report["scores"], report["dropped"], report["method"]["protect"], title)
+        report["scores_png"] = "block_scores.png"
+    write_report(directory, report)
+    (directory / "README.md").write_text(model_card(report))
+
+
+def _add_weights_hash(source: ModelSource, settings: RunSettings) -> None:
+    if source.kind == "local":  # the exact weights pruned (memoized; evaluate reuses the same memo)
+        from layerprune.evaluate.results import model_hash
+
+        source.identity["weights_sha256"] = model_hash(source, settings.resolved_cache_dir() / "eval")
+
+
+def _prune_from_files(source: ModelSource, source_dir: Path, recipe: PruneRecipe, settings: RunSettings,
+                      output: Path | None, overwrite: bool, dry_run: bool, started: float) -> PruneResult:
+    """Choose blocks by index (explicit, last, random) and stream the checkpoint: the model is never loaded."""
+    _add_weights_hash(source, settings)
+    _, config, depth, params_before = describe_source(source, settings)
+    protected = recipe.protected_blocks(depth)
+    check_request(recipe, depth, protected)
+    if recipe.layers is not None:
+        result = ScoreResult([None] * depth, sorted(recipe.layers))
+    else:
+        result = score_blocks(recipe.score, ScoreContext(
+            model=None, tokenizer=None, stack=None, batches=[], calib=CalibSet([], "none"), drop=recipe.n_drop,
+            protected=protected, seed=settings.seed, num_blocks=depth))
+    plan = plan_stream(read_checkpoint(source_dir), result.drop, depth, settings.max_shard_size)
+    log.info("plan: %s, %d -> %d blocks, streamed from %d file(s) into %d shard(s), %.2f GB (%s)", source.spec, depth,
+             len(plan.kept), len(plan.checkpoint.files), len(plan.shards), plan.total_bytes / 1e9, plan.dtypes)
+    report = build_report(source, recipe, settings, protected, None, result, plan.kept, depth, params_before,
+                          count_parameters(plan.checkpoint, list(plan.renamed)))
+    report["config_per_layer"] = {"before": per_layer_config(config), "after": per_layer_config(config, plan.kept)}
+    report["timings"] = {"load_s": 0.0, "score_s": 0.0}
+    if not dry_run and output is not None:
+        save_streamed(source, source_dir, result.drop, report, output, overwrite, settings, write_report_files)
+    report["timings"]["total_s"] = round(time.perf_counter() - started, 2)
+    return PruneResult(None, report, None if dry_run else output)
