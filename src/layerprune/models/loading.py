@@ -141,6 +141,8 @@ def load_model(
     config = _load_config(source, settings)
     check_decoder_only(config, source.spec)
     tokenizer = load_tokenizer(source, settings)
+    if settings.device_map and "device_map" not in kwargs:  # accelerate places the blocks over the devices
+        kwargs.update(device_map=settings.device_map, max_memory=settings.resolved_max_memory())
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source.location,
@@ -154,7 +156,8 @@ def load_model(
         raise
     except Exception as exc:
         raise LayerpruneError(f"could not load model {source.spec}: {one_line(exc)[:300]}") from exc
-    model.to(settings.resolved_device())
+    if getattr(model, "hf_device_map", None) is None:
+        model.to(settings.resolved_device())
     model.eval()
     if source.kind == "hub":
         source.identity["revision"] = getattr(model.config, "_commit_hash", None)

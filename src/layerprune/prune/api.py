@@ -49,13 +49,21 @@ def prune_model(
     started = time.perf_counter()
     if recipe.layers is None:
         SCORES.get(recipe.score)  # an unknown name fails before any loading
+        if settings.block_major:
+            from layerprune.prune.blockwise import check_blockwise
+
+            check_blockwise(recipe.score, recipe.metric, recipe.iterative)
+    if dry_run and model is not None and _config_only(Path(str(model)).expanduser()):
+        return PruneResult(None, plan_only(Path(str(model)).expanduser(), recipe, settings), None)
     source = resolve_model(model, settings)
     if output is not None and not dry_run:
         check_output_dir(output, overwrite, (Path(source.location),) if source.is_local else ())
-    if recipe.layers is not None or recipe.score in DATA_FREE_SCORES:
+    if recipe.layers is not None or recipe.score in DATA_FREE_SCORES or settings.block_major:
         source_dir = checkpoint_dir(source)
         if source_dir is not None:
             return _prune_from_files(source, source_dir, recipe, settings, output, overwrite, dry_run, started)
+        if settings.block_major:
+            raise LayerpruneError(f"--block-major reads the safetensors files, and {source.spec} has none")
     loaded = load_model(source, settings)
     _add_weights_hash(source, settings)
     depth = len(find_decoder_stack(loaded.model))
@@ -220,20 +228,64 @@ def _prune_from_files(source: ModelSource, source_dir: Path, recipe: PruneRecipe
     _, config, depth, params_before = describe_source(source, settings)
     protected = recipe.protected_blocks(depth)
     check_request(recipe, depth, protected)
+    calib, score_seconds = None, 0.0
     if recipe.layers is not None:
         result = ScoreResult([None] * depth, sorted(recipe.layers))
-    else:
+    elif recipe.score in DATA_FREE_SCORES:
         result = score_blocks(recipe.score, ScoreContext(
             model=None, tokenizer=None, stack=None, batches=[], calib=CalibSet([], "none"), drop=recipe.n_drop,
             protected=protected, seed=settings.seed, num_blocks=depth))
+    else:
+        calib, result, score_seconds = _score_block_major(source, source_dir, config, recipe, settings, protected)
     plan = plan_stream(read_checkpoint(source_dir), result.drop, depth, settings.max_shard_size)
     log.info("plan: %s, %d -> %d blocks, streamed from %d file(s) into %d shard(s), %.2f GB (%s)", source.spec, depth,
              len(plan.kept), len(plan.checkpoint.files), len(plan.shards), plan.total_bytes / 1e9, plan.dtypes)
-    report = build_report(source, recipe, settings, protected, None, result, plan.kept, depth, params_before,
+    report = build_report(source, recipe, settings, protected, calib, result, plan.kept, depth, params_before,
                           count_parameters(plan.checkpoint, list(plan.renamed)))
     report["config_per_layer"] = {"before": per_layer_config(config), "after": per_layer_config(config, plan.kept)}
-    report["timings"] = {"load_s": 0.0, "score_s": 0.0}
+    report["timings"] = {"load_s": 0.0, "score_s": round(score_seconds, 2)}
     if not dry_run and output is not None:
         save_streamed(source, source_dir, result.drop, report, output, overwrite, settings, write_report_files)
     report["timings"]["total_s"] = round(time.perf_counter() - started, 2)
     return PruneResult(None, report, None if dry_run else output)
+
+
+def _score_block_major(source: ModelSource, source_dir: Path, config: Any, recipe: PruneRecipe, settings: RunSettings,
+                       protected: list[int]) -> tuple[CalibSet, ScoreResult, float]:
+    """Score one block at a time from the files; print the memory plan first."""
+    from layerprune.models.blockwise import load_skeleton
+    from layerprune.models.loading import load_tokenizer
+    from layerprune.prune.blockwise import plan_for, score_blockwise
+
+    calib = load_calibration(recipe.calib, recipe.calib_samples, settings.seed, resolve_data_dir(recipe.data_dir))
+    batches = tokenize_calibration(calib, load_tokenizer(source, settings), recipe.calib_seq_len, recipe.batch_size)
+    plan = plan_for(config, recipe.score, batches, settings.resolved_dtype(), recipe.n_drop)
+    for line in ["block-major plan:", *plan.lines()]:
+        log.info(line)
+    start = time.perf_counter()
+    bw = load_skeleton(source_dir, config, settings.resolved_device(), settings.resolved_dtype())
+    with _progress_bar(f"scoring {len(bw)} blocks block-major ({recipe.score})") as progress:
+        result = score_blockwise(recipe.score, bw, batches, recipe.n_drop, protected, recipe.metric, recipe.iterative, progress)
+    result.details["memory_plan"] = {**vars(plan), "peak_bytes": plan.peak_bytes}
+    return calib, result, time.perf_counter() - start
+
+
+def _config_only(path: Path) -> bool:
+    return (path / "config.json").is_file() and not any(path.glob("*.safetensors")) and not any(path.glob("*.bin"))
+
+
+def plan_only(directory: Path, recipe: PruneRecipe, settings: RunSettings) -> dict[str, Any]:
+    """`--dry-run` on a directory holding only a config.json: the block-major memory plan, from the config alone."""
+    from transformers import AutoConfig
+
+    from layerprune.models.blockwise import memory_plan
+    from layerprune.prune.blockwise import live_states
+
+    config = AutoConfig.from_pretrained(directory)
+    depth = (config.get_text_config() if hasattr(config, "get_text_config") else config).num_hidden_layers
+    score = "ablation" if recipe.layers is not None else recipe.score
+    plan = memory_plan(config, recipe.calib_samples * recipe.calib_seq_len, (recipe.batch_size, recipe.calib_seq_len),
+                       settings.resolved_dtype(), live_states(score, depth, recipe.n_drop))
+    lines = [f"block-major plan for {directory} ({depth} blocks, {str(settings.resolved_dtype()).removeprefix('torch.')}, "
+             f"{score}, {recipe.calib_samples} x {recipe.calib_seq_len} calibration tokens at most):", *plan.lines()]
+    return {"plan_only": True, "plan_lines": lines, "memory_plan": {**vars(plan), "peak_bytes": plan.peak_bytes}}

@@ -85,8 +85,8 @@ def run_blocks(stack: DecoderStack, inputs: BlockInputs, hidden: torch.Tensor, b
 def nll_sum(stack: DecoderStack, hidden: torch.Tensor, batch: CalibBatch) -> tuple[torch.Tensor, int]:
     """Summed next-token NLL over the scored positions; logits are computed only where needed."""
     mask = batch.loss_mask[:, 1:].bool()
-    targets = batch.input_ids[:, 1:][mask]
-    logits = stack.logits(hidden[:, :-1][mask])
+    logits = stack.logits(hidden[:, :-1][mask.to(hidden.device)])  # blocks may sit on several devices
+    targets = batch.input_ids[:, 1:][mask].to(logits.device)
     return F.cross_entropy(logits.float(), targets, reduction="sum"), int(targets.numel())
 
 
@@ -106,14 +106,14 @@ def greedy_match(stack: DecoderStack, hidden: torch.Tensor, batch: CalibBatch, s
     Teacher-forced: the argmax before every answer token must be that token, and (where `needs_stop`) the
     argmax after the last one must be in `stops` (a bool mask over the vocabulary). One pass, no decoding.
     """
-    mask = batch.loss_mask[:, 1:].bool()
-    rows = mask.nonzero()[:, 0]
-    hits = stack.logits(hidden[:, :-1][mask]).argmax(-1) == batch.input_ids[:, 1:][mask]
-    misses = torch.zeros(mask.shape[0], device=hidden.device).index_add_(0, rows, (~hits).float())
+    mask = batch.loss_mask[:, 1:].bool().to(hidden.device)
+    predicted = stack.logits(hidden[:, :-1][mask]).argmax(-1)
+    hits = predicted == batch.input_ids[:, 1:].to(hidden.device)[mask].to(predicted.device)
+    misses = torch.zeros(mask.shape[0], device=hits.device).index_add_(0, mask.nonzero()[:, 0].to(hits.device), (~hits).float())
     positions = torch.arange(mask.shape[1] + 1, device=hidden.device)
-    last = (batch.loss_mask.bool() * positions).argmax(1)
+    last = (batch.loss_mask.to(hidden.device).bool() * positions).argmax(1)
     after = stack.logits(hidden[torch.arange(hidden.shape[0], device=hidden.device), last]).argmax(-1)
-    return (misses == 0) & (stops.to(after.device)[after] | ~needs_stop.to(after.device))
+    return (misses.to(after.device) == 0) & (stops.to(after.device)[after] | ~needs_stop.to(after.device))
 
 
 FINAL = -1  # key of the last kept block's output in `prefix_states`
@@ -164,7 +164,7 @@ def _stacked_losses(stack: DecoderStack, inputs: BlockInputs, kept: Sequence[int
             active = _run_stacked(stack, inputs, index, active, len(order))
         if index in wanted:  # skipping `index`: its output is its input
             order.append(index)
-            active = states[index] if active is None else torch.cat([active, states[index]])
+            active = states[index] if active is None else torch.cat([active, states[index].to(active.device)])
     assert active is not None
     finals = active.chunk(len(order))
     return {c: measure(stack, final, inputs.batch) for c, final in zip(order, finals)}
