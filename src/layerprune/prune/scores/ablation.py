@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import weakref
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -174,8 +175,21 @@ def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, s
         enc = tokenizer(prompts, return_tensors="pt", padding=True).to(model.device)
     finally:
         tokenizer.padding_side = side
-    stopping = {"stop_strings": stop_strings, "tokenizer": tokenizer} if stop_strings else {}
+    stopping = {"stopping_criteria": _stop_criteria(tokenizer, tuple(stop_strings))} if stop_strings else {}
     with torch.inference_mode():
         out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id,
                              temperature=None, top_p=None, top_k=None, **stopping)
     return tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+_CRITERIA: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _stop_criteria(tokenizer, stops: tuple[str, ...]):  # noqa: ANN001, ANN202
+    """Stop-string criteria, built once per tokenizer and stops (building one walks the whole vocabulary)."""
+    from transformers import StopStringCriteria, StoppingCriteriaList
+
+    built = _CRITERIA.setdefault(tokenizer, {})
+    if stops not in built:
+        built[stops] = StoppingCriteriaList([StopStringCriteria(tokenizer, list(stops))])
+    return built[stops]
