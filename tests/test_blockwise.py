@@ -89,3 +89,24 @@ def test_dry_run_on_a_config_alone_prints_the_plan(capsys, tmp_path):
     assert code == 0, err
     assert "80 blocks" in out and "whole model 131.42 GiB" in out and "x 82 alive" in out
     assert json.loads((tmp_path / "config.json").read_text())["num_hidden_layers"] == 80
+
+
+def test_device_map_auto_loads_through_accelerate_and_scores_the_same(tiny_llama, monkeypatch):
+    recipe = PruneRecipe(drop=2, score="ablation", calib="arithmetic", calib_samples=6, batch_size=4, calib_seq_len=64)
+    plain = prune_model(str(tiny_llama), recipe, dry_run=True)
+    calls, load = [], AutoModelForCausalLM.from_pretrained
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(kwargs)
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", spy)
+    mapped = prune_model(str(tiny_llama), recipe, RunSettings(device_map="auto", max_memory=["cpu=1GiB"]), dry_run=True)
+    assert calls[0]["device_map"] == "auto" and calls[0]["max_memory"]["cpu"] in ("1GiB", 1 << 30)
+    assert mapped.report["scores"] == pytest.approx(plain.report["scores"], rel=1e-5, abs=1e-6)
+
+
+def test_max_memory_must_be_device_equals_size(capsys, tiny_llama):
+    code, _, err = run_cli(capsys, ["prune", "--model", str(tiny_llama), "--dry-run", "--drop", "1", "--device-map",
+                                    "auto", "--max-memory", "cpu:1GiB"])
+    assert_one_line_error(code, err, "DEVICE=SIZE")
