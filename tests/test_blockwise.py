@@ -110,3 +110,10 @@ def test_max_memory_must_be_device_equals_size(capsys, tiny_llama):
     code, _, err = run_cli(capsys, ["prune", "--model", str(tiny_llama), "--dry-run", "--drop", "1", "--device-map",
                                     "auto", "--max-memory", "cpu:1GiB"])
     assert_one_line_error(code, err, "DEVICE=SIZE")
+
+
+def test_memory_plan_counts_a_tied_head_once():
+    config = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    plan = memory_plan(config, tokens=10, batch_shape=(1, 10), dtype=torch.float32, states=4)
+    assert plan.resident_bytes == 4 * (1000 * 64 + 64)

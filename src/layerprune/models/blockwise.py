@@ -41,7 +41,9 @@ def empty_model(config: Any, dtype: torch.dtype | None = None) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     with init_empty_weights(include_buffers=False):
-        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.tie_weights()  # a tied head is not tied on the meta device until asked
+    return model
 
 
 def load_skeleton(directory: Path, config: Any, device: torch.device, dtype: torch.dtype) -> BlockwiseModel:
