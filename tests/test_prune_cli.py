@@ -185,7 +185,10 @@ def test_full_disk_during_save_leaves_nothing(capsys, model_copy, tmp_path, monk
         Path(filename).write_bytes(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
 
+    import safetensors.torch
+
     monkeypatch.setattr(modeling_utils, "safe_save_file", no_space)
+    monkeypatch.setattr(safetensors.torch, "save_file", no_space)  # the streamed save
     code, _, err = run_cli(capsys, prune_args(model_copy, tmp_path / "out", "--drop", "1"))
     assert_one_line_error(code, err, "no space left")
     assert not (tmp_path / "out").exists()

@@ -27,6 +27,16 @@ class RunSettings(BaseModel):
     )
     max_shard_size: str = Field("2GB", description="Largest safetensors shard when saving")
     seed: int = Field(0, description="Random seed")
+    device_map: str | None = Field(
+        None, description="Spread the model over GPUs and CPU with accelerate: auto, balanced, balanced_low_0, sequential"
+    )
+    max_memory: list[str] | None = Field(
+        None, description="Memory per device for --device-map, comma-separated DEVICE=SIZE (e.g. 0=70GiB,1=70GiB,cpu=200GiB)"
+    )
+    block_major: bool = Field(
+        False, description="prune: score one decoder block at a time, loaded from the safetensors files (models that fit "
+        "nowhere whole; ablation with nll, block-influence, angular)"
+    )
     allow_pickle: bool = Field(False, description="Allow checkpoints stored only as pickle .bin files")
     trust_remote_code: bool = Field(False, description="Run model code shipped with a hub checkpoint")
 
@@ -43,6 +53,21 @@ class RunSettings(BaseModel):
         if self.dtype == "auto":
             return torch.bfloat16 if self.resolved_device().type == "cuda" else torch.float32
         return getattr(torch, self.dtype)
+
+    def resolved_max_memory(self) -> dict[int | str, str] | None:
+        """--max-memory as accelerate wants it: {0: '70GiB', 'cpu': '200GiB'}."""
+        if not self.max_memory:
+            return None
+        from layerprune.errors import LayerpruneError
+
+        memory: dict[int | str, str] = {}
+        for entry in self.max_memory:
+            device, sep, size = entry.partition("=")
+            if not sep or not size.strip():
+                raise LayerpruneError(f"--max-memory entry '{entry}' is not DEVICE=SIZE (e.g. 0=70GiB or cpu=200GiB)")
+            device = device.strip()
+            memory[int(device) if device.isdigit() else device] = size.strip()
+        return memory
 
     def resolved_cache_dir(self) -> Path:
         if self.cache_dir is not None:

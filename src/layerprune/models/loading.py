@@ -144,6 +144,8 @@ def load_model(
     check_decoder_only(config, source.spec)
     stored = checkpoint_dtype(config, Path(source.location) if source.is_local else None)
     tokenizer = load_tokenizer(source, settings)
+    if settings.device_map and "device_map" not in kwargs:  # accelerate places the blocks over the devices
+        kwargs.update(device_map=settings.device_map, max_memory=settings.resolved_max_memory())
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source.location,
@@ -157,7 +159,8 @@ def load_model(
         raise
     except Exception as exc:
         raise LayerpruneError(f"could not load model {source.spec}: {one_line(exc)[:300]}") from exc
-    model.to(settings.resolved_device())
+    if getattr(model, "hf_device_map", None) is None:
+        model.to(settings.resolved_device())
     model.eval()
     if source.kind == "hub":
         source.identity["revision"] = getattr(model.config, "_commit_hash", None)

@@ -143,20 +143,27 @@ def skip_reference_logits(model: nn.Module, input_ids: torch.Tensor, attention_m
             handle.remove()
 
 
+def check_config_builds(model: nn.Module) -> nn.Module:
+    """The model class built from `model`'s (new) config on the meta device; one line when the family refuses it."""
+    try:
+        with torch.device("meta"):
+            return type(model)(model.config)
+    except Exception as exc:  # the family's own checks of its config, in many exception types
+        raise LayerpruneError(f"surgery check failed: the new config does not build a {type(model).__name__}: "
+                              f"{one_line(exc)[:300]}; nothing was written") from exc
+
+
 def check_config_matches_weights(model: nn.Module, shapes: dict[str, tuple[int, ...]] | None = None) -> int:
     """Build the model class from its (new) config on the meta device: same state-dict keys and shapes.
 
     `shapes` (name -> shape) are the weights to be written; by default `model`'s own state dict (a streaming
     writer passes what it will write, and `model` may then live on the meta device).
     """
-    try:
-        with torch.device("meta"):
-            fresh = type(model)(model.config)
-    except Exception as exc:  # the family's own checks of its config, in many exception types
-        raise LayerpruneError(f"surgery check failed: the new config does not build a {type(model).__name__}: "
-                              f"{one_line(exc)[:300]}; nothing was written") from exc
+    fresh = check_config_builds(model)
     expected = {name: tuple(t.shape) for name, t in fresh.state_dict().items()}
     actual = shapes if shapes is not None else {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if shapes is not None:  # files hold a tied tensor once (e.g. lm_head.weight = embed_tokens.weight)
+        expected = {name: shape for name, shape in expected.items() if name in actual or not _tied_to(fresh, name, actual)}
     missing, unexpected = sorted(set(expected) - set(actual)), sorted(set(actual) - set(expected))
     shapes = sorted(name for name in set(expected) & set(actual) if expected[name] != actual[name])
     if missing or unexpected or shapes:
@@ -164,6 +171,12 @@ def check_config_matches_weights(model: nn.Module, shapes: dict[str, tuple[int, 
             f"surgery check failed: the new {type(model).__name__} config expects other weights than the pruned ones "
             f"(missing {_few(missing)}, unexpected {_few(unexpected)}, other shapes {_few(shapes)}); nothing was written")
     return len(actual)
+
+
+def _tied_to(model: nn.Module, name: str, present: dict[str, Any]) -> bool:
+    """Whether `name` is the same parameter as another name that is present."""
+    params = model.state_dict(keep_vars=True)
+    return any(other in present and params[other] is params[name] for other in params if other != name)
 
 
 def _few(names: list[str]) -> str:

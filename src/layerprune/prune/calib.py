@@ -162,3 +162,40 @@ def extract_last_number(text: str) -> str | None:
         text = text.split("####")[-1]
     numbers = re.findall(r"-?\d[\d,]*(?:\.\d+)?", text)
     return numbers[-1].replace(",", "").rstrip(".") if numbers else None
+
+
+def is_short_answer(item: CalibItem) -> bool:
+    """An item whose whole answer is the expected string: greedy exact match can be decided teacher-forced."""
+    return item.answer is not None and item.expected is not None and item.answer.strip() == item.expected
+
+
+@dataclass
+class AnswerBatch:
+    """Prompt+answer rows (answer tokens scored) for teacher-forced exact match, and which items they are."""
+
+    batch: CalibBatch
+    needs_stop: torch.Tensor  # the answer is shorter than the decode budget: a stop must follow it
+    fits: torch.Tensor  # the answer fits in the decode budget at all
+    items: list[int]
+
+
+def answer_batches(items: list[CalibItem], tokenizer, batch_size: int, max_new_tokens: int) -> list[AnswerBatch]:  # noqa: ANN001
+    """Right-padded batches of short-answer items, sorted by length, untruncated."""
+    encoded = sorted(((len(e[0]), i, e) for i, e in enumerate(_encode(item, tokenizer, 1 << 30) for item in items)))
+    batches = []
+    for start in range(0, len(encoded), batch_size):
+        chunk = encoded[start : start + batch_size]
+        answer_lengths = torch.tensor([int(e[1].sum()) for _, _, e in chunk])
+        batches.append(AnswerBatch(_collate([e for _, _, e in chunk], tokenizer.pad_token_id),
+                                   answer_lengths < max_new_tokens, answer_lengths <= max_new_tokens, [i for _, i, _ in chunk]))
+    return batches
+
+
+def stop_token_mask(tokenizer, stop: str, size: int, end_ids: list[int]) -> torch.Tensor:  # noqa: ANN001
+    """Over a vocabulary of `size`: tokens that end a greedy answer, i.e. whose text starts with `stop` (after
+    spaces) or that end the sequence (`end_ids`)."""
+    texts = tokenizer.batch_decode([[i] for i in range(min(size, len(tokenizer)))])
+    mask = torch.zeros(size, dtype=torch.bool)
+    mask[: len(texts)] = torch.tensor([text.lstrip(" \t").startswith(stop) for text in texts])
+    mask[[i for i in end_ids if 0 <= i < size]] = True
+    return mask

@@ -16,7 +16,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="Hub id, local directory, .gguf file, or embedded[:NAME] (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--output", type=Path, default=None, help="Output directory (default: runs/<model>-<score>-drop<N>)")
     parser.add_argument("--overwrite", action="store_true", help="Replace an existing output directory")
-    parser.add_argument("--dry-run", action="store_true", help="Score and print the plan; write nothing")
+    parser.add_argument("--dry-run", action="store_true", help="Score and print the plan; write nothing (a directory "
+                        "with only a config.json: print the block-major memory plan)")
     parser.add_argument("--json", action="store_true", help="Print the report as JSON at the end")
     add_schema_args(parser, PruneRecipe, group="what to prune")
     add_schema_args(parser, RunSettings, group="how to run")
@@ -41,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_summary(report: dict, output: Path | None) -> None:
+    if report.get("plan_only"):  # --dry-run on a config without weights
+        print("\n".join(report["plan_lines"]))
+        return
     scores = report["scores"]
     if any(s is not None for s in scores):
         print("block scores (higher = more important):")

@@ -7,7 +7,7 @@ so every candidate starts from the cached input of the block it removes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -85,8 +85,8 @@ def run_blocks(stack: DecoderStack, inputs: BlockInputs, hidden: torch.Tensor, b
 def nll_sum(stack: DecoderStack, hidden: torch.Tensor, batch: CalibBatch) -> tuple[torch.Tensor, int]:
     """Summed next-token NLL over the scored positions; logits are computed only where needed."""
     mask = batch.loss_mask[:, 1:].bool()
-    targets = batch.input_ids[:, 1:][mask]
-    logits = stack.logits(hidden[:, :-1][mask])
+    logits = stack.logits(hidden[:, :-1][mask.to(hidden.device)])  # blocks may sit on several devices
+    targets = batch.input_ids[:, 1:][mask].to(logits.device)
     return F.cross_entropy(logits.float(), targets, reduction="sum"), int(targets.numel())
 
 
@@ -94,6 +94,26 @@ def masked_nll(stack: DecoderStack, hidden: torch.Tensor, batch: CalibBatch) -> 
     """`nll_sum` as a plain float."""
     total, count = nll_sum(stack, hidden, batch)
     return float(total), count
+
+
+Measure = Callable[[DecoderStack, torch.Tensor, CalibBatch], Any]
+
+
+def greedy_match(stack: DecoderStack, hidden: torch.Tensor, batch: CalibBatch, stops: torch.Tensor,
+                 needs_stop: torch.Tensor) -> torch.Tensor:
+    """Per row: would greedy decoding emit exactly the scored (answer) tokens, then a stop token?
+
+    Teacher-forced: the argmax before every answer token must be that token, and (where `needs_stop`) the
+    argmax after the last one must be in `stops` (a bool mask over the vocabulary). One pass, no decoding.
+    """
+    mask = batch.loss_mask[:, 1:].bool().to(hidden.device)
+    predicted = stack.logits(hidden[:, :-1][mask]).argmax(-1)
+    hits = predicted == batch.input_ids[:, 1:].to(hidden.device)[mask].to(predicted.device)
+    misses = torch.zeros(mask.shape[0], device=hits.device).index_add_(0, mask.nonzero()[:, 0].to(hits.device), (~hits).float())
+    positions = torch.arange(mask.shape[1] + 1, device=hidden.device)
+    last = (batch.loss_mask.to(hidden.device).bool() * positions).argmax(1)
+    after = stack.logits(hidden[torch.arange(hidden.shape[0], device=hidden.device), last]).argmax(-1)
+    return (misses.to(after.device) == 0) & (stops.to(after.device)[after] | ~needs_stop.to(after.device))
 
 
 FINAL = -1  # key of the last kept block's output in `prefix_states`
@@ -114,9 +134,10 @@ def prefix_states(stack: DecoderStack, inputs: BlockInputs, kept: Sequence[int])
 
 def candidate_losses(
     stack: DecoderStack, inputs: BlockInputs, kept: Sequence[int], candidates: Sequence[int],
-    states: dict[int, torch.Tensor] | None = None, group: int = 0,
-) -> dict[int, tuple[float, int]]:
-    """NLL (sum, count) of the `kept` model with each candidate removed, from the shared prefix.
+    states: dict[int, torch.Tensor] | None = None, group: int = 0, measure: Measure | None = None,
+) -> dict[int, Any]:
+    """NLL (sum, count) of the `kept` model with each candidate removed, from the shared prefix (or what
+    `measure(stack, final_hidden, batch)` returns instead).
 
     Candidates advance together, block by block: the ones already skipped are stacked along the batch axis, so
     each kept block runs once per step on a bigger batch instead of once per candidate. `group` caps how many are
@@ -128,12 +149,12 @@ def candidate_losses(
     size = group if group > 0 else max(len(ordered), 1)
     losses: dict[int, tuple[float, int]] = {}
     for start in range(0, len(ordered), size):
-        losses.update(_stacked_losses(stack, inputs, kept, ordered[start : start + size], states))
+        losses.update(_stacked_losses(stack, inputs, kept, ordered[start : start + size], states, measure or masked_nll))
     return losses
 
 
 def _stacked_losses(stack: DecoderStack, inputs: BlockInputs, kept: Sequence[int], candidates: Sequence[int],
-                    states: dict[int, torch.Tensor]) -> dict[int, tuple[float, int]]:
+                    states: dict[int, torch.Tensor], measure: Measure) -> dict[int, Any]:
     """`candidate_losses` for one group of candidates, all stacked."""
     wanted = set(candidates)
     order: list[int] = []
@@ -143,10 +164,10 @@ def _stacked_losses(stack: DecoderStack, inputs: BlockInputs, kept: Sequence[int
             active = _run_stacked(stack, inputs, index, active, len(order))
         if index in wanted:  # skipping `index`: its output is its input
             order.append(index)
-            active = states[index] if active is None else torch.cat([active, states[index]])
+            active = states[index] if active is None else torch.cat([active, states[index].to(active.device)])
     assert active is not None
     finals = active.chunk(len(order))
-    return {c: masked_nll(stack, final, inputs.batch) for c, final in zip(order, finals)}
+    return {c: measure(stack, final, inputs.batch) for c, final in zip(order, finals)}
 
 
 def _run_stacked(stack: DecoderStack, inputs: BlockInputs, index: int, hidden: torch.Tensor, copies: int) -> torch.Tensor:

@@ -10,8 +10,8 @@ import torch
 
 def token_cosine(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Cosine similarity of two [batch, seq, hidden] states at the unmasked tokens (a flat vector)."""
-    keep = mask.bool()
-    return torch.nn.functional.cosine_similarity(a[keep].float(), b[keep].float(), dim=-1)
+    keep = mask.bool().to(a.device)
+    return torch.nn.functional.cosine_similarity(a[keep].float(), b.to(a.device)[keep].float(), dim=-1)
 
 
 def last_token_mask(mask: torch.Tensor) -> torch.Tensor:

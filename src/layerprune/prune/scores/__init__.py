@@ -32,10 +32,11 @@ class ScoreContext:
     stack_candidates: int = 1  # ablation: candidates stacked per pass (0: all)
     angular_tokens: str = "last"  # angular: the last token of each sequence (Gromov et al.) or all tokens
     progress: Callable[[str, int], Any] | None = None
+    num_blocks: int | None = None  # depth without a model (scores that need only the block count)
 
     @property
     def depth(self) -> int:
-        return len(self.stack)
+        return self.num_blocks if self.num_blocks is not None else len(self.stack)
 
 
 @dataclass

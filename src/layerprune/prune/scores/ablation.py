@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import functools
+import weakref
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
 from layerprune.errors import LayerpruneError
 from layerprune.models.blocks import skipped_blocks
-from layerprune.prune.calib import CalibItem, extract_last_number
-from layerprune.prune.forward import (FINAL, BlockInputs, candidate_losses, capture_block_inputs, masked_nll,
-                                      prefix_states)
+from layerprune.prune.calib import (AnswerBatch, CalibItem, answer_batches, extract_last_number, is_short_answer,
+                                    stop_token_mask)
+from layerprune.prune.forward import (FINAL, BlockInputs, candidate_losses, capture_block_inputs, greedy_match,
+                                      masked_nll, prefix_states)
 from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult
 
 
@@ -74,40 +78,118 @@ def _add(total: list, loss: tuple[float, int]) -> None:
 def _accuracy_losses(
     ctx: ScoreContext, kept: Sequence[int], candidates: Sequence[int], cache: list
 ) -> tuple[float, dict[int, float]]:
-    """Error rate (1 - exact-match accuracy) of greedy answers with each candidate skipped."""
+    """Error rate (1 - exact-match accuracy) of greedy answers with each candidate skipped: short answers
+    teacher-forced in one pass per candidate (prefix reused), free-form ones (GSM8K) generated."""
     items = [item for item in ctx.calib.items if item.expected is not None]
     if not items:
         raise LayerpruneError("--metric accuracy needs calibration items with answers (gsm8k, arithmetic, prompt+answer JSONL)")
+    short = [item for item in items if is_short_answer(item)]
+    free = [item for item in items if not is_short_answer(item)]
+    wrong = {c: 0 for c in [-1, *candidates]}
+    if short:
+        for candidate, correct in teacher_forced_correct(ctx, short, kept, candidates, cache).items():
+            wrong[candidate] += correct.count(False)
     dropped = [i for i in range(ctx.depth) if i not in kept]
-    base = 1.0 - greedy_accuracy(ctx, items, dropped)
-    losses = {}
-    for candidate in candidates:
-        losses[candidate] = 1.0 - greedy_accuracy(ctx, items, sorted([*dropped, candidate]))
-        if ctx.progress:
-            ctx.progress("ablation", 1)
-    return base, losses
+    for candidate in wrong if free else []:
+        skip = dropped if candidate == -1 else sorted([*dropped, candidate])
+        wrong[candidate] += generated_correct(ctx, free, skip).count(False)
+    if ctx.progress:
+        ctx.progress("ablation", len(candidates))
+    rates = {c: count / len(items) for c, count in wrong.items()}
+    return rates.pop(-1), rates
 
 
-def greedy_accuracy(ctx: ScoreContext, items: list[CalibItem], skip: list[int]) -> float:
-    """Exact-match accuracy of greedy answers with `skip` blocks removed."""
-    correct = 0
+@dataclass
+class _TeacherForced:
+    """Per stop string: the answer batches, the stop-token mask and (iterative runs) the captured block inputs."""
+
+    stop: str
+    batches: list[AnswerBatch]
+    stops: torch.Tensor
+    inputs: list[BlockInputs] = field(default_factory=list)
+
+
+def teacher_forced_correct(ctx: ScoreContext, items: list[CalibItem], kept: Sequence[int], candidates: Sequence[int],
+                           cache: list | None = None) -> dict[int, list[bool]]:
+    """Per item, would greedy decoding give exactly its answer (then a stop): for the `kept` model (key -1)
+    and for it with each candidate skipped. One forward per batch, then each candidate from its prefix."""
+    cache = cache if cache is not None else []
+    if not cache:
+        cache.extend(_prepare(ctx, items, stop) for stop in sorted({item.stop for item in items}))
+    position = {id(item): n for n, item in enumerate(items)}
+    correct = {c: [False] * len(items) for c in [-1, *candidates]}
+    full = len(kept) == ctx.depth
+    with torch.inference_mode():
+        for group in cache:
+            members = [item for item in items if item.stop == group.stop]
+            for number, answers in enumerate(group.batches):
+                batch = answers.batch.to(ctx.model.device)
+                inputs = group.inputs[number] if number < len(group.inputs) else \
+                    capture_block_inputs(ctx.stack, batch, keep_hidden=full)
+                if not full and number >= len(group.inputs):
+                    group.inputs.append(inputs)
+                measure = functools.partial(greedy_match, stops=group.stops, needs_stop=answers.needs_stop)
+                states = prefix_states(ctx.stack, inputs, kept)
+                results = {-1: measure(ctx.stack, states[FINAL], batch),
+                           **candidate_losses(ctx.stack, inputs, kept, candidates, states, ctx.stack_candidates, measure)}
+                for candidate, hits in results.items():
+                    for row, index in enumerate(answers.items):
+                        correct[candidate][position[id(members[index])]] = bool(hits[row]) and bool(answers.fits[row])
+    return correct
+
+
+def _prepare(ctx: ScoreContext, items: list[CalibItem], stop: str) -> _TeacherForced:
+    members = [item for item in items if item.stop == stop]
+    end_ids = [ctx.tokenizer.eos_token_id, *_as_list(getattr(ctx.model.generation_config, "eos_token_id", None))]
+    size = ctx.stack.lm_head().weight.shape[0]
+    return _TeacherForced(stop, answer_batches(members, ctx.tokenizer, ctx.batch_size, ctx.max_new_tokens),
+                          stop_token_mask(ctx.tokenizer, stop, size, [i for i in end_ids if i is not None]))
+
+
+def _as_list(value) -> list:  # noqa: ANN001
+    return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def generated_correct(ctx: ScoreContext, items: list[CalibItem], skip: list[int]) -> list[bool]:
+    """Per item, is the greedy answer (generated until its stop string) right, with `skip` blocks removed."""
+    correct = []
     with skipped_blocks(ctx.model, skip):
         for start in range(0, len(items), ctx.batch_size):
             chunk = items[start : start + ctx.batch_size]
-            for item, text in zip(chunk, generate_greedy(ctx.model, ctx.tokenizer, [i.prompt for i in chunk], ctx.max_new_tokens)):
-                correct += extract_last_number(text.split(item.stop)[0]) == item.expected
-    return correct / len(items)
+            stops = sorted({item.stop for item in chunk})
+            texts = generate_greedy(ctx.model, ctx.tokenizer, [i.prompt for i in chunk], ctx.max_new_tokens, stops)
+            correct += [extract_last_number(text.split(item.stop)[0]) == item.expected for item, text in zip(chunk, texts)]
+    return correct
 
 
-def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int) -> list[str]:  # noqa: ANN001
-    """Batched greedy continuations (left padding), decoded without the prompt."""
+def greedy_accuracy(ctx: ScoreContext, items: list[CalibItem], skip: list[int]) -> float:
+    """Exact-match accuracy of generated greedy answers with `skip` blocks removed."""
+    return sum(generated_correct(ctx, items, skip)) / len(items)
+
+
+def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, stop_strings: list[str] | None = None) -> list[str]:  # noqa: ANN001
+    """Batched greedy continuations (left padding), decoded without the prompt; a row stops at a stop string."""
     side = tokenizer.padding_side
     tokenizer.padding_side = "left"
     try:
         enc = tokenizer(prompts, return_tensors="pt", padding=True).to(model.device)
     finally:
         tokenizer.padding_side = side
+    stopping = {"stopping_criteria": _stop_criteria(tokenizer, tuple(stop_strings))} if stop_strings else {}
     with torch.inference_mode():
-        out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=tokenizer.pad_token_id, temperature=None, top_p=None, top_k=None)
+        out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+                             temperature=None, top_p=None, top_k=None, **stopping)
     return tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+_CRITERIA: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _stop_criteria(tokenizer, stops: tuple[str, ...]):  # noqa: ANN001, ANN202
+    """Stop-string criteria, built once per tokenizer and stops (building one walks the whole vocabulary)."""
+    from transformers import StopStringCriteria, StoppingCriteriaList
+
+    built = _CRITERIA.setdefault(tokenizer, {})
+    if stops not in built:
+        built[stops] = StoppingCriteriaList([StopStringCriteria(tokenizer, list(stops))])
+    return built[stops]

@@ -1,0 +1,151 @@
+"""Streaming prune vs `cp -r` vs the in-memory path, on a random bf16 Llama-shaped checkpoint in 256 MB shards.
+
+    nice -n 10 python bench/bench_stream_prune.py [--gb 1.1] [--skip-in-memory]
+
+Each variant runs in a fresh interpreter; its peak RSS (VmHWM) is reported over an idle interpreter that made
+the same imports, and its work time excludes interpreter start and imports. Targets (issue 14): streamed peak
+RSS <= 1.5x the largest shard, streamed time <= 2x `cp -r`, every tensor bit-identical and in bf16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+CHILD = r"""
+import json, sys, time
+from pathlib import Path
+import torch
+from transformers import AutoModelForCausalLM
+from layerprune.prune.api import prune_model
+from layerprune.prune.recipe import PruneRecipe
+from layerprune.settings import RunSettings
+from layerprune.models import drop_blocks
+import layerprune.evaluate.results, transformers.models.llama.modeling_llama, safetensors.torch  # imports are not work
+mode, source, out, cache = sys.argv[1:5]
+settings = RunSettings(max_shard_size="256MB", cache_dir=Path(cache))
+start = time.perf_counter()
+if mode == "stream":
+    prune_model(source, PruneRecipe(layers=[2, 5]), settings, output=Path(out))
+elif mode == "memory":
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16)
+    drop_blocks(model, [2, 5])
+    model.save_pretrained(out, max_shard_size="256MB")
+seconds = time.perf_counter() - start
+hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")) * 1024
+print(json.dumps({"seconds": seconds, "hwm": hwm}))
+"""
+
+
+def make_checkpoint(directory: Path, gb: float) -> None:
+    """Random bf16 tensors named and shaped like a Llama (hidden 2048), written shard by shard (256 MB)."""
+    import torch
+    from huggingface_hub import split_torch_state_dict_into_shards
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny import tiny_tokenizer
+
+    per_layer = 2 * (2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 5632)
+    layers = max(4, round((gb * 1e9 - 2 * 2 * 32000 * 2048) / per_layer))
+    config = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers,
+                         num_attention_heads=16, num_key_value_heads=4, tie_word_embeddings=False, dtype="bfloat16")
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).state_dict()
+    split = split_torch_state_dict_into_shards(meta, max_shard_size="256MB")
+    gen = torch.Generator().manual_seed(0)
+    for filename, names in split.filename_to_tensors.items():
+        shard = {n: (torch.randn(meta[n].shape, generator=gen) * 0.02).to(torch.bfloat16) for n in names}
+        save_file(shard, directory / filename, metadata={"format": "pt"})
+    index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    config.save_pretrained(directory)
+    tiny_tokenizer().save_pretrained(directory)
+
+
+def run_child(mode: str, source: Path, out: Path, cache: Path) -> dict:
+    env = {"PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", CHILD, mode, str(source), str(out), str(cache)], env=env,
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def time_cp(source: Path, target: Path) -> float:
+    start = time.perf_counter()
+    subprocess.run(["cp", "-r", str(source), str(target)], check=True)
+    seconds = time.perf_counter() - start
+    shutil.rmtree(target)
+    return seconds
+
+
+def check_bits(source: Path, out: Path) -> tuple[int, set[str]]:
+    """Every output tensor equals its source tensor (renamed), byte for byte; return count and dtypes."""
+    import torch
+    from safetensors import safe_open
+
+    from layerprune.models.shards import block_prefix, read_checkpoint, rename_map
+
+    src, dst = read_checkpoint(source), read_checkpoint(out)
+    depth = json.loads((source / "config.json").read_text())["num_hidden_layers"]
+    renamed = rename_map(list(src.weight_map), block_prefix(list(src.weight_map), depth),
+                         [i for i in range(depth) if i not in (2, 5)], depth)
+    dtypes = set()
+    for old, new in renamed.items():
+        with safe_open(source / src.weight_map[old], "pt") as a, safe_open(out / dst.weight_map[new], "pt") as b:
+            x, y = a.get_tensor(old), b.get_tensor(new)
+            assert x.dtype == y.dtype and torch.equal(x.view(torch.uint8), y.view(torch.uint8)), old
+            dtypes.add(str(y.dtype))
+    assert set(dst.weight_map) == set(renamed.values())
+    return len(renamed), dtypes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gb", type=float, default=1.1, help="checkpoint size in GB (>= 1)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per variant (the median is printed)")
+    parser.add_argument("--skip-in-memory", action="store_true", help="skip the load + save_pretrained reference")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-stream-") as tmp:
+        root = Path(tmp)
+        source = root / "source"
+        source.mkdir()
+        make_checkpoint(source, args.gb)
+        shards = sorted(source.glob("*.safetensors"))
+        total, largest = sum(s.stat().st_size for s in shards), max(s.stat().st_size for s in shards)
+        print(f"checkpoint: {total / 1e9:.2f} GB bf16 in {len(shards)} shards, largest {largest / 2**20:.0f} MiB")
+        time_cp(source, root / "warm")  # page cache warm for everyone
+        idle = run_child("idle", source, root / "none", root / "cache")
+        variants = [("prune --layers, streamed, first run (sha256 of the source for the report)", "stream", "c1", 1),
+                    ("prune --layers, streamed (hash memoized)", "stream", "c1", args.repeats)]
+        if not args.skip_in_memory:
+            variants.append(("load + drop_blocks + save_pretrained (old path, bf16)", "memory", "c2", args.repeats))
+        rows = []
+        for label, mode, cache, repeats in variants:
+            pairs = []
+            for _ in range(repeats):  # cp and the variant alternate, so both see the same disk load
+                cp = time_cp(source, root / "cp")
+                out = root / "out"
+                result = run_child(mode, source, out, root / cache)
+                pairs.append((result["seconds"] / cp, result["seconds"], cp, result["hwm"] - idle["hwm"]))
+                if mode == "stream":
+                    count, dtypes = check_bits(source, out)
+                shutil.rmtree(out)
+            rows.append((label, *sorted(pairs)[len(pairs) // 2]))
+        print(f"{'variant (median of runs by ratio to cp)':76s} {'work s':>7s} {'cp -r s':>7s} {'/cp':>6s} "
+              f"{'peak RSS over idle':>18s} {'/largest shard':>14s}")
+        for label, ratio, seconds, cp, rss in rows:
+            print(f"{label:76s} {seconds:7.2f} {cp:7.2f} {ratio:6.2f} {rss / 2**20:14.0f} MiB {rss / largest:14.2f}")
+        print(f"bit-identical: {count} tensors, dtypes {sorted(dtypes)}")
+
+
+if __name__ == "__main__":
+    main()
