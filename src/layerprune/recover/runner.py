@@ -16,7 +16,8 @@ from layerprune.errors import LayerpruneError
 from layerprune.models import ModelSource, load_model, resolve_model
 from layerprune.models.loading import copy_tokenizer_files, load_tokenizer
 from layerprune.outputs import atomic_output_dir, check_output_dir
-from layerprune.recover import memory, selfgen, train
+from layerprune.recover import memory, methods, selfgen, train
+from layerprune.recover import prompts as prompt_sources
 from layerprune.recover.models import PRUNE_REPORT, materialize_student, resolve_student, teacher_spec
 from layerprune.recover.schema import RecoverRecipe
 from layerprune.settings import RunSettings
@@ -71,13 +72,14 @@ def plan_for(recipe: RecoverRecipe, config: Any, job: RecoverJob, cuda: bool) ->
     shape = memory.model_shape(config)
     dtype = job.settings.dtype
     weight_bytes = 4 if dtype == "float32" or (dtype == "auto" and not cuda) else 2
+    distil = recipe.needs_teacher_model()  # kd, opd and replace plan like kd: the teacher sits beside the student
     optimizer, plan = memory.choose_optimizer(
-        shape, recipe.method, recipe.train.optimizer, cuda, seq_len=recipe.train.max_length,
+        shape, "kd" if distil else recipe.method, recipe.train.optimizer, cuda, seq_len=recipe.train.max_length,
         batch_size=recipe.train.batch_size, weight_bytes=weight_bytes,
         lora_r=recipe.lora.r if recipe.uses_lora() else 0,
         gradient_checkpointing=recipe.train.gradient_checkpointing,
-        teacher_params=shape.params if recipe.method == "kd" else 0, budget_gb=job.memory_budget)
-    if recipe.method == "kd":
+        teacher_params=shape.params if distil else 0, budget_gb=job.memory_budget)
+    if distil:
         plan.notes.append("teacher counted at the student's size; the unpruned teacher is larger")
     return optimizer, plan
 
@@ -90,18 +92,22 @@ def recover(recipe: RecoverRecipe, job: RecoverJob) -> dict[str, Any]:
     teacher = teacher_spec(recipe, student)
     check_output_dir(job.output, job.overwrite, inputs=(Path(student.location),) if student.is_local else ())
     data_dir = resolve_data_dir(job.data_dir) if not recipe.prompts.source.endswith(".jsonl") else None
-    prompts = selfgen.load_prompts(recipe.prompts, data_dir)
+    prompts, exclusion = prompt_sources.load_prompts(recipe.prompts, data_dir)
     state = distributed_state(job.settings)
     if not state.is_main_process:  # one voice under `accelerate launch`
         logging.getLogger("layerprune").setLevel(logging.WARNING)
     with state.main_process_first():  # under `accelerate launch` the main process generates, the others reuse it
         job.work.mkdir(parents=True, exist_ok=True)
         check_fingerprint(recipe, teacher, job.work, write=state.is_main_process)
-        generation = generate(recipe, teacher, prompts, job)
+        answered = methods.generation_prompts(recipe, prompts, job.settings.seed)
+        generation = {**generate(recipe, teacher, answered, job), "exclusion": exclusion}
         student = materialize_student(recipe, student, job.settings, job.work)
-    rows = selfgen.responses_for(prompts, job.work / "responses.jsonl")
+    rows = selfgen.responses_for(answered, job.work / "responses.jsonl")
     kept, card = selfgen.filter_responses(rows, recipe.generate)
-    result = fine_tune(recipe, student, teacher, kept, job)
+    if recipe.method in methods.DISTILL_METHODS:
+        result = methods.fine_tune(recipe, student, teacher, kept, prompts, job)
+    else:
+        result = fine_tune(recipe, student, teacher, kept, job)
     report = build_report(recipe, job, student, teacher, generation, card, result, time.perf_counter() - start)
     if state.is_main_process:
         save_outputs(recipe, job, student, result, report)
