@@ -78,7 +78,7 @@ def _arm_cost(report_path: Path) -> dict[str, Any]:
         return {}
     report = json.loads(report_path.read_text())
     metrics = report["data"].get("held_out_metrics") or {}
-    after = metrics.get("after") or {}
+    after = metrics.get("after") or {"ce": report["held_out_loss"]["after"], "kl": None}  # SFT: CE on its own split
     return {"method": report["recipe"]["method"], "seconds": report["seconds"]["training"],
             "generation_seconds": report["seconds"]["generation"], "tokens": report["tokens_seen"],
             "steps": report["data"].get("steps"), "held_out_ce": after.get("ce"), "held_out_kl": after.get("kl"),
@@ -100,7 +100,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             "recovered share of the probe drop", "held-out CE / KL", "train time (s)", "tokens", "steps"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        held = "-" if r.get("held_out_ce") is None else f"{r['held_out_ce']:.3f} / {r['held_out_kl']:.3f}"
+        held = "-" if r.get("held_out_ce") is None else f"{r['held_out_ce']:.3f} / " + (
+            "-" if r.get("held_out_kl") is None else f"{r['held_out_kl']:.3f}")
         cells = [r["model"], r.get("method", "-"), _pm(r["probes"]), _pm(r["gsm8k"]), _pm(r["classification"]),
                  f"{_pct(r['retention_probes'])} / {_pct(r['retention_classification'])}", _pct(r["recovered_share"]),
                  held, "-" if r.get("seconds") is None else f"{r['seconds']:.0f}", str(r.get("tokens", "-")),
@@ -159,7 +160,8 @@ def write_study_report(study: Any, root: Path) -> Path:
              "(the first items of each task under the evaluation seed; no recovery prompt is one of them). Values are "
              "means ± one standard error. GSM8K is scored with the evaluation suite's protocol (lm-eval's gsm8k).",
              "Every arm ran the same optimizer steps on the same prompts; train time excludes the teacher's answers, "
-             "generated once and shared.", "", "![study](study.png)", "",
+             "generated once and shared. Held-out CE / KL: on the teacher's answers to the held-out prompts "
+             "(SFT: cross-entropy on its own held-out split of the answers, no KL).", "", "![study](study.png)", "",
              f"Rerun: `layerprune study {study.name} --output {root}` (complete stages are skipped)."]
     (root / "study.md").write_text("\n".join(lines) + "\n")
     return root / "study.md"
