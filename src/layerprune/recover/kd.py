@@ -84,6 +84,7 @@ def opd_trainer(recipe: RecoverRecipe, model: Any, teacher: Any, tokenizer: Any,
     from trl import DistillationConfig, DistillationTrainer
 
     opd = recipe.opd
+    common = {**common, "include_num_input_tokens_seen": "no"}  # its batches hold prompts only; it logs num_tokens
     args = DistillationConfig(**common, beta=opd.beta, temperature=opd.temperature, top_p=opd.top_p,
                               max_completion_length=opd.max_new_tokens, disable_dropout=True)
     tokenizer.padding_side = "left"
