@@ -117,12 +117,13 @@ def plot_study(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = [("probes", "probe avg"), ("gsm8k", "GSM8K"), ("classification", "classification avg")]
+    keys = [(k, name) for k, name in (("probes", "probe avg"), ("gsm8k", "GSM8K"), ("classification", "classification avg"))
+            if any(r[k] for r in rows)]  # a measure no model has is left out, not drawn as zero
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rows)), 4))
-    width = 0.8 / len(keys)
+    width = 0.8 / max(len(keys), 1)
     for i, (key, name) in enumerate(keys):
         xs = [x + i * width for x in range(len(rows))]
-        vals = [(r[key] or (0.0, 0.0)) for r in rows]
+        vals = [(r[key] or (math.nan, math.nan)) for r in rows]
         ax.bar(xs, [100 * v[0] for v in vals], width, yerr=[100 * v[1] for v in vals], capsize=2, label=name)
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], [r["model"] for r in rows], rotation=30, ha="right")
     ax.set_ylabel("score (%)")
