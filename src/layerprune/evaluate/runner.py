@@ -19,9 +19,8 @@ from layerprune.errors import LayerpruneError, one_line
 from layerprune.evaluate.humaneval import GT_TIME_LIMIT_FACTOR, MIN_TIME_LIMIT, reference_lm
 from layerprune.evaluate.offline import lm_eval_configs
 from layerprune.evaluate.overlap import calibration_overlap
-from layerprune.evaluate.project_tasks import (DEFAULT_TEMPERATURE, Sampling, humaneval_config, humaneval_rows,
-                                               lm_eval_sampling, probe_config)
-from layerprune.evaluate.project_tasks import boxed_config
+from layerprune.evaluate.project_tasks import (DEFAULT_TEMPERATURE, Sampling, boxed_config, humaneval_config,
+                                               humaneval_rows, lm_eval_sampling, probe_config)
 from layerprune.evaluate.results import (aggregate_group, cache_path, file_sha256, model_hash, read_cached,
                                          summarize, write_cached)
 from layerprune.evaluate.sandbox import SandboxLimits, isolation_level
