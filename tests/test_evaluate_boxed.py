@@ -37,7 +37,8 @@ def test_boxed_task_runs_zero_shot_with_the_chat_template(tmp_path, tiny_llama, 
     from layerprune.evaluate import evaluate_model
 
     settings = EvalSettings(tasks=["gsm8k_boxed_chat"], limit=2, max_gen_toks=4, data_dir=shared_data, batch_size="2")
-    summary = evaluate_model(str(tiny_llama), settings, RunSettings(cache_dir=tmp_path / "c"), output_dir=tmp_path / "o")
+    summary = evaluate_model(str(tiny_llama), settings, RunSettings(cache_dir=tmp_path / "c"),
+                             output_dir=tmp_path / "o")
     (row,) = [r for r in summary.results if r.task == "gsm8k_boxed_chat"]
     assert row.n == 2 and row.settings["chat_template"] is True and 0.0 <= row.value <= 1.0
     sample = json.loads((tmp_path / "o" / "samples" / "gsm8k_boxed_chat.jsonl").read_text().splitlines()[0])

@@ -24,7 +24,8 @@ FAST = ["--max-new-tokens", "6", "--no-generate-drop-truncated", "--samples", "8
 @pytest.fixture(scope="module")
 def prompts_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"what is {i} + 7?", "answer": str(i + 7)}) + "\n" for i in range(12)))
+    rows = [{"prompt": f"what is {i} + 7?", "answer": str(i + 7)} for i in range(12)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
 
 

@@ -117,8 +117,8 @@ def plot_study(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = [(k, name) for k, name in (("probes", "probe avg"), ("gsm8k", "GSM8K"), ("classification", "classification avg"))
-            if any(r[k] for r in rows)]  # a measure no model has is left out, not drawn as zero
+    named = (("probes", "probe avg"), ("gsm8k", "GSM8K"), ("classification", "classification avg"))
+    keys = [(k, name) for k, name in named if any(r[k] for r in rows)]  # a measure no model has: left out, not 0
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rows)), 4))
     width = 0.8 / max(len(keys), 1)
     for i, (key, name) in enumerate(keys):

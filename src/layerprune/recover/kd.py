@@ -80,7 +80,7 @@ def gkd_trainer(recipe: RecoverRecipe, model: Any, teacher: Any, tokenizer: Any,
 
 def opd_trainer(recipe: RecoverRecipe, model: Any, teacher: Any, tokenizer: Any, common: dict[str, Any],
                 prompts: list[str], peft_config: Any, callbacks: list[Any]) -> Any:
-    """TRL's DistillationTrainer: the student samples, the teacher scores every token (beta: 0 forward, 1 reverse KL)."""
+    """TRL's DistillationTrainer: the student samples, the teacher scores every token (beta 0 forward, 1 reverse KL)."""
     from trl import DistillationConfig, DistillationTrainer
 
     opd = recipe.opd

@@ -104,7 +104,7 @@ def dropped_blocks(student: ModelSource) -> list[int]:
 
 def make_trainer(recipe: RecoverRecipe, method: str, loaded: Any, teacher: Any, rows: list[dict[str, Any]],
                  prompts: list[str], job: Any, optimizer: str, trainer_dir: Path, callback: Any) -> Any:
-    """GKD for kd (lmbda 0) and mixed opd (lmbda < 1); DistillationTrainer for on-policy opd; train.py's KD otherwise."""
+    """GKD for kd (lmbda 0) and mixed opd (lmbda < 1); DistillationTrainer for on-policy opd; else train.py's KD."""
     device = job.settings.resolved_device()
     adapter = recipe.adapter_of(method)
     peft_config = train.lora_config(recipe.lora) if adapter == "lora" else None

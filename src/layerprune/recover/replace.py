@@ -47,7 +47,8 @@ def dropped_runs(dropped: list[int], num_blocks_before: int) -> list[Run]:
     if not drops:
         raise LayerpruneError("replace needs dropped blocks (the pruned model's prune_report.json lists none)")
     if drops[0] == 0:
-        raise LayerpruneError("replace cannot patch a run that starts at block 0 (no kept block before it to fold into)")
+        raise LayerpruneError("replace cannot patch a run that starts at block 0 (no kept block before it to fold "
+                              "into)")
     if drops[-1] >= num_blocks_before:
         raise LayerpruneError(f"dropped blocks {drops} do not fit a teacher with {num_blocks_before} blocks")
     runs, start = [], drops[0]
@@ -62,8 +63,8 @@ def dropped_runs(dropped: list[int], num_blocks_before: int) -> list[Run]:
 def check_foldable(model: Any) -> None:
     layer = decoder_layers(model)[0]
     if any(hasattr(layer, name) for name in NORM_AFTER_MLP):
-        raise LayerpruneError(f"replace cannot fold into {type(layer).__name__}: a norm follows its MLP, so a linear map "
-                              "on the MLP output is not a linear map on the block's output")
+        raise LayerpruneError(f"replace cannot fold into {type(layer).__name__}: a norm follows its MLP, so a linear "
+                              "map on the MLP output is not a linear map on the block's output")
     if not hasattr(getattr(layer, "mlp", None), "down_proj"):
         raise LayerpruneError(f"replace needs blocks with mlp.down_proj; {type(layer).__name__} has none")
 
@@ -124,7 +125,8 @@ def solve_map(gram: torch.Tensor, cross: torch.Tensor, ridge: float) -> torch.Te
     return torch.linalg.lstsq(gram + damping * eye, cross).solution
 
 
-def fit_run(student: Any, teacher: Any, run: Run, sequences: list[list[int]], ridge: float) -> tuple[torch.Tensor, dict[str, float]]:
+def fit_run(student: Any, teacher: Any, run: Run, sequences: list[list[int]],
+            ridge: float) -> tuple[torch.Tensor, dict[str, float]]:
     """The least-squares map of one run, and the calibration residual with the identity (plain pruning) and with T."""
     device = next(student.parameters()).device
     t_device = next(teacher.parameters()).device

@@ -100,9 +100,9 @@ class OpdSection(Section):
     """On-policy distillation (method opd): the student samples, the teacher scores every token."""
 
     beta: float = Field(1.0, ge=0, le=1, description="Divergence: 0 forward KL, 1 reverse KL, between: generalised JSD")
-    lmbda: float = Field(1.0, ge=0, le=1, description="Share of batches on the student's own samples (1: fully on-policy)")
+    lmbda: float = Field(1.0, ge=0, le=1, description="Share of batches on the student's own samples (1: all)")
     max_new_tokens: int = Field(128, ge=1, description="Longest student completion in tokens")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the student's completions (and the loss)")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the student's samples (and the loss)")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus top-p of the student's completions")
     adapter: Literal["lora", "full"] = Field("lora", description="Train LoRA adapters or all weights")
 
