@@ -179,8 +179,8 @@ def test_replace_refuses_a_norm_after_the_mlp(tiny_models):
 def test_probe_prompts_never_include_evaluation_items():
     source = PromptSource(source="probes:arith_1dc+brackets_d2", samples=100)
     chosen, card = prompts.load_prompts(source, None)
-    assert len(chosen) == 100 and card["excluded_probe_eval"] >= 100  # the 9 depth-2 bracket questions are all used
-    assert not any("Closing" in p.text for p in chosen)  # by the evaluation, and some 1-digit composites too
+    assert len(chosen) == 100 and card["excluded_probe_eval"] >= 9  # the 9 depth-2 bracket questions are all used
+    assert not any("Closing" in p.text for p in chosen)  # by the evaluation
     eval_keys = prompts.eval_question_keys((0,))
     assert not {prompts.question_key(p.text) for p in chosen} & eval_keys
     # the evaluation's own probes (seed 0, first 500) are excluded whatever the source

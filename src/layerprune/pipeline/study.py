@@ -124,9 +124,12 @@ def stage_output(root: Path, stage: str) -> Path:
 
 def run_study(study: RecoveryStudy, settings: RunSettings, overwrite: bool = False) -> Path:
     """Run every incomplete stage in order; return study.md."""
+    from layerprune.pipeline.plan import validate_data
     from layerprune.pipeline.stages import RunPaths, claim_run_dir, run_eval, run_prune
 
     paths = RunPaths(study.run_dir())
+    pending = overwrite or not stage_output(paths.root, "prune").exists()
+    validate_data(study, settings, prune_pending=pending)  # type: ignore[arg-type]  # data checked before any work
     claim_run_dir(paths, study, overwrite)  # type: ignore[arg-type]  # any recipe model with a name
     stages = stage_names(study)
     for number, stage in enumerate(stages, 1):

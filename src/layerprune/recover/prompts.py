@@ -68,7 +68,8 @@ def probe_prompts(names: list[str], n: int, seed: int) -> list[selfgen.Prompt]:
     """`n` probe prompts, round-robin over the tasks, on the recovery seed stream."""
     per_task = -(-n // len(names))
     drawn = {name: generate_probes(name, per_task, f"recover-{seed}") for name in names}
-    ordered = [drawn[name][i] for i in range(per_task) for name in names][:n]
+    ordered = [drawn[name][i] for i in range(per_task) for name in names if i < len(drawn[name])][:n]  # small
+    # tasks (brackets_d2 has 9 distinct questions) run out first
     unique: dict[str, selfgen.Prompt] = {}
     for probe in ordered:  # the first occurrence of a repeated question wins
         unique.setdefault(selfgen.prompt_id(probe.prompt), selfgen.Prompt(selfgen.prompt_id(probe.prompt), probe.prompt,
