@@ -9,7 +9,8 @@ from layerprune.probes import probe_tasks
 from layerprune.registry import Registry
 
 Kind = Literal["classification", "generative"]
-Source = Literal["lm_eval", "lm_eval_index", "probe", "humaneval", "boxed"]  # lm_eval_index: a name run by lm-eval's manager
+# lm_eval_index: a name run by lm-eval's manager; boxed: the study's own GSM8K protocol (gsm8k_boxed_chat)
+Source = Literal["lm_eval", "lm_eval_index", "probe", "humaneval", "boxed"]
 
 
 @dataclass(frozen=True)
