@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "recover": ("layerprune.recover.cli", "fine-tune a pruned model on the original model's own responses"),
     "recipes": ("layerprune.recipes_cli", "list, show, copy or validate the shipped recipes"),
     "run": ("layerprune.pipeline.cli", "prune -> evaluate -> recover -> evaluate -> report, from one recipe"),
+    "study": ("layerprune.pipeline.study_cli", "recovery study: prune once, recover with several methods, compare"),
     "analyze": ("layerprune.analyze.cli", "critical blocks across models, representation drift, degeneration"),
 }
 

@@ -46,6 +46,7 @@ RECIPE_KINDS: dict[str, RecipeKind] = {
     "run": RecipeKind(".", "layerprune.pipeline.recipe:RunRecipe"),
     "study": RecipeKind("studies", "layerprune.pipeline.recipe:RunRecipe", "limits-*.yaml"),
     "importance": RecipeKind("studies", "layerprune.analyze.schemas:ImportanceAnalysis", "importance-*.yaml"),
+    "recovery-study": RecipeKind("studies", "layerprune.pipeline.study:RecoveryStudy", "recovery-*.yaml"),
 }
 
 

@@ -207,3 +207,49 @@ def lm_eval_sampling(config: dict[str, Any], sampling: Sampling) -> dict[str, An
     return {**config, "repeats": sampling.n, "generation_kwargs": gen, "filter_list": kept,
             "process_results": functools.partial(score_sampled_match, config["doc_to_target"], match),
             "metric_list": sampled_metrics(sampling.n, majority=True)}
+
+
+BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+BOXED_MAX_TOKENS = 1024
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last \\boxed{...} in a text (nested braces allowed), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1: j].strip()
+    return None
+
+
+def _number(text: str | None) -> float | None:
+    if text is None:
+        return None
+    cleaned = text.replace(",", "").replace("$", "").replace("\\%", "").replace("%", "").strip().rstrip(".")
+    try:
+        return float(cleaned)
+    except ValueError:
+        return None
+
+
+def score_boxed(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
+    """1 when the last \\boxed{} answer equals the GSM8K answer (after '####') as a number."""
+    got, want = _number(last_boxed(results[0])), _number(doc["answer"].split("####")[-1])
+    return {"exact_match": float(got is not None and want is not None and abs(got - want) < 1e-6)}
+
+
+def boxed_config(spec: TaskSpec, data_dir: Path | None) -> dict[str, Any]:
+    """GSM8K test, zero-shot: the question plus the boxed-answer instruction; sampled at temperature 0.9."""
+    rows = [{"question": r["question"], "answer": r["answer"]} for r in load_rows("gsm8k", "test", data_dir)]
+    return {
+        "task": spec.name, "custom_dataset": RowsDataset(rows), "test_split": "test",
+        "output_type": "generate_until", "doc_to_text": "{{question}}\n" + BOXED_INSTRUCTION,
+        "doc_to_target": "{{answer}}", "num_fewshot": 0, "process_results": score_boxed,
+        "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
+        "generation_kwargs": {"until": [], "max_gen_toks": BOXED_MAX_TOKENS, "do_sample": True, "temperature": 0.9},
+        "metadata": {"version": 1.0, "protocol": "zero-shot chat, \\boxed{} answer, temperature 0.9"},
+    }

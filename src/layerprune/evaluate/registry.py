@@ -9,7 +9,8 @@ from layerprune.probes import probe_tasks
 from layerprune.registry import Registry
 
 Kind = Literal["classification", "generative"]
-Source = Literal["lm_eval", "lm_eval_index", "probe", "humaneval"]  # lm_eval_index: a name run by lm-eval's manager
+# lm_eval_index: a name run by lm-eval's manager; boxed: the study's own GSM8K protocol (gsm8k_boxed_chat)
+Source = Literal["lm_eval", "lm_eval_index", "probe", "humaneval", "boxed"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,9 @@ add_task(TaskSpec("triviaqa", "generative", "lm_eval", ("exact_match,remove_whit
                   chat_protocol=True, optional=True))
 add_task(TaskSpec("humaneval_plus", "generative", "humaneval", ("pass@1",), "humaneval_plus",
                   splits=ONLY_TEST))
+# The pruning study's own GSM8K protocol: zero-shot, chat template, a \boxed{} answer, sampling at 0.9, long answers
+add_task(TaskSpec("gsm8k_boxed_chat", "generative", "boxed", ("exact_match",), "gsm8k", splits=ONLY_TEST,
+                  chat_protocol=True))
 
 for _name, _args in probe_tasks().items():
     add_task(TaskSpec(_name, "generative", "probe", ("exact_match",), probe=_args))

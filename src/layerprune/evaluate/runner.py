@@ -19,8 +19,8 @@ from layerprune.errors import LayerpruneError, one_line
 from layerprune.evaluate.humaneval import GT_TIME_LIMIT_FACTOR, MIN_TIME_LIMIT, reference_lm
 from layerprune.evaluate.offline import lm_eval_configs
 from layerprune.evaluate.overlap import calibration_overlap
-from layerprune.evaluate.project_tasks import (DEFAULT_TEMPERATURE, Sampling, humaneval_config, humaneval_rows,
-                                               lm_eval_sampling, probe_config)
+from layerprune.evaluate.project_tasks import (DEFAULT_TEMPERATURE, Sampling, boxed_config, humaneval_config,
+                                               humaneval_rows, lm_eval_sampling, probe_config)
 from layerprune.evaluate.results import (aggregate_group, cache_path, file_sha256, model_hash, read_cached,
                                          summarize, write_cached)
 from layerprune.evaluate.sandbox import SandboxLimits, isolation_level
@@ -144,6 +144,8 @@ def task_configs(task: PlannedTask, settings: EvalSettings, data_dir: Path | Non
                                allow_unsafe=settings.unsafe_code_exec)
         oracle_dir = cache_root / "humaneval_plus" if cache_root is not None else None
         return [humaneval_config(spec, data_dir, limits, oracle_dir, sampling)]
+    if spec.source == "boxed":
+        return [boxed_config(spec, data_dir)]  # one answer sampled at 0.9 (the study's protocol)
     configs = lm_eval_configs(spec, data_dir, task.fewshot_pool)
     return [lm_eval_sampling(c, sampling) for c in configs] if sampling else configs
 

@@ -139,8 +139,8 @@ def _plan_one(spec: TaskSpec, suite: TaskSettings, settings: EvalSettings, data_
         from layerprune.evaluate.lm_eval_index import require_reachable
 
         require_reachable(spec, settings.include_path)
-    if spec.source in ("probe", "humaneval"):
-        fewshot = 0  # probes carry their own shots; HumanEval+ is zero-shot
+    if spec.source in ("probe", "humaneval", "boxed"):
+        fewshot = 0  # probes carry their own shots; HumanEval+ and the boxed GSM8K protocol are zero-shot
     elif spec.source == "lm_eval":
         check_fewshot_pool(spec, data_dir, shots, pool)
     limit = settings.limit if settings.limit is not None else suite.limit

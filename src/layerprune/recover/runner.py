@@ -17,7 +17,8 @@ from layerprune.errors import LayerpruneError
 from layerprune.models import ModelSource, load_model, resolve_model
 from layerprune.models.loading import copy_tokenizer_files, load_tokenizer
 from layerprune.outputs import atomic_output_dir, check_output_dir
-from layerprune.recover import memory, selfgen, train
+from layerprune.recover import memory, methods, selfgen, train
+from layerprune.recover import prompts as prompt_sources
 from layerprune.recover.models import PRUNE_REPORT, materialize_student, plan_recover
 from layerprune.recover.schema import RecoverRecipe
 from layerprune.settings import RunSettings
@@ -117,16 +118,17 @@ def plan_for(recipe: RecoverRecipe, config: Any, job: RecoverJob, cuda: bool, se
     shape = memory.model_shape(config)
     dtype = job.settings.dtype
     weight_bytes = 4 if dtype == "float32" or (dtype == "auto" and not cuda) else 2
+    distil = recipe.needs_teacher_model()  # kd, opd and replace plan like kd: the teacher sits beside the student
     teacher_shape = None
-    if recipe.method == "kd":
+    if distil:
         teacher_config = teacher_config or (_config_of(teacher, job.settings) if teacher else None)
         teacher_shape = memory.model_shape(teacher_config) if teacher_config is not None else shape
     optimizer, plan = memory.choose_optimizer(
-        shape, recipe.method, recipe.train.optimizer, cuda, sharded=sharded_training(),
+        shape, "kd" if distil else recipe.method, recipe.train.optimizer, cuda, sharded=sharded_training(),
         seq_len=seq_len or recipe.train.max_length, batch_size=recipe.train.batch_size, weight_bytes=weight_bytes,
         lora_r=recipe.lora.r if recipe.uses_lora() else 0,
         gradient_checkpointing=recipe.train.gradient_checkpointing, teacher=teacher_shape, budget_gb=job.memory_budget)
-    if recipe.method == "kd" and teacher_config is None:
+    if distil and teacher_config is None:
         plan.notes.append("teacher counted at the student's size (its config was not readable)")
     return optimizer, plan
 
@@ -149,7 +151,7 @@ def recover(recipe: RecoverRecipe, job: RecoverJob) -> dict[str, Any]:
     for note in notes:
         log.warning("%s", note)
     check_output_dir(job.output, job.overwrite, inputs=(Path(student.location),) if student.is_local else ())
-    prompts = selfgen.load_prompts(recipe.prompts, _data_dir(recipe, job))
+    prompts, exclusion = prompt_sources.load_prompts(recipe.prompts, _data_dir(recipe, job))
     state = distributed_state(job.settings)
     job = replace(job, settings=rank_settings(job.settings, state))
     if not state.is_main_process:  # one voice under `accelerate launch`
@@ -158,12 +160,16 @@ def recover(recipe: RecoverRecipe, job: RecoverJob) -> dict[str, Any]:
         job.work.mkdir(parents=True, exist_ok=True)
         check_fingerprint(recipe, teacher, job.work)
     state.wait_for_everyone()
-    generation = generate(recipe, teacher, prompts, job, state)
+    answered = methods.generation_prompts(recipe, prompts, job.settings.seed)
+    generation = {**generate(recipe, teacher, answered, job, state), "exclusion": exclusion}
     with state.main_process_first():
         student = materialize_student(recipe, student, job.settings, job.work)
-    rows = selfgen.responses_for(prompts, job.work / "responses.jsonl")
+    rows = selfgen.responses_for(answered, job.work / "responses.jsonl")
     kept, card = selfgen.filter_responses(rows, recipe.generate)
-    result = fine_tune(recipe, student, teacher, kept, job)
+    if recipe.method in methods.DISTILL_METHODS:
+        result = methods.fine_tune(recipe, student, teacher, kept, prompts, job)
+    else:
+        result = fine_tune(recipe, student, teacher, kept, job)
     report = build_report(recipe, job, student, teacher, generation, card, result, time.perf_counter() - start)
     report["notes"] = notes
     if state.is_main_process:
@@ -375,10 +381,11 @@ def save_outputs(recipe: RecoverRecipe, job: RecoverJob, student: ModelSource, r
     with atomic_output_dir(job.output, job.overwrite) as tmp:
         model = merged_model(recipe, student, job.settings, result.saved)
         model.save_pretrained(tmp, safe_serialization=True, max_shard_size=job.settings.max_shard_size)
-        if recipe.uses_lora():
+        adapter = result.saved if (result.saved / "adapter_config.json").is_file() else result.saved / "adapter"
+        if recipe.uses_lora() and (adapter / "adapter_config.json").is_file():
             (tmp / "adapter").mkdir()
             for name in ("adapter_config.json", "adapter_model.safetensors"):
-                shutil.copy2(result.saved / name, tmp / "adapter" / name)
+                shutil.copy2(adapter / name, tmp / "adapter" / name)
         copy_tokenizer_files(student, tmp, load_tokenizer(student, job.settings))
         if (Path(student.location) / PRUNE_REPORT).is_file():
             shutil.copy2(Path(student.location) / PRUNE_REPORT, tmp / PRUNE_REPORT)
@@ -393,7 +400,7 @@ def save_outputs(recipe: RecoverRecipe, job: RecoverJob, student: ModelSource, r
 def merged_model(recipe: RecoverRecipe, student: ModelSource, settings: RunSettings, saved: Path) -> Any:
     """The trained model from what the trainer saved (gathered from every rank): the full weights as they are, or
     the adapter merged into a fresh load of the student (QLoRA: a bf16 load, not the 4-bit one)."""
-    if not recipe.uses_lora():
+    if not recipe.uses_lora() or not (saved / "adapter_config.json").is_file():  # distillation saves merged weights
         return load_model(str(saved), settings).model
     from peft import PeftModel
 

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-Method = Literal["lora", "qlora", "full", "kd"]
+Method = Literal["lora", "qlora", "full", "kd", "opd", "replace"]
 Optimizer = Literal["auto", "adamw_torch", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit"]
 
 
@@ -19,11 +19,14 @@ class Section(BaseModel):
 class PromptSource(Section):
     """Where the prompts come from."""
 
-    source: str = Field("gsm8k", description="Prompt set: gsm8k, dolly, alpaca_seed, or a path to a .jsonl file")
+    source: str = Field("gsm8k", description="Prompt set: gsm8k, dolly, alpaca_seed, probes (every probe task, on "
+                        "the recovery seed stream), probes:TASK+TASK, or a path to a .jsonl file")
     split: str = Field("train", description="Split of a named prompt set")
     field: str = Field("prompt", description="Prompt field of a .jsonl source (answer field: 'answer', optional)")
     samples: int | None = Field(None, ge=1, description="Use at most this many prompts (None: all)")
     shuffle_seed: int = Field(0, description="Seed of the prompt shuffle before taking --samples")
+    exclude_probe_seeds: list[int] = Field(
+        [0], description="Evaluation probe seeds whose first 500 items per probe task are never used as prompts")
 
 
 class GenerationSection(Section):
@@ -96,6 +99,26 @@ class KdSection(Section):
     adapter: Literal["lora", "full"] = Field("lora", description="Train LoRA adapters or all weights")
 
 
+class OpdSection(Section):
+    """On-policy distillation (method opd): the student samples, the teacher scores every token."""
+
+    beta: float = Field(1.0, ge=0, le=1, description="Divergence: 0 forward KL, 1 reverse KL, between: generalised JSD")
+    lmbda: float = Field(1.0, ge=0, le=1, description="Share of batches on the student's own samples (1: all)")
+    max_new_tokens: int = Field(128, ge=1, description="Longest student completion in tokens")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the student's samples (and the loss)")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus top-p of the student's completions")
+    adapter: Literal["lora", "full"] = Field("lora", description="Train LoRA adapters or all weights")
+
+
+class ReplaceSection(Section):
+    """Training-free block replacement (method replace): one least-squares linear map per dropped run."""
+
+    calib_samples: int = Field(64, ge=1, description="Teacher responses (prompt + answer) used as calibration text")
+    max_length: int = Field(512, ge=8, description="Longest calibration sequence in tokens")
+    ridge: float = Field(1e-4, ge=0, description="Ridge term, relative to the mean diagonal of the normal equations")
+    then: Literal["none", "kd", "opd"] = Field("none", description="Distil after the fold (kd or opd sections apply)")
+
+
 class RecoverRecipe(Section):
     """Self-generated-response fine-tuning of a pruned model (what to do; RunSettings says how)."""
 
@@ -112,6 +135,8 @@ class RecoverRecipe(Section):
     train: TrainSection = Field(default_factory=TrainSection)
     lora: LoraSection = Field(default_factory=LoraSection)
     kd: KdSection = Field(default_factory=KdSection)
+    opd: OpdSection = Field(default_factory=OpdSection)
+    replace: ReplaceSection = Field(default_factory=ReplaceSection)
 
     @model_validator(mode="after")
     def _check(self) -> "RecoverRecipe":
@@ -126,15 +151,29 @@ class RecoverRecipe(Section):
 
     def uses_lora(self) -> bool:
         """Whether training leaves a LoRA adapter."""
-        return self.method in ("lora", "qlora") or (self.method == "kd" and self.kd.adapter == "lora")
+        return self.method in ("lora", "qlora") or self.adapter_of(self.trainer_method()) == "lora"
+
+    def trainer_method(self) -> str | None:
+        """The method whose trainer runs (replace: the distillation after the fold, or None)."""
+        if self.method == "replace":
+            return None if self.replace.then == "none" else self.replace.then
+        return self.method
+
+    def adapter_of(self, method: str | None) -> str | None:
+        return {"kd": self.kd.adapter, "opd": self.opd.adapter}.get(method or "")
+
+    def needs_teacher_model(self) -> bool:
+        """Whether training holds the teacher in memory next to the student."""
+        return self.method in ("kd", "opd", "replace")
 
 
 def _has_answers(source: str) -> bool:
-    return source == "gsm8k" or source.endswith(".jsonl")
+    return source == "gsm8k" or source.endswith(".jsonl") or source == "probes" or source.startswith("probes:")
 
 
 SECTIONS: dict[str, type[Section]] = {
     "prompts": PromptSource, "generate": GenerationSection, "train": TrainSection, "lora": LoraSection, "kd": KdSection,
+    "opd": OpdSection, "replace": ReplaceSection,
 }
 
 

@@ -138,36 +138,43 @@ def _trainer_classes() -> dict[str, type]:
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # type: ignore[override]
             if not model.training:
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-            loss = distillation_loss(model, self.teacher, inputs, self.kd)
+            loss = distillation_loss(model, self.teacher, inputs, self.kd, num_items_in_batch)
+            if num_items_in_batch is not None and self.args.average_tokens_across_devices:
+                loss = loss * self.accelerator.num_processes  # DDP averages gradients; the count is global
             check_finite(loss, self.state.global_step, self.args.output_dir)
             return loss
 
     return {"sft": GuardedSFTTrainer, "kd": KDTrainer}
 
 
-def distillation_loss(student: Any, teacher: Any, inputs: dict[str, Any], kd: KdSection) -> torch.Tensor:
-    """weight * KL(teacher || student) + (1 - weight) * cross-entropy, over the completion tokens."""
+def distillation_loss(student: Any, teacher: Any, inputs: dict[str, Any], kd: KdSection,
+                      num_items_in_batch: Any = None) -> torch.Tensor:
+    """weight * KL(teacher || student) + (1 - weight) * cross-entropy, summed over the completion tokens and divided
+    by `num_items_in_batch` (the completion tokens of the whole accumulation window, as transformers expects; the
+    micro-batch's own count when None), so neither the gradient nor the logged loss grows with grad_accum."""
     labels = inputs["labels"][:, 1:]
     mask = labels != -100
     forward = {k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask", "position_ids")}
     logits = student(**forward, use_cache=False).logits[:, :-1][mask].float()
     with torch.no_grad():
         teacher_logits = teacher(**forward, use_cache=False).logits[:, :-1][mask].float()
-    loss = forward_kl(logits, teacher_logits, kd.temperature)
+    loss = forward_kl(logits, teacher_logits, kd.temperature, reduction="sum")
     if kd.weight < 1:
-        ce = torch.nn.functional.cross_entropy(logits, labels[mask])
+        ce = torch.nn.functional.cross_entropy(logits, labels[mask], reduction="sum")
         loss = kd.weight * loss + (1 - kd.weight) * ce
-    return loss
+    count = num_items_in_batch if num_items_in_batch is not None else mask.sum().clamp(min=1)
+    return loss / (count.to(loss.device) if isinstance(count, torch.Tensor) else count)
 
 
-def forward_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Mean over tokens of KL(p_teacher || p_student), scaled by T^2 as in Hinton et al."""
+def forward_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0,
+               reduction: str = "mean") -> torch.Tensor:
+    """KL(p_teacher || p_student) over tokens (mean or sum), scaled by T^2 as in Hinton et al."""
     if student_logits.numel() == 0:
         return student_logits.sum()
     student = torch.log_softmax(student_logits / temperature, dim=-1)
     teacher = torch.log_softmax(teacher_logits / temperature, dim=-1)
     kl = (teacher.exp() * (teacher - student)).sum(-1)
-    return kl.mean() * temperature**2
+    return (kl.sum() if reduction == "sum" else kl.mean()) * temperature**2
 
 
 def check_finite(loss: torch.Tensor, step: int, output_dir: str) -> None:

@@ -1,0 +1,206 @@
+"""The recovery study: prune once, recover the same pruned model with several methods at one budget, compare.
+
+Every arm shares the recover recipe's prompts, generation settings and optimisation budget (train section: the same
+optimizer steps, batch size and grad_accum); an arm may change only the method and that method's own section. The
+teacher answers the prompts once; later arms reuse the answers. Each arm is evaluated on the same tasks, and
+study.md holds one table (study_report.py) and a chart. Stages are skipped when their output is complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from layerprune.data import iter_jsonl
+from layerprune.evaluate.schema import EvalSettings
+from layerprune.prune.recipe import PruneRecipe
+from layerprune.settings import RunSettings
+
+log = logging.getLogger(__name__)
+BUDGET_KEYS = ("max_steps", "batch_size", "grad_accum", "max_length", "epochs")
+
+
+class Arm(BaseModel):
+    """One recovery method: the method and its own section; everything else comes from the shared recipe."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: str = Field(description="Recover method: lora, full, qlora, kd, opd or replace")
+    lora: dict[str, Any] = Field(default_factory=dict, description="LoRA fields of this arm")
+    kd: dict[str, Any] = Field(default_factory=dict, description="kd fields of this arm")
+    opd: dict[str, Any] = Field(default_factory=dict, description="opd fields of this arm")
+    replace: dict[str, Any] = Field(default_factory=dict, description="replace fields of this arm")
+    learning_rate: float | None = Field(None, gt=0, description="Peak learning rate of this arm (default: shared)")
+
+
+class RecoveryStudy(BaseModel):
+    """prune -> evaluate -> (recover with each arm -> evaluate) -> one table and chart."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="Study name (default output: runs/<name>)")
+    description: str = Field("", description="What this study shows")
+    model: str | None = Field(None, description="Original model: hub id, local directory, or embedded[:NAME]")
+    prune: PruneRecipe = Field(description="Prune stage (see `layerprune prune --help`)")
+    recover: dict[str, Any] = Field(description="Shared recover recipe: {recipe: NAME, overrides: {...}}")
+    arms: dict[str, Arm] = Field(min_length=1, description="Recovery methods by label")
+    evaluate: EvalSettings = Field(default_factory=lambda: EvalSettings(suite="quick"), description="Evaluation")
+    output: Path | None = Field(None, description="Study directory")
+
+    @model_validator(mode="after")
+    def _arms_resolve(self) -> "RecoveryStudy":
+        shared = self.shared_recipe("<pruned>")
+        if shared.train.max_steps is None:
+            raise ValueError("recover: set train.max_steps so that every arm runs the same number of optimizer steps")
+        for label in self.arms:
+            if not label.replace("+", "").replace("-", "").replace("_", "").isalnum():
+                raise ValueError(f"arm label '{label}' may hold letters, digits, '+', '-' and '_' only")
+            try:
+                self.arm_recipe(label, "<pruned>")
+            except ValidationError as exc:
+                from layerprune.schema_cli import validation_message
+
+                raise ValueError(validation_message(exc, f"arm '{label}'")) from None
+        return self
+
+    def shared_recipe(self, student: str) -> Any:
+        from layerprune.pipeline.recipe import RecoverStage
+
+        stage = RecoverStage.model_validate(self.recover)
+        return stage.resolve(student, self.model)
+
+    def arm_recipe(self, label: str, student: str) -> Any:
+        """The shared recipe with the arm's method and section (and learning rate) applied."""
+        from layerprune.recover.schema import RecoverRecipe, merge_layers
+
+        arm = self.arms[label]
+        base = self.shared_recipe(student).model_dump(mode="json")
+        layer: dict[str, Any] = {"name": f"{self.name}-{label}", "method": arm.method,
+                                 **{k: v for k, v in (("lora", arm.lora), ("kd", arm.kd), ("opd", arm.opd),
+                                                      ("replace", arm.replace)) if v}}
+        if arm.learning_rate is not None:
+            layer["train"] = {"learning_rate": arm.learning_rate}
+        seeds = sorted({*base["prompts"]["exclude_probe_seeds"], self.evaluate.probe_seed})
+        layer["prompts"] = {"exclude_probe_seeds": seeds}  # never a prompt the evaluation will ask
+        return RecoverRecipe.model_validate(merge_layers(base, layer))
+
+    def run_dir(self) -> Path:
+        return self.output or Path("runs") / self.name
+
+
+def load_study(name_or_path: str, output: Path | None = None) -> RecoveryStudy:
+    """Read and validate a recovery-study recipe (a path, or a shipped name)."""
+    from layerprune.errors import LayerpruneError
+    from layerprune.recipes_cli import find_recipe, read_recipe_dict
+    from layerprune.schema_cli import validation_message
+
+    _, path = find_recipe(name_or_path, None if Path(name_or_path).suffix else "recovery-study")
+    data = read_recipe_dict(path)
+    if output is not None:
+        data["output"] = str(output)
+    try:
+        return RecoveryStudy.model_validate(data)
+    except ValidationError as exc:
+        raise LayerpruneError(validation_message(exc, f"recovery study {path}")) from exc
+
+
+def stage_names(study: RecoveryStudy) -> list[str]:
+    arms = [s for label in study.arms for s in (f"recover-{label}", f"eval-{label}")]
+    return ["prune", "eval-baseline", "eval-pruned", *arms, "report"]
+
+
+def stage_output(root: Path, stage: str) -> Path:
+    if stage.startswith("eval-"):
+        return root / "eval" / stage.removeprefix("eval-") / "summary.json"
+    if stage.startswith("recover-"):
+        return root / "arms" / stage.removeprefix("recover-") / "recover_report.json"
+    return {"prune": root / "pruned" / "prune_report.json", "report": root / "study.md"}[stage]
+
+
+def run_study(study: RecoveryStudy, settings: RunSettings, overwrite: bool = False) -> Path:
+    """Run every incomplete stage in order; return study.md."""
+    from layerprune.pipeline.plan import validate_data
+    from layerprune.pipeline.stages import RunPaths, claim_run_dir, run_eval, run_prune
+
+    paths = RunPaths(study.run_dir())
+    pending = overwrite or not stage_output(paths.root, "prune").exists()
+    validate_data(study, settings, prune_pending=pending)  # type: ignore[arg-type]  # data checked before any work
+    claim_run_dir(paths, study, overwrite)  # type: ignore[arg-type]  # any recipe model with a name
+    stages = stage_names(study)
+    for number, stage in enumerate(stages, 1):
+        if stage_output(paths.root, stage).exists():
+            log.info("[%d/%d] %s: complete, skipped", number, len(stages), stage)
+            continue
+        log.info("[%d/%d] %s ...", number, len(stages), stage)
+        start = time.perf_counter()
+        if stage == "prune":
+            run_prune(study, settings, paths)  # type: ignore[arg-type]
+        elif stage.startswith("eval-"):
+            role = stage.removeprefix("eval-")
+            model = {"baseline": study.model, "pruned": str(paths.pruned)}.get(role, str(paths.root / "arms" / role))
+            run_eval(study, settings, paths, role, model)  # type: ignore[arg-type]
+        elif stage.startswith("recover-"):
+            run_arm(study, settings, paths.root, stage.removeprefix("recover-"))
+        else:
+            from layerprune.pipeline.study_report import write_study_report
+
+            write_study_report(study, paths.root)
+        log.info("[%d/%d] %s done in %.0f s", number, len(stages), stage, time.perf_counter() - start)
+    return paths.root / "study.md"
+
+
+def run_arm(study: RecoveryStudy, settings: RunSettings, root: Path, label: str) -> None:
+    """Recover the pruned model with one arm, reusing the teacher answers earlier arms generated."""
+    from layerprune.recover.runner import RecoverJob, recover
+
+    recipe = study.arm_recipe(label, str(root / "pruned"))
+    job = RecoverJob(output=root / "arms" / label, settings=settings, overwrite=True,
+                     data_dir=study.evaluate.data_dir or study.prune.data_dir)
+    shared = root / "selfgen.jsonl"
+    if shared.is_file() and not (job.work / "responses.jsonl").exists():
+        job.work.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(shared, job.work / "responses.jsonl")
+    recover(recipe, job)
+    produced = job.output / "data" / "responses.jsonl"
+    if produced.is_file() and _count(produced) > _count(shared):
+        shutil.copy2(produced, shared)
+
+
+def _count(path: Path) -> int:
+    return sum(1 for _ in iter_jsonl(path)) if path.is_file() else 0
+
+
+def dry_run(study: RecoveryStudy, settings: RunSettings) -> str:
+    """The plan: model access, data, and each arm's recipe and memory plan; no work."""
+    from layerprune.pipeline.plan import check_data, check_model, model_config
+    from layerprune.recover import memory
+    from layerprune.recover.runner import RecoverJob, plan_for
+
+    shared = study.shared_recipe("<pruned>")
+    lines = [f"recovery study '{study.name}' -> {study.run_dir()}",
+             f"model: {check_model(study.model, settings)}",
+             *[f"data: {line}" for line in check_data(study)],  # type: ignore[arg-type]
+             f"budget (every arm): {shared.train.max_steps} optimizer steps of {shared.train.batch_size} x "
+             f"{shared.train.grad_accum} sequences (<= {shared.train.max_length} tokens); prompts "
+             f"{shared.prompts.source} ({shared.prompts.samples or 'all'})"]
+    config, note = model_config(study.model, settings)
+    for label in study.arms:
+        recipe = study.arm_recipe(label, "<pruned>")
+        lines.append(f"arm {label}: method {recipe.method}" + (f" (then {recipe.replace.then})"
+                                                             if recipe.method == "replace" else ""))
+        if recipe.trainer_method() is None:
+            lines.append("  no training: a least-squares fit on calibration text (forward passes only)")
+        elif config is not None:
+            config.num_hidden_layers = model_config(study.model, settings)[0].num_hidden_layers - study.prune.n_drop
+            _, plan = plan_for(recipe, config, RecoverJob(output=study.run_dir() / "arms" / label, settings=settings),
+                               cuda=True)
+            lines.append("  " + memory.format_plan(plan, f"{study.model or 'embedded'} minus {study.prune.n_drop}"
+                                                         " blocks").replace("\n", "\n  "))
+    if note:
+        lines.append(f"({note})")
+    return "\n".join(lines)

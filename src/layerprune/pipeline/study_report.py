@@ -1,0 +1,168 @@
+"""study.md of a recovery study: one row per method, each number with its standard error, and a chart.
+
+Per model: the probe average (the algorithmic probes), GSM8K, and the classification average, each a mean of
+headline metrics with the standard error of that mean (tasks independent: sqrt(sum se^2) / k). Retention is the
+model's value over the original's. The recovered share of the generative drop is (arm - pruned) / (original -
+pruned) on the probe average, and 'n/a (no clear drop)' when the drop is within two standard errors of zero.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+PROBE_PREFIXES = ("arith_", "brackets_")
+GSM8K = "gsm8k"
+
+
+def _summary(path: Path) -> Any:
+    from layerprune.evaluate.schema import Summary
+
+    return Summary.model_validate_json(path.read_text()) if path.is_file() else None
+
+
+def mean_with_se(results: list[Any]) -> tuple[float, float] | None:
+    """Mean of headline values and the standard error of that mean (None when there are none)."""
+    if not results:
+        return None
+    se = math.sqrt(sum((r.stderr or 0.0) ** 2 for r in results)) / len(results)
+    return sum(r.value for r in results) / len(results), se
+
+
+def measures(summary: Any) -> dict[str, tuple[float, float] | None]:
+    """probe average, GSM8K and classification average of one model, each (value, se)."""
+    heads = list(summary.headlines().values())
+    probes = [r for r in heads if r.task.startswith(PROBE_PREFIXES)]
+    gsm = [r for r in heads if r.task == GSM8K]
+    cls = [r for r in heads if r.kind == "classification"]
+    return {"probes": mean_with_se(probes), "gsm8k": mean_with_se(gsm), "classification": mean_with_se(cls),
+            "probe_tasks": len(probes), "probe_n": min((r.n for r in probes), default=0)}  # type: ignore[dict-item]
+
+
+def recovered_share(base: tuple[float, float] | None, pruned: tuple[float, float] | None,
+                    arm: tuple[float, float] | None) -> float | str | None:
+    """(arm - pruned) / (base - pruned), or 'n/a (no clear drop)' when base - pruned is within 2 SE."""
+    if base is None or pruned is None or arm is None:
+        return None
+    drop, se = base[0] - pruned[0], math.hypot(base[1], pruned[1])
+    if drop <= 2 * se:
+        return "n/a (no clear drop)"
+    return (arm[0] - pruned[0]) / drop
+
+
+def study_rows(root: Path, labels: list[str]) -> list[dict[str, Any]]:
+    """One row per model (original, pruned, each arm) with its measures, retention, share, time and tokens."""
+    found = {label: _summary(root / "eval" / label / "summary.json") for label in ["baseline", "pruned", *labels]}
+    values = {label: measures(s) for label, s in found.items() if s is not None}
+    base, pruned = values.get("baseline", {}), values.get("pruned", {})
+    rows = []
+    for label, m in values.items():
+        row: dict[str, Any] = {"model": label, **m}
+        for key in ("probes", "gsm8k", "classification"):
+            row[f"retention_{key}"] = _ratio(m.get(key), base.get(key))
+        row["recovered_share"] = recovered_share(base.get("probes"), pruned.get("probes"), m.get("probes")) \
+            if label not in ("baseline", "pruned") else None
+        row.update(_arm_cost(root / "arms" / label / "recover_report.json"))
+        rows.append(row)
+    return rows
+
+
+def _ratio(value: Any, base: Any) -> float | None:
+    return value[0] / base[0] if value and base and abs(base[0]) > 1e-12 else None
+
+
+def _arm_cost(report_path: Path) -> dict[str, Any]:
+    if not report_path.is_file():
+        return {}
+    report = json.loads(report_path.read_text())
+    metrics = report["data"].get("held_out_metrics") or {}
+    after = metrics.get("after") or {"ce": report["held_out_loss"]["after"], "kl": None}  # SFT: CE on its own split
+    return {"method": report["recipe"]["method"], "seconds": report["seconds"]["training"],
+            "generation_seconds": report["seconds"]["generation"], "tokens": report["tokens_seen"],
+            "steps": report["data"].get("steps"), "held_out_ce": after.get("ce"), "held_out_kl": after.get("kl"),
+            "held_out_ce_pruned": (metrics.get("pruned") or {}).get("ce")}
+
+
+def _pm(value: tuple[float, float] | None) -> str:
+    return "-" if value is None else f"{100 * value[0]:.1f} ± {100 * value[1]:.1f}"
+
+
+def _pct(value: Any) -> str:
+    if value is None:
+        return "-"
+    return value if isinstance(value, str) else f"{100 * value:.0f}%"
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    head = ["model", "method", "probe avg (%)", "GSM8K (%)", "classification avg (%)", "retention probes / cls",
+            "recovered share of the probe drop", "held-out CE / KL", "train time (s)", "tokens", "steps"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        held = "-" if r.get("held_out_ce") is None else f"{r['held_out_ce']:.3f} / " + (
+            "-" if r.get("held_out_kl") is None else f"{r['held_out_kl']:.3f}")
+        cells = [r["model"], r.get("method", "-"), _pm(r["probes"]), _pm(r["gsm8k"]), _pm(r["classification"]),
+                 f"{_pct(r['retention_probes'])} / {_pct(r['retention_classification'])}", _pct(r["recovered_share"]),
+                 held, "-" if r.get("seconds") is None else f"{r['seconds']:.0f}", str(r.get("tokens", "-")),
+                 str(r.get("steps", "-"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_study(rows: list[dict[str, Any]], path: Path) -> None:
+    """Bars of the three measures per model, with 1-SE error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    named = (("probes", "probe avg"), ("gsm8k", "GSM8K"), ("classification", "classification avg"))
+    keys = [(k, name) for k, name in named if any(r[k] for r in rows)]  # a measure no model has: left out, not 0
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rows)), 4))
+    width = 0.8 / max(len(keys), 1)
+    for i, (key, name) in enumerate(keys):
+        xs = [x + i * width for x in range(len(rows))]
+        vals = [(r[key] or (math.nan, math.nan)) for r in rows]
+        ax.bar(xs, [100 * v[0] for v in vals], width, yerr=[100 * v[1] for v in vals], capsize=2, label=name)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], [r["model"] for r in rows], rotation=30, ha="right")
+    ax.set_ylabel("score (%)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def closing_note(rows: list[dict[str, Any]]) -> list[str]:
+    """Which arm recovered most of the probe drop, and whether any reached half of it."""
+    arms = [r for r in rows if r["model"] not in ("baseline", "pruned")]
+    shares = [r for r in arms if isinstance(r["recovered_share"], float)]
+    if not arms:
+        return ["No recovery arm finished."]
+    if not shares:
+        return ["The probe drop from pruning is within two standard errors (or missing), so no recovered share is "
+                "reported; evaluate on more probe items to measure one."]
+    best = max(shares, key=lambda r: r["recovered_share"])
+    verdict = "reaches" if best["recovered_share"] >= 0.5 else "does NOT reach"
+    return [f"Best arm on the probe average: {best['model']} ({best['method']}), {100 * best['recovered_share']:.0f}% "
+            f"of the drop recovered; it {verdict} the goal of half the drop. Tried: "
+            + ", ".join(f"{r['model']} ({_pct(r['recovered_share'])})" for r in arms) + "."]
+
+
+def write_study_report(study: Any, root: Path) -> Path:
+    """study.md, study.json and study.png in the study directory."""
+    rows = study_rows(root, list(study.arms))
+    plot_study(rows, root / "study.png")
+    (root / "study.json").write_text(json.dumps(rows, indent=1, default=str))
+    probe_n = min((r["probe_n"] for r in rows if r.get("probe_n")), default=0)
+    lines = [f"# Recovery study: {study.name}", "", study.description, "", format_table(rows), "",
+             *closing_note(rows), "",
+             f"Probe average over {rows[0]['probe_tasks'] if rows else 0} probe tasks, at least {probe_n} items each "
+             "(the first items of each task under the evaluation seed; no recovery prompt is one of them). Values are "
+             "means ± one standard error. GSM8K is scored with the evaluation suite's protocol (lm-eval's gsm8k).",
+             "Every arm ran the same optimizer steps on the same prompts; train time excludes the teacher's answers, "
+             "generated once and shared. Held-out CE / KL: on the teacher's answers to the held-out prompts "
+             "(SFT: cross-entropy on its own held-out split of the answers, no KL).", "", "![study](study.png)", "",
+             f"Rerun: `layerprune study {study.name} --output {root}` (complete stages are skipped)."]
+    (root / "study.md").write_text("\n".join(lines) + "\n")
+    return root / "study.md"

@@ -1,0 +1,73 @@
+"""One yardstick for every recovery method: cross-entropy and KL(teacher || student) on held-out teacher answers.
+
+The trainers log different quantities (SFT: cross-entropy; KD/GKD: forward KL; OPD: the divergence on the student's
+own samples), so a curve of one method cannot be read against another's. Here both quantities are measured on the
+same held-out rows (prompt + the teacher's response, completion tokens only), before, during and after training.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from layerprune.recover.selfgen import chat_messages
+
+
+def encode_rows(tokenizer: Any, rows: list[dict[str, Any]], system_prompt: str | None,
+                max_length: int) -> list[tuple[list[int], int]]:
+    """(token ids, index of the first completion token) per row, cut to max_length."""
+    encoded = []
+    for row in rows:
+        prompt = chat_messages(row["prompt"], system_prompt)
+        full = [*prompt, {"role": "assistant", "content": row["response"]}]
+        prompt_ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        full_ids = tokenizer.apply_chat_template(full, tokenize=True)
+        prompt_ids, full_ids = _ids(prompt_ids), _ids(full_ids)
+        start = min(len(prompt_ids), len(full_ids) - 1)
+        encoded.append((full_ids[:max_length], start))
+    return [(ids, start) for ids, start in encoded if start < len(ids) - 1]
+
+
+def _ids(value: Any) -> list[int]:
+    if isinstance(value, dict) or hasattr(value, "keys"):
+        value = value["input_ids"]
+    return list(value)
+
+
+@torch.no_grad()
+def held_out_metrics(student: Any, teacher: Any, encoded: list[tuple[list[int], int]]) -> dict[str, float]:
+    """Token-weighted mean cross-entropy of the student and KL(teacher || student) over completion tokens."""
+    was_training = student.training
+    student.eval()
+    ce_sum = kl_sum = 0.0
+    count = 0
+    device = next(student.parameters()).device
+    for ids, start in encoded:
+        input_ids = torch.tensor([ids], device=device)
+        s_logp = torch.log_softmax(student(input_ids=input_ids, use_cache=False).logits[0, start - 1:-1].float(), -1)
+        t_logp = torch.log_softmax(teacher(input_ids=input_ids.to(next(teacher.parameters()).device),
+                                           use_cache=False).logits[0, start - 1:-1].float().to(device), -1)
+        targets = input_ids[0, start:]
+        ce_sum += float(-s_logp.gather(-1, targets[:, None]).sum())
+        kl_sum += float((t_logp.exp() * (t_logp - s_logp)).sum())
+        count += int(targets.numel())
+    student.train(was_training)
+    return {"ce": ce_sum / max(count, 1), "kl": kl_sum / max(count, 1), "tokens": count}
+
+
+class HeldOutCallback(TrainerCallback):
+    """Measure held-out CE and KL whenever the trainer evaluates (every eval_steps), into `points`."""
+
+    def __init__(self, teacher: Any, encoded: list[tuple[list[int], int]]) -> None:
+        self.teacher, self.encoded = teacher, encoded
+        self.points: list[dict[str, float]] = []
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):  # type: ignore[no-untyped-def]
+        if model is not None and self.encoded and state.global_step % args.eval_steps == 0:
+            self.points.append({"step": state.global_step, **held_out_metrics(model, self.teacher, self.encoded)})
+
+
+def curve_points(points: list[dict[str, float]], key: str) -> list[list[float]]:
+    return [[p["step"], p[key]] for p in points]

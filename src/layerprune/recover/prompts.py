@@ -1,0 +1,129 @@
+"""Recovery prompts from any source, task-aligned ones from the probe generators, never the evaluation items.
+
+`prompts.source: probes` (every probe task) or `probes:arith_1dc+brackets_d3` draws few-shot probe questions from
+the generators on this module's own seed stream ('recover-<shuffle_seed>'), which the evaluation never uses. Then,
+whatever the source, any prompt whose question is one of the first EVAL_ITEMS items of a probe task (under the
+evaluation seeds in `prompts.exclude_probe_seeds`) or a GSM8K test question is dropped, and the count is reported.
+The probe task list is mirrored here on purpose: recover does not import evaluate (the floors of the house).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+
+from layerprune.data import local_split, read_jsonl
+from layerprune.errors import LayerpruneError
+from layerprune.probes import Probe, arithmetic_probes, bracket_probes
+from layerprune.recover import selfgen
+from layerprune.recover.schema import PromptSource
+from layerprune.registry import unknown_name_message
+
+log = logging.getLogger(__name__)
+EVAL_ITEMS = 500  # evaluate generates this many items per probe task (PROBE_DOCS); --limit takes the first ones
+OP_NAMES = {"+": "add", "-": "sub", "*": "mul"}
+
+
+def probe_tasks() -> dict[str, dict[str, object]]:
+    """name -> generator arguments, the same tasks as evaluate's registry."""
+    tasks: dict[str, dict[str, object]] = {"arith_1dc": {"family": "arithmetic", "kind": "composite"}}
+    for digits in range(2, 6):
+        for op, name in OP_NAMES.items():
+            tasks[f"arith_{digits}d_{name}"] = {"family": "arithmetic", "kind": "multi", "digits": digits, "op": op}
+    for depth in range(2, 9):
+        tasks[f"brackets_d{depth}"] = {"family": "brackets", "depth": depth}
+    return tasks
+
+
+def generate_probes(task: str, n: int, seed: int | str) -> list[Probe]:
+    """The first `n` questions of a probe task under `seed` (an int for evaluation, a string namespace here)."""
+    args = dict(probe_tasks()[task])
+    if args.pop("family") == "brackets":
+        return bracket_probes(n, depth=int(args["depth"]), seed=seed)  # type: ignore[arg-type]
+    return arithmetic_probes(n, seed=seed, **args)  # type: ignore[arg-type]
+
+
+def question_key(text: str) -> str:
+    """The question of a few-shot probe prompt (its last line that is not the bare 'Closing:' cue), or the text."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip() and line.strip() != "Closing:"]
+    return lines[-1] if lines else text.strip()
+
+
+def probe_task_names(source: str) -> list[str] | None:
+    """The probe tasks a `probes[:a+b]` source names (None: not a probe source)."""
+    if source != "probes" and not source.startswith("probes:"):
+        return None
+    known = probe_tasks()
+    names = list(known) if source == "probes" else [n.strip() for n in source.split(":", 1)[1].split("+") if n.strip()]
+    for name in names:
+        if name not in known:
+            raise LayerpruneError(unknown_name_message("probe task", name, list(known)))
+    if not names:
+        raise LayerpruneError(f"prompt source '{source}' names no probe task")
+    return names
+
+
+def probe_prompts(names: list[str], n: int, seed: int) -> list[selfgen.Prompt]:
+    """`n` probe prompts, round-robin over the tasks, on the recovery seed stream."""
+    per_task = -(-n // len(names))
+    drawn = {name: generate_probes(name, per_task, f"recover-{seed}") for name in names}
+    ordered = [drawn[name][i] for i in range(per_task) for name in names if i < len(drawn[name])][:n]  # small
+    # tasks (brackets_d2 has 9 distinct questions) run out first
+    unique: dict[str, selfgen.Prompt] = {}
+    for probe in ordered:  # the first occurrence of a repeated question wins
+        unique.setdefault(selfgen.prompt_id(probe.prompt), selfgen.Prompt(selfgen.prompt_id(probe.prompt), probe.prompt,
+                                                                          probe.answer.strip()))
+    return list(unique.values())
+
+
+@functools.lru_cache(maxsize=8)
+def eval_question_keys(seeds: tuple[int, ...]) -> frozenset[str]:
+    """The questions of the first EVAL_ITEMS items of every probe task under each evaluation seed."""
+    return frozenset(question_key(p.prompt) for seed in seeds for task in probe_tasks()
+                     for p in generate_probes(task, EVAL_ITEMS, seed))
+
+
+def gsm8k_test_questions(data_dir: Path | None) -> set[str]:
+    path = local_split(data_dir, "gsm8k", "test")
+    return {str(row.get("question", "")).strip() for row in read_jsonl(path)} if path is not None else set()
+
+
+def load_prompts(source: PromptSource, data_dir: Path | None) -> tuple[list[selfgen.Prompt], dict[str, int]]:
+    """The recipe's prompts minus every evaluation item; the card says how many were excluded."""
+    if source.source == "gsm8k" and source.split == "test":
+        raise LayerpruneError("prompts from gsm8k/test are the evaluation items; use split 'train'")
+    names = probe_task_names(source.source)
+    wanted, seeds, gsm8k_test = source.samples or 256, tuple(source.exclude_probe_seeds), gsm8k_test_questions(data_dir)
+    if names is None:
+        kept, card = exclude_eval_items(selfgen.load_prompts(source, data_dir), seeds, gsm8k_test)
+    else:  # draw more until the exclusion leaves `samples` (small tasks such as brackets_d2 are all evaluation items)
+        drawn = 2 * wanted
+        kept, card = exclude_eval_items(probe_prompts(names, drawn, source.shuffle_seed), seeds, gsm8k_test)
+        while len(kept) < wanted and drawn < 64 * wanted:
+            drawn *= 2
+            kept, card = exclude_eval_items(probe_prompts(names, drawn, source.shuffle_seed), seeds, gsm8k_test)
+        kept = kept[:wanted]
+        card["kept"] = len(kept)
+    if not kept:
+        raise LayerpruneError(f"every prompt of '{source.source}' is an evaluation item; choose other prompts")
+    return kept, card
+
+
+def exclude_eval_items(prompts: list[selfgen.Prompt], seeds: tuple[int, ...],
+                       gsm8k_test: set[str]) -> tuple[list[selfgen.Prompt], dict[str, int]]:
+    """Drop prompts whose question is a probe evaluation question or a GSM8K test question."""
+    probe_keys = eval_question_keys(seeds)
+    kept, card = [], {"prompts": len(prompts), "excluded_probe_eval": 0, "excluded_gsm8k_test": 0}
+    for prompt in prompts:
+        if question_key(prompt.text) in probe_keys:
+            card["excluded_probe_eval"] += 1
+        elif prompt.text.strip() in gsm8k_test:
+            card["excluded_gsm8k_test"] += 1
+        else:
+            kept.append(prompt)
+    if card["excluded_probe_eval"] or card["excluded_gsm8k_test"]:
+        log.info("excluded %d probe evaluation and %d GSM8K test prompts from recovery", card["excluded_probe_eval"],
+                 card["excluded_gsm8k_test"])
+    card["kept"] = len(kept)
+    return kept, card

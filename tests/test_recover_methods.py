@@ -1,0 +1,213 @@
+"""recover's distillation family on tiny random models: opd, kd (GKD and the corrected hand-written loss), replace,
+task-aligned probe prompts and the exclusion of evaluation items."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from layerprune.cli import main
+from layerprune.models import drop_blocks
+from layerprune.recover import heldout, kd, prompts, replace, train
+from layerprune.recover.schema import KdSection, PromptSource, RecoverRecipe
+
+FAST = ["--max-new-tokens", "6", "--no-generate-drop-truncated", "--samples", "8", "--train-max-length", "64",
+        "--train-batch-size", "2", "--train-grad-accum", "2", "--max-steps", "2", "--held-out", "0.25",
+        "--train-warmup-steps", "0", "--no-train-gradient-checkpointing", "--learning-rate", "1e-2", "--lora-r", "4",
+        "--opd-max-new-tokens", "6", "--train-eval-steps", "1", "--device", "cpu", "-q"]
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    rows = [{"prompt": f"what is {i} + 7?", "answer": str(i + 7)} for i in range(12)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def pruned(tiny_models, tmp_path_factory) -> Path:
+    """A tiny model minus blocks 2, 3 and 5 (two runs), with a prune_report.json naming its teacher and the drops."""
+    teacher = tiny_models("llama", 6)
+    model = AutoModelForCausalLM.from_pretrained(teacher)
+    kept = drop_blocks(model, [2, 3, 5])
+    out = tmp_path_factory.mktemp("pruned") / "p3"
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(teacher).save_pretrained(out)
+    (out / "prune_report.json").write_text(json.dumps({
+        "source": {"spec": str(teacher), "location": str(teacher), "kind": "local", "identity": {}},
+        "dropped": [2, 3, 5], "kept": list(kept), "num_blocks_before": 6, "num_blocks_after": 3}))
+    return out
+
+
+def run_recover(pruned: Path, prompts_file: Path, out: Path, *extra: str) -> dict:
+    assert main(["recover", "--model", str(pruned), "--prompts", str(prompts_file), "-o", str(out), *FAST, *extra]) == 0
+    return json.loads((out / "recover_report.json").read_text())
+
+
+def test_opd_trains_on_policy_with_trl_distillation_trainer(pruned, prompts_file, tmp_path):
+    report = run_recover(pruned, prompts_file, tmp_path / "opd", "--method", "opd", "--opd-beta", "1")
+    data = report["data"]
+    assert data["trainer"] == "DistillationTrainer" and data["steps"] == 2
+    # prompts only: the teacher answered just the held-out prompts (for the common held-out yardstick)
+    assert data["generation"]["prompts"] == data["held_out_examples"] == 2 and data["train_prompts"] == 6
+    assert report["tokens_seen"] > 0 and report["curve" if "curve" in report else "loss_curve"]["held_out_kl"]
+    metrics = data["held_out_metrics"]
+    assert metrics["pruned"]["kl"] > 0 and metrics["after"]["kl"] != metrics["pruned"]["kl"]
+    assert (tmp_path / "opd" / "adapter" / "adapter_config.json").is_file()
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "opd").config.num_hidden_layers == 3
+
+
+def test_opd_with_lmbda_below_one_uses_gkd_and_full_weights(pruned, prompts_file, tmp_path):
+    report = run_recover(pruned, prompts_file, tmp_path / "mix", "--method", "opd", "--opd-lmbda", "0.5",
+                         "--opd-adapter", "full")
+    assert report["data"]["trainer"] == "GKDTrainer" and not (tmp_path / "mix" / "adapter").exists()
+    before = AutoModelForCausalLM.from_pretrained(pruned).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(tmp_path / "mix").state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_kd_uses_gkd_where_it_agrees_and_logs_train_kl_and_held_out_ce_kl(pruned, prompts_file, tmp_path):
+    report = run_recover(pruned, prompts_file, tmp_path / "kd", "--method", "kd")
+    curve = report["loss_curve"]
+    assert report["data"]["trainer"] == "GKDTrainer"
+    assert curve["train"] and [p[0] for p in curve["held_out_ce"]] == [0, 1, 2] == [p[0] for p in curve["held_out_kl"]]
+    soft = run_recover(pruned, prompts_file, tmp_path / "kdT", "--method", "kd", "--kd-temperature", "2")
+    assert soft["data"]["trainer"] == "KDTrainer"
+
+
+def _kd_batch(tiny_llama):
+    from trl.experimental.utils import DataCollatorForChatML
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    rows = [{"prompt": f"what is {i} + 7?", "response": f"It is {i + 7}." * (i + 1)} for i in range(4)]
+    batch = DataCollatorForChatML(tokenizer=tokenizer, max_length=64)(list(kd.messages_dataset(rows, "Be brief.")))
+    return tokenizer, batch
+
+
+def test_hand_written_kd_loss_equals_trl_gkd_with_lmbda_zero(tiny_llama, tiny_models):
+    tokenizer, batch = _kd_batch(tiny_llama)
+    student = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    drop_blocks(student, [2, 3])
+    teacher = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    count = int((batch["labels"][:, 1:] != -100).sum()) * 3  # as if the window held three such micro-batches
+    ours = train.distillation_loss(student, teacher, batch, KdSection(), torch.tensor(count))
+    with torch.no_grad():
+        s_logits = student(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+        t_logits = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+    from trl.experimental.gkd import GKDTrainer
+
+    theirs = GKDTrainer.generalized_jsd_loss(s_logits, t_logits, batch["labels"][:, 1:], beta=0.0,
+                                             num_items_in_batch=torch.tensor(count))
+    assert float(ours) > 0 and torch.allclose(ours, theirs, rtol=1e-5, atol=1e-7)
+
+
+def test_kd_loss_is_normalised_by_the_window_not_the_micro_batch(tiny_llama):
+    """Two micro-batches of one window sum to the loss of the window as one batch (grad_accum-invariant)."""
+    tokenizer, batch = _kd_batch(tiny_llama)
+    student = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    drop_blocks(student, [1])
+    teacher = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    total = (batch["labels"][:, 1:] != -100).sum()
+    halves = [{k: v[i:i + 2] for k, v in batch.items() if isinstance(v, torch.Tensor)} for i in (0, 2)]
+    whole = train.distillation_loss(student, teacher, batch, KdSection(), total)
+    parts = sum(train.distillation_loss(student, teacher, h, KdSection(), total) for h in halves)
+    assert torch.allclose(whole, parts, rtol=1e-5)
+
+
+def test_dropped_runs_and_their_anchor_blocks():
+    runs = replace.dropped_runs([5, 2, 3, 9], 12)
+    assert [(r.first, r.last, r.anchor) for r in runs] == [(2, 3, 1), (5, 5, 2), (9, 9, 5)]
+    with pytest.raises(Exception, match="block 0"):
+        replace.dropped_runs([0, 1], 6)
+
+
+def test_folded_map_equals_the_map_applied_to_the_anchor_mlp_output(tiny_llama):
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    drop_blocks(model, [2, 3])
+    ids = torch.randint(3, 380, (2, 12), generator=torch.Generator().manual_seed(0))
+    d = model.config.hidden_size
+    t = torch.eye(d) + 0.1 * torch.randn(d, d, generator=torch.Generator().manual_seed(1))
+    mlp = model.model.layers[1].mlp
+    handle = mlp.register_forward_hook(lambda _m, _i, out: out @ t)
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+    handle.remove()
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+    replace.fold_map(model, 1, t.double())
+    with torch.no_grad():
+        folded = model(input_ids=ids).logits
+    assert not torch.allclose(plain, expected, atol=1e-3)
+    assert torch.allclose(folded, expected, atol=1e-4)
+
+
+def test_least_squares_map_beats_plain_pruning_on_calibration_tokens(tiny_llama):
+    teacher = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    student = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    drop_blocks(student, [2, 3])
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(3, 380, (30,), generator=g).tolist() for _ in range(12)]
+    fits = replace.replace_blocks(student, teacher, [2, 3], seqs, ridge=0.0)
+    assert fits[0]["residual_fitted"] < fits[0]["residual_identity"]
+    # the fold moved the pruned model's block-1 output towards the teacher's block-3 output on these tokens
+    m, a = replace.capture_student(student, 1, torch.tensor([seqs[0]]))
+    y = replace.capture_teacher(teacher, 3, torch.tensor([seqs[0]]))
+    assert float(((a + m - y) ** 2).sum()) < fits[0]["residual_identity"] / len(seqs) * 2
+
+
+def test_replace_end_to_end_lowers_held_out_loss_and_keeps_the_architecture(pruned, prompts_file, tmp_path):
+    report = run_recover(pruned, prompts_file, tmp_path / "rep", "--method", "replace")
+    data = report["data"]
+    assert [f["dropped"] for f in data["replace"]] == [[2, 3], [5, 5]] and data["steps"] == 0
+    assert data["held_out_metrics"]["replaced"] == data["held_out_metrics"]["after"]
+    config = json.loads((tmp_path / "rep" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 3 and config["architectures"] == ["LlamaForCausalLM"]
+    assert not (tmp_path / "rep" / "adapter").exists()
+
+
+def test_replace_refuses_a_norm_after_the_mlp(tiny_models):
+    model = AutoModelForCausalLM.from_pretrained(tiny_models("gemma3_text", 6))
+    with pytest.raises(Exception, match="norm follows its MLP"):
+        replace.check_foldable(model)
+
+
+def test_probe_prompts_never_include_evaluation_items():
+    source = PromptSource(source="probes:arith_1dc+brackets_d2", samples=100)
+    chosen, card = prompts.load_prompts(source, None)
+    assert len(chosen) == 100 and card["excluded_probe_eval"] >= 9  # the 9 depth-2 bracket questions are all used
+    assert not any("Closing" in p.text for p in chosen)  # by the evaluation
+    eval_keys = prompts.eval_question_keys((0,))
+    assert not {prompts.question_key(p.text) for p in chosen} & eval_keys
+    # the evaluation's own probes (seed 0, first 500) are excluded whatever the source
+    from layerprune.recover.selfgen import Prompt, prompt_id
+
+    evals = [p.prompt for p in prompts.generate_probes("arith_2d_add", 5, 0)]
+    kept, card = prompts.exclude_eval_items([Prompt(prompt_id(t), t) for t in evals + ["hello"]], (0,), {"Q?"})
+    assert [p.text for p in kept] == ["hello"] and card["excluded_probe_eval"] == 5
+
+
+def test_probe_task_names_fail_with_close_matches_and_gsm8k_test_is_refused():
+    with pytest.raises(Exception, match="arith_1dc"):
+        prompts.probe_task_names("probes:arith_1d")
+    with pytest.raises(Exception, match="evaluation items"):
+        prompts.load_prompts(PromptSource(source="gsm8k", split="test"), None)
+
+
+def test_held_out_metrics_are_zero_kl_for_the_teacher_itself(tiny_llama):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    encoded = heldout.encode_rows(tokenizer, [{"prompt": "what is 3 + 7?", "response": "It is 10."}], None, 64)
+    same = heldout.held_out_metrics(model, model, encoded)
+    assert same["kl"] == pytest.approx(0.0, abs=1e-6) and same["ce"] > 0 and same["tokens"] > 0
+
+
+def test_recipe_validates_the_new_sections():
+    recipe = RecoverRecipe(method="replace", replace={"then": "opd"}, opd={"adapter": "full"})
+    assert recipe.trainer_method() == "opd" and not recipe.uses_lora() and recipe.needs_teacher_model()
+    with pytest.raises(Exception):
+        RecoverRecipe(opd={"beta": 1.5})

@@ -1,0 +1,81 @@
+"""`layerprune study`: the recovery study on a tiny model, its table rules, and the shipped recipes' dry runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import run_cli
+from layerprune.pipeline import study_report
+from layerprune.pipeline.study import RecoveryStudy
+from layerprune.recipes_cli import shipped_recipes
+
+STUDIES = sorted(p for (kind, _), p in shipped_recipes("recovery-study").items())
+
+
+def tiny_study(model: Path, output: Path) -> dict:
+    return {
+        "name": "tiny-study", "model": str(model), "output": str(output),
+        "prune": {"layers": [2, 3]},
+        "recover": {"recipe": "demo", "overrides": {
+            "prompts": {"source": "probes:arith_2d_add", "samples": 8},
+            "generate": {"max_new_tokens": 6, "batch_size": 4},
+            "train": {"max_steps": 2, "max_length": 256, "batch_size": 2, "eval_steps": 1, "logging_steps": 1,
+                      "save_steps": 2, "held_out": 0.25},
+            "lora": {"r": 4, "alpha": 8}, "opd": {"max_new_tokens": 6}}},
+        "arms": {"sft": {"method": "lora"}, "opd": {"method": "opd"}, "replace": {"method": "replace"}},
+        "evaluate": {"tasks": ["arith_1dc"], "limit": 4, "batch_size": "4"},
+    }
+
+
+def test_tiny_study_prunes_once_recovers_each_arm_and_writes_one_table(capsys, tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))
+    recipe = tmp_path / "study.yaml"
+    recipe.write_text(yaml.safe_dump(tiny_study(tiny_llama, tmp_path / "study"), sort_keys=False))
+    code, out, err = run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])
+    assert code == 0, err
+    root = tmp_path / "study"
+    rows = {r["model"]: r for r in json.loads((root / "study.json").read_text())}
+    assert list(rows) == ["baseline", "pruned", "sft", "opd", "replace"]
+    reports = {arm: json.loads((root / "arms" / arm / "recover_report.json").read_text()) for arm in ("sft", "opd")}
+    assert reports["sft"]["data"]["steps"] == reports["opd"]["data"]["steps"] == 2  # one budget
+    assert rows["replace"]["steps"] == 0 and rows["opd"]["tokens"] > 0
+    text = (root / "study.md").read_text()
+    assert "| replace | replace |" in text and (root / "study.png").is_file()
+    # the arms reused the teacher answers the first arm generated
+    assert reports["opd"]["data"]["generation"]["generated"] == 0
+    assert run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])[0] == 0  # complete: every stage skipped
+
+
+def test_recovered_share_says_no_clear_drop_within_two_standard_errors():
+    assert study_report.recovered_share((0.30, 0.02), (0.10, 0.02), (0.20, 0.02)) == pytest.approx(0.5)
+    assert study_report.recovered_share((0.30, 0.05), (0.25, 0.05), (0.30, 0.05)) == "n/a (no clear drop)"
+    assert study_report.mean_with_se([]) is None
+
+
+def test_study_schema_demands_a_matched_budget_and_known_arm_fields(tiny_llama):
+    data = tiny_study(tiny_llama, Path("x"))
+    del data["recover"]["overrides"]["train"]["max_steps"]
+    with pytest.raises(Exception, match="max_steps"):
+        RecoveryStudy.model_validate(data)
+    data = tiny_study(tiny_llama, Path("x"))
+    data["arms"]["sft"]["train"] = {"max_steps": 50}  # an arm may not buy itself more steps
+    with pytest.raises(Exception, match="train"):
+        RecoveryStudy.model_validate(data)
+    data = tiny_study(tiny_llama, Path("x"))
+    data["arms"]["bad"] = {"method": "opd", "opd": {"beta": 2}}
+    with pytest.raises(Exception, match="beta"):
+        RecoveryStudy.model_validate(data)
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=[p.stem for p in STUDIES])
+def test_every_shipped_recovery_study_dry_runs(capsys, path, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, out, err = run_cli(capsys, ["study", str(path), "--dry-run", "--output", str(tmp_path / "s")])
+    assert code == 0, err
+    assert "budget (every arm)" in out and "arm opd" in out and not (tmp_path / "s").exists()
+    assert path.read_text().startswith("# layerprune study ")
+    assert len(STUDIES) >= 3
