@@ -1,18 +1,20 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-import pytest
-import torch
+# before anything imports huggingface_hub, which reads these once: tests never wait on a hub they cannot reach
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from tiny import make_tiny_model
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tiny import make_tiny_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = (ROOT.parent / "shared" / "data").resolve()
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
