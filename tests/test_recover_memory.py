@@ -110,7 +110,10 @@ def test_full_sft_switches_to_8bit_adamw_when_it_does_not_fit():
 
 
 def test_qlora_weights_are_about_a_quarter_of_bf16():
-    shape = model_shape(LlamaConfig(**SMALL))
+    # an 8B-shaped model: its 4-bit blocks dominate; peft's float32 copy of embeddings and head is counted on top,
+    # which on a tiny model (embeddings most of the weights) makes QLoRA no smaller than bf16 LoRA
+    shape = model_shape(LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                    num_attention_heads=32, num_key_value_heads=8, vocab_size=128256))
     bf16 = plan_memory(shape, "lora", seq_len=128, batch_size=1, weight_bytes=2, lora_r=8)
     nf4 = plan_memory(shape, "qlora", seq_len=128, batch_size=1, weight_bytes=2, lora_r=8)
-    assert nf4.weights < 0.6 * bf16.weights
+    assert 0.25 * bf16.weights < nf4.weights < 0.6 * bf16.weights
