@@ -1,6 +1,12 @@
 """Block-major vs in-memory scoring on a real model: the same scores, and peak memory against a third of the model.
 
     nice -n 10 python bench/bench_block_major.py [--model embedded] [--score ablation] [--samples 8]
+    nice -n 10 python bench/bench_block_major.py --deep 32     # a random 32-block Llama, SmolLM2's tokenizer
+
+The embedded model is shallow and wide-vocabulary (its tied 49k embedding is a fifth of it), so a third of it is
+out of reach for any block-major scorer; `--deep N` builds a random float32 Llama with N blocks of width 1024 in a
+temporary directory (SmolLM2-135M's tokenizer, ~1.8 GB for N=32) to show the peak on a model shaped like the ones
+block-major is for (7B-70B: embeddings a few percent of the weights).
 
 Each scorer runs `prune --dry-run` in a fresh interpreter; the peak RSS (VmHWM) is reported over an idle
 interpreter that made the same imports. The cap is a third of the checkpoint's size on disk (its dtype).
@@ -12,6 +18,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,12 +53,42 @@ def run(mode: str, args: argparse.Namespace) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def make_deep_model(depth: int, root: Path) -> str:
+    """A random float32 Llama with `depth` blocks of width 1024 and the embedded model's tokenizer, saved in `root`."""
+    code = f"""
+import torch, transformers
+from layerprune.models.loading import load_tokenizer, resolve_model
+from layerprune.settings import RunSettings
+tokenizer = load_tokenizer(resolve_model("embedded", RunSettings()))
+config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=1024, intermediate_size=2816,
+    num_hidden_layers={depth}, num_attention_heads=16, num_key_value_heads=4, tie_word_embeddings=True,
+    bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+torch.manual_seed(0)
+model = transformers.LlamaForCausalLM(config)
+model.save_pretrained({str(root)!r}, max_shard_size="256MB")
+tokenizer.save_pretrained({str(root)!r})
+"""
+    env = {"PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(done.stderr[-2000:])
+    return str(root)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="embedded")
     parser.add_argument("--score", default="ablation", choices=["ablation", "block-influence", "angular"])
     parser.add_argument("--samples", type=int, default=8, help="calibration items (arithmetic probes), one batch")
+    parser.add_argument("--deep", type=int, default=0, help="score a random Llama with this many blocks instead")
     args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="deep-llama-") as tmp:
+        if args.deep:
+            args.model = make_deep_model(args.deep, Path(tmp))
+        compare(args)
+
+
+def compare(args: argparse.Namespace) -> None:
     idle = run("idle", args)
     memory = run("in-memory", args)
     block = run("block-major", args)
