@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import difflib
-from typing import Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Generic, TypeVar
 
 from layerprune.errors import LayerpruneError
 
@@ -47,3 +48,11 @@ def unknown_name_message(kind: str, name: str, known: object) -> str:
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
     hint = f"; did you mean: {', '.join(close)}?" if close else ""
     return f"unknown {kind} '{name}'{hint} (known: {', '.join(names)})"
+
+
+def check_name(kind: str, name: str, known: Iterable[str]) -> str:
+    """`name` when it is one of `known`; else a ValueError with the close matches (for pydantic field validators)."""
+    names = list(known)
+    if name not in names:
+        raise ValueError(unknown_name_message(kind, name, names))
+    return name

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from layerprune.analyze.tasks import TASKS
+from layerprune.registry import check_name
 
 DEFAULT_MODELS = ["embedded", "embedded:gemma3-270m"]
 
@@ -37,6 +40,9 @@ class Decoding(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1, description="Nucleus sampling when temperature > 0")
 
 
+ImportanceMetric = Literal["nll", "accuracy", "generate"]
+
+
 class ImportanceAnalysis(OutputOptions):
     """Per-block ablation drops for several models and tasks, compared across both."""
 
@@ -46,7 +52,7 @@ class ImportanceAnalysis(OutputOptions):
     tasks: list[str] = Field(default_factory=lambda: ["arithmetic", "factual"],
                              description="Tasks (space/comma-separated): arithmetic, gsm8k (train), "
                                          "factual (capitals), triviaqa")
-    metric: Literal["nll", "accuracy", "generate"] = Field(
+    metric: ImportanceMetric = Field(
         "nll", description="nll: answer-token probability exp(-NLL); accuracy: teacher-forced exact match (every "
                            "answer token is the argmax); both reuse the prefix (fast); generate: greedy generation "
                            "exact match, one generation per skipped block (slow; for gsm8k-style answers)")
@@ -83,6 +89,16 @@ class ImportanceAnalysis(OutputOptions):
         if len(set(value)) != len(value):
             raise ValueError(f"lists an entry twice: {value}")
         return value
+
+    @field_validator("tasks")
+    @classmethod
+    def _known_tasks(cls, tasks: list[str]) -> list[str]:
+        return [check_name(TASKS.kind, task, TASKS.names()) for task in tasks]
+
+    @field_validator("metric", mode="before")
+    @classmethod
+    def _known_metric(cls, metric: Any) -> Any:
+        return check_name("metric", metric, get_args(ImportanceMetric)) if isinstance(metric, str) else metric
 
     @model_validator(mode="after")
     def _per_model_names_models(self) -> "ImportanceAnalysis":
@@ -121,6 +137,11 @@ class NmiAnalysis(OutputOptions):
     critical_task: str | None = Field(None, description="Task of --critical-from to use (default: its first task)")
     batch_size: int = Field(8, ge=1, description="Sequences per forward")
     max_length: int = Field(256, ge=8, description="Longest sequence in tokens")
+
+    @field_validator("calib")
+    @classmethod
+    def _known_calib(cls, calib: str) -> str:
+        return check_name(TASKS.kind, calib, TASKS.names())
 
 
 class DegenerationAnalysis(OutputOptions):

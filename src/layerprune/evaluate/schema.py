@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from layerprune.errors import LayerpruneError
+from layerprune.registry import check_name
 
 
 class TaskSettings(BaseModel):
@@ -93,6 +95,25 @@ class EvalSettings(BaseModel):
         if value != "auto" and not (value.isdigit() and int(value) > 0):
             raise ValueError("--batch-size must be a positive number or auto")
         return value
+
+    @field_validator("suite")
+    @classmethod
+    def _known_suite(cls, suite: str | None) -> str | None:
+        from layerprune.evaluate.suites import load_suites
+
+        return None if suite is None else check_name("suite", suite, load_suites())
+
+    @model_validator(mode="after")
+    def _known_tasks(self) -> EvalSettings:
+        """Every task resolves as `evaluate` resolves it (with --include-path, so a model-level check)."""
+        from layerprune.evaluate.suites import task_name_error
+
+        errors = [error for name in self.tasks or [] if (error := task_name_error(name, self.include_path))]
+        if errors:
+            detail = InitErrorDetails(type=PydanticCustomError("unknown_task", "{error}", {"error": errors[0]}),
+                                      loc=("tasks",), input=self.tasks)
+            raise ValidationError.from_exception_data(type(self).__name__, [detail])
+        return self
 
 
 class TaskResult(BaseModel):

@@ -75,18 +75,31 @@ def _suite_settings(spec: TaskSpec, chain: list[Suite]) -> TaskSettings:
 
 def resolve_task(name: str, include_path: Path | None = None) -> TaskSpec:
     """A registered task, else (the user's folder first) any task, group or tag lm-eval knows."""
-    from layerprune.evaluate.lm_eval_index import lm_eval_task_spec, unknown_task_message, user_entry
+    from layerprune.evaluate.lm_eval_index import lm_eval_task_spec, user_entry
 
     if user_entry(name, include_path) is not None:
         return lm_eval_task_spec(name, include_path)  # type: ignore[return-value]
+    if (error := task_name_error(name, include_path)) is not None:
+        raise LayerpruneError(error)
+    return TASKS.get(name) if name in TASKS else lm_eval_task_spec(name, include_path)  # type: ignore[return-value]
+
+
+def task_name_error(name: str, include_path: Path | None = None) -> str | None:
+    """Why resolve_task would refuse `name` (None: it would not), found without loading the task.
+
+    lm-eval's index is read only for a name layerprune does not register, or with --include-path.
+    """
+    from layerprune.evaluate.lm_eval_index import index_entry, unknown_task_message, user_entry
+
+    if any(char in name for char in "*?[") or (include_path is not None and not Path(include_path).is_dir()):
+        return None  # patterns expand when planned; plan_tasks names a missing --include-path folder
+    if include_path is not None and user_entry(name, include_path) is not None:
+        return None
     if name in load_suites() and name not in TASKS:
-        raise LayerpruneError(f"'{name}' is a suite; use --suite {name}")
-    if name in TASKS:
-        return TASKS.get(name)
-    spec = lm_eval_task_spec(name, include_path)
-    if spec is None:
-        raise LayerpruneError(unknown_task_message(name, [*TASKS.names(), *load_suites()], include_path))
-    return spec
+        return f"'{name}' is a suite; use --suite {name}"
+    if name in TASKS or index_entry(name, include_path) is not None:
+        return None
+    return unknown_task_message(name, [*TASKS.names(), *load_suites()], include_path)
 
 
 def plan_tasks(settings: EvalSettings, data_dir: Path | None) -> tuple[list[PlannedTask], dict[str, str]]:

@@ -15,7 +15,7 @@ from layerprune.data import local_split, load_rows, read_jsonl
 from layerprune.errors import LayerpruneError
 from layerprune.probes import arithmetic_probes
 from layerprune.prune.forward import CalibBatch
-from layerprune.registry import Registry
+from layerprune.registry import Registry, check_name
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +107,23 @@ def load_calibration(name: str | None, n: int, seed: int, data_dir: Path | None)
         return calib
     if "+" in name:
         return mix_calibration(name.split("+"), n, seed, data_dir)
-    if name.endswith(".jsonl") or Path(name).is_file():
+    if is_calibration_file(name):
         return jsonl_calib(Path(name), n, seed)
     return CALIB_SOURCES.get(name)(n, seed, data_dir)
+
+
+def is_calibration_file(name: str) -> bool:
+    """Whether `--calib NAME` names a JSONL file rather than a source."""
+    return name.endswith(".jsonl") or Path(name).is_file()
+
+
+def check_calibration(name: str) -> str:
+    """`name` when load_calibration knows it (auto, a source, a JSONL file, or a mix of them joined by '+'), else a
+    ValueError with the close matches."""
+    for part in name.split("+"):
+        if part != "auto" and not is_calibration_file(part):
+            check_name(CALIB_SOURCES.kind, part, ["auto", *CALIB_SOURCES.names()])
+    return name
 
 
 def mix_calibration(names: list[str], n: int, seed: int, data_dir: Path | None) -> CalibSet:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from layerprune.errors import LayerpruneError
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from layerprune.registry import check_name
+
+Metric = Literal["nll", "accuracy"]
 
 
 class PruneRecipe(BaseModel):
@@ -17,7 +21,7 @@ class PruneRecipe(BaseModel):
     drop: int | None = Field(None, ge=1, description="Number of decoder blocks to drop")
     layers: list[int] | None = Field(None, description="Explicit blocks to drop, comma-separated (original numbering)")
     score: str = Field("ablation", description="Importance score: ablation, block-influence, angular, taylor, last, random")
-    metric: Literal["nll", "accuracy"] = Field(
+    metric: Metric = Field(
         "nll", description="Ablation metric: teacher-forced NLL, or greedy exact-match accuracy on items with answers"
     )
     iterative: bool = Field(False, description="Greedy removal: re-score the remaining blocks after each drop")
@@ -46,6 +50,25 @@ class PruneRecipe(BaseModel):
     )
     protect: list[int] = Field([0], description="Blocks never dropped, comma-separated; negative counts from the end")
     data_dir: Path | None = Field(None, description="Local data mirror laid out as DIR/<dataset>/<split>.jsonl")
+
+    @field_validator("score")
+    @classmethod
+    def _known_score(cls, score: str) -> str:
+        from layerprune.prune.scores import SCORES
+
+        return check_name(SCORES.kind, score, SCORES.names())
+
+    @field_validator("metric", mode="before")
+    @classmethod
+    def _known_metric(cls, metric: Any) -> Any:
+        return check_name("metric", metric, get_args(Metric)) if isinstance(metric, str) else metric
+
+    @field_validator("calib")
+    @classmethod
+    def _known_calib(cls, calib: str) -> str:
+        from layerprune.prune.calib import check_calibration
+
+        return check_calibration(calib)
 
     @field_validator("layers")
     @classmethod

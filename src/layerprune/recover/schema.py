@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from layerprune.data import HUB_DATASETS
+from layerprune.probes import probe_tasks
+from layerprune.registry import check_name
+
 Method = Literal["lora", "qlora", "full", "kd", "opd", "replace"]
 Optimizer = Literal["auto", "adamw_torch", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit"]
+MIRROR_ONLY_PROMPT_SETS = ("alpaca_seed",)  # read by name from the data mirror alone (no hub copy is known)
 
 
 class Section(BaseModel):
@@ -27,6 +32,17 @@ class PromptSource(Section):
     shuffle_seed: int = Field(0, description="Seed of the prompt shuffle before taking --samples")
     exclude_probe_seeds: list[int] = Field(
         [0], description="Evaluation probe seeds whose first 500 items per probe task are never used as prompts")
+
+    @field_validator("source")
+    @classmethod
+    def _known_source(cls, source: str) -> str:
+        if source.endswith(".jsonl"):
+            return source
+        if source.startswith("probes:"):
+            for task in source.removeprefix("probes:").split("+"):
+                check_name("probe task", task.strip(), probe_tasks())
+            return source
+        return check_name("prompt set", source, [*HUB_DATASETS, *MIRROR_ONLY_PROMPT_SETS, "probes"])
 
 
 class GenerationSection(Section):
@@ -72,6 +88,13 @@ class TrainSection(Section):
     eval_steps: int = Field(50, ge=1, description="Held-out loss every this many steps")
     logging_steps: int = Field(5, ge=1, description="Training loss every this many steps")
     save_steps: int = Field(100, ge=1, description="Checkpoint every this many steps (for --resume)")
+
+    @field_validator("lr_scheduler")
+    @classmethod
+    def _known_scheduler(cls, name: str) -> str:
+        from transformers import SchedulerType
+
+        return check_name("learning-rate scheduler", name, [kind.value for kind in SchedulerType])
 
 
 class LoraSection(Section):
@@ -137,6 +160,11 @@ class RecoverRecipe(Section):
     kd: KdSection = Field(default_factory=KdSection)
     opd: OpdSection = Field(default_factory=OpdSection)
     replace: ReplaceSection = Field(default_factory=ReplaceSection)
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _known_method(cls, method: Any) -> Any:
+        return check_name("method", method, get_args(Method)) if isinstance(method, str) else method
 
     @model_validator(mode="after")
     def _check(self) -> "RecoverRecipe":
