@@ -31,7 +31,7 @@ def test_writer_and_reader_round_trip(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == [SUMMARY_FILE]  # the temporary file is gone
 
 
-def rewrite(path: Path, change) -> None:  # noqa: ANN001
+def rewrite(path: Path, change) -> None:
     body = json.loads(path.read_text())
     change(body)
     path.write_text(json.dumps(body))

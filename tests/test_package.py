@@ -16,7 +16,7 @@ ENTRY_POINTS = {"prune_model": "layerprune.prune.api", "recover_model": "layerpr
 
 
 def python(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+    return subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(SRC)})
 
 

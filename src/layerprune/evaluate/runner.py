@@ -7,19 +7,32 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from layerprune.data import resolve_data_dir
 from layerprune.errors import LayerpruneError, one_line
 from layerprune.evaluate.cache import cache_path, read_cached, task_settings, write_cached
-from layerprune.evaluate.handle import (ModelHandle, applies_chat, handle_for, has_chat_template, make_lm,
-                                        reference_handle)
+from layerprune.evaluate.handle import (
+    ModelHandle,
+    applies_chat,
+    handle_for,
+    has_chat_template,
+    make_lm,
+    reference_handle,
+)
 from layerprune.evaluate.lm_eval_results import aggregate_group, merge_samples, summarize
 from layerprune.evaluate.offline import lm_eval_configs
 from layerprune.evaluate.overlap import calibration_overlap
-from layerprune.evaluate.project_tasks import (DEFAULT_TEMPERATURE, Sampling, boxed_config, humaneval_config,
-                                               lm_eval_sampling, probe_config)
+from layerprune.evaluate.project_tasks import (
+    DEFAULT_TEMPERATURE,
+    Sampling,
+    boxed_config,
+    humaneval_config,
+    lm_eval_sampling,
+    probe_config,
+)
 from layerprune.evaluate.sandbox import SandboxLimits, isolation_level
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.evaluate.suites import PlannedTask, plan_tasks
