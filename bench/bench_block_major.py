@@ -29,7 +29,7 @@ import torch, transformers, accelerate, safetensors.torch
 from layerprune.prune.api import prune_model
 from layerprune.prune.recipe import PruneRecipe
 from layerprune.settings import RunSettings
-import layerprune.evaluate.results, layerprune.models.blockwise, layerprune.prune.blockwise
+import layerprune.models.identity, layerprune.models.blockwise, layerprune.prune.blockwise
 torch.set_num_threads(2)
 mode, model, score, samples = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 out = {}

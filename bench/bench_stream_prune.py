@@ -29,7 +29,7 @@ from layerprune.prune.api import prune_model
 from layerprune.prune.recipe import PruneRecipe
 from layerprune.settings import RunSettings
 from layerprune.models import drop_blocks
-import layerprune.evaluate.results, transformers.models.llama.modeling_llama, safetensors.torch  # imports are not work
+import layerprune.models.identity, transformers.models.llama.modeling_llama, safetensors.torch  # imports are not work
 mode, source, out, cache = sys.argv[1:5]
 settings = RunSettings(max_shard_size="256MB", cache_dir=Path(cache))
 start = time.perf_counter()

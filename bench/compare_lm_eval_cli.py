@@ -22,7 +22,7 @@ from pathlib import Path
 from layerprune.data import resolve_data_dir
 from layerprune.evaluate import EvalSettings, evaluate_model, plan_tasks
 from layerprune.evaluate.offline import write_task_yaml
-from layerprune.evaluate.registry import TASKS
+from layerprune.evaluate.task_specs import TASKS
 from layerprune.models import resolve_model
 from layerprune.settings import RunSettings
 

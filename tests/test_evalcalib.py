@@ -10,7 +10,7 @@ import yaml
 
 from helpers import assert_one_line_error, run_cli
 from layerprune.evaluate.project_tasks import probe_config
-from layerprune.evaluate.registry import TASKS
+from layerprune.evaluate.task_specs import TASKS
 from layerprune.prune.calib import arithmetic_calib
 
 GSM_TEST = [{"question": f"Tom has {i} apples and buys {i + 2} more at the market. How many now?",
@@ -130,7 +130,7 @@ def summary_of(values: dict[str, tuple[float, float]], **settings) -> "Summary":
              "arith_1dc": "generative", "brackets_d5": "generative"}
     rows = [TaskResult(task=t, kind=kinds[t], metric="acc", value=v, stderr=se, n=300, headline=True,
                        settings={"limit": 300, **settings.get(t, {})}, seconds=1.0) for t, (v, se) in values.items()]
-    return Summary(model={"spec": "x"}, model_hash="h", results=rows)
+    return Summary(model={"spec": "x", "location": "x", "kind": "local"}, model_hash="h", results=rows)
 
 
 def test_comparison_marks_noise_and_shows_retention_only_for_a_clear_drop(tmp_path):
@@ -176,8 +176,8 @@ def test_roles_evaluated_with_different_settings_are_marked_and_left_out_of_aver
 
 
 def test_cache_key_follows_data_content_and_layerprune_version(tmp_path, monkeypatch):
-    from layerprune.evaluate import runner
-    from layerprune.evaluate.runner import task_settings
+    from layerprune.evaluate import cache
+    from layerprune.evaluate.cache import task_settings
     from layerprune.evaluate.schema import EvalSettings
     from layerprune.evaluate.suites import PlannedTask
     from layerprune.settings import RunSettings
@@ -190,7 +190,7 @@ def test_cache_key_follows_data_content_and_layerprune_version(tmp_path, monkeyp
     assert (tmp_path / "gsm8k" / "test.jsonl").stat().st_size == len("".join(json.dumps(r) + "\n" for r in GSM_TEST))
     after = task_settings(task, settings, RunSettings(), False)
     assert before["data"] != after["data"]
-    monkeypatch.setattr(runner, "__version__", "9.9.9")
+    monkeypatch.setattr(cache, "__version__", "9.9.9")
     assert task_settings(task, settings, RunSettings(), False) != after
 
 

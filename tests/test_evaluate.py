@@ -10,11 +10,12 @@ import pytest
 from layerprune.cli import main
 from layerprune.errors import LayerpruneError
 from layerprune.evaluate import EvalSettings, Summary, TaskResult, compare, load_suites, plan_tasks
+from layerprune.evaluate.handle import ModelHandle, applies_chat
 from layerprune.evaluate.offline import lm_eval_config, write_task_yaml
 from layerprune.evaluate.project_tasks import probe_config, score_exact
-from layerprune.evaluate.registry import TASKS
-from layerprune.evaluate.runner import ModelHandle, applies_chat, evaluate_task
+from layerprune.evaluate.runner import evaluate_task
 from layerprune.evaluate.suites import PlannedTask
+from layerprune.evaluate.task_specs import TASKS
 from layerprune.settings import RunSettings
 
 ARC_ROWS = [{"id": f"q{i}", "question": f"What is {i} plus one?",
@@ -222,7 +223,7 @@ def test_tiny_model_end_to_end_and_cache(capsys, tmp_path, tiny_llama, data_dir,
     assert code == 0, err
     summary = Summary.model_validate_json((tmp_path / "o" / "summary.json").read_text())
     assert {r.task for r in summary.results} == {"arc_easy", "gsm8k", "arith_1dc", "brackets_d2", "humaneval_plus"}
-    assert summary.model["has_chat_template"] and summary.model["chat_template"] == "auto"
+    assert summary.model.has_chat_template and summary.model.chat_template == "auto"
     assert next(r for r in summary.results if r.task == "gsm8k").settings["chat_template"] is True
     assert next(r for r in summary.results if r.task == "arc_easy").settings["num_fewshot"] == 1
     raw = json.loads((tmp_path / "o" / "results" / "gsm8k.json").read_text())
@@ -262,7 +263,7 @@ def fake_summary(values: dict[str, float]) -> Summary:
     kinds = {"arc_easy": "classification", "boolq": "classification", "gsm8k": "generative", "arith_1dc": "generative"}
     rows = [TaskResult(task=t, kind=kinds[t], metric="acc", value=v, stderr=0.01, n=10, headline=True, settings={},
                        seconds=1.0) for t, v in values.items()]
-    return Summary(model={"spec": "x"}, model_hash="h", results=rows)
+    return Summary(model={"spec": "x", "location": "x", "kind": "local"}, model_hash="h", results=rows)
 
 
 def test_compare_retention_and_recovered_share(tmp_path):

@@ -11,7 +11,7 @@ from layerprune.cli import main
 from layerprune.errors import LayerpruneError
 from layerprune.evaluate import EvalSettings, evaluate_model, plan_tasks
 from layerprune.evaluate.offline import SPLIT_KEYS, lm_eval_config, lm_eval_tasks_dir
-from layerprune.evaluate.registry import TASKS
+from layerprune.evaluate.task_specs import TASKS
 from layerprune.settings import RunSettings
 
 ARC = [{"id": f"q{i}", "question": f"Test question {i}?",

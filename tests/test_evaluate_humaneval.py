@@ -12,7 +12,7 @@ import pytest
 from layerprune.cli import main
 from layerprune.evaluate import Summary
 from layerprune.evaluate.project_tasks import humaneval_config
-from layerprune.evaluate.registry import TASKS
+from layerprune.evaluate.task_specs import TASKS
 from layerprune.evaluate.sandbox import SandboxLimits
 
 ADD = {"task_id": "Toy/0", "prompt": "def add(a, b):\n", "entry_point": "add", "test": "",
@@ -178,7 +178,7 @@ def test_comparison_shows_greedy_and_sampled_scores():
     def summary(greedy: float, sampled: float) -> Summary:
         common = {"task": "humaneval_plus", "kind": "generative", "stderr": None, "n": 164, "settings": {},
                   "seconds": 1.0}
-        return Summary(model={}, model_hash="x", results=[
+        return Summary(model={"spec": "x", "location": "x", "kind": "local"}, model_hash="x", results=[
             TaskResult(metric="pass@1", value=greedy, headline=True, **common),
             TaskResult(metric="pass@10 sampled", value=sampled, headline=False, **common)])
 

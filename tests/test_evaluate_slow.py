@@ -11,7 +11,7 @@ import pytest
 
 from layerprune.evaluate import EvalSettings, evaluate_model, plan_tasks
 from layerprune.evaluate.offline import write_task_yaml
-from layerprune.evaluate.registry import TASKS
+from layerprune.evaluate.task_specs import TASKS
 from layerprune.models import resolve_model
 from layerprune.settings import RunSettings
 

@@ -130,7 +130,7 @@ def test_resume_runs_only_the_remaining_steps(pruned, tmp_path, monkeypatch):
 
 def test_run_pipeline_resumes_recovery(monkeypatch, tmp_path):
     jobs = []
-    monkeypatch.setattr(runner, "recover", lambda recipe, job: jobs.append(job))
+    monkeypatch.setattr(runner, "recover_model", lambda recipe, job: jobs.append(job))
     recipe = SimpleNamespace(recover=SimpleNamespace(resolve=lambda student, teacher: None), model="embedded",
                              evaluate=SimpleNamespace(data_dir=None), prune=SimpleNamespace(data_dir=None))
     stages.run_recover(recipe, stages.RunSettings(), stages.RunPaths(tmp_path))

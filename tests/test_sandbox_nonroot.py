@@ -148,7 +148,7 @@ def test_nobody_without_user_namespaces_is_refused_unless_unsafe(readable_copy, 
 
 def test_evaluate_refuses_humaneval_without_isolation_before_loading(monkeypatch, capsys, shared_data):
     monkeypatch.setattr(sandbox, "available_isolation", lambda: ("none", "not root; userns: unshare: EPERM"))
-    monkeypatch.setattr("layerprune.evaluate.runner._handle_for", lambda *a: pytest.fail("model loaded"))
+    monkeypatch.setattr("layerprune.evaluate.runner.handle_for", lambda *a: pytest.fail("model loaded"))
     code = main(["evaluate", "--tasks", "humaneval_plus", "--limit", "1", "--data-dir", str(shared_data),
                  "--output", str(Path(tempfile.gettempdir()) / "layerprune-never-written")])
     err = capsys.readouterr().err

@@ -50,10 +50,30 @@ def atomic_output_dir(output: Path, overwrite: bool = False) -> Iterator[Path]:
         raise
 
 
-def _normal_permissions(root: Path) -> None:
-    """mkdtemp makes a private directory; give the result the user's usual permissions."""
+def write_atomic(path: Path, text: str) -> None:
+    """Write a text file that appears whole or not at all: a temporary sibling, then os.replace."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.chmod(name, 0o666 & ~_umask())
+        os.replace(name, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+        raise
+
+
+def _umask() -> int:
     umask = os.umask(0)
     os.umask(umask)
+    return umask
+
+
+def _normal_permissions(root: Path) -> None:
+    """mkdtemp makes a private directory; give the result the user's usual permissions."""
+    umask = _umask()
     root.chmod(0o777 & ~umask)
     for path in root.rglob("*"):
         path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)

@@ -5,6 +5,7 @@ Public API (imported lazily, so `layerprune --help` stays fast):
     evaluate_model(model, settings, run, output_dir, overwrite) -> Summary
     evaluate_models(roles, settings, run, output, overwrite) -> printed tables
     compare(summaries, output_dir) -> {"table", "rows", "averages", "paths"}
+    read_summary(path) -> Summary (a summary.json, checked against the schema)
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any
 
 _EXPORTS = {
     "evaluate_model": "runner", "evaluate_models": "api", "compare": "report", "format_table": "report",
-    "EvalSettings": "schema", "Summary": "schema", "TaskResult": "schema", "describe_suites": "suites",
-    "load_suites": "suites", "plan_tasks": "suites",
+    "EvalSettings": "schema", "Summary": "summary", "TaskResult": "summary", "read_summary": "summary",
+    "describe_suites": "suites", "load_suites": "suites", "plan_tasks": "suites",
 }
 __all__ = sorted(_EXPORTS)
 

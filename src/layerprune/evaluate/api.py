@@ -10,7 +10,8 @@ from layerprune.data import resolve_data_dir
 from layerprune.evaluate.overlap import calibration_overlap
 from layerprune.evaluate.report import compare, format_table
 from layerprune.evaluate.runner import evaluate_model
-from layerprune.evaluate.schema import EvalSettings, Summary
+from layerprune.evaluate.schema import EvalSettings
+from layerprune.evaluate.summary import Summary
 from layerprune.evaluate.suites import plan_tasks
 from layerprune.models import resolve_model
 from layerprune.models.loading import load_tokenizer

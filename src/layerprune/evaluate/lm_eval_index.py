@@ -13,8 +13,8 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from layerprune.errors import LayerpruneError
-from layerprune.evaluate.registry import TASKS, Kind, TaskSpec
+from layerprune.errors import LayerpruneError, one_line
+from layerprune.evaluate.task_specs import TASKS, Kind, TaskSpec
 
 SPLIT_KEYS = ("training_split", "validation_split", "test_split", "fewshot_split")
 LOCAL_BUILDERS = ("json", "csv", "parquet", "text", "arrow")  # datasets' loaders of local files
@@ -114,6 +114,17 @@ def manager_for(name: str, include_path: Path | None) -> Any:
         if isinstance(members, list) and all(n in user.task_index for n in names):
             return user
     return task_manager(include_folder(include_path))
+
+
+def load_index_tasks(name: str, include_path: Path | None) -> tuple[Any, list[Any]]:
+    """A group, tag or Python task by name, built by lm-eval's TaskManager as its CLI does (this reads the data)."""
+    manager = manager_for(name, include_path)
+    try:
+        loaded = manager.load([name])
+    except Exception as exc:  # datasets raises many types for missing files or no network
+        raise LayerpruneError(f"could not load lm-eval task '{name}' ({one_line(exc)[:200]})") from exc
+    top = loaded["groups"].get(name) or loaded["tasks"].get(name)
+    return manager, [top] if top is not None else list(loaded["tasks"].values())
 
 
 def expand_patterns(names: list[str], ours: list[str], include_path: Path | None) -> list[str]:

@@ -15,7 +15,7 @@ import yaml
 
 from layerprune.data import DATA_ENV
 from layerprune.errors import LayerpruneError
-from layerprune.evaluate.registry import TaskSpec
+from layerprune.evaluate.task_specs import TaskSpec
 
 log = logging.getLogger(__name__)
 SPLIT_KEYS = ("training_split", "validation_split", "test_split", "fewshot_split")

@@ -13,7 +13,7 @@ from typing import Any
 
 from layerprune.data import load_rows
 from layerprune.errors import LayerpruneError
-from layerprune.evaluate.registry import TaskSpec
+from layerprune.evaluate.task_specs import TaskSpec
 from layerprune.evaluate.humaneval import (GT_TIME_LIMIT_FACTOR, MIN_TIME_LIMIT, Oracle, check_completion,
                                            check_program, count_statuses, expected_outputs, pass_at_k)
 from layerprune.evaluate.sandbox import SandboxLimits

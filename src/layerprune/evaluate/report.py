@@ -7,7 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from layerprune.evaluate.schema import Summary, TaskResult
+from layerprune.evaluate.summary import Summary, TaskResult, write_summary
+from layerprune.outputs import write_atomic
 
 ROLES = ("baseline", "pruned", "recovered")
 
@@ -37,14 +38,8 @@ def write_model_results(folder: Path, summary: Summary, entries: dict[str, dict[
         with (folder / "samples" / f"{task}.jsonl").open("w") as handle:
             for sample in entry.get("samples", []):
                 handle.write(json.dumps(sample, default=str) + "\n")
-    (folder / "summary.json").write_text(summary.model_dump_json(indent=1))
+    write_summary(folder, summary)
     (folder / "table.md").write_text(format_table(summary) + "\n")
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 NOISE_SE = 2.0  # a difference below this many combined standard errors is "within noise"
@@ -89,38 +84,29 @@ def settings_differ(results: dict[str, TaskResult]) -> dict[str, dict[str, Any]]
 def comparison_rows(summaries: dict[str, Summary]) -> list[dict[str, Any]]:
     """Per task: each role's headline value and standard error, the differences between roles with their noise,
     retention (model / baseline) and the recovered share of the drop where the drop is clear."""
-    heads = {role: s.headlines() for role, s in summaries.items()}
-    tasks = [t for t in next(iter(heads.values())) if all(t in h for h in heads.values())]
-    rows = []
-    for task in tasks:
-        first = next(iter(heads.values()))[task]
-        results = {role: heads[role][task] for role in heads}
-        row: dict[str, Any] = {"task": task, "kind": first.kind, "metric": first.metric,
-                               "n": {role: r.n for role, r in results.items()},
-                               "settings_differ": settings_differ(results)}
-        for role, result in results.items():
-            row[role], row[f"{role}_stderr"] = result.value, result.stderr
-        row.update(_derived(row))
-        rows.append(row)
-    return rows
+    heads = [s.headlines() for s in summaries.values()]
+    tasks = [t for t in heads[0] if all(t in h for h in heads)] if heads else []
+    return [role_row(task, dict(zip(summaries, (h[task] for h in heads)))) for task in tasks]
 
 
 def sampled_rows(summaries: dict[str, Summary]) -> list[dict[str, Any]]:
     """Per task: each role's pass@k / maj@N from --samples-per-task, where every role has that metric."""
     values = [{(r.task, r.metric): r for r in s.results if r.metric.endswith(" sampled")} for s in summaries.values()]
     keys = [k for k in values[0] if all(k in v for v in values)] if values else []
-    rows = []
-    for task, metric in keys:
-        kind = values[0][(task, metric)].kind
-        results = {role: v[(task, metric)] for role, v in zip(summaries, values)}
-        row: dict[str, Any] = {"task": f"{task} ({metric})", "kind": kind, "metric": metric,
-                               "n": {role: r.n for role, r in results.items()},
-                               "settings_differ": settings_differ(results)}
-        for role, result in results.items():
-            row[role], row[f"{role}_stderr"] = result.value, result.stderr
-        row.update(_derived(row))
-        rows.append(row)
-    return rows
+    return [role_row(f"{task} ({metric})", dict(zip(summaries, (v[(task, metric)] for v in values))))
+            for task, metric in keys]
+
+
+def role_row(label: str, results: dict[str, TaskResult]) -> dict[str, Any]:
+    """One comparison row: each role's value and standard error, its document count, the settings that differ
+    between roles, and what follows (differences, retention, recovered share)."""
+    first = next(iter(results.values()))
+    row: dict[str, Any] = {"task": label, "kind": first.kind, "metric": first.metric,
+                           "n": {role: r.n for role, r in results.items()}, "settings_differ": settings_differ(results)}
+    for role, result in results.items():
+        row[role], row[f"{role}_stderr"] = result.value, result.stderr
+    row.update(_derived(row))
+    return row
 
 
 def _derived(row: dict[str, Any]) -> dict[str, Any]:
@@ -266,12 +252,13 @@ def compare(summaries: dict[str, Summary], output_dir: Path | None = None) -> di
         return result
     output_dir.mkdir(parents=True, exist_ok=True)
     overlap = {r: s.calibration_overlap for r, s in ordered.items() if s.calibration_overlap}
-    _write_text(output_dir / "comparison.md", "# Comparison\n\n" + table + "\n" + "".join(
+    write_atomic(output_dir / "comparison.md", "# Comparison\n\n" + table + "\n" + "".join(
         f"\n{role}: evaluated documents found in the calibration data (--allow-overlap): {o['tasks']}\n"
         for role, o in overlap.items() if o["tasks"]))
-    _write_text(output_dir / "comparison.json", json.dumps(
+    models = {role: s.model.model_dump() for role, s in ordered.items()}
+    write_atomic(output_dir / "comparison.json", json.dumps(
         {"rows": rows, "averages": averages, "warnings": warnings, "noise_rule": NOISE_NOTE,
-         "calibration_overlap": overlap, "models": {r: s.model for r, s in ordered.items()}}, indent=1, default=str))
+         "calibration_overlap": overlap, "models": models}, indent=1, default=str))
     charts = [p.name for p in plot_comparison(rows, averages, roles, output_dir)]
     names = ["comparison.md", "comparison.json", *charts]
     result["paths"] = {name: output_dir / name for name in names}

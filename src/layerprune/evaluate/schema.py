@@ -1,9 +1,9 @@
-"""Evaluation settings (what and how to evaluate), per-task results and per-model summaries."""
+"""Evaluation settings: what to evaluate and how (suites, per-kind and per-task settings)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -114,41 +114,6 @@ class EvalSettings(BaseModel):
                                       loc=("tasks",), input=self.tasks)
             raise ValidationError.from_exception_data(type(self).__name__, [detail])
         return self
-
-
-class TaskResult(BaseModel):
-    """One metric of one task for one model."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    task: str
-    kind: Literal["classification", "generative"]
-    metric: str
-    value: float
-    stderr: float | None
-    n: int
-    headline: bool
-    settings: dict[str, Any]
-    seconds: float
-    cached: bool = False
-    statuses: dict[str, int] | None = None  # sandbox outcomes (passed, failed, timeout, ...) of a code task
-
-
-class Summary(BaseModel):
-    """Everything one model scored, and what identifies the model and the settings."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: dict[str, Any]
-    model_hash: str
-    results: list[TaskResult]
-    versions: dict[str, str] = {}
-    skipped: dict[str, str] = {}
-    calibration_overlap: dict[str, Any] | None = None  # evaluated documents found in a pruned model's calibration
-
-    def headlines(self) -> dict[str, TaskResult]:
-        """task -> its headline metric."""
-        return {r.task: r for r in self.results if r.headline}
 
 
 def parse_task_list(value: str | list[str] | None) -> list[str] | None:

@@ -14,7 +14,7 @@ from layerprune.errors import LayerpruneError
 from layerprune.data import check_jsonl
 from layerprune.evaluate.offline import (check_fewshot_pool, default_fewshot, fewshot_pool, hub_offline,
                                          local_files, missing_splits, require_data)
-from layerprune.evaluate.registry import TASKS, TaskSpec
+from layerprune.evaluate.task_specs import TASKS, TaskSpec
 from layerprune.evaluate.schema import EvalSettings, Suite, TaskSettings
 from layerprune.registry import unknown_name_message
 from layerprune.schema_cli import build_schema

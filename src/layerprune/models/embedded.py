@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 from dataclasses import dataclass
@@ -77,18 +76,3 @@ def gguf_path(model: EmbeddedModel, cache_dir: Path) -> Path:
         module = importlib.import_module(model.package)
         module.assemble(target, overwrite=True)
     return target
-
-
-def file_digest(path: Path, limit: int | None = None) -> str:
-    """sha256 of a file (or of its first `limit` bytes plus its size)."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        remaining = limit
-        while chunk := handle.read(1 << 20 if remaining is None else min(1 << 20, remaining)):
-            digest.update(chunk)
-            if remaining is not None:
-                remaining -= len(chunk)
-                if remaining <= 0:
-                    break
-    digest.update(str(path.stat().st_size).encode())
-    return digest.hexdigest()

@@ -18,6 +18,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from layerprune.errors import LayerpruneError, one_line
 from layerprune.models import embedded
+from layerprune.models.identity import quick_digest
 from layerprune.models.safetensors_check import check_model_dir_weights
 from layerprune.models.surgery import checkpoint_dtype
 from layerprune.outputs import atomic_output_dir
@@ -89,7 +90,7 @@ def _resolve_local(path: Path, spec: str, settings: RunSettings) -> ModelSource:
 
 
 def _resolve_gguf(path: Path, spec: str, settings: RunSettings, label: str | None = None) -> ModelSource:
-    digest = embedded.file_digest(path, limit=64 << 20)
+    digest = quick_digest(path, limit=64 << 20)
     target = settings.resolved_cache_dir() / "converted" / f"{label or path.stem}-{digest[:16]}"
     if not (target / "config.json").is_file():
         convert_gguf(path, target)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from layerprune.evaluate.summary import SUMMARY_FILE, Summary, read_summary
 from layerprune.pipeline.recipe import RunRecipe
 
 
@@ -17,15 +18,10 @@ def dir_size_mb(path: Path) -> float:
     return sum(p.stat().st_size for p in path.glob("*.safetensors")) / 1e6
 
 
-def load_summaries(paths: Any) -> dict[str, Any]:
-    from layerprune.evaluate.schema import Summary
-
-    summaries = {}
-    for role in ("baseline", "pruned", "recovered"):
-        data = _json(paths.eval(role) / "summary.json")
-        if data is not None:
-            summaries[role] = Summary.model_validate(data)
-    return summaries
+def load_summaries(paths: Any) -> dict[str, Summary]:
+    """Each role's evaluation summary that exists (a run may stop before some are written)."""
+    found = {role: paths.eval(role) / SUMMARY_FILE for role in ("baseline", "pruned", "recovered")}
+    return {role: read_summary(path) for role, path in found.items() if path.is_file()}
 
 
 def measure_speed(paths: Any, model: str | None) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from layerprune.errors import LayerpruneError
+from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.recipe import RunRecipe
 from layerprune.registry import unknown_name_message
 from layerprune.settings import RunSettings
@@ -53,7 +54,7 @@ class RunPaths:
     def stage_output(self, stage: str) -> Path:
         """The file whose presence marks a stage complete (outputs are written atomically)."""
         if stage.startswith("eval-"):
-            return self.eval(stage.removeprefix("eval-")) / "summary.json"
+            return self.eval(stage.removeprefix("eval-")) / SUMMARY_FILE
         return {"prune": self.pruned / "prune_report.json", "recover": self.recovered / "recover_report.json",
                 "report": self.report}[stage]
 
@@ -158,12 +159,12 @@ def run_eval(recipe: RunRecipe, settings: RunSettings, paths: RunPaths, role: st
 
 
 def run_recover(recipe: RunRecipe, settings: RunSettings, paths: RunPaths) -> None:
-    from layerprune.recover.runner import RecoverJob, recover
+    from layerprune.recover.runner import RecoverJob, recover_model
 
     assert recipe.recover is not None
     recover_recipe = recipe.recover.resolve(str(paths.pruned), recipe.model)
     data_dir = recipe.evaluate.data_dir or recipe.prune.data_dir
-    recover(recover_recipe, RecoverJob(output=paths.recovered, settings=settings, data_dir=data_dir, resume=True))
+    recover_model(recover_recipe, RecoverJob(output=paths.recovered, settings=settings, data_dir=data_dir, resume=True))
     responses = paths.recovered / "data" / "responses.jsonl"
     if responses.is_file() and not paths.selfgen.exists():
         try:

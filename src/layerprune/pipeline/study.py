@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from layerprune.data import iter_jsonl
 from layerprune.evaluate.schema import EvalSettings
+from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.prune.recipe import PruneRecipe
 from layerprune.settings import RunSettings
 
@@ -116,7 +117,7 @@ def stage_names(study: RecoveryStudy) -> list[str]:
 
 def stage_output(root: Path, stage: str) -> Path:
     if stage.startswith("eval-"):
-        return root / "eval" / stage.removeprefix("eval-") / "summary.json"
+        return root / "eval" / stage.removeprefix("eval-") / SUMMARY_FILE
     if stage.startswith("recover-"):
         return root / "arms" / stage.removeprefix("recover-") / "recover_report.json"
     return {"prune": root / "pruned" / "prune_report.json", "report": root / "study.md"}[stage]
@@ -156,7 +157,7 @@ def run_study(study: RecoveryStudy, settings: RunSettings, overwrite: bool = Fal
 
 def run_arm(study: RecoveryStudy, settings: RunSettings, root: Path, label: str) -> None:
     """Recover the pruned model with one arm, reusing the teacher answers earlier arms generated."""
-    from layerprune.recover.runner import RecoverJob, recover
+    from layerprune.recover.runner import RecoverJob, recover_model
 
     recipe = study.arm_recipe(label, str(root / "pruned"))
     job = RecoverJob(output=root / "arms" / label, settings=settings, overwrite=True,
@@ -165,7 +166,7 @@ def run_arm(study: RecoveryStudy, settings: RunSettings, root: Path, label: str)
     if shared.is_file() and not (job.work / "responses.jsonl").exists():
         job.work.mkdir(parents=True, exist_ok=True)
         shutil.copy2(shared, job.work / "responses.jsonl")
-    recover(recipe, job)
+    recover_model(recipe, job)
     produced = job.output / "data" / "responses.jsonl"
     if produced.is_file() and _count(produced) > _count(shared):
         shutil.copy2(produced, shared)

@@ -13,14 +13,14 @@ import math
 from pathlib import Path
 from typing import Any
 
+from layerprune.evaluate.summary import SUMMARY_FILE, Summary, read_summary
+
 PROBE_PREFIXES = ("arith_", "brackets_")
 GSM8K = "gsm8k"
 
 
-def _summary(path: Path) -> Any:
-    from layerprune.evaluate.schema import Summary
-
-    return Summary.model_validate_json(path.read_text()) if path.is_file() else None
+def _summary(path: Path) -> Summary | None:
+    return read_summary(path) if path.is_file() else None
 
 
 def mean_with_se(results: list[Any]) -> tuple[float, float] | None:
@@ -54,7 +54,7 @@ def recovered_share(base: tuple[float, float] | None, pruned: tuple[float, float
 
 def study_rows(root: Path, labels: list[str]) -> list[dict[str, Any]]:
     """One row per model (original, pruned, each arm) with its measures, retention, share, time and tokens."""
-    found = {label: _summary(root / "eval" / label / "summary.json") for label in ["baseline", "pruned", *labels]}
+    found = {label: _summary(root / "eval" / label / SUMMARY_FILE) for label in ["baseline", "pruned", *labels]}
     values = {label: measures(s) for label, s in found.items() if s is not None}
     base, pruned = values.get("baseline", {}), values.get("pruned", {})
     rows = []

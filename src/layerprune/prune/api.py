@@ -15,6 +15,7 @@ from layerprune.data import resolve_data_dir
 from layerprune.errors import LayerpruneError
 from layerprune.models import LoadedModel, ModelSource, drop_blocks, find_decoder_stack, load_model, resolve_model
 from layerprune.models.blocks import check_block_indices, text_config
+from layerprune.models.identity import model_hash
 from layerprune.models.layer_fields import FIELD_RULES, check_layer_fields
 from layerprune.models.shards import count_parameters, plan_stream, read_checkpoint
 from layerprune.models.loading import copy_tokenizer_files
@@ -313,9 +314,7 @@ def write_report_files(directory: Path, report: dict[str, Any]) -> None:
 
 def _add_weights_hash(source: ModelSource, settings: RunSettings) -> None:
     if source.kind == "local":  # the exact weights pruned (memoized; evaluate reuses the same memo)
-        from layerprune.evaluate.results import model_hash
-
-        source.identity["weights_sha256"] = model_hash(source, settings.resolved_cache_dir() / "eval")
+        source.identity["weights_sha256"] = model_hash(source, settings.resolved_cache_dir())
 
 
 def _prune_from_files(source: ModelSource, source_dir: Path, recipe: PruneRecipe, settings: RunSettings,

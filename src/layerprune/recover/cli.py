@@ -92,7 +92,7 @@ def quiet_progress_bars() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from layerprune.recover.runner import RecoverJob, distributed_state, dry_run, recover
+    from layerprune.recover.runner import RecoverJob, distributed_state, dry_run, recover_model
 
     recipe = build_recipe(args)
     if getattr(args, "quiet", False):
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         dry_run(recipe, job)
         return 0
-    report = recover(recipe, job)
+    report = recover_model(recipe, job)
     if not distributed_state(settings).is_main_process:
         return 0
     loss = report["held_out_loss"]

@@ -1,4 +1,4 @@
-"""recover(): self-generate with the teacher, fine-tune the pruned model, save the merged model and a report."""
+"""recover_model(): self-generate with the teacher, fine-tune the pruned model, save the merged model and a report."""
 
 from __future__ import annotations
 
@@ -143,7 +143,7 @@ def _config_of(spec: str, settings: RunSettings) -> Any:
         return None
 
 
-def recover(recipe: RecoverRecipe, job: RecoverJob) -> dict[str, Any]:
+def recover_model(recipe: RecoverRecipe, job: RecoverJob) -> dict[str, Any]:
     """The whole stage; returns the report written to recover_report.json."""
     start = time.perf_counter()
     check_runnable(recipe, job.settings)

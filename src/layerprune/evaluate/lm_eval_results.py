@@ -1,69 +1,12 @@
-"""Model fingerprints, the result cache keyed by (model hash, task, settings), and summary rows."""
+"""Reading lm-eval's results: a group's own entry, samples under one name, and the rows of the summary."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-from pathlib import Path
 from typing import Any
 
-from layerprune.evaluate.registry import TaskSpec
-from layerprune.evaluate.schema import TaskResult
-from layerprune.models import ModelSource
-
-HASH_CHUNK = 8 << 20
-
-
-def file_sha256(path: Path, memo: dict[str, Any]) -> str:
-    """A file's sha256, remembered by (path, size, mtime) so large weights are read once."""
-    stat = path.stat()
-    key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
-    if key not in memo:
-        digest = hashlib.sha256()
-        with path.open("rb") as handle:
-            while chunk := handle.read(HASH_CHUNK):
-                digest.update(chunk)
-        memo[key] = digest.hexdigest()
-    return str(memo[key])
-
-
-def model_hash(source: ModelSource, cache_root: Path) -> str:
-    """What identifies the exact weights: file hashes for local models, id and revision for the hub."""
-    if not source.is_local:
-        return hashlib.sha256(json.dumps(source.identity, sort_keys=True, default=str).encode()).hexdigest()
-    memo_path = cache_root / "file_hashes.json"
-    memo = json.loads(memo_path.read_text()) if memo_path.is_file() else {}
-    folder = Path(source.location)
-    names = sorted(p.name for p in folder.iterdir() if p.suffix in (".safetensors", ".bin") or p.name == "config.json")
-    digest = hashlib.sha256()
-    for name in names:
-        digest.update(f"{name}:{file_sha256(folder / name, memo)}\n".encode())
-    memo_path.parent.mkdir(parents=True, exist_ok=True)
-    memo_path.write_text(json.dumps(memo, indent=0))
-    return digest.hexdigest()
-
-
-def settings_key(settings: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def cache_path(cache_root: Path, model_digest: str, task: str, settings: dict[str, Any]) -> Path:
-    return cache_root / model_digest[:20] / f"{task}-{settings_key(settings)}.json"
-
-
-def read_cached(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text()) if path.is_file() else None
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def write_cached(path: Path, entry: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(entry, indent=1, default=str))
-    tmp.replace(path)
+from layerprune.evaluate.summary import TaskResult
+from layerprune.evaluate.task_specs import TaskSpec
 
 
 def _number(value: Any) -> float | None:
@@ -158,3 +101,12 @@ def sampled_metrics(scores: dict[str, Any]) -> list[str]:
         if name.startswith(("pass@", "maj@")) and "_stderr" not in name:
             names.append(name if filt == "none" else f"{name},{filt}")
     return sorted(names, key=lambda m: (m.startswith("maj@"), m.partition(",")[2], int(m.split("@")[1].split(",")[0])))
+
+
+def merge_samples(name: str, raw: dict[str, Any]) -> None:
+    """A group's or tag's samples under its own name, each marked with its subtask."""
+    samples = raw.get("samples", {})
+    subs = sorted(key for key in samples if key != name)
+    if subs:
+        merged = [{**sample, "subtask": sub} for sub in subs for sample in samples.pop(sub)]
+        samples[name] = samples.pop(name, []) + merged

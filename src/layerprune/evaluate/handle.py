@@ -1,0 +1,94 @@
+"""The model being evaluated: loaded only when some task is not cached, and wrapped for lm-eval (HFLM or vLLM)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from layerprune.errors import LayerpruneError
+from layerprune.evaluate.humaneval import reference_lm
+from layerprune.evaluate.project_tasks import humaneval_rows
+from layerprune.evaluate.schema import EvalSettings
+from layerprune.evaluate.suites import PlannedTask
+from layerprune.models import LoadedModel, ModelSource, load_model, resolve_model
+from layerprune.models.loading import load_tokenizer
+from layerprune.settings import RunSettings
+
+log = logging.getLogger(__name__)
+CPU_BATCH = 32
+
+
+@dataclass
+class ModelHandle:
+    """A model that is loaded only when some task is not cached."""
+
+    source: ModelSource
+    run: RunSettings
+    loaded: LoadedModel | None = None
+    lm: Any = None
+    digest: str = ""
+
+    def get(self) -> LoadedModel:
+        if self.loaded is None:
+            log.info("loading %s", self.source.spec)
+            self.loaded = load_model(self.source, self.run)
+        return self.loaded
+
+
+def handle_for(model: str | os.PathLike[str] | LoadedModel | ModelSource | None, run: RunSettings) -> ModelHandle:
+    """A handle on a spec (resolved, not loaded), a ModelSource, or a model already in memory."""
+    if isinstance(model, LoadedModel):
+        return ModelHandle(model.source, run, loaded=model)
+    source = model if isinstance(model, ModelSource) else resolve_model(model, run)
+    return ModelHandle(source, run)
+
+
+def reference_handle(planned: list[PlannedTask], data_dir: Path | None, run: RunSettings) -> ModelHandle:
+    """A stand-in model that answers each HumanEval+ prompt with the dataset's canonical solution."""
+    others = [t.spec.name for t in planned if t.spec.source != "humaneval"]
+    if others:
+        raise LayerpruneError(f"--reference-solutions scores HumanEval+ only; not {', '.join(others)} "
+                              "(--tasks humaneval_plus)")
+    source = ModelSource("reference-solutions", "", "reference", {"dataset": "humaneval_plus canonical_solution"})
+    handle = ModelHandle(source, run, lm=reference_lm(humaneval_rows(data_dir)))
+    handle.digest = hashlib.sha256(b"reference-solutions").hexdigest()
+    return handle
+
+
+def has_chat_template(handle: ModelHandle) -> bool:
+    tokenizer = handle.loaded.tokenizer if handle.loaded else load_tokenizer(handle.source, handle.run)
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def applies_chat(task: PlannedTask, mode: str, template: bool) -> bool:
+    """--chat-template: on = every task (when the model has a template), auto = where the task calls for it."""
+    if mode == "off" or not template:
+        return False
+    return mode == "on" or task.spec.chat_protocol
+
+
+def make_lm(handle: ModelHandle, settings: EvalSettings) -> Any:
+    """lm-eval's model wrapper: HFLM around the loaded model, or vLLM given the model's location."""
+    if handle.lm is not None:
+        return handle.lm
+    batch: int | str = settings.batch_size if settings.batch_size == "auto" else int(settings.batch_size)
+    if settings.backend == "vllm":
+        if importlib.util.find_spec("vllm") is None:
+            raise LayerpruneError("--backend vllm needs vLLM (pip install 'layerprune[vllm]' on a CUDA machine)")
+        from lm_eval.models.vllm_causallms import VLLM
+
+        handle.lm = VLLM(pretrained=handle.source.location, batch_size=batch,
+                         dtype=str(handle.run.resolved_dtype()).removeprefix("torch."), seed=handle.run.seed)
+        return handle.lm
+    from lm_eval.models.huggingface import HFLM
+
+    loaded = handle.get()
+    if batch == "auto" and loaded.model.device.type == "cpu":
+        batch = CPU_BATCH
+    handle.lm = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=batch, max_batch_size=64)
+    return handle.lm
