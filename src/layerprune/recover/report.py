@@ -47,7 +47,7 @@ class RecoverReport(BaseModel):
     teacher: str = Field(description="The model whose answers (and logits, for distillation) it learned from")
     data: dict[str, Any] = Field(description="Generation, filter and split counts, optimizer steps, held-out metrics")
     held_out_loss: HeldOutLoss
-    loss_curve: dict[str, list[list[float]]] = Field(description="[[step, loss], ...] for train and held_out")
+    loss_curve: dict[str, list[list[float | None]]] = Field(description="[[step, loss], ...] (a non-finite loss: null)")
     tokens_seen: int
     optimizer: str
     memory_plan: dict[str, Any]
