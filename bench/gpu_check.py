@@ -62,22 +62,23 @@ def check_prune(model_dir: Path, out_dir: Path, device: str, samples: int, drop:
 
     from layerprune.prune.api import prune_model
     from layerprune.prune.recipe import PruneRecipe
+    from layerprune.prune.report import read_prune_report
     from layerprune.settings import RunSettings
 
     start = time.perf_counter()
     result = prune_model(str(model_dir), PruneRecipe(drop=drop, calib="arithmetic", calib_samples=samples),
                          RunSettings(device=device, dtype="bfloat16"), output=out_dir)
     seconds = time.perf_counter() - start
-    report = json.loads((out_dir / "prune_report.json").read_text())
+    report = read_prune_report(out_dir)
     reloaded = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.bfloat16).to(device).eval()
     ids = torch.randint(0, reloaded.config.vocab_size, (2, 32), device=device)
     with torch.inference_mode():
         loss = float(reloaded(input_ids=ids, labels=ids).loss)
     files = sorted(p.name for p in out_dir.iterdir())
-    return dict(ok=bool(report["num_blocks_after"] == report["num_blocks_before"] - drop
-                        and reloaded.config.num_hidden_layers == report["num_blocks_after"] and loss == loss),
-                prune_seconds=round(seconds, 2), timings=report.get("timings"), dropped=report["dropped"],
-                num_blocks=[report["num_blocks_before"], report["num_blocks_after"]],
+    return dict(ok=bool(report.num_blocks_after == report.num_blocks_before - drop
+                        and reloaded.config.num_hidden_layers == report.num_blocks_after and loss == loss),
+                prune_seconds=round(seconds, 2), timings=report.timings, dropped=report.dropped,
+                num_blocks=[report.num_blocks_before, report.num_blocks_after],
                 reload_dtype=str(next(reloaded.parameters()).dtype), reload_loss=round(loss, 4),
                 weights_dtype_in_model=str(result.loaded.model.dtype), files=files)
 

@@ -57,11 +57,23 @@ def make_pruned_student(teacher: Path, out: Path) -> Path:
     from layerprune.models import drop_blocks
 
     model = AutoModelForCausalLM.from_pretrained(teacher)
-    drop_blocks(model, [2, 3])
+    before = model.config.num_hidden_layers
+    kept = drop_blocks(model, [2, 3])
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(teacher).save_pretrained(out)
-    source = {"spec": str(teacher), "location": str(teacher), "kind": "local", "identity": {}}
-    (out / "prune_report.json").write_text(json.dumps({"source": source}))
+    write_lineage(out, teacher, [2, 3], list(kept), before)
     rows = [{"prompt": f"what is {i} + 7?", "answer": str(i + 7)} for i in range(12)]
     (out.parent / "prompts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     return out
+
+
+def write_lineage(out: Path, teacher: Path, dropped: list[int], kept: list[int], before: int) -> None:
+    """The prune_report.json a pruned directory needs for recover: `teacher` as its source, `dropped` by index."""
+    from layerprune.models.lineage import PRUNE_REPORT, PrunedLineage, PruneMethod, SourceRecord
+    from layerprune.provenance import collect_provenance
+    from layerprune.reports import write_report
+
+    source = SourceRecord(spec=str(teacher), location=str(teacher), kind="local", identity={})
+    write_report(out / PRUNE_REPORT, PrunedLineage(
+        source=source, method=PruneMethod(score="explicit"), calibration=None, dropped=dropped, kept=kept,
+        num_blocks_before=before, num_blocks_after=len(kept), provenance=collect_provenance()))

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import assert_one_line_error, run_cli
+from helpers import assert_one_line_error, fingerprint, run_cli
+from layerprune.provenance import collect_provenance
 from layerprune.recipes_cli import shipped_recipes
 
 RUN_RECIPES = sorted(p for (kind, _), p in shipped_recipes().items() if kind in ("run", "study"))
@@ -83,10 +84,22 @@ def test_tiny_pipeline_runs_resumes_and_reruns_from_a_stage(capsys, tiny_run, ca
 def test_run_directory_of_another_recipe_is_refused(capsys, tiny_run, tiny_llama, tmp_path):
     recipe, run = tiny_run
     run.mkdir()
-    (run / "run.json").write_text(json.dumps({"name": "other", "fingerprint": "x"}))
+    recorded = yaml.safe_load(recipe.read_text()) | {"name": "other"}
+    (run / "run.json").write_text(json.dumps({"name": "other", "fingerprint": "x", "recipe": recorded,
+                                              "provenance": collect_provenance().model_dump(mode="json")}))
     code, _, err = run_cli(capsys, ["run", str(recipe)])
     assert_one_line_error(code, err, "another recipe", "--overwrite")
     assert json.loads((run / "run.json").read_text())["name"] == "other"
+
+
+def test_run_json_of_an_older_version_is_one_line_naming_the_field(capsys, tiny_run):
+    recipe, run = tiny_run
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"name": "other", "fingerprint": "x", "recipe": {}}))
+    before = fingerprint(run)
+    code, _, err = run_cli(capsys, ["run", str(recipe)])
+    assert_one_line_error(code, err, "run.json", "'provenance' missing", "--overwrite")
+    assert fingerprint(run) == before
 
 
 def test_bad_run_recipes(capsys, tiny_llama, tmp_path):
@@ -140,10 +153,13 @@ def test_run_directory_is_claimed_by_recipe_not_by_path_or_execution_settings(ti
     # an older run.json: its fingerprint hashed the output path too; the recipe it records decides
     recorded = recipe.model_dump(mode="json") | {"output": "some/other/path"}
     recorded["prune"]["stack_candidates"] = 0
-    (run / "run.json").write_text(json.dumps({"name": recipe.name, "fingerprint": "old-rule", "recipe": recorded}))
+    provenance = collect_provenance().model_dump(mode="json")
+    (run / "run.json").write_text(json.dumps({"name": recipe.name, "fingerprint": "old-rule", "recipe": recorded,
+                                              "provenance": provenance}))
     claim_run_dir(RunPaths(run), recipe, overwrite=False)  # same recipe: accepted, nothing removed
     assert json.loads((run / "run.json").read_text())["fingerprint"] == "old-rule"
     recorded["prune"]["drop"] = recipe.prune.n_drop + 1
-    (run / "run.json").write_text(json.dumps({"name": recipe.name, "fingerprint": "old-rule", "recipe": recorded}))
+    (run / "run.json").write_text(json.dumps({"name": recipe.name, "fingerprint": "old-rule", "recipe": recorded,
+                                              "provenance": provenance}))
     with pytest.raises(LayerpruneError, match="another recipe"):
         claim_run_dir(RunPaths(run), recipe, overwrite=False)

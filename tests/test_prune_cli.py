@@ -34,7 +34,7 @@ def test_prune_writes_a_complete_model_directory(capsys, model_copy, tmp_path):
     assert report["num_blocks_before"] == 6 and report["num_blocks_after"] == 4
     assert len(report["dropped"]) == 2 and 0 not in report["dropped"]
     assert len(report["scores"]) == 6 and all(s is not None for s in report["scores"])
-    assert report["calibration"]["samples"] == 8 and report["versions"]["transformers"]
+    assert report["calibration"]["samples"] == 8 and report["provenance"]["versions"]["transformers"]
     for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json", "README.md",
                  "block_scores.png"):
         assert (out / name).is_file(), name

@@ -7,13 +7,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub import ModelCard
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from layerprune.cli import build_parser, main
 from layerprune.models import drop_blocks
 from layerprune.recover import runner, selfgen, train
 from layerprune.recover.cli import build_recipe
+from layerprune.recover.report import RecoverReport
 from layerprune.recover.schema import GenerationSection, PromptSource, RecoverRecipe
+
+from helpers import write_lineage
 
 FAST = ["--max-new-tokens", "6", "--no-generate-drop-truncated", "--samples", "8", "--train-max-length", "64",
         "--train-batch-size", "4", "--max-steps", "2", "--held-out", "0.25", "--train-warmup-steps", "0",
@@ -32,12 +36,11 @@ def pruned(tiny_models, tmp_path_factory) -> Path:
     """A tiny model minus two blocks, with the prune_report.json that names its teacher."""
     teacher = tiny_models("llama", 6)
     model = AutoModelForCausalLM.from_pretrained(teacher)
-    drop_blocks(model, [2, 3])
+    kept = drop_blocks(model, [2, 3])
     out = tmp_path_factory.mktemp("pruned") / "p2"
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(teacher).save_pretrained(out)
-    (out / "prune_report.json").write_text(json.dumps({"source": {"spec": str(teacher), "location": str(teacher),
-                                                                  "kind": "local", "identity": {}}}))
+    write_lineage(out, teacher, [2, 3], list(kept), 6)
     return out
 
 
@@ -55,6 +58,11 @@ def test_cli_lora_end_to_end_merged_model_loads_and_generates(pruned, prompts_fi
     assert report["data"]["filter"]["kept"] == 8 and report["data"]["held_out_examples"] == 2
     assert (out / "adapter" / "adapter_config.json").is_file() and (out / "loss_curve.png").is_file()
     assert not list(out.glob("*.bin")) and not (out.parent / "rec.work").exists()
+    card = ModelCard.load(out / "README.md")  # the original as base model, the blocks dropped, the recovery
+    assert card.data.base_model == report["teacher"] and "recover-lora" in card.data.tags
+    assert card.data.layerprune["recover_method"] == "lora" and card.data.layerprune["dropped_blocks"] == [2, 3]
+    assert "- dropped blocks (original numbering): [2, 3]" in card.text and f"`{report['teacher']}`" in card.text
+    assert RecoverReport.model_validate(report).provenance.versions["peft"]
     model = AutoModelForCausalLM.from_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert model.config.num_hidden_layers == 4

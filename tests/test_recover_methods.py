@@ -15,6 +15,8 @@ from layerprune.models import drop_blocks
 from layerprune.recover import heldout, kd, prompts, replace, train
 from layerprune.recover.schema import KdSection, PromptSource, RecoverRecipe
 
+from helpers import write_lineage
+
 FAST = ["--max-new-tokens", "6", "--no-generate-drop-truncated", "--samples", "8", "--train-max-length", "64",
         "--train-batch-size", "2", "--train-grad-accum", "2", "--max-steps", "2", "--held-out", "0.25",
         "--train-warmup-steps", "0", "--no-train-gradient-checkpointing", "--learning-rate", "1e-2", "--lora-r", "4",
@@ -38,9 +40,7 @@ def pruned(tiny_models, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("pruned") / "p3"
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(teacher).save_pretrained(out)
-    (out / "prune_report.json").write_text(json.dumps({
-        "source": {"spec": str(teacher), "location": str(teacher), "kind": "local", "identity": {}},
-        "dropped": [2, 3, 5], "kept": list(kept), "num_blocks_before": 6, "num_blocks_after": 3}))
+    write_lineage(out, teacher, [2, 3, 5], list(kept), 6)
     return out
 
 

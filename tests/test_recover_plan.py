@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 
 from helpers import assert_one_line_error, make_pruned_student, run_cli
 from layerprune.recover import memory, runner, selfgen, train
-from layerprune.recover.models import plan_recover
 from layerprune.recover.schema import GenerationSection, PromptSource, RecoverRecipe
+from layerprune.recover.student_teacher import plan_recover
 from layerprune.settings import RunSettings
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,13 +5,12 @@ from __future__ import annotations
 import gc
 import json
 import math
-import platform
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from layerprune import __version__
 from layerprune.models import LoadedModel, ModelSource, load_model, resolve_model
+from layerprune.provenance import collect_provenance
 from layerprune.settings import RunSettings
 
 
@@ -35,16 +34,8 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def run_record(settings: RunSettings) -> dict[str, Any]:
-    """Versions and settings stored next to every result."""
-    import sklearn
-    import torch
-    import transformers
-
-    return {
-        "layerprune": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-        "scikit_learn": sklearn.__version__, "python": platform.python_version(),
-        "settings": settings.model_dump(mode="json"),
-    }
+    """Provenance and settings stored next to every result."""
+    return {"provenance": collect_provenance().model_dump(mode="json"), "settings": settings.model_dump(mode="json")}
 
 
 def model_label(source: ModelSource) -> str:

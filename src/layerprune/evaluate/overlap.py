@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -14,9 +13,9 @@ from layerprune.data import load_rows
 from layerprune.errors import LayerpruneError
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.evaluate.suites import PlannedTask
+from layerprune.models.lineage import PRUNE_REPORT, read_lineage
 
 log = logging.getLogger(__name__)
-PRUNE_REPORT = "prune_report.json"
 MIN_FIELD_CHARS = 25  # a data row's text fields this long or longer identify it; shorter ones (labels, ids) do not
 
 
@@ -25,19 +24,14 @@ def normalize(text: str) -> str:
 
 
 def recorded_calibration(model: Any) -> tuple[Path, list[str]] | None:
-    """The calibration texts a pruned model directory records, or None (not a pruned directory, or no items)."""
+    """The calibration texts a pruned model directory records, or None (not a pruned directory, or no data chose
+    its blocks)."""
     if model is None or not isinstance(model, (str, os.PathLike)):
         return None
-    report = Path(model) / PRUNE_REPORT
-    if not report.is_file():
+    lineage = read_lineage(Path(model))
+    if lineage is None or lineage.calibration is None:
         return None
-    calibration = json.loads(report.read_text()).get("calibration") or {}
-    if "items" not in calibration:
-        if calibration:
-            log.warning("%s lists no calibration items (made by an older layerprune): overlap not checked", report)
-        return None
-    texts = ["\n".join(str(v) for v in item.values()) for item in calibration["items"]]
-    return report, texts
+    return Path(model) / PRUNE_REPORT, lineage.calibration.texts()
 
 
 def evaluated_rows(task: PlannedTask, settings: EvalSettings, data_dir: Path | None) -> list[list[str]]:

@@ -19,6 +19,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from layerprune.errors import LayerpruneError, one_line
 from layerprune.models import embedded
 from layerprune.models.identity import quick_digest
+from layerprune.models.lineage import read_lineage
 from layerprune.models.safetensors_check import check_model_dir_weights
 from layerprune.models.surgery import checkpoint_dtype
 from layerprune.outputs import atomic_output_dir
@@ -83,9 +84,9 @@ def _resolve_local(path: Path, spec: str, settings: RunSettings) -> ModelSource:
         raise LayerpruneError(f"{spec} is not a model directory (no config.json)")
     check_model_dir_weights(path, settings.allow_pickle)
     identity = {"path": str(path.resolve())}
-    report = path / "prune_report.json"
-    if report.is_file():
-        identity["pruned_from"] = json.loads(report.read_text()).get("source", {})
+    lineage = read_lineage(path)
+    if lineage is not None:
+        identity["pruned_from"] = lineage.source.model_dump(mode="json")
     return ModelSource(spec, str(path), "local", identity)
 
 

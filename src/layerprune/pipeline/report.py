@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from layerprune.evaluate.summary import SUMMARY_FILE, Summary, read_summary
 from layerprune.pipeline.recipe import RunRecipe
+
+if TYPE_CHECKING:
+    from layerprune.models.lineage import PrunedLineage
+    from layerprune.prune.report import PruneReport
+    from layerprune.recover.report import RecoverReport
 
 
 def _json(path: Path) -> dict[str, Any] | None:
@@ -114,9 +119,12 @@ def overlap_note(summaries: dict[str, Any]) -> list[str]:
 
 def write_report(recipe: RunRecipe, paths: Any) -> Path:
     from layerprune.evaluate.report import compare
+    from layerprune.models.lineage import PRUNE_REPORT
+    from layerprune.prune.report import read_prune_report
+    from layerprune.recover.report import RECOVER_REPORT, read_recover_report
 
-    prune = _json(paths.pruned / "prune_report.json") or {}
-    recover = _json(paths.recovered / "recover_report.json")
+    prune = read_prune_report(paths.pruned) if (paths.pruned / PRUNE_REPORT).is_file() else None
+    recover = read_recover_report(paths.recovered) if (paths.recovered / RECOVER_REPORT).is_file() else None
     summaries = load_summaries(paths)
     comparison = compare(summaries, paths.root / "eval") if len(summaries) > 1 else None
     speed = measure_speed(paths, recipe.model)
@@ -128,7 +136,7 @@ def write_report(recipe: RunRecipe, paths: Any) -> Path:
     if comparison:
         lines += [comparison["table"], ""]
         lines += [f"![{name}](eval/{name})" for name in comparison["paths"] if name.endswith(".png")]
-    lines += _prune_lines(prune)
+    lines += _prune_lines(prune, prune.scores_png if prune else None)
     lines += _recover_lines(recover)
     lines += ["", "## How it was made", "", f"- recipe: `{recipe.model_dump_json(exclude_none=True)}`",
               f"- rerun: `layerprune run <recipe> --output {paths.root}` (complete stages are skipped)"]
@@ -136,13 +144,13 @@ def write_report(recipe: RunRecipe, paths: Any) -> Path:
     return paths.report
 
 
-def _model_lines(prune: dict[str, Any], paths: Any, speed: dict[str, Any]) -> list[str]:
-    if not prune:
+def _model_lines(prune: PruneReport | None, paths: Any, speed: dict[str, Any]) -> list[str]:
+    if prune is None:
         return []
     orig, pruned = speed["original"], speed["pruned"]
     return [
-        f"- Blocks {prune['num_blocks_before']} -> {prune['num_blocks_after']}; parameters "
-        f"{prune['params_before'] / 1e6:.1f}M -> {prune['params_after'] / 1e6:.1f}M; pruned weights "
+        f"- Blocks {prune.num_blocks_before} -> {prune.num_blocks_after}; parameters "
+        f"{prune.params_before / 1e6:.1f}M -> {prune.params_after / 1e6:.1f}M; pruned weights "
         f"{dir_size_mb(paths.pruned):.0f} MB on disk.",
         f"- Speed on this machine ({speed['machine']}): prefill {orig['prefill_tokens_per_s']:.0f} -> "
         f"{pruned['prefill_tokens_per_s']:.0f} tokens/s ({pruned['prefill_tokens_per_s'] / orig['prefill_tokens_per_s']:.2f}x), "
@@ -151,27 +159,30 @@ def _model_lines(prune: dict[str, Any], paths: Any, speed: dict[str, Any]) -> li
     ]
 
 
-def _prune_lines(prune: dict[str, Any]) -> list[str]:
-    if not prune:
+def _prune_lines(prune: PrunedLineage | None, scores_png: str | None = None) -> list[str]:
+    if prune is None:
         return []
-    method = prune["method"]
+    method = prune.method
     lines = ["", "## Dropped blocks", "",
-             f"Score `{method['score']}`" + (f" ({method['metric']}, {'iterative' if method['iterative'] else 'one-shot'})"
-                                            if method["score"] == "ablation" else "")
-             + f"; calibration: {(prune.get('calibration') or {}).get('description', 'none')}.",
-             f"Dropped (original numbering): {prune['dropped']}; protected: {method['protect']}.", ""]
-    if prune.get("scores_png"):
-        lines.append(f"![block scores](pruned/{prune['scores_png']})")
+             f"Score `{method.score}`" + (f" ({method.metric}, {'iterative' if method.iterative else 'one-shot'})"
+                                          if method.score == "ablation" else "")
+             + f"; calibration: {prune.calibration.description if prune.calibration else 'none'}.",
+             f"Dropped (original numbering): {prune.dropped}; protected: {method.protect}.", ""]
+    if scores_png:
+        lines.append(f"![block scores](pruned/{scores_png})")
     return lines
 
 
-def _recover_lines(recover: dict[str, Any] | None) -> list[str]:
+def _recover_lines(recover: RecoverReport | None) -> list[str]:
     if recover is None:
         return []
-    loss = recover["held_out_loss"]
-    data = recover["data"]
+    loss = recover.held_out_loss
     return ["", "## Recovery", "",
-            f"Recipe `{recover['recipe']['name']}` ({recover['recipe']['method']}), teacher `{recover['teacher']}`; "
-            f"held-out loss on teacher responses {loss['before']:.3f} -> {loss['after']:.3f}; "
-            f"{recover['tokens_seen']} tokens seen; {recover['seconds']['total']:.0f} s.",
-            f"Data: {json.dumps(data.get('filter', {}))}", "", "![loss curve](recovered/loss_curve.png)"]
+            f"Recipe `{recover.recipe.name}` ({recover.recipe.method}), teacher `{recover.teacher}`; "
+            f"held-out loss on teacher responses {_loss(loss.before)} -> {_loss(loss.after)}; "
+            f"{recover.tokens_seen} tokens seen; {recover.seconds.total:.0f} s.",
+            f"Data: {json.dumps(recover.data.get('filter', {}))}", "", "![loss curve](recovered/loss_curve.png)"]
+
+
+def _loss(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"

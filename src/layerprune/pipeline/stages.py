@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -12,10 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from layerprune.errors import LayerpruneError
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.recipe import RunRecipe
+from layerprune.provenance import Provenance, collect_provenance
 from layerprune.registry import unknown_name_message
+from layerprune.reports import read_report, write_report
 from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
@@ -66,23 +69,45 @@ def recipe_fingerprint(recipe: RunRecipe) -> str:
     return hashlib.sha256(recipe.model_dump_json(exclude=exclude).encode()).hexdigest()[:16]
 
 
-def _stored_fingerprint(state: dict) -> str | None:
+class RunState(BaseModel):
+    """run.json: the recipe a run directory belongs to."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="The recipe's name")
+    fingerprint: str = Field(description="recipe_fingerprint of the recipe when the directory was claimed")
+    recipe: dict[str, Any] = Field(description="The recipe as it was then")
+    provenance: Provenance
+
+
+def _stored_fingerprint(state: RunState) -> str | None:
     """The fingerprint of the recipe a run directory records, by today's rule (older runs hashed more fields)."""
     try:
-        return recipe_fingerprint(RunRecipe.model_validate(state.get("recipe")))
+        return recipe_fingerprint(RunRecipe.model_validate(state.recipe))
     except ValueError:
         return None
+
+
+def _read_state(path: Path, overwrite: bool) -> RunState | None:
+    """The run.json there; None when it is unreadable and --overwrite starts the run over anyway."""
+    try:
+        return read_report(path, RunState)
+    except LayerpruneError as exc:
+        if overwrite:
+            return None
+        raise LayerpruneError(f"{exc}; pass --overwrite to start the run over") from exc
 
 
 def claim_run_dir(paths: RunPaths, recipe: RunRecipe, overwrite: bool) -> None:
     """A run directory belongs to one recipe: refuse another recipe's outputs unless --overwrite."""
     fingerprint = recipe_fingerprint(recipe)
     if paths.state.is_file():
-        other = json.loads(paths.state.read_text())
-        if fingerprint in (other.get("fingerprint"), _stored_fingerprint(other)):
+        other = _read_state(paths.state, overwrite)
+        if other is not None and fingerprint in (other.fingerprint, _stored_fingerprint(other)):
             return
         if not overwrite:
-            raise LayerpruneError(f"{paths.root} holds outputs of another recipe ('{other.get('name')}', or this one "
+            assert other is not None
+            raise LayerpruneError(f"{paths.root} holds outputs of another recipe ('{other.name}', or this one "
                                   "changed); pass --overwrite to start it over, or choose another output")
         shutil.rmtree(paths.root)
     elif paths.root.exists() and any(paths.root.iterdir()) and not overwrite:
@@ -90,8 +115,8 @@ def claim_run_dir(paths: RunPaths, recipe: RunRecipe, overwrite: bool) -> None:
     elif paths.root.exists() and overwrite:
         shutil.rmtree(paths.root)
     paths.root.mkdir(parents=True, exist_ok=True)
-    paths.state.write_text(json.dumps({"name": recipe.name, "fingerprint": fingerprint,
-                                       "recipe": recipe.model_dump(mode="json")}, indent=2))
+    write_report(paths.state, RunState(name=recipe.name, fingerprint=fingerprint, recipe=recipe.model_dump(mode="json"),
+                                       provenance=collect_provenance()))
 
 
 def stages_for(recipe: RunRecipe) -> list[str]:

@@ -64,7 +64,7 @@ def study_rows(root: Path, labels: list[str]) -> list[dict[str, Any]]:
             row[f"retention_{key}"] = _ratio(m.get(key), base.get(key))
         row["recovered_share"] = recovered_share(base.get("probes"), pruned.get("probes"), m.get("probes")) \
             if label not in ("baseline", "pruned") else None
-        row.update(_arm_cost(root / "arms" / label / "recover_report.json"))
+        row.update(_arm_cost(root / "arms" / label))
         rows.append(row)
     return rows
 
@@ -73,15 +73,17 @@ def _ratio(value: Any, base: Any) -> float | None:
     return value[0] / base[0] if value and base and abs(base[0]) > 1e-12 else None
 
 
-def _arm_cost(report_path: Path) -> dict[str, Any]:
-    if not report_path.is_file():
+def _arm_cost(arm: Path) -> dict[str, Any]:
+    from layerprune.recover.report import RECOVER_REPORT, read_recover_report
+
+    if not (arm / RECOVER_REPORT).is_file():
         return {}
-    report = json.loads(report_path.read_text())
-    metrics = report["data"].get("held_out_metrics") or {}
-    after = metrics.get("after") or {"ce": report["held_out_loss"]["after"], "kl": None}  # SFT: CE on its own split
-    return {"method": report["recipe"]["method"], "seconds": report["seconds"]["training"],
-            "generation_seconds": report["seconds"]["generation"], "tokens": report["tokens_seen"],
-            "steps": report["data"].get("steps"), "held_out_ce": after.get("ce"), "held_out_kl": after.get("kl"),
+    report = read_recover_report(arm)
+    metrics = report.data.get("held_out_metrics") or {}
+    after = metrics.get("after") or {"ce": report.held_out_loss.after, "kl": None}  # SFT: CE on its own split
+    return {"method": report.recipe.method, "seconds": report.seconds.training,
+            "generation_seconds": report.seconds.generation, "tokens": report.tokens_seen,
+            "steps": report.data.get("steps"), "held_out_ce": after.get("ce"), "held_out_kl": after.get("kl"),
             "held_out_ce_pruned": (metrics.get("pruned") or {}).get("ce")}
 
 

@@ -22,9 +22,10 @@ from layerprune.models.loading import copy_tokenizer_files
 from layerprune.models.surgery import (check_config_matches_weights, checkpoint_dtype, compare_reloaded_logits, dtype_name,
                                        skip_reference_logits, verify_surgery, write_pretrained)
 from layerprune.outputs import atomic_output_dir, check_output_dir
+from layerprune.provenance import collect_provenance
 from layerprune.prune.calib import CalibSet, load_calibration, tokenize_calibration
 from layerprune.prune.recipe import PruneRecipe
-from layerprune.prune.report import model_card, package_versions, plot_scores, write_report
+from layerprune.prune.report import model_card, plot_scores, write_prune_report
 from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult, score_blocks
 from layerprune.prune.streaming import checkpoint_dir, describe_source, per_layer_config, save_streamed
 from layerprune.settings import RunSettings
@@ -211,7 +212,7 @@ def build_report(source, recipe, settings, protected, calib, result, kept, depth
         "num_blocks_after": len(kept),
         "params_before": params_before,
         "params_after": params_after,
-        "versions": package_versions(),
+        "provenance": collect_provenance().model_dump(mode="json"),
     }
 
 
@@ -308,8 +309,7 @@ def write_report_files(directory: Path, report: dict[str, Any]) -> None:
     if any(s is not None for s in report["scores"]):
         plot_scores(directory / "block_scores.png", report["scores"], report["dropped"], report["method"]["protect"], title)
         report["scores_png"] = "block_scores.png"
-    write_report(directory, report)
-    (directory / "README.md").write_text(model_card(report))
+    model_card(write_prune_report(directory, report)).save(directory / "README.md")
 
 
 def _add_weights_hash(source: ModelSource, settings: RunSettings) -> None:

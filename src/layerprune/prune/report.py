@@ -1,31 +1,49 @@
-"""What a pruned model directory records about how it was made: JSON report, model card, chart."""
+"""What a pruned model directory records about how it was made: prune_report.json, model card, chart."""
 
 from __future__ import annotations
 
-import json
-import platform
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from layerprune import __version__
+from pydantic import ConfigDict, Field
 
+from layerprune.models.lineage import PRUNE_REPORT, PrunedLineage
+from layerprune.prune.recipe import PruneRecipe
+from layerprune.reports import read_report, write_report
 
-def package_versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    versions = {"layerprune": __version__, "python": platform.python_version()}
-    for name in ("torch", "transformers", "safetensors", "peft", "trl", "lm_eval", "accelerate"):
-        try:
-            versions[name] = md.version(name.replace("_", "-"))
-        except md.PackageNotFoundError:
-            continue
-    return versions
+if TYPE_CHECKING:
+    from huggingface_hub import ModelCard
 
 
-def write_report(directory: Path, report: dict[str, Any]) -> Path:
-    path = directory / "prune_report.json"
-    path.write_text(json.dumps(report, indent=2, default=str))
-    return path
+class PruneReport(PrunedLineage):
+    """prune_report.json: the lineage every floor reads, plus the scores, the checks and what it cost."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    recipe: PruneRecipe
+    scores: list[float | None] = Field(description="Per block, original numbering; None where not scored")
+    steps: list[dict[str, Any]] = Field(description="Iterative scoring: the scores after each drop")
+    score_details: dict[str, Any] = Field(description="What the score recorded about itself")
+    params_before: int
+    params_after: int
+    config_per_layer: dict[str, dict[str, Any]] = Field(description="Per-layer config fields before and after")
+    dtype: dict[str, Any] = Field(description="Checkpoint, compute and saved dtypes")
+    timings: dict[str, float] = Field(description="Seconds per phase")
+    saved: dict[str, Any] | None = Field(None, description="How the weights were written")
+    verification: dict[str, Any] | None = Field(None, description="The checks of the written model")
+    scores_png: str | None = Field(None, description="The score chart beside the report")
+
+
+def write_prune_report(directory: Path, report: dict[str, Any]) -> PruneReport:
+    """prune_report.json through PruneReport (a misspelled or missing field fails here, before anything is kept)."""
+    typed = PruneReport.model_validate(report)
+    write_report(directory / PRUNE_REPORT, typed)
+    return typed
+
+
+def read_prune_report(directory: Path) -> PruneReport:
+    """The prune_report.json of a `layerprune prune` output (one-line error when missing or of another version)."""
+    return read_report(Path(directory) / PRUNE_REPORT, PruneReport)
 
 
 def plot_scores(path: Path, scores: list[float | None], dropped: list[int], protected: list[int], title: str) -> Path:
@@ -56,22 +74,28 @@ def plot_scores(path: Path, scores: list[float | None], dropped: list[int], prot
     return path
 
 
-def model_card(report: dict[str, Any]) -> str:
-    method = report["method"]
+def model_card(report: PruneReport) -> ModelCard:
+    """README.md of a pruned model: hub metadata (base model, tags) and how it was made."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    method, spec = report.method, report.source.spec or report.source.location
+    data = ModelCardData(base_model=spec, library_name="transformers", pipeline_tag="text-generation",
+                         tags=["layerprune", "pruned"], layerprune={
+                             "dropped_blocks": report.dropped, "score": method.score,
+                             "calibration": report.calibration.description if report.calibration else None})
     lines = [
-        "---", "library_name: transformers", "tags: [layerprune, pruned]", "---", "",
-        f"# {report['source']['spec']} pruned to {report['num_blocks_after']} blocks", "",
-        f"Made with layerprune {report['versions']['layerprune']} from `{report['source']['spec']}`: "
-        f"{report['num_blocks_before']} -> {report['num_blocks_after']} decoder blocks, "
-        f"{report['params_before'] / 1e6:.1f}M -> {report['params_after'] / 1e6:.1f}M parameters.", "",
-        f"- score: `{method['score']}`" + (f" (metric {method['metric']}, {'iterative' if method['iterative'] else 'one-shot'})"
-                                           if method["score"] == "ablation" else ""),
-        f"- calibration: {report['calibration']['description'] if report['calibration'] else 'none'}",
-        f"- dropped blocks (original numbering): {report['dropped']}",
-        f"- protected blocks: {method['protect']}", "",
+        f"# {spec} pruned to {report.num_blocks_after} blocks", "",
+        f"Made with layerprune {report.provenance.layerprune} from `{spec}`: "
+        f"{report.num_blocks_before} -> {report.num_blocks_after} decoder blocks, "
+        f"{report.params_before / 1e6:.1f}M -> {report.params_after / 1e6:.1f}M parameters.", "",
+        f"- score: `{method.score}`" + (f" (metric {method.metric}, {'iterative' if method.iterative else 'one-shot'})"
+                                        if method.score == "ablation" else ""),
+        f"- calibration: {report.calibration.description if report.calibration else 'none'}",
+        f"- dropped blocks (original numbering): {report.dropped}",
+        f"- protected blocks: {method.protect}", "",
         "Pruned models lose generative reasoning first (math, code) even when classification benchmarks hold up; "
         "evaluate with `layerprune evaluate` before use. See `prune_report.json` for every block's score.",
     ]
-    if report.get("scores_png"):
-        lines += ["", f"![block scores]({report['scores_png']})"]
-    return "\n".join(lines) + "\n"
+    if report.scores_png:
+        lines += ["", f"![block scores]({report.scores_png})"]
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")

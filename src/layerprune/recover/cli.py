@@ -106,7 +106,6 @@ def run(args: argparse.Namespace) -> int:
     report = recover_model(recipe, job)
     if not distributed_state(settings).is_main_process:
         return 0
-    loss = report["held_out_loss"]
-    print(f"recovered model: {job.output}  held-out loss {loss['before']} -> {loss['after']}  "
-          f"({report['seconds']['total']:.0f} s)")
+    loss = report.held_out_loss
+    print(f"recovered model: {job.output}  held-out loss {loss.before} -> {loss.after}  ({report.seconds.total:.0f} s)")
     return 0

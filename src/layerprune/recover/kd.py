@@ -19,10 +19,7 @@ Which TRL trainer and why:
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
-
-import torch
 
 from layerprune.recover.schema import RecoverRecipe
 from layerprune.recover.selfgen import chat_messages
@@ -31,24 +28,6 @@ from layerprune.recover.selfgen import chat_messages
 def gkd_agrees(recipe: RecoverRecipe) -> bool:
     """Whether TRL's GKD computes the recipe's kd loss (it applies no loss temperature and no CE term)."""
     return recipe.kd.temperature == 1.0 and recipe.kd.weight == 1.0
-
-
-def trainer_kwargs(recipe: RecoverRecipe, output_dir: Path, device: torch.device, optimizer: str, seed: int,
-                   has_eval: bool, bf16: bool) -> dict[str, Any]:
-    """TrainingArguments fields shared by every distillation trainer, from the recipe's train section."""
-    train = recipe.train
-    return dict(
-        output_dir=str(output_dir), learning_rate=train.learning_rate, lr_scheduler_type=train.lr_scheduler,
-        warmup_steps=train.warmup_steps, adam_beta1=train.adam_beta1, adam_beta2=train.adam_beta2,
-        weight_decay=train.weight_decay, max_grad_norm=train.max_grad_norm, optim=optimizer,
-        per_device_train_batch_size=train.batch_size, per_device_eval_batch_size=train.batch_size,
-        gradient_accumulation_steps=train.grad_accum, num_train_epochs=train.epochs, max_steps=train.max_steps or -1,
-        bf16=bf16, gradient_checkpointing=train.gradient_checkpointing, eval_strategy="no",
-        eval_steps=train.eval_steps, logging_steps=train.logging_steps, logging_first_step=True,
-        save_strategy="steps", save_steps=train.save_steps, save_total_limit=2, report_to="none", seed=seed,
-        use_cpu=device.type == "cpu", disable_tqdm=True, dataloader_num_workers=0,
-        include_num_input_tokens_seen="all",
-    )
 
 
 def messages_dataset(rows: list[dict[str, Any]], system_prompt: str | None) -> Any:

@@ -7,7 +7,6 @@ to the held-out prompts before, during and after training (heldout.py): one yard
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 from layerprune.errors import LayerpruneError
 from layerprune.models import ModelSource, load_model
+from layerprune.models.lineage import PRUNE_REPORT, read_lineage
 from layerprune.recover import heldout, kd, replace, selfgen, train
 from layerprune.recover.schema import RecoverRecipe
 
@@ -100,11 +100,11 @@ def fold_replacement(recipe: RecoverRecipe, loaded: Any, teacher: Any, student: 
 
 
 def dropped_blocks(student: ModelSource) -> list[int]:
-    report = Path(student.location) / "prune_report.json"
-    dropped = json.loads(report.read_text()).get("dropped") if report.is_file() else None
-    if not dropped:
-        raise LayerpruneError(f"replace needs the dropped blocks: {report} is missing or lists none")
-    return [int(i) for i in dropped]
+    lineage = read_lineage(Path(student.location))
+    if lineage is None or not lineage.dropped:
+        raise LayerpruneError(f"replace needs the dropped blocks: {Path(student.location) / PRUNE_REPORT} is missing "
+                              "or lists none")
+    return lineage.dropped
 
 
 def make_trainer(recipe: RecoverRecipe, method: str, loaded: Any, teacher: Any, rows: list[dict[str, Any]],
@@ -113,8 +113,7 @@ def make_trainer(recipe: RecoverRecipe, method: str, loaded: Any, teacher: Any, 
     device = job.settings.resolved_device()
     adapter = recipe.adapter_of(method)
     peft_config = train.lora_config(recipe.lora) if adapter == "lora" else None
-    common = kd.trainer_kwargs(recipe, trainer_dir, device, optimizer, job.settings.seed, False,
-                               train.bf16_allowed(recipe, device))
+    common = train.training_arguments(recipe, trainer_dir, device, optimizer, job.settings.seed)
     loaded.model.train()
     if method == "opd" and recipe.opd.lmbda == 1.0:
         return kd.opd_trainer(recipe, loaded.model, teacher, loaded.tokenizer, common, prompts, peft_config, [callback])

@@ -11,20 +11,22 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from layerprune import __version__
 from layerprune.data import resolve_data_dir
 from layerprune.errors import LayerpruneError
 from layerprune.models import ModelSource, load_model, resolve_model
+from layerprune.models.lineage import PRUNE_REPORT, SourceRecord, read_lineage
 from layerprune.models.loading import copy_tokenizer_files, load_tokenizer
 from layerprune.outputs import atomic_output_dir, check_output_dir
+from layerprune.provenance import collect_provenance
 from layerprune.recover import memory, methods, selfgen, train
 from layerprune.recover import prompts as prompt_sources
-from layerprune.recover.models import PRUNE_REPORT, materialize_student, plan_recover
+from layerprune.recover.report import RECOVER_REPORT, RecoverReport, model_card
 from layerprune.recover.schema import RecoverRecipe
+from layerprune.recover.student_teacher import materialize_student, plan_recover
+from layerprune.reports import write_report
 from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
-REPORT = "recover_report.json"
 
 
 @dataclass
@@ -143,7 +145,7 @@ def _config_of(spec: str, settings: RunSettings) -> Any:
         return None
 
 
-def recover_model(recipe: RecoverRecipe, job: RecoverJob) -> dict[str, Any]:
+def recover_model(recipe: RecoverRecipe, job: RecoverJob) -> RecoverReport:
     """The whole stage; returns the report written to recover_report.json."""
     start = time.perf_counter()
     check_runnable(recipe, job.settings)
@@ -170,8 +172,7 @@ def recover_model(recipe: RecoverRecipe, job: RecoverJob) -> dict[str, Any]:
         result = methods.fine_tune(recipe, student, teacher, kept, prompts, job)
     else:
         result = fine_tune(recipe, student, teacher, kept, job)
-    report = build_report(recipe, job, student, teacher, generation, card, result, time.perf_counter() - start)
-    report["notes"] = notes
+    report = build_report(recipe, job, student, teacher, generation, card, result, time.perf_counter() - start, notes)
     if state.is_main_process:
         save_outputs(recipe, job, student, result, report)
         shutil.rmtree(job.work, ignore_errors=True)
@@ -354,29 +355,21 @@ def load_student(recipe: RecoverRecipe, student: ModelSource, settings: RunSetti
 
 
 def build_report(recipe: RecoverRecipe, job: RecoverJob, student: ModelSource, teacher: str, generation: dict[str, Any],
-                 card: dict[str, int], result: TrainResult, seconds: float) -> dict[str, Any]:
+                 card: dict[str, int], result: TrainResult, seconds: float, notes: list[str]) -> RecoverReport:
     """recover_report.json: how the model was made and what the training did."""
-    import peft
-    import torch
-    import transformers
-    import trl
-
-    return {
-        "recipe": recipe.model_dump(mode="json"), "settings": job.settings.model_dump(mode="json"),
-        "student": {"spec": student.spec, "location": student.location, "identity": student.identity},
-        "teacher": teacher,
-        "data": {"generation": generation, "filter": card, **result.data},
-        "held_out_loss": {"before": result.loss_before, "after": result.loss_after},
-        "loss_curve": result.curve, "tokens_seen": result.tokens_seen, "optimizer": result.optimizer,
-        "memory_plan": result.plan.as_dict(),
-        "seconds": {"total": round(seconds, 1), "generation": generation["seconds"], "training": round(result.seconds, 1)},
-        "versions": {"layerprune": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-                     "trl": trl.__version__, "peft": peft.__version__},
-    }
+    return RecoverReport(
+        recipe=recipe, settings=job.settings, student=SourceRecord.of(student), teacher=teacher,
+        data={"generation": generation, "filter": card, **result.data},
+        held_out_loss={"before": result.loss_before, "after": result.loss_after},
+        loss_curve=result.curve, tokens_seen=result.tokens_seen, optimizer=result.optimizer,
+        memory_plan=result.plan.as_dict(),
+        seconds={"total": round(seconds, 1), "generation": generation["seconds"], "training": round(result.seconds, 1)},
+        notes=notes, provenance=collect_provenance(),
+    )
 
 
 def save_outputs(recipe: RecoverRecipe, job: RecoverJob, student: ModelSource, result: TrainResult,
-                 report: dict[str, Any]) -> None:
+                 report: RecoverReport) -> None:
     """Merged safetensors model, adapter, report, loss curve and the data, all at once (main process only)."""
     with atomic_output_dir(job.output, job.overwrite) as tmp:
         model = merged_model(recipe, student, job.settings, result.saved)
@@ -387,12 +380,14 @@ def save_outputs(recipe: RecoverRecipe, job: RecoverJob, student: ModelSource, r
             for name in ("adapter_config.json", "adapter_model.safetensors"):
                 shutil.copy2(adapter / name, tmp / "adapter" / name)
         copy_tokenizer_files(student, tmp, load_tokenizer(student, job.settings))
-        if (Path(student.location) / PRUNE_REPORT).is_file():
+        lineage = read_lineage(Path(student.location))
+        if lineage is not None:
             shutil.copy2(Path(student.location) / PRUNE_REPORT, tmp / PRUNE_REPORT)
         (tmp / "data").mkdir()
         shutil.copy2(job.work / "responses.jsonl", tmp / "data" / "responses.jsonl")
-        (tmp / "data" / "card.json").write_text(json.dumps(report["data"], indent=2))
-        (tmp / REPORT).write_text(json.dumps(report, indent=2, default=str))
+        (tmp / "data" / "card.json").write_text(json.dumps(report.data, indent=2))
+        write_report(tmp / RECOVER_REPORT, report)
+        model_card(report, lineage).save(tmp / "README.md")
         train.plot_loss_curve(result.curve, tmp / "loss_curve.png", f"recover {recipe.name}: {student.spec}")
     log.info("saved %s (held-out loss %s -> %s)", job.output, _fmt(result.loss_before), _fmt(result.loss_after))
 

@@ -76,6 +76,24 @@ def bf16_allowed(recipe: RecoverRecipe, device: torch.device) -> bool:
     return False
 
 
+def training_arguments(recipe: RecoverRecipe, output_dir: Path, device: torch.device, optimizer: str, seed: int,
+                       has_eval: bool = False, eval_on_start: bool = True) -> dict[str, Any]:
+    """TrainingArguments fields from the recipe's train section, shared by SFT and every distillation trainer."""
+    train = recipe.train
+    return dict(
+        output_dir=str(output_dir), learning_rate=train.learning_rate, lr_scheduler_type=train.lr_scheduler,
+        warmup_steps=train.warmup_steps, adam_beta1=train.adam_beta1, adam_beta2=train.adam_beta2,
+        weight_decay=train.weight_decay, max_grad_norm=train.max_grad_norm, optim=optimizer,
+        per_device_train_batch_size=train.batch_size, per_device_eval_batch_size=train.batch_size,
+        gradient_accumulation_steps=train.grad_accum, num_train_epochs=train.epochs, max_steps=train.max_steps or -1,
+        bf16=bf16_allowed(recipe, device), gradient_checkpointing=train.gradient_checkpointing,
+        eval_strategy="steps" if has_eval else "no", eval_steps=train.eval_steps,
+        eval_on_start=has_eval and eval_on_start, logging_steps=train.logging_steps, logging_first_step=True,
+        save_strategy="steps", save_steps=train.save_steps, save_total_limit=2, report_to="none", seed=seed,
+        use_cpu=device.type == "cpu", disable_tqdm=True, dataloader_num_workers=0, include_num_input_tokens_seen="all",
+    )
+
+
 def sft_config(recipe: RecoverRecipe, output_dir: Path, device: torch.device, optimizer: str, seed: int,
                has_eval: bool, eval_on_start: bool = True) -> Any:
     """TRL's SFTConfig from the recipe's train section.
@@ -86,21 +104,9 @@ def sft_config(recipe: RecoverRecipe, output_dir: Path, device: torch.device, op
     """
     from trl import SFTConfig
 
-    train = recipe.train
-    return SFTConfig(
-        output_dir=str(output_dir), learning_rate=train.learning_rate, lr_scheduler_type=train.lr_scheduler,
-        warmup_steps=train.warmup_steps, adam_beta1=train.adam_beta1, adam_beta2=train.adam_beta2,
-        weight_decay=train.weight_decay, max_grad_norm=train.max_grad_norm, optim=optimizer,
-        per_device_train_batch_size=train.batch_size, per_device_eval_batch_size=train.batch_size,
-        gradient_accumulation_steps=train.grad_accum, num_train_epochs=train.epochs,
-        max_steps=train.max_steps or -1, max_length=train.max_length, bf16=bf16_allowed(recipe, device),
-        gradient_checkpointing=train.gradient_checkpointing, completion_only_loss=True, packing=False,
-        eval_strategy="steps" if has_eval else "no", eval_steps=train.eval_steps,
-        eval_on_start=has_eval and eval_on_start, logging_steps=train.logging_steps,
-        logging_first_step=True, save_strategy="steps", save_steps=train.save_steps, save_total_limit=2,
-        report_to="none", seed=seed, use_cpu=device.type == "cpu", disable_tqdm=True, dataloader_num_workers=0,
-        model_init_kwargs=None, include_num_input_tokens_seen="all",
-    )
+    return SFTConfig(**training_arguments(recipe, output_dir, device, optimizer, seed, has_eval, eval_on_start),
+                     max_length=recipe.train.max_length, completion_only_loss=True, packing=False,
+                     model_init_kwargs=None)
 
 
 def make_trainer(recipe: RecoverRecipe, model: Any, tokenizer: Any, args: Any, train_set: Any, eval_set: Any,

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from layerprune.errors import LayerpruneError
 from layerprune.models import ModelSource, drop_blocks, load_model, resolve_model
+from layerprune.models.lineage import PRUNE_REPORT, PrunedLineage, PruneMethod, SourceRecord, read_lineage
 from layerprune.models.loading import copy_tokenizer_files
+from layerprune.provenance import collect_provenance
 from layerprune.recover.schema import RecoverRecipe
+from layerprune.reports import write_report
 from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
-PRUNE_REPORT = "prune_report.json"
 
 
 def resolve_student(recipe: RecoverRecipe, settings: RunSettings) -> ModelSource:
@@ -85,25 +86,16 @@ def teacher_spec(recipe: RecoverRecipe, student: ModelSource) -> str:
         return recipe.teacher
     if recipe.drop_blocks is not None:
         return student.spec
-    report = Path(student.location) / PRUNE_REPORT
-    source = _report_source(report)
-    for candidate in (source.get("spec"), source.get("location")):
+    lineage = read_lineage(Path(student.location))
+    if lineage is None:
+        raise LayerpruneError(f"no teacher known: {student.spec} has no {PRUNE_REPORT} naming its source model; "
+                              "pass --teacher MODEL")
+    source = lineage.source
+    for candidate in (source.spec, source.location):
         if candidate and _resolvable(candidate):
             return str(candidate)
-    if source.get("spec"):
-        raise LayerpruneError(f"the teacher named in {report} ({source['spec']}) cannot be found; pass --teacher")
-    raise LayerpruneError(f"no teacher known: {student.spec} has no {PRUNE_REPORT} naming its source model; "
-                          "pass --teacher MODEL")
-
-
-def _report_source(report: Path) -> dict[str, Any]:
-    if not report.is_file():
-        return {}
-    try:
-        source = json.loads(report.read_text()).get("source", {})
-    except (json.JSONDecodeError, AttributeError) as exc:
-        raise LayerpruneError(f"{report} is not a valid prune report; pass --teacher") from exc
-    return source if isinstance(source, dict) else {}
+    raise LayerpruneError(f"the teacher named in {Path(student.location) / PRUNE_REPORT} ({source.spec}) cannot be "
+                          "found; pass --teacher")
 
 
 def _resolvable(spec: str) -> bool:
@@ -119,16 +111,22 @@ def materialize_student(recipe: RecoverRecipe, student: ModelSource, settings: R
     if recipe.drop_blocks is None:
         return student
     target, indices = work / "student", sorted(set(recipe.drop_blocks))
-    if _report_dropped(target / PRUNE_REPORT) != indices:
-        _save_dropped(student, indices, settings, target)
+    if _saved_drops(target) != indices:
+        save_dropped(student, indices, settings, target)
     return resolve_model(str(target), settings)
 
 
-def _report_dropped(report: Path) -> list[int] | None:
-    return json.loads(report.read_text()).get("dropped") if report.is_file() else None
+def _saved_drops(target: Path) -> list[int] | None:
+    """The blocks an earlier run dropped into `target` (None when there is none, or an older version's)."""
+    try:
+        lineage = read_lineage(target)
+    except LayerpruneError:
+        return None
+    return lineage.dropped if lineage is not None else None
 
 
-def _save_dropped(source: ModelSource, indices: list[int], settings: RunSettings, target: Path) -> None:
+def save_dropped(source: ModelSource, indices: list[int], settings: RunSettings, target: Path) -> PrunedLineage:
+    """`source` minus the blocks `indices`, saved to `target` with the lineage a prune output records."""
     from layerprune.outputs import atomic_output_dir
 
     loaded = load_model(source, settings.model_copy(update={"device": "cpu", "dtype": "float32"}))
@@ -137,11 +135,11 @@ def _save_dropped(source: ModelSource, indices: list[int], settings: RunSettings
         raise LayerpruneError(f"drop_blocks {indices} does not fit a model with {before} blocks")
     kept = drop_blocks(loaded.model, indices)
     log.info("dropped blocks %s of %s (%d -> %d blocks)", indices, source.spec, before, len(kept))
-    report = {"source": {"spec": source.spec, "location": source.location, "kind": source.kind,
-                         "identity": source.identity},
-              "method": {"name": "drop_blocks (recover recipe)"}, "dropped": indices, "kept": list(kept),
-              "num_blocks_before": before, "num_blocks_after": len(kept)}
+    lineage = PrunedLineage(source=SourceRecord.of(source), method=PruneMethod(score="explicit", seed=settings.seed),
+                            calibration=None, dropped=indices, kept=list(kept), num_blocks_before=before,
+                            num_blocks_after=len(kept), provenance=collect_provenance())
     with atomic_output_dir(target, overwrite=True) as tmp:
         loaded.model.save_pretrained(tmp, safe_serialization=True)
         copy_tokenizer_files(source, tmp, loaded.tokenizer)
-        (tmp / PRUNE_REPORT).write_text(json.dumps(report, indent=2, default=str))
+        write_report(tmp / PRUNE_REPORT, lineage)
+    return lineage

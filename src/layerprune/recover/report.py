@@ -1,0 +1,93 @@
+"""What a recovered model directory records about how it was made: recover_report.json and the model card."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from layerprune.models.lineage import PrunedLineage, SourceRecord
+from layerprune.provenance import Provenance
+from layerprune.recover.schema import RecoverRecipe
+from layerprune.reports import read_report
+from layerprune.settings import RunSettings
+
+if TYPE_CHECKING:
+    from huggingface_hub import ModelCard
+
+RECOVER_REPORT = "recover_report.json"
+
+
+class HeldOutLoss(BaseModel):
+    """Cross-entropy on the held-out teacher answers (None when nothing was held out)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    before: float | None
+    after: float | None
+
+
+class Seconds(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    total: float
+    generation: float
+    training: float
+
+
+class RecoverReport(BaseModel):
+    """recover_report.json: the recipe as it ran, the data, what the training did, and what it cost."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    recipe: RecoverRecipe
+    settings: RunSettings
+    student: SourceRecord = Field(description="The pruned model that was trained")
+    teacher: str = Field(description="The model whose answers (and logits, for distillation) it learned from")
+    data: dict[str, Any] = Field(description="Generation, filter and split counts, optimizer steps, held-out metrics")
+    held_out_loss: HeldOutLoss
+    loss_curve: dict[str, list[list[float | None]]] = Field(description="[[step, loss], ...] (a non-finite loss: null)")
+    tokens_seen: int
+    optimizer: str
+    memory_plan: dict[str, Any]
+    seconds: Seconds
+    notes: list[str] = Field(description="Recipe conflicts resolved before the run")
+    provenance: Provenance
+
+
+def read_recover_report(directory: Path) -> RecoverReport:
+    """The recover_report.json of a `layerprune recover` output (one-line error when missing or of another version)."""
+    return read_report(Path(directory) / RECOVER_REPORT, RecoverReport)
+
+
+def model_card(report: RecoverReport, lineage: PrunedLineage | None) -> ModelCard:
+    """README.md of a recovered model: hub metadata (the original as base model, tags) and the recovery recipe."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    recipe, student = report.recipe, report.student.spec or report.student.location
+    base = (lineage.source.spec or lineage.source.location) if lineage is not None else student
+    data = ModelCardData(base_model=base, library_name="transformers", pipeline_tag="text-generation",
+                         tags=["layerprune", "pruned", "recovered", f"recover-{recipe.method}"], layerprune={
+                             "dropped_blocks": lineage.dropped if lineage is not None else None,
+                             "score": lineage.method.score if lineage is not None else None,
+                             "recover_method": recipe.method, "recover_recipe": recipe.name, "teacher": report.teacher})
+    loss = report.held_out_loss
+    lines = [
+        f"# {base} pruned and recovered with {recipe.method}", "",
+        f"Made with layerprune {report.provenance.layerprune}: the pruned model `{student}` fine-tuned on the "
+        f"teacher `{report.teacher}`'s answers with recipe `{recipe.name}` (method {recipe.method}).", "",
+        f"- dropped blocks (original numbering): {lineage.dropped if lineage is not None else 'unknown'}",
+        f"- block score: {f'`{lineage.method.score}`' if lineage is not None else 'unknown'}",
+        f"- teacher: `{report.teacher}`",
+        f"- held-out loss on teacher answers: {_loss(loss.before)} -> {_loss(loss.after)}",
+        f"- {report.tokens_seen} tokens seen, {report.data.get('steps', '?')} optimizer steps, "
+        f"{report.seconds.total:.0f} s", "",
+        "Recovery wins back part of what pruning cost; evaluate with `layerprune evaluate` before use. "
+        "See `recover_report.json` for the full recipe, the data and the loss curve.",
+    ]
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")
+
+
+def _loss(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
