@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from layerprune.errors import LayerpruneError
+from layerprune.provenance import collect_provenance
 from layerprune.evaluate.summary import SUMMARY_FILE, Summary, TaskResult, read_summary, write_summary
 
 
@@ -19,7 +20,7 @@ def a_summary() -> Summary:
                        headline=True, settings={}, seconds=1.0, cached=True, statuses={"passed": 0, "timeout": 2})]
     return Summary(model={"spec": "m", "location": "/m", "kind": "local", "identity": {"weights_sha256": "ab"},
                           "chat_template": "auto", "has_chat_template": True},
-                   model_hash="f" * 64, results=rows, versions={"lm_eval": "0.4"}, skipped={"mmlu": "no data"},
+                   model_hash="f" * 64, results=rows, provenance=collect_provenance(), skipped={"mmlu": "no data"},
                    calibration_overlap={"calibration": "c.jsonl", "tasks": {}, "allowed": False})
 
 

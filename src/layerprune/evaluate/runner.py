@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import logging
 import os
@@ -40,6 +39,7 @@ from layerprune.evaluate.summary import EvaluatedModel, Summary, TaskResult
 from layerprune.models import LoadedModel, ModelSource
 from layerprune.models.identity import model_fingerprint
 from layerprune.outputs import atomic_output_dir, check_output_dir
+from layerprune.provenance import collect_provenance
 from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
@@ -136,15 +136,6 @@ def evaluate_task(handle: ModelHandle, task: PlannedTask, settings: EvalSettings
     return entry
 
 
-def versions() -> dict[str, str]:
-    names = ("layerprune", "lm_eval", "torch", "transformers", "datasets")
-    found = {}
-    for name in names:
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return found
 
 
 def evaluate_model(
@@ -186,7 +177,7 @@ def evaluate_model(
                              identity=handle.source.identity, chat_template=settings.chat_template,
                              has_chat_template=template),
         model_hash=handle.digest, results=[TaskResult(**r) for e in entries.values() for r in e["rows"]],
-        versions=versions(), skipped=skipped, calibration_overlap=overlap,
+        provenance=collect_provenance(), skipped=skipped, calibration_overlap=overlap,
     )
     if output_dir is not None:
         from layerprune.evaluate.report import write_model_results

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from layerprune.errors import LayerpruneError
 from layerprune.outputs import write_atomic
+from layerprune.provenance import Provenance
 from layerprune.schema_cli import validation_message
 
 SUMMARY_FILE = "summary.json"
@@ -57,7 +58,7 @@ class Summary(BaseModel):
     model: EvaluatedModel
     model_hash: str
     results: list[TaskResult]
-    versions: dict[str, str] = {}
+    provenance: Provenance | None = None  # None only in summaries built by hand (tests)
     skipped: dict[str, str] = {}
     calibration_overlap: dict[str, Any] | None = None  # evaluated documents found in a pruned model's calibration
 
