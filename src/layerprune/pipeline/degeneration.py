@@ -71,7 +71,8 @@ def generated_outputs(recipe: RunRecipe, settings: RunSettings, paths: Any, role
     outputs = generate(loaded, prompts, stage.max_new_tokens, stage.batch_size)
     del loaded
     tmp = file.with_name(f".{file.name}.tmp")
-    tmp.write_text("".join(json.dumps({"prompt": p, "output": o}) + "\n" for p, o in zip(prompts, outputs)))
+    rows = [{"prompt": p, "output": o} for p, o in zip(prompts, outputs, strict=True)]
+    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
     tmp.replace(file)
     return outputs
 
