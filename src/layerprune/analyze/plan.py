@@ -105,8 +105,12 @@ def task_lines(model: str, name: str, files: ModelFiles, config: ImportanceAnaly
     loaded = SimpleNamespace(source=SimpleNamespace(spec=model), tokenizer=files.tokenizer)
     plan = generation_plan(config, loaded, task, settings.seed)  # type: ignore[arg-type]
     item, note = example_item(name, config, settings)
-    text = render_prompt(files.tokenizer, item.prompt, plan)
-    prompt_tokens = len(files.tokenizer(text, add_special_tokens=not plan.chat)["input_ids"])
+    if config.metric == "generate":
+        text = render_prompt(files.tokenizer, item.prompt, plan)
+        prompt_tokens = len(files.tokenizer(text, add_special_tokens=not plan.chat)["input_ids"])
+    else:  # teacher-forced: the raw prompt, then the scored target (no chat template, no instruction)
+        text, prompt_tokens = item.prompt, len(files.tokenizer(item.prompt)["input_ids"])
+        note += f"; scored target ({len(files.tokenizer(item.target, add_special_tokens=False)['input_ids'])} tokens)"
     runs = None if files.depth is None else files.depth + 1
     if config.metric == "generate":
         sampled = (f"sampled at temperature {plan.temperature:g}, top_p {plan.top_p:g}, seed {plan.seed}"
@@ -120,6 +124,8 @@ def task_lines(model: str, name: str, files: ModelFiles, config: ImportanceAnaly
         head = (f"- {model} / {name}: teacher-forced {config.metric} (no generation), {config.samples} items x "
                 f"{runs or '(blocks + 1)'} runs, sequences up to {config.max_length} tokens")
     example = "\n".join(f"      | {line}" for line in text.split("\n"))
+    if config.metric != "generate":
+        example += "\n" + "\n".join(f"      > {line}" for line in item.target.split("\n"))
     return [head, f"    example ({prompt_tokens} prompt tokens){note}:", example]
 
 
