@@ -110,11 +110,19 @@ def student_copy(study: VariantStudy, settings: RunSettings, root: Path) -> Path
 def make_variant(study: VariantStudy, settings: RunSettings, root: Path) -> Path:
     from layerprune.recover.runner import RecoverJob, recover
 
+    import json
+
     target = root / "variant"
-    if not (target / "recover_report.json").is_file():
-        recipe = study.variant.resolve(str(student_copy(study, settings, root)), study.model)
-        data_dir = study.importance.get("data_dir")
-        recover(recipe, RecoverJob(output=target, settings=settings, data_dir=data_dir, resume=True))
+    recipe = study.variant.resolve(str(root / "student"), study.model)
+    done = target / "recover_report.json"
+    if done.is_file():
+        if json.loads(done.read_text())["recipe"] != recipe.model_dump(mode="json"):
+            raise LayerpruneError(f"{target} was made by another variant recipe; choose another --output, or delete "
+                                  "it to make the variant again")
+        return target
+    student_copy(study, settings, root)
+    data_dir = study.importance.get("data_dir")
+    recover(recipe, RecoverJob(output=target, settings=settings, data_dir=data_dir, resume=True))
     return target
 
 
@@ -125,10 +133,13 @@ def score_both(study: VariantStudy, settings: RunSettings, root: Path, variant: 
     from layerprune.outputs import atomic_output_dir
 
     target = root / "importance"
-    if not (target / "importance.json").is_file():
-        with atomic_output_dir(target, overwrite=True) as tmp:
-            analyze_importance(study.importance_config(variant), settings, tmp)
-    return json.loads((target / "importance.json").read_text())
+    config = study.importance_config(variant)
+    done = target / "importance.json"
+    if not done.is_file() or json.loads(done.read_text())["config"] != config.model_dump(mode="json") \
+            or json.loads(done.read_text())["run"]["settings"].get("seed") != settings.seed:
+        with atomic_output_dir(target, overwrite=True) as tmp:  # missing, or made with other settings: (re)made
+            analyze_importance(config, settings, tmp)
+    return json.loads(done.read_text())
 
 
 def compare(study: VariantStudy, report: dict[str, Any], seed: int) -> dict[str, Any]:
@@ -167,7 +178,7 @@ def _fmt(value: float | None, interval: list[float] | None = None) -> str:
 
 def variant_table(study: VariantStudy, tasks: dict[str, Any]) -> str:
     level = f"{1 - study.alpha:.0%}"
-    lines = [f"# Variant study: {study.name}", "", study.description, "",
+    lines = [f"# Variant study: {study.name}", "", *([study.description, ""] if study.description else []),
              f"Original `{study.model}` vs its variant (variant/). Drops per block from importance/ (heatmap: "
              f"importance/heatmap.png). Intervals: {level} paired bootstrap over the items ({study.resamples} "
              "resamples); a resample's critical set is the blocks above the threshold.", "",
