@@ -47,7 +47,7 @@ def test_tiny_variant_study_runs_and_its_table_matches_the_agreement(capsys, tin
     recipe = {"name": "tiny-variant", "model": str(tiny_llama), "output": str(tmp_path / "v"), "resamples": 100,
               "variant": {"recipe": "variant-sft-gsm8k", "overrides": {
                   "prompts": {"samples": 4}, "generate": {"max_new_tokens": 8, "batch_size": 4},
-                  "train": {"max_steps": 2, "batch_size": 2, "max_length": 64, "held_out": 0.5, "eval_steps": 1,
+                  "train": {"max_steps": 2, "batch_size": 2, "max_length": 512, "held_out": 0.5, "eval_steps": 1,
                             "logging_steps": 1, "save_steps": 2, "learning_rate": 1.0e-2,
                             "warmup_steps": 0}}},
               "importance": {"tasks": ["arithmetic", "factual"], "samples": 6, "metric": "accuracy"}}

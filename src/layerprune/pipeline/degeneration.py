@@ -17,6 +17,7 @@ from layerprune.analyze import metrics
 from layerprune.analyze.degeneration import generate, load_prompts, text_of
 from layerprune.analyze.records import write_json
 from layerprune.data import read_jsonl, resolve_data_dir
+from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.recipe import RunRecipe
 from layerprune.settings import RunSettings
 
@@ -34,7 +35,7 @@ DEFINITIONS = {
 
 
 def evaluated_roles(paths: Any) -> list[str]:
-    return [role for role in ROLES if (paths.eval(role) / "summary.json").is_file()]
+    return [role for role in ROLES if (paths.eval(role) / SUMMARY_FILE).is_file()]
 
 
 def sample_outputs(paths: Any, role: str, task: str) -> list[str] | None:

@@ -108,21 +108,19 @@ def student_copy(study: VariantStudy, settings: RunSettings, root: Path) -> Path
 
 
 def make_variant(study: VariantStudy, settings: RunSettings, root: Path) -> Path:
-    from layerprune.recover.runner import RecoverJob, recover
-
-    import json
+    from layerprune.recover.report import read_recover_report
+    from layerprune.recover.runner import RecoverJob, recover_model
 
     target = root / "variant"
     recipe = study.variant.resolve(str(root / "student"), study.model)
-    done = target / "recover_report.json"
-    if done.is_file():
-        if json.loads(done.read_text())["recipe"] != recipe.model_dump(mode="json"):
+    if (target / "recover_report.json").is_file():
+        if read_recover_report(target).recipe != recipe:
             raise LayerpruneError(f"{target} was made by another variant recipe; choose another --output, or delete "
                                   "it to make the variant again")
         return target
     student_copy(study, settings, root)
     data_dir = study.importance.get("data_dir")
-    recover(recipe, RecoverJob(output=target, settings=settings, data_dir=data_dir, resume=True))
+    recover_model(recipe, RecoverJob(output=target, settings=settings, data_dir=data_dir, resume=True))
     return target
 
 
