@@ -204,12 +204,38 @@ def test_shipped_gpu_study_recipes_fail_clearly_offline(shared_data, tmp_path, c
                                    "--output", str(out)], "triviaqa/train.jsonl", "offline", output=out)
 
 
-def test_dry_run_prints_each_models_prompt_and_budget_without_loading(tmp_path, capsys):
+QWEN_STUDY = ["Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-7B-Instruct", "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
+              "Open-Reasoner-Zero/Open-Reasoner-Zero-7B"]
+
+
+def test_dry_run_offline_names_the_missing_tokenizers(tmp_path, capsys):
     out = tmp_path / "imp"
-    code, stdout, err = run_cli(capsys, "importance", "--recipe", "importance-qwen25-7b", "--dry-run",
-                                "--output", str(out))
+    assert_one_line_error(capsys, ["importance", "--recipe", "importance-qwen25-7b", "--dry-run", "--output", str(out)],
+                          "tokenizer", *QWEN_STUDY, "offline", "--tokenizers MODEL=DIR", output=out)
+
+
+def test_dry_run_renders_each_models_prompt_and_budget_from_local_tokenizers(tiny_llama, shared_data, tmp_path,
+                                                                             capsys, monkeypatch):
+    monkeypatch.setenv("LAYERPRUNE_DATA_DIR", str(shared_data))
+    out = tmp_path / "imp"
+    code, stdout, err = run_cli(capsys, "importance", "--recipe", "importance-qwen25-7b", "--dry-run", "--output",
+                                str(out), "--tokenizers", *(f"{m}={tiny_llama}" for m in QWEN_STUDY))
     assert code == 0, err
-    r1 = [line for line in stdout.splitlines() if line.startswith("- deepseek-ai/DeepSeek-R1-Distill-Qwen-7B / gsm8k")]
-    assert len(r1) == 1 and "4096 new tokens" in r1[0] and "temperature 0.6" in r1[0] and "boxed" in r1[0]
-    assert "Qwen/Qwen2.5-7B / gsm8k: chat template (when the tokenizer has one), 192 new tokens, greedy" in stdout
     assert not out.exists()
+    assert "items per task: 200 (seed 0), shots 0" in stdout
+    # R1 distill: chat template, its instruction inside the user turn, 4096 sampled tokens; the budget counts
+    # the full model and each of the 6 blocks skipped (depth read from the local directory's config, and said so)
+    r1 = stdout.split("## deepseek-ai/DeepSeek-R1-Distill-Qwen-7B")[1].split("\n## ")[0]
+    assert f"depth from the config in {tiny_llama}; 6 blocks" in r1
+    gsm8k = r1.split("/ gsm8k:")[1].split("\n- ")[0]
+    assert "chat template, 4096 new tokens, sampled at temperature 0.6, top_p 0.95, seed 0" in gsm8k
+    assert "200 items x 7 runs" in gsm8k and f"at most {200 * 7 * 4096:,} new tokens" in gsm8k
+    rendered = [line.removeprefix("      | ") for line in gsm8k.splitlines() if line.startswith("      | ")]
+    from layerprune.analyze.tasks import task_items
+
+    question = task_items("gsm8k", 1, 0, 0, shared_data)[0].prompt.removesuffix("\nAnswer:")
+    assert "\n".join(rendered) == (f"<|user|>{question}\nPlease reason step by step, and put your final answer "
+                                    "within \\boxed{}.\nAnswer:<|end|><|assistant|>")
+    base = stdout.split("## Qwen/Qwen2.5-7B (")[1].split("\n## ")[0]
+    assert "/ gsm8k: chat template, 192 new tokens, greedy" in base  # chat_template auto: the tokenizer has one
+    assert "data not here" in stdout.split("/ triviaqa:")[1].split("\n- ")[0]  # no triviaqa in the mirror: said

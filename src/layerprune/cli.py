@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "recipes": ("layerprune.recipes_cli", "list, show, copy or validate the shipped recipes"),
     "run": ("layerprune.pipeline.cli", "prune -> evaluate -> recover -> evaluate -> report, from one recipe"),
     "study": ("layerprune.pipeline.study_cli", "recovery study: prune once, recover with several methods, compare"),
+    "variant-study": ("layerprune.pipeline.variant_cli", "make a variant with our recovery code and compare its "
+                      "importance profile with the original's"),
     "analyze": ("layerprune.analyze.cli", "critical blocks across models, representation drift, degeneration"),
 }
 

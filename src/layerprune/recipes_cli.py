@@ -47,6 +47,7 @@ RECIPE_KINDS: dict[str, RecipeKind] = {
     "study": RecipeKind("studies", "layerprune.pipeline.recipe:RunRecipe", "limits-*.yaml"),
     "importance": RecipeKind("studies", "layerprune.analyze.schemas:ImportanceAnalysis", "importance-*.yaml"),
     "recovery-study": RecipeKind("studies", "layerprune.pipeline.study:RecoveryStudy", "recovery-*.yaml"),
+    "variant-study": RecipeKind("studies", "layerprune.pipeline.variant:VariantStudy", "variant-*.yaml"),
 }
 
 

@@ -15,7 +15,7 @@ from layerprune.settings import RunSettings
 
 SUBCOMMANDS: dict[str, tuple[type[BaseModel], str, tuple[str, ...]]] = {
     "importance": (ImportanceAnalysis, "per-block ablation drops across models and tasks (heatmap, rank "
-                                       "correlation, critical-set overlap)", ("models", "tasks")),
+                                       "correlation, critical-set overlap)", ("models", "tasks", "tokenizers")),
     "nmi": (NmiAnalysis, "representation drift: NMI of each block's token clusters vs the embedding layer's", ()),
     "degeneration": (DegenerationAnalysis, "rep-n, self-BLEU-4 and length of generations (files or generated)",
                      ("generations", "models", "labels")),
@@ -85,9 +85,9 @@ def run(args: argparse.Namespace) -> int:
 
     config, settings = build_config(args)
     if getattr(config, "dry_run", False):
-        from layerprune.analyze.importance import plan_text
+        from layerprune.analyze.plan import dry_run_text
 
-        print(plan_text(config), end="")
+        print(dry_run_text(config, settings), end="")
         return 0
     out = config.output or Path("analysis") / args.analysis
     check_output_dir(out, config.overwrite)

@@ -11,7 +11,7 @@ from layerprune.analyze import charts, metrics, stats
 from layerprune.analyze.records import Timer, loaded_models, resolve_models, run_record, write_json
 from layerprune.analyze.schemas import ImportanceAnalysis
 from layerprune.analyze.tasks import TASKS, Task, TaskItem, task_items
-from layerprune.analyze.walk import GenerationPlan, ablate_blocks, ablate_generation, build_batches, with_instruction
+from layerprune.analyze.walk import GenerationPlan, ablate_blocks, ablate_generation, build_batches
 from layerprune.data import resolve_data_dir
 from layerprune.models import LoadedModel, find_decoder_stack
 from layerprune.settings import RunSettings
@@ -175,19 +175,3 @@ def importance_summary(report: dict[str, Any]) -> str:
             lines.append(f"- {label}, {pair}: Spearman {_fmt(v['spearman'])}; both: {v['both']}; {only}")
     return "\n".join(lines) + "\n"
 
-
-def plan_text(config: ImportanceAnalysis) -> str:
-    """The planned prompts and decoding per model and task, without loading anything (--dry-run)."""
-    lines = [f"# Plan: analyze importance, metric {config.metric}, {config.samples} items per task", ""]
-    for model in config.models:
-        decoding = config.decoding(model)
-        for name in config.tasks:
-            task = TASKS.get(name)
-            chat = decoding.chat_template == "on" or (decoding.chat_template == "auto" and task.chat_protocol)
-            sampled = (f"sampled at temperature {decoding.temperature:g}, top_p {decoding.top_p:g}, seeded"
-                       if decoding.temperature else "greedy")
-            example = "Question: <question>\nAnswer:" if name == "gsm8k" else "Q: <question>\nA:"
-            lines.append(f"- {model} / {name}: {'chat template (when the tokenizer has one)' if chat else 'raw prompt'}"
-                         f", {decoding.max_new_tokens or task.max_new_tokens} new tokens, {sampled}, stops "
-                         f"{list(task.stops)}; prompt {with_instruction(example, decoding.instruction)!r}")
-    return "\n".join(lines) + "\n"

@@ -77,8 +77,11 @@ class ImportanceAnalysis(OutputOptions):
     top_p: float = Field(1.0, gt=0, le=1, description="--metric generate: nucleus sampling when temperature > 0")
     per_model: dict[str, Decoding] = Field(default_factory=dict,
                                            description="Recipe only: prompt/decoding overrides per entry of models")
-    dry_run: bool = Field(False, description="Print each model's planned prompt and decoding per task (--metric "
-                                             "generate) and stop: no model, no data, no output")
+    dry_run: bool = Field(False, description="Print each model's rendered prompt (from its tokenizer), decoding and "
+                                             "token budget per task and stop: no weights, no output")
+    tokenizers: dict[str, Path] = Field(default_factory=dict,
+                                        description="--dry-run: MODEL=DIR, a local tokenizer directory for a model "
+                                                    "(else the hub or its cache)")
 
     @field_validator("models", "tasks")
     @classmethod
@@ -100,11 +103,26 @@ class ImportanceAnalysis(OutputOptions):
     def _known_metric(cls, metric: Any) -> Any:
         return check_name("metric", metric, get_args(ImportanceMetric)) if isinstance(metric, str) else metric
 
+    @field_validator("tokenizers", mode="before")
+    @classmethod
+    def _model_equals_dir(cls, value: Any) -> Any:
+        """The CLI's list of MODEL=DIR as a mapping (a recipe's mapping passes as it is)."""
+        if not isinstance(value, list):
+            return value
+        pairs = {}
+        for entry in value:
+            model, sep, directory = str(entry).rpartition("=")
+            if not sep or not model or not directory:
+                raise ValueError(f"'{entry}' is not MODEL=DIR")
+            pairs[model] = directory
+        return pairs
+
     @model_validator(mode="after")
     def _per_model_names_models(self) -> "ImportanceAnalysis":
-        unknown = sorted(set(self.per_model) - set(self.models))
-        if unknown:
-            raise ValueError(f"per_model names {unknown}, which are not in models {self.models}")
+        for field in ("per_model", "tokenizers"):
+            unknown = sorted(set(getattr(self, field)) - set(self.models))
+            if unknown:
+                raise ValueError(f"{field} names {unknown}, which are not in models {self.models}")
         return self
 
     def decoding(self, model: str) -> Decoding:

@@ -29,6 +29,17 @@ class RecoverStage(BaseModel):
         return RecoverRecipe.model_validate(merge_layers(base, self.overrides, fixed))
 
 
+class DegenerationStage(BaseModel):
+    """rep-n and self-BLEU of each model's GSM8K answers in report.md (see pipeline/degeneration.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    samples: int = Field(0, ge=0, description="GSM8K test questions each model answers for the degeneration table "
+                                              "when the suite scores no gsm8k (0: only evaluate's gsm8k answers)")
+    max_new_tokens: int = Field(192, ge=1, description="Tokens generated per answer (greedy)")
+    batch_size: int = Field(8, ge=1, description="Questions per generate call")
+
+
 class RunRecipe(BaseModel):
     """prune -> evaluate -> recover -> evaluate -> report, for one model."""
 
@@ -40,6 +51,8 @@ class RunRecipe(BaseModel):
     prune: PruneRecipe = Field(description="Prune stage (see `layerprune prune --help`)")
     recover: RecoverStage | None = Field(default_factory=RecoverStage, description="Recover stage; null skips it")
     evaluate: EvalSettings = Field(default_factory=lambda: EvalSettings(suite="quick"), description="Evaluation")
+    degeneration: DegenerationStage = Field(default_factory=DegenerationStage,
+                                            description="Degeneration of the models' GSM8K answers in report.md")
     output: Path | None = Field(None, description="Run directory")
 
     @model_validator(mode="after")

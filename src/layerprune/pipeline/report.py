@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from layerprune.evaluate.summary import SUMMARY_FILE, Summary, read_summary
+from layerprune.pipeline.degeneration import degeneration_lines
 from layerprune.pipeline.recipe import RunRecipe
 
 if TYPE_CHECKING:
@@ -136,6 +137,7 @@ def write_report(recipe: RunRecipe, paths: Any) -> Path:
     if comparison:
         lines += [comparison["table"], ""]
         lines += [f"![{name}](eval/{name})" for name in comparison["paths"] if name.endswith(".png")]
+    lines += degeneration_lines(_json(paths.root / "degeneration.json"))
     lines += _prune_lines(prune, prune.scores_png if prune else None)
     lines += _recover_lines(recover)
     lines += ["", "## How it was made", "", f"- recipe: `{recipe.model_dump_json(exclude_none=True)}`",

@@ -64,7 +64,7 @@ class RunPaths:
 
 def recipe_fingerprint(recipe: RunRecipe) -> str:
     """What makes a run directory this recipe's: all but the prose, where it is written and settings that change no result."""
-    exclude = {"description": True, "output": True, "prune": {"stack_candidates", "verify", "force"},
+    exclude = {"description": True, "output": True, "degeneration": True, "prune": {"stack_candidates", "verify", "force"},
                "evaluate": {"allow_overlap"}}
     return hashlib.sha256(recipe.model_dump_json(exclude=exclude).encode()).hexdigest()[:16]
 
@@ -156,7 +156,7 @@ def run_pipeline(recipe: RunRecipe, settings: RunSettings, from_stage: str | Non
         "eval-pruned": lambda: run_eval(recipe, settings, paths, "pruned", str(paths.pruned)),
         "recover": lambda: run_recover(recipe, settings, paths),
         "eval-recovered": lambda: run_eval(recipe, settings, paths, "recovered", str(paths.recovered)),
-        "report": lambda: write_run_report(recipe, paths),
+        "report": lambda: write_run_report(recipe, settings, paths),
     }
     stages = stages_for(recipe)
     for number, stage in enumerate(stages, 1):
@@ -198,7 +198,9 @@ def run_recover(recipe: RunRecipe, settings: RunSettings, paths: RunPaths) -> No
             shutil.copy2(responses, paths.selfgen)
 
 
-def write_run_report(recipe: RunRecipe, paths: RunPaths) -> None:
+def write_run_report(recipe: RunRecipe, settings: RunSettings, paths: RunPaths) -> None:
+    from layerprune.pipeline.degeneration import measure_degeneration
     from layerprune.pipeline.report import write_report
 
+    measure_degeneration(recipe, settings, paths)
     write_report(recipe, paths)

@@ -1,0 +1,147 @@
+"""`analyze importance --dry-run`: each model's rendered prompt and token budget, from its tokenizer and config only.
+
+No weights are read. A hub model's tokenizer and config come from the hub or its local cache; offline, a model
+whose files are not cached is an error naming it, unless `tokenizers` maps it to a local tokenizer directory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from layerprune.analyze.importance import generation_plan
+from layerprune.analyze.schemas import ImportanceAnalysis
+from layerprune.analyze.tasks import TASKS, TaskItem, task_items
+from layerprune.analyze.walk import render_prompt
+from layerprune.data import resolve_data_dir
+from layerprune.errors import LayerpruneError, one_line
+from layerprune.settings import RunSettings
+
+
+@dataclass
+class ModelFiles:
+    """What a dry run knows of one model: its tokenizer, its depth (None without a config) and where they came from."""
+
+    tokenizer: Any
+    depth: int | None
+    where: str
+
+
+def model_location(model: str, config: ImportanceAnalysis, settings: RunSettings) -> tuple[str, str]:
+    """(where to read the tokenizer, how to say it): the mapped local directory, or the model's own location."""
+    if model in config.tokenizers:
+        return str(config.tokenizers[model]), f"local tokenizer {config.tokenizers[model]}"
+    from layerprune.models import resolve_model
+
+    source = resolve_model(model, settings)
+    return source.location, ("hub (or its cache)" if source.kind == "hub" else f"{source.kind} {source.location}")
+
+
+def model_depth(places: list[str], settings: RunSettings) -> tuple[int | None, str]:
+    """The number of decoder blocks from the first config found among `places`, and where it was found."""
+    from transformers import AutoConfig
+
+    for place in dict.fromkeys(places):
+        try:
+            model_config = AutoConfig.from_pretrained(place, trust_remote_code=settings.trust_remote_code)
+            return model_config.get_text_config().num_hidden_layers, place
+        except Exception:  # no config here (a bare tokenizer directory, or offline): try the next place
+            continue
+    return None, ""
+
+
+def read_model_files(model: str, config: ImportanceAnalysis, settings: RunSettings) -> ModelFiles:
+    """The tokenizer (required) and the depth: from the model's config, else from the tokenizer directory's (said)."""
+    from transformers import AutoTokenizer
+
+    location, where = model_location(model, config, settings)
+    tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=settings.trust_remote_code)
+    own = model if model in config.tokenizers else location
+    depth, found = model_depth([own, location], settings)
+    if depth is not None and found != own:
+        where += f"; depth from the config in {found}"
+    return ModelFiles(tokenizer, depth, where)
+
+
+def unavailable(exc: Exception) -> str:
+    """Why a model's files could not be read, in one short line."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE and not isinstance(exc, LayerpruneError):
+        return "not in the hub cache and the hub is offline (HF_HUB_OFFLINE)"
+    return one_line(exc)[:200]
+
+
+def read_all_model_files(config: ImportanceAnalysis, settings: RunSettings) -> dict[str, ModelFiles]:
+    """Every model's files; the ones that cannot be read are one error naming them all."""
+    files, missing = {}, {}
+    for model in config.models:
+        try:
+            files[model] = read_model_files(model, config, settings)
+        except Exception as exc:  # transformers/huggingface_hub raise many types for a missing or gated repo
+            missing[model] = unavailable(exc)
+    if missing:
+        first = next(iter(missing.values()))
+        raise LayerpruneError(f"dry run needs each model's tokenizer (no weights); not available here: "
+                              f"{', '.join(missing)} ({first}); run with hub access or map each to a local tokenizer "
+                              "directory: --tokenizers MODEL=DIR")
+    return files
+
+
+def example_item(name: str, config: ImportanceAnalysis, settings: RunSettings) -> tuple[TaskItem, str]:
+    """The task's first planned item, or a placeholder with the reason its data is not here."""
+    try:
+        return task_items(name, 1, settings.seed, config.shots, resolve_data_dir(config.data_dir))[0], ""
+    except LayerpruneError as exc:
+        question = "Question: <question>\nAnswer:" if name == "gsm8k" else "Q: <question>\nA:"
+        return TaskItem(question, "", ""), f" (data not here: {exc})"
+
+
+def task_lines(model: str, name: str, files: ModelFiles, config: ImportanceAnalysis,
+               settings: RunSettings) -> list[str]:
+    """One model/task: decoding, budget and the rendered example prompt."""
+    task = TASKS.get(name)
+    loaded = SimpleNamespace(source=SimpleNamespace(spec=model), tokenizer=files.tokenizer)
+    plan = generation_plan(config, loaded, task, settings.seed)  # type: ignore[arg-type]
+    item, note = example_item(name, config, settings)
+    if config.metric == "generate":
+        text = render_prompt(files.tokenizer, item.prompt, plan)
+        prompt_tokens = len(files.tokenizer(text, add_special_tokens=not plan.chat)["input_ids"])
+    else:  # teacher-forced: the raw prompt, then the scored target (no chat template, no instruction)
+        text, prompt_tokens = item.prompt, len(files.tokenizer(item.prompt)["input_ids"])
+        note += f"; scored target ({len(files.tokenizer(item.target, add_special_tokens=False)['input_ids'])} tokens)"
+    runs = None if files.depth is None else files.depth + 1
+    if config.metric == "generate":
+        sampled = (f"sampled at temperature {plan.temperature:g}, top_p {plan.top_p:g}, seed {plan.seed}"
+                   if plan.temperature else "greedy")
+        budget = (f"{config.samples} items x {runs or '(blocks + 1)'} runs (full model + each block skipped)"
+                  + (f" = {config.samples * runs} generations, at most {config.samples * runs * plan.max_new_tokens:,}"
+                     " new tokens" if runs else ""))
+        head = (f"- {model} / {name}: {'chat template' if plan.chat else 'raw prompt'}, {plan.max_new_tokens} new "
+                f"tokens, {sampled}, stops {list(plan.stops)}; {budget}")
+    else:
+        head = (f"- {model} / {name}: teacher-forced {config.metric} (no generation), {config.samples} items x "
+                f"{runs or '(blocks + 1)'} runs, sequences up to {config.max_length} tokens")
+    example = "\n".join(f"      | {line}" for line in text.split("\n"))
+    if config.metric != "generate":
+        example += "\n" + "\n".join(f"      > {line}" for line in item.target.split("\n"))
+    return [head, f"    example ({prompt_tokens} prompt tokens){note}:", example]
+
+
+def dry_run_text(config: ImportanceAnalysis, settings: RunSettings) -> str:
+    """The plan of `analyze importance`: budgets, then per model its files and each task's rendered prompt."""
+    files = read_all_model_files(config, settings)
+    lines = [f"# Dry run: analyze importance, metric {config.metric}",
+             f"items per task: {config.samples} (seed {settings.seed}), shots {config.shots}; "
+             f"batch {config.batch_size}, "
+             f"max length {config.max_length}; critical = drop > {config.threshold:g} and significant (paired "
+             f"bootstrap, {config.resamples} resamples, alpha {config.alpha:g}); no weights loaded", ""]
+    for model in config.models:
+        depth = f"{files[model].depth} blocks" if files[model].depth is not None else "depth unknown (no config)"
+        lines.append(f"## {model} (tokenizer from {files[model].where}; {depth})")
+        for name in config.tasks:
+            lines += task_lines(model, name, files[model], config, settings)
+        lines.append("")
+    return "\n".join(lines)
+

@@ -1,0 +1,33 @@
+"""`layerprune variant-study RECIPE`: make a variant with our recovery code, compare importance profiles."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from layerprune.settings import RunSettings
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from layerprune.schema_cli import add_schema_args
+
+    parser.add_argument("recipe", help="Variant-study recipe: a YAML path or a shipped name "
+                                       "(layerprune recipes list --kind variant-study)")
+    parser.add_argument("--output", type=Path, default=None, help="Study directory (default: the recipe's)")
+    parser.add_argument("--dry-run", action="store_true", help="Print the plan (variant recipe, prompts, budgets); "
+                                                               "no weights, no work")
+    add_schema_args(parser, RunSettings, group="how to run")
+
+
+def run(args: argparse.Namespace) -> int:
+    from layerprune.pipeline.variant import dry_run, load_variant_study, run_variant_study
+    from layerprune.schema_cli import build_schema, explicit_values
+
+    study = load_variant_study(args.recipe, args.output)
+    settings = build_schema(RunSettings, explicit_values(args, RunSettings))
+    if args.dry_run:
+        print(dry_run(study, settings))
+        return 0
+    report = run_variant_study(study, settings)
+    print(report.read_text(encoding="utf-8"))
+    return 0
