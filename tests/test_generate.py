@@ -9,8 +9,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from layerprune.models.generate import (cut_at_stops, end_token_ids, generate_greedy, generate_ids,
-                                        generate_new_tokens, left_padded)
+from layerprune.models.generate import (
+    cut_at_stops,
+    end_token_ids,
+    generate_greedy,
+    generate_ids,
+    generate_new_tokens,
+    left_padded,
+)
 
 PROMPTS = ["The quick brown fox", "Question: what is 12 + 7? Answer:", "(", "Natalia sold clips to 48 of her",
            "You are"]
@@ -27,7 +33,7 @@ def llama(tiny_models):
 
 
 @torch.no_grad()
-def one_by_one(model, tokenizer, prompt: str, end_ids: list[int]) -> list[int]:  # noqa: ANN001
+def one_by_one(model, tokenizer, prompt: str, end_ids: list[int]) -> list[int]:
     """Greedy decoding of one unpadded prompt, a full forward per token (no cache), up to an end token."""
     ids = tokenizer(prompt)["input_ids"]
     new: list[int] = []
@@ -41,9 +47,13 @@ def one_by_one(model, tokenizer, prompt: str, end_ids: list[int]) -> list[int]: 
 
 def test_end_token_ids_read_generation_config_then_tokenizer():
     tokenizer = SimpleNamespace(eos_token_id=2)
-    assert end_token_ids(SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=7)), tokenizer) == [7, 2]
-    assert end_token_ids(SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[7, 2, 9])), tokenizer) == [7, 2, 9]
-    assert end_token_ids(SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=None)), tokenizer) == [2]
+
+    def model(eos):
+        return SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=eos))
+
+    assert end_token_ids(model(7), tokenizer) == [7, 2]
+    assert end_token_ids(model([7, 2, 9]), tokenizer) == [7, 2, 9]
+    assert end_token_ids(model(None), tokenizer) == [2]
     assert end_token_ids(SimpleNamespace(), SimpleNamespace(eos_token_id=None)) == []
 
 
@@ -58,17 +68,25 @@ def test_left_padded_batches_equal_unpadded_greedy(llama):
     assert tokenizer.padding_side == "right"  # left only while encoding
 
 
+def printable_stop(tokenizer, rows: list[list[int]]) -> tuple[int, int, str]:
+    """A row, a position and the printable text of the two tokens there, seen nowhere earlier in that row."""
+    for row, ids in enumerate(rows):
+        for at in range(1, len(ids) - 2):
+            stop, text = tokenizer.decode(ids[at: at + 2]), tokenizer.decode(ids[: at + 2])
+            if stop.strip() and text.isascii() and text.isprintable() and text.find(stop) == len(text) - len(stop):
+                return row, at, stop
+    raise AssertionError("no printable pair of tokens in the generations")
+
+
 def test_stop_strings_end_and_cut_each_row(llama):
     model, tokenizer = llama
     full_ids = generate_ids(model, tokenizer, PROMPTS, MAX_NEW)
     full = [tokenizer.decode(ids, skip_special_tokens=True) for ids in full_ids]
-    row = max(range(len(full)), key=lambda n: len(full_ids[n]))
-    stop = tokenizer.decode(full_ids[row][3:5])  # two tokens in the middle of the longest answer
-    assert stop.strip()
+    row, at, stop = printable_stop(tokenizer, full_ids)
     texts = generate_greedy(model, tokenizer, PROMPTS, MAX_NEW, [stop], batch_size=len(PROMPTS))
-    assert texts == [cut_at_stops(text, [stop]) for text in full] and texts[row] == tokenizer.decode(full_ids[row][:3])
+    assert texts == [cut_at_stops(text, [stop]) for text in full] and texts[row] == tokenizer.decode(full_ids[row][:at])
     stopped = generate_ids(model, tokenizer, PROMPTS, MAX_NEW, [stop])
-    assert stopped[row] == full_ids[row][:5]  # generation ended at the token that completed the stop string
+    assert stopped[row] == full_ids[row][: at + 2]  # generation ended at the token that completed the stop string
 
 
 def test_generation_config_eos_ends_generation(llama):

@@ -7,7 +7,8 @@ tokenizer's eos; never a hard-coded token), at a stop string, or after `max_new_
 from __future__ import annotations
 
 import weakref
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -23,10 +24,13 @@ def end_token_ids(model: Any, tokenizer: Any) -> list[int]:
     return list(dict.fromkeys(int(i) for i in [*ids, tokenizer.eos_token_id] if i is not None))
 
 
-def cut_at_end(ids: Sequence[int], end_ids: Sequence[int]) -> list[int]:
-    """The ids before the first end token (all of them when there is none)."""
+def cut_at_end(ids: Sequence[int], end_ids: Sequence[int], pad_id: int | None = None) -> list[int]:
+    """The ids before the first end token, without the padding that follows a row a stop string ended."""
     ends = set(end_ids)
-    return list(ids[: next((n for n, i in enumerate(ids) if i in ends), len(ids))])
+    kept = list(ids[: next((n for n, i in enumerate(ids) if i in ends), len(ids))])
+    while kept and pad_id is not None and kept[-1] == pad_id:
+        kept.pop()
+    return kept
 
 
 def cut_at_stops(text: str, stops: Sequence[str]) -> str:
@@ -47,7 +51,7 @@ def left_padded(tokenizer: Any, prompts: Sequence[str], add_special_tokens: bool
 
 def stop_criteria(tokenizer: Any, stops: Sequence[str]) -> Any:
     """Stop-string criteria, built once per tokenizer and stops (building one walks the whole vocabulary)."""
-    from transformers import StopStringCriteria, StoppingCriteriaList
+    from transformers import StoppingCriteriaList, StopStringCriteria
 
     built = _CRITERIA.setdefault(tokenizer, {})
     key = tuple(stops)
@@ -80,7 +84,7 @@ def generate_ids(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tok
     encoded = left_padded(tokenizer, prompts, add_special_tokens)
     new = generate_new_tokens(model, tokenizer, encoded, max_new_tokens, stop_strings, **generation)
     end_ids = end_token_ids(model, tokenizer)
-    return [cut_at_end(row, end_ids) for row in new.tolist()]
+    return [cut_at_end(row, end_ids, tokenizer.pad_token_id) for row in new.tolist()]
 
 
 def generate_greedy(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int,
