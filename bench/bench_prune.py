@@ -106,7 +106,7 @@ def run_arm(arm: str, args) -> dict:  # noqa: ANN001
 def _run_once(arm, args, loaded, stack, calib, batches, depth):  # noqa: ANN001, ANN202, C901
     import torch
 
-    from layerprune.prune.scores import score_blocks
+    from layerprune.prune.scores import run_importance_score
 
     result: object = None
     if arm == "forward":
@@ -114,13 +114,13 @@ def _run_once(arm, args, loaded, stack, calib, batches, depth):  # noqa: ANN001,
             for b in batches:
                 loaded.model(input_ids=b.input_ids, attention_mask=b.attention_mask, use_cache=False)
     elif arm in ("influence", "angular"):
-        result = score_blocks("block-influence" if arm == "influence" else "angular",
+        result = run_importance_score("block-influence" if arm == "influence" else "angular",
                               context(loaded, stack, calib, batches, args.drop, False)).drop
     elif arm == "naive_oneshot":
         result = [naive_loss(loaded.model, stack, batches, [c]) for c in range(depth)]
     elif arm in ("fast_oneshot", "fast_oneshot_stacked"):
         stacked = 0 if arm == "fast_oneshot_stacked" else 1  # 0: every candidate in one stacked batch
-        res = score_blocks("ablation", context(loaded, stack, calib, batches, args.drop, False, stacked))
+        res = run_importance_score("ablation", context(loaded, stack, calib, batches, args.drop, False, stacked))
         result = [s + res.details["base"] for s in res.scores]
     elif arm == "naive_iterative":
         dropped: list[int] = []
@@ -130,7 +130,7 @@ def _run_once(arm, args, loaded, stack, calib, batches, depth):  # noqa: ANN001,
             dropped.append(min(losses, key=lambda c: (losses[c], -c)))
         result = sorted(dropped)
     elif arm == "fast_iterative":
-        result = score_blocks("ablation", context(loaded, stack, calib, batches, args.drop, True)).drop
+        result = run_importance_score("ablation", context(loaded, stack, calib, batches, args.drop, True)).drop
     elif arm == "reload_iterative_step1":
         with tempfile.TemporaryDirectory() as workdir:
             result = [reload_loss(loaded, batches, [c], workdir) for c in range(1, depth)]

@@ -92,13 +92,13 @@ def timed(fn, device: str) -> tuple[float, object]:  # noqa: ANN001
 
 
 def time_ablation(model_dir: Path, device: str, samples: int, drop: int, seq_len: int, batch_size: int) -> dict:
-    """Prefix-reuse ablation (score_blocks) vs bench_prune.naive_loss loops, same batches, on `device` in bf16."""
+    """Prefix-reuse ablation (run_importance_score) vs bench_prune.naive_loss loops, same batches, on `device` in bf16."""
     import torch
 
     from bench_prune import naive_loss
     from layerprune.models import find_decoder_stack, load_model
     from layerprune.prune.calib import load_calibration, tokenize_calibration
-    from layerprune.prune.scores import ScoreContext, score_blocks
+    from layerprune.prune.scores import ScoreContext, run_importance_score
     from layerprune.settings import RunSettings
 
     loaded = load_model(str(model_dir), RunSettings(device=device, dtype="bfloat16"))
@@ -121,13 +121,13 @@ def time_ablation(model_dir: Path, device: str, samples: int, drop: int, seq_len
 
     with torch.inference_mode():  # warm-up (kernel selection, allocator)
         naive_loss(model, stack, batches, [])
-        score_blocks("ablation", ctx(False))
+        run_importance_score("ablation", ctx(False))
     t_naive1, naive1 = timed(lambda: [naive_loss(model, stack, batches, [c]) for c in range(depth)], device)
-    t_fast1, res = timed(lambda: score_blocks("ablation", ctx(False)), device)
+    t_fast1, res = timed(lambda: run_importance_score("ablation", ctx(False)), device)
     fast1 = [None if s is None else s + res.details["base"] for s in res.scores]
     diffs = [abs(a - b) for a, b in zip(naive1, fast1) if b is not None]
     t_naive_it, naive_drop = timed(naive_iterative, device)
-    t_fast_it, fast_res = timed(lambda: score_blocks("ablation", ctx(True)), device)
+    t_fast_it, fast_res = timed(lambda: run_importance_score("ablation", ctx(True)), device)
     return dict(depth=depth, batches=len(batches), tokens=int(sum(b.input_ids.numel() for b in batches)),
                 oneshot=dict(naive_s=round(t_naive1, 3), fast_s=round(t_fast1, 3), ratio=round(t_fast1 / t_naive1, 3),
                              max_abs_loss_diff=max(diffs), fast_drop=sorted(res.drop)),

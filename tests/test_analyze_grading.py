@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from layerprune.analyze import stats
-from layerprune.analyze.tasks import TASKS, TaskItem, triviaqa_answer
+from layerprune.analyze.tasks import ANALYSIS_TASKS, TaskItem, triviaqa_answer
 from layerprune.grading import final_number, grade_number, grade_short_answer, numbers_equal, triviaqa_cut
 
 
@@ -15,7 +15,7 @@ def gsm8k(answer: str) -> TaskItem:
 
 
 def test_gsm8k_numbers_are_equal_as_numbers():
-    grade = TASKS.get("gsm8k").grade
+    grade = ANALYSIS_TASKS.get("gsm8k").grade
     assert grade("She pays 6 * 3 = 18.00 dollars.\nThe answer is 18.00", gsm8k("18"))
     assert grade("It costs $1,000.", gsm8k("1000"))
     assert grade("#### 18.", gsm8k("18"))
@@ -32,14 +32,14 @@ def test_gsm8k_answer_is_cut_at_a_new_turn():
 
 
 def test_arithmetic_reads_the_first_number_of_the_first_line():
-    grade = TASKS.get("arithmetic").grade
+    grade = ANALYSIS_TASKS.get("arithmetic").grade
     assert grade(" 19\nQ: 3 + 4 = 7", TaskItem("12 + 7 =", " 19", "19"))
     assert grade(" 19.0 is the result", TaskItem("12 + 7 =", " 19", "19"))
     assert not grade(" 7\n19", TaskItem("12 + 7 =", " 19", "19"))
 
 
 def test_short_answers_as_lm_eval_triviaqa_grades_them_over_every_alias():
-    grade = TASKS.get("triviaqa").grade
+    grade = ANALYSIS_TASKS.get("triviaqa").grade
     item = TaskItem("Q: Capital of France?\nA:", " Paris", "Paris", ("Paris", "Paris, France", "Ville de Paris"))
     assert grade(" paris.", item) and grade(" Paris, the city of light", item) and grade("PARIS!", item)
     assert grade(" Ville de Paris\n", item)  # another alias

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from layerprune.analyze.importance import score_blocks
+from layerprune.analyze.importance import measure_block_importance
 from layerprune.analyze.schemas import ImportanceAnalysis
 from layerprune.analyze.tasks import Task, TaskItem, task_items
-from layerprune.analyze.walk import ablate_generation, cut_at_stops
+from layerprune.analyze.walk import ablate_generation
 from layerprune.models import find_decoder_stack, load_model, skipped_blocks
 
 
@@ -46,7 +46,7 @@ def test_teacher_forced_importance_equals_a_naive_loop(tiny_models, metric):
     loaded = load_model(str(tiny_models("llama", 4)))
     items = task_items("arithmetic", 4, seed=0, shots=1, data_dir=None)
     config = ImportanceAnalysis(metric=metric, batch_size=2, min_base_score=0.0, resamples=200)
-    result = score_blocks(loaded, "arithmetic", items, config)
+    result = measure_block_importance(loaded, "arithmetic", items, config)
     full, *ablated = naive_variants(loaded.model, loaded.tokenizer, items)
     score = probability if metric == "nll" else accuracy
     assert result["base_score"] == pytest.approx(score(full), rel=1e-4)
@@ -95,10 +95,6 @@ def test_generation_importance_equals_a_naive_loop(tiny_models):
     assert result.ablated_accuracy == [sum(c) / 4 for c in result.ablated_item_correct]
 
 
-def test_generations_are_cut_at_stop_strings():
-    assert cut_at_stops("18 apples.\nQuestion: next", ("Question:", "</s>")) == "18 apples.\n"
-    assert cut_at_stops("no stop here", ()) == "no stop here"
-
 
 def test_per_model_decoding_over_the_analysis_wide_settings():
     from layerprune.analyze.schemas import Decoding
@@ -114,7 +110,7 @@ def test_per_model_decoding_over_the_analysis_wide_settings():
 
 def test_prompts_follow_the_chat_template_setting_with_the_instruction_before_the_answer_cue(tiny_llama):
     from layerprune.analyze.importance import generation_plan
-    from layerprune.analyze.tasks import TASKS
+    from layerprune.analyze.tasks import ANALYSIS_TASKS
     from layerprune.analyze.walk import GenerationPlan, render_prompt
 
     loaded = load_model(str(tiny_llama))
@@ -123,11 +119,11 @@ def test_prompts_follow_the_chat_template_setting_with_the_instruction_before_th
     assert render_prompt(loaded.tokenizer, "Question: 2+2?\nAnswer:", plan) == \
         "<user>Question: 2+2?\nThink step by step.\nAnswer:</user><bot>"
     auto = ImportanceAnalysis(models=[str(tiny_llama)], metric="generate")
-    assert generation_plan(auto, loaded, TASKS.get("gsm8k"), 0).chat  # as evaluate's auto: gsm8k is a chat task
-    assert not generation_plan(auto, loaded, TASKS.get("arithmetic"), 0).chat
+    assert generation_plan(auto, loaded, ANALYSIS_TASKS.get("gsm8k"), 0).chat  # as evaluate's auto: gsm8k is a chat task
+    assert not generation_plan(auto, loaded, ANALYSIS_TASKS.get("arithmetic"), 0).chat
     off = ImportanceAnalysis(models=[str(tiny_llama)], chat_template="off")
-    assert not generation_plan(off, loaded, TASKS.get("gsm8k"), 0).chat
-    assert generation_plan(off, loaded, TASKS.get("gsm8k"), 0).max_new_tokens == 192
+    assert not generation_plan(off, loaded, ANALYSIS_TASKS.get("gsm8k"), 0).chat
+    assert generation_plan(off, loaded, ANALYSIS_TASKS.get("gsm8k"), 0).max_new_tokens == 192
 
 
 def test_sampled_generation_is_seeded(tiny_llama):

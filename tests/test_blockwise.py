@@ -15,7 +15,7 @@ from layerprune.prune.api import prune_model
 from layerprune.prune.blockwise import score_blockwise
 from layerprune.prune.calib import arithmetic_calib, tokenize_calibration
 from layerprune.prune.recipe import PruneRecipe
-from layerprune.prune.scores import ScoreContext, score_blocks
+from layerprune.prune.scores import ScoreContext, run_importance_score
 from layerprune.settings import RunSettings
 
 
@@ -29,7 +29,7 @@ def test_block_major_scores_equal_the_in_memory_scorer(tiny_models, arch, score)
     batches = tokenize_calibration(calib, tokenizer, 64, 4)
     ctx = ScoreContext(model=model, tokenizer=tokenizer, stack=find_decoder_stack(model), batches=batches,
                        calib=calib, drop=2, protected=[0])
-    expected = score_blocks(score, ctx)
+    expected = run_importance_score(score, ctx)
     bw = load_skeleton(path, AutoConfig.from_pretrained(path), torch.device("cpu"), torch.float32)
     got = score_blockwise(score, bw, batches, 2, [0])
     assert got.drop == expected.drop

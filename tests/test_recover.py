@@ -163,7 +163,7 @@ def test_lora_config_maps_the_flat_section():
 
 
 def test_final_number_and_correctness_filter():
-    assert selfgen.final_number("so 1,234.0 apples") == "1234" and selfgen.final_number("none") is None
+    assert selfgen.is_correct("so 1,234.0 apples", "1234") and not selfgen.is_correct("none", "7")
     assert selfgen.is_correct("... 3 + 4 = 7 so the answer is 7.", "7") and not selfgen.is_correct("8", "7")
     rows = [{"response": "it is 7", "answer": "7", "tokens": 3}, {"response": "it is 9", "answer": "7", "tokens": 3},
             {"response": "7 " * 40, "answer": "7", "tokens": 40}]

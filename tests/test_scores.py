@@ -8,10 +8,10 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from layerprune.models import find_decoder_stack, skipped_blocks
-from layerprune.prune.calib import CalibSet, arithmetic_calib, extract_last_number, load_calibration, tokenize_calibration
+from layerprune.prune.calib import CalibSet, arithmetic_calib, load_calibration, tokenize_calibration
 from layerprune.prune.metrics import (angular_distance, best_contiguous_run, block_influence, select_lowest,
                                       taylor_importance)
-from layerprune.prune.scores import SCORES, ScoreContext, score_blocks
+from layerprune.prune.scores import SCORES, ScoreContext, run_importance_score
 
 MASK = torch.ones(1, 2)
 
@@ -63,11 +63,6 @@ def test_registry_suggests_close_names():
     assert set(SCORES.names()) == {"ablation", "angular", "block-influence", "last", "random", "taylor"}
 
 
-def test_extract_last_number():
-    assert extract_last_number("so she has 1,234 apples.\n#### 1,234") == "1234"
-    assert extract_last_number(" 55\n3 + 4") == "4" and extract_last_number("no number") is None
-
-
 def test_mixed_calibration_takes_an_equal_share():
     calib = load_calibration("arithmetic+arithmetic", 5, 0, None)
     assert len(calib.items) == 5 and " + " in calib.description
@@ -98,7 +93,7 @@ def naive_loss(model, batches, skip):  # noqa: ANN001, ANN202
 @pytest.mark.parametrize("stacked", [0, 1, 4])
 def test_prefix_reuse_ablation_equals_naive_full_forward(tiny_ctx, stacked):
     tiny_ctx.stack_candidates = stacked  # all candidates stacked, one at a time, groups of 4 then 2
-    result = score_blocks("ablation", tiny_ctx)
+    result = run_importance_score("ablation", tiny_ctx)
     base = naive_loss(tiny_ctx.model, tiny_ctx.batches, [])
     assert result.details["base"] == pytest.approx(base, rel=1e-5)
     for block, score in enumerate(result.scores):
@@ -108,7 +103,7 @@ def test_prefix_reuse_ablation_equals_naive_full_forward(tiny_ctx, stacked):
 @pytest.mark.parametrize("stacked", [0, 2])
 def test_iterative_ablation_equals_naive_greedy(tiny_ctx, stacked):
     tiny_ctx.iterative, tiny_ctx.stack_candidates = True, stacked
-    result = score_blocks("ablation", tiny_ctx)
+    result = run_importance_score("ablation", tiny_ctx)
     dropped: list[int] = []
     for step in result.steps:
         losses = {c: naive_loss(tiny_ctx.model, tiny_ctx.batches, sorted([*dropped, c])) for c in step["deltas"]}
@@ -119,7 +114,7 @@ def test_iterative_ablation_equals_naive_greedy(tiny_ctx, stacked):
 
 
 def test_influence_scores_match_hidden_states(tiny_ctx):
-    result = score_blocks("block-influence", tiny_ctx)
+    result = run_importance_score("block-influence", tiny_ctx)
     batch = tiny_ctx.batches[0]
     with torch.no_grad():
         out = tiny_ctx.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True)
@@ -131,14 +126,14 @@ def test_influence_scores_match_hidden_states(tiny_ctx):
 
 
 def test_random_is_seeded(tiny_ctx):
-    first = score_blocks("random", tiny_ctx).scores
-    assert score_blocks("random", tiny_ctx).scores == first
+    first = run_importance_score("random", tiny_ctx).scores
+    assert run_importance_score("random", tiny_ctx).scores == first
     tiny_ctx.seed = 1
-    assert score_blocks("random", tiny_ctx).scores != first
+    assert run_importance_score("random", tiny_ctx).scores != first
 
 
 def test_taylor_leaves_no_gradients(tiny_ctx):
-    score_blocks("taylor", tiny_ctx)
+    run_importance_score("taylor", tiny_ctx)
     assert all(p.grad is None for p in tiny_ctx.model.parameters())
     assert all(p.requires_grad for p in tiny_ctx.model.parameters())
 

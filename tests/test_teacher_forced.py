@@ -9,10 +9,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from layerprune.models import find_decoder_stack
-from layerprune.prune.calib import CalibBatch, CalibItem, CalibSet
-from layerprune.prune.forward import greedy_match
-from layerprune.prune.scores import ScoreContext, score_blocks
-from layerprune.prune.scores.ablation import generate_greedy, generated_correct, teacher_forced_correct
+from layerprune.models.generate import generate_greedy
+from layerprune.models.walker import CalibBatch, greedy_match
+from layerprune.prune.calib import CalibItem, CalibSet
+from layerprune.prune.scores import ScoreContext, run_importance_score
+from layerprune.prune.scores.ablation import generated_correct, teacher_forced_correct
 
 MAX_NEW = 5
 STOP = "5"  # a digit as the stop string, so the tiny model emits it mid-answer
@@ -80,7 +81,7 @@ def test_accuracy_ablation_uses_no_generation_for_short_answers(digits_ctx, gene
     import layerprune.prune.scores.ablation as ablation
 
     monkeypatch.setattr(ablation, "generate_greedy", None)  # any generation would fail
-    result = score_blocks("ablation", digits_ctx)
+    result = run_importance_score("ablation", digits_ctx)
     assert result.details["base"] == 0.0
     assert result.scores == pytest.approx([1 - sum(generated[(b,)]) / len(generated[(b,)]) for b in range(6)])
 

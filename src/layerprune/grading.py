@@ -46,8 +46,9 @@ def numbers_equal(a: str, b: str) -> bool:
 
 
 def final_number(text: str) -> str:
-    """The GSM8K answer of a generation: '\\boxed{N}', else '#### N', else 'the answer is N', else the last number
-    ('' if none)."""
+    """The GSM8K answer of a text, the one extractor every stage uses (calibration answers, self-generation filters,
+    graders): '\\boxed{N}', else '#### N', else 'the answer is N', else the last number, read before any new turn;
+    thousands separators, '$' and a trailing '.' dropped, the sign kept ('' if none)."""
     text = cut_at_new_turn(text)
     for pattern in (BOXED, STRICT, ANSWER_IS):
         found = pattern.findall(text)

@@ -12,6 +12,7 @@ from layerprune.analyze.records import Timer, loaded_models, resolve_models, run
 from layerprune.analyze.schemas import DegenerationAnalysis
 from layerprune.data import read_jsonl, resolve_data_dir
 from layerprune.errors import LayerpruneError
+from layerprune.models.generate import generate_greedy
 from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
@@ -70,24 +71,10 @@ def chat_prompt(tokenizer: Any, prompt: str) -> str:
 
 
 def generate(loaded: Any, prompts: Sequence[str], max_new_tokens: int, batch_size: int) -> list[str]:
-    """Greedy responses, left-padded batches."""
-    import torch
-
-    tokenizer, model = loaded.tokenizer, loaded.model
-    side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    device = next(model.parameters()).device
-    outputs: list[str] = []
-    try:
-        for start in range(0, len(prompts), batch_size):
-            texts = [chat_prompt(tokenizer, p) for p in prompts[start : start + batch_size]]
-            encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-            with torch.no_grad():
-                out = model.generate(**encoded, max_new_tokens=max_new_tokens, do_sample=False,
-                                     pad_token_id=tokenizer.pad_token_id)
-            outputs += tokenizer.batch_decode(out[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
-    finally:
-        tokenizer.padding_side = side
-    return outputs
+    """Greedy responses to the chat-formatted prompts (models.generate: left-padded batches)."""
+    texts = [chat_prompt(loaded.tokenizer, prompt) for prompt in prompts]
+    return generate_greedy(loaded.model, loaded.tokenizer, texts, max_new_tokens, batch_size=batch_size,
+                           add_special_tokens=False)
 
 
 def check_labels(config: DegenerationAnalysis) -> list[str] | None:

@@ -10,7 +10,7 @@ from typing import Any
 from layerprune.analyze import charts, metrics, stats
 from layerprune.analyze.records import Timer, loaded_models, resolve_models, run_record, write_json
 from layerprune.analyze.schemas import ImportanceAnalysis
-from layerprune.analyze.tasks import TASKS, Task, TaskItem, task_items
+from layerprune.analyze.tasks import ANALYSIS_TASKS, Task, TaskItem, task_items
 from layerprune.analyze.walk import GenerationPlan, ablate_blocks, ablate_generation, build_batches
 from layerprune.data import resolve_data_dir
 from layerprune.models import LoadedModel, find_decoder_stack
@@ -19,14 +19,15 @@ from layerprune.settings import RunSettings
 log = logging.getLogger(__name__)
 
 
-def score_blocks(loaded: LoadedModel, task: str, items: list[TaskItem], config: ImportanceAnalysis,
-                 seed: int = 0) -> dict[str, Any]:
+def measure_block_importance(loaded: LoadedModel, task: str, items: list[TaskItem], config: ImportanceAnalysis,
+                             seed: int = 0) -> dict[str, Any]:
     """Base score, per-block ablated scores, relative drops with bootstrap intervals, and critical blocks
     (drop above the threshold and significant) of one model on one task; every per-item value is kept."""
     tokens, plan = None, None
     if config.metric == "generate":
-        plan = generation_plan(config, loaded, TASKS.get(task), seed)
-        result: Any = ablate_generation(loaded.model, loaded.tokenizer, items, TASKS.get(task), config.batch_size, plan)
+        spec = ANALYSIS_TASKS.get(task)
+        plan = generation_plan(config, loaded, spec, seed)
+        result: Any = ablate_generation(loaded.model, loaded.tokenizer, items, spec, config.batch_size, plan)
         base_items, ablated_items, kind = result.base_item_correct, result.ablated_item_correct, "mean"
         scores = result.ablated_accuracy
     else:
@@ -108,7 +109,7 @@ def collect_scores(config: ImportanceAnalysis, settings: RunSettings, timer: Tim
             log.info("importance: %s on %s (%d blocks, %d items, %s)", label, task, depth, len(items[task]),
                      config.metric)
             with timer(f"{label}/{task}"):
-                results[task][label] = score_blocks(loaded, task, items[task], config, settings.seed)
+                results[task][label] = measure_block_importance(loaded, task, items[task], config, settings.seed)
     return models, results
 
 

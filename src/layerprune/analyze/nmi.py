@@ -23,7 +23,7 @@ from layerprune.data import resolve_data_dir
 from layerprune.errors import LayerpruneError
 from layerprune.models import load_model, resolve_model
 from layerprune.models.loading import load_tokenizer
-from layerprune.prune.forward import CalibBatch
+from layerprune.models.walker import CalibBatch
 from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)

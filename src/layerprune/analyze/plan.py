@@ -12,7 +12,7 @@ from typing import Any
 
 from layerprune.analyze.importance import generation_plan
 from layerprune.analyze.schemas import ImportanceAnalysis
-from layerprune.analyze.tasks import TASKS, TaskItem, task_items
+from layerprune.analyze.tasks import ANALYSIS_TASKS, TaskItem, task_items
 from layerprune.analyze.walk import render_prompt
 from layerprune.data import resolve_data_dir
 from layerprune.errors import LayerpruneError, one_line
@@ -101,7 +101,7 @@ def example_item(name: str, config: ImportanceAnalysis, settings: RunSettings) -
 def task_lines(model: str, name: str, files: ModelFiles, config: ImportanceAnalysis,
                settings: RunSettings) -> list[str]:
     """One model/task: decoding, budget and the rendered example prompt."""
-    task = TASKS.get(name)
+    task = ANALYSIS_TASKS.get(name)
     loaded = SimpleNamespace(source=SimpleNamespace(spec=model), tokenizer=files.tokenizer)
     plan = generation_plan(config, loaded, task, settings.seed)  # type: ignore[arg-type]
     item, note = example_item(name, config, settings)

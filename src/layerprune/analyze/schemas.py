@@ -7,7 +7,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from layerprune.analyze.tasks import TASKS
+from layerprune.analyze.tasks import ANALYSIS_TASKS
 from layerprune.registry import check_name
 
 DEFAULT_MODELS = ["embedded", "embedded:gemma3-270m"]
@@ -96,7 +96,7 @@ class ImportanceAnalysis(OutputOptions):
     @field_validator("tasks")
     @classmethod
     def _known_tasks(cls, tasks: list[str]) -> list[str]:
-        return [check_name(TASKS.kind, task, TASKS.names()) for task in tasks]
+        return [check_name(ANALYSIS_TASKS.kind, task, ANALYSIS_TASKS.names()) for task in tasks]
 
     @field_validator("metric", mode="before")
     @classmethod
@@ -159,7 +159,7 @@ class NmiAnalysis(OutputOptions):
     @field_validator("calib")
     @classmethod
     def _known_calib(cls, calib: str) -> str:
-        return check_name(TASKS.kind, calib, TASKS.names())
+        return check_name(ANALYSIS_TASKS.kind, calib, ANALYSIS_TASKS.names())
 
 
 class DegenerationAnalysis(OutputOptions):

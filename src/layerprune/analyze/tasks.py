@@ -51,7 +51,7 @@ class Task:
     chat_protocol: bool = False  # chat_template auto applies the template (as evaluate does for this task)
 
 
-TASKS: Registry[Task] = Registry("task")
+ANALYSIS_TASKS: Registry[Task] = Registry("task")
 
 
 def grade_first_number(text: str, item: TaskItem) -> bool:
@@ -75,9 +75,8 @@ def build_arithmetic(n: int, seed: int, shots: int, data_dir: Path | None) -> li
 
 def clean_gsm8k_solution(answer: str) -> tuple[str, str]:
     """Drop calculator annotations '<<...>>'; '#### N' becomes 'The answer is N.'; return (text, N)."""
-    body, _, final = answer.partition("####")
-    body = re.sub(r"<<[^>]*>>", "", body).strip()
-    final = final.strip().replace(",", "")
+    body = re.sub(r"<<[^>]*>>", "", answer.partition("####")[0]).strip()
+    final = grading.final_number(answer)
     return f"{body}\nThe answer is {final}.", final
 
 
@@ -130,15 +129,15 @@ def build_triviaqa(n: int, seed: int, shots: int, data_dir: Path | None) -> list
     return qa_items(pairs, n, seed, shots, [aliases for _, aliases in answers])
 
 
-TASKS.register("arithmetic")(Task(build_arithmetic, grade_first_number, 6, "math"))
-TASKS.register("gsm8k")(Task(build_gsm8k, grade_final_number, 192, "math", grading.GSM8K_STOPS, True))
-TASKS.register("factual")(Task(build_factual, grade_short_answer, 8, "factual"))
-TASKS.register("triviaqa")(Task(build_triviaqa, grade_short_answer, 16, "factual", (), True))
+ANALYSIS_TASKS.register("arithmetic")(Task(build_arithmetic, grade_first_number, 6, "math"))
+ANALYSIS_TASKS.register("gsm8k")(Task(build_gsm8k, grade_final_number, 192, "math", grading.GSM8K_STOPS, True))
+ANALYSIS_TASKS.register("factual")(Task(build_factual, grade_short_answer, 8, "factual"))
+ANALYSIS_TASKS.register("triviaqa")(Task(build_triviaqa, grade_short_answer, 16, "factual", (), True))
 
 
 def task_items(name: str, n: int, seed: int, shots: int, data_dir: Path | None) -> list[TaskItem]:
     """Build `n` items of a task by name; a task with no items is an error."""
-    items = TASKS.get(name).build(n, seed, shots, data_dir)
+    items = ANALYSIS_TASKS.get(name).build(n, seed, shots, data_dir)
     if not items:
         raise LayerpruneError(f"task '{name}' has no data")
     return items

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from layerprune.analyze.tasks import Task, TaskItem
 from layerprune.models import find_decoder_stack, skipped_blocks
 from layerprune.models.blocks import DecoderStack
-from layerprune.prune.forward import CalibBatch, capture_block_inputs, prefix_states, run_blocks
+from layerprune.models.generate import generate_greedy
+from layerprune.models.walker import CalibBatch, capture_block_inputs, prefix_states, run_blocks
 
 
 def encode_item(tokenizer: Any, item: TaskItem, max_length: int) -> tuple[list[int], int]:
@@ -108,7 +109,7 @@ def collect(base: _Totals, ablated: list[_Totals]) -> AblationResult:
 @torch.no_grad()
 def ablate_blocks(model: Any, batches: Sequence[CalibBatch]) -> AblationResult:
     """Skip each block in turn; every candidate starts from the full model's hidden state before it
-    (prune.forward's cached block inputs), so block i costs only the blocks after it."""
+    (models.walker's cached block inputs), so block i costs only the blocks after it."""
     stack = find_decoder_stack(model)
     blocks = list(range(len(stack)))
     device = next(model.parameters()).device
@@ -140,13 +141,6 @@ def ablate_blocks_naive(model: Any, batches: Sequence[CalibBatch]) -> AblationRe
         return total
 
     return collect(totals([]), [totals([block]) for block in range(depth)])
-
-
-def cut_at_stops(text: str, stops: Sequence[str]) -> str:
-    """The text before the first of `stops` (lm-eval's `until`)."""
-    for stop in stops:
-        text = text.split(stop)[0]
-    return text
 
 
 @dataclass(frozen=True)
@@ -181,32 +175,16 @@ def render_prompt(tokenizer: Any, prompt: str, plan: GenerationPlan) -> str:
                                          add_generation_prompt=True)
 
 
-@torch.no_grad()
 def generate_texts(model: Any, tokenizer: Any, prompts: Sequence[str], plan: GenerationPlan,
                    batch_size: int) -> list[str]:
-    """Continuations of `prompts` (left-padded batches), cut at the first stop string; sampled runs reseed
-    with `plan.seed` first, so every variant of a model draws the same random numbers."""
-    side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    device = next(model.parameters()).device
-    texts: list[str] = []
-    stops = list(plan.stops)
-    decode = ({"do_sample": True, "temperature": plan.temperature, "top_p": plan.top_p} if plan.temperature > 0
-              else {"do_sample": False})
-    extra = {"stop_strings": stops, "tokenizer": tokenizer} if stops else {}
-    if plan.temperature > 0:
+    """Continuations of `prompts` (models.generate: left-padded batches), cut at the first stop string; sampled
+    runs reseed with `plan.seed` first, so every variant of a model draws the same random numbers."""
+    sampling = {"do_sample": True, "temperature": plan.temperature, "top_p": plan.top_p} if plan.temperature > 0 else {}
+    if sampling:
         torch.manual_seed(plan.seed)
-    try:
-        for start in range(0, len(prompts), batch_size):
-            chunk = [render_prompt(tokenizer, p, plan) for p in prompts[start : start + batch_size]]
-            encoded = tokenizer(chunk, return_tensors="pt", padding=True,
-                                add_special_tokens=not plan.chat).to(device)
-            out = model.generate(**encoded, max_new_tokens=plan.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                                 **decode, **extra)
-            decoded = tokenizer.batch_decode(out[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
-            texts.extend(cut_at_stops(text, stops) for text in decoded)
-    finally:
-        tokenizer.padding_side = side
-    return texts
+    rendered = [render_prompt(tokenizer, prompt, plan) for prompt in prompts]
+    return generate_greedy(model, tokenizer, rendered, plan.max_new_tokens, plan.stops, batch_size,
+                           add_special_tokens=not plan.chat, **sampling)
 
 
 @dataclass

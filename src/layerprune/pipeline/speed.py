@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from layerprune.models.generate import generate_new_tokens
+
 
 def measure_throughput(model: Any, tokenizer: Any, seq_len: int = 256, batch: int = 4, new_tokens: int = 32,
                        repeats: int = 3) -> dict[str, float]:
@@ -17,9 +19,8 @@ def measure_throughput(model: Any, tokenizer: Any, seq_len: int = 256, batch: in
     with torch.inference_mode():
         model(input_ids=ids[:, :16])  # warm-up
         prefill = _median([_timed(lambda: model(input_ids=ids, use_cache=False)) for _ in range(repeats)])
-        decode = _median([_timed(lambda: model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                                        do_sample=False, pad_token_id=tokenizer.pad_token_id))
-                          for _ in range(repeats)])
+        decode = _median([_timed(lambda: generate_new_tokens(model, tokenizer, {"input_ids": prompt}, new_tokens,
+                                                             min_new_tokens=new_tokens)) for _ in range(repeats)])
     return {"prefill_tokens_per_s": batch * seq_len / prefill, "decode_tokens_per_s": new_tokens / decode}
 
 

@@ -26,7 +26,7 @@ from layerprune.provenance import collect_provenance
 from layerprune.prune.calib import CalibSet, load_calibration, tokenize_calibration
 from layerprune.prune.recipe import PruneRecipe
 from layerprune.prune.report import model_card, plot_scores, write_prune_report
-from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult, score_blocks
+from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult, run_importance_score
 from layerprune.prune.streaming import checkpoint_dir, describe_source, per_layer_config, save_streamed
 from layerprune.settings import RunSettings
 
@@ -141,7 +141,7 @@ def choose_blocks(
         ctx.stack.check_logits(batches[0].input_ids[:2], batches[0].attention_mask[:2])  # once per run
     with _progress_bar(f"scoring {depth} blocks ({recipe.score})") as progress:
         ctx.progress = progress
-        result = score_blocks(recipe.score, ctx)
+        result = run_importance_score(recipe.score, ctx)
     if len(result.drop) != recipe.n_drop:
         raise LayerpruneError(f"score '{recipe.score}' found only {len(result.drop)} droppable blocks, not {recipe.n_drop}")
     return calib, result, time.perf_counter() - start
@@ -329,7 +329,7 @@ def _prune_from_files(source: ModelSource, source_dir: Path, recipe: PruneRecipe
     if recipe.layers is not None:
         result = ScoreResult([None] * depth, sorted(recipe.layers))
     elif recipe.score in DATA_FREE_SCORES:
-        result = score_blocks(recipe.score, ScoreContext(
+        result = run_importance_score(recipe.score, ScoreContext(
             model=None, tokenizer=None, stack=None, batches=[], calib=CalibSet([], "none"), drop=recipe.n_drop,
             protected=protected, seed=settings.seed, num_blocks=depth))
     else:

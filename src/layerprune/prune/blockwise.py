@@ -14,7 +14,7 @@ import torch
 
 from layerprune.errors import LayerpruneError
 from layerprune.models.blockwise import BlockwiseModel, MemoryPlan, block_call_args, loaded_block, memory_plan
-from layerprune.prune.forward import CalibBatch, block_output, masked_nll
+from layerprune.models.walker import CalibBatch, block_output, masked_nll
 from layerprune.prune.metrics import (angular_distance, best_contiguous_run, block_influence, last_token_mask, mean,
                                       select_lowest)
 from layerprune.prune.scores import ScoreResult

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import random
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -13,8 +12,9 @@ import torch
 
 from layerprune.data import local_split, load_rows, read_jsonl
 from layerprune.errors import LayerpruneError
+from layerprune.grading import final_number
+from layerprune.models.walker import CalibBatch
 from layerprune.probes import arithmetic_probes
-from layerprune.prune.forward import CalibBatch
 from layerprune.registry import Registry, check_name
 
 log = logging.getLogger(__name__)
@@ -45,17 +45,12 @@ class CalibSet:
 CALIB_SOURCES: Registry[Callable[[int, int, Path | None], CalibSet]] = Registry("calibration source")
 
 
-def gsm8k_final_number(answer: str) -> str:
-    """'... #### 72' -> '72' (commas removed)."""
-    return answer.split("####")[-1].strip().replace(",", "")
-
-
 @CALIB_SOURCES.register("gsm8k")
 def gsm8k_calib(n: int, seed: int, data_dir: Path | None) -> CalibSet:
     rows = load_rows("gsm8k", "train", data_dir)  # train only: test items are for evaluation
     picked = random.Random(seed).sample(rows, min(n, len(rows)))
     items = [
-        CalibItem(f"Question: {r['question']}\nAnswer:", " " + r["answer"].strip(), gsm8k_final_number(r["answer"]),
+        CalibItem(f"Question: {r['question']}\nAnswer:", " " + r["answer"].strip(), final_number(r["answer"]),
                   "\nQuestion:")
         for r in picked
     ]
@@ -87,7 +82,7 @@ def jsonl_calib(path: Path, n: int, seed: int) -> CalibSet:
         if isinstance(row.get("text"), str) and row["text"].strip():
             items.append(CalibItem(row["text"]))
         elif isinstance(row.get("prompt"), str) and isinstance(row.get("answer"), str):
-            items.append(CalibItem(row["prompt"], row["answer"], extract_last_number(row["answer"])))
+            items.append(CalibItem(row["prompt"], row["answer"], final_number(row["answer"]) or None))
         else:
             raise LayerpruneError(f"{path}:{number}: expected a 'text' field or 'prompt' and 'answer' fields")
     picked = items if len(items) <= n else random.Random(seed).sample(items, n)
@@ -168,14 +163,6 @@ def _collate(rows: list[tuple[torch.Tensor, torch.Tensor]], pad_id: int) -> Cali
         attn[row, : len(tokens)] = 1
         loss[row, : len(tokens)] = scored
     return CalibBatch(ids, attn, loss)
-
-
-def extract_last_number(text: str) -> str | None:
-    """The answer a text gives: what follows '####' if present, else its last number (commas removed)."""
-    if "####" in text:
-        text = text.split("####")[-1]
-    numbers = re.findall(r"-?\d[\d,]*(?:\.\d+)?", text)
-    return numbers[-1].replace(",", "").rstrip(".") if numbers else None
 
 
 def is_short_answer(item: CalibItem) -> bool:

@@ -6,7 +6,6 @@ import hashlib
 import json
 import logging
 import random
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,10 +13,10 @@ from typing import Any, Iterable
 
 from layerprune.data import iter_jsonl, load_rows, read_jsonl
 from layerprune.errors import LayerpruneError
+from layerprune.grading import final_number, grade_number
 from layerprune.recover.schema import GenerationSection, PromptSource
 
 log = logging.getLogger(__name__)
-NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 @dataclass(frozen=True)
@@ -63,25 +62,13 @@ def _to_prompt(row: dict[str, Any], source: PromptSource) -> Prompt | None:
         text = f"{text}\n\n{row['instances'][0]['input']}"
     answer = row.get("answer")
     if source.source == "gsm8k" and answer is not None:
-        answer = final_number(str(answer).split("####")[-1])
+        answer = final_number(str(answer)) or None
     return Prompt(prompt_id(text), text, None if answer is None else str(answer))
 
 
-def final_number(text: str) -> str | None:
-    """The last number in a text, without thousands separators or a trailing '.0'."""
-    found = NUMBER.findall(text)
-    if not found:
-        return None
-    value = found[-1].replace(",", "").rstrip(".")
-    return value[:-2] if value.endswith(".0") else value
-
-
 def is_correct(response: str, answer: str | None) -> bool:
-    """Whether the response's final number equals the known answer."""
-    if answer is None:
-        return False
-    got, want = final_number(response), final_number(answer)
-    return got is not None and want is not None and float(got) == float(want)
+    """Whether the response's final number (layerprune.grading) equals the known answer's, as numbers."""
+    return answer is not None and grade_number(response, final_number(answer))
 
 
 def chat_messages(prompt: str, system_prompt: str | None) -> list[dict[str, str]]:
@@ -166,24 +153,19 @@ def generate_responses(model: Any, tokenizer: Any, prompts: list[Prompt], settin
 
 def _generate_hf(model: Any, tokenizer: Any, prompts: list[Prompt], done: set[str], settings: GenerationSection,
                  path: Path, seed: int) -> None:
-    import torch
+    from layerprune.models.generate import generate_ids  # torch and transformers only when generating
 
     texts = {p.id: render_prompt(tokenizer, p.text, settings.system_prompt) for p in prompts}
     ordered = sorted(prompts, key=lambda p: (len(tokenizer(texts[p.id], add_special_tokens=False)["input_ids"]), p.id))
-    tokenizer.padding_side = "left"
     sampling = sampling_settings(model.generation_config, settings)
     batches = [ordered[i: i + settings.batch_size] for i in range(0, len(ordered), settings.batch_size)]
     for number, batch in enumerate(batches, 1):
         if all(p.id in done for p in batch):
             continue
-        enc = tokenizer([texts[p.id] for p in batch], return_tensors="pt", padding=True, add_special_tokens=False)
-        enc = enc.to(model.device)
         seeded = [SeededSampler([prompt_seed(seed, [p.id]) for p in batch], sampling)] if sampling["do_sample"] else []
-        with torch.inference_mode():
-            out = model.generate(**enc, max_new_tokens=settings.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                                 do_sample=False, logits_processor=seeded)
-        new = out[:, enc["input_ids"].shape[1]:]
-        _append(path, (_record(p, tokenizer, ids, settings) for p, ids in zip(batch, new.tolist()) if p.id not in done))
+        rows = generate_ids(model, tokenizer, [texts[p.id] for p in batch], settings.max_new_tokens,
+                            add_special_tokens=False, logits_processor=seeded)
+        _append(path, (_record(p, tokenizer, ids, settings) for p, ids in zip(batch, rows) if p.id not in done))
         log.info("  answered batch %d/%d", number, len(batches))
 
 
@@ -218,21 +200,10 @@ class SeededSampler:
 
 
 def _record(prompt: Prompt, tokenizer: Any, ids: list[int], settings: GenerationSection) -> dict[str, Any]:
-    stop = {tokenizer.eos_token_id, tokenizer.pad_token_id} | set(_eos_ids(tokenizer))
-    stop.discard(None)
-    length = next((i for i, tok in enumerate(ids) if tok in stop), len(ids))
-    text = tokenizer.decode(ids[:length], skip_special_tokens=True).strip()
+    """One responses-file row from the new token ids of a prompt (already cut before the end token)."""
+    text = tokenizer.decode(ids, skip_special_tokens=True).strip()
     return {"id": prompt.id, "prompt": prompt.text, "answer": prompt.answer, "response": text,
-            "tokens": length, "truncated": length >= settings.max_new_tokens}
-
-
-def _eos_ids(tokenizer: Any) -> list[int]:
-    extra = []
-    for token in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>"):
-        tid = tokenizer.convert_tokens_to_ids(token) if token in tokenizer.get_vocab() else None
-        if tid is not None:
-            extra.append(tid)
-    return extra
+            "tokens": len(ids), "truncated": len(ids) >= settings.max_new_tokens}
 
 
 def _append(path: Path, rows: Iterable[dict[str, Any]]) -> None:

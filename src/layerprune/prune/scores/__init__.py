@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from torch import nn
 
 from layerprune.models.blocks import DecoderStack
+from layerprune.models.walker import CalibBatch
 from layerprune.prune.calib import CalibSet
-from layerprune.prune.forward import CalibBatch
 from layerprune.registry import Registry
 
 
@@ -53,13 +53,9 @@ ScoreFn = Callable[[ScoreContext], ScoreResult]
 SCORES: Registry[ScoreFn] = Registry("score")
 
 
-def score_blocks(name: str, ctx: ScoreContext) -> ScoreResult:
+def run_importance_score(name: str, ctx: ScoreContext) -> ScoreResult:
     """Run the named importance score."""
     return SCORES.get(name)(ctx)
-
-
-def protected_or_none(scores: Sequence[float], protected: Sequence[int]) -> list[float | None]:
-    return [None if i in protected else s for i, s in enumerate(scores)]
 
 
 from layerprune.prune.scores import ablation, angular, influence, simple, taylor  # noqa: E402,F401  (registration)

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import functools
-import weakref
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
+from layerprune import grading
 from layerprune.errors import LayerpruneError
 from layerprune.models.blocks import skipped_blocks
-from layerprune.prune.calib import (AnswerBatch, CalibItem, answer_batches, extract_last_number, is_short_answer,
-                                    stop_token_mask)
-from layerprune.prune.forward import (FINAL, BlockInputs, candidate_losses, capture_block_inputs, greedy_match,
+from layerprune.models.generate import end_token_ids, generate_greedy
+from layerprune.models.walker import (FINAL, BlockInputs, candidate_losses, capture_block_inputs, greedy_match,
                                       masked_nll, prefix_states)
+from layerprune.prune.calib import AnswerBatch, CalibItem, answer_batches, is_short_answer, stop_token_mask
 from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult
 
 
@@ -140,56 +140,18 @@ def teacher_forced_correct(ctx: ScoreContext, items: list[CalibItem], kept: Sequ
 
 def _prepare(ctx: ScoreContext, items: list[CalibItem], stop: str) -> _TeacherForced:
     members = [item for item in items if item.stop == stop]
-    end_ids = [ctx.tokenizer.eos_token_id, *_as_list(getattr(ctx.model.generation_config, "eos_token_id", None))]
     size = ctx.stack.lm_head().weight.shape[0]
     return _TeacherForced(stop, answer_batches(members, ctx.tokenizer, ctx.batch_size, ctx.max_new_tokens),
-                          stop_token_mask(ctx.tokenizer, stop, size, [i for i in end_ids if i is not None]))
-
-
-def _as_list(value) -> list:  # noqa: ANN001
-    return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+                          stop_token_mask(ctx.tokenizer, stop, size, end_token_ids(ctx.model, ctx.tokenizer)))
 
 
 def generated_correct(ctx: ScoreContext, items: list[CalibItem], skip: list[int]) -> list[bool]:
     """Per item, is the greedy answer (generated until its stop string) right, with `skip` blocks removed."""
-    correct = []
+    correct: dict[int, bool] = {}
     with skipped_blocks(ctx.model, skip):
-        for start in range(0, len(items), ctx.batch_size):
-            chunk = items[start : start + ctx.batch_size]
-            stops = sorted({item.stop for item in chunk})
-            texts = generate_greedy(ctx.model, ctx.tokenizer, [i.prompt for i in chunk], ctx.max_new_tokens, stops)
-            correct += [extract_last_number(text.split(item.stop)[0]) == item.expected for item, text in zip(chunk, texts)]
-    return correct
-
-
-def greedy_accuracy(ctx: ScoreContext, items: list[CalibItem], skip: list[int]) -> float:
-    """Exact-match accuracy of generated greedy answers with `skip` blocks removed."""
-    return sum(generated_correct(ctx, items, skip)) / len(items)
-
-
-def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, stop_strings: list[str] | None = None) -> list[str]:  # noqa: ANN001
-    """Batched greedy continuations (left padding), decoded without the prompt; a row stops at a stop string."""
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    try:
-        enc = tokenizer(prompts, return_tensors="pt", padding=True).to(model.device)
-    finally:
-        tokenizer.padding_side = side
-    stopping = {"stopping_criteria": _stop_criteria(tokenizer, tuple(stop_strings))} if stop_strings else {}
-    with torch.inference_mode():
-        out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id,
-                             temperature=None, top_p=None, top_k=None, **stopping)
-    return tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-
-
-_CRITERIA: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _stop_criteria(tokenizer, stops: tuple[str, ...]):  # noqa: ANN001, ANN202
-    """Stop-string criteria, built once per tokenizer and stops (building one walks the whole vocabulary)."""
-    from transformers import StopStringCriteria, StoppingCriteriaList
-
-    built = _CRITERIA.setdefault(tokenizer, {})
-    if stops not in built:
-        built[stops] = StoppingCriteriaList([StopStringCriteria(tokenizer, list(stops))])
-    return built[stops]
+        for stop in sorted({item.stop for item in items}):
+            group = [n for n, item in enumerate(items) if item.stop == stop]
+            texts = generate_greedy(ctx.model, ctx.tokenizer, [items[n].prompt for n in group], ctx.max_new_tokens,
+                                    [stop], ctx.batch_size)
+            correct.update({n: grading.final_number(text) == items[n].expected for n, text in zip(group, texts)})
+    return [correct[n] for n in range(len(items))]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from layerprune.prune.forward import capture_block_inputs
+from layerprune.models.walker import capture_block_inputs
 from layerprune.prune.metrics import block_influence, last_token_mask, mean, select_lowest
 from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from layerprune.prune.forward import capture_block_inputs, nll_sum
+from layerprune.models.walker import capture_block_inputs, nll_sum
 from layerprune.prune.metrics import select_lowest, taylor_importance
 from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult
 

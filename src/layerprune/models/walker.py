@@ -1,7 +1,7 @@
 """Walk a model block by block: capture each block's inputs once, then replay any subset of blocks.
 
-This is what makes ablation cheap: the hidden states before an ablated block are the full model's,
-so every candidate starts from the cached input of the block it removes.
+This is what makes ablation (prune) and per-block analysis (analyze) cheap: the hidden states before an
+ablated block are the full model's, so every candidate starts from the cached input of the block it removes.
 """
 
 from __future__ import annotations
@@ -25,10 +25,6 @@ class CalibBatch:
 
     def to(self, device: torch.device) -> "CalibBatch":
         return CalibBatch(self.input_ids.to(device), self.attention_mask.to(device), self.loss_mask.to(device))
-
-    @property
-    def scored_tokens(self) -> int:
-        return int(self.loss_mask[:, 1:].sum())
 
 
 @dataclass
@@ -191,7 +187,3 @@ def _repeat(value: Any, size: int, copies: int) -> Any:
         return {k: _repeat(v, size, copies) for k, v in value.items()}
     return value
 
-
-def model_loss(stack: DecoderStack, inputs: BlockInputs, kept: Sequence[int]) -> tuple[float, int]:
-    """NLL (sum, count) of the model made of `kept` blocks."""
-    return masked_nll(stack, run_blocks(stack, inputs, inputs.hidden[0], kept), inputs.batch)
