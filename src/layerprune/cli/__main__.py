@@ -1,8 +1,8 @@
-"""`python -m layerprune.recover ARGS` = `layerprune recover ARGS` (for `accelerate launch -m layerprune.recover`)."""
+"""`python -m layerprune.cli ARGS` = `layerprune ARGS` (for `accelerate launch -m layerprune.cli recover ...`)."""
 
 import sys
 
 from layerprune.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main(["recover", *sys.argv[1:]]))
+    sys.exit(main())

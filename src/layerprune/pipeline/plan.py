@@ -1,15 +1,12 @@
-"""Load a run recipe and dry-run it: recipes, model access, data presence and memory, without work."""
+"""Dry-run a run recipe: recipes, model access, data presence and memory, without work."""
 
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from layerprune.data import local_split, resolve_data_dir
-from layerprune.errors import LayerpruneError, one_line
+from layerprune.errors import one_line
 from layerprune.pipeline.recipe import RunRecipe
 from layerprune.settings import RunSettings
 
@@ -23,21 +20,6 @@ KNOWN_SHAPES: dict[str, dict[str, Any]] = {
                                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                                       vocab_size=32768),
 }
-
-
-def load_run_recipe(name_or_path: str, output: Path | None = None) -> RunRecipe:
-    """Read and validate a run recipe (a path, or a shipped name); --output overrides its run directory."""
-    from layerprune.recipes_cli import find_recipe, read_recipe_dict
-    from layerprune.schema_cli import validation_message
-
-    _, path = find_recipe(name_or_path, None if Path(name_or_path).suffix else "run")
-    data = read_recipe_dict(path)
-    if output is not None:
-        data["output"] = str(output)
-    try:
-        return RunRecipe.model_validate(data)
-    except ValidationError as exc:
-        raise LayerpruneError(validation_message(exc, f"run recipe {path}")) from exc
 
 
 def dry_run(recipe: RunRecipe, settings: RunSettings) -> str:
