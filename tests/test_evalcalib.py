@@ -228,10 +228,9 @@ OTHER_STAGES_S = 120 + 208 + 301 + 21  # README: make's installs, prune (with th
 def test_demo_recipe_has_the_documents_to_show_its_contrast_in_time(shared_data):
     from layerprune.evaluate.project_tasks import probe_rows
     from layerprune.evaluate.suites import plan_tasks
-    from layerprune.pipeline.recipe import RunRecipe
-    from layerprune.recipes import build_from_recipe
+    from layerprune.pipeline.plan import load_run_recipe
 
-    recipe = build_from_recipe(RunRecipe, "run", "recipes/demo.yaml")
+    recipe = load_run_recipe("recipes/demo.yaml")
     planned, skipped = plan_tasks(recipe.evaluate, shared_data)
     assert not skipped
     seconds = 0.0

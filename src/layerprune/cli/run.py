@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from layerprune.cli.flags import add_schema_flags, typed_layer
-from layerprune.recipes import build_from_recipe, build_schema
+from layerprune.recipes import build_schema
 from layerprune.settings import RunSettings
 
 
@@ -25,17 +25,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_schema_flags(parser, RunSettings, group="how to run")
 
 
-def output_layer(args: argparse.Namespace) -> dict[str, str]:
-    """-o/--output: the top layer over a pipeline recipe's own output directory."""
-    return {"output": str(args.output)} if args.output is not None else {}
-
-
 def run(args: argparse.Namespace) -> int:
-    from layerprune.pipeline.plan import dry_run
-    from layerprune.pipeline.recipe import RunRecipe
+    from layerprune.pipeline.plan import dry_run, load_run_recipe
     from layerprune.pipeline.stages import run_pipeline
 
-    recipe = build_from_recipe(RunRecipe, "run", args.recipe, output_layer(args))
+    recipe = load_run_recipe(args.recipe, args.output)
     settings = build_schema(RunSettings, typed_layer(args, RunSettings))
     if args.allow_overlap:
         recipe.evaluate.allow_overlap = True

@@ -6,8 +6,7 @@ import argparse
 from pathlib import Path
 
 from layerprune.cli.flags import add_schema_flags, typed_layer
-from layerprune.cli.run import output_layer
-from layerprune.recipes import build_from_recipe, build_schema
+from layerprune.recipes import build_schema
 from layerprune.settings import RunSettings
 
 
@@ -23,7 +22,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from layerprune.pipeline.study import RecoveryStudy, dry_run, run_study
 
-    study = build_from_recipe(RecoveryStudy, "recovery-study", args.recipe, output_layer(args))
+    study = RecoveryStudy.load(args.recipe, args.output)
     settings = build_schema(RunSettings, typed_layer(args, RunSettings))
     if args.dry_run:
         print(dry_run(study, settings))

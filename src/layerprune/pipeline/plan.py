@@ -1,8 +1,9 @@
-"""Dry-run a run recipe: recipes, model access, data presence and memory, without work."""
+"""Load a run recipe and dry-run it: recipes, model access, data presence and memory, without work."""
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 from layerprune.data import local_split, resolve_data_dir
@@ -20,6 +21,11 @@ KNOWN_SHAPES: dict[str, dict[str, Any]] = {
                                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                                       vocab_size=32768),
 }
+
+
+def load_run_recipe(name_or_path: str | Path, output: Path | None = None) -> RunRecipe:
+    """Read and validate a run recipe (a shipped name or a YAML path); `output` replaces its run directory."""
+    return RunRecipe.load(name_or_path, output)
 
 
 def dry_run(recipe: RunRecipe, settings: RunSettings) -> str:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.prune.recipe import PruneRecipe
-from layerprune.recipes import load_recipe, merge_layers, validation_message
+from layerprune.recipes import build_from_recipe, load_recipe, merge_layers, validation_message
 from layerprune.recover.schema import RecoverRecipe
+
+Recipe = TypeVar("Recipe", bound="PipelineRecipe")
 
 
 class RecoverStage(BaseModel):
@@ -43,6 +45,7 @@ class PipelineRecipe(BaseModel):
     """What every pipeline recipe names: one model, its prune stage, the evaluation, and a run directory."""
 
     model_config = ConfigDict(extra="forbid")
+    kind: ClassVar[str] = "run"  # where its shipped recipes are found by name (layerprune.recipes.RECIPE_KINDS)
 
     name: str = Field(description="Run name (default output: runs/<name>)")
     description: str = Field("", description="What this run shows")
@@ -50,6 +53,11 @@ class PipelineRecipe(BaseModel):
     prune: PruneRecipe = Field(description="Prune stage (see `layerprune prune --help`)")
     evaluate: EvalSettings = Field(default_factory=lambda: EvalSettings(suite="quick"), description="Evaluation")
     output: Path | None = Field(None, description="Run directory")
+
+    @classmethod
+    def load(cls: type[Recipe], name_or_path: str | Path, output: Path | None = None) -> Recipe:
+        """Read and validate a recipe (a shipped name or a YAML path); `output` replaces its run directory."""
+        return build_from_recipe(cls, cls.kind, name_or_path, {"output": str(output)} if output is not None else {})
 
     def run_dir(self) -> Path:
         return self.output or Path("runs") / self.name

@@ -12,7 +12,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -43,6 +43,7 @@ class Arm(BaseModel):
 class RecoveryStudy(PipelineRecipe):
     """prune -> evaluate -> (recover with each arm -> evaluate) -> one table and chart."""
 
+    kind: ClassVar[str] = "recovery-study"
     recover: dict[str, Any] = Field(description="Shared recover recipe: {recipe: NAME, overrides: {...}}")
     arms: dict[str, Arm] = Field(min_length=1, description="Recovery methods by label")
 
