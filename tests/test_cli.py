@@ -11,7 +11,7 @@ from helpers import run_cli
 from layerprune.cli import build_parser
 from layerprune.cli.evaluate import build_settings
 from layerprune.cli.prune import build_recipe
-from layerprune.evaluate.schema import Summary
+from layerprune.evaluate.summary import Summary
 
 
 def write_yaml(path: Path, data: dict) -> Path:
