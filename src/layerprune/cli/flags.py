@@ -2,8 +2,9 @@
 
 Every subcommand builds its flags here. A field becomes `--kebab-name` (a section's field `--section-name`, dest
 'section.name'); bools get `--x/--no-x`, Literals their choices, lists take space- and/or comma-separated values,
-mappings of plain values take KEY=VALUE entries, mappings of settings are recipe-only (no flag). Unset flags stay absent from the namespace, so `typed_layer` holds only what the
-user typed: the top layer of defaults < recipe file < explicit CLI flag (`layerprune.recipes`).
+mappings of plain values take KEY=VALUE entries, mappings of settings are recipe-only (no flag). Unset flags stay
+absent from the namespace, so `typed_layer` holds only what the user typed: the top layer of defaults < recipe file
+< explicit CLI flag (`layerprune.recipes`).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class MappingAction(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
         pairs = [str(value).rpartition("=") for value in values]
-        bad = [value for value, (key, sep, item) in zip(values, pairs) if not (key and sep and item)]
+        bad = [value for value, (key, sep, item) in zip(values, pairs, strict=True) if not (key and sep and item)]
         if bad:
             parser.error(f"{option_string}: '{bad[0]}' is not KEY=VALUE")
         setattr(namespace, self.dest, {key: item for key, _, item in pairs})
