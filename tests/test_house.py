@@ -14,13 +14,6 @@ STAGES = ("prune", "evaluate", "recover", "analyze")
 FLOORS = {"models": 1, **dict.fromkeys(STAGES, 2), "pipeline": 3, "cli": 4}  # any other module is base (0)
 FACADE = "layerprune"  # the package's own __init__ may export the stages' entry functions
 
-# Arrows that other slices of issue 12 are removing right now: tolerated while they last, never required.
-# Delete each line once its slice has landed.
-KNOWN = {
-    ("layerprune.analyze", "layerprune.prune.forward"),  # slice models: the block walker moves to models/
-    ("layerprune.prune", "layerprune.evaluate.results"),  # slice evalsplit: model_hash moves to models/
-}
-
 
 def module_name(path: Path) -> str:
     parts = path.relative_to(SRC).with_suffix("").parts
@@ -68,13 +61,9 @@ def goes_up_or_sideways(importer: str, target: str) -> bool:
     return importer != FACADE and here != there and FLOORS.get(there, 0) >= FLOORS.get(here, 0)
 
 
-def known(importer: str, target: str) -> bool:
-    return any(importer.startswith(a) and target.startswith(b) for a, b in KNOWN)
-
-
 def test_no_module_imports_a_floor_above_it_or_a_sibling_stage():
     bad = [f"{importer}:{line} imports {target}" for importer, line, target in arrows()
-           if goes_up_or_sideways(importer, target) and not known(importer, target)]
+           if goes_up_or_sideways(importer, target)]
     assert not bad, "\n".join(bad)
 
 
