@@ -10,7 +10,7 @@ import yaml
 
 from helpers import assert_one_line_error, fingerprint, run_cli
 from layerprune.provenance import collect_provenance
-from layerprune.recipes_cli import shipped_recipes
+from layerprune.recipes import shipped_recipes
 
 RUN_RECIPES = sorted(p for (kind, _), p in shipped_recipes().items() if kind in ("run", "study"))
 
@@ -132,7 +132,7 @@ def test_from_unknown_stage(capsys, tiny_run):
 
 @pytest.mark.parametrize("name", ["importance-qwen25-7b", "importance-llama31-8b"])
 def test_importance_study_recipes_load_and_flags_override_them(name):
-    from layerprune.analyze.cli import build_config
+    from layerprune.cli.analyze import build_config
     from layerprune.cli import build_parser
 
     args = build_parser().parse_args(["analyze", "importance", "--recipe", name, "--samples", "3"])

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from layerprune import recipes_cli
+from layerprune import recipes
 from layerprune.cli import main
 from layerprune.errors import LayerpruneError
-from layerprune.recipes_cli import RECIPE_KINDS, RecipeKind, find_recipe, shipped_recipes, validate_recipe
+from layerprune.recipes import RECIPE_KINDS, RecipeKind, find_recipe, shipped_recipes, validate_recipe
 from layerprune.recover.schema import RecoverRecipe
 
 EXPECTED = {"selfgen-gsm8k", "selfgen-dolly", "selfgen-alpaca", "kd-gsm8k", "demo"}
@@ -45,7 +45,7 @@ def test_a_name_shared_by_two_kinds_asks_for_the_kind(capsys, monkeypatch, tmp_p
     (tmp_path / "other").mkdir()
     for folder in ("recover", "other"):
         (tmp_path / folder / "same.yaml").write_text("name: same\n")
-    monkeypatch.setattr(recipes_cli, "RECIPES_DIR", tmp_path)
+    monkeypatch.setattr(recipes, "RECIPES_DIR", tmp_path)
     monkeypatch.setitem(RECIPE_KINDS, "other", RecipeKind("other", "layerprune.recover.schema:RecoverRecipe"))
     assert main(["recipes", "show", "same"]) == 2
     assert "pass --kind" in capsys.readouterr().err
@@ -87,7 +87,7 @@ def test_filter_correct_needs_known_answers():
 def test_a_new_recipe_kind_is_one_dict_entry(tmp_path, monkeypatch):
     (tmp_path / "toy").mkdir()
     (tmp_path / "toy" / "one.yaml").write_text("# layerprune run --recipe one\nname: one\n")
-    monkeypatch.setattr(recipes_cli, "RECIPES_DIR", tmp_path)
+    monkeypatch.setattr(recipes, "RECIPES_DIR", tmp_path)
     monkeypatch.setitem(RECIPE_KINDS, "toy", RecipeKind("toy", "layerprune.recover.schema:LoraSection"))
     monkeypatch.setitem(RECIPE_KINDS, "recover", RecipeKind("missing", "layerprune.recover.schema:RecoverRecipe"))
     kind, path = find_recipe("one")

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from layerprune.cli import build_parser, main
 from layerprune.models import drop_blocks
 from layerprune.recover import runner, selfgen, train
-from layerprune.recover.cli import build_recipe
+from layerprune.cli.recover import build_recipe
 from layerprune.recover.report import RecoverReport
 from layerprune.recover.schema import GenerationSection, PromptSource, RecoverRecipe
 

@@ -6,10 +6,8 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from layerprune.data import local_split, resolve_data_dir
-from layerprune.errors import LayerpruneError, one_line
+from layerprune.errors import one_line
 from layerprune.pipeline.recipe import RunRecipe
 from layerprune.settings import RunSettings
 
@@ -25,19 +23,9 @@ KNOWN_SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
-def load_run_recipe(name_or_path: str, output: Path | None = None) -> RunRecipe:
-    """Read and validate a run recipe (a path, or a shipped name); --output overrides its run directory."""
-    from layerprune.recipes_cli import find_recipe, read_recipe_dict
-    from layerprune.schema_cli import validation_message
-
-    _, path = find_recipe(name_or_path, None if Path(name_or_path).suffix else "run")
-    data = read_recipe_dict(path)
-    if output is not None:
-        data["output"] = str(output)
-    try:
-        return RunRecipe.model_validate(data)
-    except ValidationError as exc:
-        raise LayerpruneError(validation_message(exc, f"run recipe {path}")) from exc
+def load_run_recipe(name_or_path: str | Path, output: Path | None = None) -> RunRecipe:
+    """Read and validate a run recipe (a shipped name or a YAML path); `output` replaces its run directory."""
+    return RunRecipe.load(name_or_path, output)
 
 
 def dry_run(recipe: RunRecipe, settings: RunSettings) -> str:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.prune.recipe import PruneRecipe
+from layerprune.recipes import build_from_recipe, load_recipe, merge_layers, validation_message
+from layerprune.recover.schema import RecoverRecipe
+
+Recipe = TypeVar("Recipe", bound="PipelineRecipe")
 
 
 class RecoverStage(BaseModel):
@@ -19,11 +23,8 @@ class RecoverStage(BaseModel):
     recipe: str = Field("demo", description="Recover recipe: a shipped name (layerprune recipes list) or a YAML path")
     overrides: dict[str, Any] = Field(default_factory=dict, description="Recover-recipe fields to change (nested by section)")
 
-    def resolve(self, student: str, teacher: str | None) -> Any:
+    def resolve(self, student: str, teacher: str | None) -> RecoverRecipe:
         """The validated RecoverRecipe for this run's pruned model and original (teacher)."""
-        from layerprune.recipes_cli import load_recipe
-        from layerprune.recover.schema import RecoverRecipe, merge_layers
-
         base, _ = load_recipe(self.recipe, "recover")
         fixed = {"model": student, "teacher": teacher or "embedded", "drop_blocks": None}
         return RecoverRecipe.model_validate(merge_layers(base, self.overrides, fixed))
@@ -40,33 +41,42 @@ class DegenerationStage(BaseModel):
     batch_size: int = Field(8, ge=1, description="Questions per generate call")
 
 
-class RunRecipe(BaseModel):
-    """prune -> evaluate -> recover -> evaluate -> report, for one model."""
+class PipelineRecipe(BaseModel):
+    """What every pipeline recipe names: one model, its prune stage, the evaluation, and a run directory."""
 
     model_config = ConfigDict(extra="forbid")
+    kind: ClassVar[str] = "run"  # where its shipped recipes are found by name (layerprune.recipes.RECIPE_KINDS)
 
     name: str = Field(description="Run name (default output: runs/<name>)")
     description: str = Field("", description="What this run shows")
     model: str | None = Field(None, description="Original model: hub id, local directory, .gguf, or embedded[:NAME]")
     prune: PruneRecipe = Field(description="Prune stage (see `layerprune prune --help`)")
-    recover: RecoverStage | None = Field(default_factory=RecoverStage, description="Recover stage; null skips it")
     evaluate: EvalSettings = Field(default_factory=lambda: EvalSettings(suite="quick"), description="Evaluation")
-    degeneration: DegenerationStage = Field(default_factory=DegenerationStage,
-                                            description="Degeneration of the models' GSM8K answers in report.md")
     output: Path | None = Field(None, description="Run directory")
 
+    @classmethod
+    def load(cls: type[Recipe], name_or_path: str | Path, output: Path | None = None) -> Recipe:
+        """Read and validate a recipe (a shipped name or a YAML path); `output` replaces its run directory."""
+        return build_from_recipe(cls, cls.kind, name_or_path, {"output": str(output)} if output is not None else {})
+
+    def run_dir(self) -> Path:
+        return self.output or Path("runs") / self.name
+
+
+class RunRecipe(PipelineRecipe):
+    """prune -> evaluate -> recover -> evaluate -> report, for one model."""
+
+    recover: RecoverStage | None = Field(default_factory=RecoverStage, description="Recover stage; null skips it")
+    degeneration: DegenerationStage = Field(default_factory=DegenerationStage,
+                                            description="Degeneration of the models' GSM8K answers in report.md")
+
     @model_validator(mode="after")
-    def _recover_recipe_is_valid(self) -> "RunRecipe":
+    def _recover_recipe_is_valid(self) -> RunRecipe:
         if self.recover is not None:
             try:
                 self.recover.resolve("<pruned>", self.model)
             except ValidationError as exc:
-                from layerprune.schema_cli import validation_message
-
                 raise ValueError(validation_message(exc, f"recover recipe '{self.recover.recipe}'")) from None
             except Exception as exc:  # LayerpruneError from a missing recipe: report it as this field's error
                 raise ValueError(f"recover.recipe: {exc}") from None
         return self
-
-    def run_dir(self) -> Path:
-        return self.output or Path("runs") / self.name

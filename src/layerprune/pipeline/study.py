@@ -12,14 +12,15 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from layerprune.data import iter_jsonl
-from layerprune.evaluate.schema import EvalSettings
 from layerprune.evaluate.summary import SUMMARY_FILE
-from layerprune.prune.recipe import PruneRecipe
+from layerprune.pipeline.recipe import PipelineRecipe, RecoverStage
+from layerprune.recipes import merge_layers, validation_message
+from layerprune.recover.schema import RecoverRecipe
 from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
@@ -39,22 +40,15 @@ class Arm(BaseModel):
     learning_rate: float | None = Field(None, gt=0, description="Peak learning rate of this arm (default: shared)")
 
 
-class RecoveryStudy(BaseModel):
+class RecoveryStudy(PipelineRecipe):
     """prune -> evaluate -> (recover with each arm -> evaluate) -> one table and chart."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(description="Study name (default output: runs/<name>)")
-    description: str = Field("", description="What this study shows")
-    model: str | None = Field(None, description="Original model: hub id, local directory, or embedded[:NAME]")
-    prune: PruneRecipe = Field(description="Prune stage (see `layerprune prune --help`)")
+    kind: ClassVar[str] = "recovery-study"
     recover: dict[str, Any] = Field(description="Shared recover recipe: {recipe: NAME, overrides: {...}}")
     arms: dict[str, Arm] = Field(min_length=1, description="Recovery methods by label")
-    evaluate: EvalSettings = Field(default_factory=lambda: EvalSettings(suite="quick"), description="Evaluation")
-    output: Path | None = Field(None, description="Study directory")
 
     @model_validator(mode="after")
-    def _arms_resolve(self) -> "RecoveryStudy":
+    def _arms_resolve(self) -> RecoveryStudy:
         shared = self.shared_recipe("<pruned>")
         if shared.train.max_steps is None:
             raise ValueError("recover: set train.max_steps so that every arm runs the same number of optimizer steps")
@@ -64,21 +58,15 @@ class RecoveryStudy(BaseModel):
             try:
                 self.arm_recipe(label, "<pruned>")
             except ValidationError as exc:
-                from layerprune.schema_cli import validation_message
-
                 raise ValueError(validation_message(exc, f"arm '{label}'")) from None
         return self
 
-    def shared_recipe(self, student: str) -> Any:
-        from layerprune.pipeline.recipe import RecoverStage
-
+    def shared_recipe(self, student: str) -> RecoverRecipe:
         stage = RecoverStage.model_validate(self.recover)
         return stage.resolve(student, self.model)
 
-    def arm_recipe(self, label: str, student: str) -> Any:
+    def arm_recipe(self, label: str, student: str) -> RecoverRecipe:
         """The shared recipe with the arm's method and section (and learning rate) applied."""
-        from layerprune.recover.schema import RecoverRecipe, merge_layers
-
         arm = self.arms[label]
         base = self.shared_recipe(student).model_dump(mode="json")
         layer: dict[str, Any] = {"name": f"{self.name}-{label}", "method": arm.method,
@@ -89,25 +77,6 @@ class RecoveryStudy(BaseModel):
         seeds = sorted({*base["prompts"]["exclude_probe_seeds"], self.evaluate.probe_seed})
         layer["prompts"] = {"exclude_probe_seeds": seeds}  # never a prompt the evaluation will ask
         return RecoverRecipe.model_validate(merge_layers(base, layer))
-
-    def run_dir(self) -> Path:
-        return self.output or Path("runs") / self.name
-
-
-def load_study(name_or_path: str, output: Path | None = None) -> RecoveryStudy:
-    """Read and validate a recovery-study recipe (a path, or a shipped name)."""
-    from layerprune.errors import LayerpruneError
-    from layerprune.recipes_cli import find_recipe, read_recipe_dict
-    from layerprune.schema_cli import validation_message
-
-    _, path = find_recipe(name_or_path, None if Path(name_or_path).suffix else "recovery-study")
-    data = read_recipe_dict(path)
-    if output is not None:
-        data["output"] = str(output)
-    try:
-        return RecoveryStudy.model_validate(data)
-    except ValidationError as exc:
-        raise LayerpruneError(validation_message(exc, f"recovery study {path}")) from exc
 
 
 def stage_names(study: RecoveryStudy) -> list[str]:

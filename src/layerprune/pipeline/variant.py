@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from layerprune.analyze.schemas import ImportanceAnalysis
 from layerprune.errors import LayerpruneError
 from layerprune.pipeline.recipe import RecoverStage
+from layerprune.recipes import build_from_recipe, validation_message
 from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,6 @@ class VariantStudy(BaseModel):
             self.importance_config(Path("<variant>"))
             self.recover_recipe()
         except ValidationError as exc:
-            from layerprune.schema_cli import validation_message
-
             raise ValueError(validation_message(exc, "variant study section")) from None
         return self
 
@@ -65,17 +64,9 @@ class VariantStudy(BaseModel):
 
 
 def load_variant_study(name_or_path: str, output: Path | None = None) -> VariantStudy:
-    from layerprune.recipes_cli import find_recipe, read_recipe_dict
-    from layerprune.schema_cli import validation_message
-
-    _, path = find_recipe(name_or_path, None if Path(name_or_path).suffix else "variant-study")
-    data = read_recipe_dict(path)
-    if output is not None:
-        data["output"] = str(output)
-    try:
-        return VariantStudy.model_validate(data)
-    except ValidationError as exc:
-        raise LayerpruneError(validation_message(exc, f"variant-study recipe {path}")) from exc
+    """Read and validate a variant-study recipe (a shipped name or a YAML path); `output` replaces its directory."""
+    return build_from_recipe(VariantStudy, "variant-study", name_or_path,
+                             {"output": str(output)} if output is not None else {})
 
 
 def student_copy(study: VariantStudy, settings: RunSettings, root: Path) -> Path:

@@ -203,16 +203,3 @@ SECTIONS: dict[str, type[Section]] = {
     "prompts": PromptSource, "generate": GenerationSection, "train": TrainSection, "lora": LoraSection, "kd": KdSection,
     "opd": OpdSection, "replace": ReplaceSection,
 }
-
-
-def merge_layers(*layers: dict[str, Any]) -> dict[str, Any]:
-    """Deep-merge recipe dicts left to right (later wins, section by section)."""
-    merged: dict[str, Any] = {}
-    for layer in layers:
-        for key, value in layer.items():
-            if isinstance(value, dict) and isinstance(merged.get(key), dict):
-                merged[key] = {**merged[key], **value}
-            else:
-                merged[key] = value
-    return merged
-

@@ -5,26 +5,25 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from layerprune.cli.flags import add_schema_flags, typed_layer
+from layerprune.recipes import build_schema
 from layerprune.settings import RunSettings
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from layerprune.schema_cli import add_schema_args
-
     parser.add_argument("recipe", help="Variant-study recipe: a YAML path or a shipped name "
                                        "(layerprune recipes list --kind variant-study)")
-    parser.add_argument("--output", type=Path, default=None, help="Study directory (default: the recipe's)")
+    parser.add_argument("-o", "--output", type=Path, default=None, help="Study directory (default: the recipe's)")
     parser.add_argument("--dry-run", action="store_true", help="Print the plan (variant recipe, prompts, budgets); "
                                                                "no weights, no work")
-    add_schema_args(parser, RunSettings, group="how to run")
+    add_schema_flags(parser, RunSettings, group="how to run")
 
 
 def run(args: argparse.Namespace) -> int:
     from layerprune.pipeline.variant import dry_run, load_variant_study, run_variant_study
-    from layerprune.schema_cli import build_schema, explicit_values
 
     study = load_variant_study(args.recipe, args.output)
-    settings = build_schema(RunSettings, explicit_values(args, RunSettings))
+    settings = build_schema(RunSettings, typed_layer(args, RunSettings))
     if args.dry_run:
         print(dry_run(study, settings))
         return 0

@@ -7,20 +7,25 @@ import json
 import re
 from pathlib import Path
 
+from layerprune.cli.flags import add_schema_flags, typed_layer
 from layerprune.prune.recipe import PruneRecipe
-from layerprune.schema_cli import add_schema_args, build_schema, explicit_values
+from layerprune.recipes import build_from_recipe, build_schema
 from layerprune.settings import RunSettings
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None, help="Hub id, local directory, .gguf file, or embedded[:NAME] (default: embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("--output", type=Path, default=None, help="Output directory (default: runs/<model>-<score>-drop<N>)")
+    parser.add_argument("--recipe", help="prune recipe: a shipped name (layerprune recipes list --kind prune) or a "
+                        "YAML file of the fields below; flags override it")
+    parser.add_argument("--model", default=None, help="Hub id, local directory, .gguf file, or embedded[:NAME] "
+                        "(default: embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("-o", "--output", type=Path, default=None,
+                        help="Output directory (default: runs/<model>-<score>-drop<N>)")
     parser.add_argument("--overwrite", action="store_true", help="Replace an existing output directory")
     parser.add_argument("--dry-run", action="store_true", help="Score and print the plan; write nothing (a directory "
                         "with only a config.json: print the block-major memory plan)")
     parser.add_argument("--json", action="store_true", help="Print the report as JSON at the end")
-    add_schema_args(parser, PruneRecipe, group="what to prune")
-    add_schema_args(parser, RunSettings, group="how to run")
+    add_schema_flags(parser, PruneRecipe, group="what to prune")
+    add_schema_flags(parser, RunSettings, group="how to run")
 
 
 def default_output(model: str | None, recipe: PruneRecipe) -> Path:
@@ -28,11 +33,16 @@ def default_output(model: str | None, recipe: PruneRecipe) -> Path:
     return Path("runs") / f"{name}-{recipe.method_name}-drop{recipe.n_drop}"
 
 
+def build_recipe(args: argparse.Namespace) -> PruneRecipe:
+    """Schema defaults < --recipe < explicit flags."""
+    return build_from_recipe(PruneRecipe, "prune", args.recipe, typed_layer(args, PruneRecipe))
+
+
 def run(args: argparse.Namespace) -> int:
     from layerprune.prune.api import prune_model
 
-    recipe = build_schema(PruneRecipe, explicit_values(args, PruneRecipe))
-    settings = build_schema(RunSettings, explicit_values(args, RunSettings))
+    recipe = build_recipe(args)
+    settings = build_schema(RunSettings, typed_layer(args, RunSettings))
     output = args.output or default_output(args.model, recipe)
     result = prune_model(args.model, recipe, settings, output, overwrite=args.overwrite, dry_run=args.dry_run)
     print_summary(result.report, result.output)
@@ -53,9 +63,12 @@ def print_summary(report: dict, output: Path | None) -> None:
           f"parameters {report['params_before'] / 1e6:.1f}M -> {report['params_after'] / 1e6:.1f}M")
     print(f"dropped blocks (original numbering): {report['dropped']}")
     check = report.get("verification") or {}
-    if output and check.get("checked"):
-        print(f"verified: the reloaded model gives the skipped original's logits (max |diff| {check['max_abs_diff']:.3g}, "
-              f"{check['seconds']}s); saved in {report['dtype']['saved']}")
+    if output and check.get("checked") is True:
+        print(f"verified: the reloaded model gives the skipped original's logits (max |diff| "
+              f"{check['max_abs_diff']:.3g}, {check['seconds']}s); saved in {report['dtype']['saved']}")
+    elif output and check.get("checked") == "meta":  # streamed save with --no-verify: tensors checked, no logits
+        print(f"written tensors checked against the new config; logits not compared (--no-verify); saved in "
+              f"{report['dtype']['saved']}")
     elif output:
         print(f"not verified (--no-verify); saved in {report['dtype']['saved']}")
     print(f"output: {output}" if output else "dry run: nothing written")

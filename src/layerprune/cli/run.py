@@ -5,30 +5,32 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from layerprune.cli.flags import add_schema_flags, typed_layer
+from layerprune.recipes import build_schema
 from layerprune.settings import RunSettings
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from layerprune.schema_cli import add_schema_args
-
     parser.add_argument("recipe", help="Run recipe: a YAML path or a shipped name (layerprune recipes list --kind run)")
-    parser.add_argument("--output", type=Path, default=None, help="Run directory (default: the recipe's, or runs/<name>)")
-    parser.add_argument("--from", dest="from_stage", default=None,
-                        help="Re-run from this stage: prune, eval-baseline, eval-pruned, recover, eval-recovered, report")
-    parser.add_argument("--overwrite", action="store_true", help="Start over in a run directory holding another recipe's outputs")
-    parser.add_argument("--dry-run", action="store_true", help="Validate recipes, model access, data and memory; do no work")
+    parser.add_argument("-o", "--output", type=Path, default=None,
+                        help="Run directory (default: the recipe's, or runs/<name>)")
+    parser.add_argument("--from", dest="from_stage", default=None, help="Re-run from this stage: prune, "
+                        "eval-baseline, eval-pruned, recover, eval-recovered, report")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="Start over in a run directory holding another recipe's outputs")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="Validate recipes, model access, data and memory; do no work")
     parser.add_argument("--allow-overlap", action="store_true",
                         help="Evaluate even when evaluated documents are among the calibration items (recorded)")
-    add_schema_args(parser, RunSettings, group="how to run")
+    add_schema_flags(parser, RunSettings, group="how to run")
 
 
 def run(args: argparse.Namespace) -> int:
     from layerprune.pipeline.plan import dry_run, load_run_recipe
     from layerprune.pipeline.stages import run_pipeline
-    from layerprune.schema_cli import build_schema, explicit_values
 
     recipe = load_run_recipe(args.recipe, args.output)
-    settings = build_schema(RunSettings, explicit_values(args, RunSettings))
+    settings = build_schema(RunSettings, typed_layer(args, RunSettings))
     if args.allow_overlap:
         recipe.evaluate.allow_overlap = True
     if args.dry_run:

@@ -1,17 +1,16 @@
-"""`layerprune recipes list|show|validate|cp`: the shipped recipes, as data.
+"""Recipes as data: find a shipped recipe by name, read its YAML, merge layers with one precedence rule.
 
+Precedence (one rule, tested): schema defaults < recipe file < explicit overrides (CLI flags, a run's overrides).
 Each recipe kind lives in its own folder under `layerprune/recipes/` and has a pydantic schema; a new kind is
 one line in `RECIPE_KINDS`.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -19,6 +18,7 @@ from layerprune.errors import LayerpruneError
 from layerprune.registry import unknown_name_message
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
+Model = TypeVar("Model", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,9 @@ class RecipeKind:
 
 # kind -> where its recipes live and which schema validates them
 RECIPE_KINDS: dict[str, RecipeKind] = {
-    "recover": RecipeKind("recover", "layerprune.recover.schema:RecoverRecipe"),
+    "recover": RecipeKind("recover", "layerprune.recover.schema:RecoverRecipe"),  # first tried for unknown kinds
+    "prune": RecipeKind("prune", "layerprune.prune.recipe:PruneRecipe"),
+    "evaluate": RecipeKind("evaluate", "layerprune.evaluate.schema:EvalSettings"),
     "run": RecipeKind(".", "layerprune.pipeline.recipe:RunRecipe"),
     "study": RecipeKind("studies", "layerprune.pipeline.recipe:RunRecipe", "limits-*.yaml"),
     "importance": RecipeKind("studies", "layerprune.analyze.schemas:ImportanceAnalysis", "importance-*.yaml"),
@@ -98,6 +100,12 @@ def read_recipe_dict(path: Path) -> dict[str, Any]:
     return data
 
 
+def load_recipe(name_or_path: str | Path, kind: str | None) -> tuple[dict[str, Any], Path]:
+    """The raw mapping and file of a recipe of `kind` (validated by the caller, after its overrides)."""
+    _, path = find_recipe(name_or_path, kind)
+    return read_recipe_dict(path), path
+
+
 def validate_recipe(path: Path, kind: str | None) -> tuple[str, BaseModel]:
     """Validate a recipe file against its kind's schema (or each kind's, when unknown)."""
     data = read_recipe_dict(path)
@@ -108,16 +116,8 @@ def validate_recipe(path: Path, kind: str | None) -> tuple[str, BaseModel]:
         try:
             return candidate, schema.model_validate(data)
         except ValidationError as exc:
-            from layerprune.schema_cli import validation_message
-
             errors.append(validation_message(exc, f"{schema.__name__} in {path.name}"))
     raise LayerpruneError("; ".join(errors))
-
-
-def load_recipe(name_or_path: str | Path, kind: str) -> tuple[dict[str, Any], Path]:
-    """The raw mapping and file of a recipe of `kind` (validated by the caller, after CLI overrides)."""
-    _, path = find_recipe(name_or_path, kind)
-    return read_recipe_dict(path), path
 
 
 def first_comment(path: Path) -> str:
@@ -130,53 +130,41 @@ def first_comment(path: Path) -> str:
     return ""
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="recipes_command", metavar="ACTION", required=True)
-    listing = sub.add_parser("list", help="list the shipped recipes")
-    listing.add_argument("--kind", choices=list(RECIPE_KINDS), help="only recipes of this kind")
-    show = sub.add_parser("show", help="print a recipe file")
-    show.add_argument("recipe", help="recipe name or path")
-    show.add_argument("--kind", choices=list(RECIPE_KINDS), help="recipe kind when a name is ambiguous")
-    validate = sub.add_parser("validate", help="check recipes against their schema (default: every shipped one)")
-    validate.add_argument("recipes", nargs="*", help="recipe names or paths")
-    validate.add_argument("--kind", choices=list(RECIPE_KINDS), help="schema to check against")
-    copy = sub.add_parser("cp", help="copy a shipped recipe to edit it")
-    copy.add_argument("recipe", help="recipe name")
-    copy.add_argument("destination", type=Path, help="file or directory to copy to")
-    copy.add_argument("--kind", choices=list(RECIPE_KINDS), help="recipe kind when a name is ambiguous")
-    copy.add_argument("--overwrite", action="store_true", help="replace an existing file")
+def merge_layers(*layers: dict[str, Any]) -> dict[str, Any]:
+    """Merge recipe dicts left to right: later wins, section by section (a section is a nested mapping)."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if isinstance(value, dict) and isinstance(merged.get(key), dict):
+                merged[key] = {**merged[key], **value}
+            else:
+                merged[key] = value
+    return merged
 
 
-def run(args: argparse.Namespace) -> int:
-    return {"list": _list, "show": _show, "validate": _validate, "cp": _copy}[args.recipes_command](args)
+def build_schema(schema: type[Model], *layers: dict[str, Any], what: str | None = None) -> Model:
+    """Merge layers (later wins) and validate; errors become one line naming the field."""
+    try:
+        return schema.model_validate(merge_layers(*layers))
+    except ValidationError as exc:
+        raise LayerpruneError(validation_message(exc, what or schema.__name__)) from exc
 
 
-def _list(args: argparse.Namespace) -> int:
-    for (kind, name), path in shipped_recipes(args.kind).items():
-        print(f"{kind:10s} {name:18s} {first_comment(path)}")
-    return 0
+def build_from_recipe(schema: type[Model], kind: str | None, recipe: str | Path | None,
+                      *overrides: dict[str, Any]) -> Model:
+    """Schema defaults < the recipe file (a shipped name or a path; none: defaults only) < each override."""
+    named = f"{kind} recipe" if kind else schema.__name__
+    if recipe is None:
+        return build_schema(schema, *overrides, what=f"{named} (command line)")
+    data, path = load_recipe(recipe, kind)
+    return build_schema(schema, data, *overrides, what=f"{named} {path}")
 
 
-def _show(args: argparse.Namespace) -> int:
-    _, path = find_recipe(args.recipe, args.kind)
-    print(path.read_text(encoding="utf-8"), end="")
-    return 0
-
-
-def _validate(args: argparse.Namespace) -> int:
-    targets = [find_recipe(r, args.kind) for r in args.recipes] or [(k, p) for (k, _), p in shipped_recipes(args.kind).items()]
-    for kind, path in targets:
-        found_kind, _ = validate_recipe(path, kind)
-        print(f"ok  {found_kind:10s} {path}")
-    return 0
-
-
-def _copy(args: argparse.Namespace) -> int:
-    _, path = find_recipe(args.recipe, args.kind)
-    target = args.destination / path.name if args.destination.is_dir() else args.destination
-    if target.exists() and not args.overwrite:
-        raise LayerpruneError(f"{target} already exists; pass --overwrite to replace it")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(path, target)
-    print(f"copied {path.name} to {target}")
-    return 0
+def validation_message(exc: ValidationError, what: str) -> str:
+    """'invalid PruneRecipe: drop: Input should be greater than or equal to 1'."""
+    parts = []
+    for error in exc.errors()[:3]:
+        loc = ".".join(str(p) for p in error["loc"]) or "value"
+        msg = error["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if error["type"] != "extra_forbidden" else f"unknown key '{loc}'")
+    return f"invalid {what}: " + "; ".join(parts)

@@ -7,9 +7,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from layerprune.cli.flags import add_schema_flags, typed_layer
 from layerprune.errors import LayerpruneError
 from layerprune.evaluate.schema import EvalSettings, parse_task_list
-from layerprune.schema_cli import add_schema_args, build_schema, explicit_values
+from layerprune.recipes import build_from_recipe, build_schema
 from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
@@ -17,22 +18,27 @@ DEFAULT_OUTPUT = Path("runs/evaluate")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--recipe", help="evaluate recipe: a shipped name (layerprune recipes list --kind evaluate) "
+                        "or a YAML file of the evaluation fields below; flags override it")
     parser.add_argument("--model", default=None, help="model to evaluate: hub id, local dir, .gguf or embedded "
                         "(default: embedded SmolLM2-135M-Instruct); the recovered model when --pruned is given")
     parser.add_argument("--baseline", default=None, help="original model to compare against")
     parser.add_argument("--pruned", default=None, help="pruned model (then --model is the recovered one)")
-    parser.add_argument("--output", type=Path, default=None, help=f"output directory (default: {DEFAULT_OUTPUT}/<model>)")
+    parser.add_argument("-o", "--output", type=Path, default=None,
+                        help=f"output directory (default: {DEFAULT_OUTPUT}/<model>)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
     parser.add_argument("--list", action="store_true", help="list suites and tasks, then exit")
-    add_schema_args(parser, EvalSettings, group="evaluation")
-    add_schema_args(parser, RunSettings, skip=("max_shard_size",), group="execution")
+    add_schema_flags(parser, EvalSettings, group="evaluation")
+    add_schema_flags(parser, RunSettings, skip=("max_shard_size",), group="execution")
 
 
-def _settings(args: argparse.Namespace) -> tuple[EvalSettings, RunSettings]:
-    values = explicit_values(args, EvalSettings)
+def build_settings(args: argparse.Namespace) -> tuple[EvalSettings, RunSettings]:
+    """Schema defaults < --recipe < explicit flags; and the run settings."""
+    values = typed_layer(args, EvalSettings)
     if "tasks" in values:
         values["tasks"] = parse_task_list(values["tasks"])
-    return build_schema(EvalSettings, values), build_schema(RunSettings, explicit_values(args, RunSettings))
+    settings = build_from_recipe(EvalSettings, "evaluate", args.recipe, values)
+    return settings, build_schema(RunSettings, typed_layer(args, RunSettings))
 
 
 def model_roles(args: argparse.Namespace) -> dict[str, Any]:
@@ -60,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from layerprune.evaluate.api import evaluate_models
 
-    settings, run_settings = _settings(args)
+    settings, run_settings = build_settings(args)
     if settings.reference_solutions and any(v is not None for v in (args.model, args.baseline, args.pruned)):
         raise LayerpruneError("--reference-solutions scores the dataset's own solutions; drop --model, --baseline "
                               "and --pruned")

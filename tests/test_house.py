@@ -1,0 +1,86 @@
+"""The floors of the house (STYLE.md): base < models/ < stages < pipeline/ < cli/; a floor imports only floors below.
+
+The stages (prune, evaluate, recover, analyze) are siblings that never import each other. Every import statement in
+src/layerprune is read with ast, at module level and inside functions alike.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+STAGES = ("prune", "evaluate", "recover", "analyze")
+FLOORS = {"models": 1, **dict.fromkeys(STAGES, 2), "pipeline": 3, "cli": 4}  # any other module is base (0)
+FACADE = "layerprune"  # the package's own __init__ may export the stages' entry functions
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_module(name: str) -> bool:
+    path = SRC.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in FLOORS else "base"
+
+
+def imports_of(source: str, module: str, is_package: bool) -> list[tuple[int, str]]:
+    """(line, imported layerprune module) for every import statement of a module's source, wherever it stands."""
+    package = module if is_package else module.rpartition(".")[0]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            for alias in node.names:
+                target = f"{base}.{alias.name}"
+                found.append((node.lineno, target if is_module(target) else base))
+    return [(line, name) for line, name in found if name == "layerprune" or name.startswith("layerprune.")]
+
+
+def arrows() -> list[tuple[str, int, str]]:
+    """(importer, line, imported) over every module of the package."""
+    return [(module_name(path), line, target)
+            for path in sorted((SRC / "layerprune").rglob("*.py"))
+            for line, target in imports_of(path.read_text(encoding="utf-8"), module_name(path),
+                                           path.name == "__init__.py")]
+
+
+def goes_up_or_sideways(importer: str, target: str) -> bool:
+    here, there = room(importer), room(target)
+    return importer != FACADE and here != there and FLOORS.get(there, 0) >= FLOORS.get(here, 0)
+
+
+def test_no_module_imports_a_floor_above_it_or_a_sibling_stage():
+    bad = [f"{importer}:{line} imports {target}" for importer, line, target in arrows()
+           if goes_up_or_sideways(importer, target)]
+    assert not bad, "\n".join(bad)
+
+
+def test_every_layerprune_import_names_a_module_that_exists():
+    """A function-level import of a moved module fails only when it runs; catch it here."""
+    missing = [f"{importer}:{line} imports {target}" for importer, line, target in arrows() if not is_module(target)]
+    assert not missing, "\n".join(missing)
+
+
+def test_the_rule_sees_function_level_and_relative_imports_and_judges_arrows():
+    source = "from . import recipe\n\ndef f():\n    from layerprune.cli import main\n    import layerprune.errors\n"
+    assert {t for _, t in imports_of(source, "layerprune.prune.api", False)} == {
+        "layerprune.prune.recipe", "layerprune.cli", "layerprune.errors"}
+    assert goes_up_or_sideways("layerprune.prune.api", "layerprune.cli")
+    assert goes_up_or_sideways("layerprune.analyze.walk", "layerprune.prune.forward")
+    assert goes_up_or_sideways("layerprune.models.loading", "layerprune.recover.schema")
+    assert goes_up_or_sideways("layerprune.recipes", "layerprune.models")
+    assert not goes_up_or_sideways("layerprune.pipeline.stages", "layerprune.prune.api")
+    assert not goes_up_or_sideways("layerprune.cli.prune", "layerprune.recipes")
+    assert not goes_up_or_sideways("layerprune.prune.api", "layerprune.prune.scores")
