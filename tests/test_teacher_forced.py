@@ -13,7 +13,8 @@ from layerprune.models.generate import generate_greedy
 from layerprune.models.walker import CalibBatch, greedy_match
 from layerprune.prune.calib import CalibItem, CalibSet
 from layerprune.prune.scores import ScoreContext, run_importance_score
-from layerprune.prune.scores.ablation import generated_correct, teacher_forced_correct
+from layerprune.prune.scores.ablation import (generated_correct, generated_correct_per_candidate,
+                                              teacher_forced_correct)
 
 MAX_NEW = 5
 STOP = "5"  # a digit as the stop string, so the tiny model emits it mid-answer
@@ -84,6 +85,13 @@ def test_accuracy_ablation_uses_no_generation_for_short_answers(digits_ctx, gene
     result = run_importance_score("ablation", digits_ctx)
     assert result.details["base"] == 0.0
     assert result.scores == pytest.approx([1 - sum(generated[(b,)]) / len(generated[(b,)]) for b in range(6)])
+
+
+def test_free_form_candidates_decoded_together_equal_one_generation_each(digits_ctx, generated):
+    skips = {-1: [], **{b: [b] for b in range(6)}, 6: [2, 4]}
+    together = generated_correct_per_candidate(digits_ctx, digits_ctx.calib.items, skips)
+    assert together == {c: generated[tuple(skip)] for c, skip in skips.items()}
+    assert len({tuple(v) for v in together.values()}) > 2  # the candidates' verdicts differ
 
 
 class HeadIsIdentity:

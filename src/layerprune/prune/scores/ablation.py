@@ -11,6 +11,7 @@ import torch
 from layerprune import grading
 from layerprune.errors import LayerpruneError
 from layerprune.models.blocks import skipped_blocks
+from layerprune.models.row_skips import row_skipped_blocks
 from layerprune.models.generate import end_token_ids, generate_greedy
 from layerprune.models.walker import (FINAL, BlockInputs, candidate_losses, capture_block_inputs, greedy_match,
                                       masked_nll, prefix_states)
@@ -90,9 +91,10 @@ def _accuracy_losses(
         for candidate, correct in teacher_forced_correct(ctx, short, kept, candidates, cache).items():
             wrong[candidate] += correct.count(False)
     dropped = [i for i in range(ctx.depth) if i not in kept]
-    for candidate in wrong if free else []:
-        skip = dropped if candidate == -1 else sorted([*dropped, candidate])
-        wrong[candidate] += generated_correct(ctx, free, skip).count(False)
+    if free:
+        skips = {c: dropped if c == -1 else sorted([*dropped, c]) for c in wrong}
+        for candidate, correct in generated_correct_per_candidate(ctx, free, skips).items():
+            wrong[candidate] += correct.count(False)
     if ctx.progress:
         ctx.progress("ablation", len(candidates))
     rates = {c: count / len(items) for c, count in wrong.items()}
@@ -143,6 +145,24 @@ def _prepare(ctx: ScoreContext, items: list[CalibItem], stop: str) -> _TeacherFo
     size = ctx.stack.lm_head().weight.shape[0]
     return _TeacherForced(stop, answer_batches(members, ctx.tokenizer, ctx.batch_size, ctx.max_new_tokens),
                           stop_token_mask(ctx.tokenizer, stop, size, end_token_ids(ctx.model, ctx.tokenizer)))
+
+
+def generated_correct_per_candidate(ctx: ScoreContext, items: list[CalibItem],
+                                    skips: dict[int, list[int]]) -> dict[int, list[bool]]:
+    """`generated_correct` for every candidate at once: the rows of one `generate` call are (candidate, item)
+    pairs, each row skipping its candidate's blocks (models.row_skips), so all candidates decode side by side."""
+    rows = [(candidate, n) for candidate in skips for n in range(len(items))]
+    correct = {candidate: [False] * len(items) for candidate in skips}
+    for stop in sorted({item.stop for item in items}):
+        group = [(c, n) for c, n in rows if items[n].stop == stop]
+        for start in range(0, len(group), ctx.batch_size):
+            chunk = group[start: start + ctx.batch_size]
+            with row_skipped_blocks(ctx.model, [skips[c] for c, _ in chunk]):
+                texts = generate_greedy(ctx.model, ctx.tokenizer, [items[n].prompt for _, n in chunk],
+                                        ctx.max_new_tokens, [stop], len(chunk))
+            for (c, n), text in zip(chunk, texts):
+                correct[c][n] = grading.final_number(text) == items[n].expected
+    return correct
 
 
 def generated_correct(ctx: ScoreContext, items: list[CalibItem], skip: list[int]) -> list[bool]:
