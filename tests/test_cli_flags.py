@@ -11,7 +11,7 @@ from layerprune.cli.flags import add_schema_flags, typed_layer
 from layerprune.errors import LayerpruneError
 from layerprune.pipeline.study import Arm
 from layerprune.prune.recipe import PruneRecipe
-from layerprune.recipes import build_schema
+from layerprune.recipe_loading import build_schema
 from layerprune.recover.schema import RecoverRecipe
 
 

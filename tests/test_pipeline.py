@@ -10,7 +10,7 @@ import yaml
 
 from helpers import assert_one_line_error, fingerprint, run_cli
 from layerprune.provenance import collect_provenance
-from layerprune.recipes import shipped_recipes
+from layerprune.recipe_loading import shipped_recipes
 
 RUN_RECIPES = sorted(p for (kind, _), p in shipped_recipes().items() if kind in ("run", "study"))
 

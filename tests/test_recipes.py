@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from layerprune import recipes
+from layerprune import recipe_loading as recipes
 from layerprune.cli import main
 from layerprune.errors import LayerpruneError
-from layerprune.recipes import RECIPE_KINDS, RecipeKind, find_recipe, shipped_recipes, validate_recipe
+from layerprune.recipe_loading import RECIPE_KINDS, RecipeKind, find_recipe, shipped_recipes, validate_recipe
 from layerprune.recover.schema import RecoverRecipe
 
 EXPECTED = {"selfgen-gsm8k", "selfgen-dolly", "selfgen-alpaca", "kd-gsm8k", "demo"}

@@ -11,7 +11,7 @@ import yaml
 from helpers import run_cli
 from layerprune.pipeline import study_report
 from layerprune.pipeline.study import RecoveryStudy
-from layerprune.recipes import shipped_recipes
+from layerprune.recipe_loading import shipped_recipes
 
 STUDIES = sorted(p for (kind, _), p in shipped_recipes("recovery-study").items())
 

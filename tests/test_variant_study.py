@@ -31,7 +31,7 @@ def test_bad_variant_study_recipes(capsys, tmp_path):
 
 
 def _shipped():
-    from layerprune.recipes import shipped_recipes
+    from layerprune.recipe_loading import shipped_recipes
 
     return shipped_recipes("variant-study")[("variant-study", "variant-embedded")]
 

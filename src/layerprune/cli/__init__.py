@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from layerprune import __version__
 from layerprune.errors import LayerpruneError, one_line
-from layerprune.recipes import validation_message
+from layerprune.recipe_loading import validation_message
 
 # subcommand -> module exposing `configure(parser)` and `run(args) -> int` (heavy imports inside `run`)
 COMMANDS: dict[str, tuple[str, str]] = {

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from layerprune.analyze.schemas import DegenerationAnalysis, ImportanceAnalysis, NmiAnalysis
 from layerprune.cli.flags import add_schema_flags, typed_layer
-from layerprune.recipes import RECIPE_KINDS, build_from_recipe, build_schema
+from layerprune.recipe_loading import RECIPE_KINDS, build_from_recipe, build_schema
 from layerprune.settings import RunSettings
 
 SUBCOMMANDS: dict[str, tuple[type[BaseModel], str]] = {

@@ -10,7 +10,7 @@ from typing import Any
 from layerprune.cli.flags import add_schema_flags, typed_layer
 from layerprune.errors import LayerpruneError
 from layerprune.evaluate.schema import EvalSettings, parse_task_list
-from layerprune.recipes import build_from_recipe, build_schema
+from layerprune.recipe_loading import build_from_recipe, build_schema
 from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from layerprune.cli.flags import add_schema_flags, typed_layer
 from layerprune.prune.recipe import PruneRecipe
-from layerprune.recipes import build_from_recipe, build_schema
+from layerprune.recipe_loading import build_from_recipe, build_schema
 from layerprune.settings import RunSettings
 
 

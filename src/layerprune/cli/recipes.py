@@ -1,4 +1,4 @@
-"""`layerprune recipes list|show|validate|cp`: the shipped recipes (loading them is `layerprune.recipes`)."""
+"""`layerprune recipes list|show|validate|cp`: the shipped recipes (loading them is `layerprune.recipe_loading`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from layerprune.errors import LayerpruneError
-from layerprune.recipes import RECIPE_KINDS, find_recipe, first_comment, shipped_recipes, validate_recipe
+from layerprune.recipe_loading import RECIPE_KINDS, find_recipe, first_comment, shipped_recipes, validate_recipe
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from layerprune.cli.flags import add_schema_flags, typed_layer
-from layerprune.recipes import build_schema
+from layerprune.recipe_loading import build_schema
 from layerprune.settings import RunSettings
 
 

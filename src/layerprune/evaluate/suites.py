@@ -16,7 +16,7 @@ from layerprune.evaluate.offline import (check_fewshot_pool, default_fewshot, fe
                                          local_files, missing_splits, require_data)
 from layerprune.evaluate.task_specs import TASKS, TaskSpec
 from layerprune.evaluate.schema import EvalSettings, Suite, TaskSettings
-from layerprune.recipes import build_schema
+from layerprune.recipe_loading import build_schema
 from layerprune.registry import unknown_name_message
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from layerprune.errors import LayerpruneError
 from layerprune.outputs import write_atomic
 from layerprune.provenance import Provenance
-from layerprune.recipes import validation_message
+from layerprune.recipe_loading import validation_message
 
 SUMMARY_FILE = "summary.json"
 

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.prune.recipe import PruneRecipe
-from layerprune.recipes import build_from_recipe, load_recipe, merge_layers, validation_message
+from layerprune.recipe_loading import build_from_recipe, load_recipe, merge_layers, validation_message
 from layerprune.recover.schema import RecoverRecipe
 
 Recipe = TypeVar("Recipe", bound="PipelineRecipe")
@@ -45,7 +45,7 @@ class PipelineRecipe(BaseModel):
     """What every pipeline recipe names: one model, its prune stage, the evaluation, and a run directory."""
 
     model_config = ConfigDict(extra="forbid")
-    kind: ClassVar[str] = "run"  # where its shipped recipes are found by name (layerprune.recipes.RECIPE_KINDS)
+    kind: ClassVar[str] = "run"  # where its shipped recipes are found by name (layerprune.recipe_loading.RECIPE_KINDS)
 
     name: str = Field(description="Run name (default output: runs/<name>)")
     description: str = Field("", description="What this run shows")

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from layerprune.data import iter_jsonl
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.recipe import PipelineRecipe, RecoverStage
-from layerprune.recipes import merge_layers, validation_message
+from layerprune.recipe_loading import merge_layers, validation_message
 from layerprune.recover.schema import RecoverRecipe
 from layerprune.settings import RunSettings
 

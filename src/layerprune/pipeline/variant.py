@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from layerprune.analyze.schemas import ImportanceAnalysis
 from layerprune.errors import LayerpruneError
 from layerprune.pipeline.recipe import RecoverStage
-from layerprune.recipes import build_from_recipe, validation_message
+from layerprune.recipe_loading import build_from_recipe, validation_message
 from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
