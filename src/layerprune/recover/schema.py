@@ -198,8 +198,3 @@ class RecoverRecipe(Section):
 def _has_answers(source: str) -> bool:
     return source == "gsm8k" or source.endswith(".jsonl") or source == "probes" or source.startswith("probes:")
 
-
-SECTIONS: dict[str, type[Section]] = {
-    "prompts": PromptSource, "generate": GenerationSection, "train": TrainSection, "lora": LoraSection, "kd": KdSection,
-    "opd": OpdSection, "replace": ReplaceSection,
-}
