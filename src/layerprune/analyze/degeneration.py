@@ -107,6 +107,9 @@ def collect_variants(config: DegenerationAnalysis, settings: RunSettings,
 
 def analyze_degeneration(config: DegenerationAnalysis, settings: RunSettings, out: Path) -> dict[str, Any]:
     """Write degeneration.json, degeneration.png, summary.md and (for generated ones) generations/*.jsonl."""
+    from layerprune.extras import require_extra
+
+    require_extra("analyze", "analyze degeneration")  # before any model loads
     timer = Timer()
     variants = collect_variants(config, settings, timer)
     outputs = {label: [r["output"] for r in rows] for label, rows in variants.items()}
@@ -115,8 +118,9 @@ def analyze_degeneration(config: DegenerationAnalysis, settings: RunSettings, ou
     report = {"config": config.model_dump(mode="json"), "variants": stats, "timings_s": timer.seconds,
               "cpu_s": timer.cpu_seconds,
               "definitions": {"rep_n": "1 - unique/total word n-grams within a response, mean over responses",
-                              "self_bleu_4": "BLEU-4 of each sentence against the other sentences of the same "
-                                             "response (responses with 2+ sentences), mean",
+                              "self_bleu_4": "sacrebleu sentence BLEU-4 (floor smoothing 0.1, effective order) of "
+                                             "each sentence against the other sentences of the same response "
+                                             "(responses with 2+ sentences), mean, in [0, 1]",
                               "mean_length_words": "words and punctuation tokens per response",
                               "study_rep_n": "rep_n on nltk word tokens, x 100 (the pruning study's scale)",
                               "study_self_bleu_4": "as the pruning study: nltk tokens, sentences under 4 tokens "
