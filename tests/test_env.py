@@ -48,7 +48,6 @@ def test_hf_hub_offline_true_refuses_hub_data_at_planning_and_loading(online):
 
 def test_tests_never_write_to_the_users_cache():
     from conftest import USER_CACHE
-
     from layerprune.settings import RunSettings
 
     cache = RunSettings().resolved_cache_dir()

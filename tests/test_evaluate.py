@@ -131,14 +131,14 @@ def test_bad_input_is_one_line(capsys, tmp_path, tiny_llama, argv, expected):
 def test_num_fewshot_larger_than_pool(capsys, tmp_path, tiny_llama, data_dir):
     write_rows(data_dir, "arc_easy", "train", ARC_ROWS[:5])
     code, _, err = evaluate_cli(capsys, "--model", str(tiny_llama), "--tasks", "arc_easy", "--num-fewshot", "6",
-                           "--data-dir", str(data_dir), "--output", str(tmp_path / "o"))
+                                "--data-dir", str(data_dir), "--output", str(tmp_path / "o"))
     assert code == 2 and "few-shot pool" in err and "5 examples" in err
 
 
 def test_missing_data_names_dataset_and_path(capsys, tmp_path, tiny_llama, data_dir, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     code, _, err = evaluate_cli(capsys, "--model", str(tiny_llama), "--tasks", "piqa", "--data-dir", str(data_dir),
-                           "--output", str(tmp_path / "o"))
+                                "--output", str(tmp_path / "o"))
     assert code == 2 and "piqa" in err and str(data_dir / "piqa" / "validation.jsonl") in err
 
 
@@ -150,7 +150,7 @@ def test_model_without_tokenizer_files(capsys, tmp_path, tiny_llama, data_dir):
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (bare / name).unlink(missing_ok=True)
     code, _, err = evaluate_cli(capsys, "--model", str(bare), "--tasks", "arith_1dc", "--limit", "1",
-                           "--output", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c"))
+                                "--output", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c"))
     assert code == 2 and "no tokenizer files" in err
 
 
@@ -267,8 +267,8 @@ def test_comparison_with_tokenizer_warning(capsys, tmp_path, tiny_models, caplog
     tok.add_tokens(["<extra_token>"])
     tok.save_pretrained(other)
     code, out, err = evaluate_cli(capsys, "--model", str(pruned), "--baseline", str(other), "--pruned", str(pruned),
-                             "--tasks", "brackets_d2", "--limit", "2", "--output", str(tmp_path / "cmp"),
-                             "--cache-dir", str(tmp_path / "c"))
+                                  "--tasks", "brackets_d2", "--limit", "2", "--output", str(tmp_path / "cmp"),
+                                  "--cache-dir", str(tmp_path / "c"))
     assert code == 0, err
     assert "different tokenizer" in caplog.text
     for name in ("comparison.md", "comparison.json", "tasks_generative.png", "averages.png"):

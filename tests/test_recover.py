@@ -136,13 +136,14 @@ def test_full_sft_changes_the_weights(tiny_llama, tmp_path):
 
 def _kl_to_teacher(trainer) -> float:
     """Forward KL(teacher || student) per token over the training rows, as the student stands now."""
-    tokenizer = trainer.processing_class
     texts = [row["prompt"] + " " + row["response"] for row in _rows()]
-    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    batch = trainer.processing_class(texts, return_tensors="pt", padding=True)
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     mask = batch["attention_mask"].bool()
+    trainer.model.eval()
     with torch.no_grad():
-        student = trainer.model(**batch).logits[mask]
-        teacher = trainer.teacher(**batch).logits[mask]
+        student = trainer.model(**inputs).logits[mask]
+        teacher = trainer.teacher(**inputs).logits[mask]
     return float(train.forward_kl(student, teacher))
 
 
@@ -150,12 +151,12 @@ def test_kd_trains_the_adapter_towards_the_teacher(tiny_llama, tmp_path):
     from tiny import make_tiny_model
 
     other = make_tiny_model(tmp_path / "teacher", "llama", 6, seed=1)  # same tokenizer, other weights
-    trainer = _trainer(tiny_llama, tmp_path, "kd", teacher=other, max_steps=4)
+    trainer = _trainer(tiny_llama, tmp_path, "kd", teacher=other, max_steps=4, learning_rate=3e-2)
     before = _kl_to_teacher(trainer)
     lora_b = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
     trainer.train()
     after = _kl_to_teacher(trainer)
-    assert before > 0.05 and after < 0.9 * before  # the student moved towards a teacher it did not equal
+    assert before > 1e-3 and after < 0.85 * before  # the student moved towards a teacher it did not equal (0.71x)
     moved = [float((p.detach() - lora_b[n]).abs().max()) for n, p in trainer.model.named_parameters() if n in lora_b]
     assert moved and min(moved) > 1e-4  # the KL's gradient reached every adapter
 
@@ -208,7 +209,8 @@ def test_precedence_defaults_recipe_cli(tmp_path):
 
 def test_cli_resume_continues_from_the_last_checkpoint(pruned, prompts_file, tmp_path, monkeypatch, caplog):
     out = tmp_path / "rec"
-    args = ["--model", str(pruned), "--prompts", str(prompts_file), "-o", str(out), "--train-save-steps", "1"]
+    args = ["--model", str(pruned), "--prompts", str(prompts_file), "-o", str(out), "--train-save-steps", "1",
+            "--train-grad-accum", "1"]  # one training_step per optimizer step
 
     def crash(*_args, **_kwargs):
         raise KeyboardInterrupt

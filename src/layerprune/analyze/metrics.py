@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 WORD = re.compile(r"\w+|[^\w\s]")
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
@@ -151,7 +151,8 @@ def study_tokens(text: str) -> list[str]:
 def study_self_bleu(text: str) -> float | None:
     """The pruning study's self-BLEU-4: nltk tokens, sentences under 4 tokens dropped, nltk's sentence_bleu
     (uniform weights, smoothing method1) of each sentence against the others, mean x 100; None under 2 sentences."""
-    from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu as nltk_bleu
+    from nltk.translate.bleu_score import SmoothingFunction
+    from nltk.translate.bleu_score import sentence_bleu as nltk_bleu
 
     sentences = [study_tokens(s) for s in split_sentences(text)]
     sentences = [s for s in sentences if len(s) >= STUDY_MIN_SENTENCE_TOKENS]

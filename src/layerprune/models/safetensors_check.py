@@ -8,10 +8,14 @@ tensors, tensors whose offsets do not match their shapes, and a file whose data 
 from __future__ import annotations
 
 import contextlib
+import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from layerprune.errors import LayerpruneError, one_line
+
+NOT_AN_OBJECT = re.compile(r"invalid type: (.+?), expected struct HashMetadata")
 
 
 @contextlib.contextmanager
@@ -29,8 +33,8 @@ def open_safetensors(path: Path) -> Iterator[Any]:
 
 def _reason(exc: Exception) -> str:
     message = one_line(exc).removeprefix("Error while deserializing header: ")
-    if "expected struct HashMetadata" in message or "expected a map" in message:
-        return f"header is valid JSON but not an object ({message})"
+    if match := NOT_AN_OBJECT.search(message):  # serde's words for a top-level value that is not a table
+        return f"header is valid JSON but not an object (a {match[1]})"
     return message
 
 
