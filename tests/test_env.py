@@ -5,7 +5,6 @@ write to the user's cache."""
 from __future__ import annotations
 
 import importlib
-import json
 import sys
 
 import pytest
@@ -56,18 +55,26 @@ def test_tests_never_write_to_the_users_cache():
 
 # optional dependencies: a missing one is a one-line error that names the extra installing it -------------------
 
-@pytest.mark.parametrize("module, package", [("sacrebleu", "sacrebleu"), ("sklearn", "scikit-learn"),
-                                             ("scipy", "scipy"), ("nltk", "nltk")])
-def test_analyze_without_its_extra_is_one_line(capsys, monkeypatch, tmp_path, module, package):
-    generations = tmp_path / "g.jsonl"
-    generations.write_text(json.dumps({"prompt": "p", "output": "A b c. A b d."}) + "\n")
+@pytest.mark.parametrize("module, package", [("sklearn", "scikit-learn"), ("scipy", "scipy")])
+@pytest.mark.parametrize("analysis", ["importance", "nmi"])
+def test_analyze_without_its_extra_is_one_line(capsys, monkeypatch, tmp_path, tiny_llama, analysis, module, package):
     out = tmp_path / "out"
     monkeypatch.setitem(sys.modules, module, None)  # `import module` now raises ImportError
     with pytest.raises(ImportError):
         importlib.import_module(module)
-    code, _, err = run_cli(capsys, ["analyze", "degeneration", "--generations", str(generations), "--output", str(out)])
-    assert_one_line_error(code, err, f"analyze degeneration needs {package}", "pip install 'layerprune[analyze]'")
+    model = ["--models" if analysis == "importance" else "--model", str(tiny_llama)]
+    code, _, err = run_cli(capsys, ["analyze", analysis, *model, "--output", str(out)])
+    assert_one_line_error(code, err, f"analyze {analysis} needs {package}", "pip install 'layerprune[analyze]'")
     assert not out.exists()
+
+
+def test_variant_study_without_the_analyze_extra_stops_before_training(monkeypatch):
+    from layerprune.pipeline import variant
+
+    monkeypatch.setitem(sys.modules, "scipy", None)
+    monkeypatch.setattr(variant, "make_variant", lambda *a: pytest.fail("trained without the analyze extra"))
+    with pytest.raises(LayerpruneError, match=r"the variant study needs scipy.*layerprune\[analyze\]"):
+        variant.run_variant_study(None, None)  # type: ignore[arg-type]
 
 
 def test_qlora_and_8bit_optimizers_without_bitsandbytes_name_the_qlora_extra(monkeypatch):

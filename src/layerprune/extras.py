@@ -8,7 +8,7 @@ from layerprune.errors import LayerpruneError
 
 # extra -> {distribution: the module it installs}; pyproject.toml's [project.optional-dependencies] lists the same
 EXTRAS: dict[str, dict[str, str]] = {
-    "analyze": {"scikit-learn": "sklearn", "scipy": "scipy", "sacrebleu": "sacrebleu", "nltk": "nltk"},
+    "analyze": {"scikit-learn": "sklearn", "scipy": "scipy"},
     "qlora": {"bitsandbytes": "bitsandbytes"},
 }
 

@@ -107,9 +107,6 @@ def collect_variants(config: DegenerationAnalysis, settings: RunSettings,
 
 def analyze_degeneration(config: DegenerationAnalysis, settings: RunSettings, out: Path) -> dict[str, Any]:
     """Write degeneration.json, degeneration.png, summary.md and (for generated ones) generations/*.jsonl."""
-    from layerprune.extras import require_extra
-
-    require_extra("analyze", "analyze degeneration")  # before any model loads
     timer = Timer()
     variants = collect_variants(config, settings, timer)
     outputs = {label: [r["output"] for r in rows] for label, rows in variants.items()}
