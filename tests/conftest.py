@@ -6,6 +6,8 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -15,7 +17,36 @@ from tiny import make_tiny_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = (ROOT.parent / "shared" / "data").resolve()
+USER_CACHE = Path(os.environ.get("LAYERPRUNE_CACHE") or Path.home() / ".cache" / "layerprune")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def isolated_cache(root: Path, user_cache: Path = USER_CACHE) -> Path:
+    """A fresh cache under `root` for the session: nothing a test does is written to the user's cache.
+
+    What takes minutes to rebuild and is only read once made (the embedded models converted to safetensors, the
+    assembled Gemma GGUF) is linked in entry by entry where the user's cache has it complete; everything written
+    (the eval cache, the hash memo, a conversion of another file) lands in the session's own folders, never
+    through a link. Without a user cache the embedded models are converted here (minutes, once per session).
+    """
+    cache = root / "layerprune-cache"
+    for sub in ("converted", "gguf"):
+        (cache / sub).mkdir(parents=True, exist_ok=True)
+        source = user_cache / sub
+        for entry in sorted(source.iterdir()) if source.is_dir() else []:
+            complete = (entry / "config.json").is_file() if sub == "converted" else entry.is_file()
+            if complete:
+                (cache / sub / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+    return cache
+
+
+# before any test resolves settings: the process and every subprocess it starts use the session's cache
+_SESSION_ROOT = Path(tempfile.mkdtemp(prefix="layerprune-tests-"))
+os.environ["LAYERPRUNE_CACHE"] = str(isolated_cache(_SESSION_ROOT))
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_SESSION_ROOT, ignore_errors=True)  # removes the links, never what they point at
 
 
 def pytest_collection_modifyitems(config, items):
@@ -52,3 +83,11 @@ def tiny_models(tmp_path_factory):
 @pytest.fixture
 def tiny_llama(tiny_models) -> Path:
     return tiny_models("llama", 6)
+
+
+@pytest.fixture
+def data_dir(tmp_path) -> Path:
+    """An empty data mirror at tmp_path/data (fill it with helpers.write_rows; a module's own `data_dir` does)."""
+    root = tmp_path / "data"
+    root.mkdir()
+    return root

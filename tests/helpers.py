@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Sequence
 
@@ -38,6 +39,20 @@ def run_cli(capsys, argv: Sequence[str]) -> tuple[int, str, str]:  # noqa: ANN00
     code = main(list(argv))
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def evaluate_cli(capsys, *argv: str) -> tuple[int, str, str]:  # noqa: ANN001
+    """`layerprune evaluate ARGV` in-process: exit code, stdout, stderr (what fixtures printed before left out)."""
+    capsys.readouterr()
+    return run_cli(capsys, ["evaluate", *argv])
+
+
+def write_rows(root: Path, dataset: str, split: str, rows: list[dict]) -> Path:
+    """<root>/<dataset>/<split>.jsonl, as the data mirror lays out a hub split."""
+    path = root / dataset / f"{split}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
 
 
 def assert_one_line_error(code: int, err: str, *needles: str) -> None:

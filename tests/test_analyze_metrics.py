@@ -22,18 +22,19 @@ def test_words_split_punctuation_and_lowercase():
     assert metrics.words("The cat, sat.") == ["the", "cat", ",", "sat", "."]
 
 
-def test_sentence_bleu_by_hand():
-    hyp, ref = "the cat sat on".split(), "the cat sat here".split()
-    # p1 = 3/4, p2 = 2/3, p3 = 1/2, p4 = 0 -> smoothed 0.1/1; equal lengths -> no brevity penalty
-    expected = (0.75 * (2 / 3) * 0.5 * 0.1) ** 0.25
-    assert metrics.sentence_bleu(hyp, [ref]) == pytest.approx(expected)
-    assert metrics.sentence_bleu(ref, [ref]) == pytest.approx(1.0)
+def test_self_bleu_by_hand():
+    # words: [the cat sat on .] vs [the cat sat here .], both ways: p1 = 4/5, p2 = 2/4, p3 = 1/3,
+    # p4 = 0/2 -> floored to 0.1/2; equal lengths -> no brevity penalty
+    expected = (0.8 * 0.5 * (1 / 3) * 0.05) ** 0.25
+    assert metrics.self_bleu("The cat sat on. The cat sat here.") == pytest.approx(expected)
 
 
-def test_sentence_bleu_brevity_penalty():
-    # p1 = p2 = 1, no 3/4-grams in a 2-token hypothesis -> 0.1 each; BP = exp(1 - 4/2)
-    expected = math.exp(-1) * (0.1 * 0.1) ** 0.25
-    assert metrics.sentence_bleu(["the", "cat"], [["the", "cat", "sat", "on"]]) == pytest.approx(expected)
+def test_self_bleu_short_sentence_uses_its_own_orders_and_brevity_penalty():
+    # [the cat .] vs [the cat sat on .]: orders 1-3 only (effective order), p1 = 3/3, p2 = 1/2, p3 = 0 -> 0.1/1,
+    # BP = exp(1 - 5/3); the other way p1 = 3/5, p2 = 1/4, p3 = 0.1/3, p4 = 0.1/2, no penalty
+    short = math.exp(1 - 5 / 3) * (1 * 0.5 * 0.1) ** (1 / 3)
+    long = (0.6 * 0.25 * (0.1 / 3) * (0.1 / 2)) ** 0.25
+    assert metrics.self_bleu("The cat. The cat sat on.") == pytest.approx((short + long) / 2)
 
 
 def test_self_bleu_within_one_response():
@@ -60,8 +61,9 @@ def test_spearman_by_hand():
     # rank differences 0, 1, 1, 0 -> rho = 1 - 6 * 2 / (4 * 15) = 0.8
     assert metrics.spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
     assert metrics.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
-    assert metrics.average_ranks([10, 20, 20, 30]) == [1, 2.5, 2.5, 4]
-    assert metrics.spearman([1, 1, 1], [1, 2, 3]) is None
+    # ties share their mean rank: x ranks 1, 2.5, 2.5, 4 -> Pearson of ranks with 1, 2, 3, 4 = 4.5 / sqrt(4.5 * 5)
+    assert metrics.spearman([10, 20, 20, 30], [1, 2, 3, 4]) == pytest.approx(4.5 / math.sqrt(4.5 * 5))
+    assert metrics.spearman([1, 1, 1], [1, 2, 3]) is None and metrics.spearman([1], [2]) is None
 
 
 def test_jaccard():

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import assert_one_line_error, run_cli
+from helpers import assert_one_line_error, run_cli, write_rows
 from layerprune.evaluate.project_tasks import probe_config
 from layerprune.evaluate.task_specs import TASKS
 from layerprune.prune.calib import arithmetic_calib
@@ -19,17 +19,11 @@ GSM_TRAIN = [{"question": f"Ann reads {i} pages a day for a whole week long. How
               "answer": f"7 * {i} = {7 * i}\n#### {7 * i}"} for i in range(8)]
 
 
-def write_rows(root: Path, dataset: str, split: str, rows: list[dict]) -> None:
-    (root / dataset).mkdir(parents=True, exist_ok=True)
-    (root / dataset / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
 @pytest.fixture
-def gsm_dir(tmp_path: Path) -> Path:
-    root = tmp_path / "data"
-    write_rows(root, "gsm8k", "test", GSM_TEST)
-    write_rows(root, "gsm8k", "train", GSM_TRAIN)
-    return root
+def gsm_dir(data_dir: Path) -> Path:
+    write_rows(data_dir, "gsm8k", "test", GSM_TEST)
+    write_rows(data_dir, "gsm8k", "train", GSM_TRAIN)
+    return data_dir
 
 
 def eval_questions(task: str, seed: int = 0) -> set[str]:

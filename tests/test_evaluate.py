@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from layerprune.cli import main
+from helpers import evaluate_cli, write_rows
 from layerprune.errors import LayerpruneError
 from layerprune.evaluate import EvalSettings, Summary, TaskResult, compare, load_suites, plan_tasks
 from layerprune.evaluate.handle import ModelHandle, applies_chat
@@ -26,35 +26,56 @@ GSM_ROWS = [{"question": f"Tom has {i} apples and buys 2 more. How many?", "answ
             for i in range(6)]
 
 
-def write_rows(root: Path, dataset: str, split: str, rows: list[dict]) -> None:
-    (root / dataset).mkdir(parents=True, exist_ok=True)
-    (root / dataset / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
 @pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    root = tmp_path / "data"
-    write_rows(root, "arc_easy", "test", ARC_ROWS)
-    write_rows(root, "arc_easy", "train", ARC_TRAIN)
-    write_rows(root, "gsm8k", "train", GSM_ROWS)
-    write_rows(root, "gsm8k", "test", GSM_ROWS)
-    return root
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()  # drop what fixtures printed
-    code = main(["evaluate", *argv])
-    out = capsys.readouterr()
-    return code, out.out, out.err
+def data_dir(data_dir: Path) -> Path:
+    write_rows(data_dir, "arc_easy", "test", ARC_ROWS)
+    write_rows(data_dir, "arc_easy", "train", ARC_TRAIN)
+    write_rows(data_dir, "gsm8k", "train", GSM_ROWS)
+    write_rows(data_dir, "gsm8k", "test", GSM_ROWS)
+    return data_dir
 
 
 # suites and names ---------------------------------------------------------------------------------------
 
+def known_to_lm_eval_or_runnable(planned: PlannedTask, data_dir: Path) -> None:
+    """The task is what lm-eval's own task index calls by its name, a probe that generates items, or our
+    protocol over files that are in the mirror; every file the plan reads is there."""
+    from layerprune.evaluate.lm_eval_index import index_entry
+    from layerprune.evaluate.offline import lm_eval_tasks_dir, needed_splits
+    from layerprune.probes import generate_probes
+
+    spec = planned.spec
+    if spec.source == "lm_eval":
+        entry = index_entry(spec.name, None)
+        assert entry is not None and entry.yaml_path is not None, spec.name
+        where = Path(entry.yaml_path).relative_to(lm_eval_tasks_dir())
+        assert spec.lm_eval_yaml in (str(where), str(where.parent)), (spec.name, where)
+    if spec.source == "probe":
+        items = generate_probes(spec.probe, 2, seed=0)
+        assert len(items) == 2 and all(item.prompt and item.answer for item in items), spec.name
+    if spec.dataset is not None:
+        for split in needed_splits(spec, planned.fewshot_pool):
+            assert (data_dir / spec.dataset / f"{split}.jsonl").is_file(), (spec.name, split)
+
+
 def test_every_suite_expands_to_known_tasks(shared_data):
+    from layerprune.evaluate.offline import needed_splits
+    from layerprune.evaluate.suites import expand
+
     for name in load_suites():  # paper's 5 shots: hellaswag, piqa, winogrande and boolq lack their pool offline
-        settings = EvalSettings(suite=name, fewshot_from_eval_split=True)
-        planned, skipped = plan_tasks(settings, shared_data) if name != "factual" else ([], {})
-        assert all(t.spec.name in TASKS for t in planned)
+        leaves = {task for task, _ in expand(name)}
+        try:
+            planned, skipped = plan_tasks(EvalSettings(suite=name, fewshot_from_eval_split=True), shared_data)
+        except LayerpruneError as exc:  # factual: triviaqa is not in the mirror
+            assert "nothing to evaluate" in str(exc) and name == "factual", exc
+            planned, skipped = [], dict.fromkeys(leaves, "")
+        assert {t.spec.name for t in planned} | set(skipped) == leaves, name  # nothing dropped silently
+        for task in skipped:  # optional, and a file it needs is really not in the mirror
+            spec = TASKS.get(task)
+            files = [shared_data / spec.dataset / f"{split}.jsonl" for split in needed_splits(spec)]
+            assert spec.optional and not all(f.is_file() for f in files), task
+        for task in planned:
+            known_to_lm_eval_or_runnable(task, shared_data)
     assert set(load_suites()) >= {"classification", "reasoning", "algorithmic", "factual", "quick", "paper"}
 
 
@@ -81,7 +102,7 @@ def test_cli_flag_beats_suite(shared_data):
 
 
 def test_list(capsys):
-    code, out, _ = run_cli(capsys, "--list")
+    code, out, _ = evaluate_cli(capsys, "--list")
     assert code == 0 and "quick" in out and "brackets_d8" in out and "arith_1dc" in out
 
 
@@ -102,22 +123,22 @@ def test_factual_without_data_is_a_clear_error(tmp_path, monkeypatch):
 ])
 def test_bad_input_is_one_line(capsys, tmp_path, tiny_llama, argv, expected):
     out = tmp_path / "out"
-    code, _, err = run_cli(capsys, "--model", str(tiny_llama), "--output", str(out), *argv)
+    code, _, err = evaluate_cli(capsys, "--model", str(tiny_llama), "--output", str(out), *argv)
     assert code == 2 and expected in err and err.count("\n") == 1
     assert not out.exists()
 
 
 def test_num_fewshot_larger_than_pool(capsys, tmp_path, tiny_llama, data_dir):
     write_rows(data_dir, "arc_easy", "train", ARC_ROWS[:5])
-    code, _, err = run_cli(capsys, "--model", str(tiny_llama), "--tasks", "arc_easy", "--num-fewshot", "6",
-                           "--data-dir", str(data_dir), "--output", str(tmp_path / "o"))
+    code, _, err = evaluate_cli(capsys, "--model", str(tiny_llama), "--tasks", "arc_easy", "--num-fewshot", "6",
+                                "--data-dir", str(data_dir), "--output", str(tmp_path / "o"))
     assert code == 2 and "few-shot pool" in err and "5 examples" in err
 
 
 def test_missing_data_names_dataset_and_path(capsys, tmp_path, tiny_llama, data_dir, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    code, _, err = run_cli(capsys, "--model", str(tiny_llama), "--tasks", "piqa", "--data-dir", str(data_dir),
-                           "--output", str(tmp_path / "o"))
+    code, _, err = evaluate_cli(capsys, "--model", str(tiny_llama), "--tasks", "piqa", "--data-dir", str(data_dir),
+                                "--output", str(tmp_path / "o"))
     assert code == 2 and "piqa" in err and str(data_dir / "piqa" / "validation.jsonl") in err
 
 
@@ -128,8 +149,8 @@ def test_model_without_tokenizer_files(capsys, tmp_path, tiny_llama, data_dir):
     shutil.copytree(tiny_llama, bare)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (bare / name).unlink(missing_ok=True)
-    code, _, err = run_cli(capsys, "--model", str(bare), "--tasks", "arith_1dc", "--limit", "1",
-                           "--output", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c"))
+    code, _, err = evaluate_cli(capsys, "--model", str(bare), "--tasks", "arith_1dc", "--limit", "1",
+                                "--output", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c"))
     assert code == 2 and "no tokenizer files" in err
 
 
@@ -137,7 +158,7 @@ def test_existing_output_is_not_overwritten(capsys, tmp_path, tiny_llama):
     out = tmp_path / "o"
     out.mkdir()
     (out / "keep").write_text("x")
-    code, _, err = run_cli(capsys, "--model", str(tiny_llama), "--tasks", "arith_1dc", "--output", str(out))
+    code, _, err = evaluate_cli(capsys, "--model", str(tiny_llama), "--tasks", "arith_1dc", "--output", str(out))
     assert code == 2 and "already exists" in err and (out / "keep").read_text() == "x"
 
 
@@ -219,7 +240,7 @@ def test_tiny_model_end_to_end_and_cache(capsys, tmp_path, tiny_llama, data_dir,
     args = ["--model", str(tiny_llama), "--tasks", "arc_easy,gsm8k,arith_1dc,brackets_d2,humaneval_plus",
             "--limit", "2", "--max-gen-toks", "4", "--data-dir", str(data_dir), "--output", str(tmp_path / "o"),
             "--cache-dir", str(tmp_path / "c"), "--num-fewshot", "1"]
-    code, out, err = run_cli(capsys, *args)
+    code, out, err = evaluate_cli(capsys, *args)
     assert code == 0, err
     summary = Summary.model_validate_json((tmp_path / "o" / "summary.json").read_text())
     assert {r.task for r in summary.results} == {"arc_easy", "gsm8k", "arith_1dc", "brackets_d2", "humaneval_plus"}
@@ -230,7 +251,7 @@ def test_tiny_model_end_to_end_and_cache(capsys, tmp_path, tiny_llama, data_dir,
     assert "exact_match,flexible-extract" in raw["results"]["gsm8k"]
     assert (tmp_path / "o" / "samples" / "humaneval_plus.jsonl").read_text().count("\n") == 2
     shutil.rmtree(tmp_path / "o")
-    code, out, _ = run_cli(capsys, *args)
+    code, out, _ = evaluate_cli(capsys, *args)
     assert code == 0 and "| no |" not in out and out.count("| yes |") == len(summary.results)
 
 
@@ -245,9 +266,9 @@ def test_comparison_with_tokenizer_warning(capsys, tmp_path, tiny_models, caplog
     tok = AutoTokenizer.from_pretrained(other)
     tok.add_tokens(["<extra_token>"])
     tok.save_pretrained(other)
-    code, out, err = run_cli(capsys, "--model", str(pruned), "--baseline", str(other), "--pruned", str(pruned),
-                             "--tasks", "brackets_d2", "--limit", "2", "--output", str(tmp_path / "cmp"),
-                             "--cache-dir", str(tmp_path / "c"))
+    code, out, err = evaluate_cli(capsys, "--model", str(pruned), "--baseline", str(other), "--pruned", str(pruned),
+                                  "--tasks", "brackets_d2", "--limit", "2", "--output", str(tmp_path / "cmp"),
+                                  "--cache-dir", str(tmp_path / "c"))
     assert code == 0, err
     assert "different tokenizer" in caplog.text
     for name in ("comparison.md", "comparison.json", "tasks_generative.png", "averages.png"):

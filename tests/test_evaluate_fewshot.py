@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from layerprune.cli import main
+from helpers import evaluate_cli, write_rows
 from layerprune.errors import LayerpruneError
 from layerprune.evaluate import EvalSettings, evaluate_model, plan_tasks
 from layerprune.evaluate.offline import SPLIT_KEYS, lm_eval_config, lm_eval_tasks_dir
@@ -21,18 +21,12 @@ ARC_TRAIN = [{**row, "id": f"t{i}", "question": f"Train question {i}?"} for i, r
 PIQA = [{"goal": f"Goal number {i}", "sol1": "do it", "sol2": "do not", "label": i % 2} for i in range(3)]
 
 
-def write_rows(root: Path, dataset: str, split: str, rows: list[dict]) -> None:
-    (root / dataset).mkdir(parents=True, exist_ok=True)
-    (root / dataset / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
 @pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    root = tmp_path / "data"
-    write_rows(root, "arc_easy", "test", ARC)
-    write_rows(root, "piqa", "validation", PIQA)
-    write_rows(root, "gsm8k", "test", [{"question": "1+1?", "answer": "2\n#### 2"}])
-    return root
+def data_dir(data_dir: Path) -> Path:
+    write_rows(data_dir, "arc_easy", "test", ARC)
+    write_rows(data_dir, "piqa", "validation", PIQA)
+    write_rows(data_dir, "gsm8k", "test", [{"question": "1+1?", "answer": "2\n#### 2"}])
+    return data_dir
 
 
 def test_registered_splits_are_lm_evals_own():
@@ -48,10 +42,8 @@ def test_registered_splits_are_lm_evals_own():
 
 def test_missing_pool_is_refused_naming_the_file(capsys, tmp_path, tiny_llama, data_dir):
     out = tmp_path / "o"
-    capsys.readouterr()  # drop what fixtures printed
-    code = main(["evaluate", "--model", str(tiny_llama), "--tasks", "arc_easy", "--num-fewshot", "2",
-                 "--data-dir", str(data_dir), "--output", str(out)])
-    err = capsys.readouterr().err
+    code, _, err = evaluate_cli(capsys, "--model", str(tiny_llama), "--tasks", "arc_easy", "--num-fewshot", "2",
+                                "--data-dir", str(data_dir), "--output", str(out))
     assert code == 2 and err.count("\n") == 1 and not out.exists()
     assert str(data_dir / "arc_easy" / "train.jsonl") in err and "--fewshot-from-eval-split" in err
     with pytest.raises(LayerpruneError, match="gsm8k/train.jsonl is missing"):  # its own default: 5 shots

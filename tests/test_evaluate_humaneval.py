@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from layerprune.cli import main
+from helpers import evaluate_cli, write_rows
 from layerprune.evaluate import Summary
 from layerprune.evaluate.project_tasks import humaneval_config
 from layerprune.evaluate.task_specs import TASKS
@@ -27,8 +27,7 @@ EARLY_EXITS = ["    import sys\n    sys.exit(0)\n", "    import os\n    os._exit
 
 
 def write_problems(root: Path, rows: list[dict]) -> Path:
-    (root / "humaneval_plus").mkdir(parents=True, exist_ok=True)
-    (root / "humaneval_plus" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_rows(root, "humaneval_plus", "test", rows)
     return root
 
 
@@ -103,20 +102,13 @@ def test_pass_at_k_is_the_unbiased_estimator():
     assert scores["pass@1"] == pytest.approx(0.3) and scores["pass@10"] == 1.0 and scores["maj@10"] == 0.0
 
 
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(["evaluate", *argv])
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def test_reference_solutions_and_statuses_in_samples(capsys, tmp_path, shared_data):
     rows = [json.loads(line) for line in (shared_data / "humaneval_plus" / "test.jsonl").open()][:2]
     huge = {"task_id": "Toy/4", "prompt": "def power(n):\n", "entry_point": "power", "test": "", "atol": 0,
             "canonical_solution": "    return 7 ** n\n", "base_input": [[6000]], "plus_input": []}  # > 4300 digits
     data = write_problems(tmp_path / "data", [*rows, huge])
-    code, out, err = run_cli(capsys, "--tasks", "humaneval_plus", "--reference-solutions", "--data-dir", str(data),
-                             "--output", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c"))
+    code, out, err = evaluate_cli(capsys, "--tasks", "humaneval_plus", "--reference-solutions", "--data-dir", str(data),
+                                  "--output", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c"))
     assert code == 0, err
     summary = Summary.model_validate_json((tmp_path / "o" / "summary.json").read_text())
     (row,) = summary.results
@@ -125,12 +117,12 @@ def test_reference_solutions_and_statuses_in_samples(capsys, tmp_path, shared_da
     assert [s["status"] for s in samples] == ["passed"] * 3
     assert "passed 3" in out
 
-    code, _, err = run_cli(capsys, "--tasks", "humaneval_plus,arith_1dc", "--reference-solutions",
-                           "--data-dir", str(data), "--output", str(tmp_path / "o2"))
+    code, _, err = evaluate_cli(capsys, "--tasks", "humaneval_plus,arith_1dc", "--reference-solutions",
+                                "--data-dir", str(data), "--output", str(tmp_path / "o2"))
     assert code == 2 and "error: --reference-solutions scores HumanEval+ only" in err
     assert not (tmp_path / "o2").exists()
-    code, _, err = run_cli(capsys, "--tasks", "humaneval_plus", "--reference-solutions", "--model", "embedded",
-                           "--data-dir", str(data), "--output", str(tmp_path / "o3"))
+    code, _, err = evaluate_cli(capsys, "--tasks", "humaneval_plus", "--reference-solutions", "--model", "embedded",
+                                "--data-dir", str(data), "--output", str(tmp_path / "o3"))
     assert code == 2 and "drop --model" in err and not (tmp_path / "o3").exists()
 
 
@@ -153,12 +145,11 @@ def test_samples_per_task_reports_greedy_and_pass_at_k(capsys, tmp_path, tiny_ll
     data = tmp_path / "data"
     gsm = [{"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"} for i in range(3)]
     for split in ("train", "test"):
-        (data / "gsm8k").mkdir(parents=True, exist_ok=True)
-        (data / "gsm8k" / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gsm))
-    code, out, err = run_cli(capsys, "--model", str(tiny_llama), "--tasks", "arith_1dc,gsm8k",
-                             "--limit", "1", "--max-gen-toks", "3", "--num-fewshot", "1", "--samples-per-task", "10",
-                             "--temperature", "0.7", "--data-dir", str(data), "--output", str(tmp_path / "o"),
-                             "--cache-dir", str(tmp_path / "c"))
+        write_rows(data, "gsm8k", split, gsm)
+    code, out, err = evaluate_cli(capsys, "--model", str(tiny_llama), "--tasks", "arith_1dc,gsm8k", "--limit", "1",
+                                  "--max-gen-toks", "3", "--num-fewshot", "1", "--samples-per-task", "10",
+                                  "--temperature", "0.7", "--data-dir", str(data), "--output", str(tmp_path / "o"),
+                                  "--cache-dir", str(tmp_path / "c"))
     assert code == 0, err
     summary = Summary.model_validate_json((tmp_path / "o" / "summary.json").read_text())
     metrics = {(r.task, r.metric): r for r in summary.results}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from huggingface_hub import ModelCard
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
 
 from layerprune.cli import build_parser, main
 from layerprune.models import drop_blocks
@@ -104,7 +104,7 @@ def _rows(n: int = 8) -> list[dict]:
     return [{"prompt": f"what is {i} + 1?", "response": f"The answer is {i + 1}.", "tokens": 5} for i in range(n)]
 
 
-def _trainer(model_dir: Path, tmp_path: Path, method: str, **train_fields):
+def _trainer(model_dir: Path, tmp_path: Path, method: str, teacher: Path | None = None, **train_fields):
     recipe = RecoverRecipe.model_validate({"method": method, "lora": {"r": 4}, "generate": {"max_new_tokens": 16},
                                            "train": {"max_steps": 2, "batch_size": 4, "grad_accum": 1, "warmup_steps": 0,
                                                      "learning_rate": 1e-2, "gradient_checkpointing": False,
@@ -112,8 +112,8 @@ def _trainer(model_dir: Path, tmp_path: Path, method: str, **train_fields):
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     args = train.sft_config(recipe, tmp_path / "trainer", torch.device("cpu"), "adamw_torch", 0, has_eval=False)
-    teacher = AutoModelForCausalLM.from_pretrained(model_dir) if method == "kd" else None
-    return train.make_trainer(recipe, model, tokenizer, args, train.to_dataset(_rows(), None), None, teacher)
+    teacher_model = AutoModelForCausalLM.from_pretrained(teacher or model_dir).eval() if method == "kd" else None
+    return train.make_trainer(recipe, model, tokenizer, args, train.to_dataset(_rows(), None), None, teacher_model)
 
 
 def test_lora_leaves_base_weights_unchanged_and_changes_the_adapter(tiny_llama, tmp_path):
@@ -134,12 +134,31 @@ def test_full_sft_changes_the_weights(tiny_llama, tmp_path):
     assert len(changed) > 0.9 * len(before)
 
 
-def test_kd_trains_the_adapter_towards_the_teacher(tiny_llama, tiny_models, tmp_path):
-    trainer = _trainer(tiny_llama, tmp_path, "kd")
-    trainer.teacher = AutoModelForCausalLM.from_pretrained(tiny_models("llama", 6)).eval()
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
+def _kl_to_teacher(trainer) -> float:
+    """Forward KL(teacher || student) per token over the training rows, as the student stands now."""
+    texts = [row["prompt"] + " " + row["response"] for row in _rows()]
+    batch = trainer.processing_class(texts, return_tensors="pt", padding=True)
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    mask = batch["attention_mask"].bool()
+    trainer.model.eval()
+    with torch.no_grad():
+        student = trainer.model(**inputs).logits[mask]
+        teacher = trainer.teacher(**inputs).logits[mask]
+    return float(train.forward_kl(student, teacher))
+
+
+def test_kd_trains_the_adapter_towards_the_teacher(tiny_llama, tmp_path):
+    from tiny import make_tiny_model
+
+    other = make_tiny_model(tmp_path / "teacher", "llama", 6, seed=1)  # same tokenizer, other weights
+    trainer = _trainer(tiny_llama, tmp_path, "kd", teacher=other, max_steps=4, learning_rate=3e-2)
+    before = _kl_to_teacher(trainer)
+    lora_b = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
     trainer.train()
-    assert all(not before[n].equal(p) for n, p in trainer.model.named_parameters() if n in before)
+    after = _kl_to_teacher(trainer)
+    assert before > 1e-3 and after < 0.85 * before  # the student moved towards a teacher it did not equal (0.71x)
+    moved = [float((p.detach() - lora_b[n]).abs().max()) for n, p in trainer.model.named_parameters() if n in lora_b]
+    assert moved and min(moved) > 1e-4  # the KL's gradient reached every adapter
 
 
 def test_forward_kl_is_zero_for_equal_distributions_and_positive_otherwise():
@@ -152,8 +171,14 @@ def test_nan_loss_stops_with_one_line_and_keeps_weights(tiny_llama, tmp_path):
     trainer = _trainer(tiny_llama, tmp_path, "lora")
     with torch.no_grad():
         next(p for n, p in trainer.model.named_parameters() if "embed" in n).fill_(float("nan"))
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     with pytest.raises(train.NonFiniteLossError, match="loss became nan at step 0; stopped .no checkpoint"):
         trainer.train()
+    after = dict(trainer.model.named_parameters())
+    # no optimizer step reached the weights: the adapters and every other weight are bit for bit as before, finite
+    assert all(torch.equal(before[n], after[n].detach()) for n in before if "embed" not in n)
+    assert all(after[n].detach().isfinite().all() for n in before if "embed" not in n)
+    assert not (tmp_path / "trainer").exists() or not list((tmp_path / "trainer").glob("checkpoint-*"))
 
 
 def test_lora_config_maps_the_flat_section():
@@ -184,7 +209,8 @@ def test_precedence_defaults_recipe_cli(tmp_path):
 
 def test_cli_resume_continues_from_the_last_checkpoint(pruned, prompts_file, tmp_path, monkeypatch, caplog):
     out = tmp_path / "rec"
-    args = ["--model", str(pruned), "--prompts", str(prompts_file), "-o", str(out), "--train-save-steps", "1"]
+    args = ["--model", str(pruned), "--prompts", str(prompts_file), "-o", str(out), "--train-save-steps", "1",
+            "--train-grad-accum", "1"]  # one training_step per optimizer step
 
     def crash(*_args, **_kwargs):
         raise KeyboardInterrupt
@@ -194,10 +220,14 @@ def test_cli_resume_continues_from_the_last_checkpoint(pruned, prompts_file, tmp
     assert (tmp_path / "rec.work" / "trainer" / "checkpoint-2").is_dir()
     monkeypatch.undo()
     caplog.set_level("INFO")
+    steps = []
+    step = Trainer.training_step
+    monkeypatch.setattr(Trainer, "training_step", lambda self, *a, **k: steps.append(1) or step(self, *a, **k))
     assert main(["recover", *args, *FAST[:-1], "--max-steps", "3", "--resume"]) == 0
     assert "resuming from" in caplog.text
     report = json.loads((out / "recover_report.json").read_text())
     assert report["data"]["generation"]["generated"] == 0 and report["data"]["steps"] == 3
+    assert len(steps) == 1 and report["data"]["resumed_from_step"] == 2  # step 3 only; without resume all three
 
 
 def test_dry_run_prints_a_memory_plan(pruned, capsys):

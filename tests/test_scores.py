@@ -114,14 +114,22 @@ def test_iterative_ablation_equals_naive_greedy(tiny_ctx, stacked):
 
 
 def test_influence_scores_match_hidden_states(tiny_ctx):
+    """Each block's score is its token-weighted mean of 1 - cos over every calibration batch, as computed from
+    the model's own hidden_states (hidden_states[l] is block l's input for l < L; the last is after the norm)."""
+    assert len(tiny_ctx.batches) >= 2  # batches of unequal padding: a per-batch mean would differ
     result = run_importance_score("block-influence", tiny_ctx)
-    batch = tiny_ctx.batches[0]
+    depth = len(tiny_ctx.stack)
+    totals = [[0.0, 0] for _ in range(depth - 1)]
     with torch.no_grad():
-        out = tiny_ctx.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True)
-    # hidden_states[l] is block l's input for l < L; compare block 1 on the first batch only when it is the only batch
-    if len(tiny_ctx.batches) == 1:
-        expect = block_influence(out.hidden_states[1], out.hidden_states[2], batch.attention_mask)
-        assert result.scores[1] == pytest.approx(expect[0] / expect[1], rel=1e-5)
+        for batch in tiny_ctx.batches:
+            out = tiny_ctx.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                 output_hidden_states=True)
+            for block, total in enumerate(totals):
+                value, count = block_influence(out.hidden_states[block], out.hidden_states[block + 1],
+                                               batch.attention_mask)
+                total[0] += value
+                total[1] += count
+    assert result.scores[: depth - 1] == pytest.approx([s / n for s, n in totals], rel=1e-5, abs=1e-6)
     assert all(0.0 <= s <= 2.0 for s in result.scores)
 
 

@@ -30,6 +30,17 @@ HUB_DATASETS: dict[str, tuple[str, str | None]] = {
 }
 
 
+OFFLINE_ENVS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+def hub_offline() -> bool:
+    """Whether the hub is off limits, read now and as huggingface_hub and datasets read it (1, true, yes or on, in
+    any case; huggingface_hub's own constant is read once at import, so tests that set the variable later count)."""
+    from huggingface_hub.constants import ENV_VARS_TRUE_VALUES
+
+    return any(os.environ.get(name, "").upper() in ENV_VARS_TRUE_VALUES for name in OFFLINE_ENVS)
+
+
 def resolve_data_dir(data_dir: str | os.PathLike[str] | None = None) -> Path | None:
     """--data-dir, else $LAYERPRUNE_DATA_DIR, else ../shared/data when it exists, else None (hub)."""
     if data_dir is not None:
@@ -99,7 +110,7 @@ def load_rows(dataset: str, split: str, data_dir: Path | None) -> list[dict[str,
 def _load_hub_rows(dataset: str, split: str, data_dir: Path | None) -> list[dict[str, Any]]:
     hub_path, name = HUB_DATASETS[dataset]
     where = f"{data_dir}/{dataset}/{split}.jsonl" if data_dir else f"<data-dir>/{dataset}/{split}.jsonl"
-    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
+    if hub_offline():
         raise LayerpruneError(f"no local data for {dataset}/{split} and the hub is offline: put it at {where} "
                               f"(--data-dir or ${DATA_ENV})")
     try:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from layerprune import __version__
 
 PACKAGES = ("torch", "transformers", "safetensors", "accelerate", "peft", "trl", "lm_eval", "datasets",
-            "huggingface_hub", "scikit-learn")
+            "huggingface_hub", "scikit-learn", "scipy", "sacrebleu", "nltk", "bitsandbytes")
 
 
 class GitState(BaseModel):

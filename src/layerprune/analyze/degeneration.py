@@ -115,8 +115,9 @@ def analyze_degeneration(config: DegenerationAnalysis, settings: RunSettings, ou
     report = {"config": config.model_dump(mode="json"), "variants": stats, "timings_s": timer.seconds,
               "cpu_s": timer.cpu_seconds,
               "definitions": {"rep_n": "1 - unique/total word n-grams within a response, mean over responses",
-                              "self_bleu_4": "BLEU-4 of each sentence against the other sentences of the same "
-                                             "response (responses with 2+ sentences), mean",
+                              "self_bleu_4": "sacrebleu sentence BLEU-4 (floor smoothing 0.1, effective order) of "
+                                             "each sentence against the other sentences of the same response "
+                                             "(responses with 2+ sentences), mean, in [0, 1]",
                               "mean_length_words": "words and punctuation tokens per response",
                               "study_rep_n": "rep_n on nltk word tokens, x 100 (the pruning study's scale)",
                               "study_self_bleu_4": "as the pruning study: nltk tokens, sentences under 4 tokens "

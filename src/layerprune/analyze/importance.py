@@ -115,6 +115,9 @@ def collect_scores(config: ImportanceAnalysis, settings: RunSettings, timer: Tim
 
 def analyze_importance(config: ImportanceAnalysis, settings: RunSettings, out: Path) -> dict[str, Any]:
     """Compute everything and write importance.json, heatmap.png, drops.png and summary.md into `out`."""
+    from layerprune.extras import require_extra
+
+    require_extra("analyze", "analyze importance")  # before any model loads
     timer = Timer()
     models, results = collect_scores(config, settings, timer)
     across_models = {task: compare_models(per_model) for task, per_model in results.items()}

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter
-from typing import Sequence
+from collections.abc import Sequence
 
 WORD = re.compile(r"\w+|[^\w\s]")
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
@@ -32,39 +31,16 @@ def critical_blocks(drops: Sequence[float], threshold: float) -> list[int]:
     return [index for index, drop in enumerate(drops) if drop > threshold]
 
 
-def average_ranks(values: Sequence[float]) -> list[float]:
-    """1-based ranks; tied values share the mean of their ranks."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    start = 0
-    while start < len(order):
-        end = start
-        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
-            end += 1
-        for position in range(start, end + 1):
-            ranks[order[position]] = (start + end) / 2 + 1
-        start = end + 1
-    return ranks
-
-
-def pearson(x: Sequence[float], y: Sequence[float]) -> float | None:
-    """Pearson correlation; None when either side is constant or shorter than 2."""
-    if len(x) != len(y):
-        raise ValueError(f"pearson needs equal lengths, got {len(x)} and {len(y)}")
-    if len(x) < 2:
-        return None
-    mx, my = sum(x) / len(x), sum(y) / len(y)
-    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
-    sxx = sum((a - mx) ** 2 for a in x)
-    syy = sum((b - my) ** 2 for b in y)
-    if sxx == 0 or syy == 0:
-        return None
-    return sxy / math.sqrt(sxx * syy)
-
-
 def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
-    """Spearman rank correlation (Pearson of average ranks); None when undefined."""
-    return pearson(average_ranks(x), average_ranks(y))
+    """Spearman rank correlation (scipy; ties share their mean rank); None when undefined (fewer than 2 values,
+    or one side constant)."""
+    if len(x) != len(y):
+        raise ValueError(f"spearman needs equal lengths, got {len(x)} and {len(y)}")
+    if len(x) < 2 or len(set(x)) < 2 or len(set(y)) < 2:
+        return None
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(x, y).statistic)
 
 
 def jaccard(a: set[int] | Sequence[int], b: set[int] | Sequence[int]) -> float | None:
@@ -129,36 +105,19 @@ def split_sentences(text: str) -> list[str]:
     return [part.strip() for part in SENTENCE_END.split(text) if part.strip()]
 
 
-def sentence_bleu(hypothesis: Sequence[str], references: Sequence[Sequence[str]], max_n: int = 4,
-                  epsilon: float = 0.1) -> float:
-    """BLEU-`max_n` of one tokenized sentence against references (uniform weights, clipped counts,
-    brevity penalty against the closest reference length, zero counts smoothed to `epsilon`)."""
-    if not hypothesis or not references:
-        return 0.0
-    log_precision = 0.0
-    for n in range(1, max_n + 1):
-        hyp = Counter(ngrams(hypothesis, n))
-        total = sum(hyp.values())
-        if total == 0:
-            log_precision += math.log(epsilon) / max_n  # shorter than n: smoothed like a zero count
-            continue
-        best: Counter[tuple[str, ...]] = Counter()
-        for reference in references:
-            best |= Counter(ngrams(reference, n))
-        clipped = sum(min(count, best[gram]) for gram, count in hyp.items())
-        log_precision += math.log((clipped or epsilon) / total) / max_n
-    closest = min((len(r) for r in references), key=lambda length: (abs(length - len(hypothesis)), length))
-    brevity = 1.0 if len(hypothesis) > closest else math.exp(1 - closest / len(hypothesis))
-    return brevity * math.exp(log_precision)
-
-
 def self_bleu(text: str, max_n: int = 4) -> float | None:
-    """Mean BLEU of each sentence against the other sentences of the same response; None under 2 sentences."""
-    sentences = [words(s) for s in split_sentences(text)]
+    """Mean sentence BLEU-`max_n` of each sentence against the other sentences of the same response, in [0, 1];
+    None under 2 sentences. sacrebleu on `words` tokens: clipped counts, brevity penalty against the closest
+    reference length, an order without matches floored to 0.1 matches, and a sentence shorter than `max_n` tokens
+    scored on the orders it has (sacrebleu's effective order)."""
+    from sacrebleu.metrics import BLEU
+
+    sentences = [" ".join(words(s)) for s in split_sentences(text)]
     sentences = [s for s in sentences if s]
     if len(sentences) < 2:
         return None
-    scores = [sentence_bleu(s, sentences[:i] + sentences[i + 1 :], max_n) for i, s in enumerate(sentences)]
+    bleu = BLEU(max_ngram_order=max_n, smooth_method="floor", smooth_value=0.1, tokenize="none", effective_order=True)
+    scores = [bleu.sentence_score(s, sentences[:i] + sentences[i + 1 :]).score / 100 for i, s in enumerate(sentences)]
     return sum(scores) / len(scores)
 
 
@@ -192,7 +151,8 @@ def study_tokens(text: str) -> list[str]:
 def study_self_bleu(text: str) -> float | None:
     """The pruning study's self-BLEU-4: nltk tokens, sentences under 4 tokens dropped, nltk's sentence_bleu
     (uniform weights, smoothing method1) of each sentence against the others, mean x 100; None under 2 sentences."""
-    from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu as nltk_bleu
+    from nltk.translate.bleu_score import SmoothingFunction
+    from nltk.translate.bleu_score import sentence_bleu as nltk_bleu
 
     sentences = [study_tokens(s) for s in split_sentences(text)]
     sentences = [s for s in sentences if len(s) >= STUDY_MIN_SENTENCE_TOKENS]

@@ -150,6 +150,9 @@ def elbow_report(series: dict[str, list[float]], critical: list[int]) -> dict[st
 def analyze_nmi(config: NmiAnalysis, settings: RunSettings, out: Path) -> dict[str, Any]:
     """Compute NMI/AMI over depth with the clustering noise, and the critical blocks; write nmi.json, nmi.png,
     summary.md."""
+    from layerprune.extras import require_extra
+
+    require_extra("analyze", "analyze nmi")  # before any model loads
     timer = Timer()
     source = resolve_model(config.model, settings)
     label = model_label(source)

@@ -146,7 +146,7 @@ def require_reachable(spec: TaskSpec, include_path: Path | None) -> None:
     """With the hub offline, refuse at planning (before any model loads) a task of lm-eval's that reads the hub."""
     from lm_eval.tasks._yaml_loader import load_yaml
 
-    from layerprune.evaluate.offline import hub_offline
+    from layerprune.data import hub_offline
 
     if not hub_offline() or user_entry(spec.name, include_path) is not None:
         return  # the user's own tasks may read local files; lm-eval reports what it cannot load

@@ -7,13 +7,12 @@ import functools
 import importlib.metadata
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from layerprune.data import DATA_ENV
+from layerprune.data import DATA_ENV, hub_offline
 from layerprune.errors import LayerpruneError
 from layerprune.evaluate.task_specs import TaskSpec
 
@@ -25,10 +24,6 @@ def lm_eval_tasks_dir() -> Path:
     import lm_eval.tasks
 
     return Path(lm_eval.tasks.__file__).parent
-
-
-def hub_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
 
 
 def split_path(data_dir: Path, dataset: str, split: str) -> Path:

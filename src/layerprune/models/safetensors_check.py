@@ -1,47 +1,47 @@
-"""Cheap integrity checks of safetensors files before loading them."""
+"""Integrity checks of safetensors files before loading them, by safetensors' own reader.
+
+`safe_open` refuses a header that is too short, too long for the file, not UTF-8 JSON or not a table of
+tensors, tensors whose offsets do not match their shapes, and a file whose data does not fill it to the end;
+`open_safetensors` turns that refusal into one line naming the file.
+"""
 
 from __future__ import annotations
 
-import json
-import struct
+import contextlib
+import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from layerprune.errors import LayerpruneError
+from layerprune.errors import LayerpruneError, one_line
+
+NOT_AN_OBJECT = re.compile(r"invalid type: (.+?), expected struct HashMetadata")
+
+
+@contextlib.contextmanager
+def open_safetensors(path: Path) -> Iterator[Any]:
+    """`safe_open(path, "pt")`; a file it refuses is a one-line LayerpruneError."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        handle = safe_open(path, "pt")
+    except SafetensorError as exc:
+        raise LayerpruneError(f"corrupt safetensors file {path}: {_reason(exc)}") from exc
+    with handle:
+        yield handle
+
+
+def _reason(exc: Exception) -> str:
+    message = one_line(exc).removeprefix("Error while deserializing header: ")
+    if match := NOT_AN_OBJECT.search(message):  # serde's words for a top-level value that is not a table
+        return f"header is valid JSON but not an object (a {match[1]})"
+    return message
 
 
 def check_safetensors_file(path: Path) -> None:
-    """Fail with one line when the header is unreadable or the file is shorter than it says."""
-    size = path.stat().st_size
-    with path.open("rb") as handle:
-        raw = handle.read(8)
-        if len(raw) < 8:
-            raise LayerpruneError(f"corrupt safetensors file {path}: too short to hold a header")
-        (header_len,) = struct.unpack("<Q", raw)
-        if header_len <= 0 or 8 + header_len > size:
-            raise LayerpruneError(f"corrupt safetensors file {path}: header length {header_len} exceeds file size {size}")
-        try:
-            header = json.loads(handle.read(header_len))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise LayerpruneError(f"corrupt safetensors file {path}: unreadable header ({exc})") from exc
-    end = max((_data_end(path, key, meta) for key, meta in _entries(path, header)), default=0)
-    if 8 + header_len + end > size:
-        raise LayerpruneError(
-            f"truncated safetensors file {path}: tensors need {8 + header_len + end} bytes, file has {size}"
-        )
-
-
-def _entries(path: Path, header: object) -> list[tuple[str, object]]:
-    if not isinstance(header, dict):
-        raise LayerpruneError(f"corrupt safetensors file {path}: header is JSON but not an object "
-                              f"({type(header).__name__})")
-    return [(key, meta) for key, meta in header.items() if key != "__metadata__"]
-
-
-def _data_end(path: Path, key: str, meta: object) -> int:
-    offsets = meta.get("data_offsets") if isinstance(meta, dict) else None
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
-        raise LayerpruneError(f"corrupt safetensors file {path}: tensor '{key}' has no valid data_offsets")
-    return offsets[1]
+    """Fail with one line when safetensors cannot read the header or the file is not as long as it says."""
+    with open_safetensors(path):
+        pass
 
 
 def check_model_dir_weights(path: Path, allow_pickle: bool) -> None:

@@ -20,6 +20,7 @@ import torch
 
 from layerprune.errors import LayerpruneError
 from layerprune.models.blocks import STACK_PATHS, check_block_indices, drop_blocks, find_decoder_stack
+from layerprune.models.safetensors_check import open_safetensors
 
 INDEX_NAME = "model.safetensors.index.json"
 SIDE_FILES = ("generation_config.json",)
@@ -40,8 +41,6 @@ class Checkpoint:
 
 def read_checkpoint(directory: Path) -> Checkpoint:
     """The tensor -> file map, from the index json or from the headers of the *.safetensors files."""
-    from safetensors import safe_open
-
     index = directory / INDEX_NAME
     if index.is_file():
         weight_map = json.loads(index.read_text())["weight_map"]
@@ -54,7 +53,7 @@ def read_checkpoint(directory: Path) -> Checkpoint:
         raise LayerpruneError(f"{directory} holds no *.safetensors files")
     weight_map = {}
     for file in files:
-        with safe_open(file, "pt") as handle:
+        with open_safetensors(file) as handle:
             weight_map.update({key: file.name for key in handle.keys()})
     return Checkpoint(directory, weight_map)
 
@@ -156,15 +155,13 @@ def _numel(shape: Sequence[int]) -> int:
 @contextlib.contextmanager
 def _open_lazy(checkpoint: Checkpoint) -> Iterator[Any]:
     """`get(name)` -> the tensor mapped from its file; files open on first use and close on exit."""
-    from safetensors import safe_open
-
     with contextlib.ExitStack() as stack:
         handles: dict[str, Any] = {}
 
         def get(name: str) -> torch.Tensor:
             file = checkpoint.weight_map[name]
             if file not in handles:
-                handles[file] = stack.enter_context(safe_open(checkpoint.directory / file, "pt"))
+                handles[file] = stack.enter_context(open_safetensors(checkpoint.directory / file))
             return handles[file].get_tensor(name)
 
         yield get
@@ -172,12 +169,10 @@ def _open_lazy(checkpoint: Checkpoint) -> Iterator[Any]:
 
 def count_parameters(checkpoint: Checkpoint, names: Sequence[str] | None = None) -> int:
     """Elements stored in the checkpoint (all tensors, or `names`), read from the headers."""
-    from safetensors import safe_open
-
     wanted = set(checkpoint.weight_map if names is None else names)
     total = 0
     for file in checkpoint.files:
-        with safe_open(checkpoint.directory / file, "pt") as handle:
+        with open_safetensors(checkpoint.directory / file) as handle:
             total += sum(_numel(handle.get_slice(k).get_shape()) for k in handle.keys() if k in wanted)
     return total
 

@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -46,15 +47,15 @@ def checkpoint_dtype(config: Any, directory: Path | None = None) -> torch.dtype 
 
 
 def _safetensors_dtype(directory: Path) -> torch.dtype | None:
+    from layerprune.models.safetensors_check import open_safetensors
+
     names = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
-    counts: dict[torch.dtype, int] = {}
+    counts: Counter[torch.dtype] = Counter()
     for path in sorted(directory.glob("*.safetensors"))[:1]:
-        with path.open("rb") as handle:
-            header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
-        for name, info in header.items():
-            if name != "__metadata__" and info.get("dtype") in names:
-                counts[names[info["dtype"]]] = counts.get(names[info["dtype"]], 0) + 1
-    return max(counts, key=counts.get) if counts else None
+        with open_safetensors(path) as handle:
+            found = (handle.get_slice(name).get_dtype() for name in handle.keys())
+            counts.update(names[dtype] for dtype in found if dtype in names)
+    return counts.most_common(1)[0][0] if counts else None
 
 
 def cast_state_dict(model: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:

@@ -27,7 +27,7 @@ EVAL_TASKS = ("gsm8k", "gsm8k_boxed_chat")  # evaluate tasks whose samples are G
 SHOWN = ("responses", "study_rep_2", "study_rep_4", "study_self_bleu_4", "rep_2", "self_bleu_4", "mean_length_words")
 DEFINITIONS = {
     "rep_n": "1 - unique/total word n-grams within a response, mean over responses (regex words)",
-    "self_bleu_4": "BLEU-4 of each sentence against the other sentences of the same response, mean",
+    "self_bleu_4": "sacrebleu sentence BLEU-4 of each sentence against the other sentences of the same response, mean",
     "study_rep_n": "rep_n on nltk word tokens, x 100 (the pruning study's scale)",
     "study_self_bleu_4": "as the pruning study: nltk tokens, sentences under 4 tokens dropped, nltk sentence_bleu "
                          "(method1 smoothing) of each sentence against the others, mean x 100",

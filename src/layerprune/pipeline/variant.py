@@ -148,6 +148,9 @@ def compare(study: VariantStudy, report: dict[str, Any], seed: int) -> dict[str,
 def run_variant_study(study: VariantStudy, settings: RunSettings) -> Path:
     """Every incomplete stage; returns variant.md."""
     from layerprune.analyze.records import write_json
+    from layerprune.extras import require_extra
+
+    require_extra("analyze", "the variant study")  # before the variant is trained
 
     root = study.run_dir()
     root.mkdir(parents=True, exist_ok=True)

@@ -53,6 +53,10 @@ def check_runnable(recipe: RecoverRecipe, settings: RunSettings) -> None:
     device = settings.resolved_device()
     if recipe.method == "qlora" and (device.type != "cuda" or not torch.cuda.is_available()):
         raise LayerpruneError("method qlora needs a CUDA GPU (bitsandbytes 4-bit); on this machine use --method lora")
+    if recipe.method == "qlora" or recipe.train.optimizer in memory.EIGHT_BIT:
+        from layerprune.extras import require_extra
+
+        require_extra("qlora", "method qlora" if recipe.method == "qlora" else f"train.optimizer {recipe.train.optimizer}")
     if recipe.generate.backend == "vllm":
         selfgen.check_vllm()
 
@@ -282,6 +286,10 @@ def fine_tune(recipe: RecoverRecipe, student: ModelSource, teacher: str, rows: l
                                seq_len=min(longest, recipe.train.max_length), teacher=teacher)
     for note in plan.notes:
         log.warning("memory plan: %s", note)
+    if optimizer in memory.EIGHT_BIT:  # the plan switched to it
+        from layerprune.extras import require_extra
+
+        require_extra("qlora", f"the memory plan's optimizer {optimizer}")
     trainer_dir = job.work / "trainer"
     resume_from = prepare_trainer_dir(trainer_dir, job.resume)
     # the KD teacher is used whole on every process: loaded before the training config, so ZeRO-3 leaves it alone
