@@ -47,7 +47,7 @@ def main() -> None:
         naive_s += seconds
         fast, seconds = timed(ablate_blocks, loaded.model, batches)
         fast_s += seconds
-    diff = max(abs(a - b) for a, b in zip(fast.ablated_nll, naive.ablated_nll))
+    diff = max(abs(a - b) for a, b in zip(fast.ablated_nll, naive.ablated_nll, strict=False))
     print(f"model {args.model}: {depth} blocks, task {args.task}, {len(items)} items, {tokens} tokens, "
           f"torch threads {torch.get_num_threads()}")
     print(f"naive loop (full forward per skipped block): {naive_s / args.repeats:.2f} s")

@@ -94,7 +94,7 @@ def compare(args: argparse.Namespace) -> None:
     block = run("block-major", args)
     size = sum(p.stat().st_size for p in Path(block["location"]).glob("*.safetensors"))
     mib = 2**20
-    diff = max(abs(a - b) for a, b in zip(memory["scores"], block["scores"]) if a is not None)
+    diff = max(abs(a - b) for a, b in zip(memory["scores"], block["scores"], strict=False) if a is not None)
     print(f"{args.model}: checkpoint {size / mib:.0f} MiB (float32), cap = a third = {size / 3 / mib:.0f} MiB; "
           f"{args.score}, {args.samples} arithmetic items")
     print(f"{'scorer':>12s} {'peak RSS over idle':>18s} {'/ model':>8s} {'under cap':>9s} {'score s':>8s}  dropped")

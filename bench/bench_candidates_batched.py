@@ -47,7 +47,7 @@ def main() -> None:
     start = time.perf_counter()
     together = generated_correct_per_candidate(ctx, calib.items, skips)
     together_s = time.perf_counter() - start
-    agree = sum(a == b for c in skips for a, b in zip(each[c], together[c]))
+    agree = sum(a == b for c in skips for a, b in zip(each[c], together[c], strict=False))
     total = len(skips) * len(calib.items)
     print(f"{args.model}: {len(calib.items)} GSM8K-train items x {len(skips)} models (full + skip one of "
           f"{args.candidates}), batch {args.batch_size}, up to {args.max_new_tokens} new tokens")

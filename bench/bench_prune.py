@@ -100,7 +100,13 @@ def run_arm(arm: str, args) -> dict:  # noqa: ANN001
         result = _run_once(arm, args, loaded, stack, calib, batches, depth)
         times.append(time.perf_counter() - start)
     seconds = sorted(times)[len(times) // 2]
-    return {"arm": arm, "seconds": seconds, "peak_rss_mb": rss_mb(), "arm_rss_mb": rss_mb() - base_rss, "result": result}
+    return {
+        "arm": arm,
+        "seconds": seconds,
+        "peak_rss_mb": rss_mb(),
+        "arm_rss_mb": rss_mb() - base_rss,
+        "result": result,
+    }
 
 
 def _run_once(arm, args, loaded, stack, calib, batches, depth):  # noqa: ANN001, ANN202, C901
@@ -114,8 +120,10 @@ def _run_once(arm, args, loaded, stack, calib, batches, depth):  # noqa: ANN001,
             for b in batches:
                 loaded.model(input_ids=b.input_ids, attention_mask=b.attention_mask, use_cache=False)
     elif arm in ("influence", "angular"):
-        result = run_importance_score("block-influence" if arm == "influence" else "angular",
-                              context(loaded, stack, calib, batches, args.drop, False)).drop
+        result = run_importance_score(
+            "block-influence" if arm == "influence" else "angular",
+            context(loaded, stack, calib, batches, args.drop, False),
+        ).drop
     elif arm == "naive_oneshot":
         result = [naive_loss(loaded.model, stack, batches, [c]) for c in range(depth)]
     elif arm in ("fast_oneshot", "fast_oneshot_stacked"):
@@ -125,8 +133,11 @@ def _run_once(arm, args, loaded, stack, calib, batches, depth):  # noqa: ANN001,
     elif arm == "naive_iterative":
         dropped: list[int] = []
         for _ in range(args.drop):
-            losses = {c: naive_loss(loaded.model, stack, batches, sorted([*dropped, c]))
-                      for c in range(1, depth) if c not in dropped}
+            losses = {
+                c: naive_loss(loaded.model, stack, batches, sorted([*dropped, c]))
+                for c in range(1, depth)
+                if c not in dropped
+            }
             dropped.append(min(losses, key=lambda c: (losses[c], -c)))
         result = sorted(dropped)
     elif arm == "fast_iterative":
@@ -138,9 +149,24 @@ def _run_once(arm, args, loaded, stack, calib, batches, depth):  # noqa: ANN001,
 
 
 def spawn(arm: str, args) -> dict:  # noqa: ANN001
-    cmd = [sys.executable, __file__, "--arm", arm, "--samples", str(args.samples), "--seq-len", str(args.seq_len),
-           "--batch-size", str(args.batch_size), "--drop", str(args.drop), "--calib", args.calib,
-           "--repeats", str(args.repeats)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--arm",
+        arm,
+        "--samples",
+        str(args.samples),
+        "--seq-len",
+        str(args.seq_len),
+        "--batch-size",
+        str(args.batch_size),
+        "--drop",
+        str(args.drop),
+        "--calib",
+        args.calib,
+        "--repeats",
+        str(args.repeats),
+    ]
     if args.model:
         cmd += ["--model", args.model]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"})
@@ -161,8 +187,13 @@ def ratio_rows(r: dict, drop: int) -> list[tuple[str, float, str]]:
     if "reload_iterative_step1" in r:
         depth = len(r["reload_iterative_step1"]["result"]) + 1
         scale = sum(depth - 1 - k for k in range(drop)) / (depth - 1)
-        add("iterative ablation vs save+reload per candidate*", "fast_iterative", "reload_iterative_step1",
-            "reference implementation", scale)
+        add(
+            "iterative ablation vs save+reload per candidate*",
+            "fast_iterative",
+            "reload_iterative_step1",
+            "reference implementation",
+            scale,
+        )
     add("block-influence vs one forward pass", "influence", "forward", "target <= 1.20")
     add("angular vs one forward pass", "angular", "forward", "target <= 1.20")
     return rows
@@ -176,10 +207,12 @@ def report(r: dict, drop: int) -> None:
     for arm, res in r.items():
         print(f"  {arm:24s} {res['seconds']:8.1f} s  {res['peak_rss_mb']:7.0f} / {res['arm_rss_mb']:6.0f}")
     if "naive_oneshot" in r and "fast_oneshot" in r:
-        diff = max(abs(a - b) for a, b in zip(r["naive_oneshot"]["result"], r["fast_oneshot"]["result"]))
+        diff = max(abs(a - b) for a, b in zip(r["naive_oneshot"]["result"], r["fast_oneshot"]["result"], strict=False))
         print(f"\nmax |naive - fast| one-shot loss: {diff:.2e}")
     if "naive_oneshot" in r and "fast_oneshot_stacked" in r:
-        diff = max(abs(a - b) for a, b in zip(r["naive_oneshot"]["result"], r["fast_oneshot_stacked"]["result"]))
+        diff = max(
+            abs(a - b) for a, b in zip(r["naive_oneshot"]["result"], r["fast_oneshot_stacked"]["result"], strict=False)
+        )
         print(f"max |naive - fast, all candidates stacked| one-shot loss: {diff:.2e}")
     if "naive_iterative" in r and "fast_iterative" in r:
         print(f"iterative drops: naive {r['naive_iterative']['result']}, fast {r['fast_iterative']['result']}")

@@ -39,10 +39,22 @@ def main() -> None:
     depth = len(stack)
     candidates = sorted(int(c) for c in args.candidates.split(","))
     half = args.items // 2  # one- and two-digit sums: a small model gets many right, so agreement is not trivial
-    probes = arithmetic_probes(half, kind="digits", digits=1) + arithmetic_probes(args.items - half, kind="digits", digits=2)
+    probes = arithmetic_probes(half, kind="digits", digits=1) + arithmetic_probes(
+        args.items - half, kind="digits", digits=2
+    )
     calib = CalibSet([CalibItem(p.prompt, p.answer, p.answer.strip()) for p in probes], "arithmetic sums")
-    ctx = ScoreContext(model=loaded.model, tokenizer=loaded.tokenizer, stack=stack, batches=[], calib=calib,
-                       drop=1, protected=[], metric="accuracy", batch_size=args.batch_size, max_new_tokens=8)
+    ctx = ScoreContext(
+        model=loaded.model,
+        tokenizer=loaded.tokenizer,
+        stack=stack,
+        batches=[],
+        calib=calib,
+        drop=1,
+        protected=[],
+        metric="accuracy",
+        batch_size=args.batch_size,
+        max_new_tokens=8,
+    )
     items = calib.items
     start = time.perf_counter()
     forced = teacher_forced_correct(ctx, items, list(range(depth)), candidates)
@@ -50,16 +62,23 @@ def main() -> None:
     start = time.perf_counter()
     generated = {c: generated_correct(ctx, items, [] if c == -1 else [c]) for c in [-1, *candidates]}
     generated_s = time.perf_counter() - start
-    agree = sum(a == b for c in generated for a, b in zip(forced[c], generated[c]))
+    agree = sum(a == b for c in generated for a, b in zip(forced[c], generated[c], strict=False))
     total = sum(len(v) for v in generated.values())
-    print(f"{args.model}: {len(items)} arithmetic items (1- and 2-digit sums, 3-shot) x {len(generated)} models (full + skip one of {candidates})")
+    print(
+        f"{args.model}: {len(items)} arithmetic items (1- and 2-digit sums, 3-shot) x {len(generated)} models "
+        f"(full + skip one of {candidates})"
+    )
     print(f"{'model':>10s} {'teacher-forced acc':>18s} {'generated acc':>13s} {'disagreements':>13s}")
     for c in generated:
-        diff = sum(a != b for a, b in zip(forced[c], generated[c]))
-        print(f"{'full' if c == -1 else f'skip {c}':>10s} {sum(forced[c]) / len(items):18.3f} "
-              f"{sum(generated[c]) / len(items):13.3f} {diff:13d}")
+        diff = sum(a != b for a, b in zip(forced[c], generated[c], strict=False))
+        print(
+            f"{'full' if c == -1 else f'skip {c}':>10s} {sum(forced[c]) / len(items):18.3f} "
+            f"{sum(generated[c]) / len(items):13.3f} {diff:13d}"
+        )
     print(f"agreement: {agree}/{total} verdicts = {agree / total:.2%}")
-    print(f"time: teacher-forced {forced_s:.1f} s, generation {generated_s:.1f} s, speedup {generated_s / forced_s:.1f}x")
+    print(
+        f"time: teacher-forced {forced_s:.1f} s, generation {generated_s:.1f} s, speedup {generated_s / forced_s:.1f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -92,10 +92,10 @@ def timed(fn, device: str) -> tuple[float, object]:  # noqa: ANN001
 
 
 def time_ablation(model_dir: Path, device: str, samples: int, drop: int, seq_len: int, batch_size: int) -> dict:
-    """Prefix-reuse ablation (run_importance_score) vs bench_prune.naive_loss loops, same batches, on `device` in bf16."""
+    """Prefix-reuse ablation (run_importance_score) vs bench_prune.naive_loss loops, same batches, on `device`, bf16."""
     import torch
-
     from bench_prune import naive_loss
+
     from layerprune.models import find_decoder_stack, load_model
     from layerprune.prune.calib import load_calibration, tokenize_calibration
     from layerprune.prune.scores import ScoreContext, run_importance_score
@@ -108,14 +108,23 @@ def time_ablation(model_dir: Path, device: str, samples: int, drop: int, seq_len
     depth = len(stack)
 
     def ctx(iterative: bool) -> ScoreContext:
-        return ScoreContext(model=model, tokenizer=loaded.tokenizer, stack=stack, batches=batches, calib=calib,
-                            drop=drop, protected=[0], iterative=iterative)
+        return ScoreContext(
+            model=model,
+            tokenizer=loaded.tokenizer,
+            stack=stack,
+            batches=batches,
+            calib=calib,
+            drop=drop,
+            protected=[0],
+            iterative=iterative,
+        )
 
     def naive_iterative() -> list[int]:
         dropped: list[int] = []
         for _ in range(drop):
-            losses = {c: naive_loss(model, stack, batches, sorted([*dropped, c])) for c in range(1, depth)
-                      if c not in dropped}
+            losses = {
+                c: naive_loss(model, stack, batches, sorted([*dropped, c])) for c in range(1, depth) if c not in dropped
+            }
             dropped.append(min(losses, key=lambda c: (losses[c], -c)))
         return sorted(dropped)
 
@@ -125,15 +134,29 @@ def time_ablation(model_dir: Path, device: str, samples: int, drop: int, seq_len
     t_naive1, naive1 = timed(lambda: [naive_loss(model, stack, batches, [c]) for c in range(depth)], device)
     t_fast1, res = timed(lambda: run_importance_score("ablation", ctx(False)), device)
     fast1 = [None if s is None else s + res.details["base"] for s in res.scores]
-    diffs = [abs(a - b) for a, b in zip(naive1, fast1) if b is not None]
+    diffs = [abs(a - b) for a, b in zip(naive1, fast1, strict=False) if b is not None]
     t_naive_it, naive_drop = timed(naive_iterative, device)
     t_fast_it, fast_res = timed(lambda: run_importance_score("ablation", ctx(True)), device)
-    return dict(depth=depth, batches=len(batches), tokens=int(sum(b.input_ids.numel() for b in batches)),
-                oneshot=dict(naive_s=round(t_naive1, 3), fast_s=round(t_fast1, 3), ratio=round(t_fast1 / t_naive1, 3),
-                             max_abs_loss_diff=max(diffs), fast_drop=sorted(res.drop)),
-                iterative=dict(naive_s=round(t_naive_it, 3), fast_s=round(t_fast_it, 3),
-                               ratio=round(t_fast_it / t_naive_it, 3), naive_drop=naive_drop,
-                               fast_drop=sorted(fast_res.drop), same=naive_drop == sorted(fast_res.drop)))
+    return dict(
+        depth=depth,
+        batches=len(batches),
+        tokens=int(sum(b.input_ids.numel() for b in batches)),
+        oneshot=dict(
+            naive_s=round(t_naive1, 3),
+            fast_s=round(t_fast1, 3),
+            ratio=round(t_fast1 / t_naive1, 3),
+            max_abs_loss_diff=max(diffs),
+            fast_drop=sorted(res.drop),
+        ),
+        iterative=dict(
+            naive_s=round(t_naive_it, 3),
+            fast_s=round(t_fast_it, 3),
+            ratio=round(t_fast_it / t_naive_it, 3),
+            naive_drop=naive_drop,
+            fast_drop=sorted(fast_res.drop),
+            same=naive_drop == sorted(fast_res.drop),
+        ),
+    )
 
 
 def run_sub(cmd: list[str], timeout: int) -> dict:
@@ -143,7 +166,10 @@ def run_sub(cmd: list[str], timeout: int) -> dict:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         code, text = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
-        code, text = "timeout", (exc.stdout or b"").decode(errors="replace") + (exc.stderr or b"").decode(errors="replace")
+        code, text = (
+            "timeout",
+            (exc.stdout or b"").decode(errors="replace") + (exc.stderr or b"").decode(errors="replace"),
+        )
     print(text[-4000:], flush=True)
     return dict(cmd=" ".join(cmd), returncode=code, seconds=round(time.perf_counter() - start, 1), tail=text[-3000:])
 
@@ -175,8 +201,12 @@ def environment(device: str) -> dict:
     import torch
     import transformers
 
-    env = dict(python=sys.version.split()[0], torch=torch.__version__, transformers=transformers.__version__,
-               cuda=torch.cuda.is_available())
+    env = dict(
+        python=sys.version.split()[0],
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        cuda=torch.cuda.is_available(),
+    )
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(0)
     for name in ("pydantic", "peft", "trl", "datasets", "bitsandbytes", "accelerate"):
@@ -205,21 +235,57 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_model(Path(tmp) / "model", args.tiny)
         if "prune" not in skip:
-            step("prune", results, args.out,
-                 lambda: check_prune(model_dir, Path(tmp) / "pruned", args.device, args.samples, args.drop))
+            step(
+                "prune",
+                results,
+                args.out,
+                lambda: check_prune(model_dir, Path(tmp) / "pruned", args.device, args.samples, args.drop),
+            )
         if "ablation" not in skip:
-            step("ablation_timing", results, args.out, lambda: time_ablation(
-                model_dir, args.device, args.samples, args.drop, args.seq_len, args.batch_size))
+            step(
+                "ablation_timing",
+                results,
+                args.out,
+                lambda: time_ablation(model_dir, args.device, args.samples, args.drop, args.seq_len, args.batch_size),
+            )
     if "qlora" not in skip:
         if args.device.startswith("cuda"):
             step("bitsandbytes", results, args.out, check_bnb)
-        step("qlora_gpu_tests", results, args.out, lambda: run_sub(
-            [sys.executable, "-m", "pytest", "-q", "-x", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_recover.py"],
-            args.sub_timeout))
+        step(
+            "qlora_gpu_tests",
+            results,
+            args.out,
+            lambda: run_sub(
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "-x",
+                    "-m",
+                    "gpu",
+                    "-p",
+                    "no:cacheprovider",
+                    "tests/test_recover.py",
+                ],
+                args.sub_timeout,
+            ),
+        )
     if "recover_memory" not in skip:
-        step("recover_memory", results, args.out, lambda: run_sub(
-            [sys.executable, "bench/bench_recover.py", "--device", "cuda" if args.device.startswith("cuda") else "cpu"],
-            args.sub_timeout))
+        step(
+            "recover_memory",
+            results,
+            args.out,
+            lambda: run_sub(
+                [
+                    sys.executable,
+                    "bench/bench_recover.py",
+                    "--device",
+                    "cuda" if args.device.startswith("cuda") else "cpu",
+                ],
+                args.sub_timeout,
+            ),
+        )
     summarize(results)
 
 
@@ -227,20 +293,33 @@ def summarize(results: dict) -> None:
     print("\n===== summary", flush=True)
     prune, abl = results.get("prune", {}), results.get("ablation_timing", {})
     if "ok" in prune:
-        print(f"prune_model bf16: ok={prune['ok']} blocks {prune['num_blocks']} in {prune['prune_seconds']} s "
-              f"(timings {prune['timings']}), dropped {prune['dropped']}, reload loss {prune['reload_loss']}")
+        print(
+            f"prune_model bf16: ok={prune['ok']} blocks {prune['num_blocks']} in {prune['prune_seconds']} s "
+            f"(timings {prune['timings']}), dropped {prune['dropped']}, reload loss {prune['reload_loss']}"
+        )
     if "oneshot" in abl:
         for kind in ("oneshot", "iterative"):
             r = abl[kind]
-            print(f"ablation {kind:9s}: fast {r['fast_s']:.3f} s vs naive {r['naive_s']:.3f} s -> ratio {r['ratio']:.3f}")
-        print(f"one-shot max |naive - fast| loss {abl['oneshot']['max_abs_loss_diff']:.2e}; iterative same drops: "
-              f"{abl['iterative']['same']}")
+            print(
+                f"ablation {kind:9s}: fast {r['fast_s']:.3f} s vs naive {r['naive_s']:.3f} s -> ratio {r['ratio']:.3f}"
+            )
+        print(
+            f"one-shot max |naive - fast| loss {abl['oneshot']['max_abs_loss_diff']:.2e}; iterative same drops: "
+            f"{abl['iterative']['same']}"
+        )
     for name in ("bitsandbytes", "qlora_gpu_tests", "recover_memory"):
         if name in results:
             r = results[name]
-            print(f"{name}: " + (r["error"] if "error" in r else
-                                 f"returncode {r.get('returncode', 'ok')} ({r.get('seconds', '')} s)" if "returncode" in r
-                                 else json.dumps(r)))
+            print(
+                f"{name}: "
+                + (
+                    r["error"]
+                    if "error" in r
+                    else f"returncode {r.get('returncode', 'ok')} ({r.get('seconds', '')} s)"
+                    if "returncode" in r
+                    else json.dumps(r)
+                )
+            )
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
@@ -32,7 +32,11 @@ def skip_reference_logits(model, input_ids: torch.Tensor, skip: Sequence[int]) -
 
 def fingerprint(path: Path) -> dict[str, str]:
     """Every file under `path` with its sha256 (to check an input was left untouched)."""
-    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    }
 
 
 def run_cli(capsys, argv: Sequence[str]) -> tuple[int, str, str]:  # noqa: ANN001
@@ -89,6 +93,16 @@ def write_lineage(out: Path, teacher: Path, dropped: list[int], kept: list[int],
     from layerprune.reports import write_report
 
     source = SourceRecord(spec=str(teacher), location=str(teacher), kind="local", identity={})
-    write_report(out / PRUNE_REPORT, PrunedLineage(
-        source=source, method=PruneMethod(score="explicit"), calibration=None, dropped=dropped, kept=kept,
-        num_blocks_before=before, num_blocks_after=len(kept), provenance=collect_provenance()))
+    write_report(
+        out / PRUNE_REPORT,
+        PrunedLineage(
+            source=source,
+            method=PruneMethod(score="explicit"),
+            calibration=None,
+            dropped=dropped,
+            kept=kept,
+            num_blocks_before=before,
+            num_blocks_after=len(kept),
+            provenance=collect_provenance(),
+        ),
+    )

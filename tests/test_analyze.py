@@ -117,24 +117,74 @@ def test_nmi_takes_texts_until_min_tokens(tiny_llama, tmp_path, capsys):
 
 def test_nmi_takes_critical_blocks_from_an_importance_report(tiny_llama, tmp_path, capsys):
     imp = tmp_path / "imp.json"
-    imp.write_text(json.dumps({"tasks": {"factual": {"llama-6": {"drops": [0.5, 0, 0, 0, 0, 0.3], "critical": [0, 5]}}}}))
+    imp.write_text(
+        json.dumps({"tasks": {"factual": {"llama-6": {"drops": [0.5, 0, 0, 0, 0, 0.3], "critical": [0, 5]}}}})
+    )
     out = tmp_path / "nmi"
-    code, _, err = run_cli(capsys, "nmi", "--model", str(tiny_llama), "--calib", "arithmetic", "--samples", "2",
-                           "--k", "3", "--critical-from", str(imp), "--output", str(out))
+    code, _, err = run_cli(
+        capsys,
+        "nmi",
+        "--model",
+        str(tiny_llama),
+        "--calib",
+        "arithmetic",
+        "--samples",
+        "2",
+        "--k",
+        "3",
+        "--critical-from",
+        str(imp),
+        "--output",
+        str(out),
+    )
     assert code == 0, err
     assert json.loads((out / "nmi.json").read_text())["critical"] == [0, 5]
-    assert_one_line_error(capsys, ["nmi", "--model", str(tiny_llama), "--calib", "arithmetic", "--samples", "2",
-                                   "--k", "3", "--critical-from", str(imp), "--critical-task", "gsm8k",
-                                   "--output", str(tmp_path / "nmi2")], "no task 'gsm8k'", output=tmp_path / "nmi2")
+    assert_one_line_error(
+        capsys,
+        [
+            "nmi",
+            "--model",
+            str(tiny_llama),
+            "--calib",
+            "arithmetic",
+            "--samples",
+            "2",
+            "--k",
+            "3",
+            "--critical-from",
+            str(imp),
+            "--critical-task",
+            "gsm8k",
+            "--output",
+            str(tmp_path / "nmi2"),
+        ],
+        "no task 'gsm8k'",
+        output=tmp_path / "nmi2",
+    )
 
 
 def test_degeneration_from_file_and_model(tiny_llama, shared_data, tmp_path, capsys):
     gen = tmp_path / "gen.jsonl"
     gen.write_text('{"prompt": "p", "output": "one two one two. one two one two."}\n')
     out = tmp_path / "deg"
-    code, stdout, err = run_cli(capsys, "degeneration", "--generations", str(gen), "--models", str(tiny_llama),
-                                "--labels", "original,pruned", "--samples", "2", "--max-new-tokens", "8",
-                                "--data-dir", str(shared_data), "--output", str(out))
+    code, stdout, err = run_cli(
+        capsys,
+        "degeneration",
+        "--generations",
+        str(gen),
+        "--models",
+        str(tiny_llama),
+        "--labels",
+        "original,pruned",
+        "--samples",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--data-dir",
+        str(shared_data),
+        "--output",
+        str(out),
+    )
     assert code == 0, err
     variants = json.loads((out / "degeneration.json").read_text())["variants"]
     assert list(variants) == ["original", "pruned"]
@@ -155,22 +205,55 @@ def assert_one_line_error(capsys, argv, *needles, output: Path | None = None):
 def test_bad_inputs(tiny_llama, shared_data, tmp_path, capsys):
     out = tmp_path / "out"
     model = ["--models", str(tiny_llama), "--output", str(out)]
-    assert_one_line_error(capsys, ["importance", *model, "--tasks", "arithmetc"], "did you mean: arithmetic",
-                          output=out)
-    assert_one_line_error(capsys, ["importance", *model, "--tasks", "triviaqa", "--data-dir", str(shared_data)],
-                          "triviaqa", "train.jsonl", output=out)
+    assert_one_line_error(
+        capsys, ["importance", *model, "--tasks", "arithmetc"], "did you mean: arithmetic", output=out
+    )
+    assert_one_line_error(
+        capsys,
+        ["importance", *model, "--tasks", "triviaqa", "--data-dir", str(shared_data)],
+        "triviaqa",
+        "train.jsonl",
+        output=out,
+    )
     assert_one_line_error(capsys, ["importance", *model, "--samples", "0"], "samples", output=out)
-    assert_one_line_error(capsys, ["importance", "--models", str(tmp_path / "nope"), "--output", str(out)],
-                          "not found", output=out)
-    assert_one_line_error(capsys, ["nmi", "--model", str(tiny_llama), "--calib", "factual", "--samples", "2",
-                                   "--k", "5000", "--output", str(out)], "k=5000", "--k", output=out)
+    assert_one_line_error(
+        capsys, ["importance", "--models", str(tmp_path / "nope"), "--output", str(out)], "not found", output=out
+    )
+    assert_one_line_error(
+        capsys,
+        [
+            "nmi",
+            "--model",
+            str(tiny_llama),
+            "--calib",
+            "factual",
+            "--samples",
+            "2",
+            "--k",
+            "5000",
+            "--output",
+            str(out),
+        ],
+        "k=5000",
+        "--k",
+        output=out,
+    )
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "p", "text": "no output field"}\n')
-    assert_one_line_error(capsys, ["degeneration", "--generations", str(bad), "--output", str(out)],
-                          "'output'", "--output-field", output=out)
+    assert_one_line_error(
+        capsys,
+        ["degeneration", "--generations", str(bad), "--output", str(out)],
+        "'output'",
+        "--output-field",
+        output=out,
+    )
     assert_one_line_error(capsys, ["degeneration", "--output", str(out)], "--generations", output=out)
-    assert_one_line_error(capsys, ["degeneration", "--generations", str(bad), "--labels", "a,b", "--output", str(out)],
-                          "--labels", output=out)
+    assert_one_line_error(
+        capsys,
+        ["degeneration", "--generations", str(bad), "--labels", "a,b", "--output", str(out)],
+        "--labels",
+        output=out,
+    )
     assert bad.read_text() == '{"prompt": "p", "text": "no output field"}\n'
 
 
@@ -186,8 +269,9 @@ def test_existing_output_needs_overwrite(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_embedded_models_importance_and_nmi(tmp_path, capsys):
-    code, _, err = run_cli(capsys, "importance", "--tasks", "arithmetic", "--samples", "4", "--output",
-                           str(tmp_path / "imp"))
+    code, _, err = run_cli(
+        capsys, "importance", "--tasks", "arithmetic", "--samples", "4", "--output", str(tmp_path / "imp")
+    )
     assert code == 0, err
     report = json.loads((tmp_path / "imp" / "importance.json").read_text())
     assert report["models"]["smollm2-135m-instruct"]["depth"] == 30 and report["models"]["gemma3-270m"]["depth"] == 18
@@ -200,26 +284,52 @@ def test_embedded_models_importance_and_nmi(tmp_path, capsys):
 @pytest.mark.parametrize("recipe", ["importance-qwen25-7b", "importance-llama31-8b"])
 def test_shipped_gpu_study_recipes_fail_clearly_offline(shared_data, tmp_path, capsys, recipe):
     out = tmp_path / "imp"
-    assert_one_line_error(capsys, ["importance", "--recipe", recipe, "--data-dir", str(shared_data),
-                                   "--output", str(out)], "triviaqa/train.jsonl", "offline", output=out)
+    assert_one_line_error(
+        capsys,
+        ["importance", "--recipe", recipe, "--data-dir", str(shared_data), "--output", str(out)],
+        "triviaqa/train.jsonl",
+        "offline",
+        output=out,
+    )
 
 
-QWEN_STUDY = ["Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-7B-Instruct", "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
-              "Open-Reasoner-Zero/Open-Reasoner-Zero-7B"]
+QWEN_STUDY = [
+    "Qwen/Qwen2.5-7B",
+    "Qwen/Qwen2.5-7B-Instruct",
+    "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
+    "Open-Reasoner-Zero/Open-Reasoner-Zero-7B",
+]
 
 
 def test_dry_run_offline_names_the_missing_tokenizers(tmp_path, capsys):
     out = tmp_path / "imp"
-    assert_one_line_error(capsys, ["importance", "--recipe", "importance-qwen25-7b", "--dry-run", "--output", str(out)],
-                          "tokenizer", *QWEN_STUDY, "offline", "--tokenizers MODEL=DIR", output=out)
+    assert_one_line_error(
+        capsys,
+        ["importance", "--recipe", "importance-qwen25-7b", "--dry-run", "--output", str(out)],
+        "tokenizer",
+        *QWEN_STUDY,
+        "offline",
+        "--tokenizers MODEL=DIR",
+        output=out,
+    )
 
 
-def test_dry_run_renders_each_models_prompt_and_budget_from_local_tokenizers(tiny_llama, shared_data, tmp_path,
-                                                                             capsys, monkeypatch):
+def test_dry_run_renders_each_models_prompt_and_budget_from_local_tokenizers(
+    tiny_llama, shared_data, tmp_path, capsys, monkeypatch
+):
     monkeypatch.setenv("LAYERPRUNE_DATA_DIR", str(shared_data))
     out = tmp_path / "imp"
-    code, stdout, err = run_cli(capsys, "importance", "--recipe", "importance-qwen25-7b", "--dry-run", "--output",
-                                str(out), "--tokenizers", *(f"{m}={tiny_llama}" for m in QWEN_STUDY))
+    code, stdout, err = run_cli(
+        capsys,
+        "importance",
+        "--recipe",
+        "importance-qwen25-7b",
+        "--dry-run",
+        "--output",
+        str(out),
+        "--tokenizers",
+        *(f"{m}={tiny_llama}" for m in QWEN_STUDY),
+    )
     assert code == 0, err
     assert not out.exists()
     assert "items per task: 200 (seed 0), shots 0" in stdout
@@ -234,8 +344,10 @@ def test_dry_run_renders_each_models_prompt_and_budget_from_local_tokenizers(tin
     from layerprune.analyze.tasks import task_items
 
     question = task_items("gsm8k", 1, 0, 0, shared_data)[0].prompt.removesuffix("\nAnswer:")
-    assert "\n".join(rendered) == (f"<|user|>{question}\nPlease reason step by step, and put your final answer "
-                                    "within \\boxed{}.\nAnswer:<|end|><|assistant|>")
+    assert "\n".join(rendered) == (
+        f"<|user|>{question}\nPlease reason step by step, and put your final answer "
+        "within \\boxed{}.\nAnswer:<|end|><|assistant|>"
+    )
     base = stdout.split("## Qwen/Qwen2.5-7B (")[1].split("\n## ")[0]
     assert "/ gsm8k: chat template, 192 new tokens, greedy" in base  # chat_template auto: the tokenizer has one
     assert "data not here" in stdout.split("/ triviaqa:")[1].split("\n- ")[0]  # no triviaqa in the mirror: said

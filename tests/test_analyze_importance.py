@@ -83,24 +83,30 @@ def test_generation_importance_equals_a_naive_loop(tiny_models):
     # graded "right" when the generation starts like the full model's did for the first two items: every
     # skipped block that changes those generations loses them
     items = [TaskItem(item.prompt, item.target, text[:3] if i < 2 else "\u2603") for i, (item, text)
-             in enumerate(zip(items, full))]
+             in enumerate(zip(items, full, strict=False))]
     task = Task(lambda *_: [], lambda text, item: text.startswith(item.answer), 4, "test", ("\u2603",))
     result = ablate_generation(model, tokenizer, items, task, batch_size=2)
     assert result.base_generations == full and result.base_item_correct == [True, True, False, False]
-    for block, (texts, correct) in enumerate(zip(result.ablated_generations, result.ablated_item_correct)):
+    for block, (texts, correct) in enumerate(
+        zip(result.ablated_generations, result.ablated_item_correct, strict=False)
+    ):
         with skipped_blocks(model, [block]):
             expected = [naive_greedy(model, tokenizer, item.prompt, 4) for item in items]
         assert texts == expected
-        assert correct == [text.startswith(item.answer) for text, item in zip(expected, items)]
+        assert correct == [text.startswith(item.answer) for text, item in zip(expected, items, strict=False)]
     assert result.ablated_accuracy == [sum(c) / 4 for c in result.ablated_item_correct]
-
 
 
 def test_per_model_decoding_over_the_analysis_wide_settings():
     from layerprune.analyze.schemas import Decoding
 
-    config = ImportanceAnalysis(models=["a", "b"], max_new_tokens=64, per_model={
-        "b": Decoding(instruction="Please reason step by step.", max_new_tokens=4096, temperature=0.6, top_p=0.95)})
+    config = ImportanceAnalysis(
+        models=["a", "b"],
+        max_new_tokens=64,
+        per_model={
+            "b": Decoding(instruction="Please reason step by step.", max_new_tokens=4096, temperature=0.6, top_p=0.95)
+        },
+    )
     assert config.decoding("a") == Decoding(chat_template="auto", max_new_tokens=64, temperature=0.0, top_p=1.0)
     b = config.decoding("b")
     assert (b.chat_template, b.max_new_tokens, b.temperature, b.top_p) == ("auto", 4096, 0.6, 0.95)
@@ -116,10 +122,14 @@ def test_prompts_follow_the_chat_template_setting_with_the_instruction_before_th
     loaded = load_model(str(tiny_llama))
     loaded.tokenizer.chat_template = "{% for m in messages %}<user>{{ m['content'] }}</user>{% endfor %}<bot>"
     plan = GenerationPlan(8, chat=True, instruction="Think step by step.")
-    assert render_prompt(loaded.tokenizer, "Question: 2+2?\nAnswer:", plan) == \
-        "<user>Question: 2+2?\nThink step by step.\nAnswer:</user><bot>"
+    assert (
+        render_prompt(loaded.tokenizer, "Question: 2+2?\nAnswer:", plan)
+        == "<user>Question: 2+2?\nThink step by step.\nAnswer:</user><bot>"
+    )
     auto = ImportanceAnalysis(models=[str(tiny_llama)], metric="generate")
-    assert generation_plan(auto, loaded, ANALYSIS_TASKS.get("gsm8k"), 0).chat  # as evaluate's auto: gsm8k is a chat task
+    assert generation_plan(
+        auto, loaded, ANALYSIS_TASKS.get("gsm8k"), 0
+    ).chat  # as evaluate's auto: gsm8k is a chat task
     assert not generation_plan(auto, loaded, ANALYSIS_TASKS.get("arithmetic"), 0).chat
     off = ImportanceAnalysis(models=[str(tiny_llama)], chat_template="off")
     assert not generation_plan(off, loaded, ANALYSIS_TASKS.get("gsm8k"), 0).chat

@@ -117,7 +117,7 @@ def test_run_refuses_overlap_before_evaluating(capsys, tiny_llama, tmp_path, gsm
 
 # 4. reports that know their noise and their settings ----------------------------------------------------------
 
-def summary_of(values: dict[str, tuple[float, float]], **settings) -> "Summary":
+def summary_of(values: dict[str, tuple[float, float]], **settings):  # noqa: ANN201 (a Summary)
     from layerprune.evaluate import Summary, TaskResult
 
     kinds = {"arc_easy": "classification", "piqa": "classification", "boolq": "classification",
@@ -143,7 +143,7 @@ def test_comparison_marks_noise_and_shows_retention_only_for_a_clear_drop(tmp_pa
     assert rows["arith_1dc"]["retention_pruned"] == pytest.approx(0.05 / 0.30)
     assert rows["arith_1dc"]["recovered_share"] == pytest.approx(0.05 / 0.25)
     assert rows["arith_1dc"]["pruned_vs_baseline"]["se"] == pytest.approx((0.03 ** 2 + 0.01 ** 2) ** 0.5)
-    line = next(l for l in report["table"].splitlines() if l.startswith("| arc_easy "))
+    line = next(row for row in report["table"].splitlines() if row.startswith("| arc_easy "))
     assert "0.5000 ± 0.0290" in line and "(within noise)" in line and "n/a (no clear drop)" in line
     assert "3100" not in report["table"] and "-150" not in report["table"]
     cls = report["averages"][0]
@@ -307,10 +307,10 @@ def test_safetensors_header_that_is_json_but_not_an_object(capsys, tiny_llama, t
 
 
 def test_triviaqa_needs_only_the_split_it_scores(tmp_path, monkeypatch):
+    from layerprune.errors import LayerpruneError
     from layerprune.evaluate.offline import lm_eval_config
     from layerprune.evaluate.schema import EvalSettings
     from layerprune.evaluate.suites import plan_tasks
-    from layerprune.errors import LayerpruneError
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     data = tmp_path / "data"

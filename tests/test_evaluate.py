@@ -208,11 +208,10 @@ def test_chat_template_rule():
 
 def test_dummy_lm_results_are_summarized_and_cached(tmp_path, data_dir, tiny_llama, monkeypatch):
     from lm_eval.models.dummy import DummyLM
+    from transformers import AutoTokenizer
 
     from layerprune.evaluate import runner
     from layerprune.models import resolve_model
-
-    from transformers import AutoTokenizer
 
     dummy = DummyLM()
     dummy.__dict__["tokenizer"] = AutoTokenizer.from_pretrained(tiny_llama)  # its default is a hub tokenizer

@@ -12,8 +12,8 @@ import pytest
 from helpers import evaluate_cli, write_rows
 from layerprune.evaluate import Summary
 from layerprune.evaluate.project_tasks import humaneval_config
-from layerprune.evaluate.task_specs import TASKS
 from layerprune.evaluate.sandbox import SandboxLimits
+from layerprune.evaluate.task_specs import TASKS
 
 ADD = {"task_id": "Toy/0", "prompt": "def add(a, b):\n", "entry_point": "add", "test": "",
        "canonical_solution": "    return a + b\n", "atol": 0, "base_input": [[1, 2], [3, 4]],

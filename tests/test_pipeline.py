@@ -132,8 +132,8 @@ def test_from_unknown_stage(capsys, tiny_run):
 
 @pytest.mark.parametrize("name", ["importance-qwen25-7b", "importance-llama31-8b"])
 def test_importance_study_recipes_load_and_flags_override_them(name):
-    from layerprune.cli.analyze import build_config
     from layerprune.cli import build_parser
+    from layerprune.cli.analyze import build_config
 
     args = build_parser().parse_args(["analyze", "importance", "--recipe", name, "--samples", "3"])
     config, _ = build_config(args)

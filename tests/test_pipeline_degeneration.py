@@ -6,11 +6,11 @@ import json
 
 import pytest
 import yaml
-from helpers import run_cli
-from test_pipeline import tiny_recipe
 
+from helpers import run_cli
 from layerprune.analyze import metrics
 from layerprune.data import read_jsonl
+from test_pipeline import tiny_recipe
 
 ANSWERS = {
     "baseline": ["Natalia sold 48 clips in April. She sold half as many in May. So she sold 72 clips in all.",

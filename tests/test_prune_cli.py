@@ -144,14 +144,17 @@ def test_pickle_only_checkpoint_is_refused(capsys, model_copy, tmp_path):
 def test_corrupt_safetensors_is_refused(capsys, model_copy, tmp_path, damage):
     weights = model_copy / "model.safetensors"
     data = weights.read_bytes()
-    weights.write_bytes(data[: len(data) // 2] if damage == "truncate" else b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
+    garbage = b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}"
+    weights.write_bytes(data[: len(data) // 2] if damage == "truncate" else garbage)
     code, _, err = run_cli(capsys, prune_args(model_copy, tmp_path / "out", "--drop", "1"))
     assert_one_line_error(code, err, "safetensors")
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize(("content", "needle"), [("", "empty"), ('{"text": "a"}\n{oops\n', "not valid json"),
-                                                 ('{"question": "x"}\n', "expected a 'text' field")])
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [("", "empty"), ('{"text": "a"}\n{oops\n', "not valid json"), ('{"question": "x"}\n', "expected a 'text' field")],
+)
 def test_bad_calibration_file(capsys, model_copy, tmp_path, content, needle):
     calib = tmp_path / "calib.jsonl"
     calib.write_text(content)

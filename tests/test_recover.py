@@ -10,14 +10,13 @@ import torch
 from huggingface_hub import ModelCard
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
 
+from helpers import write_lineage
 from layerprune.cli import build_parser, main
+from layerprune.cli.recover import build_recipe
 from layerprune.models import drop_blocks
 from layerprune.recover import runner, selfgen, train
-from layerprune.cli.recover import build_recipe
 from layerprune.recover.report import RecoverReport
 from layerprune.recover.schema import GenerationSection, PromptSource, RecoverRecipe
-
-from helpers import write_lineage
 
 FAST = ["--max-new-tokens", "6", "--no-generate-drop-truncated", "--samples", "8", "--train-max-length", "64",
         "--train-batch-size", "4", "--max-steps", "2", "--held-out", "0.25", "--train-warmup-steps", "0",
@@ -27,7 +26,9 @@ FAST = ["--max-new-tokens", "6", "--no-generate-drop-truncated", "--samples", "8
 @pytest.fixture(scope="module")
 def prompts_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"what is {i} + 7?", "answer": str(i + 7)}) + "\n" for i in range(12)))
+    path.write_text(
+        "".join(json.dumps({"prompt": f"what is {i} + 7?", "answer": str(i + 7)}) + "\n" for i in range(12))
+    )
     return path
 
 
@@ -91,8 +92,10 @@ def test_cli_resumes_an_interrupted_generation(pruned, prompts_file, tmp_path, c
     prompts = selfgen.load_prompts(PromptSource(source=str(prompts_file), samples=8), None)
     work = tmp_path / "rec.work"
     work.mkdir()
-    done = [{"id": p.id, "prompt": p.text, "answer": p.answer, "response": f"FAKE {i}", "tokens": 2, "truncated": False}
-            for i, p in enumerate(prompts[:3])]
+    done = [
+        {"id": p.id, "prompt": p.text, "answer": p.answer, "response": f"FAKE {i}", "tokens": 2, "truncated": False}
+        for i, p in enumerate(prompts[:3])
+    ]
     (work / "responses.jsonl").write_text("".join(json.dumps(r) + "\n" for r in done))
     assert recover_cli("--model", str(pruned), "--prompts", str(prompts_file), "-o", str(out)) == 0
     report = json.loads((out / "recover_report.json").read_text())
@@ -105,10 +108,23 @@ def _rows(n: int = 8) -> list[dict]:
 
 
 def _trainer(model_dir: Path, tmp_path: Path, method: str, teacher: Path | None = None, **train_fields):
-    recipe = RecoverRecipe.model_validate({"method": method, "lora": {"r": 4}, "generate": {"max_new_tokens": 16},
-                                           "train": {"max_steps": 2, "batch_size": 4, "grad_accum": 1, "warmup_steps": 0,
-                                                     "learning_rate": 1e-2, "gradient_checkpointing": False,
-                                                     "max_length": 64, **train_fields}})
+    recipe = RecoverRecipe.model_validate(
+        {
+            "method": method,
+            "lora": {"r": 4},
+            "generate": {"max_new_tokens": 16},
+            "train": {
+                "max_steps": 2,
+                "batch_size": 4,
+                "grad_accum": 1,
+                "warmup_steps": 0,
+                "learning_rate": 1e-2,
+                "gradient_checkpointing": False,
+                "max_length": 64,
+                **train_fields,
+            },
+        }
+    )
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     args = train.sft_config(recipe, tmp_path / "trainer", torch.device("cpu"), "adamw_torch", 0, has_eval=False)
@@ -182,16 +198,26 @@ def test_nan_loss_stops_with_one_line_and_keeps_weights(tiny_llama, tmp_path):
 
 
 def test_lora_config_maps_the_flat_section():
-    config = train.lora_config(RecoverRecipe.model_validate({"lora": {"r": 8, "alpha": 4, "target_modules": "q_proj,v_proj"}}).lora)
-    assert (config.r, config.lora_alpha, config.lora_dropout, set(config.target_modules)) == (8, 4, 0.05, {"q_proj", "v_proj"})
+    config = train.lora_config(
+        RecoverRecipe.model_validate({"lora": {"r": 8, "alpha": 4, "target_modules": "q_proj,v_proj"}}).lora
+    )
+    assert (config.r, config.lora_alpha, config.lora_dropout, set(config.target_modules)) == (
+        8,
+        4,
+        0.05,
+        {"q_proj", "v_proj"},
+    )
     assert RecoverRecipe().lora.target_modules == "all-linear"
 
 
 def test_final_number_and_correctness_filter():
     assert selfgen.is_correct("so 1,234.0 apples", "1234") and not selfgen.is_correct("none", "7")
     assert selfgen.is_correct("... 3 + 4 = 7 so the answer is 7.", "7") and not selfgen.is_correct("8", "7")
-    rows = [{"response": "it is 7", "answer": "7", "tokens": 3}, {"response": "it is 9", "answer": "7", "tokens": 3},
-            {"response": "7 " * 40, "answer": "7", "tokens": 40}]
+    rows = [
+        {"response": "it is 7", "answer": "7", "tokens": 3},
+        {"response": "it is 9", "answer": "7", "tokens": 3},
+        {"response": "7 " * 40, "answer": "7", "tokens": 40},
+    ]
     kept, card = selfgen.filter_responses(rows, GenerationSection(filter="correct", max_response_tokens=10))
     assert len(kept) == 1 and card == {"responses": 3, "empty": 0, "truncated": 0, "too_long": 1, "wrong": 1, "kept": 1}
 
@@ -201,7 +227,12 @@ def test_precedence_defaults_recipe_cli(tmp_path):
     path.write_text("name: r\ntrain:\n  bf16: true\n  epochs: 3\nlora:\n  r: 32\n  alpha: 8\n")
     parse = build_parser().parse_args
     from_recipe = build_recipe(parse(["recover", "--recipe", str(path)]))
-    assert (from_recipe.train.epochs, from_recipe.lora.r, from_recipe.lora.alpha, from_recipe.lora.dropout) == (3, 32, 8, 0.05)
+    assert (from_recipe.train.epochs, from_recipe.lora.r, from_recipe.lora.alpha, from_recipe.lora.dropout) == (
+        3,
+        32,
+        8,
+        0.05,
+    )
     cli = build_recipe(parse(["recover", "--recipe", str(path), "--no-train-bf16", "--lora-r", "4", "--samples", "9"]))
     assert (cli.train.bf16, cli.lora.r, cli.lora.alpha, cli.prompts.samples, cli.train.epochs) == (False, 4, 8, 9, 3)
     assert build_recipe(parse(["recover"])).train.bf16 is True
@@ -209,8 +240,18 @@ def test_precedence_defaults_recipe_cli(tmp_path):
 
 def test_cli_resume_continues_from_the_last_checkpoint(pruned, prompts_file, tmp_path, monkeypatch, caplog):
     out = tmp_path / "rec"
-    args = ["--model", str(pruned), "--prompts", str(prompts_file), "-o", str(out), "--train-save-steps", "1",
-            "--train-grad-accum", "1"]  # one training_step per optimizer step
+    args = [
+        "--model",
+        str(pruned),
+        "--prompts",
+        str(prompts_file),
+        "-o",
+        str(out),
+        "--train-save-steps",
+        "1",
+        "--train-grad-accum",
+        "1",
+    ]  # one training_step per optimizer step
 
     def crash(*_args, **_kwargs):
         raise KeyboardInterrupt
@@ -241,19 +282,39 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("case", ["recipe", "bad_field", "not_model", "no_teacher", "qlora", "empty_prompts",
-                                  "all_filtered", "exists", "vllm"])
+@pytest.mark.parametrize(
+    "case",
+    ["recipe", "bad_field", "not_model", "no_teacher", "qlora", "empty_prompts", "all_filtered", "exists", "vllm"],
+)
 def test_bad_input_gives_one_line_and_nonzero_exit(case, pruned, tiny_llama, prompts_file, tmp_path, capsys):
     out = tmp_path / "out"
     base = ["--model", str(pruned), "--prompts", str(prompts_file), "-o", str(out)]
     args, expect = {
         "recipe": (["--recipe", "demoo", *base], "unknown recipe 'demoo'"),
-        "bad_field": (["--recipe", str(_write(tmp_path / "b.yaml", "lora:\n  rank: 3\n")), *base], "unknown key 'lora.rank'"),
-        "not_model": (["--model", str(tmp_path), "--prompts", str(prompts_file), "-o", str(out)], "not a model directory"),
-        "no_teacher": (["--model", str(tiny_llama), "--prompts", str(prompts_file), "-o", str(out)], "no teacher known"),
+        "bad_field": (
+            ["--recipe", str(_write(tmp_path / "b.yaml", "lora:\n  rank: 3\n")), *base],
+            "unknown key 'lora.rank'",
+        ),
+        "not_model": (
+            ["--model", str(tmp_path), "--prompts", str(prompts_file), "-o", str(out)],
+            "not a model directory",
+        ),
+        "no_teacher": (
+            ["--model", str(tiny_llama), "--prompts", str(prompts_file), "-o", str(out)],
+            "no teacher known",
+        ),
         "qlora": ([*base, "--method", "qlora"], "needs a CUDA GPU"),
-        "empty_prompts": (["--model", str(pruned), "--prompts", str(_write(tmp_path / "e.jsonl", '{"prompt": " "}\n')),
-                           "-o", str(out)], "is empty"),
+        "empty_prompts": (
+            [
+                "--model",
+                str(pruned),
+                "--prompts",
+                str(_write(tmp_path / "e.jsonl", '{"prompt": " "}\n')),
+                "-o",
+                str(out),
+            ],
+            "is empty",
+        ),
         "all_filtered": ([*base, "--filter", "correct"], "every response was filtered away"),
         "exists": ([*base[:-1], str(tmp_path)], "already exists; pass --overwrite"),
         "vllm": ([*base, "--backend", "vllm"], "needs vLLM"),
@@ -269,8 +330,23 @@ def test_bad_input_gives_one_line_and_nonzero_exit(case, pruned, tiny_llama, pro
 def test_qlora_on_cuda_trains_and_merges_into_a_bf16_model(pruned, prompts_file, tmp_path):
     out = tmp_path / "q"
     fast = [a if a != "cpu" else "cuda" for a in FAST]
-    assert main(["recover", "--model", str(pruned), "--prompts", str(prompts_file), "-o", str(out), "--method", "qlora",
-                 *fast]) == 0
+    assert (
+        main(
+            [
+                "recover",
+                "--model",
+                str(pruned),
+                "--prompts",
+                str(prompts_file),
+                "-o",
+                str(out),
+                "--method",
+                "qlora",
+                *fast,
+            ]
+        )
+        == 0
+    )
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.num_hidden_layers == 4 and not getattr(model.config, "quantization_config", None)
 
@@ -280,5 +356,7 @@ def test_cached_responses_from_other_sampling_settings_are_refused(pruned, promp
     work.mkdir()
     (work / "generation.json").write_text(json.dumps({"teacher": "x", "temperature": 0.1}))
     assert recover_cli("--model", str(pruned), "--prompts", str(prompts_file), "-o", str(tmp_path / "out")) == 2
-    assert "holds responses generated with other settings (backend, max_new_tokens, system_prompt, teacher, temp" in \
-        capsys.readouterr().err
+    assert (
+        "holds responses generated with other settings (backend, max_new_tokens, system_prompt, teacher, temp"
+        in capsys.readouterr().err
+    )

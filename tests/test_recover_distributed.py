@@ -14,7 +14,6 @@ from safetensors.torch import load_file
 
 from helpers import make_pruned_student
 
-
 HERE = Path(__file__).resolve().parent
 FSDP_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP",
             "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT", "FSDP_RESHARD_AFTER_FORWARD": "true",

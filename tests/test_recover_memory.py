@@ -69,19 +69,34 @@ def measure_peak(method: str, checkpointing: bool, batch: int, seq: int, r: int,
     """Peak RSS growth (bytes) of two float32 training steps in a fresh process."""
     spec = dict(config=config or SMALL, method=method, checkpointing=checkpointing, batch=batch, seq=seq, r=r,
                 teacher_layers=teacher_layers)
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"}  # RSS follows live tensors
-    out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(spec)], capture_output=True, text=True, check=True,
-                         env=env)
+    env = {
+        **os.environ,
+        "MALLOC_MMAP_THRESHOLD_": "65536",
+        "MALLOC_TRIM_THRESHOLD_": "65536",
+    }  # RSS follows live tensors
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(spec)], capture_output=True, text=True, check=True, env=env
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])["peak_delta"]
 
 
-def estimate(method: str, checkpointing: bool, batch: int, seq: int, r: int, config: dict | None = None,
-             teacher_layers: int = 0) -> float:
+def estimate(
+    method: str, checkpointing: bool, batch: int, seq: int, r: int, config: dict | None = None, teacher_layers: int = 0
+) -> float:
     shape = model_shape(LlamaConfig(**(config or SMALL)))
     teacher_config = LlamaConfig(**{**(config or SMALL), "num_hidden_layers": teacher_layers})
     teacher = model_shape(teacher_config) if teacher_layers else None
-    plan = plan_memory(shape, method, seq_len=seq, batch_size=batch, weight_bytes=4, lora_r=r,
-                       gradient_checkpointing=checkpointing, budget_gb=80, teacher=teacher)
+    plan = plan_memory(
+        shape,
+        method,
+        seq_len=seq,
+        batch_size=batch,
+        weight_bytes=4,
+        lora_r=r,
+        gradient_checkpointing=checkpointing,
+        budget_gb=80,
+        teacher=teacher,
+    )
     return plan.total * 1e9
 
 
@@ -103,7 +118,7 @@ def test_full_sft_switches_to_8bit_adamw_when_it_does_not_fit():
     shape = model_shape(LlamaConfig(**SMALL))
     kwargs = dict(seq_len=256, batch_size=1, weight_bytes=2, gradient_checkpointing=True)
     full = plan_memory(shape, "full", budget_gb=80, **kwargs)
-    budget = (full.total - full.optimizer_states * 0.4)  # between the AdamW and the 8-bit AdamW totals
+    budget = full.total - full.optimizer_states * 0.4  # between the AdamW and the 8-bit AdamW totals
     optimizer, plan = choose_optimizer(shape, "full", "auto", cuda=True, budget_gb=budget, **kwargs)
     assert optimizer == "adamw_8bit" and plan.fits
     assert "switched to adamw_8bit" in format_plan(plan, "small")
@@ -112,8 +127,16 @@ def test_full_sft_switches_to_8bit_adamw_when_it_does_not_fit():
 def test_qlora_weights_are_about_a_quarter_of_bf16():
     # an 8B-shaped model: its 4-bit blocks dominate; peft's float32 copy of embeddings and head is counted on top,
     # which on a tiny model (embeddings most of the weights) makes QLoRA no smaller than bf16 LoRA
-    shape = model_shape(LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                                    num_attention_heads=32, num_key_value_heads=8, vocab_size=128256))
+    shape = model_shape(
+        LlamaConfig(
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            vocab_size=128256,
+        )
+    )
     bf16 = plan_memory(shape, "lora", seq_len=128, batch_size=1, weight_bytes=2, lora_r=8)
     nf4 = plan_memory(shape, "qlora", seq_len=128, batch_size=1, weight_bytes=2, lora_r=8)
     assert 0.25 * bf16.weights < nf4.weights < 0.6 * bf16.weights

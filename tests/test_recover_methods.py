@@ -7,15 +7,15 @@ import json
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from helpers import write_lineage
 from layerprune.cli import main
 from layerprune.models import drop_blocks
 from layerprune.recover import heldout, kd, prompts, replace, train
 from layerprune.recover.schema import KdSection, PromptSource, RecoverRecipe
-
-from helpers import write_lineage
 
 FAST = ["--max-new-tokens", "6", "--no-generate-drop-truncated", "--samples", "8", "--train-max-length", "64",
         "--train-batch-size", "2", "--train-grad-accum", "2", "--max-steps", "2", "--held-out", "0.25",
@@ -209,5 +209,5 @@ def test_held_out_metrics_are_zero_kl_for_the_teacher_itself(tiny_llama):
 def test_recipe_validates_the_new_sections():
     recipe = RecoverRecipe(method="replace", replace={"then": "opd"}, opd={"adapter": "full"})
     assert recipe.trainer_method() == "opd" and not recipe.uses_lora() and recipe.needs_teacher_model()
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         RecoverRecipe(opd={"beta": 1.5})

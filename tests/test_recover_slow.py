@@ -36,8 +36,25 @@ def test_demo_recipe_lowers_held_out_loss_and_the_merged_model_generates(shared_
 def test_demo_recipe_as_two_cpu_processes_over_gloo(shared_data, tmp_path):
     out = tmp_path / "demo-ddp"
     config = ROOT / "src" / "layerprune" / "accelerate" / "ddp-cpu.yaml"
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "-m", "layerprune.cli", "recover",
-               *SMALL_DEMO, "--samples", "8", "--max-steps", "2", "--data-dir", str(shared_data), "-o", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(config),
+        "-m",
+        "layerprune.cli",
+        "recover",
+        *SMALL_DEMO,
+        "--samples",
+        "8",
+        "--max-steps",
+        "2",
+        "--data-dir",
+        str(shared_data),
+        "-o",
+        str(out),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
     assert done.returncode == 0, done.stderr[-2000:]

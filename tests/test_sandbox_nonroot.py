@@ -7,7 +7,6 @@ whose limit on user namespaces is 0 (a non-root user without them).
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil

@@ -9,8 +9,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from layerprune.models import find_decoder_stack, skipped_blocks
 from layerprune.prune.calib import CalibSet, arithmetic_calib, load_calibration, tokenize_calibration
-from layerprune.prune.metrics import (angular_distance, best_contiguous_run, block_influence, select_lowest,
-                                      taylor_importance)
+from layerprune.prune.metrics import (
+    angular_distance,
+    best_contiguous_run,
+    block_influence,
+    select_lowest,
+    taylor_importance,
+)
 from layerprune.prune.scores import SCORES, ScoreContext, run_importance_score
 
 MASK = torch.ones(1, 2)

@@ -104,9 +104,14 @@ def test_rename_map_renumbers_blocks_and_shifts_extra_blocks_past_the_stack():
     names = ["model.embed_tokens.weight", "model.layers.0.a", "model.layers.1.a", "model.layers.2.a",
              "model.layers.2.mlp.experts.7.w", "model.layers.3.mtp.w", "model.norm.weight"]
     renamed = rename_map(names, "model.layers", kept=[0, 2], depth=3)
-    assert renamed == {"model.embed_tokens.weight": "model.embed_tokens.weight", "model.layers.0.a": "model.layers.0.a",
-                       "model.layers.2.a": "model.layers.1.a", "model.layers.2.mlp.experts.7.w": "model.layers.1.mlp.experts.7.w",
-                       "model.layers.3.mtp.w": "model.layers.2.mtp.w", "model.norm.weight": "model.norm.weight"}
+    assert renamed == {
+        "model.embed_tokens.weight": "model.embed_tokens.weight",
+        "model.layers.0.a": "model.layers.0.a",
+        "model.layers.2.a": "model.layers.1.a",
+        "model.layers.2.mlp.experts.7.w": "model.layers.1.mlp.experts.7.w",
+        "model.layers.3.mtp.w": "model.layers.2.mtp.w",
+        "model.norm.weight": "model.norm.weight",
+    }
 
 
 def test_block_prefix_finds_the_stack_and_refuses_to_guess():

@@ -11,15 +11,25 @@ from transformers import AutoModelForCausalLM
 
 from helpers import assert_one_line_error, run_cli, skip_reference_logits
 from layerprune.errors import LayerpruneError
-from layerprune.models import drop_blocks, find_decoder_stack
-from layerprune.models import layer_fields, surgery
+from layerprune.models import drop_blocks, find_decoder_stack, layer_fields, surgery
 from layerprune.prune.api import prune_model
 from layerprune.prune.metrics import last_token_mask
 from layerprune.prune.recipe import PruneRecipe
 
 DROP = [1, 3]  # kept 0, 2, 4, 5
-PRUNED = ["qwen3_moe", "qwen3_moe_step", "mixtral", "deepseek_v3", "llama4_text", "granite", "cohere2", "jamba", "falcon_h1",
-          "bamba", "zamba"]
+PRUNED = [
+    "qwen3_moe",
+    "qwen3_moe_step",
+    "mixtral",
+    "deepseek_v3",
+    "llama4_text",
+    "granite",
+    "cohere2",
+    "jamba",
+    "falcon_h1",
+    "bamba",
+    "zamba",
+]
 EXPECTED_FIELDS = {
     "qwen3_moe": {"mlp_only_layers": [0], "decoder_sparse_step": 1},  # dense 0 and 3; 3 dropped
     "qwen3_moe_step": {"mlp_only_layers": [0, 1, 2], "decoder_sparse_step": 1},  # sparse 1, 3, 5; only 5 kept
@@ -46,7 +56,9 @@ def test_pruned_family_reloads_as_the_skipped_original(arch, tiny_models, tmp_pa
     for name, value in EXPECTED_FIELDS.get(arch, {}).items():
         assert list(getattr(config, name)) == value if isinstance(value, list) else getattr(config, name) == value, name
     with torch.no_grad():
-        torch.testing.assert_close(reloaded.eval()(input_ids=ids, use_cache=False).logits, reference, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            reloaded.eval()(input_ids=ids, use_cache=False).logits, reference, rtol=1e-4, atol=1e-4
+        )
     assert result.report["verification"]["checked"] is True
     assert result.report["verification"]["max_abs_diff"] <= result.report["verification"]["tolerance"]
 
@@ -62,14 +74,18 @@ def test_stack_logits_are_the_models_own(arch, tiny_models):
 def test_stack_logits_mismatch_is_refused(tiny_models):
     model = AutoModelForCausalLM.from_pretrained(tiny_models("granite", 6)).eval()
     stack = find_decoder_stack(model)
-    stack.config = type(stack.config).from_dict({**stack.config.to_dict(), "logits_scaling": 1.0})  # a head it does not know
+    stack.config = type(stack.config).from_dict(
+        {**stack.config.to_dict(), "logits_scaling": 1.0}
+    )  # a head it does not know
     ids = torch.randint(3, 300, (1, 8))
     with pytest.raises(LayerpruneError, match="differ from its own forward"):
         stack.check_logits(ids, torch.ones_like(ids))
 
 
 def test_jamba_drop_that_breaks_the_period_is_refused_naming_the_field(tiny_models, tmp_path):
-    with pytest.raises(LayerpruneError, match="attn_layer_period"):  # attention at 1 and 4: keeping 0,1,4,5 is not periodic
+    with pytest.raises(
+        LayerpruneError, match="attn_layer_period"
+    ):  # attention at 1 and 4: keeping 0,1,4,5 is not periodic
         prune_model(str(tiny_models("jamba", 6)), PruneRecipe(layers=[2, 3]), output=tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
@@ -129,7 +145,9 @@ def test_unknown_layer_field_stops_the_prune_unless_forced(tiny_models, tmp_path
     code, _, err = run_cli(capsys, ["prune", "--model", str(odd), "--layers", "1,3", "--output", str(tmp_path / "out")])
     assert_one_line_error(code, err, "global_attn_layers", "--force")
     assert not (tmp_path / "out").exists()
-    code, out, err = run_cli(capsys, ["prune", "--model", str(odd), "--layers", "1,3", "--output", str(tmp_path / "out"), "--force"])
+    code, out, err = run_cli(
+        capsys, ["prune", "--model", str(odd), "--layers", "1,3", "--output", str(tmp_path / "out"), "--force"]
+    )
     assert code == 0, err
     assert json.loads((tmp_path / "out" / "prune_report.json").read_text())["verification"]["checked"] is True
 
@@ -153,8 +171,9 @@ def test_broken_config_rewrite_is_caught_and_nothing_is_written(tiny_models, tmp
 
 
 def test_wrong_logits_are_caught_and_no_verify_skips_it(tiny_models, tmp_path, monkeypatch):
-    truncate = layer_fields.FieldRule(("layer_types",), "the old bug: truncated",
-                                      lambda c, kept, depth: {"layer_types": c.layer_types[: len(kept)]})
+    truncate = layer_fields.FieldRule(
+        ("layer_types",), "the old bug: truncated", lambda c, kept, depth: {"layer_types": c.layer_types[: len(kept)]}
+    )
     monkeypatch.setitem(layer_fields.FIELD_RULES, "layer_types", truncate)
     source = str(tiny_models("gemma3_text", 6))
     with pytest.raises(LayerpruneError, match="logits differ"):
@@ -184,7 +203,12 @@ def test_checkpoint_dtype_is_kept_on_save(dtype, name, tag, tiny_models, tmp_pat
     result = prune_model(str(_tiny_in(dtype, tiny_models, tmp_path)), PruneRecipe(layers=DROP), output=tmp_path / "out")
     assert json.loads((tmp_path / "out" / "config.json").read_text())["dtype"] == name
     assert _saved_dtypes(tmp_path / "out") == {tag}
-    assert result.report["dtype"] == {"checkpoint": name, "computed_in": "float32", "saved": name, "chosen_by": "checkpoint"}
+    assert result.report["dtype"] == {
+        "checkpoint": name,
+        "computed_in": "float32",
+        "saved": name,
+        "chosen_by": "checkpoint",
+    }
     assert result.report["verification"]["max_abs_diff"] < 1e-4  # bf16/fp16 -> fp32 -> bf16/fp16 is exact
 
 
@@ -198,18 +222,24 @@ def test_dtype_flag_overrides_the_checkpoint(tiny_models, tmp_path):
 
 def test_too_little_free_space_is_one_line_before_writing(tiny_llama, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(surgery.shutil, "disk_usage", lambda path: type("U", (), {"free": 1000})())
-    code, _, err = run_cli(capsys, ["prune", "--model", str(tiny_llama), "--layers", "1,3", "--output", str(tmp_path / "out")])
+    code, _, err = run_cli(
+        capsys, ["prune", "--model", str(tiny_llama), "--layers", "1,3", "--output", str(tmp_path / "out")]
+    )
     assert_one_line_error(code, err, "not enough disk space", str(tmp_path / "out"), "needs about")
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp-*"))
 
 
 def test_disk_full_during_save_is_one_line(tiny_llama, tmp_path, capsys, monkeypatch):
     def full(*args, **kwargs):
-        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })')
+        raise SafetensorError(
+            'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+        )
 
     monkeypatch.setattr("transformers.modeling_utils.safe_save_file", full)
     monkeypatch.setattr("safetensors.torch.save_file", full)  # the streamed save
-    code, _, err = run_cli(capsys, ["prune", "--model", str(tiny_llama), "--layers", "1,3", "--output", str(tmp_path / "out")])
+    code, _, err = run_cli(
+        capsys, ["prune", "--model", str(tiny_llama), "--layers", "1,3", "--output", str(tmp_path / "out")]
+    )
     assert_one_line_error(code, err, "no space left on device while writing", str(tmp_path / "out"), "needs about")
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp-*"))
 

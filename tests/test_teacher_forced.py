@@ -13,8 +13,7 @@ from layerprune.models.generate import generate_greedy
 from layerprune.models.walker import CalibBatch, greedy_match
 from layerprune.prune.calib import CalibItem, CalibSet
 from layerprune.prune.scores import ScoreContext, run_importance_score
-from layerprune.prune.scores.ablation import (generated_correct, generated_correct_per_candidate,
-                                              teacher_forced_correct)
+from layerprune.prune.scores.ablation import generated_correct, generated_correct_per_candidate, teacher_forced_correct
 
 MAX_NEW = 5
 STOP = "5"  # a digit as the stop string, so the tiny model emits it mid-answer
@@ -44,7 +43,7 @@ def digits_ctx(tiny_models):
     rng = random.Random(0)
     prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) for _ in range(40)]
     items = []
-    for prompt, text in zip(prompts, generate_greedy(model, tokenizer, prompts, MAX_NEW)):
+    for prompt, text in zip(prompts, generate_greedy(model, tokenizer, prompts, MAX_NEW), strict=False):
         answer = text.split(STOP)[0]
         if answer:  # the full model's own greedy answer (digits up to the stop digit): right for the full model
             items.append(CalibItem(prompt, answer, answer, STOP))

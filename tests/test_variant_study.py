@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import yaml
+
 from helpers import run_cli
 
 

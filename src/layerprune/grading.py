@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import re
 import string
+from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
-from typing import Sequence
 
 NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
 NEW_TURN = re.compile(r"\n\s*(?:Question|Human|User|Q)\s*:|Question:|Human:")

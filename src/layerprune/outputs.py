@@ -7,8 +7,8 @@ import errno
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from layerprune.errors import LayerpruneError
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import functools
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 OPS = ("+", "-", "*")
 OP_NAMES = {"+": "add", "-": "sub", "*": "mul"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
@@ -28,26 +29,29 @@ class RunSettings(BaseModel):
     max_shard_size: str = Field("2GB", description="Largest safetensors shard when saving")
     seed: int = Field(0, description="Random seed")
     device_map: str | None = Field(
-        None, description="Spread the model over GPUs and CPU with accelerate: auto, balanced, balanced_low_0, sequential"
+        None,
+        description="Spread the model over GPUs and CPU with accelerate: auto, balanced, balanced_low_0, sequential",
     )
     max_memory: list[str] | None = Field(
-        None, description="Memory per device for --device-map, comma-separated DEVICE=SIZE (e.g. 0=70GiB,1=70GiB,cpu=200GiB)"
+        None,
+        description="Memory per device for --device-map, comma-separated DEVICE=SIZE (e.g. 0=70GiB,1=70GiB,cpu=200GiB)",
     )
     block_major: bool = Field(
-        False, description="prune: score one decoder block at a time, loaded from the safetensors files (models that fit "
-        "nowhere whole; ablation with nll, block-influence, angular)"
+        False,
+        description="prune: score one decoder block at a time, loaded from the safetensors files (models that fit "
+        "nowhere whole; ablation with nll, block-influence, angular)",
     )
     allow_pickle: bool = Field(False, description="Allow checkpoints stored only as pickle .bin files")
     trust_remote_code: bool = Field(False, description="Run model code shipped with a hub checkpoint")
 
-    def resolved_device(self) -> "torch.device":
+    def resolved_device(self) -> torch.device:
         import torch
 
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
 
-    def resolved_dtype(self) -> "torch.dtype":
+    def resolved_dtype(self) -> torch.dtype:
         import torch
 
         if self.dtype == "auto":

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 
 def _pyplot():  # type: ignore[no-untyped-def]
@@ -23,13 +23,13 @@ def plot_heatmaps(path: Path, tasks: dict[str, dict[str, list[float | None]]],
     white ring, undefined drops (full score near zero) left blank."""
     plt = _pyplot()
     nan = float("nan")
-    matrices = {task: [[nan if v is None else v for v in row] for row in zip(*columns.values())]
+    matrices = {task: [[nan if v is None else v for v in row] for row in zip(*columns.values(), strict=False)]
                 for task, columns in tasks.items()}
     values = [v for matrix in matrices.values() for row in matrix for v in row if v == v]
     low, high = min([0.0, *values]), max([0.05, *values])
     fig, axes = plt.subplots(1, len(tasks), figsize=(2.2 + 1.6 * len(tasks) * max(2, _models(tasks)), 7),
                              squeeze=False)
-    for ax, (task, columns) in zip(axes[0], tasks.items()):
+    for ax, (task, columns) in zip(axes[0], tasks.items(), strict=False):
         labels, rows = list(columns), len(matrices[task])
         image = ax.imshow(matrices[task], aspect="auto", cmap="viridis", vmin=low, vmax=high, interpolation="nearest")
         marks = [(col, row) for col, label in enumerate(labels) for row in sorted(critical[task][label])]
@@ -37,9 +37,9 @@ def plot_heatmaps(path: Path, tasks: dict[str, dict[str, list[float | None]]],
                                                                                  .get(label, set()))
                  if row not in critical[task][label]]
         if rings:
-            ax.scatter(*zip(*rings), s=22, facecolors="none", edgecolors="white", linewidths=0.8)
+            ax.scatter(*zip(*rings, strict=False), s=22, facecolors="none", edgecolors="white", linewidths=0.8)
         if marks:
-            ax.scatter(*zip(*marks), s=14, c="red", edgecolors="white", linewidths=0.5, label="critical")
+            ax.scatter(*zip(*marks, strict=False), s=14, c="red", edgecolors="white", linewidths=0.5, label="critical")
         ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
         if relative_depth:
             ticks = [round(f * rows - 0.5) for f in (0.0, 0.25, 0.5, 0.75, 1.0)]
@@ -62,7 +62,7 @@ def plot_drop_curves(path: Path, drops: dict[str, dict[str, list[float]]], thres
     """Drop over relative depth, one panel per task, one line per model."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(drops), figsize=(5 * len(drops), 3.6), squeeze=False)
-    for ax, (task, per_model) in zip(axes[0], drops.items()):
+    for ax, (task, per_model) in zip(axes[0], drops.items(), strict=False):
         for label, values in per_model.items():
             depth = len(values)
             ax.plot([(i + 0.5) / depth for i in range(depth)], [float("nan") if v is None else v for v in values],

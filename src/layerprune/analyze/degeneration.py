@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from layerprune.analyze import charts, metrics
 from layerprune.analyze.records import Timer, loaded_models, resolve_models, run_record, unique_labels, write_json
@@ -91,7 +92,7 @@ def collect_variants(config: DegenerationAnalysis, settings: RunSettings,
     """label -> rows of {prompt, output}, from the files then from on-the-fly generation."""
     labels = check_labels(config)
     variants = {label: read_generations(path, config.prompt_field, config.output_field)
-                for label, path in zip(file_labels(config.generations), config.generations)}
+                for label, path in zip(file_labels(config.generations), config.generations, strict=False)}
     if config.models:
         sources = resolve_models(config.models, settings)
         prompts = load_prompts(config.prompts, config.samples, resolve_data_dir(config.data_dir))
@@ -99,9 +100,9 @@ def collect_variants(config: DegenerationAnalysis, settings: RunSettings,
             log.info("degeneration: generating %d responses with %s", len(prompts), label)
             with timer(f"generate/{label}"):
                 outputs = generate(loaded, prompts, config.max_new_tokens, config.batch_size)
-            variants[label] = [{"prompt": p, "output": o} for p, o in zip(prompts, outputs)]
+            variants[label] = [{"prompt": p, "output": o} for p, o in zip(prompts, outputs, strict=False)]
     if labels:
-        variants = dict(zip(labels, variants.values()))
+        variants = dict(zip(labels, variants.values(), strict=False))
     return variants
 
 

@@ -6,8 +6,9 @@ import gc
 import json
 import math
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from layerprune.models import LoadedModel, ModelSource, load_model, resolve_model
 from layerprune.provenance import collect_provenance
@@ -58,7 +59,7 @@ def unique_labels(labels: list[str]) -> list[str]:
 def resolve_models(specs: list[str], settings: RunSettings) -> list[tuple[str, ModelSource]]:
     """Resolve every spec first (so a bad one fails before any work), with unique labels."""
     sources = [resolve_model(spec, settings) for spec in specs]
-    return list(zip(unique_labels([model_label(s) for s in sources]), sources))
+    return list(zip(unique_labels([model_label(s) for s in sources]), sources, strict=False))
 
 
 def loaded_models(sources: list[tuple[str, ModelSource]], settings: RunSettings) -> Iterator[tuple[str, LoadedModel]]:
@@ -78,7 +79,7 @@ class Timer:
         self.seconds: dict[str, float] = {}
         self.cpu_seconds: dict[str, float] = {}
 
-    def __call__(self, name: str) -> "_Section":
+    def __call__(self, name: str) -> _Section:
         return _Section(self, name)
 
 

@@ -118,7 +118,7 @@ class ImportanceAnalysis(OutputOptions):
         return pairs
 
     @model_validator(mode="after")
-    def _per_model_names_models(self) -> "ImportanceAnalysis":
+    def _per_model_names_models(self) -> ImportanceAnalysis:
         for field in ("per_model", "tokenizers"):
             unknown = sorted(set(getattr(self, field)) - set(self.models))
             if unknown:

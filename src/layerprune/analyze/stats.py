@@ -8,8 +8,9 @@ below `min_base_score` the drops are undefined (None), not 0: there is nothing t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from layerprune import grading
 from layerprune.analyze.facts import CAPITALS
@@ -24,6 +25,7 @@ from layerprune.data import load_rows
 from layerprune.errors import LayerpruneError
 from layerprune.probes import arithmetic_probes
 from layerprune.registry import Registry
+
 
 @dataclass(frozen=True)
 class TaskItem:
@@ -125,7 +127,7 @@ def build_triviaqa(n: int, seed: int, shots: int, data_dir: Path | None) -> list
     rows = load_rows("triviaqa", "train", data_dir)
     pool = random.Random(seed).sample(rows, min(len(rows), n + shots + 16))
     answers = [triviaqa_answer(row) for row in pool]
-    pairs = [(str(row["question"]), answer) for row, (answer, _) in zip(pool, answers)]
+    pairs = [(str(row["question"]), answer) for row, (answer, _) in zip(pool, answers, strict=False)]
     return qa_items(pairs, n, seed, shots, [aliases for _, aliases in answers])
 
 

@@ -5,8 +5,9 @@ The math on the numbers these return lives in metrics.py.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -208,7 +209,7 @@ class GenerationResult:
 def graded_generations(model: Any, tokenizer: Any, items: Sequence[TaskItem], task: Task, batch_size: int,
                        plan: GenerationPlan) -> tuple[list[str], list[bool]]:
     texts = generate_texts(model, tokenizer, [item.prompt for item in items], plan, batch_size)
-    return texts, [task.grade(text, item) for text, item in zip(texts, items)]
+    return texts, [task.grade(text, item) for text, item in zip(texts, items, strict=False)]
 
 
 def ablate_generation(model: Any, tokenizer: Any, items: Sequence[TaskItem], task: Task, batch_size: int,
@@ -238,7 +239,10 @@ def token_states(model: Any, batches: Sequence[CalibBatch], skip_first: bool = T
         if skip_first:  # the first token is an attention sink with outlier activations, not a word
             mask[:, 0] = False
         states = [state[mask].float().cpu() for state in inputs.states()]
-        per_state = [[s] for s in states] if not per_state else [p + [s] for p, s in zip(per_state, states)]
+        if not per_state:
+            per_state = [[s] for s in states]
+        else:
+            per_state = [p + [s] for p, s in zip(per_state, states, strict=False)]
     return [torch.cat(parts) for parts in per_state]
 
 

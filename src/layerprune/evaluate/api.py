@@ -11,8 +11,8 @@ from layerprune.evaluate.overlap import calibration_overlap
 from layerprune.evaluate.report import compare, format_table
 from layerprune.evaluate.runner import evaluate_model
 from layerprune.evaluate.schema import EvalSettings
-from layerprune.evaluate.summary import Summary
 from layerprune.evaluate.suites import plan_tasks
+from layerprune.evaluate.summary import Summary
 from layerprune.models import resolve_model
 from layerprune.models.loading import load_tokenizer
 from layerprune.outputs import atomic_output_dir, check_output_dir

@@ -22,9 +22,10 @@ import secrets
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from layerprune.errors import LayerpruneError
 from layerprune.evaluate.sandbox import SandboxLimits, run_program

@@ -13,10 +13,18 @@ from typing import Any
 
 from layerprune.data import load_rows
 from layerprune.errors import LayerpruneError
-from layerprune.evaluate.task_specs import TaskSpec
-from layerprune.evaluate.humaneval import (GT_TIME_LIMIT_FACTOR, MIN_TIME_LIMIT, Oracle, check_completion,
-                                           check_program, count_statuses, expected_outputs, pass_at_k)
+from layerprune.evaluate.humaneval import (
+    GT_TIME_LIMIT_FACTOR,
+    MIN_TIME_LIMIT,
+    Oracle,
+    check_completion,
+    check_program,
+    count_statuses,
+    expected_outputs,
+    pass_at_k,
+)
 from layerprune.evaluate.sandbox import SandboxLimits
+from layerprune.evaluate.task_specs import TaskSpec
 from layerprune.probes import PROBE_DOCS, PROBE_VERSION, Probe, generate_probes
 
 PROBE_MAX_TOKENS = 32
@@ -167,27 +175,39 @@ def humaneval_config(spec: TaskSpec, data_dir: Path | None, limits: SandboxLimit
     """lm-eval's humaneval.yaml, scored by EvalPlus's rules in our sandbox (expected outputs computed once, cached)."""
     rows = humaneval_rows(data_dir)
     config = {
-        "task": spec.name, "custom_dataset": RowsDataset(rows),
-        "test_split": "test", "output_type": "generate_until", "doc_to_text": "{{prompt}}",
-        "doc_to_target": "{{entry_point}}", "num_fewshot": 0, "process_results": HumanEvalScorer(expected_outputs(rows, cache_dir), limits),
+        "task": spec.name,
+        "custom_dataset": RowsDataset(rows),
+        "test_split": "test",
+        "output_type": "generate_until",
+        "doc_to_text": "{{prompt}}",
+        "doc_to_target": "{{entry_point}}",
+        "num_fewshot": 0,
+        "process_results": HumanEvalScorer(expected_outputs(rows, cache_dir), limits),
         "metric_list": [{"metric": "pass@1", "aggregation": "mean", "higher_is_better": True}, *STATUS_METRICS],
         "generation_kwargs": {"until": list(HUMANEVAL_STOPS), "max_gen_toks": 1024, "do_sample": False},
-        "metadata": {"version": 2.0, "sandbox": copy.copy(limits.__dict__), "time_limit_factor": GT_TIME_LIMIT_FACTOR,
-                     "min_time_limit": MIN_TIME_LIMIT},
+        "metadata": {
+            "version": 2.0,
+            "sandbox": copy.copy(limits.__dict__),
+            "time_limit_factor": GT_TIME_LIMIT_FACTOR,
+            "min_time_limit": MIN_TIME_LIMIT,
+        },
     }
     return with_sampling(config, sampling, majority=False, top_p=HUMANEVAL_TOP_P) if sampling else config
 
 
-def score_sampled_match(target: str, match: dict[str, Any], doc: dict[str, Any],
-                        results: list[Any]) -> dict[str, float]:
+def score_sampled_match(
+    target: str, match: dict[str, Any], doc: dict[str, Any], results: list[Any]
+) -> dict[str, float]:
     """pass@k and maj@N of N extracted answers, each judged by the task's own exact_match settings."""
     from lm_eval.api.metrics import exact_match_hf_evaluate
     from lm_eval.utils import apply_template
 
     gold = apply_template(target, doc) if isinstance(target, str) else str(target(doc))
     answers = [str(a) for a in results[0]]
-    right = {a: bool(exact_match_hf_evaluate(predictions=[a], references=[gold], **match)["exact_match"])
-             for a in set(answers)}
+    right = {
+        a: bool(exact_match_hf_evaluate(predictions=[a], references=[gold], **match)["exact_match"])
+        for a in set(answers)
+    }
     correct = sum(right[a] for a in answers)
     scores = {f"pass@{k}": pass_at_k(len(answers), correct, k) for k in sampled_ks(len(answers))}
     scores[f"maj@{len(answers)}"] = float(right[Counter(answers).most_common(1)[0][0]])
@@ -201,12 +221,25 @@ def lm_eval_sampling(config: dict[str, Any], sampling: Sampling) -> dict[str, An
         raise LayerpruneError(f"--samples-per-task scores generative exact_match tasks; {config['task']} is not one")
     match = {k: v for k, v in metrics[0].items() if k not in ("metric", "aggregation", "higher_is_better")}
     filters = config.get("filter_list") or [{"name": "none", "filter": [{"function": "take_first"}]}]
-    kept = [{"name": f["name"], "filter": [{"function": "take_first_k", "k": sampling.n} if step["function"] ==
-                                           "take_first" else step for step in f["filter"]]} for f in filters]
+    kept = [
+        {
+            "name": f["name"],
+            "filter": [
+                {"function": "take_first_k", "k": sampling.n} if step["function"] == "take_first" else step
+                for step in f["filter"]
+            ],
+        }
+        for f in filters
+    ]
     gen = {**config.get("generation_kwargs", {}), "do_sample": True, "temperature": sampling.temperature}
-    return {**config, "repeats": sampling.n, "generation_kwargs": gen, "filter_list": kept,
-            "process_results": functools.partial(score_sampled_match, config["doc_to_target"], match),
-            "metric_list": sampled_metrics(sampling.n, majority=True)}
+    return {
+        **config,
+        "repeats": sampling.n,
+        "generation_kwargs": gen,
+        "filter_list": kept,
+        "process_results": functools.partial(score_sampled_match, config["doc_to_target"], match),
+        "metric_list": sampled_metrics(sampling.n, majority=True),
+    }
 
 
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -222,7 +255,7 @@ def last_boxed(text: str) -> str | None:
     for j in range(i, len(text)):
         depth += {"{": 1, "}": -1}.get(text[j], 0)
         if depth == 0:
-            return text[i + 1: j].strip()
+            return text[i + 1 : j].strip()
     return None
 
 
@@ -246,9 +279,14 @@ def boxed_config(spec: TaskSpec, data_dir: Path | None) -> dict[str, Any]:
     """GSM8K test, zero-shot: the question plus the boxed-answer instruction; sampled at temperature 0.9."""
     rows = [{"question": r["question"], "answer": r["answer"]} for r in load_rows("gsm8k", "test", data_dir)]
     return {
-        "task": spec.name, "custom_dataset": RowsDataset(rows), "test_split": "test",
-        "output_type": "generate_until", "doc_to_text": "{{question}}\n" + BOXED_INSTRUCTION,
-        "doc_to_target": "{{answer}}", "num_fewshot": 0, "process_results": score_boxed,
+        "task": spec.name,
+        "custom_dataset": RowsDataset(rows),
+        "test_split": "test",
+        "output_type": "generate_until",
+        "doc_to_text": "{{question}}\n" + BOXED_INSTRUCTION,
+        "doc_to_target": "{{answer}}",
+        "num_fewshot": 0,
+        "process_results": score_boxed,
         "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
         "generation_kwargs": {"until": [], "max_gen_toks": BOXED_MAX_TOKENS, "do_sample": True, "temperature": 0.9},
         "metadata": {"version": 1.0, "protocol": "zero-shot chat, \\boxed{} answer, temperature 0.9"},

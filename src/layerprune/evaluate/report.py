@@ -86,14 +86,14 @@ def comparison_rows(summaries: dict[str, Summary]) -> list[dict[str, Any]]:
     retention (model / baseline) and the recovered share of the drop where the drop is clear."""
     heads = [s.headlines() for s in summaries.values()]
     tasks = [t for t in heads[0] if all(t in h for h in heads)] if heads else []
-    return [role_row(task, dict(zip(summaries, (h[task] for h in heads)))) for task in tasks]
+    return [role_row(task, dict(zip(summaries, (h[task] for h in heads), strict=False))) for task in tasks]
 
 
 def sampled_rows(summaries: dict[str, Summary]) -> list[dict[str, Any]]:
     """Per task: each role's pass@k / maj@N from --samples-per-task, where every role has that metric."""
     values = [{(r.task, r.metric): r for r in s.results if r.metric.endswith(" sampled")} for s in summaries.values()]
     keys = [k for k in values[0] if all(k in v for v in values)] if values else []
-    return [role_row(f"{task} ({metric})", dict(zip(summaries, (v[(task, metric)] for v in values))))
+    return [role_row(f"{task} ({metric})", dict(zip(summaries, (v[(task, metric)] for v in values), strict=False)))
             for task, metric in keys]
 
 

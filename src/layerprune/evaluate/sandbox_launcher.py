@@ -15,13 +15,12 @@ Mode `none` (only with --unsafe-code-exec) skips steps 1-2 and the uid change.
 
 from __future__ import annotations
 
+import _signal as signal  # the C module: `signal` imports enum, which costs this launcher milliseconds
 import ctypes
 import marshal
 import os
 import resource
 import sys
-
-import _signal as signal  # the C module: `signal` imports enum, which costs this launcher milliseconds
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000

@@ -43,35 +43,58 @@ class EvalSettings(BaseModel):
                                                       "tag lm-eval knows (lm-eval ls tasks)")
     include_path: Path | None = Field(None, description="A folder of your own lm-eval task YAMLs, as lm-eval's "
                                                        "--include_path: --tasks then knows their tasks and groups")
-    suite: str | None = Field(None, description="A suite of tasks (see --list); default: quick when --tasks is not given")
+    suite: str | None = Field(
+        None, description="A suite of tasks (see --list); default: quick when --tasks is not given"
+    )
     limit: float | None = Field(None, description="Documents per task: a count, or a fraction of the set if below 1")
     num_fewshot: int | None = Field(None, description="Few-shot examples for lm-eval tasks (default: the task's own)")
     fewshot_from_eval_split: bool = Field(
-        False, description="Where the few-shot pool lm-eval uses (its training split, fewshot_split or validation) "
-                           "is missing locally, draw the examples from the scored split (never a document itself)")
+        False,
+        description="Where the few-shot pool lm-eval uses (its training split, fewshot_split or validation) "
+        "is missing locally, draw the examples from the scored split (never a document itself)",
+    )
     max_gen_toks: int | None = Field(None, ge=1, description="Most tokens generated per answer (generative tasks)")
     batch_size: str = Field("auto", description="Batch size: a number, or auto (32 on CPU, lm-eval's search on GPU)")
     chat_template: Literal["auto", "on", "off"] = Field(
-        "auto", description="Apply the model's chat template: auto = for tasks whose protocol calls for it")
+        "auto", description="Apply the model's chat template: auto = for tasks whose protocol calls for it"
+    )
     backend: Literal["hf", "vllm"] = Field("hf", description="lm-eval backend: hf (in-process model) or vllm (GPU)")
-    data_dir: Path | None = Field(None, description="Local data mirror DIR/<dataset>/<split>.jsonl "
-                                                    "(default $LAYERPRUNE_DATA_DIR or ../shared/data)")
+    data_dir: Path | None = Field(
+        None,
+        description="Local data mirror DIR/<dataset>/<split>.jsonl (default $LAYERPRUNE_DATA_DIR or ../shared/data)",
+    )
     probe_seed: int = Field(0, description="Seed the algorithmic probes are generated from")
-    sandbox_timeout: float = Field(60.0, gt=0, description="Most seconds one HumanEval+ program may run in all "
-                                   "(EvalPlus's per-task cap); each input gets max(1 s, 4 x the reference's time)")
+    sandbox_timeout: float = Field(
+        60.0,
+        gt=0,
+        description="Most seconds one HumanEval+ program may run in all "
+        "(EvalPlus's per-task cap); each input gets max(1 s, 4 x the reference's time)",
+    )
     sandbox_memory_mb: int = Field(2048, ge=64, description="Address-space limit of each HumanEval+ program (MB)")
     samples_per_task: int | None = Field(
-        None, ge=1, description="Also sample N completions per document and report pass@k (k = 1, and 10 where "
-        "N >= 10), and maj@N for GSM8K and the probes, next to the greedy scores")
-    temperature: float | None = Field(None, gt=0, description="Sampling temperature with --samples-per-task "
-                                                              "(default 0.2, as lm-eval's sampled tasks)")
-    reference_solutions: bool = Field(False, description="Score HumanEval+'s canonical solutions instead of a "
-                                      "model's completions: checks the machine and the harness (expect 1.0)")
-    unsafe_code_exec: bool = Field(False, description="Run generated code even where no isolation is available "
-                                                      "(not root and no user namespaces): unsafe")
+        None,
+        ge=1,
+        description="Also sample N completions per document and report pass@k (k = 1, and 10 where "
+        "N >= 10), and maj@N for GSM8K and the probes, next to the greedy scores",
+    )
+    temperature: float | None = Field(
+        None, gt=0, description="Sampling temperature with --samples-per-task (default 0.2, as lm-eval's sampled tasks)"
+    )
+    reference_solutions: bool = Field(
+        False,
+        description="Score HumanEval+'s canonical solutions instead of a "
+        "model's completions: checks the machine and the harness (expect 1.0)",
+    )
+    unsafe_code_exec: bool = Field(
+        False,
+        description="Run generated code even where no isolation is available (not root and no user namespaces): unsafe",
+    )
     reuse: bool = Field(True, description="Reuse cached results for the same model, task and settings")
-    allow_overlap: bool = Field(False, description="Evaluate even when evaluated documents are among the pruned "
-                                                   "model's calibration items (recorded in the results)")
+    allow_overlap: bool = Field(
+        False,
+        description="Evaluate even when evaluated documents are among the pruned "
+        "model's calibration items (recorded in the results)",
+    )
 
     @field_validator("limit")
     @classmethod
@@ -110,8 +133,11 @@ class EvalSettings(BaseModel):
 
         errors = [error for name in self.tasks or [] if (error := task_name_error(name, self.include_path))]
         if errors:
-            detail = InitErrorDetails(type=PydanticCustomError("unknown_task", "{error}", {"error": errors[0]}),
-                                      loc=("tasks",), input=self.tasks)
+            detail = InitErrorDetails(
+                type=PydanticCustomError("unknown_task", "{error}", {"error": errors[0]}),
+                loc=("tasks",),
+                input=self.tasks,
+            )
             raise ValidationError.from_exception_data(type(self).__name__, [detail])
         return self
 

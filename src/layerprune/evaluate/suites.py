@@ -10,12 +10,18 @@ from pathlib import Path
 
 import yaml
 
-from layerprune.errors import LayerpruneError
 from layerprune.data import check_jsonl, hub_offline
-from layerprune.evaluate.offline import (check_fewshot_pool, default_fewshot, fewshot_pool, local_files,
-                                         missing_splits, require_data)
-from layerprune.evaluate.task_specs import TASKS, TaskSpec
+from layerprune.errors import LayerpruneError
+from layerprune.evaluate.offline import (
+    check_fewshot_pool,
+    default_fewshot,
+    fewshot_pool,
+    local_files,
+    missing_splits,
+    require_data,
+)
 from layerprune.evaluate.schema import EvalSettings, Suite, TaskSettings
+from layerprune.evaluate.task_specs import TASKS, TaskSpec
 from layerprune.recipe_loading import build_schema
 from layerprune.registry import unknown_name_message
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -80,7 +81,9 @@ class DecoderStack:
         if not diff <= 1e-3 * float(own.abs().max()) + 1e-4:
             raise LayerpruneError(
                 f"{type(self.model).__name__}: the logits from its final norm and head differ from its own forward "
-                f"(max |diff| {diff:.3g}); scores computed from them would be wrong, so this model is refused for this score")
+                f"(max |diff| {diff:.3g}); scores computed from them would be wrong, "
+                "so this model is refused for this score"
+            )
         return diff
 
 
@@ -148,7 +151,7 @@ def drop_blocks(model: nn.Module, drop: Sequence[int], force: bool = False) -> l
         slice_layer_config(config, kept, depth, force)
     setattr(stack.base, stack.attr, nn.ModuleList([stack.layers[i] for i in kept]))
     reindex_layers(stack.layers)
-    for config, new in zip(configs, sliced):
+    for config, new in zip(configs, sliced, strict=False):
         config.__dict__.update(vars(new))
     return kept
 

@@ -8,9 +8,10 @@ with `set_module_tensor_to_device` just before every hidden state goes through i
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -60,7 +61,9 @@ def load_skeleton(directory: Path, config: Any, device: torch.device, dtype: tor
             if name not in checkpoint.weight_map:
                 if _tied(model, name):
                     continue
-                raise LayerpruneError(f"block-major scoring: {name} is not in the checkpoint (renamed tensors are not supported)")
+                raise LayerpruneError(
+                    f"block-major scoring: {name} is not in the checkpoint (renamed tensors are not supported)"
+                )
             _set(model, name, tensors(name), device, dtype)
     model.tie_weights()
     for name, buffer in model.named_buffers():
@@ -104,8 +107,9 @@ class _Captured(Exception):
     """Raised by the last block's stand-in: every block's call arguments are recorded."""
 
 
-def block_call_args(bw: BlockwiseModel, input_ids: torch.Tensor, attention_mask: torch.Tensor
-                    ) -> tuple[torch.Tensor, list[tuple[tuple[Any, ...], dict[str, Any]]]]:
+def block_call_args(
+    bw: BlockwiseModel, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> tuple[torch.Tensor, list[tuple[tuple[Any, ...], dict[str, Any]]]]:
     """The first block's input and every block's other call arguments, with no block run (each is a stand-in
     that returns its input)."""
     records: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
@@ -157,7 +161,8 @@ class MemoryPlan:
     def lines(self) -> list[str]:
         gib = 2**30
         return [
-            f"whole model {self.model_bytes / gib:.2f} GiB; resident (embeddings, norm, head) {self.resident_bytes / gib:.2f} GiB; "
+            f"whole model {self.model_bytes / gib:.2f} GiB; "
+            f"resident (embeddings, norm, head) {self.resident_bytes / gib:.2f} GiB; "
             f"largest block {self.block_bytes / gib:.3f} GiB",
             f"hidden states: {self.state_bytes / gib:.3f} GiB per candidate state x {self.states} alive at the peak = "
             f"{self.state_bytes * self.states / gib:.2f} GiB; one batch's work {self.work_bytes / gib:.2f} GiB",
@@ -177,5 +182,9 @@ def memory_plan(config: Any, tokens: int, batch_shape: tuple[int, int], dtype: t
     intermediate = max(getattr(text, "intermediate_size", 0) or 0, 4 * text.hidden_size)
     heads = getattr(text, "num_attention_heads", 1) or 1
     vocab = getattr(text, "vocab_size", 0) or 0
-    work = rows * seq * (intermediate * 3 + text.hidden_size * 4) * size + rows * heads * seq * seq * 4 + rows * seq * vocab * 4
+    work = (
+        rows * seq * (intermediate * 3 + text.hidden_size * 4) * size
+        + rows * heads * seq * seq * 4
+        + rows * seq * vocab * 4
+    )
     return MemoryPlan(total, total - sum(blocks), max(blocks), tokens * text.hidden_size * size, states, work)

@@ -8,8 +8,9 @@ the prune (unless forced), because guessing would write a model that loads with 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from layerprune.errors import LayerpruneError
 
@@ -48,15 +49,21 @@ def _leading_count(config: Any, kept: Sequence[int], name: str) -> Updates:
 
 
 def per_block(name: str) -> FieldRule:
-    return FieldRule((name,), "one entry per block: the kept blocks' entries", lambda c, k, d: _kept_entries(c, k, d, name))
+    return FieldRule(
+        (name,), "one entry per block: the kept blocks' entries", lambda c, k, d: _kept_entries(c, k, d, name)
+    )
 
 
 def index_list(name: str) -> FieldRule:
-    return FieldRule((name,), "block indices: kept ones renumbered, dropped ones removed", lambda c, k, d: _renumbered(c, k, name))
+    return FieldRule(
+        (name,), "block indices: kept ones renumbered, dropped ones removed", lambda c, k, d: _renumbered(c, k, name)
+    )
 
 
 def leading_count(name: str) -> FieldRule:
-    return FieldRule((name,), "the first N blocks: N counts the kept blocks below it", lambda c, k, d: _leading_count(c, k, name))
+    return FieldRule(
+        (name,), "the first N blocks: N counts the kept blocks below it", lambda c, k, d: _leading_count(c, k, name)
+    )
 
 
 def unaffected(name: str, why: str) -> FieldRule:
@@ -85,15 +92,19 @@ def _deepseek_moe(config: Any, kept: Sequence[int], depth: int) -> Updates:
     """DeepSeek-V3 style: MoE from block first_k_dense_replace on, every moe_layer_freq-th (remote code)."""
     first = getattr(config, "first_k_dense_replace", None) or 0
     freq = getattr(config, "moe_layer_freq", 1)
-    updates = {"first_k_dense_replace": sum(1 for i in kept if i < first)} if hasattr(config, "first_k_dense_replace") else {}
+    updates = (
+        {"first_k_dense_replace": sum(1 for i in kept if i < first)} if hasattr(config, "first_k_dense_replace") else {}
+    )
     if freq in (None, 1):
         return updates
     wanted = [i >= first and i % freq == 0 for i in kept]
     fit = _fit_threshold_period(wanted)
     if fit is None:
         raise LayerpruneError(
-            f"cannot drop blocks {_dropped(kept, depth)} of {_model_type(config)}: config fields first_k_dense_replace and "
-            f"moe_layer_freq cannot express which kept blocks are mixture-of-experts ({_pattern(wanted)})")
+            f"cannot drop blocks {_dropped(kept, depth)} of {_model_type(config)}: "
+            "config fields first_k_dense_replace and "
+            f"moe_layer_freq cannot express which kept blocks are mixture-of-experts ({_pattern(wanted)})"
+        )
     return {"first_k_dense_replace": fit[0], "moe_layer_freq": fit[1]}
 
 
@@ -119,7 +130,9 @@ def _fit_period(pattern: list[bool]) -> tuple[int, int] | None:
 def _jamba_periods(config: Any, kept: Sequence[int], depth: int) -> Updates:
     """Jamba: attention (and expert) blocks are every `period`-th from `offset`; re-fit both for the kept blocks."""
     updates: Updates = {}
-    if isinstance(vars(config).get("layers_block_type"), list):  # Zamba: an explicit list (sliced); periods only built it
+    if isinstance(
+        vars(config).get("layers_block_type"), list
+    ):  # Zamba: an explicit list (sliced); periods only built it
         return updates
     for kind in ("attn", "expert"):
         if not hasattr(config, f"{kind}_layer_period"):
@@ -129,8 +142,10 @@ def _jamba_periods(config: Any, kept: Sequence[int], depth: int) -> Updates:
         fit = _fit_period(wanted)
         if fit is None:
             raise LayerpruneError(
-                f"cannot drop blocks {_dropped(kept, depth)} of {_model_type(config)}: config fields {kind}_layer_period/"
-                f"{kind}_layer_offset cannot express the kept pattern ({_pattern(wanted)}); choose blocks that keep it periodic")
+                f"cannot drop blocks {_dropped(kept, depth)} of {_model_type(config)}: "
+                f"config fields {kind}_layer_period/{kind}_layer_offset cannot express the kept pattern "
+                f"({_pattern(wanted)}); choose blocks that keep it periodic"
+            )
         updates[f"{kind}_layer_period"], updates[f"{kind}_layer_offset"] = fit
     return updates
 
@@ -149,31 +164,64 @@ def _model_type(config: Any) -> str:
 
 RULES: list[FieldRule] = [
     unaffected("num_hidden_layers", "set to the number of kept blocks"),
-    *(per_block(name) for name in ("layer_types", "layers_block_type", "mlp_layer_types", "no_rope_layers",
-                                   "activation_sparsity_pattern", "layer_rope_theta", "num_attention_heads_per_layer",
-                                   "indexer_types")),
+    *(
+        per_block(name)
+        for name in (
+            "layer_types",
+            "layers_block_type",
+            "mlp_layer_types",
+            "no_rope_layers",
+            "activation_sparsity_pattern",
+            "layer_rope_theta",
+            "num_attention_heads_per_layer",
+            "indexer_types",
+        )
+    ),
     per_block("intermediate_size"),  # Gemma-3n: a list, one per block (an int elsewhere: left alone)
     *(index_list(name) for name in ("moe_layers", "cross_attention_layers", "attn_layer_indices", "full_attn_idxs")),
     *(leading_count(name) for name in ("max_window_layers", "num_dense_layers")),
-    FieldRule(("mlp_only_layers", "decoder_sparse_step"),
-              "Qwen-MoE: made explicit: mlp_only_layers lists the kept dense blocks, decoder_sparse_step = 1",
-              _qwen_moe_sparsity),
-    FieldRule(("first_k_dense_replace", "moe_layer_freq"),
-              "DeepSeek-style: count of kept leading dense blocks; a moe_layer_freq > 1 re-fitted or refused", _deepseek_moe),
-    FieldRule(("attn_layer_period", "attn_layer_offset", "expert_layer_period", "expert_layer_offset"),
-              "Jamba: period and offset re-fitted to the kept blocks, refused where no period fits", _jamba_periods),
-    unaffected("interleave_moe_layer_step", "Llama-4 only uses it when moe_layers is empty, and moe_layers is renumbered"),
+    FieldRule(
+        ("mlp_only_layers", "decoder_sparse_step"),
+        "Qwen-MoE: made explicit: mlp_only_layers lists the kept dense blocks, decoder_sparse_step = 1",
+        _qwen_moe_sparsity,
+    ),
+    FieldRule(
+        ("first_k_dense_replace", "moe_layer_freq"),
+        "DeepSeek-style: count of kept leading dense blocks; a moe_layer_freq > 1 re-fitted or refused",
+        _deepseek_moe,
+    ),
+    FieldRule(
+        ("attn_layer_period", "attn_layer_offset", "expert_layer_period", "expert_layer_offset"),
+        "Jamba: period and offset re-fitted to the kept blocks, refused where no period fits",
+        _jamba_periods,
+    ),
+    unaffected(
+        "interleave_moe_layer_step", "Llama-4 only uses it when moe_layers is empty, and moe_layers is renumbered"
+    ),
     unaffected("no_rope_layer_interval", "only builds a missing no_rope_layers, which is sliced"),
     unaffected("num_nextn_predict_layers", "multi-token-prediction heads, not decoder blocks"),
     unaffected("num_mtp_layers", "multi-token-prediction heads, not decoder blocks"),
     refused("num_kv_shared_layers", "the last blocks reuse the KV cache of earlier ones by position"),
-    refused("hidden_size_per_layer_input", "per-layer input embeddings (embed_tokens_per_layer) are sized by the block count"),
+    refused(
+        "hidden_size_per_layer_input",
+        "per-layer input embeddings (embed_tokens_per_layer) are sized by the block count",
+    ),
     unaffected("vocab_size_per_layer_input", "a vocabulary size; the per-layer embeddings are refused above"),
     refused("hybrid_layer_ids", "shared attention blocks are assigned to hybrid blocks by position"),
 ]
 FIELD_RULES: dict[str, FieldRule] = {name: rule for rule in RULES for name in rule.fields}
-NOT_PER_BLOCK = {"architectures", "eos_token_id", "bos_token_id", "pad_token_id", "mlp_multipliers", "ssm_multipliers",
-                 "time_step_limit", "bad_words_ids", "suppress_tokens", "begin_suppress_tokens"}
+NOT_PER_BLOCK = {
+    "architectures",
+    "eos_token_id",
+    "bos_token_id",
+    "pad_token_id",
+    "mlp_multipliers",
+    "ssm_multipliers",
+    "time_step_limit",
+    "bad_words_ids",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+}
 
 
 def looks_layer_related(name: str, value: Any, depth: int) -> bool:
@@ -186,14 +234,21 @@ def looks_layer_related(name: str, value: Any, depth: int) -> bool:
         return False
     if isinstance(value, int):
         return 0 <= value <= depth
-    return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    return (
+        isinstance(value, (list, tuple))
+        and bool(value)
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    )
 
 
 def unknown_layer_fields(config: Any, depth: int) -> list[str]:
     """Layer-looking fields of `config` that no rule handles."""
     depth_attr = getattr(config, "attribute_map", {}).get("num_hidden_layers", "num_hidden_layers")
-    return sorted(name for name, value in vars(config).items()
-                  if name != depth_attr and name not in FIELD_RULES and looks_layer_related(name, value, depth))
+    return sorted(
+        name
+        for name, value in vars(config).items()
+        if name != depth_attr and name not in FIELD_RULES and looks_layer_related(name, value, depth)
+    )
 
 
 def check_layer_fields(config: Any, depth: int, force: bool = False) -> list[str]:
@@ -201,8 +256,10 @@ def check_layer_fields(config: Any, depth: int, force: bool = False) -> list[str
     unknown = unknown_layer_fields(config, depth)
     if unknown and not force:
         raise LayerpruneError(
-            f"{_model_type(config)} config field(s) {', '.join(unknown)} look layer-related and layerprune does not know "
-            "how to renumber them; pass --force to prune anyway (the saved model is still verified)")
+            f"{_model_type(config)} config field(s) {', '.join(unknown)} look layer-related "
+            "and layerprune does not know "
+            "how to renumber them; pass --force to prune anyway (the saved model is still verified)"
+        )
     return unknown
 
 

@@ -127,7 +127,8 @@ def clear_gguf_quantizer(model: PreTrainedModel) -> None:
     model.hf_quantizer = None
     if hasattr(model, "is_quantized"):
         model.is_quantized = False
-    for config in {id(model.config): model.config, id(model.config.get_text_config()): model.config.get_text_config()}.values():
+    text = model.config.get_text_config()
+    for config in {id(model.config): model.config, id(text): text}.values():
         if hasattr(config, "quantization_config"):
             del config.quantization_config
         config._name_or_path = ""
@@ -174,7 +175,9 @@ def _load_config(source: ModelSource, settings: RunSettings) -> Any:
         return AutoConfig.from_pretrained(source.location, trust_remote_code=settings.trust_remote_code)
     except Exception as exc:
         where = "the Hugging Face hub" if source.kind == "hub" else source.location
-        raise LayerpruneError(f"could not read the config of {source.spec} from {where}: {one_line(exc)[:200]}") from exc
+        raise LayerpruneError(
+            f"could not read the config of {source.spec} from {where}: {one_line(exc)[:200]}"
+        ) from exc
 
 
 def load_tokenizer(source: ModelSource, settings: RunSettings | None = None) -> PreTrainedTokenizerBase:
@@ -201,7 +204,9 @@ def check_decoder_only(config: Any, spec: str) -> None:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     model_type = getattr(text, "model_type", None) or getattr(config, "model_type", "")
     if getattr(config, "is_encoder_decoder", False):
-        raise LayerpruneError(f"{spec} is an encoder-decoder model ({model_type}); layerprune needs a decoder-only causal LM")
+        raise LayerpruneError(
+            f"{spec} is an encoder-decoder model ({model_type}); layerprune needs a decoder-only causal LM"
+        )
     if model_type in ENCODER_TYPES or (
         config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not getattr(config, "auto_map", None)
     ):

@@ -12,9 +12,10 @@ import json
 import re
 import shutil
 from collections import defaultdict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -141,7 +142,10 @@ def write_stream(plan: StreamPlan, target: Path) -> None:
             del shard
     if plan.sharded:
         weight_map = {name: f for f, names in plan.shards.items() for name in names}
-        index = {"metadata": {**plan.metadata, "total_parameters": count_parameters(plan.checkpoint, list(plan.renamed))}, "weight_map": weight_map}
+        index = {
+            "metadata": {**plan.metadata, "total_parameters": count_parameters(plan.checkpoint, list(plan.renamed))},
+            "weight_map": weight_map,
+        }
         (target / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
@@ -184,9 +188,9 @@ def sliced_config(config: Any, drop: Sequence[int], force: bool = False) -> Any:
 
 def pruned_meta_model(config: Any, drop: Sequence[int], force: bool = False) -> Any:
     """The model built from `config` on the meta device with `drop` removed by `drop_blocks` (config rewritten)."""
-    from transformers import AutoModelForCausalLM
-
     import copy
+
+    from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(copy.deepcopy(config))  # drop_blocks rewrites the config in place
@@ -214,7 +218,9 @@ def verify_stream(plan: StreamPlan, target: Path, config: Any) -> None:
         raise LayerpruneError(f"streamed checkpoint in {target} does not hold the planned tensors")
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     if text.num_hidden_layers != len(plan.kept):
-        raise LayerpruneError(f"sliced config has {text.num_hidden_layers} blocks, the streamed weights {len(plan.kept)}")
+        raise LayerpruneError(
+            f"sliced config has {text.num_hidden_layers} blocks, the streamed weights {len(plan.kept)}"
+        )
     suffixes: dict[int, set[str]] = defaultdict(set)
     for name in written.weight_map:
         match = _BLOCK_KEY.match(name)
@@ -226,7 +232,7 @@ def verify_stream(plan: StreamPlan, target: Path, config: Any) -> None:
 
 def _block_suffixes(plan: StreamPlan, index: int) -> set[str]:
     head = f"{plan.prefix}.{index}."
-    return {name[len(head):] for name in plan.checkpoint.weight_map if name.startswith(head)}
+    return {name[len(head) :] for name in plan.checkpoint.weight_map if name.startswith(head)}
 
 
 def copy_side_files(source: Path, target: Path) -> None:

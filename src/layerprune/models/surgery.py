@@ -12,8 +12,9 @@ import re
 import shutil
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -60,7 +61,9 @@ def _safetensors_dtype(directory: Path) -> torch.dtype | None:
 
 def cast_state_dict(model: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The state dict with floating tensors in `dtype` (fp32-pinned modules kept), tied tensors still shared."""
-    keep_fp32 = set(getattr(model, "_keep_in_fp32_modules", None) or []) | set(getattr(model, "_keep_in_fp32_modules_strict", None) or [])
+    keep_fp32 = set(getattr(model, "_keep_in_fp32_modules", None) or []) | set(
+        getattr(model, "_keep_in_fp32_modules_strict", None) or []
+    )
     cast: dict[tuple[int, torch.dtype], torch.Tensor] = {}
     out = {}
     for name, tensor in model.state_dict().items():
@@ -80,7 +83,9 @@ def saved_size(model: nn.Module, dtype: torch.dtype) -> int:
         if tensor.data_ptr() in seen:
             continue
         seen.add(tensor.data_ptr())
-        total += tensor.numel() * (torch.finfo(dtype).bits // 8 if tensor.is_floating_point() else tensor.element_size())
+        total += tensor.numel() * (
+            torch.finfo(dtype).bits // 8 if tensor.is_floating_point() else tensor.element_size()
+        )
     return total
 
 
@@ -95,7 +100,9 @@ def _gb(size: float) -> str:
     return f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
 
 
-def write_pretrained(model: nn.Module, directory: Path, dtype: torch.dtype, max_shard_size: str, label: Path | str) -> int:
+def write_pretrained(
+    model: nn.Module, directory: Path, dtype: torch.dtype, max_shard_size: str, label: Path | str
+) -> int:
     """save_pretrained in `dtype` (config's dtype set to match); a full disk is one line naming `label`."""
     needed = saved_size(model, dtype)
     check_free_space(directory, needed, label)
@@ -104,7 +111,9 @@ def write_pretrained(model: nn.Module, directory: Path, dtype: torch.dtype, max_
         model.save_pretrained(directory, safe_serialization=True, max_shard_size=max_shard_size, state_dict=state)
     except Exception as exc:
         if NO_SPACE.search(str(exc)) or getattr(exc, "errno", None) == 28:
-            raise LayerpruneError(f"no space left on device while writing {label}: it needs about {_gb(needed)}; nothing was written") from exc
+            raise LayerpruneError(
+                f"no space left on device while writing {label}: it needs about {_gb(needed)}; nothing was written"
+            ) from exc
         raise
     _set_config_dtype(directory / "config.json", dtype_name(dtype))
     return needed
@@ -126,8 +135,9 @@ def _set_config_dtype(path: Path, name: str) -> None:
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def skip_reference_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                          skip: Sequence[int]) -> torch.Tensor:
+def skip_reference_logits(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, skip: Sequence[int]
+) -> torch.Tensor:
     """Logits of the full model with each skipped block's output replaced by its input (no config changes)."""
 
     def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
@@ -150,8 +160,10 @@ def check_config_builds(model: nn.Module) -> nn.Module:
         with torch.device("meta"):
             return type(model)(model.config)
     except Exception as exc:  # the family's own checks of its config, in many exception types
-        raise LayerpruneError(f"surgery check failed: the new config does not build a {type(model).__name__}: "
-                              f"{one_line(exc)[:300]}; nothing was written") from exc
+        raise LayerpruneError(
+            f"surgery check failed: the new config does not build a {type(model).__name__}: "
+            f"{one_line(exc)[:300]}; nothing was written"
+        ) from exc
 
 
 def check_config_matches_weights(model: nn.Module, shapes: dict[str, tuple[int, ...]] | None = None) -> int:
@@ -164,13 +176,17 @@ def check_config_matches_weights(model: nn.Module, shapes: dict[str, tuple[int, 
     expected = {name: tuple(t.shape) for name, t in fresh.state_dict().items()}
     actual = shapes if shapes is not None else {name: tuple(t.shape) for name, t in model.state_dict().items()}
     if shapes is not None:  # files hold a tied tensor once (e.g. lm_head.weight = embed_tokens.weight)
-        expected = {name: shape for name, shape in expected.items() if name in actual or not _tied_to(fresh, name, actual)}
+        expected = {
+            name: shape for name, shape in expected.items() if name in actual or not _tied_to(fresh, name, actual)
+        }
     missing, unexpected = sorted(set(expected) - set(actual)), sorted(set(actual) - set(expected))
     shapes = sorted(name for name in set(expected) & set(actual) if expected[name] != actual[name])
     if missing or unexpected or shapes:
         raise LayerpruneError(
             f"surgery check failed: the new {type(model).__name__} config expects other weights than the pruned ones "
-            f"(missing {_few(missing)}, unexpected {_few(unexpected)}, other shapes {_few(shapes)}); nothing was written")
+            f"(missing {_few(missing)}, unexpected {_few(unexpected)}, other shapes {_few(shapes)}); "
+            "nothing was written"
+        )
     return len(actual)
 
 
@@ -184,8 +200,15 @@ def _few(names: list[str]) -> str:
     return "none" if not names else ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
-def compare_reloaded_logits(directory: Path, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                            reference: torch.Tensor, dtype: torch.dtype, device: torch.device, rtol: float) -> dict[str, Any]:
+def compare_reloaded_logits(
+    directory: Path,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    reference: torch.Tensor,
+    dtype: torch.dtype,
+    device: torch.device,
+    rtol: float,
+) -> dict[str, Any]:
     """Reload `directory` in `dtype` on `device` and compare its logits with `reference`; raise on a mismatch."""
     from transformers import AutoModelForCausalLM
 
@@ -195,7 +218,9 @@ def compare_reloaded_logits(directory: Path, input_ids: torch.Tensor, attention_
         raise LayerpruneError(f"surgery check failed: the written model does not load: {one_line(exc)[:300]}") from exc
     problems = {key: sorted(info.get(key) or []) for key in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     if any(problems.values()):
-        raise LayerpruneError(f"surgery check failed: reloading the written model reports {_loading(problems)}; nothing was written")
+        raise LayerpruneError(
+            f"surgery check failed: reloading the written model reports {_loading(problems)}; nothing was written"
+        )
     reloaded.to(device).eval()
     with torch.inference_mode():
         logits = reloaded(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits.float()
@@ -206,21 +231,35 @@ def compare_reloaded_logits(directory: Path, input_ids: torch.Tensor, attention_
     if not diff <= tolerance:
         raise LayerpruneError(
             f"surgery check failed: the written model's logits differ from the original with the blocks skipped "
-            f"(max |diff| {diff:.3g} > {tolerance:.3g}); nothing was written")
+            f"(max |diff| {diff:.3g} > {tolerance:.3g}); nothing was written"
+        )
     return {"max_abs_diff": diff, "tolerance": tolerance, "reference_max_abs": scale}
 
 
 def _loading(problems: dict[str, list[Any]]) -> str:
-    return "; ".join(f"{key.replace('_', ' ')}: {_few([str(k) for k in keys])}" for key, keys in problems.items() if keys)
+    return "; ".join(
+        f"{key.replace('_', ' ')}: {_few([str(k) for k in keys])}" for key, keys in problems.items() if keys
+    )
 
 
-def verify_surgery(model: nn.Module, directory: Path, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                   reference: torch.Tensor, lossless: bool) -> dict[str, Any]:
+def verify_surgery(
+    model: nn.Module,
+    directory: Path,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    reference: torch.Tensor,
+    lossless: bool,
+) -> dict[str, Any]:
     """Both checks on a pruned in-memory `model` written to `directory`; a record of what was compared."""
     start = time.perf_counter()
     keys = check_config_matches_weights(model)
     compute = next(model.parameters()).dtype
     rtol = (1e-3 if compute == torch.float32 else 2e-2) if lossless else 5e-2
     record = compare_reloaded_logits(directory, input_ids, attention_mask, reference, compute, input_ids.device, rtol)
-    return {"checked": True, "keys": keys, "tokens": int(input_ids.numel()), **record,
-            "seconds": round(time.perf_counter() - start, 2)}
+    return {
+        "checked": True,
+        "keys": keys,
+        "tokens": int(input_ids.numel()),
+        **record,
+        "seconds": round(time.perf_counter() - start, 2),
+    }

@@ -6,8 +6,9 @@ ablated block are the full model's, so every candidate starts from the cached in
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +24,7 @@ class CalibBatch:
     attention_mask: torch.Tensor
     loss_mask: torch.Tensor
 
-    def to(self, device: torch.device) -> "CalibBatch":
+    def to(self, device: torch.device) -> CalibBatch:
         return CalibBatch(self.input_ids.to(device), self.attention_mask.to(device), self.loss_mask.to(device))
 
 
@@ -105,7 +106,9 @@ def greedy_match(stack: DecoderStack, hidden: torch.Tensor, batch: CalibBatch, s
     mask = batch.loss_mask[:, 1:].bool().to(hidden.device)
     predicted = stack.logits(hidden[:, :-1][mask]).argmax(-1)
     hits = predicted == batch.input_ids[:, 1:].to(hidden.device)[mask].to(predicted.device)
-    misses = torch.zeros(mask.shape[0], device=hits.device).index_add_(0, mask.nonzero()[:, 0].to(hits.device), (~hits).float())
+    misses = torch.zeros(mask.shape[0], device=hits.device).index_add_(
+        0, mask.nonzero()[:, 0].to(hits.device), (~hits).float()
+    )
     positions = torch.arange(mask.shape[1] + 1, device=hidden.device)
     last = (batch.loss_mask.to(hidden.device).bool() * positions).argmax(1)
     after = stack.logits(hidden[torch.arange(hidden.shape[0], device=hidden.device), last]).argmax(-1)
@@ -118,7 +121,7 @@ FINAL = -1  # key of the last kept block's output in `prefix_states`
 def prefix_states(stack: DecoderStack, inputs: BlockInputs, kept: Sequence[int]) -> dict[int, torch.Tensor]:
     """The hidden state entering each kept block in the model made of `kept` blocks only (FINAL: its output)."""
     if len(kept) == len(inputs.call_args) and len(inputs.hidden[-1]):
-        return {**dict(zip(kept, inputs.hidden)), FINAL: inputs.output}
+        return {**dict(zip(kept, inputs.hidden, strict=False)), FINAL: inputs.output}
     states: dict[int, torch.Tensor] = {}
     hidden = inputs.hidden[0]
     for index in kept:
@@ -129,8 +132,13 @@ def prefix_states(stack: DecoderStack, inputs: BlockInputs, kept: Sequence[int])
 
 
 def candidate_losses(
-    stack: DecoderStack, inputs: BlockInputs, kept: Sequence[int], candidates: Sequence[int],
-    states: dict[int, torch.Tensor] | None = None, group: int = 0, measure: Measure | None = None,
+    stack: DecoderStack,
+    inputs: BlockInputs,
+    kept: Sequence[int],
+    candidates: Sequence[int],
+    states: dict[int, torch.Tensor] | None = None,
+    group: int = 0,
+    measure: Measure | None = None,
 ) -> dict[int, Any]:
     """NLL (sum, count) of the `kept` model with each candidate removed, from the shared prefix (or what
     `measure(stack, final_hidden, batch)` returns instead).
@@ -145,17 +153,25 @@ def candidate_losses(
     size = group if group > 0 else max(len(ordered), 1)
     losses: dict[int, tuple[float, int]] = {}
     for start in range(0, len(ordered), size):
-        losses.update(_stacked_losses(stack, inputs, kept, ordered[start : start + size], states, measure or masked_nll))
+        losses.update(
+            _stacked_losses(stack, inputs, kept, ordered[start : start + size], states, measure or masked_nll)
+        )
     return losses
 
 
-def _stacked_losses(stack: DecoderStack, inputs: BlockInputs, kept: Sequence[int], candidates: Sequence[int],
-                    states: dict[int, torch.Tensor], measure: Measure) -> dict[int, Any]:
+def _stacked_losses(
+    stack: DecoderStack,
+    inputs: BlockInputs,
+    kept: Sequence[int],
+    candidates: Sequence[int],
+    states: dict[int, torch.Tensor],
+    measure: Measure,
+) -> dict[int, Any]:
     """`candidate_losses` for one group of candidates, all stacked."""
     wanted = set(candidates)
     order: list[int] = []
     active: torch.Tensor | None = None
-    for index in kept[kept.index(candidates[0]):]:
+    for index in kept[kept.index(candidates[0]) :]:
         if active is not None:
             active = _run_stacked(stack, inputs, index, active, len(order))
         if index in wanted:  # skipping `index`: its output is its input
@@ -163,10 +179,12 @@ def _stacked_losses(stack: DecoderStack, inputs: BlockInputs, kept: Sequence[int
             active = states[index] if active is None else torch.cat([active, states[index].to(active.device)])
     assert active is not None
     finals = active.chunk(len(order))
-    return {c: measure(stack, final, inputs.batch) for c, final in zip(order, finals)}
+    return {c: measure(stack, final, inputs.batch) for c, final in zip(order, finals, strict=False)}
 
 
-def _run_stacked(stack: DecoderStack, inputs: BlockInputs, index: int, hidden: torch.Tensor, copies: int) -> torch.Tensor:
+def _run_stacked(
+    stack: DecoderStack, inputs: BlockInputs, index: int, hidden: torch.Tensor, copies: int
+) -> torch.Tensor:
     """Block `index` on `copies` batches stacked along dim 0, its recorded arguments repeated to match."""
     args, kwargs = inputs.call_args[index]
     size = inputs.batch.input_ids.shape[0]
@@ -186,4 +204,3 @@ def _repeat(value: Any, size: int, copies: int) -> Any:
     if isinstance(value, dict):
         return {k: _repeat(v, size, copies) for k, v in value.items()}
     return value
-

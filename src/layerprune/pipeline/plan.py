@@ -86,8 +86,8 @@ def validate_data(recipe: RunRecipe, settings: RunSettings, prune_pending: bool 
 
 def memory_plan(recipe: RunRecipe, settings: RunSettings) -> str:
     """Recover's memory estimate for the pruned model on one GPU."""
-    from layerprune.recover import memory
     from layerprune.models import resolve_model
+    from layerprune.recover import memory
     from layerprune.recover.runner import RecoverJob, dry_run_length, plan_for
 
     assert recipe.recover is not None
@@ -102,7 +102,9 @@ def memory_plan(recipe: RunRecipe, settings: RunSettings) -> str:
     seq_len, how = dry_run_length(recover_recipe, resolve_model(recipe.model, settings), job)
     _, plan = plan_for(recover_recipe, config, job, cuda=True, seq_len=seq_len, teacher_config=teacher_config)
     plan.notes.insert(0, how)
-    return memory.format_plan(plan, f"{recipe.model or 'embedded'} minus {recipe.prune.n_drop} blocks") + (f"\n({note})" if note else "")
+    return memory.format_plan(plan, f"{recipe.model or 'embedded'} minus {recipe.prune.n_drop} blocks") + (
+        f"\n({note})" if note else ""
+    )
 
 
 def model_config(spec: str | None, settings: RunSettings) -> tuple[Any, str]:
@@ -118,4 +120,6 @@ def model_config(spec: str | None, settings: RunSettings) -> tuple[Any, str]:
         if base is None:
             return None, f"config of {source.spec} unreachable: {one_line(exc)[:120]}"
         fields = dict(KNOWN_SHAPES[base])
-        return AutoConfig.for_model(fields.pop("model_type"), **fields), f"hub unreachable: public config of {base} used"
+        return AutoConfig.for_model(
+            fields.pop("model_type"), **fields
+        ), f"hub unreachable: public config of {base} used"

@@ -21,7 +21,9 @@ class RecoverStage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     recipe: str = Field("demo", description="Recover recipe: a shipped name (layerprune recipes list) or a YAML path")
-    overrides: dict[str, Any] = Field(default_factory=dict, description="Recover-recipe fields to change (nested by section)")
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, description="Recover-recipe fields to change (nested by section)"
+    )
 
     def resolve(self, student: str, teacher: str | None) -> RecoverRecipe:
         """The validated RecoverRecipe for this run's pruned model and original (teacher)."""
@@ -35,8 +37,12 @@ class DegenerationStage(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    samples: int = Field(0, ge=0, description="GSM8K test questions each model answers for the degeneration table "
-                                              "when the suite scores no gsm8k (0: only evaluate's gsm8k answers)")
+    samples: int = Field(
+        0,
+        ge=0,
+        description="GSM8K test questions each model answers for the degeneration table "
+        "when the suite scores no gsm8k (0: only evaluate's gsm8k answers)",
+    )
     max_new_tokens: int = Field(192, ge=1, description="Tokens generated per answer (greedy)")
     batch_size: int = Field(8, ge=1, description="Questions per generate call")
 
@@ -67,8 +73,9 @@ class RunRecipe(PipelineRecipe):
     """prune -> evaluate -> recover -> evaluate -> report, for one model."""
 
     recover: RecoverStage | None = Field(default_factory=RecoverStage, description="Recover stage; null skips it")
-    degeneration: DegenerationStage = Field(default_factory=DegenerationStage,
-                                            description="Degeneration of the models' GSM8K answers in report.md")
+    degeneration: DegenerationStage = Field(
+        default_factory=DegenerationStage, description="Degeneration of the models' GSM8K answers in report.md"
+    )
 
     @model_validator(mode="after")
     def _recover_recipe_is_valid(self) -> RunRecipe:

@@ -155,7 +155,8 @@ def _model_lines(prune: PruneReport | None, paths: Any, speed: dict[str, Any]) -
         f"{prune.params_before / 1e6:.1f}M -> {prune.params_after / 1e6:.1f}M; pruned weights "
         f"{dir_size_mb(paths.pruned):.0f} MB on disk.",
         f"- Speed on this machine ({speed['machine']}): prefill {orig['prefill_tokens_per_s']:.0f} -> "
-        f"{pruned['prefill_tokens_per_s']:.0f} tokens/s ({pruned['prefill_tokens_per_s'] / orig['prefill_tokens_per_s']:.2f}x), "
+        f"{pruned['prefill_tokens_per_s']:.0f} tokens/s "
+        f"({pruned['prefill_tokens_per_s'] / orig['prefill_tokens_per_s']:.2f}x), "
         f"decode {orig['decode_tokens_per_s']:.1f} -> {pruned['decode_tokens_per_s']:.1f} tokens/s "
         f"({pruned['decode_tokens_per_s'] / orig['decode_tokens_per_s']:.2f}x).",
     ]
@@ -165,11 +166,20 @@ def _prune_lines(prune: PrunedLineage | None, scores_png: str | None = None) -> 
     if prune is None:
         return []
     method = prune.method
-    lines = ["", "## Dropped blocks", "",
-             f"Score `{method.score}`" + (f" ({method.metric}, {'iterative' if method.iterative else 'one-shot'})"
-                                          if method.score == "ablation" else "")
-             + f"; calibration: {prune.calibration.description if prune.calibration else 'none'}.",
-             f"Dropped (original numbering): {prune.dropped}; protected: {method.protect}.", ""]
+    lines = [
+        "",
+        "## Dropped blocks",
+        "",
+        f"Score `{method.score}`"
+        + (
+            f" ({method.metric}, {'iterative' if method.iterative else 'one-shot'})"
+            if method.score == "ablation"
+            else ""
+        )
+        + f"; calibration: {prune.calibration.description if prune.calibration else 'none'}.",
+        f"Dropped (original numbering): {prune.dropped}; protected: {method.protect}.",
+        "",
+    ]
     if scores_png:
         lines.append(f"![block scores](pruned/{scores_png})")
     return lines
@@ -179,11 +189,17 @@ def _recover_lines(recover: RecoverReport | None) -> list[str]:
     if recover is None:
         return []
     loss = recover.held_out_loss
-    return ["", "## Recovery", "",
-            f"Recipe `{recover.recipe.name}` ({recover.recipe.method}), teacher `{recover.teacher}`; "
-            f"held-out loss on teacher responses {_loss(loss.before)} -> {_loss(loss.after)}; "
-            f"{recover.tokens_seen} tokens seen; {recover.seconds.total:.0f} s.",
-            f"Data: {json.dumps(recover.data.get('filter', {}))}", "", "![loss curve](recovered/loss_curve.png)"]
+    return [
+        "",
+        "## Recovery",
+        "",
+        f"Recipe `{recover.recipe.name}` ({recover.recipe.method}), teacher `{recover.teacher}`; "
+        f"held-out loss on teacher responses {_loss(loss.before)} -> {_loss(loss.after)}; "
+        f"{recover.tokens_seen} tokens seen; {recover.seconds.total:.0f} s.",
+        f"Data: {json.dumps(recover.data.get('filter', {}))}",
+        "",
+        "![loss curve](recovered/loss_curve.png)",
+    ]
 
 
 def _loss(value: float | None) -> str:

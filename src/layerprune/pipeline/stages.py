@@ -7,9 +7,10 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -63,9 +64,15 @@ class RunPaths:
 
 
 def recipe_fingerprint(recipe: RunRecipe) -> str:
-    """What makes a run directory this recipe's: all but the prose, where it is written and settings that change no result."""
-    exclude = {"description": True, "output": True, "degeneration": True, "prune": {"stack_candidates", "verify", "force"},
-               "evaluate": {"allow_overlap"}}
+    """What makes a run directory this recipe's: all but the prose, where it is written and settings that change
+    no result."""
+    exclude = {
+        "description": True,
+        "output": True,
+        "degeneration": True,
+        "prune": {"stack_candidates", "verify", "force"},
+        "evaluate": {"allow_overlap"},
+    }
     return hashlib.sha256(recipe.model_dump_json(exclude=exclude).encode()).hexdigest()[:16]
 
 
@@ -107,16 +114,27 @@ def claim_run_dir(paths: RunPaths, recipe: RunRecipe, overwrite: bool) -> None:
             return
         if not overwrite:
             assert other is not None
-            raise LayerpruneError(f"{paths.root} holds outputs of another recipe ('{other.name}', or this one "
-                                  "changed); pass --overwrite to start it over, or choose another output")
+            raise LayerpruneError(
+                f"{paths.root} holds outputs of another recipe ('{other.name}', or this one "
+                "changed); pass --overwrite to start it over, or choose another output"
+            )
         shutil.rmtree(paths.root)
     elif paths.root.exists() and any(paths.root.iterdir()) and not overwrite:
-        raise LayerpruneError(f"{paths.root} exists and is not a layerprune run directory; pass --overwrite or choose another")
+        raise LayerpruneError(
+            f"{paths.root} exists and is not a layerprune run directory; pass --overwrite or choose another"
+        )
     elif paths.root.exists() and overwrite:
         shutil.rmtree(paths.root)
     paths.root.mkdir(parents=True, exist_ok=True)
-    write_report(paths.state, RunState(name=recipe.name, fingerprint=fingerprint, recipe=recipe.model_dump(mode="json"),
-                                       provenance=collect_provenance()))
+    write_report(
+        paths.state,
+        RunState(
+            name=recipe.name,
+            fingerprint=fingerprint,
+            recipe=recipe.model_dump(mode="json"),
+            provenance=collect_provenance(),
+        ),
+    )
 
 
 def stages_for(recipe: RunRecipe) -> list[str]:
@@ -128,7 +146,7 @@ def reset_from(paths: RunPaths, recipe: RunRecipe, stage: str) -> None:
     stages = stages_for(recipe)
     if stage not in stages:
         raise LayerpruneError(unknown_name_message("stage", stage, stages))
-    for later in stages[stages.index(stage):]:
+    for later in stages[stages.index(stage) :]:
         target = paths.stage_output(later)
         folder = target.parent if later != "report" else target
         if folder.is_dir():
@@ -139,14 +157,18 @@ def reset_from(paths: RunPaths, recipe: RunRecipe, stage: str) -> None:
         paths.selfgen.unlink()
 
 
-def run_pipeline(recipe: RunRecipe, settings: RunSettings, from_stage: str | None = None,
-                 overwrite: bool = False) -> Path:
+def run_pipeline(
+    recipe: RunRecipe, settings: RunSettings, from_stage: str | None = None, overwrite: bool = False
+) -> Path:
     """Run every incomplete stage in order; return the report path."""
     from layerprune.pipeline.plan import validate_data
 
     paths = RunPaths(recipe.run_dir())
-    validate_data(recipe, settings, prune_pending=bool(from_stage == "prune" or overwrite
-                                                       or not paths.stage_output("prune").exists()))
+    validate_data(
+        recipe,
+        settings,
+        prune_pending=bool(from_stage == "prune" or overwrite or not paths.stage_output("prune").exists()),
+    )
     claim_run_dir(paths, recipe, overwrite)
     if from_stage:
         reset_from(paths, recipe, from_stage)
@@ -179,8 +201,15 @@ def run_prune(recipe: RunRecipe, settings: RunSettings, paths: RunPaths) -> None
 def run_eval(recipe: RunRecipe, settings: RunSettings, paths: RunPaths, role: str, model: str | None) -> None:
     from layerprune.evaluate.runner import evaluate_model
 
-    evaluate_model(model, recipe.evaluate, settings, paths.eval(role), overwrite=True,
-                   progress=lambda message: log.info("  %s: %s", role, message), calibration_from=paths.pruned)
+    evaluate_model(
+        model,
+        recipe.evaluate,
+        settings,
+        paths.eval(role),
+        overwrite=True,
+        progress=lambda message: log.info("  %s: %s", role, message),
+        calibration_from=paths.pruned,
+    )
 
 
 def run_recover(recipe: RunRecipe, settings: RunSettings, paths: RunPaths) -> None:

@@ -7,16 +7,23 @@ together, then block i is freed. Scores equal the in-memory scorer's.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
 from layerprune.errors import LayerpruneError
 from layerprune.models.blockwise import BlockwiseModel, MemoryPlan, block_call_args, loaded_block, memory_plan
 from layerprune.models.walker import CalibBatch, block_output, masked_nll
-from layerprune.prune.metrics import (angular_distance, best_contiguous_run, block_influence, last_token_mask, mean,
-                                      select_lowest)
+from layerprune.prune.metrics import (
+    angular_distance,
+    best_contiguous_run,
+    block_influence,
+    last_token_mask,
+    mean,
+    select_lowest,
+)
 from layerprune.prune.scores import ScoreResult
 
 BLOCKWISE_SCORES = ("ablation", "block-influence", "angular")
@@ -80,12 +87,22 @@ def check_blockwise(name: str, metric: str = "nll", iterative: bool = False) -> 
     """Block-major scoring exists for one-shot NLL ablation, block-influence and angular."""
     if name not in BLOCKWISE_SCORES or (name == "ablation" and (metric != "nll" or iterative)):
         what = f"{name} ({metric}{', iterative' if iterative else ''})" if name == "ablation" else name
-        raise LayerpruneError(f"--block-major supports one-shot ablation with --metric nll, block-influence and angular, not {what}")
+        raise LayerpruneError(
+            f"--block-major supports one-shot ablation with --metric nll, block-influence and angular, not {what}"
+        )
 
 
-def score_blockwise(name: str, bw: BlockwiseModel, batches: Sequence[CalibBatch], drop: int, protected: list[int],
-                    metric: str = "nll", iterative: bool = False, progress: Callable[[str, int], Any] | None = None,
-                    angular_tokens: str = "last") -> ScoreResult:
+def score_blockwise(
+    name: str,
+    bw: BlockwiseModel,
+    batches: Sequence[CalibBatch],
+    drop: int,
+    protected: list[int],
+    metric: str = "nll",
+    iterative: bool = False,
+    progress: Callable[[str, int], Any] | None = None,
+    angular_tokens: str = "last",
+) -> ScoreResult:
     """The named score, block-major (ablation: one-shot NLL only)."""
     check_blockwise(name, metric, iterative)
     depth = len(bw)
@@ -100,8 +117,11 @@ def score_blockwise(name: str, bw: BlockwiseModel, batches: Sequence[CalibBatch]
         return ScoreResult(scores, select_lowest(scores, drop, protected))
     pairs = sweep(bw, batches, [], drop, angular_distance, progress, angular_tokens).pairs
     distances: list[float | None] = [*(mean(*p) for p in pairs), *[None] * (depth - len(pairs))]
-    return ScoreResult(distances, best_contiguous_run(distances, drop, protected),
-                       details={"run_length": drop, "tokens": angular_tokens})
+    return ScoreResult(
+        distances,
+        best_contiguous_run(distances, drop, protected),
+        details={"run_length": drop, "tokens": angular_tokens},
+    )
 
 
 def live_states(name: str, depth: int, drop: int) -> int:

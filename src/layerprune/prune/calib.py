@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from layerprune.data import local_split, load_rows, read_jsonl
+from layerprune.data import load_rows, local_split, read_jsonl
 from layerprune.errors import LayerpruneError
 from layerprune.grading import final_number
 from layerprune.models.walker import CalibBatch
@@ -123,10 +123,14 @@ def check_calibration(name: str) -> str:
 
 def mix_calibration(names: list[str], n: int, seed: int, data_dir: Path | None) -> CalibSet:
     """'gsm8k+arithmetic': an equal share of `n` from each source."""
-    parts = [load_calibration(name, n // len(names) + (i < n % len(names)), seed, data_dir) for i, name in enumerate(names)]
+    counts = [n // len(names) + (i < n % len(names)) for i in range(len(names))]
+    parts = [load_calibration(name, count, seed, data_dir) for name, count in zip(names, counts, strict=True)]
     fallbacks = [part.fallback for part in parts if part.fallback]
-    return CalibSet([item for part in parts for item in part.items], " + ".join(part.description for part in parts),
-                    "; ".join(fallbacks) or None)
+    return CalibSet(
+        [item for part in parts for item in part.items],
+        " + ".join(part.description for part in parts),
+        "; ".join(fallbacks) or None,
+    )
 
 
 def tokenize_calibration(calib: CalibSet, tokenizer, seq_len: int, batch_size: int) -> list[CalibBatch]:  # noqa: ANN001
@@ -187,8 +191,14 @@ def answer_batches(items: list[CalibItem], tokenizer, batch_size: int, max_new_t
     for start in range(0, len(encoded), batch_size):
         chunk = encoded[start : start + batch_size]
         answer_lengths = torch.tensor([int(e[1].sum()) for _, _, e in chunk])
-        batches.append(AnswerBatch(_collate([e for _, _, e in chunk], tokenizer.pad_token_id),
-                                   answer_lengths < max_new_tokens, answer_lengths <= max_new_tokens, [i for _, i, _ in chunk]))
+        batches.append(
+            AnswerBatch(
+                _collate([e for _, _, e in chunk], tokenizer.pad_token_id),
+                answer_lengths < max_new_tokens,
+                answer_lengths <= max_new_tokens,
+                [i for _, i, _ in chunk],
+            )
+        )
     return batches
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -54,8 +54,8 @@ def select_lowest(scores: Sequence[float | None], n: int, protected: Iterable[in
 def best_contiguous_run(distances: Sequence[float | None], n: int, protected: Iterable[int]) -> list[int]:
     """Start l minimising d(l, l+n) among runs [l, l+n) holding no protected block."""
     fixed = set(protected)
-    starts = [l for l, d in enumerate(distances) if d is not None and not fixed & set(range(l, l + n))]
+    starts = [s for s, d in enumerate(distances) if d is not None and not fixed & set(range(s, s + n))]
     if not starts:
         return []
-    best = min(starts, key=lambda l: (distances[l], -l))
+    best = min(starts, key=lambda s: (distances[s], -s))
     return list(range(best, best + n))

@@ -20,33 +20,44 @@ class PruneRecipe(BaseModel):
 
     drop: int | None = Field(None, ge=1, description="Number of decoder blocks to drop")
     layers: list[int] | None = Field(None, description="Explicit blocks to drop, comma-separated (original numbering)")
-    score: str = Field("ablation", description="Importance score: ablation, block-influence, angular, taylor, last, random")
+    score: str = Field(
+        "ablation", description="Importance score: ablation, block-influence, angular, taylor, last, random"
+    )
     metric: Metric = Field(
         "nll", description="Ablation metric: teacher-forced NLL, or greedy exact-match accuracy on items with answers"
     )
     iterative: bool = Field(False, description="Greedy removal: re-score the remaining blocks after each drop")
     calib: str = Field(
-        "auto", description="Calibration data: auto (GSM8K train if reachable, else arithmetic), gsm8k, arithmetic, text, a JSONL file, or a mix such as gsm8k+arithmetic"
+        "auto",
+        description="Calibration data: auto (GSM8K train if reachable, else arithmetic), gsm8k, arithmetic, text, "
+        "a JSONL file, or a mix such as gsm8k+arithmetic",
     )
     calib_samples: int = Field(32, ge=1, description="Number of calibration items")
     calib_seq_len: int = Field(256, ge=8, description="Longest calibration sequence in tokens")
     batch_size: int = Field(8, ge=1, description="Calibration batch size")
     stack_candidates: int = Field(
-        1, ge=0, description="Ablation candidates that advance together as one stacked batch (0 = all); 1, one at "
-        "a time, used the least memory and was also the fastest on a CPU"
+        1,
+        ge=0,
+        description="Ablation candidates that advance together as one stacked batch (0 = all); 1, one at "
+        "a time, used the least memory and was also the fastest on a CPU",
     )
     max_new_tokens: int | None = Field(
-        None, ge=1, description="Tokens generated per item for --metric accuracy (default: 8 for arithmetic, 256 otherwise)"
+        None,
+        ge=1,
+        description="Tokens generated per item for --metric accuracy (default: 8 for arithmetic, 256 otherwise)",
     )
     angular_tokens: Literal["last", "all"] = Field(
-        "last", description="Angular score: distance at each sequence's last token (Gromov et al.) or averaged over all tokens"
+        "last",
+        description="Angular score: distance at each sequence's last token (Gromov et al.) or averaged over all tokens",
     )
     verify: bool = Field(
-        True, description="Before keeping the output, check the new config matches the pruned weights and the reloaded "
-        "model gives the original's logits with the blocks skipped (--no-verify skips it; its cost is in the report)"
+        True,
+        description="Before keeping the output, check the new config matches the pruned weights and the reloaded "
+        "model gives the original's logits with the blocks skipped (--no-verify skips it; its cost is in the report)",
     )
     force: bool = Field(
-        False, description="Prune even when the config has layer-looking fields layerprune does not know how to renumber"
+        False,
+        description="Prune even when the config has layer-looking fields layerprune does not know how to renumber",
     )
     protect: list[int] = Field([0], description="Blocks never dropped, comma-separated; negative counts from the end")
     data_dir: Path | None = Field(None, description="Local data mirror laid out as DIR/<dataset>/<split>.jsonl")
@@ -82,7 +93,7 @@ class PruneRecipe(BaseModel):
         return layers
 
     @model_validator(mode="after")
-    def _drop_or_layers(self) -> "PruneRecipe":
+    def _drop_or_layers(self) -> PruneRecipe:
         if self.drop is None and self.layers is None:
             raise ValueError("give --drop N or --layers LIST")
         if self.drop is not None and self.layers is not None and self.drop != len(self.layers):

@@ -11,9 +11,23 @@ import torch
 
 from layerprune.errors import LayerpruneError, one_line
 from layerprune.models.blocks import slice_layer_config
-from layerprune.models.loading import ModelSource, _load_config, check_decoder_only, copy_tokenizer_files, load_tokenizer
-from layerprune.models.shards import (copy_side_files, count_parameters, plan_stream, pruned_meta_model, read_checkpoint,
-                                      verify_stream, write_stream, written_shapes)
+from layerprune.models.loading import (
+    ModelSource,
+    _load_config,
+    check_decoder_only,
+    copy_tokenizer_files,
+    load_tokenizer,
+)
+from layerprune.models.shards import (
+    copy_side_files,
+    count_parameters,
+    plan_stream,
+    pruned_meta_model,
+    read_checkpoint,
+    verify_stream,
+    write_stream,
+    written_shapes,
+)
 from layerprune.models.surgery import NO_SPACE, check_config_builds, check_config_matches_weights, check_free_space
 from layerprune.outputs import atomic_output_dir
 from layerprune.settings import RunSettings

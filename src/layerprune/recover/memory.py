@@ -167,12 +167,17 @@ def format_plan(plan: MemoryPlan, model: str) -> str:
     """A small table for the terminal."""
     rows = [("weights", plan.weights), ("LoRA adapters", plan.adapters), ("gradients", plan.gradients),
             (f"optimizer ({plan.optimizer})", plan.optimizer_states), ("teacher (kd)", plan.teacher),
-            (f"activations ({'with' if plan.gradient_checkpointing else 'without'} grad checkpointing)", plan.activations)]
-    lines = [f"memory plan: {model}, method {plan.method}, batch {plan.batch_size} x {plan.seq_len} tokens, "
-             f"{'bf16' if plan.weight_bytes == 2 else 'float32'} weights"]
+            (f"activations ({'with' if plan.gradient_checkpointing else 'without'} grad checkpointing)",
+             plan.activations)]
+    lines = [
+        f"memory plan: {model}, method {plan.method}, batch {plan.batch_size} x {plan.seq_len} tokens, "
+        f"{'bf16' if plan.weight_bytes == 2 else 'float32'} weights"
+    ]
     lines += [f"  {name:48s} {value:9.2f} GB" for name, value in rows if value > 0]
-    lines.append(f"  {'(activations with / without checkpointing)':48s} {plan.activations_checkpointing:9.2f} / "
-                 f"{plan.activations_no_checkpointing:.2f} GB")
+    lines.append(
+        f"  {'(activations with / without checkpointing)':48s} {plan.activations_checkpointing:9.2f} / "
+        f"{plan.activations_no_checkpointing:.2f} GB"
+    )
     verdict = "fits" if plan.fits else "does NOT fit"
     lines.append(f"  {'estimated peak':48s} {plan.total:9.2f} GB  -> {verdict} in {plan.budget:.0f} GB")
     lines += [f"  note: {note}" for note in plan.notes]

@@ -52,7 +52,7 @@ def dropped_runs(dropped: list[int], num_blocks_before: int) -> list[Run]:
     if drops[-1] >= num_blocks_before:
         raise LayerpruneError(f"dropped blocks {drops} do not fit a teacher with {num_blocks_before} blocks")
     runs, start = [], drops[0]
-    for prev, cur in zip(drops, drops[1:] + [None]):
+    for prev, cur in zip(drops, drops[1:] + [None], strict=False):
         if cur != prev + 1:
             anchor_original = start - 1
             runs.append(Run(start, prev, anchor_original - sum(d < anchor_original for d in drops)))

@@ -56,7 +56,9 @@ def check_runnable(recipe: RecoverRecipe, settings: RunSettings) -> None:
     if recipe.method == "qlora" or recipe.train.optimizer in memory.EIGHT_BIT:
         from layerprune.extras import require_extra
 
-        require_extra("qlora", "method qlora" if recipe.method == "qlora" else f"train.optimizer {recipe.train.optimizer}")
+        require_extra(
+            "qlora", "method qlora" if recipe.method == "qlora" else f"train.optimizer {recipe.train.optimizer}"
+        )
     if recipe.generate.backend == "vllm":
         selfgen.check_vllm()
 
@@ -89,8 +91,13 @@ def dry_run_length(recipe: RecoverRecipe, student: ModelSource, job: RecoverJob)
     cap = recipe.train.max_length
     responses = job.work / "responses.jsonl"
     try:
-        rows = selfgen.read_responses(responses) if responses.is_file() else [
-            {"prompt": p.text, "response": ""} for p in selfgen.load_prompts(recipe.prompts, _data_dir(recipe, job))]
+        rows = (
+            selfgen.read_responses(responses)
+            if responses.is_file()
+            else [
+                {"prompt": p.text, "response": ""} for p in selfgen.load_prompts(recipe.prompts, _data_dir(recipe, job))
+            ]
+        )
     except LayerpruneError as exc:
         return cap, f"sequence length train.max_length (prompts not readable here: {exc})"
     extra = 0 if responses.is_file() else recipe.generate.max_new_tokens
@@ -100,7 +107,9 @@ def dry_run_length(recipe: RecoverRecipe, student: ModelSource, job: RecoverJob)
     except LayerpruneError:
         chars = max(len(r["prompt"]) + len(r["response"]) for r in rows)
         longest = chars // CHARS_PER_TOKEN + TEMPLATE_TOKENS + extra
-        return min(longest, cap), f"sequence length ~{longest} from {where} ({CHARS_PER_TOKEN} chars a token: no tokenizer)"
+        return min(
+            longest, cap
+        ), f"sequence length ~{longest} from {where} ({CHARS_PER_TOKEN} chars a token: no tokenizer)"
     longest = train.longest_example(tokenizer, rows, recipe.generate.system_prompt) + extra
     return min(longest, cap), f"sequence length {longest} from {where}"
 
@@ -114,8 +123,15 @@ def sharded_training() -> bool:
     return any(os.environ.get(f"ACCELERATE_USE_{name}", "false").lower() == "true" for name in ("FSDP", "DEEPSPEED"))
 
 
-def plan_for(recipe: RecoverRecipe, config: Any, job: RecoverJob, cuda: bool, seq_len: int | None = None,
-             teacher: str | None = None, teacher_config: Any = None) -> tuple[str, memory.MemoryPlan]:
+def plan_for(
+    recipe: RecoverRecipe,
+    config: Any,
+    job: RecoverJob,
+    cuda: bool,
+    seq_len: int | None = None,
+    teacher: str | None = None,
+    teacher_config: Any = None,
+) -> tuple[str, memory.MemoryPlan]:
     """The memory plan and optimizer for the student's config (bf16 weights on CUDA unless told otherwise).
 
     `seq_len`: the longest tokenized training example (default train.max_length); for kd the teacher's own
@@ -130,10 +146,19 @@ def plan_for(recipe: RecoverRecipe, config: Any, job: RecoverJob, cuda: bool, se
         teacher_config = teacher_config or (_config_of(teacher, job.settings) if teacher else None)
         teacher_shape = memory.model_shape(teacher_config) if teacher_config is not None else shape
     optimizer, plan = memory.choose_optimizer(
-        shape, "kd" if distil else recipe.method, recipe.train.optimizer, cuda, sharded=sharded_training(),
-        seq_len=seq_len or recipe.train.max_length, batch_size=recipe.train.batch_size, weight_bytes=weight_bytes,
+        shape,
+        "kd" if distil else recipe.method,
+        recipe.train.optimizer,
+        cuda,
+        sharded=sharded_training(),
+        seq_len=seq_len or recipe.train.max_length,
+        batch_size=recipe.train.batch_size,
+        weight_bytes=weight_bytes,
         lora_r=recipe.lora.r if recipe.uses_lora() else 0,
-        gradient_checkpointing=recipe.train.gradient_checkpointing, teacher=teacher_shape, budget_gb=job.memory_budget)
+        gradient_checkpointing=recipe.train.gradient_checkpointing,
+        teacher=teacher_shape,
+        budget_gb=job.memory_budget,
+    )
     if distil and teacher_config is None:
         plan.notes.append("teacher counted at the student's size (its config was not readable)")
     return optimizer, plan
@@ -201,28 +226,36 @@ def distributed_state(settings: RunSettings) -> Any:
 def check_fingerprint(recipe: RecoverRecipe, teacher: str, work: Path, write: bool = True) -> None:
     """Cached responses must come from the same teacher and sampling settings."""
     gen = recipe.generate
-    current = {"teacher": teacher, "system_prompt": gen.system_prompt, "temperature": gen.temperature,
-               "top_p": gen.top_p, "max_new_tokens": gen.max_new_tokens, "backend": gen.backend}
+    current = {
+        "teacher": teacher,
+        "system_prompt": gen.system_prompt,
+        "temperature": gen.temperature,
+        "top_p": gen.top_p,
+        "max_new_tokens": gen.max_new_tokens,
+        "backend": gen.backend,
+    }
     path = work / "generation.json"
     if path.is_file():
         cached = json.loads(path.read_text())
         if cached != current:
             changed = sorted(k for k in current if cached.get(k) != current[k])
-            raise LayerpruneError(f"{work} holds responses generated with other settings ({', '.join(changed)}); "
-                                  "delete it to start over")
+            raise LayerpruneError(
+                f"{work} holds responses generated with other settings ({', '.join(changed)}); delete it to start over"
+            )
     if write:
         path.write_text(json.dumps(current, indent=2))
 
 
-def generate(recipe: RecoverRecipe, teacher: str, prompts: list[selfgen.Prompt], job: RecoverJob,
-             state: Any) -> dict[str, Any]:
+def generate(
+    recipe: RecoverRecipe, teacher: str, prompts: list[selfgen.Prompt], job: RecoverJob, state: Any
+) -> dict[str, Any]:
     """Stage 1: every process answers its own share of the prompts not yet answered (resumable per process), then
     the main process merges the shares into responses.jsonl."""
     path = job.work / "responses.jsonl"
     done = selfgen.done_ids(path)
     resumed = sum(p.id in done for p in prompts)
     state.wait_for_everyone()  # everyone has read what was there before anyone writes
-    mine = prompts[state.process_index::state.num_processes]
+    mine = prompts[state.process_index :: state.num_processes]
     target = path if state.num_processes == 1 else selfgen.shard_path(path, state.process_index)
     seconds = 0.0
     if any(p.id not in done for p in mine):
@@ -231,24 +264,32 @@ def generate(recipe: RecoverRecipe, teacher: str, prompts: list[selfgen.Prompt],
     if state.is_main_process:
         selfgen.merge_shards(path)
     state.wait_for_everyone()
-    return {"prompts": len(prompts), "resumed_from": resumed, "generated": len(prompts) - resumed,
-            "processes": state.num_processes, "seconds": seconds}
+    return {
+        "prompts": len(prompts),
+        "resumed_from": resumed,
+        "generated": len(prompts) - resumed,
+        "processes": state.num_processes,
+        "seconds": seconds,
+    }
 
 
-def answer(recipe: RecoverRecipe, teacher: str, prompts: list[selfgen.Prompt], job: RecoverJob, target: Path,
-           done: set[str]) -> float:
+def answer(
+    recipe: RecoverRecipe, teacher: str, prompts: list[selfgen.Prompt], job: RecoverJob, target: Path, done: set[str]
+) -> float:
     """Load the teacher (or start vLLM) and answer these prompts into `target`; the seconds it took."""
     seed = job.settings.seed
     if recipe.generate.backend == "vllm":
         source = resolve_model(teacher, job.settings)
         tokenizer = load_tokenizer(source, job.settings)
         engine = {"dtype": job.settings.dtype if job.settings.dtype != "auto" else "bfloat16"}
-        return selfgen.generate_responses(source.location, tokenizer, prompts, recipe.generate, target, seed, engine,
-                                          done)["seconds"]
+        return selfgen.generate_responses(
+            source.location, tokenizer, prompts, recipe.generate, target, seed, engine, done
+        )["seconds"]
     log.info("loading the teacher %s", teacher)
     loaded = load_model(teacher, job.settings)
-    stats = selfgen.generate_responses(loaded.model, loaded.tokenizer, prompts, recipe.generate, target, seed,
-                                       done=done)
+    stats = selfgen.generate_responses(
+        loaded.model, loaded.tokenizer, prompts, recipe.generate, target, seed, done=done
+    )
     del loaded
     release_memory()
     return stats["seconds"]
@@ -269,21 +310,25 @@ class TrainResult:
     tokens_seen: int
 
 
-def fine_tune(recipe: RecoverRecipe, student: ModelSource, teacher: str, rows: list[dict[str, Any]],
-              job: RecoverJob) -> TrainResult:
+def fine_tune(
+    recipe: RecoverRecipe, student: ModelSource, teacher: str, rows: list[dict[str, Any]], job: RecoverJob
+) -> TrainResult:
     """Stage 2 with TRL; held-out loss before and after; the weights saved through the trainer on every rank."""
     from transformers import AutoConfig
 
     start = time.perf_counter()
     train_rows, eval_rows = train.split_rows(rows, recipe.train.held_out, job.settings.seed)
     if not train_rows:
-        raise LayerpruneError("no responses left to train on after holding some out; add prompts or lower train.held_out")
+        raise LayerpruneError(
+            "no responses left to train on after holding some out; add prompts or lower train.held_out"
+        )
     device = job.settings.resolved_device()
     config = AutoConfig.from_pretrained(student.location, trust_remote_code=job.settings.trust_remote_code)
     tokenizer = load_tokenizer(student, job.settings)
     longest = train.longest_example(tokenizer, train_rows + eval_rows, recipe.generate.system_prompt)
-    optimizer, plan = plan_for(recipe, config, job, cuda=device.type == "cuda",
-                               seq_len=min(longest, recipe.train.max_length), teacher=teacher)
+    optimizer, plan = plan_for(
+        recipe, config, job, cuda=device.type == "cuda", seq_len=min(longest, recipe.train.max_length), teacher=teacher
+    )
     for note in plan.notes:
         log.warning("memory plan: %s", note)
     if optimizer in memory.EIGHT_BIT:  # the plan switched to it
@@ -295,13 +340,21 @@ def fine_tune(recipe: RecoverRecipe, student: ModelSource, teacher: str, rows: l
     # the KD teacher is used whole on every process: loaded before the training config, so ZeRO-3 leaves it alone
     teacher_model = load_model(teacher, job.settings).model if recipe.method == "kd" else None
     # the training config before the student: under DeepSpeed ZeRO-3 it makes from_pretrained partition the weights
-    args = train.sft_config(recipe, trainer_dir, device, optimizer, job.settings.seed, has_eval=bool(eval_rows),
-                            eval_on_start=resume_from is None)
+    args = train.sft_config(
+        recipe,
+        trainer_dir,
+        device,
+        optimizer,
+        job.settings.seed,
+        has_eval=bool(eval_rows),
+        eval_on_start=resume_from is None,
+    )
     loaded = load_student(recipe, student, job.settings)
     system = recipe.generate.system_prompt
     eval_set = train.to_dataset(eval_rows, system) if eval_rows else None
-    trainer = train.make_trainer(recipe, loaded.model, loaded.tokenizer, args, train.to_dataset(train_rows, system),
-                                 eval_set, teacher_model)
+    trainer = train.make_trainer(
+        recipe, loaded.model, loaded.tokenizer, args, train.to_dataset(train_rows, system), eval_set, teacher_model
+    )
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     before = train.loss_before(trainer.state.log_history) if eval_set is not None else None
     after = trainer.evaluate()["eval_loss"] if eval_set is not None else None
@@ -309,11 +362,24 @@ def fine_tune(recipe: RecoverRecipe, student: ModelSource, teacher: str, rows: l
     saved = job.work / "final"
     trainer.save_model(str(saved))  # every rank: gathers FSDP / ZeRO-3 shards; the main process writes
     trainer.accelerator.wait_for_everyone()
-    data = {"train_examples": len(train_rows), "held_out_examples": len(eval_rows),
-            "train_response_tokens": sum(r.get("tokens", 0) for r in train_rows), "steps": trainer.state.global_step,
-            "resumed_from_step": int(resume_from.name.split("-")[-1]) if resume_from else 0}
-    result = TrainResult(saved, before, after, train.loss_curve(trainer.state.log_history, before), plan, optimizer,
-                         data, time.perf_counter() - start, int(trainer.state.num_input_tokens_seen or 0))
+    data = {
+        "train_examples": len(train_rows),
+        "held_out_examples": len(eval_rows),
+        "train_response_tokens": sum(r.get("tokens", 0) for r in train_rows),
+        "steps": trainer.state.global_step,
+        "resumed_from_step": int(resume_from.name.split("-")[-1]) if resume_from else 0,
+    }
+    result = TrainResult(
+        saved,
+        before,
+        after,
+        train.loss_curve(trainer.state.log_history, before),
+        plan,
+        optimizer,
+        data,
+        time.perf_counter() - start,
+        int(trainer.state.num_input_tokens_seen or 0),
+    )
     del trainer, loaded, teacher_model
     release_memory()
     return result
@@ -356,28 +422,50 @@ def load_student(recipe: RecoverRecipe, student: ModelSource, settings: RunSetti
         return loaded
     from peft import prepare_model_for_kbit_training
 
-    loaded = load_model(student, settings.model_copy(update={"dtype": "bfloat16"}),
-                        quantization_config=train.quantization_config(), device_map={"": settings.resolved_device()})
-    loaded.model = prepare_model_for_kbit_training(loaded.model, use_gradient_checkpointing=recipe.train.gradient_checkpointing)
+    loaded = load_model(
+        student,
+        settings.model_copy(update={"dtype": "bfloat16"}),
+        quantization_config=train.quantization_config(),
+        device_map={"": settings.resolved_device()},
+    )
+    loaded.model = prepare_model_for_kbit_training(
+        loaded.model, use_gradient_checkpointing=recipe.train.gradient_checkpointing
+    )
     return loaded
 
 
-def build_report(recipe: RecoverRecipe, job: RecoverJob, student: ModelSource, teacher: str, generation: dict[str, Any],
-                 card: dict[str, int], result: TrainResult, seconds: float, notes: list[str]) -> RecoverReport:
+def build_report(
+    recipe: RecoverRecipe,
+    job: RecoverJob,
+    student: ModelSource,
+    teacher: str,
+    generation: dict[str, Any],
+    card: dict[str, int],
+    result: TrainResult,
+    seconds: float,
+    notes: list[str],
+) -> RecoverReport:
     """recover_report.json: how the model was made and what the training did."""
     return RecoverReport(
-        recipe=recipe, settings=job.settings, student=SourceRecord.of(student), teacher=teacher,
+        recipe=recipe,
+        settings=job.settings,
+        student=SourceRecord.of(student),
+        teacher=teacher,
         data={"generation": generation, "filter": card, **result.data},
         held_out_loss={"before": result.loss_before, "after": result.loss_after},
-        loss_curve=result.curve, tokens_seen=result.tokens_seen, optimizer=result.optimizer,
+        loss_curve=result.curve,
+        tokens_seen=result.tokens_seen,
+        optimizer=result.optimizer,
         memory_plan=result.plan.as_dict(),
         seconds={"total": round(seconds, 1), "generation": generation["seconds"], "training": round(result.seconds, 1)},
-        notes=notes, provenance=collect_provenance(),
+        notes=notes,
+        provenance=collect_provenance(),
     )
 
 
-def save_outputs(recipe: RecoverRecipe, job: RecoverJob, student: ModelSource, result: TrainResult,
-                 report: RecoverReport) -> None:
+def save_outputs(
+    recipe: RecoverRecipe, job: RecoverJob, student: ModelSource, result: TrainResult, report: RecoverReport
+) -> None:
     """Merged safetensors model, adapter, report, loss curve and the data, all at once (main process only)."""
     with atomic_output_dir(job.output, job.overwrite) as tmp:
         model = merged_model(recipe, student, job.settings, result.saved)

@@ -103,7 +103,9 @@ class LoraSection(Section):
     r: int = Field(64, ge=1, description="LoRA rank")
     alpha: float = Field(16, gt=0, description="LoRA alpha (scale = alpha / r)")
     dropout: float = Field(0.05, ge=0, lt=1, description="LoRA dropout")
-    target_modules: list[str] | str = Field("all-linear", description="Modules to adapt (all-linear: every linear but lm_head)")
+    target_modules: list[str] | str = Field(
+        "all-linear", description="Modules to adapt (all-linear: every linear but lm_head)"
+    )
     bias: Literal["none", "all", "lora_only"] = Field("none", description="Which biases to train")
 
     @field_validator("target_modules")
@@ -167,10 +169,12 @@ class RecoverRecipe(Section):
         return check_name("method", method, get_args(Method)) if isinstance(method, str) else method
 
     @model_validator(mode="after")
-    def _check(self) -> "RecoverRecipe":
+    def _check(self) -> RecoverRecipe:
         if self.generate.filter == "correct" and not _has_answers(self.prompts.source):
-            raise ValueError(f"generate.filter 'correct' needs prompts with known answers (gsm8k or a .jsonl "
-                             f"with an 'answer' field), not '{self.prompts.source}'")
+            raise ValueError(
+                f"generate.filter 'correct' needs prompts with known answers (gsm8k or a .jsonl "
+                f"with an 'answer' field), not '{self.prompts.source}'"
+            )
         if self.drop_blocks is not None and (not self.drop_blocks or min(self.drop_blocks) < 0):
             raise ValueError("drop_blocks must list block indices >= 0")
         if self.train.max_length <= self.generate.max_new_tokens // 4:
@@ -197,4 +201,3 @@ class RecoverRecipe(Section):
 
 def _has_answers(source: str) -> bool:
     return source == "gsm8k" or source.endswith(".jsonl") or source == "probes" or source.startswith("probes:")
-

@@ -7,9 +7,10 @@ import json
 import logging
 import random
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from layerprune.data import iter_jsonl, load_rows, read_jsonl
 from layerprune.errors import LayerpruneError
@@ -141,31 +142,52 @@ def generate_responses(model: Any, tokenizer: Any, prompts: list[Prompt], settin
     """
     done = done_ids(path) if done is None else done
     todo = [p for p in prompts if p.id not in done]
-    log.info("self-generation: %d prompts, %d already answered, %d to go", len(prompts), len(prompts) - len(todo), len(todo))
+    answered = len(prompts) - len(todo)
+    log.info("self-generation: %d prompts, %d already answered, %d to go", len(prompts), answered, len(todo))
     start = time.perf_counter()
     if todo and settings.backend == "vllm":
         _generate_vllm(model, tokenizer, todo, settings, path, seed, engine or {})
     elif todo:
         _generate_hf(model, tokenizer, prompts, done, settings, path, seed)
-    return {"prompts": len(prompts), "resumed_from": len(prompts) - len(todo), "generated": len(todo),
-            "seconds": round(time.perf_counter() - start, 1)}
+    return {
+        "prompts": len(prompts),
+        "resumed_from": len(prompts) - len(todo),
+        "generated": len(todo),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
 
 
-def _generate_hf(model: Any, tokenizer: Any, prompts: list[Prompt], done: set[str], settings: GenerationSection,
-                 path: Path, seed: int) -> None:
+def _generate_hf(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[Prompt],
+    done: set[str],
+    settings: GenerationSection,
+    path: Path,
+    seed: int,
+) -> None:
     from layerprune.models.generate import generate_ids  # torch and transformers only when generating
 
     texts = {p.id: render_prompt(tokenizer, p.text, settings.system_prompt) for p in prompts}
     ordered = sorted(prompts, key=lambda p: (len(tokenizer(texts[p.id], add_special_tokens=False)["input_ids"]), p.id))
     sampling = sampling_settings(model.generation_config, settings)
-    batches = [ordered[i: i + settings.batch_size] for i in range(0, len(ordered), settings.batch_size)]
+    batches = [ordered[i : i + settings.batch_size] for i in range(0, len(ordered), settings.batch_size)]
     for number, batch in enumerate(batches, 1):
         if all(p.id in done for p in batch):
             continue
         seeded = [SeededSampler([prompt_seed(seed, [p.id]) for p in batch], sampling)] if sampling["do_sample"] else []
-        rows = generate_ids(model, tokenizer, [texts[p.id] for p in batch], settings.max_new_tokens,
-                            add_special_tokens=False, logits_processor=seeded)
-        _append(path, (_record(p, tokenizer, ids, settings) for p, ids in zip(batch, rows) if p.id not in done))
+        rows = generate_ids(
+            model,
+            tokenizer,
+            [texts[p.id] for p in batch],
+            settings.max_new_tokens,
+            add_special_tokens=False,
+            logits_processor=seeded,
+        )
+        _append(
+            path,
+            (_record(p, tokenizer, ids, settings) for p, ids in zip(batch, rows, strict=False) if p.id not in done),
+        )
         log.info("  answered batch %d/%d", number, len(batches))
 
 
@@ -175,8 +197,12 @@ class SeededSampler:
     Used as a logits processor of greedy decoding: it returns the drawn token as the only possible one."""
 
     def __init__(self, seeds: list[int], sampling: dict[str, Any]) -> None:
-        from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper,
-                                                            TopKLogitsWarper, TopPLogitsWarper)
+        from transformers.generation.logits_process import (
+            MinPLogitsWarper,
+            TemperatureLogitsWarper,
+            TopKLogitsWarper,
+            TopPLogitsWarper,
+        )
 
         self.seeds, self.generators = seeds, None
         self.warpers = [TemperatureLogitsWarper(sampling["temperature"])] if sampling["temperature"] != 1.0 else []
@@ -195,15 +221,23 @@ class SeededSampler:
         for warper in self.warpers:
             scores = warper(input_ids, scores)
         probs = torch.softmax(scores.float(), dim=-1)
-        drawn = torch.stack([torch.multinomial(row, 1, generator=g) for row, g in zip(probs, self.generators)])
+        drawn = torch.stack(
+            [torch.multinomial(row, 1, generator=g) for row, g in zip(probs, self.generators, strict=False)]
+        )
         return torch.full_like(scores, float("-inf")).scatter_(1, drawn, 0.0)
 
 
 def _record(prompt: Prompt, tokenizer: Any, ids: list[int], settings: GenerationSection) -> dict[str, Any]:
     """One responses-file row from the new token ids of a prompt (already cut before the end token)."""
     text = tokenizer.decode(ids, skip_special_tokens=True).strip()
-    return {"id": prompt.id, "prompt": prompt.text, "answer": prompt.answer, "response": text,
-            "tokens": len(ids), "truncated": len(ids) >= settings.max_new_tokens}
+    return {
+        "id": prompt.id,
+        "prompt": prompt.text,
+        "answer": prompt.answer,
+        "response": text,
+        "tokens": len(ids),
+        "truncated": len(ids) >= settings.max_new_tokens,
+    }
 
 
 def _append(path: Path, rows: Iterable[dict[str, Any]]) -> None:
@@ -236,32 +270,54 @@ def check_vllm() -> None:
 VLLM_CHUNK = 256  # prompts per llm.generate call: the responses file grows as they finish
 
 
-def vllm_engine_args(model: str, prompt_tokens: int, settings: GenerationSection, seed: int,
-                     engine: dict[str, Any]) -> dict[str, Any]:
+def vllm_engine_args(
+    model: str, prompt_tokens: int, settings: GenerationSection, seed: int, engine: dict[str, Any]
+) -> dict[str, Any]:
     """vllm.LLM's arguments: the run's dtype and seed, a context just long enough, a memory share that leaves the
     rest of the GPU to training, and no more sequences at once than generate.batch_size allows."""
-    return {"model": model, "tokenizer": model, "dtype": engine.get("dtype", "auto"), "seed": seed,
-            "max_model_len": prompt_tokens + settings.max_new_tokens, "max_num_seqs": settings.batch_size,
-            "gpu_memory_utilization": settings.vllm_gpu_memory,
-            "tensor_parallel_size": engine.get("tensor_parallel_size", 1)}
+    return {
+        "model": model,
+        "tokenizer": model,
+        "dtype": engine.get("dtype", "auto"),
+        "seed": seed,
+        "max_model_len": prompt_tokens + settings.max_new_tokens,
+        "max_num_seqs": settings.batch_size,
+        "gpu_memory_utilization": settings.vllm_gpu_memory,
+        "tensor_parallel_size": engine.get("tensor_parallel_size", 1),
+    }
 
 
 def vllm_sampling_args(sampling: dict[str, Any], settings: GenerationSection, seed: int) -> dict[str, Any]:
     """vllm.SamplingParams' arguments equal to the Hugging Face path's `sampling_settings` (per-prompt seed)."""
     if not sampling.get("do_sample"):
         return {"temperature": 0.0, "max_tokens": settings.max_new_tokens, "seed": seed}
-    return {"temperature": sampling["temperature"], "top_p": sampling["top_p"], "top_k": sampling.get("top_k") or -1,
-            "repetition_penalty": sampling.get("repetition_penalty", 1.0), "min_p": sampling.get("min_p", 0.0),
-            "max_tokens": settings.max_new_tokens, "seed": seed}
+    return {
+        "temperature": sampling["temperature"],
+        "top_p": sampling["top_p"],
+        "top_k": sampling.get("top_k") or -1,
+        "repetition_penalty": sampling.get("repetition_penalty", 1.0),
+        "min_p": sampling.get("min_p", 0.0),
+        "max_tokens": settings.max_new_tokens,
+        "seed": seed,
+    }
 
 
-def _generate_vllm(model: Any, tokenizer: Any, prompts: list[Prompt], settings: GenerationSection, path: Path,
-                   seed: int, engine: dict[str, Any]) -> None:
+def _generate_vllm(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[Prompt],
+    settings: GenerationSection,
+    path: Path,
+    seed: int,
+    engine: dict[str, Any],
+) -> None:
     from transformers import GenerationConfig
     from vllm import LLM, SamplingParams  # type: ignore[import-not-found]
 
-    ids = [tokenizer(render_prompt(tokenizer, p.text, settings.system_prompt), add_special_tokens=False)["input_ids"]
-           for p in prompts]  # the template already holds the BOS: vLLM must not add a second
+    ids = [
+        tokenizer(render_prompt(tokenizer, p.text, settings.system_prompt), add_special_tokens=False)["input_ids"]
+        for p in prompts
+    ]  # the template already holds the BOS: vLLM must not add a second
     try:
         generation_config = GenerationConfig.from_pretrained(str(model))
     except OSError:
@@ -270,13 +326,25 @@ def _generate_vllm(model: Any, tokenizer: Any, prompts: list[Prompt], settings: 
     llm = LLM(**vllm_engine_args(str(model), max(map(len, ids)), settings, seed, engine))
     try:
         for first in range(0, len(prompts), VLLM_CHUNK):
-            chunk = prompts[first: first + VLLM_CHUNK]
-            params = [SamplingParams(**vllm_sampling_args(sampling, settings, prompt_seed(seed, [p.id])))
-                      for p in chunk]
-            outputs = llm.generate([{"prompt_token_ids": t} for t in ids[first: first + VLLM_CHUNK]], params)
-            _append(path, [{"id": p.id, "prompt": p.text, "answer": p.answer, "response": o.outputs[0].text.strip(),
-                            "tokens": len(o.outputs[0].token_ids), "truncated": o.outputs[0].finish_reason == "length"}
-                           for p, o in zip(chunk, outputs)])
+            chunk = prompts[first : first + VLLM_CHUNK]
+            params = [
+                SamplingParams(**vllm_sampling_args(sampling, settings, prompt_seed(seed, [p.id]))) for p in chunk
+            ]
+            outputs = llm.generate([{"prompt_token_ids": t} for t in ids[first : first + VLLM_CHUNK]], params)
+            _append(
+                path,
+                [
+                    {
+                        "id": p.id,
+                        "prompt": p.text,
+                        "answer": p.answer,
+                        "response": o.outputs[0].text.strip(),
+                        "tokens": len(o.outputs[0].token_ids),
+                        "truncated": o.outputs[0].finish_reason == "length",
+                    }
+                    for p, o in zip(chunk, outputs, strict=False)
+                ],
+            )
     finally:
         shutdown_vllm(llm)
 
@@ -298,7 +366,9 @@ def shutdown_vllm(llm: Any) -> None:
         gc.collect()
 
 
-def filter_responses(rows: list[dict[str, Any]], settings: GenerationSection) -> tuple[list[dict[str, Any]], dict[str, int]]:
+def filter_responses(
+    rows: list[dict[str, Any]], settings: GenerationSection
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Apply the recipe's filters; the card counts what each filter removed."""
     card = {"responses": len(rows), "empty": 0, "truncated": 0, "too_long": 0, "wrong": 0}
     kept = []
@@ -310,8 +380,10 @@ def filter_responses(rows: list[dict[str, Any]], settings: GenerationSection) ->
             kept.append(row)
     card["kept"] = len(kept)
     if not kept:
-        raise LayerpruneError(f"every response was filtered away ({_describe(card)}); loosen generate.filter, "
-                              "generate.max_response_tokens or generate.drop_truncated")
+        raise LayerpruneError(
+            f"every response was filtered away ({_describe(card)}); loosen generate.filter, "
+            "generate.max_response_tokens or generate.drop_truncated"
+        )
     return kept, card
 
 

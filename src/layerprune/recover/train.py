@@ -39,7 +39,9 @@ def quantization_config() -> Any:
                               bnb_4bit_compute_dtype=torch.bfloat16)
 
 
-def split_rows(rows: list[dict[str, Any]], held_out: float, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def split_rows(
+    rows: list[dict[str, Any]], held_out: float, seed: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Shuffle and hold out a fraction (at least one row when held_out > 0 and two or more rows)."""
     rows = list(rows)
     random.Random(seed).shuffle(rows)
@@ -51,18 +53,29 @@ def to_dataset(rows: list[dict[str, Any]], system_prompt: str | None) -> Any:
     """Prompt-completion conversations (TRL computes the loss on the completion only)."""
     from datasets import Dataset
 
-    return Dataset.from_list([
-        {"prompt": chat_messages(row["prompt"], system_prompt),
-         "completion": [{"role": "assistant", "content": row["response"]}]}
-        for row in rows
-    ])
+    return Dataset.from_list(
+        [
+            {
+                "prompt": chat_messages(row["prompt"], system_prompt),
+                "completion": [{"role": "assistant", "content": row["response"]}],
+            }
+            for row in rows
+        ]
+    )
 
 
 def longest_example(tokenizer: Any, rows: list[dict[str, Any]], system_prompt: str | None) -> int:
     """Tokens of the longest prompt + response conversation, as the trainer will see it (before truncation)."""
-    lengths = [len(tokenizer.apply_chat_template(
-        [*chat_messages(row["prompt"], system_prompt), {"role": "assistant", "content": row["response"]}],
-        tokenize=True, return_dict=False)) for row in rows]
+    lengths = [
+        len(
+            tokenizer.apply_chat_template(
+                [*chat_messages(row["prompt"], system_prompt), {"role": "assistant", "content": row["response"]}],
+                tokenize=True,
+                return_dict=False,
+            )
+        )
+        for row in rows
+    ]
     return max(lengths, default=1)
 
 
@@ -76,26 +89,60 @@ def bf16_allowed(recipe: RecoverRecipe, device: torch.device) -> bool:
     return False
 
 
-def training_arguments(recipe: RecoverRecipe, output_dir: Path, device: torch.device, optimizer: str, seed: int,
-                       has_eval: bool = False, eval_on_start: bool = True) -> dict[str, Any]:
+def training_arguments(
+    recipe: RecoverRecipe,
+    output_dir: Path,
+    device: torch.device,
+    optimizer: str,
+    seed: int,
+    has_eval: bool = False,
+    eval_on_start: bool = True,
+) -> dict[str, Any]:
     """TrainingArguments fields from the recipe's train section, shared by SFT and every distillation trainer."""
     train = recipe.train
     return dict(
-        output_dir=str(output_dir), learning_rate=train.learning_rate, lr_scheduler_type=train.lr_scheduler,
-        warmup_steps=train.warmup_steps, adam_beta1=train.adam_beta1, adam_beta2=train.adam_beta2,
-        weight_decay=train.weight_decay, max_grad_norm=train.max_grad_norm, optim=optimizer,
-        per_device_train_batch_size=train.batch_size, per_device_eval_batch_size=train.batch_size,
-        gradient_accumulation_steps=train.grad_accum, num_train_epochs=train.epochs, max_steps=train.max_steps or -1,
-        bf16=bf16_allowed(recipe, device), gradient_checkpointing=train.gradient_checkpointing,
-        eval_strategy="steps" if has_eval else "no", eval_steps=train.eval_steps,
-        eval_on_start=has_eval and eval_on_start, logging_steps=train.logging_steps, logging_first_step=True,
-        save_strategy="steps", save_steps=train.save_steps, save_total_limit=2, report_to="none", seed=seed,
-        use_cpu=device.type == "cpu", disable_tqdm=True, dataloader_num_workers=0, include_num_input_tokens_seen="all",
+        output_dir=str(output_dir),
+        learning_rate=train.learning_rate,
+        lr_scheduler_type=train.lr_scheduler,
+        warmup_steps=train.warmup_steps,
+        adam_beta1=train.adam_beta1,
+        adam_beta2=train.adam_beta2,
+        weight_decay=train.weight_decay,
+        max_grad_norm=train.max_grad_norm,
+        optim=optimizer,
+        per_device_train_batch_size=train.batch_size,
+        per_device_eval_batch_size=train.batch_size,
+        gradient_accumulation_steps=train.grad_accum,
+        num_train_epochs=train.epochs,
+        max_steps=train.max_steps or -1,
+        bf16=bf16_allowed(recipe, device),
+        gradient_checkpointing=train.gradient_checkpointing,
+        eval_strategy="steps" if has_eval else "no",
+        eval_steps=train.eval_steps,
+        eval_on_start=has_eval and eval_on_start,
+        logging_steps=train.logging_steps,
+        logging_first_step=True,
+        save_strategy="steps",
+        save_steps=train.save_steps,
+        save_total_limit=2,
+        report_to="none",
+        seed=seed,
+        use_cpu=device.type == "cpu",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        include_num_input_tokens_seen="all",
     )
 
 
-def sft_config(recipe: RecoverRecipe, output_dir: Path, device: torch.device, optimizer: str, seed: int,
-               has_eval: bool, eval_on_start: bool = True) -> Any:
+def sft_config(
+    recipe: RecoverRecipe,
+    output_dir: Path,
+    device: torch.device,
+    optimizer: str,
+    seed: int,
+    has_eval: bool,
+    eval_on_start: bool = True,
+) -> Any:
     """TRL's SFTConfig from the recipe's train section.
 
     The held-out loss before training is the trainer's own evaluation at step 0 (`eval_on_start`: inside train(),
@@ -104,21 +151,34 @@ def sft_config(recipe: RecoverRecipe, output_dir: Path, device: torch.device, op
     """
     from trl import SFTConfig
 
-    return SFTConfig(**training_arguments(recipe, output_dir, device, optimizer, seed, has_eval, eval_on_start),
-                     max_length=recipe.train.max_length, completion_only_loss=True, packing=False,
-                     model_init_kwargs=None)
+    return SFTConfig(
+        **training_arguments(recipe, output_dir, device, optimizer, seed, has_eval, eval_on_start),
+        max_length=recipe.train.max_length,
+        completion_only_loss=True,
+        packing=False,
+        model_init_kwargs=None,
+    )
 
 
-def make_trainer(recipe: RecoverRecipe, model: Any, tokenizer: Any, args: Any, train_set: Any, eval_set: Any,
-                 teacher: Any = None) -> Any:
+def make_trainer(
+    recipe: RecoverRecipe, model: Any, tokenizer: Any, args: Any, train_set: Any, eval_set: Any, teacher: Any = None
+) -> Any:
     """SFTTrainer (or the KD subclass) with the LoRA config when the method uses adapters."""
     peft_config = lora_config(recipe.lora) if recipe.uses_lora() else None
     cls = _trainer_classes()["kd" if recipe.method == "kd" else "sft"]
     kwargs = {"teacher": teacher, "kd": recipe.kd} if recipe.method == "kd" else {}
     from transformers.trainer_callback import PrinterCallback
 
-    trainer = cls(model=model, args=args, train_dataset=train_set, eval_dataset=eval_set, processing_class=tokenizer,
-                  peft_config=peft_config, callbacks=[LossLogCallback()], **kwargs)
+    trainer = cls(
+        model=model,
+        args=args,
+        train_dataset=train_set,
+        eval_dataset=eval_set,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=[LossLogCallback()],
+        **kwargs,
+    )
     trainer.remove_callback(PrinterCallback)
     return trainer
 
@@ -153,8 +213,9 @@ def _trainer_classes() -> dict[str, type]:
     return {"sft": GuardedSFTTrainer, "kd": KDTrainer}
 
 
-def distillation_loss(student: Any, teacher: Any, inputs: dict[str, Any], kd: KdSection,
-                      num_items_in_batch: Any = None) -> torch.Tensor:
+def distillation_loss(
+    student: Any, teacher: Any, inputs: dict[str, Any], kd: KdSection, num_items_in_batch: Any = None
+) -> torch.Tensor:
     """weight * KL(teacher || student) + (1 - weight) * cross-entropy, summed over the completion tokens and divided
     by `num_items_in_batch` (the completion tokens of the whole accumulation window, as transformers expects; the
     micro-batch's own count when None), so neither the gradient nor the logged loss grows with grad_accum."""
@@ -172,8 +233,9 @@ def distillation_loss(student: Any, teacher: Any, inputs: dict[str, Any], kd: Kd
     return loss / (count.to(loss.device) if isinstance(count, torch.Tensor) else count)
 
 
-def forward_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0,
-               reduction: str = "mean") -> torch.Tensor:
+def forward_kl(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0, reduction: str = "mean"
+) -> torch.Tensor:
     """KL(p_teacher || p_student) over tokens (mean or sum), scaled by T^2 as in Hinton et al."""
     if student_logits.numel() == 0:
         return student_logits.sum()
@@ -187,15 +249,24 @@ def check_finite(loss: torch.Tensor, step: int, output_dir: str) -> None:
     if not math.isfinite(float(loss.detach())):
         last = last_checkpoint(Path(output_dir))
         kept = f"last good checkpoint: {last}" if last else "no checkpoint was saved yet"
-        raise NonFiniteLossError(f"training loss became {float(loss.detach())} at step {step}; stopped ({kept}); "
-                                 "lower train.learning_rate and re-run (add --resume to continue from the checkpoint)")
+        raise NonFiniteLossError(
+            f"training loss became {float(loss.detach())} at step {step}; stopped ({kept}); "
+            "lower train.learning_rate and re-run (add --resume to continue from the checkpoint)"
+        )
 
 
 def last_checkpoint(directory: Path) -> Path | None:
     """The newest complete checkpoint-N folder in a trainer output directory (the trainer writes its
     trainer_state.json last, so a checkpoint without one was cut off while saving)."""
-    found = [p for p in directory.glob("checkpoint-*")
-             if p.name.split("-")[-1].isdigit() and _complete(p / "trainer_state.json")] if directory.is_dir() else []
+    found = (
+        [
+            p
+            for p in directory.glob("checkpoint-*")
+            if p.name.split("-")[-1].isdigit() and _complete(p / "trainer_state.json")
+        ]
+        if directory.is_dir()
+        else []
+    )
     return max(found, key=lambda p: int(p.name.split("-")[-1]), default=None)
 
 
@@ -212,8 +283,13 @@ class LossLogCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):  # type: ignore[no-untyped-def]
         logs = logs or {}
         if "loss" in logs:
-            log.info("  step %d/%d  loss %.4f  lr %.2e", state.global_step, state.max_steps, logs["loss"],
-                     logs.get("learning_rate", 0.0))
+            log.info(
+                "  step %d/%d  loss %.4f  lr %.2e",
+                state.global_step,
+                state.max_steps,
+                logs["loss"],
+                logs.get("learning_rate", 0.0),
+            )
         if "eval_loss" in logs:
             log.info("  step %d/%d  held-out loss %.4f", state.global_step, state.max_steps, logs["eval_loss"])
 
@@ -241,8 +317,12 @@ def plot_loss_curve(curve: dict[str, list[list[float]]], path: Path, title: str)
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, points in curve.items():
         if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o" if name == "held_out" else None,
-                    label=name.replace("_", "-"))
+            ax.plot(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                marker="o" if name == "held_out" else None,
+                label=name.replace("_", "-"),
+            )
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss (completion tokens)")
     ax.set_title(title)

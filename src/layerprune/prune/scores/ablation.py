@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
 from layerprune import grading
 from layerprune.errors import LayerpruneError
 from layerprune.models.blocks import skipped_blocks
-from layerprune.models.row_skips import row_skipped_blocks
 from layerprune.models.generate import end_token_ids, generate_greedy
-from layerprune.models.walker import (FINAL, BlockInputs, candidate_losses, capture_block_inputs, greedy_match,
-                                      masked_nll, prefix_states)
+from layerprune.models.row_skips import row_skipped_blocks
+from layerprune.models.walker import (
+    FINAL,
+    BlockInputs,
+    candidate_losses,
+    capture_block_inputs,
+    greedy_match,
+    masked_nll,
+    prefix_states,
+)
 from layerprune.prune.calib import AnswerBatch, CalibItem, answer_batches, is_short_answer, stop_token_mask
 from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult
 
@@ -40,13 +47,20 @@ def _iterative(ctx: ScoreContext, measure, kept: list[int], cache: list[BlockInp
         candidates = [i for i in kept if i not in ctx.protected]
         base, losses = measure(ctx, kept, candidates, cache)
         chosen = min(candidates, key=lambda i: (losses[i], -i))
-        steps.append({"step": step + 1, "base": base, "deltas": {i: losses[i] - base for i in candidates}, "dropped": chosen})
+        steps.append(
+            {"step": step + 1, "base": base, "deltas": {i: losses[i] - base for i in candidates}, "dropped": chosen}
+        )
         first = first or {i: losses[i] - base for i in candidates}
         kept = [i for i in kept if i != chosen]
         if ctx.progress:
             ctx.progress(f"iterative step {step + 1}/{ctx.drop}: dropped block {chosen}", 0)
     scores = [first.get(i) for i in range(ctx.depth)]
-    return ScoreResult(scores, sorted(s["dropped"] for s in steps), steps, {"metric": ctx.metric, "order": [s["dropped"] for s in steps]})
+    return ScoreResult(
+        scores,
+        sorted(s["dropped"] for s in steps),
+        steps,
+        {"metric": ctx.metric, "order": [s["dropped"] for s in steps]},
+    )
 
 
 def _nll_losses(
@@ -83,7 +97,9 @@ def _accuracy_losses(
     teacher-forced in one pass per candidate (prefix reused), free-form ones (GSM8K) generated."""
     items = [item for item in ctx.calib.items if item.expected is not None]
     if not items:
-        raise LayerpruneError("--metric accuracy needs calibration items with answers (gsm8k, arithmetic, prompt+answer JSONL)")
+        raise LayerpruneError(
+            "--metric accuracy needs calibration items with answers (gsm8k, arithmetic, prompt+answer JSONL)"
+        )
     short = [item for item in items if is_short_answer(item)]
     free = [item for item in items if not is_short_answer(item)]
     wrong = {c: 0 for c in [-1, *candidates]}
@@ -111,8 +127,9 @@ class _TeacherForced:
     inputs: list[BlockInputs] = field(default_factory=list)
 
 
-def teacher_forced_correct(ctx: ScoreContext, items: list[CalibItem], kept: Sequence[int], candidates: Sequence[int],
-                           cache: list | None = None) -> dict[int, list[bool]]:
+def teacher_forced_correct(
+    ctx: ScoreContext, items: list[CalibItem], kept: Sequence[int], candidates: Sequence[int], cache: list | None = None
+) -> dict[int, list[bool]]:
     """Per item, would greedy decoding give exactly its answer (then a stop): for the `kept` model (key -1)
     and for it with each candidate skipped. One forward per batch, then each candidate from its prefix."""
     cache = cache if cache is not None else []
@@ -126,14 +143,19 @@ def teacher_forced_correct(ctx: ScoreContext, items: list[CalibItem], kept: Sequ
             members = [item for item in items if item.stop == group.stop]
             for number, answers in enumerate(group.batches):
                 batch = answers.batch.to(ctx.model.device)
-                inputs = group.inputs[number] if number < len(group.inputs) else \
-                    capture_block_inputs(ctx.stack, batch, keep_hidden=full)
+                inputs = (
+                    group.inputs[number]
+                    if number < len(group.inputs)
+                    else capture_block_inputs(ctx.stack, batch, keep_hidden=full)
+                )
                 if not full and number >= len(group.inputs):
                     group.inputs.append(inputs)
                 measure = functools.partial(greedy_match, stops=group.stops, needs_stop=answers.needs_stop)
                 states = prefix_states(ctx.stack, inputs, kept)
-                results = {-1: measure(ctx.stack, states[FINAL], batch),
-                           **candidate_losses(ctx.stack, inputs, kept, candidates, states, ctx.stack_candidates, measure)}
+                results = {
+                    -1: measure(ctx.stack, states[FINAL], batch),
+                    **candidate_losses(ctx.stack, inputs, kept, candidates, states, ctx.stack_candidates, measure),
+                }
                 for candidate, hits in results.items():
                     for row, index in enumerate(answers.items):
                         correct[candidate][position[id(members[index])]] = bool(hits[row]) and bool(answers.fits[row])
@@ -143,12 +165,16 @@ def teacher_forced_correct(ctx: ScoreContext, items: list[CalibItem], kept: Sequ
 def _prepare(ctx: ScoreContext, items: list[CalibItem], stop: str) -> _TeacherForced:
     members = [item for item in items if item.stop == stop]
     size = ctx.stack.lm_head().weight.shape[0]
-    return _TeacherForced(stop, answer_batches(members, ctx.tokenizer, ctx.batch_size, ctx.max_new_tokens),
-                          stop_token_mask(ctx.tokenizer, stop, size, end_token_ids(ctx.model, ctx.tokenizer)))
+    return _TeacherForced(
+        stop,
+        answer_batches(members, ctx.tokenizer, ctx.batch_size, ctx.max_new_tokens),
+        stop_token_mask(ctx.tokenizer, stop, size, end_token_ids(ctx.model, ctx.tokenizer)),
+    )
 
 
-def generated_correct_per_candidate(ctx: ScoreContext, items: list[CalibItem],
-                                    skips: dict[int, list[int]]) -> dict[int, list[bool]]:
+def generated_correct_per_candidate(
+    ctx: ScoreContext, items: list[CalibItem], skips: dict[int, list[int]]
+) -> dict[int, list[bool]]:
     """`generated_correct` for every candidate at once: the rows of one `generate` call are (candidate, item)
     pairs, each row skipping its candidate's blocks (models.row_skips), so all candidates decode side by side."""
     rows = [(candidate, n) for candidate in skips for n in range(len(items))]
@@ -156,11 +182,17 @@ def generated_correct_per_candidate(ctx: ScoreContext, items: list[CalibItem],
     for stop in sorted({item.stop for item in items}):
         group = [(c, n) for c, n in rows if items[n].stop == stop]
         for start in range(0, len(group), ctx.batch_size):
-            chunk = group[start: start + ctx.batch_size]
+            chunk = group[start : start + ctx.batch_size]
             with row_skipped_blocks(ctx.model, [skips[c] for c, _ in chunk]):
-                texts = generate_greedy(ctx.model, ctx.tokenizer, [items[n].prompt for _, n in chunk],
-                                        ctx.max_new_tokens, [stop], len(chunk))
-            for (c, n), text in zip(chunk, texts):
+                texts = generate_greedy(
+                    ctx.model,
+                    ctx.tokenizer,
+                    [items[n].prompt for _, n in chunk],
+                    ctx.max_new_tokens,
+                    [stop],
+                    len(chunk),
+                )
+            for (c, n), text in zip(chunk, texts, strict=False):
                 correct[c][n] = grading.final_number(text) == items[n].expected
     return correct
 
@@ -171,7 +203,10 @@ def generated_correct(ctx: ScoreContext, items: list[CalibItem], skip: list[int]
     with skipped_blocks(ctx.model, skip):
         for stop in sorted({item.stop for item in items}):
             group = [n for n, item in enumerate(items) if item.stop == stop]
-            texts = generate_greedy(ctx.model, ctx.tokenizer, [items[n].prompt for n in group], ctx.max_new_tokens,
-                                    [stop], ctx.batch_size)
-            correct.update({n: grading.final_number(text) == items[n].expected for n, text in zip(group, texts)})
+            texts = generate_greedy(
+                ctx.model, ctx.tokenizer, [items[n].prompt for n in group], ctx.max_new_tokens, [stop], ctx.batch_size
+            )
+            correct.update(
+                {n: grading.final_number(text) == items[n].expected for n, text in zip(group, texts, strict=False)}
+            )
     return [correct[n] for n in range(len(items))]

@@ -16,4 +16,8 @@ def angular(ctx: ScoreContext) -> ScoreResult:
     """
     distances = hidden_state_sums(ctx, angular_distance, ctx.drop, ctx.angular_tokens)
     scores: list[float | None] = [*distances, *[None] * (ctx.depth - len(distances))]
-    return ScoreResult(scores, best_contiguous_run(scores, ctx.drop, ctx.protected), details={"run_length": ctx.drop, "tokens": ctx.angular_tokens})
+    return ScoreResult(
+        scores,
+        best_contiguous_run(scores, ctx.drop, ctx.protected),
+        details={"run_length": ctx.drop, "tokens": ctx.angular_tokens},
+    )

@@ -22,10 +22,13 @@ def taylor(ctx: ScoreContext) -> ScoreResult:
             _backward(ctx, batch)
             if ctx.progress:
                 ctx.progress("gradients", 1)
-        scores = [taylor_importance((p.grad, p) for p in block.parameters() if p.grad is not None) for block in ctx.stack.layers]
+        scores = [
+            taylor_importance((p.grad, p) for p in block.parameters() if p.grad is not None)
+            for block in ctx.stack.layers
+        ]
     finally:
         ctx.model.zero_grad(set_to_none=True)
-        for p, flag in zip(params, flags):
+        for p, flag in zip(params, flags, strict=False):
             p.requires_grad_(flag)
     return ScoreResult(scores, select_lowest(scores, ctx.drop, ctx.protected))
 
