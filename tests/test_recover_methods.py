@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 import torch
+from pydantic import ValidationError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from helpers import write_lineage
