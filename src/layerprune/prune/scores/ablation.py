@@ -109,7 +109,7 @@ def _accuracy_losses(
     dropped = [i for i in range(ctx.depth) if i not in kept]
     if free:
         skips = {c: dropped if c == -1 else sorted([*dropped, c]) for c in wrong}
-        for candidate, correct in generated_correct_per_candidate(ctx, free, skips).items():
+        for candidate, correct in free_form_correct(ctx, free, skips).items():
             wrong[candidate] += correct.count(False)
     if ctx.progress:
         ctx.progress("ablation", len(candidates))
@@ -170,6 +170,14 @@ def _prepare(ctx: ScoreContext, items: list[CalibItem], stop: str) -> _TeacherFo
         answer_batches(members, ctx.tokenizer, ctx.batch_size, ctx.max_new_tokens),
         stop_token_mask(ctx.tokenizer, stop, size, end_token_ids(ctx.model, ctx.tokenizer)),
     )
+
+
+def free_form_correct(ctx: ScoreContext, items: list[CalibItem], skips: dict[int, list[int]]) -> dict[int, list[bool]]:
+    """Generated verdicts per candidate: all candidates in one batch on an accelerator, one call each on a CPU
+    (there the batched rows cost more than they save: 0.69x in bench/bench_candidates_batched.py)."""
+    if ctx.model.device.type == "cpu":
+        return {c: generated_correct(ctx, items, skip) for c, skip in skips.items()}
+    return generated_correct_per_candidate(ctx, items, skips)
 
 
 def generated_correct_per_candidate(
