@@ -42,7 +42,7 @@ def test_plain_sft_trains_on_prompt_plus_answer_without_template_tokens(tiny_lla
     assert text == PROMPT + " 19\n" and target == " 19\n"  # no end-of-sequence or template token appended
     chat_text, chat_target = _sft_example(tiny_llama, chat=True)
     assert "<|user|>" in chat_text and "<|assistant|>" in chat_text and PROMPT in chat_text  # true: unchanged
-    assert chat_target.startswith(" 19") or chat_target.startswith("19")
+    assert chat_target.startswith((" 19", "19"))
 
 
 def test_plain_distillation_data_is_the_same_text(tiny_llama):
@@ -56,8 +56,8 @@ def test_plain_distillation_data_is_the_same_text(tiny_llama):
     assert tokenizer.decode(labels[labels != -100]) == " 19\n"
     assert tokenizer.decode(batch["prompts"][0][batch["prompt_attention_mask"][0] == 1]) == PROMPT
     assert list(kd.prompts_dataset([PROMPT], PLAIN)) == [{"prompt": PROMPT}]
-    assert list(kd.prompts_dataset([PROMPT], CHAT))[0]["prompt"][-1] == {"role": "user", "content": PROMPT}
-    chat = list(kd.messages_dataset(ROWS, CHAT, tokenizer, 64))[0]["messages"]
+    assert kd.prompts_dataset([PROMPT], CHAT)[0]["prompt"][-1] == {"role": "user", "content": PROMPT}
+    chat = kd.messages_dataset(ROWS, CHAT, tokenizer, 64)[0]["messages"]
     assert chat[-1] == {"role": "assistant", "content": " 19"} and chat[0]["role"] == "system"
     (held_ids, start), = heldout.encode_rows(tokenizer, ROWS, PLAIN, 64)
     assert tokenizer.decode(held_ids) == PROMPT + " 19\n" and tokenizer.decode(held_ids[start:]) == " 19\n"
