@@ -32,8 +32,9 @@ def _sft_example(model_dir: Path, chat: bool) -> tuple[str, str]:
     trainer = train.make_trainer(recipe, AutoModelForCausalLM.from_pretrained(model_dir), tokenizer, args,
                                  train.to_dataset(ROWS, recipe.generate, tokenizer, 64), None)
     example = trainer.train_dataset[0]
-    labels = example.get("labels") or [t if m else -100 for t, m in zip(example["input_ids"],
-                                                                          example["completion_mask"])]
+    labels = example.get("labels")
+    if labels is None:
+        labels = [t if m else -100 for t, m in zip(example["input_ids"], example["completion_mask"], strict=True)]
     return tokenizer.decode(example["input_ids"]), tokenizer.decode([t for t in labels if t != -100])
 
 
@@ -72,7 +73,7 @@ def test_plain_teacher_answer_is_the_greedy_continuation_cut_at_the_stop(tiny_ll
     prompts = [selfgen.Prompt(selfgen.prompt_id(t), t) for t in (PROMPT, "Question: what is 12 + 7? Answer:")]
     selfgen.generate_responses(model, tokenizer, prompts, settings, tmp_path / "r.jsonl")
     rows = selfgen.responses_for(prompts, tmp_path / "r.jsonl")
-    for prompt, row in zip(prompts, rows):
+    for prompt, row in zip(prompts, rows, strict=True):
         enc = tokenizer(prompt.text, return_tensors="pt")  # the evaluation's encoding: no template, default specials
         with torch.no_grad():
             out = model.generate(**enc, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.pad_token_id)

@@ -353,10 +353,8 @@ def fine_tune(
     loaded = load_student(recipe, student, job.settings)
     gen, cap = recipe.generate, recipe.train.max_length
     eval_set = train.to_dataset(eval_rows, gen, loaded.tokenizer, cap) if eval_rows else None
-    trainer = train.make_trainer(
-        recipe, loaded.model, loaded.tokenizer, args, train.to_dataset(train_rows, gen, loaded.tokenizer, cap), eval_set,
-        teacher_model,
-    )
+    train_set = train.to_dataset(train_rows, gen, loaded.tokenizer, cap)
+    trainer = train.make_trainer(recipe, loaded.model, loaded.tokenizer, args, train_set, eval_set, teacher_model)
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     before = train.loss_before(trainer.state.log_history) if eval_set is not None else None
     after = trainer.evaluate()["eval_loss"] if eval_set is not None else None
