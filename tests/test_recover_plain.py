@@ -99,7 +99,7 @@ def test_plain_on_policy_samples_end_at_the_stop(tiny_llama, tiny_models, tmp_pa
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
     recipe = RecoverRecipe.model_validate({"method": "opd", "generate": {"chat_template": False},
                                            "opd": {"max_new_tokens": 8}, "train": {"max_steps": 1, "batch_size": 1}})
-    common = kd.trainer_kwargs(recipe, tmp_path / "t", torch.device("cpu"), "adamw_torch", 0, False, False)
+    common = train.training_arguments(recipe, tmp_path / "t", torch.device("cpu"), "adamw_torch", 0)
     model, teacher = (AutoModelForCausalLM.from_pretrained(tiny_llama) for _ in range(2))
     trainer = kd.opd_trainer(recipe, model, teacher, tokenizer, common, [PROMPT], None, [])
     newline = tokenizer("\n", add_special_tokens=False)["input_ids"]

@@ -87,7 +87,8 @@ def _summary(root: Path, label: str, scores: dict[str, float]) -> None:
                for task, value in scores.items()]
     path = root / "eval" / label / "summary.json"
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"model": {}, "model_hash": label, "results": results}))
+    model = {"spec": label, "location": label, "kind": "local"}
+    path.write_text(json.dumps({"model": model, "model_hash": label, "results": results}))
 
 
 def test_each_arm_is_reported_on_trained_and_on_unseen_skills(tmp_path):
@@ -116,10 +117,8 @@ def test_each_arm_is_reported_on_trained_and_on_unseen_skills(tmp_path):
 
 
 def test_embedded_study_recovers_on_plain_arithmetic_prompts_only():
-    from layerprune.pipeline.study import load_study
-
     path = next(p for p in STUDIES if p.stem == "recovery-methods-embedded")
-    shared = load_study(str(path)).shared_recipe("<pruned>")
+    shared = RecoveryStudy.load(path).shared_recipe("<pruned>")
     assert shared.generate.chat_template is False and shared.prompts.samples == 160
     trained = study_report.trained_tasks(shared.prompts.source)
     assert trained == {"arith_1dc", "arith_2d_add", "arith_2d_sub", "arith_2d_mul", "arith_3d_add", "arith_3d_sub"}
