@@ -129,7 +129,8 @@ def _trainer(model_dir: Path, tmp_path: Path, method: str, teacher: Path | None 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     args = train.sft_config(recipe, tmp_path / "trainer", torch.device("cpu"), "adamw_torch", 0, has_eval=False)
     teacher_model = AutoModelForCausalLM.from_pretrained(teacher or model_dir).eval() if method == "kd" else None
-    return train.make_trainer(recipe, model, tokenizer, args, train.to_dataset(_rows(), None), None, teacher_model)
+    dataset = train.to_dataset(_rows(), recipe.generate, tokenizer, 64)
+    return train.make_trainer(recipe, model, tokenizer, args, dataset, None, teacher_model)
 
 
 def test_lora_leaves_base_weights_unchanged_and_changes_the_adapter(tiny_llama, tmp_path):

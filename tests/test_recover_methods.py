@@ -15,7 +15,7 @@ from helpers import write_lineage
 from layerprune.cli import main
 from layerprune.models import drop_blocks
 from layerprune.recover import heldout, kd, prompts, replace, train
-from layerprune.recover.schema import KdSection, PromptSource, RecoverRecipe
+from layerprune.recover.schema import GenerationSection, KdSection, PromptSource, RecoverRecipe
 
 FAST = ["--max-new-tokens", "6", "--no-generate-drop-truncated", "--samples", "8", "--train-max-length", "64",
         "--train-batch-size", "2", "--train-grad-accum", "2", "--max-steps", "2", "--held-out", "0.25",
@@ -85,7 +85,8 @@ def _kd_batch(tiny_llama):
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
     rows = [{"prompt": f"what is {i} + 7?", "response": f"It is {i + 7}." * (i + 1)} for i in range(4)]
-    batch = DataCollatorForChatML(tokenizer=tokenizer, max_length=64)(list(kd.messages_dataset(rows, "Be brief.")))
+    dataset = kd.messages_dataset(rows, GenerationSection(system_prompt="Be brief."), tokenizer, 64)
+    batch = DataCollatorForChatML(tokenizer=tokenizer, max_length=64)(list(dataset))
     return tokenizer, batch
 
 
@@ -201,7 +202,8 @@ def test_probe_task_names_fail_with_close_matches_and_gsm8k_test_is_refused():
 def test_held_out_metrics_are_zero_kl_for_the_teacher_itself(tiny_llama):
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
     model = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
-    encoded = heldout.encode_rows(tokenizer, [{"prompt": "what is 3 + 7?", "response": "It is 10."}], None, 64)
+    encoded = heldout.encode_rows(tokenizer, [{"prompt": "what is 3 + 7?", "response": "It is 10."}],
+                                  GenerationSection(system_prompt=None), 64)
     same = heldout.held_out_metrics(model, model, encoded)
     assert same["kl"] == pytest.approx(0.0, abs=1e-6) and same["ce"] > 0 and same["tokens"] > 0
 

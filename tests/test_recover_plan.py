@@ -74,9 +74,9 @@ def test_plan_uses_the_longest_tokenized_example_the_trainer_sees(pruned):
     recipe = RecoverRecipe.model_validate({"train": {"max_length": 512}, "generate": {"system_prompt": None}})
     args = train.sft_config(recipe, Path("/tmp/unused"), torch.device("cpu"), "adamw_torch", 0, has_eval=False)
     trainer = train.make_trainer(recipe, AutoModelForCausalLM.from_pretrained(pruned), tokenizer, args,
-                                 train.to_dataset(rows, None), None)
+                                 train.to_dataset(rows, recipe.generate, tokenizer, 512), None)
     seen = max(len(ids) for ids in trainer.train_dataset["input_ids"])
-    assert train.longest_example(tokenizer, rows, None) == seen
+    assert train.longest_example(tokenizer, rows, recipe.generate) == seen
     job = runner.RecoverJob(output=Path("/tmp/unused"))
     _, plan = runner.plan_for(recipe, AutoModelForCausalLM.from_pretrained(pruned).config, job, cuda=True,
                               seq_len=seen)

@@ -79,3 +79,46 @@ def test_every_shipped_recovery_study_dry_runs(capsys, path, monkeypatch, tmp_pa
     assert "budget (every arm)" in out and "arm opd" in out and not (tmp_path / "s").exists()
     assert path.read_text().startswith("# layerprune study ")
     assert len(STUDIES) >= 3
+
+
+def _summary(root: Path, label: str, scores: dict[str, float]) -> None:
+    results = [{"task": task, "kind": "classification" if task == "piqa" else "generative", "metric": "acc",
+                "value": value, "stderr": 0.01, "n": 100, "headline": True, "settings": {}, "seconds": 1.0}
+               for task, value in scores.items()]
+    path = root / "eval" / label / "summary.json"
+    path.parent.mkdir(parents=True)
+    model = {"spec": label, "location": label, "kind": "local"}
+    path.write_text(json.dumps({"model": model, "model_hash": label, "results": results}))
+
+
+def test_each_arm_is_reported_on_trained_and_on_unseen_skills(tmp_path):
+    trained = study_report.trained_tasks("probes:arith_2d_add+arith_2d_mul+brackets_d6")
+    assert trained == {"arith_2d_add", "arith_2d_mul", "brackets_d6"}  # by task: brackets_d5 stays unseen
+    assert study_report.trained_tasks("gsm8k") == {"gsm8k"} and study_report.trained_tasks("dolly") == frozenset()
+    _summary(tmp_path, "baseline", {"arith_2d_add": 0.8, "arith_2d_mul": 0.6, "brackets_d5": 0.5, "gsm8k": 0.2,
+                                    "piqa": 0.6})
+    _summary(tmp_path, "pruned", {"arith_2d_add": 0.2, "arith_2d_mul": 0.2, "brackets_d5": 0.1, "gsm8k": 0.1,
+                                  "piqa": 0.5})
+    _summary(tmp_path, "sft", {"arith_2d_add": 0.7, "arith_2d_mul": 0.5, "brackets_d5": 0.1, "gsm8k": 0.1,
+                               "piqa": 0.5})
+    rows = {r["model"]: r for r in study_report.study_rows(tmp_path, ["sft"], trained)}
+    sft = rows["sft"]
+    assert sft["probes_trained"][0] == pytest.approx(0.6) and sft["probes_unseen"][0] == pytest.approx(0.1)
+    assert sft["probes_trained"][1] == pytest.approx(0.01 * 2 ** 0.5 / 2)  # sqrt(sum se^2) / k
+    assert sft["recovered_share_trained"] == pytest.approx(0.8 / 1.0)  # (0.6 - 0.2) / (0.7 - 0.2)
+    assert sft["recovered_share_unseen"] == pytest.approx(0.0)
+    assert sft["recovered_share"] == pytest.approx((0.6 * 2 + 0.1 - 0.5) / (1.9 - 0.5))
+    assert sft["trained_tasks"] == ["arith_2d_add", "arith_2d_mul"] and sft["unseen_tasks"] == ["brackets_d5"]
+    table = study_report.format_table(list(rows.values()))
+    assert "trained probes (%)" in table and "GSM8K, unseen (%)" in table and "57% / 80% / 0%" in table
+    note = " ".join(study_report.closing_note(list(rows.values())))
+    assert "trained probe tasks: sft (-), 80% of the drop recovered; it reaches three quarters" in note
+    assert "unseen probe tasks: sft" in note and "0% of the drop recovered; it does NOT reach half" in note
+
+
+def test_embedded_study_recovers_on_plain_arithmetic_prompts_only():
+    path = next(p for p in STUDIES if p.stem == "recovery-methods-embedded")
+    shared = RecoveryStudy.load(path).shared_recipe("<pruned>")
+    assert shared.generate.chat_template is False and shared.prompts.samples == 160
+    trained = study_report.trained_tasks(shared.prompts.source)
+    assert trained == {"arith_1dc", "arith_2d_add", "arith_2d_sub", "arith_2d_mul", "arith_3d_add", "arith_3d_sub"}

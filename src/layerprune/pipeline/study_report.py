@@ -4,6 +4,11 @@ Per model: the probe average (the algorithmic probes), GSM8K, and the classifica
 headline metrics with the standard error of that mean (tasks independent: sqrt(sum se^2) / k). Retention is the
 model's value over the original's. The recovered share of the generative drop is (arm - pruned) / (original -
 pruned) on the probe average, and 'n/a (no clear drop)' when the drop is within two standard errors of zero.
+
+Each arm is reported twice more: on the trained skills (probe tasks whose own prompts were in the recovery data) and
+on the unseen ones (every other probe task; GSM8K and classification are marked too). The split is by task, not by
+family: prompts of brackets_d6 do not make brackets_d5 a trained skill, since its items are other questions of
+another depth.
 """
 
 from __future__ import annotations
@@ -31,14 +36,29 @@ def mean_with_se(results: list[Any]) -> tuple[float, float] | None:
     return sum(r.value for r in results) / len(results), se
 
 
-def measures(summary: Any) -> dict[str, tuple[float, float] | None]:
-    """probe average, GSM8K and classification average of one model, each (value, se)."""
+def trained_tasks(source: str) -> frozenset[str]:
+    """Evaluation tasks whose own prompts were in the recovery data (`prompts.source`), task by task."""
+    from layerprune.recover.prompts import probe_task_names
+
+    names = probe_task_names(source)
+    if names is not None:
+        return frozenset(names)
+    return frozenset({GSM8K}) if source == GSM8K else frozenset()
+
+
+def measures(summary: Any, trained: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """probe average (all, trained tasks, unseen tasks), GSM8K and classification average of one model, each
+    (value, se)."""
     heads = list(summary.headlines().values())
     probes = [r for r in heads if r.task.startswith(PROBE_PREFIXES)]
     gsm = [r for r in heads if r.task == GSM8K]
     cls = [r for r in heads if r.kind == "classification"]
     return {"probes": mean_with_se(probes), "gsm8k": mean_with_se(gsm), "classification": mean_with_se(cls),
-            "probe_tasks": len(probes), "probe_n": min((r.n for r in probes), default=0)}  # type: ignore[dict-item]
+            "probes_trained": mean_with_se([r for r in probes if r.task in trained]),
+            "probes_unseen": mean_with_se([r for r in probes if r.task not in trained]),
+            "trained_tasks": sorted(r.task for r in probes if r.task in trained),
+            "unseen_tasks": sorted(r.task for r in probes if r.task not in trained),
+            "probe_tasks": len(probes), "probe_n": min((r.n for r in probes), default=0)}
 
 
 def recovered_share(base: tuple[float, float] | None, pruned: tuple[float, float] | None,
@@ -52,18 +72,23 @@ def recovered_share(base: tuple[float, float] | None, pruned: tuple[float, float
     return (arm[0] - pruned[0]) / drop
 
 
-def study_rows(root: Path, labels: list[str]) -> list[dict[str, Any]]:
-    """One row per model (original, pruned, each arm) with its measures, retention, share, time and tokens."""
+SHARES = {"recovered_share": "probes", "recovered_share_trained": "probes_trained",
+          "recovered_share_unseen": "probes_unseen"}
+
+
+def study_rows(root: Path, labels: list[str], trained: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """One row per model (original, pruned, each arm) with its measures, retention, shares, time and tokens."""
     found = {label: _summary(root / "eval" / label / SUMMARY_FILE) for label in ["baseline", "pruned", *labels]}
-    values = {label: measures(s) for label, s in found.items() if s is not None}
+    values = {label: measures(s, trained) for label, s in found.items() if s is not None}
     base, pruned = values.get("baseline", {}), values.get("pruned", {})
     rows = []
     for label, m in values.items():
         row: dict[str, Any] = {"model": label, **m}
         for key in ("probes", "gsm8k", "classification"):
             row[f"retention_{key}"] = _ratio(m.get(key), base.get(key))
-        row["recovered_share"] = recovered_share(base.get("probes"), pruned.get("probes"), m.get("probes")) \
-            if label not in ("baseline", "pruned") else None
+        for share, key in SHARES.items():
+            row[share] = recovered_share(base.get(key), pruned.get(key), m.get(key)) \
+                if label not in ("baseline", "pruned") else None
         row.update(_arm_cost(root / "arms" / label))
         rows.append(row)
     return rows
@@ -97,15 +122,20 @@ def _pct(value: Any) -> str:
     return value if isinstance(value, str) else f"{100 * value:.0f}%"
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
-    head = ["model", "method", "probe avg (%)", "GSM8K (%)", "classification avg (%)", "retention probes / cls",
-            "recovered share of the probe drop", "held-out CE / KL", "train time (s)", "tokens", "steps"]
+def format_table(rows: list[dict[str, Any]], gsm8k_trained: bool = False) -> str:
+    gsm = "GSM8K, trained (%)" if gsm8k_trained else "GSM8K, unseen (%)"
+    head = ["model", "method", "probe avg (%)", "trained probes (%)", "unseen probes (%)", gsm,
+            "classification avg, unseen (%)", "retention probes / cls",
+            "recovered share of the probe drop: all / trained / unseen", "held-out CE / KL", "train time (s)", "tokens",
+            "steps"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         held = "-" if r.get("held_out_ce") is None else f"{r['held_out_ce']:.3f} / " + (
             "-" if r.get("held_out_kl") is None else f"{r['held_out_kl']:.3f}")
-        cells = [r["model"], r.get("method", "-"), _pm(r["probes"]), _pm(r["gsm8k"]), _pm(r["classification"]),
-                 f"{_pct(r['retention_probes'])} / {_pct(r['retention_classification'])}", _pct(r["recovered_share"]),
+        shares = " / ".join(_pct(r.get(share)) for share in SHARES)
+        cells = [r["model"], r.get("method", "-"), _pm(r["probes"]), _pm(r.get("probes_trained")),
+                 _pm(r.get("probes_unseen")), _pm(r["gsm8k"]), _pm(r["classification"]),
+                 f"{_pct(r['retention_probes'])} / {_pct(r['retention_classification'])}", shares,
                  held, "-" if r.get("seconds") is None else f"{r['seconds']:.0f}", str(r.get("tokens", "-")),
                  str(r.get("steps", "-"))]
         lines.append("| " + " | ".join(cells) + " |")
@@ -119,13 +149,14 @@ def plot_study(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    named = (("probes", "probe avg"), ("gsm8k", "GSM8K"), ("classification", "classification avg"))
-    keys = [(k, name) for k, name in named if any(r[k] for r in rows)]  # a measure no model has: left out, not 0
+    named = (("probes", "probe avg"), ("probes_trained", "trained probes"), ("probes_unseen", "unseen probes"),
+             ("gsm8k", "GSM8K"), ("classification", "classification avg"))
+    keys = [(k, name) for k, name in named if any(r.get(k) for r in rows)]  # a measure no model has: left out, not 0
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rows)), 4))
     width = 0.8 / max(len(keys), 1)
     for i, (key, name) in enumerate(keys):
         xs = [x + i * width for x in range(len(rows))]
-        vals = [(r[key] or (math.nan, math.nan)) for r in rows]
+        vals = [(r.get(key) or (math.nan, math.nan)) for r in rows]
         ax.bar(xs, [100 * v[0] for v in vals], width, yerr=[100 * v[1] for v in vals], capsize=2, label=name)
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], [r["model"] for r in rows], rotation=30, ha="right")
     ax.set_ylabel("score (%)")
@@ -136,29 +167,46 @@ def plot_study(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def closing_note(rows: list[dict[str, Any]]) -> list[str]:
-    """Which arm recovered most of the probe drop, and whether any reached half of it."""
+    """Which arm recovered most of the probe drop (all, trained and unseen tasks), and whether it reached half
+    (the goal) or three quarters (the aim) of it."""
     arms = [r for r in rows if r["model"] not in ("baseline", "pruned")]
-    shares = [r for r in arms if isinstance(r["recovered_share"], float)]
     if not arms:
         return ["No recovery arm finished."]
+    named = {"recovered_share": "the probe average", "recovered_share_trained": "the trained probe tasks",
+             "recovered_share_unseen": "the unseen probe tasks"}
+    return [_verdict(arms, share, what) for share, what in named.items()]
+
+
+def _verdict(arms: list[dict[str, Any]], share: str, what: str) -> str:
+    shares = [r for r in arms if isinstance(r.get(share), float)]
     if not shares:
-        return ["The probe drop from pruning is within two standard errors (or missing), so no recovered share is "
-                "reported; evaluate on more probe items to measure one."]
-    best = max(shares, key=lambda r: r["recovered_share"])
-    verdict = "reaches" if best["recovered_share"] >= 0.5 else "does NOT reach"
-    return [f"Best arm on the probe average: {best['model']} ({best['method']}), {100 * best['recovered_share']:.0f}% "
-            f"of the drop recovered; it {verdict} the goal of half the drop. Tried: "
-            + ", ".join(f"{r['model']} ({_pct(r['recovered_share'])})" for r in arms) + "."]
+        return (f"On {what} the drop from pruning is within two standard errors (or missing), so no recovered share "
+                "is reported; evaluate on more probe items to measure one.")
+    best = max(shares, key=lambda r: r[share])
+    verdict = ("reaches three quarters of the drop (the aim)" if best[share] >= 0.75 else
+               "reaches half of the drop (the goal), not three quarters" if best[share] >= 0.5 else
+               "does NOT reach half of the drop (the goal)")
+    return (f"Best arm on {what}: {best['model']} ({best.get('method', '-')}), {100 * best[share]:.0f}% of the drop "
+            "recovered; "
+            f"it {verdict}. Tried: " + ", ".join(f"{r['model']} ({_pct(r.get(share))})" for r in arms) + ".")
 
 
 def write_study_report(study: Any, root: Path) -> Path:
     """study.md, study.json and study.png in the study directory."""
-    rows = study_rows(root, list(study.arms))
+    source = study.shared_recipe(str(root / "pruned")).prompts.source
+    trained = trained_tasks(source)
+    rows = study_rows(root, list(study.arms), trained)
     plot_study(rows, root / "study.png")
     (root / "study.json").write_text(json.dumps(rows, indent=1, default=str))
     probe_n = min((r["probe_n"] for r in rows if r.get("probe_n")), default=0)
-    lines = [f"# Recovery study: {study.name}", "", study.description, "", format_table(rows), "",
+    split = rows[0] if rows else {}
+    lines = [f"# Recovery study: {study.name}", "", study.description, "", format_table(rows, GSM8K in trained), "",
              *closing_note(rows), "",
+             f"Trained skills: the evaluated probe tasks whose own prompts were in the recovery data ({source}): "
+             f"{', '.join(split.get('trained_tasks', [])) or 'none'}. Unseen skills: the other probe tasks "
+             f"({', '.join(split.get('unseen_tasks', [])) or 'none'}), "
+             + ("" if GSM8K in trained else "GSM8K, ") + "and the classification tasks. Split by task, not family.",
+             "",
              f"Probe average over {rows[0]['probe_tasks'] if rows else 0} probe tasks, at least {probe_n} items each "
              "(the first items of each task under the evaluation seed; no recovery prompt is one of them). Values are "
              "means ± one standard error. GSM8K is scored with the evaluation suite's protocol (lm-eval's gsm8k).",

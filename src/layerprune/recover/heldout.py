@@ -12,15 +12,20 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from layerprune.recover.selfgen import chat_messages
+from layerprune.recover.schema import GenerationSection
+from layerprune.recover.selfgen import chat_messages, plain_example
 
 
-def encode_rows(tokenizer: Any, rows: list[dict[str, Any]], system_prompt: str | None,
+def encode_rows(tokenizer: Any, rows: list[dict[str, Any]], settings: GenerationSection,
                 max_length: int) -> list[tuple[list[int], int]]:
-    """(token ids, index of the first completion token) per row, cut to max_length."""
+    """(token ids, index of the first completion token) per row, cut to max_length: in the chat format, or plain
+    prompt + answer + stop where generate.chat_template is false (the format every method trains on)."""
     encoded = []
     for row in rows:
-        prompt = chat_messages(row["prompt"], system_prompt)
+        if not settings.chat_template:
+            encoded.append(plain_example(tokenizer, row["prompt"], row["response"], settings, max_length))
+            continue
+        prompt = chat_messages(row["prompt"], settings.system_prompt)
         full = [*prompt, {"role": "assistant", "content": row["response"]}]
         prompt_ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
         full_ids = tokenizer.apply_chat_template(full, tokenize=True)

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from layerprune.recover.schema import RecoverRecipe
-from layerprune.recover.selfgen import chat_messages
+from layerprune.recover.schema import GenerationSection, RecoverRecipe
+from layerprune.recover.selfgen import chat_messages, plain_example, stop_token_ids
 
 
 def gkd_agrees(recipe: RecoverRecipe) -> bool:
@@ -30,19 +30,44 @@ def gkd_agrees(recipe: RecoverRecipe) -> bool:
     return recipe.kd.temperature == 1.0 and recipe.kd.weight == 1.0
 
 
-def messages_dataset(rows: list[dict[str, Any]], system_prompt: str | None) -> Any:
-    """Teacher answers as chat conversations (GKD's ChatML collator masks the prompt)."""
+def messages_dataset(rows: list[dict[str, Any]], settings: GenerationSection, tokenizer: Any, max_length: int) -> Any:
+    """Teacher answers as chat conversations (GKD's ChatML collator masks the prompt); with generate.chat_template
+    false, plain prompt + answer + stop as token ids with their completion mask, which the same collator takes."""
     from datasets import Dataset
 
-    return Dataset.from_list([{"messages": [*chat_messages(r["prompt"], system_prompt),
+    if not settings.chat_template:
+        encoded = [(r["prompt"], *plain_example(tokenizer, r["prompt"], r["response"], settings, max_length))
+                   for r in rows]
+        return Dataset.from_list([{"prompt": text, "input_ids": ids,
+                                   "completion_mask": [0] * start + [1] * (len(ids) - start)}
+                                  for text, ids, start in encoded])
+    return Dataset.from_list([{"messages": [*chat_messages(r["prompt"], settings.system_prompt),
                                             {"role": "assistant", "content": r["response"]}]} for r in rows])
 
 
-def prompts_dataset(texts: list[str], system_prompt: str | None) -> Any:
-    """Prompts only (the student writes the completions)."""
+def prompts_dataset(texts: list[str], settings: GenerationSection) -> Any:
+    """Prompts only (the student writes the completions): chat messages, or the plain text."""
     from datasets import Dataset
 
-    return Dataset.from_list([{"prompt": chat_messages(text, system_prompt)} for text in texts])
+    if not settings.chat_template:
+        return Dataset.from_list([{"prompt": text} for text in texts])
+    return Dataset.from_list([{"prompt": chat_messages(text, settings.system_prompt)} for text in texts])
+
+
+def stop_at(trainer: Any, tokenizer: Any, settings: GenerationSection) -> Any:
+    """With generate.chat_template false, the student's samples end at the stop string (as the evaluation's
+    continuations do), not only at the end-of-sequence token: every token holding the stop joins the trainer's
+    end ids, which both stop generation and end the completion mask there (TRL 1.16 attributes)."""
+    if settings.chat_template:
+        return trainer
+    config = trainer.generation_config
+    eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+    ids = [*[i for i in eos if i is not None], *stop_token_ids(tokenizer, settings.stop)]
+    config.eos_token_id = ids
+    if hasattr(trainer, "eos_token_ids"):  # DistillationTrainer masks with these and passes generation_kwargs
+        trainer.eos_token_ids = ids
+        trainer.generation_kwargs["eos_token_id"] = ids
+    return trainer
 
 
 def gkd_trainer(recipe: RecoverRecipe, model: Any, teacher: Any, tokenizer: Any, common: dict[str, Any],
@@ -53,8 +78,10 @@ def gkd_trainer(recipe: RecoverRecipe, model: Any, teacher: Any, tokenizer: Any,
     opd = recipe.opd
     args = GKDConfig(**common, lmbda=lmbda, beta=beta, temperature=opd.temperature, max_new_tokens=opd.max_new_tokens,
                      max_length=recipe.train.max_length, disable_dropout=True)
-    return GKDTrainer(model=model, teacher_model=teacher, args=args, train_dataset=messages_dataset(
-        rows, recipe.generate.system_prompt), processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
+    dataset = messages_dataset(rows, recipe.generate, tokenizer, recipe.train.max_length)
+    return stop_at(GKDTrainer(model=model, teacher_model=teacher, args=args, train_dataset=dataset,
+                              processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks),
+                   tokenizer, recipe.generate)
 
 
 def opd_trainer(recipe: RecoverRecipe, model: Any, teacher: Any, tokenizer: Any, common: dict[str, Any],
@@ -67,6 +94,7 @@ def opd_trainer(recipe: RecoverRecipe, model: Any, teacher: Any, tokenizer: Any,
     args = DistillationConfig(**common, beta=opd.beta, temperature=opd.temperature, top_p=opd.top_p,
                               max_completion_length=opd.max_new_tokens, disable_dropout=True)
     tokenizer.padding_side = "left"
-    return DistillationTrainer(model=model, teacher_model=teacher, args=args,
-                               train_dataset=prompts_dataset(prompts, recipe.generate.system_prompt),
-                               processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
+    return stop_at(DistillationTrainer(model=model, teacher_model=teacher, args=args,
+                                       train_dataset=prompts_dataset(prompts, recipe.generate),
+                                       processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks),
+                   tokenizer, recipe.generate)

@@ -50,7 +50,7 @@ def fine_tune(recipe: RecoverRecipe, student: ModelSource, teacher_spec: str, ro
     teacher = load_model(teacher_spec, job.settings).model.eval()
     device = job.settings.resolved_device()
     optimizer, plan = plan_for(recipe, loaded.model.config, job, cuda=device.type == "cuda")
-    encoded = heldout.encode_rows(loaded.tokenizer, eval_rows, recipe.generate.system_prompt, recipe.train.max_length)
+    encoded = heldout.encode_rows(loaded.tokenizer, eval_rows, recipe.generate, recipe.train.max_length)
     metrics: dict[str, Any] = {"pruned": heldout.held_out_metrics(loaded.model, teacher, encoded) if encoded else None}
     data: dict[str, Any] = {"train_examples": len(train_rows), "train_prompts": len(train_prompts),
                             "held_out_examples": len(eval_rows), "held_out_tokens": sum(len(i) - s for i, s in encoded)}
@@ -95,7 +95,7 @@ def fold_replacement(recipe: RecoverRecipe, loaded: Any, teacher: Any, student: 
     calib = rows[: recipe.replace.calib_samples]
     if not calib:
         raise LayerpruneError("replace needs calibration text: no teacher answers left for training prompts")
-    encoded = heldout.encode_rows(loaded.tokenizer, calib, recipe.generate.system_prompt, recipe.replace.max_length)
+    encoded = heldout.encode_rows(loaded.tokenizer, calib, recipe.generate, recipe.replace.max_length)
     return replace.replace_blocks(loaded.model, teacher, dropped, [ids for ids, _ in encoded], recipe.replace.ridge)
 
 
@@ -124,7 +124,8 @@ def make_trainer(recipe: RecoverRecipe, method: str, loaded: Any, teacher: Any, 
     kd_recipe = recipe.model_copy(update={"method": "kd", "kd": recipe.kd.model_copy(update={"adapter": adapter})})
     args = train.sft_config(kd_recipe, trainer_dir, device, optimizer, job.settings.seed, has_eval=False)
     trainer = train.make_trainer(kd_recipe, loaded.model, loaded.tokenizer, args,
-                                 train.to_dataset(rows, recipe.generate.system_prompt), None, teacher)
+                                 train.to_dataset(rows, recipe.generate, loaded.tokenizer, recipe.train.max_length),
+                                 None, teacher)
     trainer.add_callback(callback)
     return trainer
 

@@ -110,7 +110,7 @@ def dry_run_length(recipe: RecoverRecipe, student: ModelSource, job: RecoverJob)
         return min(
             longest, cap
         ), f"sequence length ~{longest} from {where} ({CHARS_PER_TOKEN} chars a token: no tokenizer)"
-    longest = train.longest_example(tokenizer, rows, recipe.generate.system_prompt) + extra
+    longest = train.longest_example(tokenizer, rows, recipe.generate) + extra
     return min(longest, cap), f"sequence length {longest} from {where}"
 
 
@@ -233,6 +233,7 @@ def check_fingerprint(recipe: RecoverRecipe, teacher: str, work: Path, write: bo
         "top_p": gen.top_p,
         "max_new_tokens": gen.max_new_tokens,
         "backend": gen.backend,
+        **({} if gen.chat_template else {"chat_template": False, "stop": gen.stop}),
     }
     path = work / "generation.json"
     if path.is_file():
@@ -325,7 +326,7 @@ def fine_tune(
     device = job.settings.resolved_device()
     config = AutoConfig.from_pretrained(student.location, trust_remote_code=job.settings.trust_remote_code)
     tokenizer = load_tokenizer(student, job.settings)
-    longest = train.longest_example(tokenizer, train_rows + eval_rows, recipe.generate.system_prompt)
+    longest = train.longest_example(tokenizer, train_rows + eval_rows, recipe.generate)
     optimizer, plan = plan_for(
         recipe, config, job, cuda=device.type == "cuda", seq_len=min(longest, recipe.train.max_length), teacher=teacher
     )
@@ -350,11 +351,10 @@ def fine_tune(
         eval_on_start=resume_from is None,
     )
     loaded = load_student(recipe, student, job.settings)
-    system = recipe.generate.system_prompt
-    eval_set = train.to_dataset(eval_rows, system) if eval_rows else None
-    trainer = train.make_trainer(
-        recipe, loaded.model, loaded.tokenizer, args, train.to_dataset(train_rows, system), eval_set, teacher_model
-    )
+    gen, cap = recipe.generate, recipe.train.max_length
+    eval_set = train.to_dataset(eval_rows, gen, loaded.tokenizer, cap) if eval_rows else None
+    train_set = train.to_dataset(train_rows, gen, loaded.tokenizer, cap)
+    trainer = train.make_trainer(recipe, loaded.model, loaded.tokenizer, args, train_set, eval_set, teacher_model)
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     before = train.loss_before(trainer.state.log_history) if eval_set is not None else None
     after = trainer.evaluate()["eval_loss"] if eval_set is not None else None

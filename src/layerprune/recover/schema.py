@@ -62,6 +62,13 @@ class GenerationSection(Section):
     )
     max_response_tokens: int | None = Field(None, ge=1, description="Drop responses longer than this (length cap)")
     drop_truncated: bool = Field(True, description="Drop responses cut off at max_new_tokens")
+    chat_template: bool = Field(
+        True, description="Wrap each prompt in the teacher's chat template (system prompt, user turn) and train every "
+        "method in that chat format. false: the teacher continues the plain prompt text, as the probe evaluation "
+        "scores few-shot prompts, up to `stop` (the answer is the text before it), and every method trains on the "
+        "plain prompt + answer + stop, with no template token and no system prompt")
+    stop: str = Field("\n", min_length=1, description="Without the chat template: the string that ends a continuation "
+                      "(default: a line break, the probe evaluation's stop)")
 
 
 class TrainSection(Section):

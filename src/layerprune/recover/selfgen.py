@@ -89,6 +89,44 @@ def render_prompt(tokenizer: Any, prompt: str, system_prompt: str | None) -> str
         return tokenizer.apply_chat_template(chat_messages(inline, None), tokenize=False, add_generation_prompt=True)
 
 
+def prompt_text(tokenizer: Any, prompt: str, settings: GenerationSection) -> str:
+    """What the teacher continues: the chat-template text, or (generate.chat_template false) the prompt itself."""
+    return render_prompt(tokenizer, prompt, settings.system_prompt) if settings.chat_template else prompt
+
+
+def encode_prompt(tokenizer: Any, text: str, settings: GenerationSection) -> list[int]:
+    """Token ids of a rendered prompt: a template already holds its special tokens; plain text is encoded as the
+    evaluation encodes a context (the tokenizer's default special tokens)."""
+    return list(tokenizer(text, add_special_tokens=not settings.chat_template)["input_ids"])
+
+
+def plain_completion(response: str, settings: GenerationSection) -> str:
+    """The plain-format training completion: the answer and the stop that ended it (no end-of-sequence token)."""
+    return response + settings.stop
+
+
+def plain_example(
+    tokenizer: Any, prompt: str, response: str, settings: GenerationSection, max_length: int
+) -> tuple[list[int], int]:
+    """(token ids, index of the first completion token) of plain prompt + answer + stop: the prompt encoded as the
+    evaluation encodes it, the completion as the continuation of those tokens; cut to max_length."""
+    prompt_ids = encode_prompt(tokenizer, prompt, settings)
+    completion_ids = list(tokenizer(plain_completion(response, settings), add_special_tokens=False)["input_ids"])
+    return (prompt_ids + completion_ids)[:max_length], len(prompt_ids)
+
+
+def stop_token_ids(tokenizer: Any, stop: str) -> list[int]:
+    """Every token whose text contains `stop`: generating one ends a plain continuation where the evaluation's
+    stop string would cut it."""
+    return [i for i in range(len(tokenizer)) if stop in tokenizer.decode([i])]
+
+
+def cut_at_stop(text: str, stop: str) -> tuple[str, bool]:
+    """The text before the first `stop` (not stripped: ' 17' keeps its space) and whether a stop was found."""
+    head, found, _ = text.partition(stop)
+    return head, bool(found)
+
+
 def done_ids(path: Path) -> set[str]:
     """Ids of prompts already answered in a responses file or in any rank's shard file next to it."""
     return {row["id"] for file in [path, *shard_files(path)] for row in iter_jsonl(file) if "id" in row}
@@ -168,8 +206,8 @@ def _generate_hf(
 ) -> None:
     from layerprune.models.generate import generate_ids  # torch and transformers only when generating
 
-    texts = {p.id: render_prompt(tokenizer, p.text, settings.system_prompt) for p in prompts}
-    ordered = sorted(prompts, key=lambda p: (len(tokenizer(texts[p.id], add_special_tokens=False)["input_ids"]), p.id))
+    texts = {p.id: prompt_text(tokenizer, p.text, settings) for p in prompts}
+    ordered = sorted(prompts, key=lambda p: (len(encode_prompt(tokenizer, texts[p.id], settings)), p.id))
     sampling = sampling_settings(model.generation_config, settings)
     batches = [ordered[i : i + settings.batch_size] for i in range(0, len(ordered), settings.batch_size)]
     for number, batch in enumerate(batches, 1):
@@ -181,7 +219,8 @@ def _generate_hf(
             tokenizer,
             [texts[p.id] for p in batch],
             settings.max_new_tokens,
-            add_special_tokens=False,
+            stop_strings=[] if settings.chat_template else [settings.stop],
+            add_special_tokens=not settings.chat_template,
             logits_processor=seeded,
         )
         _append(
@@ -229,14 +268,24 @@ class SeededSampler:
 
 def _record(prompt: Prompt, tokenizer: Any, ids: list[int], settings: GenerationSection) -> dict[str, Any]:
     """One responses-file row from the new token ids of a prompt (already cut before the end token)."""
-    text = tokenizer.decode(ids, skip_special_tokens=True).strip()
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    if settings.chat_template:
+        return {
+            "id": prompt.id,
+            "prompt": prompt.text,
+            "answer": prompt.answer,
+            "response": text.strip(),
+            "tokens": len(ids),
+            "truncated": len(ids) >= settings.max_new_tokens,
+        }
+    answer, stopped = cut_at_stop(text, settings.stop)  # the answer is the text before the stop, as scored
     return {
         "id": prompt.id,
         "prompt": prompt.text,
         "answer": prompt.answer,
-        "response": text,
-        "tokens": len(ids),
-        "truncated": len(ids) >= settings.max_new_tokens,
+        "response": answer,
+        "tokens": len(tokenizer(plain_completion(answer, settings), add_special_tokens=False)["input_ids"]),
+        "truncated": not stopped and len(ids) >= settings.max_new_tokens,
     }
 
 
@@ -289,8 +338,9 @@ def vllm_engine_args(
 
 def vllm_sampling_args(sampling: dict[str, Any], settings: GenerationSection, seed: int) -> dict[str, Any]:
     """vllm.SamplingParams' arguments equal to the Hugging Face path's `sampling_settings` (per-prompt seed)."""
+    stop = {} if settings.chat_template else {"stop": [settings.stop]}
     if not sampling.get("do_sample"):
-        return {"temperature": 0.0, "max_tokens": settings.max_new_tokens, "seed": seed}
+        return {"temperature": 0.0, "max_tokens": settings.max_new_tokens, "seed": seed, **stop}
     return {
         "temperature": sampling["temperature"],
         "top_p": sampling["top_p"],
@@ -299,6 +349,7 @@ def vllm_sampling_args(sampling: dict[str, Any], settings: GenerationSection, se
         "min_p": sampling.get("min_p", 0.0),
         "max_tokens": settings.max_new_tokens,
         "seed": seed,
+        **stop,
     }
 
 
@@ -315,9 +366,8 @@ def _generate_vllm(
     from vllm import LLM, SamplingParams  # type: ignore[import-not-found]
 
     ids = [
-        tokenizer(render_prompt(tokenizer, p.text, settings.system_prompt), add_special_tokens=False)["input_ids"]
-        for p in prompts
-    ]  # the template already holds the BOS: vLLM must not add a second
+        encode_prompt(tokenizer, prompt_text(tokenizer, p.text, settings), settings) for p in prompts
+    ]  # a template already holds the BOS: vLLM must not add a second
     try:
         generation_config = GenerationConfig.from_pretrained(str(model))
     except OSError:
@@ -338,7 +388,7 @@ def _generate_vllm(
                         "id": p.id,
                         "prompt": p.text,
                         "answer": p.answer,
-                        "response": o.outputs[0].text.strip(),
+                        "response": o.outputs[0].text.strip() if settings.chat_template else o.outputs[0].text,
                         "tokens": len(o.outputs[0].token_ids),
                         "truncated": o.outputs[0].finish_reason == "length",
                     }

@@ -13,8 +13,8 @@ import torch
 from transformers import TrainerCallback
 
 from layerprune.errors import LayerpruneError
-from layerprune.recover.schema import KdSection, LoraSection, RecoverRecipe
-from layerprune.recover.selfgen import chat_messages
+from layerprune.recover.schema import GenerationSection, KdSection, LoraSection, RecoverRecipe
+from layerprune.recover.selfgen import chat_messages, plain_example
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +49,21 @@ def split_rows(
     return rows[n_eval:], rows[:n_eval]
 
 
-def to_dataset(rows: list[dict[str, Any]], system_prompt: str | None) -> Any:
-    """Prompt-completion conversations (TRL computes the loss on the completion only)."""
+def to_dataset(rows: list[dict[str, Any]], settings: GenerationSection, tokenizer: Any, max_length: int) -> Any:
+    """Prompt-completion conversations (TRL computes the loss on the completion only); with generate.chat_template
+    false, plain prompt + answer + stop, tokenized here (TRL would append the end-of-sequence token, a template
+    token, to a plain completion) with the completion mask TRL reads."""
     from datasets import Dataset
 
+    if not settings.chat_template:
+        encoded = [plain_example(tokenizer, r["prompt"], r["response"], settings, max_length) for r in rows]
+        return Dataset.from_list(
+            [{"input_ids": ids, "completion_mask": [0] * start + [1] * (len(ids) - start)} for ids, start in encoded]
+        )
     return Dataset.from_list(
         [
             {
-                "prompt": chat_messages(row["prompt"], system_prompt),
+                "prompt": chat_messages(row["prompt"], settings.system_prompt),
                 "completion": [{"role": "assistant", "content": row["response"]}],
             }
             for row in rows
@@ -64,12 +71,19 @@ def to_dataset(rows: list[dict[str, Any]], system_prompt: str | None) -> Any:
     )
 
 
-def longest_example(tokenizer: Any, rows: list[dict[str, Any]], system_prompt: str | None) -> int:
+def longest_example(tokenizer: Any, rows: list[dict[str, Any]], settings: GenerationSection) -> int:
     """Tokens of the longest prompt + response conversation, as the trainer will see it (before truncation)."""
+    if not settings.chat_template:
+        return max(
+            (len(plain_example(tokenizer, r["prompt"], r["response"], settings, 1 << 30)[0]) for r in rows), default=1
+        )
     lengths = [
         len(
             tokenizer.apply_chat_template(
-                [*chat_messages(row["prompt"], system_prompt), {"role": "assistant", "content": row["response"]}],
+                [
+                    *chat_messages(row["prompt"], settings.system_prompt),
+                    {"role": "assistant", "content": row["response"]},
+                ],
                 tokenize=True,
                 return_dict=False,
             )
