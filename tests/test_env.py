@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import types
 
 import pytest
 
@@ -86,7 +87,8 @@ def test_qlora_and_8bit_optimizers_without_bitsandbytes_name_the_qlora_extra(mon
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # past the CUDA check, to the package check
     cuda = RunSettings(device="cuda")
-    check_runnable(RecoverRecipe.model_validate({"method": "qlora"}), cuda)  # installed here: no error
+    monkeypatch.setitem(sys.modules, "bitsandbytes", types.ModuleType("bitsandbytes"))  # as if installed
+    check_runnable(RecoverRecipe.model_validate({"method": "qlora"}), cuda)  # installed: no error
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)
     with pytest.raises(LayerpruneError, match=r"^method qlora needs bitsandbytes.*pip install 'layerprune\[qlora\]'$"):
         check_runnable(RecoverRecipe.model_validate({"method": "qlora"}), cuda)
