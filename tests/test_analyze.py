@@ -301,17 +301,27 @@ QWEN_STUDY = [
 ]
 
 
-def test_dry_run_offline_names_the_missing_tokenizers(tmp_path, capsys):
+def test_dry_run_offline_plans_what_it_can_and_names_the_missing_tokenizers(shared_data, tmp_path, capsys,
+                                                                             monkeypatch):
+    monkeypatch.setenv("LAYERPRUNE_DATA_DIR", str(shared_data))
     out = tmp_path / "imp"
-    assert_one_line_error(
-        capsys,
-        ["importance", "--recipe", "importance-qwen25-7b", "--dry-run", "--output", str(out)],
-        "tokenizer",
-        *QWEN_STUDY,
-        "offline",
-        "--tokenizers MODEL=DIR",
-        output=out,
-    )
+    code, stdout, err = run_cli(capsys, "importance", "--recipe", "importance-qwen25-7b", "--dry-run", "--output",
+                                str(out))
+    assert code == 0, err
+    assert not out.exists()
+    last = stdout.strip().splitlines()[-1]
+    assert last.startswith("INCOMPLETE: no tokenizer here for " + ", ".join(QWEN_STUDY))
+    assert "--tokenizers MODEL=DIR" in last
+    r1 = stdout.split("## deepseek-ai/DeepSeek-R1-Distill-Qwen-7B")[1].split("\n## ")[0]
+    assert "no tokenizer here: not in the hub cache and the hub is offline" in r1
+    gsm8k = r1.split("/ gsm8k:")[1].split("\n- ")[0]
+    # the decoding and budget are the recipe's; only the template's rendering and the token counts are unknown
+    assert "4096 new tokens, sampled at temperature 0.6, top_p 0.95, seed 0" in gsm8k
+    assert f"200 items x (blocks + 1) runs (full model + each block skipped), at most {200 * 4096:,} new tokens a run" \
+        in gsm8k
+    assert "example user turn (? prompt tokens: no tokenizer)" in gsm8k
+    rendered = [line.removeprefix("      | ") for line in gsm8k.splitlines() if line.startswith("      | ")]
+    assert rendered[-2:] == ["Please reason step by step, and put your final answer within \\boxed{}.", "Answer:"]
 
 
 def test_dry_run_renders_each_models_prompt_and_budget_from_local_tokenizers(

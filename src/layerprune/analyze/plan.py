@@ -1,7 +1,9 @@
 """`analyze importance --dry-run`: each model's rendered prompt and token budget, from its tokenizer and config only.
 
-No weights are read. A hub model's tokenizer and config come from the hub or its local cache; offline, a model
-whose files are not cached is an error naming it, unless `tokenizers` maps it to a local tokenizer directory.
+No weights are read. A hub model's tokenizer and config come from the hub or its local cache, or from a local
+tokenizer directory that `tokenizers` maps it to. A model whose tokenizer cannot be read here (offline, gated) is still
+planned: its decoding, budget and the text of its user turn, with the chat template's rendering, the prompt's token
+count and the depth marked unknown, and the plan ends by naming those models and how to complete it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 from layerprune.analyze.importance import generation_plan
 from layerprune.analyze.schemas import ImportanceAnalysis
 from layerprune.analyze.tasks import ANALYSIS_TASKS, TaskItem, task_items
-from layerprune.analyze.walk import render_prompt
+from layerprune.analyze.walk import render_prompt, with_instruction
 from layerprune.data import resolve_data_dir
 from layerprune.errors import LayerpruneError, one_line
 from layerprune.settings import RunSettings
@@ -23,7 +25,7 @@ from layerprune.settings import RunSettings
 class ModelFiles:
     """What a dry run knows of one model: its tokenizer, its depth (None without a config) and where they came from."""
 
-    tokenizer: Any
+    tokenizer: Any  # None: not readable here (`where` says why)
     depth: int | None
     where: str
 
@@ -74,18 +76,13 @@ def unavailable(exc: Exception) -> str:
 
 
 def read_all_model_files(config: ImportanceAnalysis, settings: RunSettings) -> dict[str, ModelFiles]:
-    """Every model's files; the ones that cannot be read are one error naming them all."""
-    files, missing = {}, {}
+    """Every model's files; a model whose tokenizer cannot be read gets none, and the reason in `where`."""
+    files = {}
     for model in config.models:
         try:
             files[model] = read_model_files(model, config, settings)
         except Exception as exc:  # transformers/huggingface_hub raise many types for a missing or gated repo
-            missing[model] = unavailable(exc)
-    if missing:
-        first = next(iter(missing.values()))
-        raise LayerpruneError(f"dry run needs each model's tokenizer (no weights); not available here: "
-                              f"{', '.join(missing)} ({first}); run with hub access or map each to a local tokenizer "
-                              "directory: --tokenizers MODEL=DIR")
+            files[model] = ModelFiles(None, None, f"no tokenizer here: {unavailable(exc)}")
     return files
 
 
@@ -100,25 +97,41 @@ def example_item(name: str, config: ImportanceAnalysis, settings: RunSettings) -
 
 def task_lines(model: str, name: str, files: ModelFiles, config: ImportanceAnalysis,
                settings: RunSettings) -> list[str]:
-    """One model/task: decoding, budget and the rendered example prompt."""
+    """One model/task: decoding, budget and the rendered example prompt (the user turn alone without a tokenizer)."""
     task = ANALYSIS_TASKS.get(name)
-    loaded = SimpleNamespace(source=SimpleNamespace(spec=model), tokenizer=files.tokenizer)
+    tokenizer = files.tokenizer
+    # without a tokenizer the template is unknown: plan as if it had one, so the user turn shows with its instruction
+    stand_in = tokenizer if tokenizer is not None else SimpleNamespace(chat_template="unknown")
+    loaded = SimpleNamespace(source=SimpleNamespace(spec=model), tokenizer=stand_in)
     plan = generation_plan(config, loaded, task, settings.seed)  # type: ignore[arg-type]
     item, note = example_item(name, config, settings)
     if config.metric == "generate":
-        text = render_prompt(files.tokenizer, item.prompt, plan)
-        prompt_tokens = len(files.tokenizer(text, add_special_tokens=not plan.chat)["input_ids"])
+        if tokenizer is None:
+            text, prompt_tokens = with_instruction(item.prompt, plan.instruction), "? prompt tokens: no tokenizer"
+        else:
+            text = render_prompt(tokenizer, item.prompt, plan)
+            prompt_tokens = f"{len(tokenizer(text, add_special_tokens=not plan.chat)['input_ids'])} prompt tokens"
     else:  # teacher-forced: the raw prompt, then the scored target (no chat template, no instruction)
-        text, prompt_tokens = item.prompt, len(files.tokenizer(item.prompt)["input_ids"])
-        note += f"; scored target ({len(files.tokenizer(item.target, add_special_tokens=False)['input_ids'])} tokens)"
+        text = item.prompt
+        if tokenizer is None:
+            prompt_tokens = "? prompt tokens: no tokenizer"
+        else:
+            prompt_tokens = f"{len(tokenizer(item.prompt)['input_ids'])} prompt tokens"
+            target = len(tokenizer(item.target, add_special_tokens=False)["input_ids"])
+            note += f"; scored target ({target} tokens)"
     runs = None if files.depth is None else files.depth + 1
     if config.metric == "generate":
         sampled = (f"sampled at temperature {plan.temperature:g}, top_p {plan.top_p:g}, seed {plan.seed}"
                    if plan.temperature else "greedy")
         budget = (f"{config.samples} items x {runs or '(blocks + 1)'} runs (full model + each block skipped)"
                   + (f" = {config.samples * runs} generations, at most {config.samples * runs * plan.max_new_tokens:,}"
-                     " new tokens" if runs else ""))
-        head = (f"- {model} / {name}: {'chat template' if plan.chat else 'raw prompt'}, {plan.max_new_tokens} new "
+                     " new tokens" if runs else f", at most {config.samples * plan.max_new_tokens:,} new tokens a run"))
+        if tokenizer is None:
+            form = ("the user turn of its chat template if it has one (unknown here), else the raw prompt"
+                    if plan.chat else "raw prompt")
+        else:
+            form = "chat template" if plan.chat else "raw prompt"
+        head = (f"- {model} / {name}: {form}, {plan.max_new_tokens} new "
                 f"tokens, {sampled}, stops {list(plan.stops)}; {budget}")
     else:
         head = (f"- {model} / {name}: teacher-forced {config.metric} (no generation), {config.samples} items x "
@@ -126,7 +139,8 @@ def task_lines(model: str, name: str, files: ModelFiles, config: ImportanceAnaly
     example = "\n".join(f"      | {line}" for line in text.split("\n"))
     if config.metric != "generate":
         example += "\n" + "\n".join(f"      > {line}" for line in item.target.split("\n"))
-    return [head, f"    example ({prompt_tokens} prompt tokens){note}:", example]
+    label = "example" if tokenizer is not None or not plan.chat else "example user turn"
+    return [head, f"    {label} ({prompt_tokens}){note}:", example]
 
 
 def dry_run_text(config: ImportanceAnalysis, settings: RunSettings) -> str:
@@ -139,9 +153,15 @@ def dry_run_text(config: ImportanceAnalysis, settings: RunSettings) -> str:
              f"bootstrap, {config.resamples} resamples, alpha {config.alpha:g}); no weights loaded", ""]
     for model in config.models:
         depth = f"{files[model].depth} blocks" if files[model].depth is not None else "depth unknown (no config)"
-        lines.append(f"## {model} (tokenizer from {files[model].where}; {depth})")
+        where = files[model].where if files[model].tokenizer is None else f"tokenizer from {files[model].where}"
+        lines.append(f"## {model} ({where}; {depth})")
         for name in config.tasks:
             lines += task_lines(model, name, files[model], config, settings)
         lines.append("")
+    missing = [model for model in config.models if files[model].tokenizer is None]
+    if missing:
+        lines.append(f"INCOMPLETE: no tokenizer here for {', '.join(missing)}: their chat-template rendering, prompt "
+                     "token counts and depth are unknown above; run with hub access or map each to a local tokenizer "
+                     "directory: --tokenizers MODEL=DIR")
     return "\n".join(lines)
 
