@@ -120,47 +120,15 @@ def test_nmi_takes_critical_blocks_from_an_importance_report(tiny_llama, tmp_pat
     imp.write_text(
         json.dumps({"tasks": {"factual": {"llama-6": {"drops": [0.5, 0, 0, 0, 0, 0.3], "critical": [0, 5]}}}})
     )
+    args = ["nmi", "--model", str(tiny_llama), "--calib", "arithmetic", "--samples", "2", "--k", "3",
+            "--critical-from", str(imp)]
     out = tmp_path / "nmi"
-    code, _, err = run_cli(
-        capsys,
-        "nmi",
-        "--model",
-        str(tiny_llama),
-        "--calib",
-        "arithmetic",
-        "--samples",
-        "2",
-        "--k",
-        "3",
-        "--critical-from",
-        str(imp),
-        "--output",
-        str(out),
-    )
+    code, _, err = run_cli(capsys, *args, "--output", str(out))
     assert code == 0, err
     assert json.loads((out / "nmi.json").read_text())["critical"] == [0, 5]
-    assert_one_line_error(
-        capsys,
-        [
-            "nmi",
-            "--model",
-            str(tiny_llama),
-            "--calib",
-            "arithmetic",
-            "--samples",
-            "2",
-            "--k",
-            "3",
-            "--critical-from",
-            str(imp),
-            "--critical-task",
-            "gsm8k",
-            "--output",
-            str(tmp_path / "nmi2"),
-        ],
-        "no task 'gsm8k'",
-        output=tmp_path / "nmi2",
-    )
+    nmi2 = tmp_path / "nmi2"
+    assert_one_line_error(capsys, [*args, "--critical-task", "gsm8k", "--output", str(nmi2)], "no task 'gsm8k'",
+                          output=nmi2)
 
 
 def test_degeneration_from_file_and_model(tiny_llama, shared_data, tmp_path, capsys):

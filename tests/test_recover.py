@@ -49,6 +49,11 @@ def recover_cli(*extra: str) -> int:
     return main(["recover", *extra, *FAST])
 
 
+def io_args(model: Path, prompts: Path, out: Path) -> list[str]:
+    """--model, --prompts and -o, as most tests pass them."""
+    return ["--model", str(model), "--prompts", str(prompts), "-o", str(out)]
+
+
 def test_cli_lora_end_to_end_merged_model_loads_and_generates(pruned, prompts_file, tmp_path):
     out = tmp_path / "rec"
     assert recover_cli("--model", str(pruned), "--prompts", str(prompts_file), "-o", str(out)) == 0
@@ -241,18 +246,8 @@ def test_precedence_defaults_recipe_cli(tmp_path):
 
 def test_cli_resume_continues_from_the_last_checkpoint(pruned, prompts_file, tmp_path, monkeypatch, caplog):
     out = tmp_path / "rec"
-    args = [
-        "--model",
-        str(pruned),
-        "--prompts",
-        str(prompts_file),
-        "-o",
-        str(out),
-        "--train-save-steps",
-        "1",
-        "--train-grad-accum",
-        "1",
-    ]  # one training_step per optimizer step
+    args = [*io_args(pruned, prompts_file, out), "--train-save-steps", "1", "--train-grad-accum", "1"]
+    # one training_step per optimizer step
 
     def crash(*_args, **_kwargs):
         raise KeyboardInterrupt
@@ -305,17 +300,7 @@ def test_bad_input_gives_one_line_and_nonzero_exit(case, pruned, tiny_llama, pro
             "no teacher known",
         ),
         "qlora": ([*base, "--method", "qlora"], "needs a CUDA GPU"),
-        "empty_prompts": (
-            [
-                "--model",
-                str(pruned),
-                "--prompts",
-                str(_write(tmp_path / "e.jsonl", '{"prompt": " "}\n')),
-                "-o",
-                str(out),
-            ],
-            "is empty",
-        ),
+        "empty_prompts": (io_args(pruned, _write(tmp_path / "e.jsonl", '{"prompt": " "}\n'), out), "is empty"),
         "all_filtered": ([*base, "--filter", "correct"], "every response was filtered away"),
         "exists": ([*base[:-1], str(tmp_path)], "already exists; pass --overwrite"),
         "vllm": ([*base, "--backend", "vllm"], "needs vLLM"),
@@ -331,23 +316,7 @@ def test_bad_input_gives_one_line_and_nonzero_exit(case, pruned, tiny_llama, pro
 def test_qlora_on_cuda_trains_and_merges_into_a_bf16_model(pruned, prompts_file, tmp_path):
     out = tmp_path / "q"
     fast = [a if a != "cpu" else "cuda" for a in FAST]
-    assert (
-        main(
-            [
-                "recover",
-                "--model",
-                str(pruned),
-                "--prompts",
-                str(prompts_file),
-                "-o",
-                str(out),
-                "--method",
-                "qlora",
-                *fast,
-            ]
-        )
-        == 0
-    )
+    assert main(["recover", *io_args(pruned, prompts_file, out), "--method", "qlora", *fast]) == 0
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.num_hidden_layers == 4 and not getattr(model.config, "quantization_config", None)
 
