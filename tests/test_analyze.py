@@ -103,6 +103,23 @@ def test_nmi_end_to_end(tiny_llama, tmp_path, capsys):
     assert len(report["skip_drops"]) == 6 and "first 2 factual texts" in report["critical_source"]
 
 
+def test_nmi_reports_part_of_speech_or_says_why_not(tiny_llama, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("textblob")
+    args = ["nmi", "--model", str(tiny_llama), "--calib", "factual", "--samples", "4", "--k", "3", "--seeds", "2",
+            "--ablation-samples", "0"]
+    code, _, err = run_cli(capsys, *args, "--output", str(tmp_path / "a"))
+    assert code == 0, err
+    report = json.loads((tmp_path / "a" / "nmi.json").read_text())
+    assert len(report["pos_nmi"]) == len(report["pos_nmi_chance"]) == len(report["nmi"]) == 7
+    assert report["pos_reference"].startswith("TextBlob") and "NN" in report["pos_reference"]
+    assert "NMI vs part of speech:" in (tmp_path / "a" / "summary.md").read_text()
+    monkeypatch.setattr("layerprune.analyze.pos.TAGGER_MODULE", "textblob_is_not_installed")
+    code, _, err = run_cli(capsys, *args, "--output", str(tmp_path / "b"))
+    assert code == 0, err
+    report = json.loads((tmp_path / "b" / "nmi.json").read_text())
+    assert "pos_nmi" not in report and report["pos_reference"].startswith("not computed (textblob is not installed")
+
+
 def test_nmi_takes_texts_until_min_tokens(tiny_llama, tmp_path, capsys):
     out = tmp_path / "nmi"
     code, _, err = run_cli(capsys, "nmi", "--model", str(tiny_llama), "--calib", "factual", "--samples", "2",

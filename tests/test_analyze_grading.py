@@ -131,3 +131,46 @@ def test_elbow_leaves_the_first_step_out_and_measures_its_distance_to_critical_b
     assert report["first_step_drop"] == pytest.approx(0.48) and report["elbow_distance_to_critical"] == 2
     assert report["clustering_noise"] == pytest.approx(0.05) and report["elbow_above_noise"]
     assert metrics.largest_drop([1.0, 0.5, 0.45]) == 1 and metrics.largest_drop([1.0, 0.5], start=2) is None
+
+
+def test_pos_nmi_tracks_the_groups_and_sits_above_its_chance_floor():
+    from layerprune.analyze.nmi import nmi_over_depth
+
+    rng = np.random.default_rng(2)
+    groups = np.repeat(np.arange(4), 60)
+    names = np.array(["NN", "VB", "JJ", "DT"])[groups]
+    pos = [None if i % 10 == 0 else str(name) for i, name in enumerate(names)]  # untagged tokens are left out
+    syntactic = blobs(rng, groups)  # clusters = the groups
+    lexical = rng.normal(size=(240, 8))  # no relation to the groups
+    series = nmi_over_depth([syntactic, lexical], k=4, seed=0, normalize=False, seeds=3, pos=pos)
+    assert series["pos_nmi"][0] == pytest.approx(1.0) and series["pos_ami"][0] == pytest.approx(1.0)
+    assert series["pos_nmi"][1] < 0.1 and abs(series["pos_ami"][1]) < 0.03
+    assert all(chance < 0.1 for chance in series["pos_nmi_chance"])  # shuffled groups: what chance scores here
+    assert "pos_nmi" not in nmi_over_depth([syntactic], k=4, seed=0, normalize=False, seeds=2)
+
+
+def test_pos_groups_follow_the_tokens_walk_scores(tiny_llama):
+    pytest.importorskip("textblob")
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from layerprune.analyze.nmi import count_tokens
+    from layerprune.analyze.pos import item_groups, token_groups
+    from layerprune.analyze.walk import build_batches
+
+    words = "<s> The cat sat on the mat . She sold 48 red clips".split()
+    word_level = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<s>"))
+    word_level.pre_tokenizer = pre_tokenizers.Whitespace()
+    word_level.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    whole_words = PreTrainedTokenizerFast(tokenizer_object=word_level, bos_token="<s>")
+    item = TaskItem("The cat sat on the mat.", " She sold 48 red clips", "")
+    groups = item_groups(whole_words, item, 256)
+    assert groups == [None, "DT", "NN", "VB", "PP", "DT", "NN", ".", "PR", "VB", "NO", "JJ", "NN"]  # None: BOS
+    assert item_groups(whole_words, item, 4) == [".", "PR", "VB", "NO"]  # cut as walk.encode_item cuts
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)  # subword pieces: each takes its word's group
+    items = [item, TaskItem("Q: What is the capital of France?\nA:", " Paris", ""), item]
+    for max_length in (256, 6):  # the cut from the left, as walk.encode_item cuts
+        batches = build_batches(tokenizer, items, 2, max_length)
+        assert len(token_groups(tokenizer, items, max_length)) == count_tokens(batches)
+

@@ -80,7 +80,8 @@ def plot_drop_curves(path: Path, drops: dict[str, dict[str, list[float]]], thres
 def plot_nmi(path: Path, series: dict[str, list[float]], elbow: int | None, critical: Sequence[int],
              title: str) -> None:
     """NMI and AMI after each block (x = 0 is the embedding layer) with the spread over k-means seeds and the
-    seed-to-seed agreement (the clustering noise); elbow and critical blocks marked."""
+    seed-to-seed agreement (the clustering noise), the part-of-speech NMI and its chance floor when computed; elbow and
+    critical blocks marked."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.8))
     nmi = series["nmi"]
@@ -89,6 +90,10 @@ def plot_nmi(path: Path, series: dict[str, list[float]], elbow: int | None, crit
     ax.plot(xs, nmi, marker="o", markersize=3, label="NMI vs embedding clusters (band: k-means seeds)")
     ax.plot(xs, series["ami"], marker=".", markersize=3, color="C2", label="AMI vs embedding clusters")
     ax.plot(xs, series["seed_agreement"], linestyle=":", color="gray", label="seed-to-seed NMI (noise ceiling)")
+    if "pos_nmi" in series:
+        ax.plot(xs, series["pos_nmi"], marker="s", markersize=3, color="C1", label="NMI vs part-of-speech groups")
+        ax.plot(xs, series["pos_nmi_chance"], linestyle="--", color="C1", alpha=0.6,
+                label="NMI vs shuffled part of speech (chance floor)")
     for block in critical:
         ax.axvspan(block + 0.5, block + 1.5, color="red", alpha=0.15, linewidth=0)
     if critical:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from layerprune.analyze import charts, metrics
+from layerprune.analyze import charts, metrics, pos
 from layerprune.analyze.records import Timer, model_label, run_record, write_json
 from layerprune.analyze.schemas import NmiAnalysis
 from layerprune.analyze.tasks import TaskItem, task_items
@@ -53,16 +53,25 @@ def ami(reference: Sequence[int], labels: Sequence[int]) -> float:
     return float(adjusted_mutual_info_score(reference, labels))
 
 
-def nmi_over_depth(states: Sequence[np.ndarray], k: int, seed: int, normalize: bool,
-                   seeds: int = 3) -> dict[str, list[float]]:
+def nmi_over_depth(states: Sequence[np.ndarray], k: int, seed: int, normalize: bool, seeds: int = 3,
+                   pos: Sequence[str | None] | None = None) -> dict[str, list[float]]:
     """Agreement of each state's clusters with the embedding layer's (seed `seed`), no value assumed.
 
     Every state is clustered with `seeds` other k-means seeds; per state: `nmi`/`ami` = mean NMI/AMI against
     the reference (state 0 included: its value is the reference's own seed-to-seed agreement), and
     `seed_agreement` = mean NMI between the state's clusterings with different seeds (how much of a change
-    re-clustering alone makes); `nmi_min`/`nmi_max` span the seeds."""
+    re-clustering alone makes); `nmi_min`/`nmi_max` span the seeds.
+
+    With `pos` (one part-of-speech group or None per token), the same clusterings are also compared with the
+    groups over the tokens that have one: `pos_nmi`/`pos_ami`, and `pos_nmi_chance`, the NMI of the clusters
+    with the groups shuffled among those tokens (what a clustering unrelated to syntax scores at this size)."""
     reference = cluster_labels(states[0], k, seed, normalize)
     series: dict[str, list[float]] = {"nmi": [], "nmi_min": [], "nmi_max": [], "ami": [], "seed_agreement": []}
+    if pos is not None:
+        tagged = np.array([group is not None for group in pos])
+        groups = np.array([group for group in pos if group is not None])
+        shuffled = np.random.default_rng(seed).permutation(groups)
+        series.update({"pos_nmi": [], "pos_ami": [], "pos_nmi_chance": []})
     for state in states:
         labels = [cluster_labels(state, k, seed + 1 + i, normalize) for i in range(seeds)]
         values = [nmi(reference, lab) for lab in labels]
@@ -72,6 +81,10 @@ def nmi_over_depth(states: Sequence[np.ndarray], k: int, seed: int, normalize: b
         series["nmi_max"].append(max(values))
         series["ami"].append(float(np.mean([ami(reference, lab) for lab in labels])))
         series["seed_agreement"].append(float(np.mean(pairs)) if pairs else float("nan"))
+        if pos is not None:
+            series["pos_nmi"].append(float(np.mean([nmi(groups, lab[tagged]) for lab in labels])))
+            series["pos_ami"].append(float(np.mean([ami(groups, lab[tagged]) for lab in labels])))
+            series["pos_nmi_chance"].append(float(np.mean([nmi(shuffled, lab[tagged]) for lab in labels])))
     return series
 
 
@@ -148,6 +161,38 @@ def elbow_report(series: dict[str, list[float]], critical: list[int]) -> dict[st
             "elbow_distance_to_critical": metrics.distance_to_nearest(block, critical)}
 
 
+def pos_groups(config: NmiAnalysis, tokenizer: Any, items: list[TaskItem],
+               tokens: int) -> tuple[list[str | None] | None, str]:
+    """Each calibration token's part-of-speech group, and what the reference is (or why it was not computed)."""
+    if not config.pos:
+        return None, "not computed (--no-pos)"
+    missing = pos.tagger_missing()
+    if missing:
+        return None, f"not computed ({missing})"
+    groups = pos.token_groups(tokenizer, items, config.max_length)
+    if len(groups) != tokens:  # a tokenizer whose offsets disagree with its ids: refuse rather than misalign
+        raise LayerpruneError(f"part-of-speech groups for {len(groups)} tokens, hidden states for {tokens}; "
+                              "run with --no-pos")
+    tagged = sum(group is not None for group in groups)
+    kinds = sorted({group for group in groups if group is not None})
+    return groups, (f"{pos.TAGGER}; {tagged} of {tokens} tokens in a tagged word, {len(kinds)} groups "
+                    f"({', '.join(kinds)})")
+
+
+def pos_elbow_report(series: dict[str, list[float]], critical: list[int]) -> dict[str, Any]:
+    """The largest one-block drop of the part-of-speech NMI after block 0, as for the embedding reference."""
+    if "pos_nmi" not in series:
+        return {}
+    values, chance = series["pos_nmi"], series["pos_nmi_chance"]
+    index = metrics.largest_drop(values, start=2)
+    block = None if index is None else index - 1
+    drop = None if index is None else values[index - 1] - values[index]
+    return {"pos_elbow_block": block, "pos_elbow_nmi_drop": drop,
+            "pos_nmi_peak_block": max(range(len(values)), key=values.__getitem__) - 1,
+            "pos_nmi_over_chance": [v - c for v, c in zip(values, chance, strict=True)],
+            "pos_elbow_distance_to_critical": metrics.distance_to_nearest(block, critical)}
+
+
 def analyze_nmi(config: NmiAnalysis, settings: RunSettings, out: Path) -> dict[str, Any]:
     """Compute NMI/AMI over depth with the clustering noise, and the critical blocks; write nmi.json, nmi.png,
     summary.md."""
@@ -165,17 +210,18 @@ def analyze_nmi(config: NmiAnalysis, settings: RunSettings, out: Path) -> dict[s
     with timer("hidden_states"):
         states = [s.numpy() for s in token_states(loaded.model, batches)]
     log.info("nmi: k-means (k=%d) on %d tokens x %d states x %d seeds", config.k, tokens, len(states), config.seeds)
+    pos, pos_reference = pos_groups(config, loaded.tokenizer, items, len(states[0]))
     with timer("kmeans_nmi"):
-        series = nmi_over_depth(states, config.k, settings.seed, config.normalize, config.seeds)
+        series = nmi_over_depth(states, config.k, settings.seed, config.normalize, config.seeds, pos)
     with timer("critical_blocks"):
         drops, critical, critical_source = preset or critical_blocks_for(config, loaded.model, items, loaded.tokenizer)
     report = {"config": config.model_dump(mode="json"), "model": {"label": label, "source": vars(source)},
               "tokens": tokens, "texts": len(items),
               "reference": f"k-means clusters of the embedding layer (block 0 input), seed {settings.seed}; every "
                            f"state re-clustered with {config.seeds} other seeds",
-              "pos_reference": "not computed (no part-of-speech tagger is a dependency)",
+              "pos_reference": pos_reference,
               **series, "nmi_after_block": dict(enumerate(series["nmi"][1:])),
-              **elbow_report(series, critical),
+              **elbow_report(series, critical), **pos_elbow_report(series, critical),
               "skip_drops": drops, "critical": critical, "critical_source": critical_source,
               "timings_s": timer.seconds, "cpu_s": timer.cpu_seconds, "run": run_record(settings)}
     write_json(out / "nmi.json", report)
@@ -206,6 +252,23 @@ def nmi_summary(report: dict[str, Any]) -> str:
         f"- Critical blocks ({report['critical_source']}): {report['critical']}; elbow's distance to the nearest: "
         f"{report['elbow_distance_to_critical']} blocks.",
         f"- Part-of-speech reference: {report['pos_reference']}.",
+        *pos_summary(report),
         "", "NMI after each block: " + ", ".join(f"{v:.2f}" for v in series[1:]),
-        "AMI after each block: " + ", ".join(f"{v:.2f}" for v in report["ami"][1:]), "",
+        "AMI after each block: " + ", ".join(f"{v:.2f}" for v in report["ami"][1:]),
+        *(["NMI vs part of speech after each block: " + ", ".join(f"{v:.2f}" for v in report["pos_nmi"][1:]),
+           "its chance level (groups shuffled): " + ", ".join(f"{v:.2f}" for v in report["pos_nmi_chance"][1:])]
+          if "pos_nmi" in report else []), "",
     ])
+
+
+def pos_summary(report: dict[str, Any]) -> list[str]:
+    if "pos_nmi" not in report:
+        return []
+    values, chance = report["pos_nmi"], report["pos_nmi_chance"]
+    peak = report["pos_nmi_peak_block"]
+    where = "at the embeddings" if peak < 0 else f"after block {peak}"
+    return [f"- NMI vs part of speech: {values[0]:.3f} at the embeddings, highest {max(values):.3f} {where}, "
+            f"{values[-1]:.3f} after the last block (AMI {report['pos_ami'][-1]:.3f}; chance level "
+            f"{min(chance):.3f}-{max(chance):.3f}). Its elbow: block {report['pos_elbow_block']} "
+            f"(-{_fmt(report['pos_elbow_nmi_drop'])}), {report['pos_elbow_distance_to_critical']} blocks from the "
+            "nearest critical block."]

@@ -146,6 +146,9 @@ class NmiAnalysis(OutputOptions):
     seeds: int = Field(3, ge=2, description="k-means seeds per state besides the reference's: NMI/AMI are their "
                                             "mean, their agreement with each other is the clustering noise")
     normalize: bool = Field(True, description="Cluster unit-length hidden states (cosine geometry) instead of raw ones")
+    pos: bool = Field(True, description="Also compare each block's clusters with the tokens' part-of-speech groups "
+                                        "(TextBlob's offline Brill tagger, in the analyze extra; skipped, and said, "
+                                        "when it is not installed)")
     threshold: float = Field(0.2, gt=0, description="Relative drop (of answer-token probability on the calibration "
                                                     "texts) above which a block is marked critical")
     ablation_samples: int = Field(2, ge=0, description="Calibration texts used to find the critical blocks by "
