@@ -77,6 +77,9 @@ def test_every_shipped_recovery_study_dry_runs(capsys, path, monkeypatch, tmp_pa
     code, out, err = run_cli(capsys, ["study", str(path), "--dry-run", "--output", str(tmp_path / "s")])
     assert code == 0, err
     assert "budget (every arm)" in out and "arm opd" in out and not (tmp_path / "s").exists()
+    opd = out.split("arm opd: method opd\n")[1].split("\narm ")[0]
+    assert "memory plan:" in opd and "method opd," in opd  # named as the arm's method, planned with its teacher
+    assert "teacher (unpruned, beside the student)" in opd and "config was not readable" not in out
     assert path.read_text().startswith("# layerprune study ")
     assert len(STUDIES) >= 3
 

@@ -8,6 +8,7 @@ study.md holds one table (study_report.py) and a chart. Stages are skipped when 
 
 from __future__ import annotations
 
+import copy
 import logging
 import shutil
 import time
@@ -159,6 +160,7 @@ def dry_run(study: RecoveryStudy, settings: RunSettings) -> str:
              f"{shared.train.grad_accum} sequences (<= {shared.train.max_length} tokens); prompts "
              f"{shared.prompts.source} ({shared.prompts.samples or 'all'})"]
     config, note = model_config(study.model, settings)
+    teacher_config = copy.deepcopy(config)  # the unpruned model distils into every arm that has a teacher
     for label in study.arms:
         recipe = study.arm_recipe(label, "<pruned>")
         lines.append(f"arm {label}: method {recipe.method}" + (f" (then {recipe.replace.then})"
@@ -166,9 +168,9 @@ def dry_run(study: RecoveryStudy, settings: RunSettings) -> str:
         if recipe.trainer_method() is None:
             lines.append("  no training: a least-squares fit on calibration text (forward passes only)")
         elif config is not None:
-            config.num_hidden_layers = model_config(study.model, settings)[0].num_hidden_layers - study.prune.n_drop
+            config.num_hidden_layers = teacher_config.num_hidden_layers - study.prune.n_drop
             _, plan = plan_for(recipe, config, RecoverJob(output=study.run_dir() / "arms" / label, settings=settings),
-                               cuda=True)
+                               cuda=True, teacher_config=teacher_config)
             lines.append("  " + memory.format_plan(plan, f"{study.model or 'embedded'} minus {study.prune.n_drop}"
                                                          " blocks").replace("\n", "\n  "))
     if note:

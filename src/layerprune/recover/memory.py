@@ -166,7 +166,8 @@ def advise(plan: MemoryPlan) -> MemoryPlan:
 def format_plan(plan: MemoryPlan, model: str) -> str:
     """A small table for the terminal."""
     rows = [("weights", plan.weights), ("LoRA adapters", plan.adapters), ("gradients", plan.gradients),
-            (f"optimizer ({plan.optimizer})", plan.optimizer_states), ("teacher (kd)", plan.teacher),
+            (f"optimizer ({plan.optimizer})", plan.optimizer_states),
+            ("teacher (unpruned, beside the student)", plan.teacher),
             (f"activations ({'with' if plan.gradient_checkpointing else 'without'} grad checkpointing)",
              plan.activations)]
     lines = [

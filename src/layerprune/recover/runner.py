@@ -161,6 +161,7 @@ def plan_for(
     )
     if distil and teacher_config is None:
         plan.notes.append("teacher counted at the student's size (its config was not readable)")
+    plan.method = recipe.method  # planned as kd when a teacher sits beside the student, named as the recipe's
     return optimizer, plan
 
 
