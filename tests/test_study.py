@@ -112,6 +112,9 @@ def test_each_arm_is_reported_on_trained_and_on_unseen_skills(tmp_path):
     assert sft["recovered_share_unseen"] == pytest.approx(0.0)
     assert sft["recovered_share"] == pytest.approx((0.6 * 2 + 0.1 - 0.5) / (1.9 - 0.5))
     assert sft["trained_tasks"] == ["arith_2d_add", "arith_2d_mul"] and sft["unseen_tasks"] == ["brackets_d5"]
+    assert sft["probe_items"] == {"arith_2d_add": 100, "arith_2d_mul": 100, "brackets_d5": 100}
+    items = study_report.probe_items_text({"arith_2d_add": 100, "brackets_d2": 9, "brackets_d3": 20})
+    assert items == "arith_2d_add 100, brackets_d2 9 (all 3^2 there are), brackets_d3 20"  # 20 < 27: not all
     table = study_report.format_table(list(rows.values()))
     assert "trained probes (%)" in table and "GSM8K, unseen (%)" in table and "57% / 80% / 0%" in table
     note = " ".join(study_report.closing_note(list(rows.values())))

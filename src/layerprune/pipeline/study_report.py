@@ -58,7 +58,8 @@ def measures(summary: Any, trained: frozenset[str] = frozenset()) -> dict[str, A
             "probes_unseen": mean_with_se([r for r in probes if r.task not in trained]),
             "trained_tasks": sorted(r.task for r in probes if r.task in trained),
             "unseen_tasks": sorted(r.task for r in probes if r.task not in trained),
-            "probe_tasks": len(probes), "probe_n": min((r.n for r in probes), default=0)}
+            "probe_tasks": len(probes), "probe_n": min((r.n for r in probes), default=0),
+            "probe_items": {r.task: r.n for r in probes}}
 
 
 def recovered_share(base: tuple[float, float] | None, pruned: tuple[float, float] | None,
@@ -106,7 +107,10 @@ def _arm_cost(arm: Path) -> dict[str, Any]:
     report = read_recover_report(arm)
     metrics = report.data.get("held_out_metrics") or {}
     after = metrics.get("after") or {"ce": report.held_out_loss.after, "kl": None}  # SFT: CE on its own split
-    return {"method": report.recipe.method, "seconds": report.seconds.training,
+    method = report.recipe.method
+    if method == "replace" and report.recipe.replace.then != "none":
+        method += f" then {report.recipe.replace.then}"
+    return {"method": method, "seconds": report.seconds.training,
             "generation_seconds": report.seconds.generation, "tokens": report.tokens_seen,
             "steps": report.data.get("steps"), "held_out_ce": after.get("ce"), "held_out_kl": after.get("kl"),
             "held_out_ce_pruned": (metrics.get("pruned") or {}).get("ce")}
@@ -191,6 +195,17 @@ def _verdict(arms: list[dict[str, Any]], share: str, what: str) -> str:
             f"it {verdict}. Tried: " + ", ".join(f"{r['model']} ({_pct(r.get(share))})" for r in arms) + ".")
 
 
+def probe_items_text(items: dict[str, int]) -> str:
+    """'arith_1dc 100, ..., brackets_d2 9 (all 3^2 there are), ...': a brackets task of depth d has 3**d distinct
+    items, so a shallow one is evaluated exhaustively with fewer items than the others."""
+    def note(task: str, n: int) -> str:
+        depth = task.removeprefix("brackets_d")
+        return f" (all 3^{depth} there are)" if task.startswith("brackets_d") and depth.isdigit() and \
+            n == 3 ** int(depth) else ""
+
+    return ", ".join(f"{task} {n}{note(task, n)}" for task, n in items.items()) or "none"
+
+
 def write_study_report(study: Any, root: Path) -> Path:
     """study.md, study.json and study.png in the study directory."""
     source = study.shared_recipe(str(root / "pruned")).prompts.source
@@ -198,7 +213,7 @@ def write_study_report(study: Any, root: Path) -> Path:
     rows = study_rows(root, list(study.arms), trained)
     plot_study(rows, root / "study.png")
     (root / "study.json").write_text(json.dumps(rows, indent=1, default=str))
-    probe_n = min((r["probe_n"] for r in rows if r.get("probe_n")), default=0)
+    items = rows[0].get("probe_items", {}) if rows else {}
     split = rows[0] if rows else {}
     lines = [f"# Recovery study: {study.name}", "", study.description, "", format_table(rows, GSM8K in trained), "",
              *closing_note(rows), "",
@@ -207,9 +222,10 @@ def write_study_report(study: Any, root: Path) -> Path:
              f"({', '.join(split.get('unseen_tasks', [])) or 'none'}), "
              + ("" if GSM8K in trained else "GSM8K, ") + "and the classification tasks. Split by task, not family.",
              "",
-             f"Probe average over {rows[0]['probe_tasks'] if rows else 0} probe tasks, at least {probe_n} items each "
-             "(the first items of each task under the evaluation seed; no recovery prompt is one of them). Values are "
-             "means ± one standard error. GSM8K is scored with the evaluation suite's protocol (lm-eval's gsm8k).",
+             f"Probe average: the unweighted mean over {rows[0]['probe_tasks'] if rows else 0} probe tasks of their "
+             f"accuracies; items per task: {probe_items_text(items)} (the first items of each task under the "
+             "evaluation seed; no recovery prompt is one of them). Values are means ± one standard error. GSM8K is "
+             "scored with the evaluation suite's protocol (lm-eval's gsm8k).",
              "Every arm ran the same optimizer steps on the same prompts; train time excludes the teacher's answers, "
              "generated once and shared. Held-out CE / KL: on the teacher's answers to the held-out prompts "
              "(SFT: cross-entropy on its own held-out split of the answers, no KL).", "", "![study](study.png)", "",
