@@ -43,6 +43,9 @@ def test_tiny_study_prunes_once_recovers_each_arm_and_writes_one_table(capsys, t
     reports = {arm: json.loads((root / "arms" / arm / "recover_report.json").read_text()) for arm in ("sft", "opd")}
     assert reports["sft"]["data"]["steps"] == reports["opd"]["data"]["steps"] == 2  # one budget
     assert rows["replace"]["steps"] == 0 and rows["opd"]["tokens"] > 0
+    # replace's held-out loss stands against the pruned model's own, measured on the same held-out answers
+    assert rows["pruned"]["held_out_ce"] == rows["replace"]["held_out_ce_pruned"] is not None
+    assert rows["pruned"]["held_out_kl"] > 0 and rows["replace"]["held_out_kl"] is not None
     text = (root / "study.md").read_text()
     assert "| replace | replace |" in text and (root / "study.png").is_file()
     # the arms reused the teacher answers the first arm generated

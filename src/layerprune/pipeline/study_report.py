@@ -92,6 +92,11 @@ def study_rows(root: Path, labels: list[str], trained: frozenset[str] = frozense
                 if label not in ("baseline", "pruned") else None
         row.update(_arm_cost(root / "arms" / label))
         rows.append(row)
+    # the pruned model's own held-out CE / KL (every distilling arm measured it on the same held-out answers)
+    before = next((r for r in rows if r.get("held_out_ce_pruned") is not None), None)
+    for row in rows:
+        if row["model"] == "pruned" and before is not None:
+            row["held_out_ce"], row["held_out_kl"] = before["held_out_ce_pruned"], before.get("held_out_kl_pruned")
     return rows
 
 
@@ -113,7 +118,8 @@ def _arm_cost(arm: Path) -> dict[str, Any]:
     return {"method": method, "seconds": report.seconds.training,
             "generation_seconds": report.seconds.generation, "tokens": report.tokens_seen,
             "steps": report.data.get("steps"), "held_out_ce": after.get("ce"), "held_out_kl": after.get("kl"),
-            "held_out_ce_pruned": (metrics.get("pruned") or {}).get("ce")}
+            "held_out_ce_pruned": (metrics.get("pruned") or {}).get("ce"),
+            "held_out_kl_pruned": (metrics.get("pruned") or {}).get("kl")}
 
 
 def _pm(value: tuple[float, float] | None) -> str:
@@ -227,8 +233,9 @@ def write_study_report(study: Any, root: Path) -> Path:
              "evaluation seed; no recovery prompt is one of them). Values are means ± one standard error. GSM8K is "
              "scored with the evaluation suite's protocol (lm-eval's gsm8k).",
              "Every arm ran the same optimizer steps on the same prompts; train time excludes the teacher's answers, "
-             "generated once and shared. Held-out CE / KL: on the teacher's answers to the held-out prompts "
-             "(SFT: cross-entropy on its own held-out split of the answers, no KL).", "", "![study](study.png)", "",
+             "generated once and shared. Held-out CE / KL: on the teacher's answers to the held-out prompts, the "
+             "pruned row before any recovery (SFT: cross-entropy on its own held-out split of the answers, no KL).",
+             "", "![study](study.png)", "",
              f"Rerun: `layerprune study {study.name} --output {root}` (complete stages are skipped)."]
     (root / "study.md").write_text("\n".join(lines) + "\n")
     return root / "study.md"
