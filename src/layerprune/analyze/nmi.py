@@ -210,9 +210,9 @@ def analyze_nmi(config: NmiAnalysis, settings: RunSettings, out: Path) -> dict[s
     with timer("hidden_states"):
         states = [s.numpy() for s in token_states(loaded.model, batches)]
     log.info("nmi: k-means (k=%d) on %d tokens x %d states x %d seeds", config.k, tokens, len(states), config.seeds)
-    pos, pos_reference = pos_groups(config, loaded.tokenizer, items, len(states[0]))
+    groups, pos_reference = pos_groups(config, loaded.tokenizer, items, len(states[0]))
     with timer("kmeans_nmi"):
-        series = nmi_over_depth(states, config.k, settings.seed, config.normalize, config.seeds, pos)
+        series = nmi_over_depth(states, config.k, settings.seed, config.normalize, config.seeds, groups)
     with timer("critical_blocks"):
         drops, critical, critical_source = preset or critical_blocks_for(config, loaded.model, items, loaded.tokenizer)
     report = {"config": config.model_dump(mode="json"), "model": {"label": label, "source": vars(source)},
@@ -226,7 +226,8 @@ def analyze_nmi(config: NmiAnalysis, settings: RunSettings, out: Path) -> dict[s
               "timings_s": timer.seconds, "cpu_s": timer.cpu_seconds, "run": run_record(settings)}
     write_json(out / "nmi.json", report)
     charts.plot_nmi(out / "nmi.png", series, report["elbow_block"], critical,
-                    f"{label}: token clusters vs embedding clusters ({config.calib}, {tokens} tokens, k={config.k})")
+                    f"{label}: token clusters vs embedding clusters{' and part of speech' if groups else ''} "
+                    f"({config.calib}, {tokens} tokens, k={config.k})")
     (out / "summary.md").write_text(nmi_summary(report), encoding="utf-8")
     return report
 
