@@ -226,7 +226,7 @@ def analyze_nmi(config: NmiAnalysis, settings: RunSettings, out: Path) -> dict[s
               "timings_s": timer.seconds, "cpu_s": timer.cpu_seconds, "run": run_record(settings)}
     write_json(out / "nmi.json", report)
     charts.plot_nmi(out / "nmi.png", series, report["elbow_block"], critical,
-                    f"{label}: token clusters vs embedding clusters{' and part of speech' if groups else ''} "
+                    f"{label}: token clusters vs embedding clusters{' and part of speech' if groups else ''}\n"
                     f"({config.calib}, {tokens} tokens, k={config.k})")
     (out / "summary.md").write_text(nmi_summary(report), encoding="utf-8")
     return report
