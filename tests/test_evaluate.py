@@ -197,6 +197,14 @@ def test_probe_tasks_are_deterministic():
     assert score_exact({"answer": " 42"}, [" 41"]) == {"exact_match": 0.0}
 
 
+def test_distinct_items_is_what_a_bracket_task_can_give():
+    from layerprune.probes import distinct_items, generate_probes, probe_tasks
+
+    for task in ("brackets_d2", "brackets_d3"):
+        assert len(generate_probes(probe_tasks()[task], 100, 0)) == distinct_items(task) < 100
+    assert distinct_items("arith_2d_add") is None and distinct_items("gsm8k") is None
+
+
 def test_chat_template_rule():
     gsm, arc = (PlannedTask(TASKS.get(n), None, None, None) for n in ("gsm8k", "arc_easy"))
     assert applies_chat(gsm, "auto", True) and not applies_chat(arc, "auto", True)

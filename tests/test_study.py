@@ -117,7 +117,7 @@ def test_each_arm_is_reported_on_trained_and_on_unseen_skills(tmp_path):
     assert sft["trained_tasks"] == ["arith_2d_add", "arith_2d_mul"] and sft["unseen_tasks"] == ["brackets_d5"]
     assert sft["probe_items"] == {"arith_2d_add": 100, "arith_2d_mul": 100, "brackets_d5": 100}
     items = study_report.probe_items_text({"arith_2d_add": 100, "brackets_d2": 9, "brackets_d3": 20})
-    assert items == "arith_2d_add 100, brackets_d2 9 (all 3^2 there are), brackets_d3 20"  # 20 < 27: not all
+    assert items == "arith_2d_add 100, brackets_d2 9 (all there are), brackets_d3 20"  # 20 < 27: not all
     table = study_report.format_table(list(rows.values()))
     assert "trained probes (%)" in table and "GSM8K, unseen (%)" in table and "57% / 80% / 0%" in table
     note = " ".join(study_report.closing_note(list(rows.values())))

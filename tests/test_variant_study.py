@@ -13,8 +13,10 @@ def test_shipped_variant_study_dry_runs_offline(capsys, shared_data, tmp_path, m
                                       str(tmp_path / "v")])
     assert code == 0, err
     assert not (tmp_path / "v").exists()
-    assert "recover recipe 'variant-sft-gsm8k' on embedded (teacher: itself), method full, 256 gsm8k train" in out
-    assert "embedded / gsm8k: teacher-forced nll (no generation), 200 items x 31 runs" in out
+    assert "recover recipe 'variant-sft-gsm8k' on embedded (teacher: itself), method full, 128 gsm8k train" in out
+    assert "1 epoch(s) of 8 x 1 at lr 0.0001" in out
+    assert "embedded / gsm8k: teacher-forced nll (no generation), 100 items x 31 runs" in out
+    assert "embedded / factual: teacher-forced nll (no generation), 78 items x 31 runs" in out  # all the shipped ones
     assert "      | Question: " in out and "      > " in out  # the rendered example and its scored target
 
 

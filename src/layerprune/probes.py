@@ -43,6 +43,15 @@ def probe_tasks() -> dict[str, dict[str, object]]:
     return tasks
 
 
+def distinct_items(task: str) -> int | None:
+    """How many distinct questions a probe task has when that bounds its items (brackets of depth d: 3**d), else
+    None (arithmetic: more than any evaluation takes)."""
+    args = probe_tasks().get(task)
+    if args is None or args["family"] != "brackets":
+        return None
+    return len(BRACKETS) ** int(args["depth"])  # type: ignore[call-overload]
+
+
 def generate_probes(args: dict[str, object], n: int, seed: int, stream: Stream = "eval") -> list[Probe]:
     """The items of one probe task (arguments as in `probe_tasks`)."""
     rest = dict(args)

@@ -86,13 +86,29 @@ def read_all_model_files(config: ImportanceAnalysis, settings: RunSettings) -> d
     return files
 
 
-def example_item(name: str, config: ImportanceAnalysis, settings: RunSettings) -> tuple[TaskItem, str]:
-    """The task's first planned item, or a placeholder with the reason its data is not here."""
+def planned_items(name: str, config: ImportanceAnalysis, settings: RunSettings) -> tuple[list[TaskItem], str]:
+    """The task's planned items (fewer than `samples` where its data has fewer), or one placeholder and the reason its
+    data is not here."""
     try:
-        return task_items(name, 1, settings.seed, config.shots, resolve_data_dir(config.data_dir))[0], ""
+        return task_items(name, config.samples, settings.seed, config.shots, resolve_data_dir(config.data_dir)), ""
     except LayerpruneError as exc:
         question = "Question: <question>\nAnswer:" if name == "gsm8k" else "Q: <question>\nA:"
-        return TaskItem(question, "", ""), f" (data not here: {exc})"
+        return [TaskItem(question, "", "")], f" (data not here: {exc})"
+
+
+def rendered(item: TaskItem, plan: Any, tokenizer: Any, metric: str) -> tuple[str, str]:
+    """The example as the model sees it and its token count. Generation: the chat template's rendering with the
+    instruction (without a tokenizer: the user turn alone); teacher-forced: the raw prompt (its target follows)."""
+    if metric != "generate":
+        text = item.prompt
+    elif tokenizer is None:
+        text = with_instruction(item.prompt, plan.instruction)
+    else:
+        text = render_prompt(tokenizer, item.prompt, plan)
+    if tokenizer is None:
+        return text, "? prompt tokens: no tokenizer"
+    special = metric != "generate" or not plan.chat  # a rendered template already holds its special tokens
+    return text, f"{len(tokenizer(text, add_special_tokens=special)['input_ids'])} prompt tokens"
 
 
 def task_lines(model: str, name: str, files: ModelFiles, config: ImportanceAnalysis,
@@ -104,41 +120,30 @@ def task_lines(model: str, name: str, files: ModelFiles, config: ImportanceAnaly
     stand_in = tokenizer if tokenizer is not None else SimpleNamespace(chat_template="unknown")
     loaded = SimpleNamespace(source=SimpleNamespace(spec=model), tokenizer=stand_in)
     plan = generation_plan(config, loaded, task, settings.seed)  # type: ignore[arg-type]
-    item, note = example_item(name, config, settings)
-    if config.metric == "generate":
-        if tokenizer is None:
-            text, prompt_tokens = with_instruction(item.prompt, plan.instruction), "? prompt tokens: no tokenizer"
-        else:
-            text = render_prompt(tokenizer, item.prompt, plan)
-            prompt_tokens = f"{len(tokenizer(text, add_special_tokens=not plan.chat)['input_ids'])} prompt tokens"
-    else:  # teacher-forced: the raw prompt, then the scored target (no chat template, no instruction)
-        text = item.prompt
-        if tokenizer is None:
-            prompt_tokens = "? prompt tokens: no tokenizer"
-        else:
-            prompt_tokens = f"{len(tokenizer(item.prompt)['input_ids'])} prompt tokens"
-            target = len(tokenizer(item.target, add_special_tokens=False)["input_ids"])
-            note += f"; scored target ({target} tokens)"
+    items, note = planned_items(name, config, settings)
+    n = config.samples if note else len(items)
+    item = items[0]
+    text, prompt_tokens = rendered(item, plan, tokenizer, config.metric)
     runs = None if files.depth is None else files.depth + 1
     if config.metric == "generate":
         sampled = (f"sampled at temperature {plan.temperature:g}, top_p {plan.top_p:g}, seed {plan.seed}"
                    if plan.temperature else "greedy")
-        budget = (f"{config.samples} items x {runs or '(blocks + 1)'} runs (full model + each block skipped)"
-                  + (f" = {config.samples * runs} generations, at most {config.samples * runs * plan.max_new_tokens:,}"
-                     " new tokens" if runs else f", at most {config.samples * plan.max_new_tokens:,} new tokens a run"))
-        if tokenizer is None:
-            form = ("the user turn of its chat template if it has one (unknown here), else the raw prompt"
-                    if plan.chat else "raw prompt")
-        else:
-            form = "chat template" if plan.chat else "raw prompt"
+        budget = (f"{n} items x {runs or '(blocks + 1)'} runs (full model + each block skipped)"
+                  + (f" = {n * runs} generations, at most {n * runs * plan.max_new_tokens:,}"
+                     " new tokens" if runs else f", at most {n * plan.max_new_tokens:,} new tokens a run"))
+        form = "chat template" if plan.chat else "raw prompt"
+        if tokenizer is None and plan.chat:
+            form = "the user turn of its chat template if it has one (unknown here), else the raw prompt"
         head = (f"- {model} / {name}: {form}, {plan.max_new_tokens} new "
                 f"tokens, {sampled}, stops {list(plan.stops)}; {budget}")
+        example = "\n".join(f"      | {line}" for line in text.split("\n"))
     else:
-        head = (f"- {model} / {name}: teacher-forced {config.metric} (no generation), {config.samples} items x "
+        head = (f"- {model} / {name}: teacher-forced {config.metric} (no generation), {n} items x "
                 f"{runs or '(blocks + 1)'} runs, sequences up to {config.max_length} tokens")
-    example = "\n".join(f"      | {line}" for line in text.split("\n"))
-    if config.metric != "generate":
-        example += "\n" + "\n".join(f"      > {line}" for line in item.target.split("\n"))
+        if tokenizer is not None:
+            note += f"; scored target ({len(tokenizer(item.target, add_special_tokens=False)['input_ids'])} tokens)"
+        example = "\n".join([*(f"      | {line}" for line in text.split("\n")),
+                             *(f"      > {line}" for line in item.target.split("\n"))])
     label = "example" if tokenizer is not None or not plan.chat else "example user turn"
     return [head, f"    {label} ({prompt_tokens}){note}:", example]
 

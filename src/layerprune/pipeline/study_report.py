@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from layerprune.evaluate.summary import SUMMARY_FILE, Summary, read_summary
+from layerprune.probes import distinct_items
 
 PROBE_PREFIXES = ("arith_", "brackets_")
 GSM8K = "gsm8k"
@@ -58,8 +59,7 @@ def measures(summary: Any, trained: frozenset[str] = frozenset()) -> dict[str, A
             "probes_unseen": mean_with_se([r for r in probes if r.task not in trained]),
             "trained_tasks": sorted(r.task for r in probes if r.task in trained),
             "unseen_tasks": sorted(r.task for r in probes if r.task not in trained),
-            "probe_tasks": len(probes), "probe_n": min((r.n for r in probes), default=0),
-            "probe_items": {r.task: r.n for r in probes}}
+            "probe_tasks": len(probes), "probe_items": {r.task: r.n for r in probes}}
 
 
 def recovered_share(base: tuple[float, float] | None, pruned: tuple[float, float] | None,
@@ -94,9 +94,10 @@ def study_rows(root: Path, labels: list[str], trained: frozenset[str] = frozense
         rows.append(row)
     # the pruned model's own held-out CE / KL (every distilling arm measured it on the same held-out answers)
     before = next((r for r in rows if r.get("held_out_ce_pruned") is not None), None)
-    for row in rows:
-        if row["model"] == "pruned" and before is not None:
-            row["held_out_ce"], row["held_out_kl"] = before["held_out_ce_pruned"], before.get("held_out_kl_pruned")
+    pruned_row = next((r for r in rows if r["model"] == "pruned"), None)
+    if pruned_row is not None and before is not None:
+        pruned_row["held_out_ce"], pruned_row["held_out_kl"] = before["held_out_ce_pruned"], \
+            before.get("held_out_kl_pruned")
     return rows
 
 
@@ -202,14 +203,10 @@ def _verdict(arms: list[dict[str, Any]], share: str, what: str) -> str:
 
 
 def probe_items_text(items: dict[str, int]) -> str:
-    """'arith_1dc 100, ..., brackets_d2 9 (all 3^2 there are), ...': a brackets task of depth d has 3**d distinct
-    items, so a shallow one is evaluated exhaustively with fewer items than the others."""
-    def note(task: str, n: int) -> str:
-        depth = task.removeprefix("brackets_d")
-        return f" (all 3^{depth} there are)" if task.startswith("brackets_d") and depth.isdigit() and \
-            n == 3 ** int(depth) else ""
-
-    return ", ".join(f"{task} {n}{note(task, n)}" for task, n in items.items()) or "none"
+    """'arith_1dc 100, ..., brackets_d2 9 (all there are), ...': a task with few distinct questions (shallow
+    brackets) is evaluated exhaustively, with fewer items than the others."""
+    return ", ".join(f"{task} {n}" + (" (all there are)" if n == distinct_items(task) else "")
+                     for task, n in items.items()) or "none"
 
 
 def write_study_report(study: Any, root: Path) -> Path:

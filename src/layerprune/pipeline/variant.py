@@ -189,11 +189,12 @@ def dry_run(study: VariantStudy, settings: RunSettings) -> str:
     from layerprune.analyze.plan import dry_run_text
 
     recipe = study.recover_recipe()
+    length = f"{recipe.train.max_steps} steps" if recipe.train.max_steps else f"{recipe.train.epochs:g} epoch(s)"
     lines = [f"variant study '{study.name}' -> {study.run_dir()}",
              f"variant: recover recipe '{study.variant.recipe}' on {study.model} (teacher: itself), method "
              f"{recipe.method}, {recipe.prompts.samples or 'all'} {recipe.prompts.source} {recipe.prompts.split} "
              f"prompts answered at temperature {recipe.generate.temperature:g} (<= {recipe.generate.max_new_tokens} "
-             f"tokens), {recipe.train.max_steps or f'{recipe.train.epochs:g} epoch(s)'} steps of "
+             f"tokens), {length} of "
              f"{recipe.train.batch_size} x {recipe.train.grad_accum} at lr {recipe.train.learning_rate:g}",
              "importance (the variant is scored the same way; its tokenizer is the original's):"]
     config = ImportanceAnalysis.model_validate({**study.importance, "models": [study.model]})
