@@ -36,9 +36,10 @@ def generation_prompts(recipe: RecoverRecipe, prompts: list[selfgen.Prompt], see
     return [p for p in prompts if p.id in held]
 
 
-def fine_tune(recipe: RecoverRecipe, student: ModelSource, teacher_spec: str, rows: list[dict[str, Any]],
-              prompts: list[selfgen.Prompt], job: Any) -> Any:
-    """Train (and for replace, first fold the maps); returns the runner's TrainResult."""
+def distill(recipe: RecoverRecipe, student: ModelSource, teacher_spec: str, rows: list[dict[str, Any]],
+            prompts: list[selfgen.Prompt], job: Any) -> Any:
+    """Train a method that reads the teacher's logits (kd, opd; for replace, first fold the maps, then its `then`);
+    returns the runner's TrainResult."""
     from layerprune.recover.runner import TrainResult, plan_for, prepare_trainer_dir
 
     start = time.perf_counter()

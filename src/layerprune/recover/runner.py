@@ -199,9 +199,9 @@ def recover_model(recipe: RecoverRecipe, job: RecoverJob) -> RecoverReport:
     rows = selfgen.responses_for(answered, job.work / "responses.jsonl")
     kept, card = selfgen.filter_responses(rows, recipe.generate)
     if recipe.method in methods.DISTILL_METHODS:
-        result = methods.fine_tune(recipe, student, teacher, kept, prompts, job)
+        result = methods.distill(recipe, student, teacher, kept, prompts, job)
     else:
-        result = fine_tune(recipe, student, teacher, kept, job)
+        result = train_sft(recipe, student, teacher, kept, job)
     report = build_report(recipe, job, student, teacher, generation, card, result, time.perf_counter() - start, notes)
     if state.is_main_process:
         save_outputs(recipe, job, student, result, report)
@@ -312,7 +312,7 @@ class TrainResult:
     tokens_seen: int
 
 
-def fine_tune(
+def train_sft(
     recipe: RecoverRecipe, student: ModelSource, teacher: str, rows: list[dict[str, Any]], job: RecoverJob
 ) -> TrainResult:
     """Stage 2 with TRL; held-out loss before and after; the weights saved through the trainer on every rank."""
