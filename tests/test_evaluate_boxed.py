@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from layerprune.evaluate.project_tasks import BOXED_INSTRUCTION, last_boxed, score_boxed
+from layerprune.evaluate.project_tasks import BOXED_INSTRUCTION, score_boxed
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.evaluate.suites import plan_tasks
+from layerprune.grading import last_boxed
 from layerprune.settings import RunSettings
 
 DOC = {"question": "Q?", "answer": "She has 3 + 4 = 7 apples.\n#### 1,200"}
@@ -20,7 +21,8 @@ def test_last_boxed_takes_the_last_box_and_nested_braces():
 
 
 @pytest.mark.parametrize("text, right", [(r"so \boxed{1200}", 1.0), (r"\boxed{1,200.}", 1.0), (r"\boxed{$1200}", 1.0),
-                                         (r"\boxed{120}", 0.0), ("1200", 0.0), (r"\boxed{x}", 0.0)])
+                                         (r"\boxed{120}", 0.0), ("1200", 0.0), (r"\boxed{x}", 0.0),
+                                         (r"\boxed{1200\%}", 1.0), (r"\boxed{1200.00}", 1.0)])
 def test_score_boxed_compares_the_boxed_number_with_the_answer(text, right):
     assert score_boxed(DOC, [text]) == {"exact_match": right}
 

@@ -31,8 +31,8 @@ def cut_at_new_turn(text: str) -> str:
 
 
 def as_number(text: str) -> Decimal | None:
-    """'1,000.00' / '$18' / '18.' -> Decimal; None when it is not a number."""
-    cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")
+    """'1,000.00' / '$18' / '18.' / '25%' -> Decimal; None when it is not a number."""
+    cleaned = text.strip().replace(",", "").replace("$", "").replace("\\%", "").replace("%", "").rstrip(".")
     try:
         return Decimal(cleaned)
     except InvalidOperation:
@@ -56,6 +56,19 @@ def final_number(text: str) -> str:
             return found[-1].replace(",", "").rstrip(".")
     found = NUMBER.findall(text)
     return found[-1].replace(",", "").replace("$", "").rstrip(".") if found else ""
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last \\boxed{...} in a text (nested braces allowed), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1 : j].strip()
+    return None
 
 
 def grade_number(text: str, gold: str) -> bool:

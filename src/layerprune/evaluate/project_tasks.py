@@ -25,6 +25,7 @@ from layerprune.evaluate.humaneval import (
 )
 from layerprune.evaluate.sandbox import SandboxLimits
 from layerprune.evaluate.task_specs import TaskSpec
+from layerprune.grading import last_boxed, numbers_equal
 from layerprune.probes import PROBE_DOCS, PROBE_VERSION, Probe, generate_probes
 
 PROBE_MAX_TOKENS = 32
@@ -246,33 +247,9 @@ BOXED_INSTRUCTION = "Please reason step by step, and put your final answer withi
 BOXED_MAX_TOKENS = 1024
 
 
-def last_boxed(text: str) -> str | None:
-    """The content of the last \\boxed{...} in a text (nested braces allowed), or None."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth, i = 0, start + len("\\boxed")
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i + 1 : j].strip()
-    return None
-
-
-def _number(text: str | None) -> float | None:
-    if text is None:
-        return None
-    cleaned = text.replace(",", "").replace("$", "").replace("\\%", "").replace("%", "").strip().rstrip(".")
-    try:
-        return float(cleaned)
-    except ValueError:
-        return None
-
-
 def score_boxed(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
     """1 when the last \\boxed{} answer equals the GSM8K answer (after '####') as a number."""
-    got, want = _number(last_boxed(results[0])), _number(doc["answer"].split("####")[-1])
-    return {"exact_match": float(got is not None and want is not None and abs(got - want) < 1e-6)}
+    return {"exact_match": float(numbers_equal(last_boxed(results[0]) or "", doc["answer"].split("####")[-1]))}
 
 
 def boxed_config(spec: TaskSpec, data_dir: Path | None) -> dict[str, Any]:
