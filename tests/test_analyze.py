@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -307,6 +308,25 @@ def test_dry_run_offline_plans_what_it_can_and_names_the_missing_tokenizers(shar
     assert "example user turn (? prompt tokens: no tokenizer)" in gsm8k
     rendered = [line.removeprefix("      | ") for line in gsm8k.splitlines() if line.startswith("      | ")]
     assert rendered[-2:] == ["Please reason step by step, and put your final answer within \\boxed{}.", "Answer:"]
+
+
+def test_dry_run_names_the_models_whose_depth_is_unknown(tiny_llama, shared_data, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LAYERPRUNE_DATA_DIR", str(shared_data))
+    bare = tmp_path / "tokenizer-only"  # a tokenizer directory without the model's config.json
+    bare.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        if (tiny_llama / name).exists():
+            shutil.copy(tiny_llama / name, bare / name)
+    code, stdout, err = run_cli(capsys, "importance", "--recipe", "importance-qwen25-7b", "--dry-run", "--output",
+                                str(tmp_path / "imp"), "--tokenizers", f"{QWEN_STUDY[0]}={bare}",
+                                *(f"{m}={tiny_llama}" for m in QWEN_STUDY[1:]))
+    assert code == 0, err
+    base = stdout.split(f"## {QWEN_STUDY[0]} (")[1].split("\n## ")[0]
+    assert "depth unknown (no config)" in base and "200 items x (blocks + 1) runs" in base
+    assert "prompt tokens" in base and "? prompt tokens" not in base  # the tokenizer still counts the prompt
+    last = stdout.strip().splitlines()[-1]
+    assert last.startswith(f"INCOMPLETE: depth unknown for {QWEN_STUDY[0]} (a tokenizer without the model's config)")
+    assert "no tokenizer here" not in stdout
 
 
 def test_dry_run_renders_each_models_prompt_and_budget_from_local_tokenizers(

@@ -168,5 +168,10 @@ def dry_run_text(config: ImportanceAnalysis, settings: RunSettings) -> str:
         lines.append(f"INCOMPLETE: no tokenizer here for {', '.join(missing)}: their chat-template rendering, prompt "
                      "token counts and depth are unknown above; run with hub access or map each to a local tokenizer "
                      "directory: --tokenizers MODEL=DIR")
+    depthless = [model for model in config.models if files[model].tokenizer is not None and files[model].depth is None]
+    if depthless:
+        lines.append(f"INCOMPLETE: depth unknown for {', '.join(depthless)} (a tokenizer without the model's config): "
+                     "their runs and new-token budgets above are per (blocks + 1); run with hub access or put the "
+                     "model's config.json beside its tokenizer")
     return "\n".join(lines)
 
