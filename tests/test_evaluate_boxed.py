@@ -22,7 +22,8 @@ def test_last_boxed_takes_the_last_box_and_nested_braces():
 
 @pytest.mark.parametrize("text, right", [(r"so \boxed{1200}", 1.0), (r"\boxed{1,200.}", 1.0), (r"\boxed{$1200}", 1.0),
                                          (r"\boxed{120}", 0.0), ("1200", 0.0), (r"\boxed{x}", 0.0),
-                                         (r"\boxed{1200\%}", 1.0), (r"\boxed{1200.00}", 1.0)])
+                                         (r"\boxed{1200\%}", 1.0), (r"\boxed{1200.00}", 1.0),
+                                         (r"\boxed{sNaN}", 0.0), (r"\boxed{Infinity}", 0.0)])
 def test_score_boxed_compares_the_boxed_number_with_the_answer(text, right):
     assert score_boxed(DOC, [text]) == {"exact_match": right}
 

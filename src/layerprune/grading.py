@@ -31,12 +31,13 @@ def cut_at_new_turn(text: str) -> str:
 
 
 def as_number(text: str) -> Decimal | None:
-    """'1,000.00' / '$18' / '18.' / '25%' -> Decimal; None when it is not a number."""
+    """'1,000.00' / '$18' / '18.' / '25%' -> Decimal; None when it is not a finite number ('NaN', 'inf', 'x')."""
     cleaned = text.strip().replace(",", "").replace("$", "").replace("\\%", "").replace("%", "").rstrip(".")
     try:
-        return Decimal(cleaned)
+        value = Decimal(cleaned)
     except InvalidOperation:
         return None
+    return value if value.is_finite() else None
 
 
 def numbers_equal(a: str, b: str) -> bool:

@@ -3,7 +3,8 @@
 No weights are read. A hub model's tokenizer and config come from the hub or its local cache, or from a local
 tokenizer directory that `tokenizers` maps it to. A model whose tokenizer cannot be read here (offline, gated) is still
 planned: its decoding, budget and the text of its user turn, with the chat template's rendering, the prompt's token
-count and the depth marked unknown, and the plan ends by naming those models and how to complete it.
+count and the depth marked unknown, and the plan ends by naming those models and how to complete it; a tokenizer found
+without its model's config leaves only the depth unknown, and is named on a line of its own.
 """
 
 from __future__ import annotations
