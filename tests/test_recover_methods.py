@@ -192,6 +192,20 @@ def test_probe_prompts_never_include_evaluation_items():
     assert [p.text for p in kept] == ["hello"] and card["excluded_probe_eval"] == 5
 
 
+def test_recovery_excludes_the_items_of_every_probe_task_evaluate_knows(monkeypatch):
+    from layerprune import probes
+
+    known = probes.probe_tasks()
+    monkeypatch.setattr(probes, "probe_tasks", lambda: {**known, "brackets_d9": {"family": "brackets", "depth": 9}})
+    prompts.eval_question_keys.cache_clear()
+    try:
+        assert "brackets_d9" in prompts.probe_task_names("probes")  # one task list, not a copy
+        new_eval = prompts.generate_probes("brackets_d9", 3, 0)
+        assert {prompts.question_key(p.prompt) for p in new_eval} <= prompts.eval_question_keys((0,))
+    finally:
+        prompts.eval_question_keys.cache_clear()
+
+
 def test_probe_task_names_fail_with_close_matches_and_gsm8k_test_is_refused():
     with pytest.raises(Exception, match="arith_1dc"):
         prompts.probe_task_names("probes:arith_1d")

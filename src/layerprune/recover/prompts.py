@@ -4,7 +4,8 @@
 the generators on this module's own seed stream ('recover-<shuffle_seed>'), which the evaluation never uses. Then,
 whatever the source, any prompt whose question is one of the first EVAL_ITEMS items of a probe task (under the
 evaluation seeds in `prompts.exclude_probe_seeds`) or a GSM8K test question is dropped, and the count is reported.
-The probe task list is mirrored here on purpose: recover does not import evaluate (the floors of the house).
+The probe tasks and their generators are those of `layerprune.probes`, which evaluate uses too: one list, so a new
+probe task is excluded here as soon as it is evaluated.
 """
 
 from __future__ import annotations
@@ -13,35 +14,21 @@ import functools
 import logging
 from pathlib import Path
 
+from layerprune import probes
 from layerprune.data import local_split, read_jsonl
 from layerprune.errors import LayerpruneError
-from layerprune.probes import Probe, arithmetic_probes, bracket_probes
+from layerprune.probes import PROBE_DOCS, Probe
 from layerprune.recover import selfgen
 from layerprune.recover.schema import PromptSource
 from layerprune.registry import unknown_name_message
 
 log = logging.getLogger(__name__)
-EVAL_ITEMS = 500  # evaluate generates this many items per probe task (PROBE_DOCS); --limit takes the first ones
-OP_NAMES = {"+": "add", "-": "sub", "*": "mul"}
-
-
-def probe_tasks() -> dict[str, dict[str, object]]:
-    """name -> generator arguments, the same tasks as evaluate's registry."""
-    tasks: dict[str, dict[str, object]] = {"arith_1dc": {"family": "arithmetic", "kind": "composite"}}
-    for digits in range(2, 6):
-        for op, name in OP_NAMES.items():
-            tasks[f"arith_{digits}d_{name}"] = {"family": "arithmetic", "kind": "multi", "digits": digits, "op": op}
-    for depth in range(2, 9):
-        tasks[f"brackets_d{depth}"] = {"family": "brackets", "depth": depth}
-    return tasks
+EVAL_ITEMS = PROBE_DOCS  # evaluate generates this many items per probe task; --limit takes the first ones
 
 
 def generate_probes(task: str, n: int, seed: int | str) -> list[Probe]:
     """The first `n` questions of a probe task under `seed` (an int for evaluation, a string namespace here)."""
-    args = dict(probe_tasks()[task])
-    if args.pop("family") == "brackets":
-        return bracket_probes(n, depth=int(args["depth"]), seed=seed)  # type: ignore[arg-type]
-    return arithmetic_probes(n, seed=seed, **args)  # type: ignore[arg-type]
+    return probes.generate_probes(probes.probe_tasks()[task], n, seed)  # type: ignore[arg-type]
 
 
 def question_key(text: str) -> str:
@@ -54,7 +41,7 @@ def probe_task_names(source: str) -> list[str] | None:
     """The probe tasks a `probes[:a+b]` source names (None: not a probe source)."""
     if source != "probes" and not source.startswith("probes:"):
         return None
-    known = probe_tasks()
+    known = probes.probe_tasks()
     names = list(known) if source == "probes" else [n.strip() for n in source.split(":", 1)[1].split("+") if n.strip()]
     for name in names:
         if name not in known:
@@ -80,7 +67,7 @@ def probe_prompts(names: list[str], n: int, seed: int) -> list[selfgen.Prompt]:
 @functools.lru_cache(maxsize=8)
 def eval_question_keys(seeds: tuple[int, ...]) -> frozenset[str]:
     """The questions of the first EVAL_ITEMS items of every probe task under each evaluation seed."""
-    return frozenset(question_key(p.prompt) for seed in seeds for task in probe_tasks()
+    return frozenset(question_key(p.prompt) for seed in seeds for task in probes.probe_tasks()
                      for p in generate_probes(task, EVAL_ITEMS, seed))
 
 
