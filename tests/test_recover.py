@@ -49,7 +49,7 @@ def recover_cli(*extra: str) -> int:
     return main(["recover", *extra, *FAST])
 
 
-def io_args(model: Path, prompts: Path, out: Path) -> list[str]:
+def io_args(model: Path, prompts: Path | str, out: Path) -> list[str]:
     """--model, --prompts and -o, as most tests pass them."""
     return ["--model", str(model), "--prompts", str(prompts), "-o", str(out)]
 
@@ -280,7 +280,8 @@ def _write(path: Path, text: str) -> Path:
 
 @pytest.mark.parametrize(
     "case",
-    ["recipe", "bad_field", "not_model", "no_teacher", "qlora", "empty_prompts", "all_filtered", "exists", "vllm"],
+    ["recipe", "bad_field", "not_model", "no_teacher", "qlora", "empty_prompts", "all_filtered", "exists", "vllm",
+     "hub_offline", "bad_hub", "no_field"],
 )
 def test_bad_input_gives_one_line_and_nonzero_exit(case, pruned, tiny_llama, prompts_file, tmp_path, capsys):
     out = tmp_path / "out"
@@ -304,6 +305,11 @@ def test_bad_input_gives_one_line_and_nonzero_exit(case, pruned, tiny_llama, pro
         "all_filtered": ([*base, "--filter", "correct"], "every response was filtered away"),
         "exists": ([*base[:-1], str(tmp_path)], "already exists; pass --overwrite"),
         "vllm": ([*base, "--backend", "vllm"], "needs vLLM"),
+        "hub_offline": (io_args(pruned, "hf:tatsu-lab/alpaca", out),  # tests run with HF_HUB_OFFLINE=1
+                        "tatsu-lab/alpaca/train is a hub dataset and the hub is offline: save the split as a .jsonl"),
+        "bad_hub": (io_args(pruned, "hf:alpaca", out), "'hf:alpaca' is not a hub dataset: write hf:OWNER/NAME"),
+        "no_field": (io_args(pruned, _write(tmp_path / "t.jsonl", '{"text": "hi"}\n'), out),
+                     "has no 'prompt' field (prompts.field); its fields: text"),
     }[case]
     code = recover_cli(*args)
     err = capsys.readouterr().err

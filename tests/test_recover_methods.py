@@ -192,6 +192,28 @@ def test_probe_prompts_never_include_evaluation_items():
     assert [p.text for p in kept] == ["hello"] and card["excluded_probe_eval"] == 5
 
 
+def test_hub_dataset_prompts_come_through_datasets_minus_the_evaluation_items(monkeypatch):
+    import datasets
+
+    from layerprune.data import OFFLINE_ENVS
+
+    for name in OFFLINE_ENVS:
+        monkeypatch.delenv(name, raising=False)
+    leaked = prompts.generate_probes("arith_2d_add", 1, 0)[0].prompt  # an evaluation item inside the dataset
+    rows = [{"instruction": "Name a prime.", "answer": "2"}, {"instruction": leaked}, {"instruction": " "}]
+    asked = []
+
+    def load_dataset(repo, config, split):
+        asked.append((repo, config, split))
+        return datasets.Dataset.from_list(rows)
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    source = PromptSource(source="hf:someone/prompts:v2", split="train", field="instruction")
+    chosen, card = prompts.load_prompts(source, None)
+    assert asked == [("someone/prompts", "v2", "train")]
+    assert [(p.text, p.answer) for p in chosen] == [("Name a prime.", "2")] and card["excluded_probe_eval"] == 1
+
+
 def test_recovery_excludes_the_items_of_every_probe_task_evaluate_knows(monkeypatch):
     from layerprune import probes
 

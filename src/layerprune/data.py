@@ -114,15 +114,34 @@ def _load_hub_rows(dataset: str, split: str, data_dir: Path | None) -> list[dict
     if hub_offline():
         raise LayerpruneError(f"no local data for {dataset}/{split} and the hub is offline: put it at {where} "
                               f"(--data-dir or ${DATA_ENV})")
+    return hub_dataset_rows(hub_path, name, split, f"put it at {where} (--data-dir or ${DATA_ENV})")
+
+
+HUB_SOURCE = "hf:"  # a prompt source read from any hub dataset: hf:OWNER/NAME or hf:OWNER/NAME:CONFIG
+
+
+def parse_hub_source(source: str) -> tuple[str, str | None]:
+    """'hf:OWNER/NAME[:CONFIG]' -> (repo id, config or None); anything else is an error."""
+    repo, colon, config = source.removeprefix(HUB_SOURCE).partition(":")
+    owner, slash, name = repo.partition("/")
+    if not source.startswith(HUB_SOURCE) or not owner or not slash or not name or "/" in name or \
+            (colon and not config):
+        raise LayerpruneError(f"'{source}' is not a hub dataset: write hf:OWNER/NAME or hf:OWNER/NAME:CONFIG")
+    return repo, config or None
+
+
+def hub_dataset_rows(repo: str, config: str | None, split: str, instead: str) -> list[dict[str, Any]]:
+    """One split of a hub dataset through `datasets` (its cache first); `instead` says what to do without it."""
+    label = f"{repo}{f':{config}' if config else ''}/{split}"
+    if hub_offline():
+        raise LayerpruneError(f"{label} is a hub dataset and the hub is offline: {instead}")
     try:
         import datasets
 
-        return [dict(row) for row in datasets.load_dataset(hub_path, name, split=split)]
+        return [dict(row) for row in datasets.load_dataset(repo, config, split=split)]
     except Exception as exc:
-        raise LayerpruneError(
-            f"could not get {dataset}/{split} from the hub ({type(exc).__name__}); put it at {where} "
-            f"(--data-dir or ${DATA_ENV})"
-        ) from exc
+        raise LayerpruneError(f"could not get {label} from the hub ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0][:160] if str(exc) else ''}); {instead}") from exc
 
 
 def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:

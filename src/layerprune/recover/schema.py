@@ -6,7 +6,8 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from layerprune.data import HUB_DATASETS
+from layerprune.data import HUB_DATASETS, HUB_SOURCE, parse_hub_source
+from layerprune.errors import LayerpruneError
 from layerprune.probes import probe_tasks
 from layerprune.registry import check_name
 
@@ -25,9 +26,11 @@ class PromptSource(Section):
     """Where the prompts come from."""
 
     source: str = Field("gsm8k", description="Prompt set: gsm8k, dolly, alpaca_seed, probes (every probe task, on "
-                        "the recovery seed stream), probes:TASK+TASK, or a path to a .jsonl file")
-    split: str = Field("train", description="Split of a named prompt set")
-    field: str = Field("prompt", description="Prompt field of a .jsonl source (answer field: 'answer', optional)")
+                        "the recovery seed stream), probes:TASK+TASK, a hub dataset hf:OWNER/NAME[:CONFIG], or a "
+                        "path to a .jsonl file")
+    split: str = Field("train", description="Split of a named prompt set or hub dataset")
+    field: str = Field("prompt", description="Prompt field of a .jsonl or hub source (answer field: 'answer', "
+                       "optional)")
     samples: int | None = Field(None, ge=1, description="Use at most this many prompts (None: all)")
     shuffle_seed: int = Field(0, description="Seed of the prompt shuffle before taking --samples")
     exclude_probe_seeds: list[int] = Field(
@@ -37,6 +40,12 @@ class PromptSource(Section):
     @classmethod
     def _known_source(cls, source: str) -> str:
         if source.endswith(".jsonl"):
+            return source
+        if source.startswith(HUB_SOURCE):
+            try:
+                parse_hub_source(source)
+            except LayerpruneError as exc:
+                raise ValueError(str(exc)) from exc
             return source
         if source.startswith("probes:"):
             for task in source.removeprefix("probes:").split("+"):
@@ -207,4 +216,5 @@ class RecoverRecipe(Section):
 
 
 def _has_answers(source: str) -> bool:
-    return source == "gsm8k" or source.endswith(".jsonl") or source == "probes" or source.startswith("probes:")
+    """Whether a source can carry answers (a user's file or hub dataset may: its 'answer' field)."""
+    return source in ("gsm8k", "probes") or source.endswith(".jsonl") or source.startswith(("probes:", HUB_SOURCE))

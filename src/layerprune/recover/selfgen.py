@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from layerprune.data import iter_jsonl, load_rows, read_jsonl
+from layerprune.data import HUB_SOURCE, hub_dataset_rows, iter_jsonl, load_rows, parse_hub_source, read_jsonl
 from layerprune.errors import LayerpruneError
 from layerprune.grading import final_number, grade_number
 from layerprune.recover.schema import GenerationSection, PromptSource
@@ -45,8 +45,16 @@ def load_prompts(source: PromptSource, data_dir: Path | None) -> list[Prompt]:
 
 def _source_rows(source: PromptSource, data_dir: Path | None) -> list[dict[str, Any]]:
     if source.source.endswith(".jsonl"):
-        return read_jsonl(Path(source.source).expanduser())
-    return load_rows(source.source, source.split, data_dir)
+        rows = read_jsonl(Path(source.source).expanduser())
+    elif source.source.startswith(HUB_SOURCE):
+        repo, config = parse_hub_source(source.source)
+        rows = hub_dataset_rows(repo, config, source.split, "save the split as a .jsonl file and give its path")
+    else:
+        return load_rows(source.source, source.split, data_dir)
+    if rows and not any(_field(source) in row for row in rows):  # a user's file or dataset: name its columns
+        raise LayerpruneError(f"'{source.source}' has no '{_field(source)}' field (prompts.field); its fields: "
+                              f"{', '.join(sorted(rows[0]))}")
+    return rows
 
 
 def _field(source: PromptSource) -> str:
