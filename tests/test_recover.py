@@ -281,7 +281,7 @@ def _write(path: Path, text: str) -> Path:
 @pytest.mark.parametrize(
     "case",
     ["recipe", "bad_field", "not_model", "no_teacher", "qlora", "empty_prompts", "all_filtered", "exists", "vllm",
-     "hub_offline", "bad_hub", "no_field"],
+     "hub_offline", "bad_hub", "bad_hub_config", "no_field"],
 )
 def test_bad_input_gives_one_line_and_nonzero_exit(case, pruned, tiny_llama, prompts_file, tmp_path, capsys):
     out = tmp_path / "out"
@@ -306,8 +306,10 @@ def test_bad_input_gives_one_line_and_nonzero_exit(case, pruned, tiny_llama, pro
         "exists": ([*base[:-1], str(tmp_path)], "already exists; pass --overwrite"),
         "vllm": ([*base, "--backend", "vllm"], "needs vLLM"),
         "hub_offline": (io_args(pruned, "hf:tatsu-lab/alpaca", out),  # tests run with HF_HUB_OFFLINE=1
-                        "tatsu-lab/alpaca/train is a hub dataset and the hub is offline: save the split as a .jsonl"),
+                        "tatsu-lab/alpaca/train is a hub dataset, not in the datasets cache, and the hub is offline: "
+                        "save the split as a .jsonl"),
         "bad_hub": (io_args(pruned, "hf:alpaca", out), "'hf:alpaca' is not a hub dataset: write hf:OWNER/NAME"),
+        "bad_hub_config": (io_args(pruned, "hf:a/b:c:d", out), "'hf:a/b:c:d' is not a hub dataset"),
         "no_field": (io_args(pruned, _write(tmp_path / "t.jsonl", '{"text": "hi"}\n'), out),
                      "has no 'prompt' field (prompts.field); its fields: text"),
     }[case]

@@ -212,6 +212,8 @@ def test_hub_dataset_prompts_come_through_datasets_minus_the_evaluation_items(mo
     chosen, card = prompts.load_prompts(source, None)
     assert asked == [("someone/prompts", "v2", "train")]
     assert [(p.text, p.answer) for p in chosen] == [("Name a prime.", "2")] and card["excluded_probe_eval"] == 1
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # offline, a split in the datasets cache still serves
+    assert prompts.load_prompts(source, None)[0] == chosen and len(asked) == 2
 
 
 def test_recovery_excludes_the_items_of_every_probe_task_evaluate_knows(monkeypatch):
@@ -231,8 +233,9 @@ def test_recovery_excludes_the_items_of_every_probe_task_evaluate_knows(monkeypa
 def test_probe_task_names_fail_with_close_matches_and_gsm8k_test_is_refused():
     with pytest.raises(Exception, match="arith_1dc"):
         prompts.probe_task_names("probes:arith_1d")
-    with pytest.raises(Exception, match="evaluation items"):
-        prompts.load_prompts(PromptSource(source="gsm8k", split="test"), None)
+    for source in ("gsm8k", "hf:openai/gsm8k:main", "hf:openai/gsm8k"):  # by name or by its hub id
+        with pytest.raises(Exception, match="evaluation items"):
+            prompts.load_prompts(PromptSource(source=source, split="test"), None)
 
 
 def test_held_out_metrics_are_zero_kl_for_the_teacher_itself(tiny_llama):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -120,28 +121,32 @@ def _load_hub_rows(dataset: str, split: str, data_dir: Path | None) -> list[dict
 HUB_SOURCE = "hf:"  # a prompt source read from any hub dataset: hf:OWNER/NAME or hf:OWNER/NAME:CONFIG
 
 
+HUB_SOURCE_FORM = re.compile(r"hf:([\w.-]+/[\w.-]+)(?::([\w.-]+))?")
+
+
 def parse_hub_source(source: str) -> tuple[str, str | None]:
     """'hf:OWNER/NAME[:CONFIG]' -> (repo id, config or None); anything else is an error."""
-    repo, colon, config = source.removeprefix(HUB_SOURCE).partition(":")
-    owner, slash, name = repo.partition("/")
-    if not source.startswith(HUB_SOURCE) or not owner or not slash or not name or "/" in name or \
-            (colon and not config):
+    found = HUB_SOURCE_FORM.fullmatch(source)
+    if found is None:
         raise LayerpruneError(f"'{source}' is not a hub dataset: write hf:OWNER/NAME or hf:OWNER/NAME:CONFIG")
-    return repo, config or None
+    return found.group(1), found.group(2)
 
 
 def hub_dataset_rows(repo: str, config: str | None, split: str, instead: str) -> list[dict[str, Any]]:
-    """One split of a hub dataset through `datasets` (its cache first); `instead` says what to do without it."""
+    """One split of a hub dataset through `datasets`: from the hub, or offline from the `datasets` cache alone;
+    `instead` says what to do when neither has it."""
     label = f"{repo}{f':{config}' if config else ''}/{split}"
-    if hub_offline():
-        raise LayerpruneError(f"{label} is a hub dataset and the hub is offline: {instead}")
     try:
         import datasets
 
         return [dict(row) for row in datasets.load_dataset(repo, config, split=split)]
-    except Exception as exc:
-        raise LayerpruneError(f"could not get {label} from the hub ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0][:160] if str(exc) else ''}); {instead}") from exc
+    except Exception as exc:  # datasets raises many types for a missing repo, config, split or connection
+        if hub_offline():
+            raise LayerpruneError(f"{label} is a hub dataset, not in the datasets cache, and the hub is offline: "
+                                  f"{instead}") from exc
+        first = next((line for line in str(exc).splitlines() if line.strip()), "")
+        raise LayerpruneError(f"could not get {label} from the hub ({type(exc).__name__}: {first[:160]}); "
+                              f"{instead}") from exc
 
 
 def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:

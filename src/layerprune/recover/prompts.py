@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 
 from layerprune import probes
-from layerprune.data import local_split, read_jsonl
+from layerprune.data import HUB_DATASETS, HUB_SOURCE, local_split, parse_hub_source, read_jsonl
 from layerprune.errors import LayerpruneError
 from layerprune.probes import PROBE_DOCS, Probe
 from layerprune.recover import selfgen
@@ -23,6 +23,7 @@ from layerprune.recover.schema import PromptSource
 from layerprune.registry import unknown_name_message
 
 log = logging.getLogger(__name__)
+GSM8K_HUB = HUB_DATASETS["gsm8k"][0]  # the hub repo whose test split evaluate scores
 EVAL_ITEMS = PROBE_DOCS  # evaluate generates this many items per probe task; --limit takes the first ones
 
 
@@ -78,10 +79,14 @@ def gsm8k_test_questions(data_dir: Path | None) -> set[str]:
 
 def load_prompts(source: PromptSource, data_dir: Path | None) -> tuple[list[selfgen.Prompt], dict[str, int]]:
     """The recipe's prompts minus every evaluation item; the card says how many were excluded."""
-    if source.source == "gsm8k" and source.split == "test":
-        raise LayerpruneError("prompts from gsm8k/test are the evaluation items; use split 'train'")
+    if source.split == "test" and (source.source == "gsm8k" or (source.source.startswith(HUB_SOURCE) and
+                                                               parse_hub_source(source.source)[0] == GSM8K_HUB)):
+        raise LayerpruneError(f"prompts from {source.source}/test are the evaluation items (gsm8k's test split); use "
+                              "split 'train'")
     names = probe_task_names(source.source)
     wanted, seeds, gsm8k_test = source.samples or 256, tuple(source.exclude_probe_seeds), gsm8k_test_questions(data_dir)
+    if not gsm8k_test and names is None:
+        log.warning("no local gsm8k/test split: GSM8K test questions among the prompts cannot be excluded")
     if names is None:
         kept, card = exclude_eval_items(selfgen.load_prompts(source, data_dir), seeds, gsm8k_test)
     else:  # draw more until the exclusion leaves `samples` (small tasks such as brackets_d2 are all evaluation items)

@@ -39,13 +39,13 @@ class PromptSource(Section):
     @field_validator("source")
     @classmethod
     def _known_source(cls, source: str) -> str:
-        if source.endswith(".jsonl"):
-            return source
         if source.startswith(HUB_SOURCE):
             try:
                 parse_hub_source(source)
             except LayerpruneError as exc:
                 raise ValueError(str(exc)) from exc
+            return source
+        if source.endswith(".jsonl"):
             return source
         if source.startswith("probes:"):
             for task in source.removeprefix("probes:").split("+"):
@@ -188,8 +188,8 @@ class RecoverRecipe(Section):
     def _check(self) -> RecoverRecipe:
         if self.generate.filter == "correct" and not _has_answers(self.prompts.source):
             raise ValueError(
-                f"generate.filter 'correct' needs prompts with known answers (gsm8k or a .jsonl "
-                f"with an 'answer' field), not '{self.prompts.source}'"
+                f"generate.filter 'correct' needs prompts with known answers (gsm8k, probes, or a .jsonl or hf: "
+                f"source with an 'answer' field), not '{self.prompts.source}'"
             )
         if self.drop_blocks is not None and (not self.drop_blocks or min(self.drop_blocks) < 0):
             raise ValueError("drop_blocks must list block indices >= 0")

@@ -44,11 +44,11 @@ def load_prompts(source: PromptSource, data_dir: Path | None) -> list[Prompt]:
 
 
 def _source_rows(source: PromptSource, data_dir: Path | None) -> list[dict[str, Any]]:
-    if source.source.endswith(".jsonl"):
-        rows = read_jsonl(Path(source.source).expanduser())
-    elif source.source.startswith(HUB_SOURCE):
+    if source.source.startswith(HUB_SOURCE):
         repo, config = parse_hub_source(source.source)
         rows = hub_dataset_rows(repo, config, source.split, "save the split as a .jsonl file and give its path")
+    elif source.source.endswith(".jsonl"):
+        rows = read_jsonl(Path(source.source).expanduser())
     else:
         return load_rows(source.source, source.split, data_dir)
     if rows and not any(_field(source) in row for row in rows):  # a user's file or dataset: name its columns
