@@ -101,6 +101,8 @@ def test_each_arm_is_reported_on_trained_and_on_unseen_skills(tmp_path):
     trained = study_report.trained_tasks("probes:arith_2d_add+arith_2d_mul+brackets_d6")
     assert trained == {"arith_2d_add", "arith_2d_mul", "brackets_d6"}  # by task: brackets_d5 stays unseen
     assert study_report.trained_tasks("gsm8k") == {"gsm8k"} and study_report.trained_tasks("dolly") == frozenset()
+    assert study_report.trained_tasks("hf:openai/gsm8k:main") == {"gsm8k"}  # by its hub id too
+    assert study_report.trained_tasks("hf:someone/gsm8k-like") == frozenset()
     _summary(tmp_path, "baseline", {"arith_2d_add": 0.8, "arith_2d_mul": 0.6, "brackets_d5": 0.5, "gsm8k": 0.2,
                                     "piqa": 0.6})
     _summary(tmp_path, "pruned", {"arith_2d_add": 0.2, "arith_2d_mul": 0.2, "brackets_d5": 0.1, "gsm8k": 0.1,

@@ -39,12 +39,12 @@ def mean_with_se(results: list[Any]) -> tuple[float, float] | None:
 
 def trained_tasks(source: str) -> frozenset[str]:
     """Evaluation tasks whose own prompts were in the recovery data (`prompts.source`), task by task."""
-    from layerprune.recover.prompts import probe_task_names
+    from layerprune.recover.prompts import is_gsm8k, probe_task_names
 
     names = probe_task_names(source)
     if names is not None:
         return frozenset(names)
-    return frozenset({GSM8K}) if source == GSM8K else frozenset()
+    return frozenset({GSM8K}) if is_gsm8k(source) else frozenset()
 
 
 def measures(summary: Any, trained: frozenset[str] = frozenset()) -> dict[str, Any]:

@@ -77,10 +77,14 @@ def gsm8k_test_questions(data_dir: Path | None) -> set[str]:
     return {str(row.get("question", "")).strip() for row in read_jsonl(path)} if path is not None else set()
 
 
+def is_gsm8k(source: str) -> bool:
+    """Whether a prompt source is GSM8K, by its name or its hub id (hf:openai/gsm8k[:CONFIG])."""
+    return source == "gsm8k" or (source.startswith(HUB_SOURCE) and parse_hub_source(source)[0] == GSM8K_HUB)
+
+
 def load_prompts(source: PromptSource, data_dir: Path | None) -> tuple[list[selfgen.Prompt], dict[str, int]]:
     """The recipe's prompts minus every evaluation item; the card says how many were excluded."""
-    if source.split == "test" and (source.source == "gsm8k" or (source.source.startswith(HUB_SOURCE) and
-                                                               parse_hub_source(source.source)[0] == GSM8K_HUB)):
+    if source.split == "test" and is_gsm8k(source.source):
         raise LayerpruneError(f"prompts from {source.source}/test are the evaluation items (gsm8k's test split); use "
                               "split 'train'")
     names = probe_task_names(source.source)
