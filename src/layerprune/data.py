@@ -112,16 +112,14 @@ def load_rows(dataset: str, split: str, data_dir: Path | None) -> list[dict[str,
 def _load_hub_rows(dataset: str, split: str, data_dir: Path | None) -> list[dict[str, Any]]:
     hub_path, name = HUB_DATASETS[dataset]
     where = f"{data_dir}/{dataset}/{split}.jsonl" if data_dir else f"<data-dir>/{dataset}/{split}.jsonl"
+    instead = f"put it at {where} (--data-dir or ${DATA_ENV})"
     if hub_offline():
-        raise LayerpruneError(f"no local data for {dataset}/{split} and the hub is offline: put it at {where} "
-                              f"(--data-dir or ${DATA_ENV})")
-    return hub_dataset_rows(hub_path, name, split, f"put it at {where} (--data-dir or ${DATA_ENV})")
+        raise LayerpruneError(f"no local data for {dataset}/{split} and the hub is offline: {instead}")
+    return hub_dataset_rows(hub_path, name, split, instead)
 
 
 HUB_SOURCE = "hf:"  # a prompt source read from any hub dataset: hf:OWNER/NAME or hf:OWNER/NAME:CONFIG
-
-
-HUB_SOURCE_FORM = re.compile(r"hf:([\w.-]+/[\w.-]+)(?::([\w.-]+))?")
+HUB_SOURCE_FORM = re.compile(re.escape(HUB_SOURCE) + r"([\w.-]+/[\w.-]+)(?::([\w.-]+))?")
 
 
 def parse_hub_source(source: str) -> tuple[str, str | None]:
