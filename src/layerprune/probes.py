@@ -1,4 +1,4 @@
-"""Algorithmic probes generated from a seed: arithmetic and balanced brackets.
+"""Algorithmic probes generated from a seed: arithmetic, balanced brackets, and copying, reversing and counting lists.
 
 Evaluation and calibration draw from separate random streams, and a calibration draw never repeats an
 expression of the evaluation items (the first PROBE_DOCS of every probe task of its family at EVAL_SEED).
@@ -17,6 +17,7 @@ BRACKETS = {"(": ")", "[": "]", "{": "}"}
 PROBE_DOCS = 500  # items per probe task; evaluation's --limit takes the first ones
 EVAL_SEED = 0  # the evaluation's default --probe-seed, whose items calibration avoids
 PROBE_VERSION = 2  # bump when the items a seed gives change (2: distinct questions, separate calibration stream)
+# (new tasks do not bump it: the items of every existing task are unchanged)
 MAX_REPEATS = 1000  # consecutive repeated questions after which a probe family is taken as exhausted
 Stream = str  # "eval" or "calib"
 
@@ -40,16 +41,50 @@ def probe_tasks() -> dict[str, dict[str, object]]:
                                                         "op": op}
     for depth in range(2, 9):
         tasks[f"brackets_d{depth}"] = {"family": "brackets", "depth": depth}
+    tasks.update(easy_probe_tasks())
     return tasks
 
 
+def easy_probe_tasks() -> dict[str, dict[str, object]]:
+    """Levels a 135M-270M model does often but not always, each with at least 500 distinct questions: two-digit
+    addition without carries, three one-digit addends, copying, reversing and counting a short list, and closing a
+    bracket sequence of mixed depth (2-6)."""
+    tasks: dict[str, dict[str, object]] = {
+        "arith_2d_add_nc": {"family": "arithmetic", "kind": "nocarry", "digits": 2, "op": "+"},
+        "arith_1d_sum3": {"family": "arithmetic", "kind": "sum3"},
+        "brackets_mix": {"family": "brackets", "depth": 2, "max_depth": MIX_DEPTH},
+    }
+    for length in LIST_LENGTHS:
+        tasks[f"copy_l{length}"] = {"family": "copy", "length": length}
+        tasks[f"reverse_l{length}"] = {"family": "reverse", "length": length}
+    for low, high in COUNT_RANGES:
+        tasks[f"count_{low}to{high}"] = {"family": "count", "length": low, "max_length": high}
+    return tasks
+
+
+MIX_DEPTH = 6  # brackets_mix: depths 2..6, 9 + 27 + 81 + 243 + 729 = 1089 distinct questions
+LIST_LENGTHS = (3, 5, 7)  # copy_l*/reverse_l*: letters a-z, 26**length distinct questions
+COUNT_RANGES = ((2, 5), (4, 9))  # count_*: how many words, a list of this many (a vocabulary of 12 words)
+COUNT_WORDS = ("cat", "dog", "sun", "tree", "car", "book", "fish", "bird", "cup", "hat", "pen", "box")
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+LIST_FAMILIES = ("copy", "reverse", "count")
+
+
 def distinct_items(task: str) -> int | None:
-    """How many distinct questions a probe task has when that bounds its items (brackets of depth d: 3**d), else
-    None (arithmetic: more than any evaluation takes)."""
+    """How many distinct questions a probe task has when that bounds its items (brackets of depth d: 3**d; three
+    one-digit addends: 9**3; two-digit sums without a carry: 36 * 55), else None (more than any evaluation takes)."""
     args = probe_tasks().get(task)
-    if args is None or args["family"] != "brackets":
+    if args is None:
         return None
-    return len(BRACKETS) ** int(args["depth"])  # type: ignore[call-overload]
+    if args["family"] == "brackets":
+        low, high = int(args["depth"]), int(args.get("max_depth", args["depth"]))  # type: ignore[call-overload]
+        return sum(len(BRACKETS) ** d for d in range(low, high + 1))
+    return {"sum3": 9**3, "nocarry": 36 * 55}.get(str(args.get("kind")))
+
+
+def family_of(task: str) -> str:
+    """The family of a probe task: arithmetic, brackets, copy, reverse or count."""
+    return str(probe_tasks()[task]["family"])
 
 
 def generate_probes(args: dict[str, object], n: int, seed: int, stream: Stream = "eval") -> list[Probe]:
@@ -57,7 +92,10 @@ def generate_probes(args: dict[str, object], n: int, seed: int, stream: Stream =
     rest = dict(args)
     family = rest.pop("family")
     if family == "brackets":
-        return bracket_probes(n, depth=int(rest["depth"]), seed=seed, stream=stream)  # type: ignore[arg-type]
+        return bracket_probes(n, depth=int(rest["depth"]), seed=seed, stream=stream,  # type: ignore[call-overload]
+                              max_depth=rest.get("max_depth"))  # type: ignore[arg-type]
+    if family in LIST_FAMILIES:
+        return list_probes(n, str(family), seed=seed, stream=stream, **rest)  # type: ignore[arg-type]
     return arithmetic_probes(n, seed=seed, stream=stream, **rest)  # type: ignore[arg-type]
 
 
@@ -77,6 +115,20 @@ def composite_expression(rng: random.Random) -> tuple[str, int]:
     else:
         text = f"{a} {op1} ({b} {op2} {c})"
     return text, int(eval(text))  # noqa: S307 - digits and operators we generated ourselves
+
+
+def nocarry_expression(rng: random.Random) -> tuple[str, int]:
+    """Two two-digit numbers whose digits add up without a carry, such as '23 + 45'."""
+    tens = rng.choice([(a, b) for a in range(1, 10) for b in range(1, 10) if a + b <= 9])
+    units = rng.choice([(a, b) for a in range(10) for b in range(10) if a + b <= 9])
+    a, b = 10 * tens[0] + units[0], 10 * tens[1] + units[1]
+    return f"{a} + {b}", a + b
+
+
+def sum3_expression(rng: random.Random) -> tuple[str, int]:
+    """Three one-digit addends, such as '3 + 5 + 1'."""
+    a, b, c = (rng.randint(1, 9) for _ in range(3))
+    return f"{a} + {b} + {c}", a + b + c
 
 
 def multi_digit_expression(rng: random.Random, digits: int, op: str) -> tuple[str, int]:
@@ -126,12 +178,14 @@ def arithmetic_probes(n: int, seed: int = 0, shots: int = 3, kind: str = "compos
     rng = _rng(f"arith-{kind}-{digits}-{op}-{seed}", stream)
 
     def draw() -> tuple[str, str]:
-        text, value = composite_expression(rng) if kind == "composite" else multi_digit_expression(rng, digits, op)
+        text, value = {"composite": composite_expression, "nocarry": nocarry_expression,
+                       "sum3": sum3_expression}.get(kind, lambda r: multi_digit_expression(r, digits, op))(rng)
         return f"{text} =", f" {value}"
 
     if stream != "eval":
         draw = _avoiding(draw, evaluation_questions("arithmetic"))
-    name = "arith_composite" if kind == "composite" else f"arith_{digits}d{op}"
+    name = {"composite": "arith_composite", "nocarry": "arith_2d_add_nc", "sum3": "arith_1d_sum3"}.get(
+        kind, f"arith_{digits}d{op}")
     probes = []
     for examples, question, answer in _distinct(draw, n, shots):
         prefix = "".join(f"{q}{a}\n" for q, a in examples)
@@ -146,12 +200,16 @@ def bracket_sequence(rng: random.Random, depth: int) -> tuple[str, str]:
     return opening, closing
 
 
-def bracket_probes(n: int, depth: int, seed: int = 0, shots: int = 3, stream: Stream = "eval") -> list[Probe]:
-    """'Complete the sequence' questions: input '( [ {' expects '} ] )'; at most 3**depth distinct ones."""
-    rng = _rng(f"brackets-{depth}-{seed}", stream)
+def bracket_probes(n: int, depth: int, seed: int = 0, shots: int = 3, stream: Stream = "eval",
+                   max_depth: int | None = None) -> list[Probe]:
+    """'Complete the sequence' questions: input '( [ {' expects '} ] )'; at most 3**depth distinct ones. With
+    `max_depth`, each question (and example) draws its depth from depth..max_depth (task brackets_mix)."""
+    key = f"brackets-{depth}-{seed}" if max_depth is None else f"brackets-{depth}to{max_depth}-{seed}"
+    rng = _rng(key, stream)
+    name = f"brackets_d{depth}" if max_depth is None else "brackets_mix"
 
     def draw() -> tuple[str, str]:
-        opening, closing = bracket_sequence(rng, depth)
+        opening, closing = bracket_sequence(rng, depth if max_depth is None else rng.randint(depth, max_depth))
         return f"Input: {' '.join(opening)}\nClosing:", f" {' '.join(closing)}"
 
     if stream != "eval":
@@ -159,5 +217,34 @@ def bracket_probes(n: int, depth: int, seed: int = 0, shots: int = 3, stream: St
     probes = []
     for examples, question, answer in _distinct(draw, n, shots):
         prefix = "".join(f"{q}{a}\n" for q, a in examples)
-        probes.append(Probe(f"{prefix}{question}", answer, f"brackets_d{depth}", question))
+        probes.append(Probe(f"{prefix}{question}", answer, name, question))
+    return probes
+
+
+def list_question(rng: random.Random, family: str, length: int, max_length: int | None) -> tuple[str, str]:
+    """One copy / reverse / count question and its answer: 'Input: k d m\nCopy:' -> ' k d m'."""
+    if family == "count":
+        items = [rng.choice(COUNT_WORDS) for _ in range(rng.randint(length, max_length or length))]
+        return f"Input: {' '.join(items)}\nCount:", f" {len(items)}"
+    items = [rng.choice(LETTERS) for _ in range(length)]
+    shown = items if family == "copy" else items[::-1]
+    return f"Input: {' '.join(items)}\n{family.capitalize()}:", f" {' '.join(shown)}"
+
+
+def list_probes(n: int, family: str, length: int, seed: int = 0, shots: int = 3, stream: Stream = "eval",
+                max_length: int | None = None) -> list[Probe]:
+    """Copy or reverse a list of `length` letters, or count the words of a list of length..max_length words."""
+    span = f"{length}to{max_length}" if max_length else str(length)
+    rng = _rng(f"{family}-{span}-{seed}", stream)
+
+    def draw() -> tuple[str, str]:
+        return list_question(rng, family, length, max_length)
+
+    if stream != "eval":
+        draw = _avoiding(draw, evaluation_questions(family))
+    name = f"count_{span}" if family == "count" else f"{family}_l{length}"
+    probes = []
+    for examples, question, answer in _distinct(draw, n, shots):
+        prefix = "".join(f"{q}{a}\n" for q, a in examples)
+        probes.append(Probe(f"{prefix}{question}", answer, name, question))
     return probes

@@ -56,7 +56,7 @@ def evaluate_models(roles: dict[str, Any], settings: EvalSettings, run: RunSetti
             summaries[role] = evaluate_model(spec, settings, run, target, overwrite=True, calibration_from=pruned)
         if len(roles) == 1:
             return format_table(next(iter(summaries.values())))
-        report = compare(summaries, tmp)
+        report = compare(summaries, tmp, folders={role: tmp / role for role in summaries})
         if warning:
             (tmp / "comparison.md").write_text((tmp / "comparison.md").read_text() + f"\n{warning}\n")
     return "\n\n".join(f"## {role}\n{format_table(s)}" for role, s in summaries.items()) + "\n\n" + report["table"]

@@ -63,12 +63,13 @@ def combined_se(*errors: float | None) -> float | None:
 
 
 def difference(row: dict[str, Any], high: str, low: str) -> dict[str, Any] | None:
-    """row[high] - row[low] with its standard error and whether it is within noise (< 2 combined SE)."""
+    """row[high] - row[low] with its combined (unpaired) standard error and whether it is within noise (< 2 SE)."""
     if row.get(high) is None or row.get(low) is None:
         return None
     diff = row[high] - row[low]
     se = combined_se(row.get(f"{high}_stderr"), row.get(f"{low}_stderr"))
-    return {"diff": diff, "se": se, "within_noise": None if se is None else abs(diff) < NOISE_SE * se}
+    return {"diff": diff, "se": se, "within_noise": None if se is None else abs(diff) < NOISE_SE * se,
+            "paired": False}
 
 
 def settings_differ(results: dict[str, TaskResult]) -> dict[str, dict[str, Any]]:
@@ -81,12 +82,33 @@ def settings_differ(results: dict[str, TaskResult]) -> dict[str, dict[str, Any]]
     return out
 
 
-def comparison_rows(summaries: dict[str, Summary]) -> list[dict[str, Any]]:
+Aligned = tuple[Any, Any]  # ([roles, items] scores, per-item chance) of one task
+
+
+def comparison_rows(summaries: dict[str, Summary], folders: dict[str, Path] | None = None
+                    ) -> tuple[list[dict[str, Any]], dict[str, Aligned]]:
     """Per task: each role's headline value and standard error, the differences between roles with their noise,
-    retention (model / baseline) and the recovered share of the drop where the drop is clear."""
+    retention and the recovered share of the drop where the drop is clear; paired item by item where every role's
+    folder holds the same items (`folders`), else unpaired with the reason. Also returns the paired matrices."""
     heads = [s.headlines() for s in summaries.values()]
     tasks = [t for t in heads[0] if all(t in h for h in heads)] if heads else []
-    return [role_row(task, dict(zip(summaries, (h[task] for h in heads), strict=False))) for task in tasks]
+    rows, matrices = [], {}
+    for task in tasks:
+        results = dict(zip(summaries, (h[task] for h in heads), strict=False))
+        aligned = paired_items(results, folders)
+        rows.append(role_row(task, results, aligned))
+        if not isinstance(aligned, str) and not rows[-1]["settings_differ"]:
+            matrices[task] = aligned
+    return rows, matrices
+
+
+def paired_items(results: dict[str, TaskResult], folders: dict[str, Path] | None) -> Aligned | str:
+    """The roles' per-item scores of one task on the same items, or why they cannot be paired."""
+    from layerprune.evaluate.items import align, read_items
+
+    if folders is None or set(folders) < set(results):
+        return "no per-item samples were given"
+    return align({role: read_items(folders[role], r.task, r.metric, r.kind) for role, r in results.items()})
 
 
 def sampled_rows(summaries: dict[str, Summary]) -> list[dict[str, Any]]:
@@ -97,20 +119,45 @@ def sampled_rows(summaries: dict[str, Summary]) -> list[dict[str, Any]]:
             for task, metric in keys]
 
 
-def role_row(label: str, results: dict[str, TaskResult]) -> dict[str, Any]:
+def role_row(label: str, results: dict[str, TaskResult], aligned: Aligned | str = "no per-item samples were given"
+             ) -> dict[str, Any]:
     """One comparison row: each role's value and standard error, its document count, the settings that differ
-    between roles, and what follows (differences, retention, recovered share)."""
+    between roles, and what follows (differences, retention, recovered share), paired where `aligned` holds the
+    items."""
     first = next(iter(results.values()))
     row: dict[str, Any] = {"task": label, "kind": first.kind, "metric": first.metric,
                            "n": {role: r.n for role, r in results.items()}, "settings_differ": settings_differ(results)}
     for role, result in results.items():
         row[role], row[f"{role}_stderr"] = result.value, result.stderr
-    row.update(_derived(row))
+    if row["settings_differ"]:
+        aligned = "the roles ran with different settings"
+    row.update(_derived(row) if isinstance(aligned, str) else _paired(row, list(results), [aligned]))
+    if isinstance(aligned, str):
+        row["pairing"] = f"unpaired: {aligned}"
     return row
 
 
+def _paired(row: dict[str, Any], roles: list[str], tasks: list[Aligned]) -> dict[str, Any]:
+    """The paired figures of one task or of several (their mean), flattened into the row's keys: the differences,
+    clear_drop (the drop's interval above 0), retention and the recovered share as values, with `intervals`."""
+    from layerprune.evaluate.paired_figures import task_figures
+
+    figures = task_figures(roles, tasks)
+    out: dict[str, Any] = {key: figures.get(key) for key in ("pruned_vs_baseline", "recovered_vs_pruned",
+                                                             "recovered_vs_baseline")}
+    out["clear_drop"] = figures.get("clear_drop")
+    out["pairing"] = f"paired ({figures['items']} items, {figures['resamples']} resamples, seed {figures['seed']})"
+    out["chance"] = figures["chance"]
+    intervals = {k: v for k, v in figures.items() if k.startswith(("retention", "recovered_share"))}
+    out["intervals"] = intervals
+    clear = bool(out["clear_drop"])
+    for key in ("retention_pruned", "retention_recovered", "recovered_share"):
+        out[key] = intervals[key]["value"] if clear and key in intervals else None
+    return out
+
+
 def _derived(row: dict[str, Any]) -> dict[str, Any]:
-    """Differences with their noise; retention and recovered share only where baseline - pruned > 2 SE."""
+    """Unpaired: differences with their noise; retention and recovered share only where baseline - pruned > 2 SE."""
     drop, recovery = difference(row, "baseline", "pruned"), difference(row, "recovered", "pruned")
     out: dict[str, Any] = {"pruned_vs_baseline": difference(row, "pruned", "baseline"), "recovered_vs_pruned": recovery,
                            "recovered_vs_baseline": difference(row, "recovered", "baseline")}
@@ -124,12 +171,15 @@ def _derived(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def average_rows(rows: list[dict[str, Any]], roles: list[str]) -> list[dict[str, Any]]:
-    """Means over classification tasks and over generative tasks, each kind on its own; the mean's standard error
-    is sqrt(sum of SE^2) / count. Rows whose roles ran with different settings are left out."""
+def average_rows(rows: list[dict[str, Any]], roles: list[str], matrices: dict[str, Aligned] | None = None
+                 ) -> list[dict[str, Any]]:
+    """Means over classification tasks and over generative tasks, each kind on its own. Paired where every task of
+    the kind is (items resampled within tasks); else the mean's standard error is sqrt(sum of SE^2) / count. Rows
+    whose roles ran with different settings are left out, and so are metrics outside [0, 1]."""
+    matrices = matrices or {}
     out = []
     for kind in ("classification", "generative"):
-        group = [r for r in rows if r["kind"] == kind and not r["settings_differ"]]
+        group = [r for r in rows if r["kind"] == kind and not r["settings_differ"] and _in_unit_range(r, roles)]
         if not group:
             continue
         avg: dict[str, Any] = {"task": f"average ({kind}, {len(group)} tasks)", "kind": kind, "metric": "mean",
@@ -138,9 +188,18 @@ def average_rows(rows: list[dict[str, Any]], roles: list[str]) -> list[dict[str,
             avg[role] = sum(r[role] for r in group) / len(group)
             se = combined_se(*(r[f"{role}_stderr"] for r in group))
             avg[f"{role}_stderr"] = None if se is None else se / len(group)
-        avg.update(_derived(avg))
+        unpaired = [r["task"] for r in group if r["task"] not in matrices]
+        if unpaired:
+            avg.update(_derived(avg))
+            avg["pairing"] = f"unpaired: no paired items for {', '.join(unpaired)}"
+        else:
+            avg.update(_paired(avg, roles, [matrices[r["task"]] for r in group]))
         out.append(avg)
     return out
+
+
+def _in_unit_range(row: dict[str, Any], roles: list[str]) -> bool:
+    return all(row.get(role) is not None and 0.0 <= row[role] <= 1.0 for role in roles)
 
 
 def _cell(value: Any, se: float | None = None) -> str:
@@ -154,26 +213,45 @@ def _diff_cell(diff: dict[str, Any] | None) -> str:
         return "-"
     se = "?" if diff["se"] is None else f"{diff['se']:.4f}"
     mark = " (SE unknown)" if diff["within_noise"] is None else " (within noise)" if diff["within_noise"] else ""
-    return f"{diff['diff']:+.4f} ± {se}{mark}"
+    if diff.get("low") is None:
+        return f"{diff['diff']:+.4f} ± {se}{mark}"
+    mcnemar = f"; b/c {diff['b']}/{diff['c']}, McNemar p {diff['mcnemar_p']:.3g}" if "mcnemar_p" in diff else ""
+    return f"{diff['diff']:+.4f} ± {se} [{diff['low']:+.4f}, {diff['high']:+.4f}]{mcnemar}{mark}"
 
 
 def _share_cell(row: dict[str, Any], column: str) -> str:
     if row["settings_differ"]:
         return "n/a (settings differ)"
+    intervals = row.get("intervals") or {}
+    if column.startswith("retention_norm"):
+        return _interval_pct(intervals.get(column))
     if not row.get("clear_drop"):
         return NO_CLEAR_DROP
     value = row.get(column)
-    return "-" if value is None else f"{100 * value:.1f}%"
+    if value is None:
+        return "-"
+    ci = intervals.get(column)
+    return _interval_pct(ci) if ci else f"{100 * value:.1f}%"
+
+
+def _interval_pct(ci: dict[str, Any] | None) -> str:
+    if not ci or ci.get("value") is None:
+        return "-"
+    if ci.get("low") is None:
+        return f"{100 * ci['value']:.1f}%"
+    return f"{100 * ci['value']:.1f}% [{100 * ci['low']:.0f}, {100 * ci['high']:.0f}]"
 
 
 def format_comparison(rows: list[dict[str, Any]], roles: list[str]) -> str:
     """Markdown: value ± SE per role, the differences (marked "within noise" under 2 combined SE), retention."""
     diffs = [c for c, title in DIFF_COLUMNS if any(r.get(c) is not None for r in rows)]
     judged = any(r.get("clear_drop") is not None for r in rows)
-    extra = [c for c in ("retention_pruned", "retention_recovered", "recovered_share")
-             if judged and (c == "retention_pruned" or "recovered" in roles)]
+    extra = [c for c in ("retention_pruned", "retention_norm_pruned", "retention_recovered", "retention_norm_recovered",
+                         "recovered_share")
+             if judged and ("pruned" in c or "recovered" in roles)
+             and (not c.startswith("retention_norm") or any(r.get("intervals") for r in rows))]
     head = ["task", "metric", "n", *roles, *(dict(DIFF_COLUMNS)[c] for c in diffs),
-            *(c.replace("_", " ") for c in extra)]
+            *(EXTRA_TITLES[c] for c in extra)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         counts = sorted(set(row["n"].values()))
@@ -185,7 +263,16 @@ def format_comparison(rows: list[dict[str, Any]], roles: list[str]) -> str:
     return "\n".join(lines)
 
 
+EXTRA_TITLES = {"retention_pruned": "retention pruned", "retention_norm_pruned": "retention pruned (chance-norm.)",
+                "retention_recovered": "retention recovered",
+                "retention_norm_recovered": "retention recovered (chance-norm.)", "recovered_share": "recovered share"}
 DIFF_COLUMNS = [("pruned_vs_baseline", "pruned - baseline"), ("recovered_vs_pruned", "recovered - pruned")]
+
+
+def pairing_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """One line naming each row that could not be paired, and why (its figures are the unpaired ones)."""
+    lines = [f"- {r['task']}: {r['pairing']}" for r in rows if str(r.get("pairing", "")).startswith("unpaired")]
+    return ["Not paired (unpaired standard errors used):", *lines] if lines else []
 
 
 def settings_warning(rows: list[dict[str, Any]]) -> list[str]:
@@ -199,9 +286,16 @@ def settings_warning(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-NOISE_NOTE = ("Values are shown ± one standard error. A difference is marked \"within noise\" when it is smaller than "
-              "twice the combined standard error sqrt(SE1^2 + SE2^2); retention and the recovered share are shown only "
-              "where the drop (baseline - pruned) exceeds that, else \"n/a (no clear drop)\".")
+NOISE_NOTE = ("Values are shown ± one standard error. Where every model answered the same items (the usual case) a "
+              "difference is paired: the mean per-item difference ± its paired SE, its 95% paired bootstrap interval "
+              "[low, high] (2000 resamples, seed 0; averages resample items within each task) and, for 0/1 scores, "
+              "the discordant counts b/c (right before and wrong after / the reverse) with McNemar's exact p; it is "
+              "\"within noise\" when the interval holds 0. Retention is model / baseline; chance-normalised retention "
+              "is (model - chance) / (baseline - chance), chance being 1/choices for multiple choice and 0 for exact "
+              "match. Retention and the recovered share (recovered - pruned) / (baseline - pruned) are shown with "
+              "their intervals only where the drop is clear (its interval above 0), else \"n/a (no clear drop)\". A "
+              "row that cannot be paired says why and falls back to the unpaired rule: within noise under twice the "
+              "combined standard error sqrt(SE1^2 + SE2^2).")
 
 
 def plot_comparison(rows: list[dict[str, Any]], averages: list[dict[str, Any]], roles: list[str],
@@ -235,18 +329,21 @@ def plot_comparison(rows: list[dict[str, Any]], averages: list[dict[str, Any]], 
     return paths
 
 
-def compare(summaries: dict[str, Summary], output_dir: Path | None = None) -> dict[str, Any]:
+def compare(summaries: dict[str, Summary], output_dir: Path | None = None,
+            folders: dict[str, Path] | None = None) -> dict[str, Any]:
     """Compare models by role (baseline, pruned, recovered, or any labels); returns the table and file paths.
 
-    With `output_dir`, writes comparison.md, comparison.json and PNG charts into it (created if needed).
+    With `folders` (each role's evaluation folder, holding samples/<task>.jsonl) the differences are paired item by
+    item; with `output_dir`, writes comparison.md, comparison.json and PNG charts into it (created if needed).
     """
     roles = [r for r in ROLES if r in summaries] + [r for r in summaries if r not in ROLES]
     ordered = {role: summaries[role] for role in roles}
-    rows = comparison_rows(ordered)
-    averages = average_rows(rows, roles)
+    rows, matrices = comparison_rows(ordered, folders)
+    averages = average_rows(rows, roles, matrices)
     rows += sampled_rows(ordered)  # pass@k / maj@N next to the greedy headline, outside the averages
     warnings = settings_warning(rows)
-    table = "\n\n".join([*warnings, format_comparison(rows + averages, roles), NOISE_NOTE])
+    table = "\n\n".join([*warnings, format_comparison(rows + averages, roles), *pairing_notes(rows + averages),
+                          NOISE_NOTE])
     result: dict[str, Any] = {"table": table, "rows": rows, "averages": averages, "warnings": warnings, "paths": {}}
     if output_dir is None:
         return result

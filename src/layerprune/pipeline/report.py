@@ -56,14 +56,31 @@ def _change(avg: dict[str, Any], key: str) -> str:
     if diff is None:
         return ""
     se = "?" if diff["se"] is None else f"{diff['se']:.3f}"
+    if diff.get("low") is not None:
+        return f"{diff['diff']:+.3f}, paired 95% interval [{diff['low']:+.3f}, {diff['high']:+.3f}]"
     return f"{diff['diff']:+.3f} ± {se}"
+
+
+def _normalised(avg: dict[str, Any], role: str) -> float | None:
+    ci = (avg.get("intervals") or {}).get(f"retention_norm_{role}") or {}
+    return ci.get("value")
 
 
 def _drop_phrase(kind: str, avg: dict[str, Any]) -> str:
     if avg.get("clear_drop"):
         change = _change(avg, "pruned_vs_baseline")
-        return f"{kind} kept {100 * avg['retention_pruned']:.0f}% of the original ({change})"
-    return f"{kind} shows no clear drop ({_change(avg, 'pruned_vs_baseline')}, within 2 standard errors or a gain)"
+        norm = _normalised(avg, "pruned")
+        above = "" if norm is None else f", {100 * norm:.0f}% of its margin above chance"
+        return f"{kind} kept {100 * avg['retention_pruned']:.0f}% of the original{above} ({change})"
+    noise = "its paired interval holds 0" if avg.get("intervals") is not None else "within 2 standard errors"
+    return f"{kind} shows no clear drop ({_change(avg, 'pruned_vs_baseline')}, {noise}, or a gain)"
+
+
+def _kept(avg: dict[str, Any]) -> float:
+    """Retention above chance where the figures are paired (raw retention of a multiple-choice task starts at
+    chance, so raw retentions of the two kinds are not comparable), else raw retention."""
+    norm = _normalised(avg, "pruned")
+    return norm if norm is not None else avg["retention_pruned"]
 
 
 def verdict(averages: list[dict[str, Any]]) -> list[str]:
@@ -76,7 +93,7 @@ def verdict(averages: list[dict[str, Any]]) -> list[str]:
         return []
     if not gen["clear_drop"]:
         outcome = "generative reasoning did NOT drop clearly; the study pattern does not show on this run"
-    elif not cls.get("clear_drop") or gen["retention_pruned"] < cls["retention_pruned"]:
+    elif not cls.get("clear_drop") or _kept(gen) < _kept(cls):
         outcome = "generative reasoning suffered more, as the study describes"
     else:
         outcome = "generative reasoning did NOT suffer more here; the study pattern does not show on this run"
@@ -93,7 +110,9 @@ def _recovery_phrase(kind: str, avg: dict[str, Any]) -> str:
     if change["within_noise"]:
         return text + " (within noise: nothing won back beyond noise)"
     if avg.get("clear_drop") and avg.get("recovered_share") is not None:
-        return text + (f", {100 * avg['recovered_share']:.0f}% of the drop won back, "
+        ci = (avg.get("intervals") or {}).get("recovered_share") or {}
+        bounds = f" [{100 * ci['low']:.0f}, {100 * ci['high']:.0f}]" if ci.get("low") is not None else ""
+        return text + (f", {100 * avg['recovered_share']:.0f}%{bounds} of the drop won back, "
                        f"{100 * avg['retention_recovered']:.0f}% of the original")
     return text + " (no clear drop to win back)"
 
@@ -106,9 +125,9 @@ def noise_note(summaries: dict[str, Any]) -> list[str]:
         return []
     errors = sorted(r.stderr for r in heads if r.stderr)
     spread = f" (standard errors of {errors[0]:.3f}-{errors[-1]:.3f})" if errors else ""
-    return [f"Each task was scored on {counts[0]}-{counts[-1]} documents{spread}: the tables mark differences smaller "
-            "than twice the combined standard error \"within noise\", and give retention only where the drop is "
-            "larger than that."]
+    return [f"Each task was scored on {counts[0]}-{counts[-1]} documents{spread}, every model on the same ones: the "
+            "tables pair the models item by item and mark a difference whose paired 95% interval holds 0 \"within "
+            "noise\", and give retention only where the drop's interval is above 0."]
 
 
 def overlap_note(summaries: dict[str, Any]) -> list[str]:
@@ -127,7 +146,8 @@ def write_report(recipe: RunRecipe, paths: Any) -> Path:
     prune = read_prune_report(paths.pruned) if (paths.pruned / PRUNE_REPORT).is_file() else None
     recover = read_recover_report(paths.recovered) if (paths.recovered / RECOVER_REPORT).is_file() else None
     summaries = load_summaries(paths)
-    comparison = compare(summaries, paths.root / "eval") if len(summaries) > 1 else None
+    folders = {role: paths.eval(role) for role in summaries}
+    comparison = compare(summaries, paths.root / "eval", folders) if len(summaries) > 1 else None
     speed = measure_speed(paths, recipe.model)
     lines = [f"# layerprune run: {recipe.name}", "", recipe.description, "", "## Outcome at a glance", ""]
     lines += [f"- {line}" for line in verdict(comparison["averages"] if comparison else []) + noise_note(summaries)

@@ -1,0 +1,81 @@
+"""Per-item scores from the samples `evaluate` writes, and the pairing of several models on the same items.
+
+Each model's folder holds lm-eval's own per-document logs (samples/<task>.jsonl). An item is one document of one
+(sub)task; its score is the headline metric's value under the headline's filter. Two models are paired on a task
+only when they answered exactly the same items with the same prompts (lm-eval's doc_hash and prompt_hash); else the
+reason is returned in one line and the caller falls back to the unpaired figure.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+SAMPLES_DIR = "samples"
+
+
+@dataclass(frozen=True)
+class Items:
+    """One model's scores on one task, item by item: keys (subtask/doc_id), values, the prompt checks and each item's
+    chance score (1 / number of choices for multiple choice, 0 for a generated answer)."""
+
+    keys: tuple[str, ...]
+    values: np.ndarray
+    checks: tuple[str, ...]
+    chance: np.ndarray
+
+
+def _metric_and_filter(metric: str) -> tuple[str, str]:
+    name, _, filter_name = metric.partition(",")
+    return name, filter_name or "none"
+
+
+def read_items(folder: Path, task: str, metric: str, kind: str = "generative") -> Items | None:
+    """`folder`/samples/`task`.jsonl as item scores of `metric` ("acc_norm", "exact_match,strict-match"); None when the
+    file or the metric is not there."""
+    path = folder / SAMPLES_DIR / f"{task}.jsonl"
+    if not path.is_file():
+        return None
+    name, filter_name = _metric_and_filter(metric)
+    keys, values, checks, chance = [], [], [], []
+    with path.open() as handle:
+        for line in handle:
+            sample = json.loads(line)
+            if sample.get("filter", "none") != filter_name or name not in sample:
+                continue
+            value = sample[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                return None  # not a per-item number (a list of sampled answers, a status)
+            keys.append(f"{sample.get('subtask', '')}/{sample['doc_id']}")
+            values.append(float(value))
+            checks.append(f"{sample.get('doc_hash', '')}:{sample.get('prompt_hash', '')}")
+            choices = len(sample.get("arguments") or []) if kind == "classification" else 0
+            chance.append(1.0 / choices if choices else 0.0)
+    if not keys:
+        return None
+    return Items(tuple(keys), np.asarray(values), tuple(checks), np.asarray(chance))
+
+
+def align(items: dict[str, Items | None]) -> tuple[np.ndarray, np.ndarray] | str:
+    """The [models, items] matrix of several models' scores on the same items (in the first model's order) and the
+    per-item chance, or one line saying why they cannot be paired."""
+    missing = [role for role, found in items.items() if found is None]
+    if missing:
+        return f"no per-item samples for {', '.join(missing)}"
+    first_role, first = next(iter(items.items()))
+    assert first is not None
+    rows = []
+    for role, other in items.items():
+        assert other is not None
+        if set(other.keys) != set(first.keys):
+            only = len(set(other.keys) ^ set(first.keys))
+            return f"{first_role} and {role} answered different items ({only} in one set only)"
+        order = {key: i for i, key in enumerate(other.keys)}
+        index = [order[key] for key in first.keys]
+        if any(other.checks[i] != check for i, check in zip(index, first.checks, strict=True)):
+            return f"{first_role} and {role} were asked different prompts for the same items"
+        rows.append(other.values[index])
+    return np.stack(rows), first.chance

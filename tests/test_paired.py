@@ -1,0 +1,127 @@
+"""Paired statistics: a hand-computed discordant table, refusal to pair mismatched items, and the comparison that
+pairs models on the samples evaluate writes (falling back to the unpaired figure, and saying why)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from layerprune import paired
+
+BEFORE = np.array([1, 1, 1, 1, 1, 0, 0, 0, 0, 0], dtype=float)
+AFTER = np.array([1, 0, 1, 1, 1, 1, 1, 0, 0, 0], dtype=float)
+
+
+def test_mcnemar_exact_p_is_the_two_sided_binomial_tail():
+    assert paired.mcnemar_exact(1, 9) == pytest.approx(2 * (1 + 10) / 2**10)  # 0.0215
+    assert paired.mcnemar_exact(0, 5) == pytest.approx(2 / 32)
+    assert paired.mcnemar_exact(1, 2) == 1.0 and paired.mcnemar_exact(0, 0) == 1.0
+    assert paired.mcnemar_exact(7, 3) == paired.mcnemar_exact(3, 7)
+
+
+def test_paired_difference_of_a_hand_computed_table():
+    out = paired.difference(BEFORE, AFTER, resamples=4000, seed=1)
+    # d = [0,-1,0,0,0,1,1,0,0,0]: mean 0.1, sum of squared deviations 7 * 0.01 + 1.21 + 2 * 0.81 = 2.9
+    assert out["diff"] == pytest.approx(0.1)
+    assert out["se"] == pytest.approx(math.sqrt(2.9 / 9) / math.sqrt(10))
+    assert (out["b"], out["c"]) == (1, 2) and out["mcnemar_p"] == 1.0
+    assert out["low"] < 0 < out["high"] and out["within_noise"] is True and out["n"] == 10
+    again = paired.difference(BEFORE, AFTER, resamples=4000, seed=1)
+    assert (again["low"], again["high"]) == (out["low"], out["high"])  # seeded
+
+
+def test_pairing_is_more_sensitive_than_two_independent_errors_when_models_agree():
+    rng = np.random.default_rng(0)
+    base = (rng.random(400) < 0.6).astype(float)
+    flipped = base.copy()
+    flipped[np.flatnonzero(base == 1)[:30]] = 0  # 30 items lost, none won: a clear paired drop
+    out = paired.difference(base, flipped)
+    unpaired = math.hypot(base.std(ddof=1), flipped.std(ddof=1)) / math.sqrt(400)
+    assert out["se"] < unpaired / 2.5
+    assert out["high"] < 0 and not out["within_noise"] and (out["b"], out["c"]) == (30, 0)
+    assert out["mcnemar_p"] == pytest.approx(2 / 2**30)
+
+
+def test_clustered_bootstrap_averages_task_means_and_shares_have_intervals():
+    small = np.array([[1, 1, 0, 1], [0, 0, 0, 1], [1, 0, 0, 1]], dtype=float)  # base, pruned, recovered
+    large = np.tile(np.array([[1, 0], [0, 0], [1, 0]], dtype=float), (1, 50))
+    boot = paired.bootstrap([small, large], resamples=500, seed=0)
+    assert boot.point.shape == (3, 2) and boot.resampled.shape == (500, 3, 2)
+    assert boot.point[0].tolist() == [0.75, 0.5]  # each task's own mean, not pooled over 104 items
+    share = boot.interval(lambda m: paired.share(m[..., 0, :].mean(-1), m[..., 1, :].mean(-1), m[..., 2, :].mean(-1)))
+    assert share["value"] == pytest.approx(((0.5 + 0.5) / 2 - (0.25 + 0) / 2) / ((0.75 + 0.5) / 2 - 0.125))
+    assert share["low"] <= share["value"] <= share["high"]
+
+
+def test_chance_normalised_retention():
+    assert paired.normalised(np.array(0.25), np.array(0.5), 0.25) == pytest.approx(0.0)  # at chance: keeps nothing
+    assert paired.normalised(np.array(0.4), np.array(0.5), 0.0) == pytest.approx(0.8)
+    assert np.isnan(paired.normalised(np.array(0.3), np.array(0.25), 0.25))  # an original at chance: undefined
+
+
+# --- the comparison, from the samples evaluate writes -------------------------------------------------------------
+
+def _summary(values: dict[str, float], kind: str = "generative"):  # noqa: ANN202 (a Summary)
+    from layerprune.evaluate import Summary, TaskResult
+
+    rows = [TaskResult(task=t, kind=kind, metric="exact_match", value=v, stderr=math.sqrt(v * (1 - v) / 10), n=10,
+                       headline=True, settings={"limit": 10}, seconds=1.0) for t, v in values.items()]
+    return Summary(model={"spec": "x", "location": "x", "kind": "local"}, model_hash="h", results=rows)
+
+
+def _samples(folder: Path, task: str, scores: np.ndarray, prompts: str = "p") -> Path:
+    (folder / "samples").mkdir(parents=True, exist_ok=True)
+    with (folder / "samples" / f"{task}.jsonl").open("w") as handle:
+        for i, value in enumerate(scores):
+            handle.write(json.dumps({"doc_id": i, "filter": "none", "exact_match": float(value),
+                                     "doc_hash": f"d{i}", "prompt_hash": f"{prompts}{i}"}) + "\n")
+    return folder
+
+
+def test_comparison_pairs_items_and_refuses_mismatched_ones(tmp_path):
+    from layerprune.evaluate import compare
+
+    base, pruned = BEFORE, np.array([0, 0, 1, 1, 1, 0, 0, 0, 0, 0], dtype=float)
+    folders = {"baseline": _samples(tmp_path / "b", "arith_1dc", base),
+               "pruned": _samples(tmp_path / "p", "arith_1dc", pruned)}
+    summaries = {"baseline": _summary({"arith_1dc": 0.5}), "pruned": _summary({"arith_1dc": 0.3})}
+    row = compare(summaries, folders=folders)["rows"][0]
+    drop = row["pruned_vs_baseline"]
+    assert row["pairing"].startswith("paired (10 items")
+    assert (drop["b"], drop["c"]) == (2, 0) and drop["se"] == pytest.approx(paired.paired_se(base, pruned))
+    assert drop["mcnemar_p"] == pytest.approx(0.5)
+    # another item set: refused in one line, the unpaired figure used instead
+    _samples(tmp_path / "p", "arith_1dc", np.append(pruned, 1.0))
+    report = compare(summaries, folders=folders)
+    row = report["rows"][0]
+    assert row["pairing"] == "unpaired: baseline and pruned answered different items (1 in one set only)"
+    assert row["pruned_vs_baseline"]["paired"] is False
+    assert "- arith_1dc: unpaired: baseline and pruned answered different items" in report["table"]
+    # the same doc ids asked with other prompts (say, another chat setting) are not the same items
+    _samples(tmp_path / "p", "arith_1dc", pruned, prompts="q")
+    row = compare(summaries, folders=folders)["rows"][0]
+    assert row["pairing"] == "unpaired: baseline and pruned were asked different prompts for the same items"
+
+
+def test_averages_are_paired_and_clustered_and_missing_errors_stay_unknown(tmp_path):
+    from layerprune.evaluate import compare
+
+    rng = np.random.default_rng(3)
+    folders = {role: tmp_path / role for role in ("baseline", "pruned", "recovered")}
+    values: dict[str, dict[str, float]] = {role: {} for role in folders}
+    for task, size in (("arith_1dc", 10), ("brackets_d5", 10)):
+        base = (rng.random(size) < 0.7).astype(float)
+        scores = {"baseline": base, "pruned": base * 0, "recovered": base * (rng.random(size) < 0.5)}
+        for role, vector in scores.items():
+            _samples(folders[role], task, vector)
+            values[role][task] = float(vector.mean())
+    report = compare({role: _summary(v) for role, v in values.items()}, folders=folders)
+    avg = report["averages"][0]
+    assert avg["pairing"].startswith("paired (20 items") and avg["clear_drop"] is True
+    share = avg["intervals"]["recovered_share"]
+    assert share["low"] <= avg["recovered_share"] <= share["high"]
+    assert "retention recovered (chance-norm.)" in report["table"]
