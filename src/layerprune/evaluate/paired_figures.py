@@ -44,7 +44,8 @@ def task_figures(roles: Sequence[str], tasks: Sequence[tuple[np.ndarray, np.ndar
     for role in ("pruned", "recovered"):
         if role in index:
             r = index[role]
-            out[f"retention_{role}"] = _ci(boot, lambda m, r=r: _ratio(_mean_over_tasks(m, r), _mean_over_tasks(m, base)))
+            out[f"retention_{role}"] = _ci(boot, lambda m, r=r: _ratio(_mean_over_tasks(m, r),
+                                                                      _mean_over_tasks(m, base)))
             out[f"retention_norm_{role}"] = _ci(boot, lambda m, r=r: paired.normalised(
                 _mean_over_tasks(m, r), _mean_over_tasks(m, base), chance))
     if "recovered" in index:
