@@ -52,7 +52,7 @@ def easy_probe_tasks() -> dict[str, dict[str, object]]:
     tasks: dict[str, dict[str, object]] = {
         "arith_2d_add_nc": {"family": "arithmetic", "kind": "nocarry", "digits": 2, "op": "+"},
         "arith_1d_sum3": {"family": "arithmetic", "kind": "sum3"},
-        "brackets_mix": {"family": "brackets", "depth": 2, "max_depth": MIX_DEPTH},
+        "brackets_mix": {"family": "brackets_mix", "depth": 2, "max_depth": MIX_DEPTH},
     }
     for length in LIST_LENGTHS:
         tasks[f"copy_l{length}"] = {"family": "copy", "length": length}
@@ -62,7 +62,9 @@ def easy_probe_tasks() -> dict[str, dict[str, object]]:
     return tasks
 
 
-MIX_DEPTH = 6  # brackets_mix: depths 2..6, 9 + 27 + 81 + 243 + 729 = 1089 distinct questions
+MIX_DEPTH = 6  # brackets_mix: depths 2..6, 9 + 27 + 81 + 243 + 729 = 1089 distinct questions, asked in words of
+# their own ('Sequence: ... Close:') so that none is a question of a fixed-depth brackets task (whose shallow depths
+# are evaluated exhaustively and would leave the calibration stream nothing below depth 6)
 LIST_LENGTHS = (3, 5, 7)  # copy_l*/reverse_l*: letters a-z, 26**length distinct questions
 COUNT_RANGES = ((2, 5), (4, 9))  # count_*: how many words, a list of this many (a vocabulary of 12 words)
 COUNT_WORDS = ("cat", "dog", "sun", "tree", "car", "book", "fish", "bird", "cup", "hat", "pen", "box")
@@ -76,14 +78,14 @@ def distinct_items(task: str) -> int | None:
     args = probe_tasks().get(task)
     if args is None:
         return None
-    if args["family"] == "brackets":
+    if str(args["family"]).startswith("brackets"):
         low, high = int(args["depth"]), int(args.get("max_depth", args["depth"]))  # type: ignore[call-overload]
         return sum(len(BRACKETS) ** d for d in range(low, high + 1))
     return {"sum3": 9**3, "nocarry": 36 * 55}.get(str(args.get("kind")))
 
 
 def family_of(task: str) -> str:
-    """The family of a probe task: arithmetic, brackets, copy, reverse or count."""
+    """The family of a probe task: arithmetic, brackets, brackets_mix, copy, reverse or count."""
     return str(probe_tasks()[task]["family"])
 
 
@@ -91,7 +93,7 @@ def generate_probes(args: dict[str, object], n: int, seed: int, stream: Stream =
     """The items of one probe task (arguments as in `probe_tasks`)."""
     rest = dict(args)
     family = rest.pop("family")
-    if family == "brackets":
+    if family in ("brackets", "brackets_mix"):
         return bracket_probes(n, depth=int(rest["depth"]), seed=seed, stream=stream,  # type: ignore[call-overload]
                               max_depth=rest.get("max_depth"))  # type: ignore[arg-type]
     if family in LIST_FAMILIES:
@@ -210,10 +212,12 @@ def bracket_probes(n: int, depth: int, seed: int = 0, shots: int = 3, stream: St
 
     def draw() -> tuple[str, str]:
         opening, closing = bracket_sequence(rng, depth if max_depth is None else rng.randint(depth, max_depth))
+        if max_depth is not None:
+            return f"Sequence: {' '.join(opening)}\nClose:", f" {' '.join(closing)}"
         return f"Input: {' '.join(opening)}\nClosing:", f" {' '.join(closing)}"
 
     if stream != "eval":
-        draw = _avoiding(draw, evaluation_questions("brackets"))
+        draw = _avoiding(draw, evaluation_questions("brackets" if max_depth is None else "brackets_mix"))
     probes = []
     for examples, question, answer in _distinct(draw, n, shots):
         prefix = "".join(f"{q}{a}\n" for q, a in examples)

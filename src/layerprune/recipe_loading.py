@@ -28,6 +28,7 @@ class RecipeKind:
     folder: str
     schema: str
     glob: str = "*.yaml"
+    exclude: str | None = None  # a glob of files in the folder that belong to another kind
 
     def directory(self) -> Path:
         return RECIPES_DIR / self.folder
@@ -37,7 +38,8 @@ class RecipeKind:
         return getattr(importlib.import_module(module), name)
 
     def files(self) -> list[Path]:
-        return sorted(self.directory().glob(self.glob)) if self.directory().is_dir() else []
+        found = sorted(self.directory().glob(self.glob)) if self.directory().is_dir() else []
+        return [path for path in found if self.exclude is None or not path.match(self.exclude)]
 
 
 # kind -> where its recipes live and which schema validates them
@@ -46,7 +48,8 @@ RECIPE_KINDS: dict[str, RecipeKind] = {
     "prune": RecipeKind("prune", "layerprune.prune.recipe:PruneRecipe"),
     "evaluate": RecipeKind("evaluate", "layerprune.evaluate.schema:EvalSettings"),
     "run": RecipeKind(".", "layerprune.pipeline.recipe:RunRecipe"),
-    "study": RecipeKind("studies", "layerprune.pipeline.recipe:RunRecipe", "limits-*.yaml"),
+    "study": RecipeKind("studies", "layerprune.pipeline.recipe:RunRecipe", "limits-*.yaml", "limits-sweep-*.yaml"),
+    "sweep-study": RecipeKind("studies", "layerprune.pipeline.sweep:SweepStudy", "limits-sweep-*.yaml"),
     "importance": RecipeKind("studies", "layerprune.analyze.schemas:ImportanceAnalysis", "importance-*.yaml"),
     "recovery-study": RecipeKind("studies", "layerprune.pipeline.study:RecoveryStudy", "recovery-*.yaml"),
     "variant-study": RecipeKind("studies", "layerprune.pipeline.variant:VariantStudy", "variant-*.yaml"),
@@ -80,7 +83,8 @@ def find_recipe(name_or_path: str | Path, kind: str | None = None) -> tuple[str 
 def _kind_of(path: Path) -> str | None:
     resolved = path.resolve()
     for kind, spec in RECIPE_KINDS.items():
-        if resolved.parent == spec.directory().resolve() and resolved.match(spec.glob):
+        if resolved.parent == spec.directory().resolve() and resolved.match(spec.glob) and not (
+                spec.exclude and resolved.match(spec.exclude)):
             return kind
     return None
 

@@ -1,4 +1,5 @@
-"""`layerprune study RECIPE`: the recovery study (prune once, recover with each arm at one budget, compare)."""
+"""`layerprune study RECIPE`: the recovery study (prune once, recover with each arm at one budget, compare), or the
+pruning-ratio sweep (one ranking cut at several k, each recovered the same way)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from layerprune.settings import RunSettings
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("recipe", help="Recovery-study recipe: a YAML path or a shipped name "
-                                       "(layerprune recipes list --kind recovery-study)")
+    parser.add_argument("recipe", help="Recovery-study or sweep recipe: a YAML path or a shipped name "
+                                       "(layerprune recipes list --kind recovery-study | sweep-study)")
     parser.add_argument("-o", "--output", type=Path, default=None, help="Study directory (default: the recipe's)")
     parser.add_argument("--overwrite", action="store_true", help="Start over in a directory holding other outputs")
     parser.add_argument("--dry-run", action="store_true", help="Validate the recipe, model, data and memory; no work")
@@ -20,12 +21,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from layerprune.pipeline.study import RecoveryStudy, dry_run, run_study
+    from layerprune.pipeline import study as recovery
+    from layerprune.pipeline import sweep
 
-    study = RecoveryStudy.load(args.recipe, args.output)
     settings = build_schema(RunSettings, typed_layer(args, RunSettings))
-    if args.dry_run:
-        print(dry_run(study, settings))
+    if is_sweep(args.recipe):
+        ratios = sweep.SweepStudy.load(args.recipe, args.output)
+        if args.dry_run:
+            print(sweep.dry_run(ratios, settings))
+        else:
+            print(f"sweep: {sweep.run_sweep(ratios, settings, args.overwrite)}")
         return 0
-    print(f"study: {run_study(study, settings, args.overwrite)}")
+    study = recovery.RecoveryStudy.load(args.recipe, args.output)
+    if args.dry_run:
+        print(recovery.dry_run(study, settings))
+    else:
+        print(f"study: {recovery.run_study(study, settings, args.overwrite)}")
     return 0
+
+
+def is_sweep(recipe: str) -> bool:
+    """A pruning-ratio sweep (a shipped limits-sweep-* recipe, or a file with `ratios`), else a recovery study."""
+    from layerprune.recipe_loading import find_recipe, read_recipe_dict
+
+    kind, path = find_recipe(recipe)
+    return kind == "sweep-study" or (kind is None and "ratios" in read_recipe_dict(path))

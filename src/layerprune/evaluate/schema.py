@@ -46,6 +46,8 @@ class EvalSettings(BaseModel):
     suite: str | None = Field(
         None, description="A suite of tasks (see --list); default: quick when --tasks is not given"
     )
+    only: list[str] | None = Field(None, description="Of the suite's tasks, evaluate only these (the suite's settings "
+                                                     "still apply)")
     limit: float | None = Field(None, description="Documents per task: a count, or a fraction of the set if below 1")
     num_fewshot: int | None = Field(None, description="Few-shot examples for lm-eval tasks (default: the task's own)")
     fewshot_from_eval_split: bool = Field(

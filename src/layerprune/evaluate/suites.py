@@ -118,7 +118,7 @@ def plan_tasks(settings: EvalSettings, data_dir: Path | None) -> tuple[list[Plan
         entries: list[tuple[str, list[Suite]]] = [(name, []) for name in names]
         from_suite = False
     else:
-        entries = expand(settings.suite or DEFAULT_SUITE)
+        entries = _only(expand(settings.suite or DEFAULT_SUITE), settings)
         specs = {name: TASKS.get(name) for name, _ in entries}
         from_suite = True
     planned, skipped = [], {}
@@ -131,6 +131,18 @@ def plan_tasks(settings: EvalSettings, data_dir: Path | None) -> tuple[list[Plan
     if not planned:
         raise LayerpruneError(f"nothing to evaluate: {'; '.join(f'{k}: {v}' for k, v in skipped.items())}")
     return planned, skipped
+
+
+def _only(entries: list[tuple[str, list[Suite]]], settings: EvalSettings) -> list[tuple[str, list[Suite]]]:
+    """The suite's tasks that `settings.only` names (all without it); a name the suite lacks is an error."""
+    if settings.only is None:
+        return entries
+    names = [name for name, _ in entries]
+    missing = [name for name in settings.only if name not in names]
+    if missing:
+        raise LayerpruneError(f"suite '{settings.suite or DEFAULT_SUITE}' has no task {', '.join(missing)} "
+                              f"(--only picks among: {', '.join(names)})")
+    return [(name, chain) for name, chain in entries if name in settings.only]
 
 
 def _skip_reason(spec: TaskSpec, data_dir: Path | None) -> str | None:

@@ -1,0 +1,261 @@
+"""The pruning-ratio sweep: one scoring pass, the same ranking cut at each k, each pruned model recovered the same way.
+
+Stages (each skipped when its output is complete, so an interrupted sweep resumes stage by stage):
+calibrate-probes (which probe levels the original can do, on the calibration stream), score (one ablation pass over
+every block: the ranking), gate-gsm8k (GSM8K is scored only where the original reaches the gate), eval-baseline,
+then per k: prune-k (the k lowest-ranked blocks, cut from the files), eval-pruned-k, recover-k (SFT on the original
+model's own answers to generic instructions, generated once and shared by every k), eval-recovered-k; and the report
+(sweep_report.py: paired intervals over the same items for every model).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from layerprune.evaluate.calibrated import ProbeCalibration
+from layerprune.evaluate.schema import EvalSettings
+from layerprune.evaluate.summary import SUMMARY_FILE
+from layerprune.pipeline.recipe import PipelineRecipe, RecoverStage
+from layerprune.recover.schema import RecoverRecipe
+from layerprune.settings import RunSettings
+
+log = logging.getLogger(__name__)
+GSM8K = "gsm8k"
+CALIBRATION_FILE = "probes_calibrated.json"
+
+
+class Gsm8kGate(BaseModel):
+    """GSM8K is scored only when the original reaches `min_score` on the first `limit` test items."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_score: float = Field(0.15, ge=0, le=1, description="The original's GSM8K score (strict match) needed")
+    limit: int = Field(20, ge=1, description="GSM8K test items the gate scores the original on")
+
+
+class SweepStudy(PipelineRecipe):
+    """Prune at several ratios from one ranking, recover each, evaluate all on the same items, one report."""
+
+    kind: ClassVar[str] = "sweep-study"
+    ratios: list[int] = Field(min_length=2, description="Blocks dropped at each point of the sweep (k)")
+    recover: dict[str, Any] = Field(description="Recover recipe of every k: {recipe: NAME, overrides: {...}}")
+    classification: list[str] = Field(min_length=1, description="Classification tasks of the suite to score")
+    probes: ProbeCalibration = Field(default_factory=ProbeCalibration, description="probes-calibrated selection")
+    gsm8k_gate: Gsm8kGate = Field(default_factory=Gsm8kGate, description="When GSM8K is scored")
+
+    @model_validator(mode="after")
+    def _one_ranking(self) -> SweepStudy:
+        if sorted(set(self.ratios)) != self.ratios or self.ratios[0] < 1:
+            raise ValueError(f"ratios must be distinct block counts >= 1 in increasing order, not {self.ratios}")
+        if self.prune.layers is not None or self.prune.iterative:
+            raise ValueError("the sweep cuts one one-shot ranking: set prune.drop and score (not layers or iterative)")
+        if self.prune.drop != self.ratios[-1]:
+            raise ValueError(f"prune.drop must be the largest ratio ({self.ratios[-1]}): one scoring pass ranks them")
+        if self.evaluate.suite is None:
+            raise ValueError("evaluate.suite: name the suite whose settings every task is scored with")
+        self.shared_recipe("<pruned>")
+        return self
+
+    def shared_recipe(self, student: str) -> RecoverRecipe:
+        return RecoverStage.model_validate(self.recover).resolve(student, self.model)
+
+    def eval_settings(self, tasks: list[str]) -> EvalSettings:
+        return self.evaluate.model_copy(update={"only": tasks})
+
+
+def models(study: SweepStudy) -> list[str]:
+    """The evaluated models' labels: baseline, then pruned-k and recovered-k for each k."""
+    return ["baseline", *(f"{role}-k{k}" for k in study.ratios for role in ("pruned", "recovered"))]
+
+
+def stage_names(study: SweepStudy) -> list[str]:
+    per_k = [s for k in study.ratios for s in (f"prune-k{k}", f"eval-pruned-k{k}", f"recover-k{k}",
+                                                  f"eval-recovered-k{k}")]
+    return ["calibrate-probes", "score", "gate-gsm8k", "eval-baseline", *per_k, "report"]
+
+
+def stage_output(root: Path, stage: str) -> Path:
+    name = stage.split("-", 1)[1] if "-" in stage else stage
+    if stage.startswith("eval-"):
+        return root / "eval" / name / SUMMARY_FILE
+    if stage.startswith("prune-"):
+        return root / f"pruned-{name}" / "prune_report.json"
+    if stage.startswith("recover-"):
+        return root / f"recovered-{name}" / "recover_report.json"
+    return {"calibrate-probes": root / CALIBRATION_FILE, "gate-gsm8k": root / "eval" / "gate-gsm8k" / SUMMARY_FILE,
+            "score": root / "scored" / "prune_report.json", "report": root / "sweep.md"}[stage]
+
+
+def evaluated_tasks(study: SweepStudy, root: Path) -> list[str]:
+    """Classification tasks, the kept probe levels, and GSM8K where the original passed the gate."""
+    from layerprune.evaluate.calibrated import kept_tasks
+    from layerprune.evaluate.summary import read_summary
+
+    tasks = [*study.classification, *kept_tasks(root / CALIBRATION_FILE)]
+    gate = read_summary(stage_output(root, "gate-gsm8k")).headlines()[GSM8K]
+    return tasks + ([GSM8K] if gate.value >= study.gsm8k_gate.min_score else [])
+
+
+def ranking(root: Path, ratios: list[int]) -> dict[int, list[int]]:
+    """The blocks each k drops: the k lowest of the one scoring pass (the largest k is what the pass dropped)."""
+    from layerprune.prune.metrics import select_lowest
+    from layerprune.prune.report import read_prune_report
+
+    report = read_prune_report(root / "scored")
+    cuts = {k: select_lowest(report.scores, k, report.method.protect) for k in ratios}
+    assert cuts[ratios[-1]] == sorted(report.dropped), "the scoring pass dropped other blocks than its ranking's lowest"
+    return cuts
+
+
+def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False) -> Path:
+    """Run every incomplete stage in order; return sweep.md."""
+    from layerprune.pipeline.plan import validate_data
+    from layerprune.pipeline.stages import RunPaths, claim_run_dir
+
+    root = study.run_dir()
+    validate_data(study, settings, prune_pending=overwrite or not stage_output(root, "score").exists())  # type: ignore[arg-type]
+    claim_run_dir(RunPaths(root), study, overwrite)  # type: ignore[arg-type]
+    stages = stage_names(study)
+    for number, stage in enumerate(stages, 1):
+        if stage_output(root, stage).exists():
+            log.info("[%d/%d] %s: complete, skipped", number, len(stages), stage)
+            continue
+        log.info("[%d/%d] %s ...", number, len(stages), stage)
+        start = time.perf_counter()
+        run_stage(study, settings, root, stage)
+        log.info("[%d/%d] %s done in %.0f s", number, len(stages), stage, time.perf_counter() - start)
+    return stage_output(root, "report")
+
+
+def run_stage(study: SweepStudy, settings: RunSettings, root: Path, stage: str) -> None:
+    kind, _, label = stage.partition("-")
+    if stage == "calibrate-probes":
+        calibrate(study, settings, root)
+    elif stage == "gate-gsm8k":
+        gate = study.evaluate.model_copy(update={"only": [GSM8K], "limit": study.gsm8k_gate.limit})
+        evaluate(study, settings, root, "gate-gsm8k", study.model, gate)
+    elif stage == "score":
+        from layerprune.prune.api import prune_model
+
+        prune_model(study.model, study.prune, settings, root / "scored", overwrite=True)
+    elif kind == "prune":
+        prune_at(study, settings, root, int(label.removeprefix("k")))
+    elif kind == "eval":
+        model = study.model if label == "baseline" else str(root / label)
+        evaluate(study, settings, root, label, model, study.eval_settings(evaluated_tasks(study, root)))
+    elif kind == "recover":
+        recover_at(study, settings, root, label)
+    else:
+        from layerprune.pipeline.sweep_report import write_sweep_report
+
+        write_sweep_report(study, root)
+
+
+def calibrate(study: SweepStudy, settings: RunSettings, root: Path) -> None:
+    from layerprune.evaluate.calibrated import calibrate_probes
+    from layerprune.models import load_model
+    from layerprune.outputs import write_atomic
+
+    loaded = load_model(study.model, settings)
+    record = calibrate_probes(loaded.model, loaded.tokenizer, study.probes, lambda m: log.info("  %s", m))
+    write_atomic(root / CALIBRATION_FILE, json.dumps(record, indent=1))
+
+
+def evaluate(study: SweepStudy, settings: RunSettings, root: Path, label: str, model: str | None,
+             eval_settings: EvalSettings) -> None:
+    from layerprune.evaluate.runner import evaluate_model
+
+    evaluate_model(model, eval_settings, settings, root / "eval" / label, overwrite=True,
+                   progress=lambda message: log.info("  %s: %s", label, message), calibration_from=root / "scored")
+
+
+def prune_at(study: SweepStudy, settings: RunSettings, root: Path, k: int) -> None:
+    """The k lowest-ranked blocks dropped from the original's files (no scoring, no model in memory)."""
+    from layerprune.prune.api import prune_model
+    from layerprune.prune.recipe import PruneRecipe
+
+    fields = study.prune.model_dump(exclude={"drop", "layers"})
+    recipe = PruneRecipe.model_validate({**fields, "layers": ranking(root, study.ratios)[k]})
+    prune_model(study.model, recipe, settings, root / f"pruned-k{k}", overwrite=True)
+
+
+def recover_at(study: SweepStudy, settings: RunSettings, root: Path, label: str) -> None:
+    """SFT of pruned-k on the teacher's answers, generated for the first k and shared by the others."""
+    from layerprune.data import iter_jsonl
+    from layerprune.recover.runner import RecoverJob, recover_model
+
+    recipe = study.shared_recipe(str(root / f"pruned-{label}"))
+    job = RecoverJob(output=root / f"recovered-{label}", settings=settings, resume=True,
+                     data_dir=study.evaluate.data_dir or study.prune.data_dir)
+    shared = root / "selfgen.jsonl"
+    if shared.is_file() and not (job.work / "responses.jsonl").exists():
+        job.work.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(shared, job.work / "responses.jsonl")
+    recover_model(recipe, job)
+    produced = job.output / "data" / "responses.jsonl"
+    if produced.is_file() and not shared.is_file():
+        shutil.copy2(produced, shared)
+    log.info("  %s: %d teacher answers", label, sum(1 for _ in iter_jsonl(shared)))
+
+
+RATES = {"classification docs/s": 3.4, "probe items/s": 8.0, "trained tokens/s": 170.0, "gsm8k items/s": 0.14,
+         "calibration items/s": 8.0, "teacher tokens/s": 90.0}  # measured on 2 idle cores (docs/benchmarks.md)
+
+
+def dry_run(study: SweepStudy, settings: RunSettings) -> str:
+    """The plan: model and data, the sweep's points, what each model is scored on, the budget and a time estimate
+    from the measured CPU rates; no work."""
+    from layerprune.data import resolve_data_dir
+    from layerprune.evaluate.suites import plan_tasks
+    from layerprune.pipeline.plan import check_data, check_model
+    from layerprune.probes import family_of
+
+    shared = study.shared_recipe("<pruned>")
+    planned, _ = plan_tasks(study.evaluate.model_copy(update={"only": None}), resolve_data_dir(study.evaluate.data_dir))
+    limits = {t.spec.name: t.limit for t in planned}
+    cls_docs = sum(int(limits.get(t) or 0) for t in study.classification)
+    probe_limit = int(max((limits.get(t) or 0) for t in study.probes.candidates))
+    families = {family_of(task) for task in study.probes.candidates}
+    most_probes = len(families) * study.probes.per_family
+    per_model = cls_docs / RATES["classification docs/s"] + most_probes * probe_limit / RATES["probe items/s"]
+    n_models = len(models(study))
+    train = shared.train
+    answers = shared.prompts.samples or 256
+    tokens_per_epoch = answers * (1 - train.held_out) * (shared.generate.max_new_tokens + 60)
+    trained = tokens_per_epoch * train.epochs if train.max_steps is None else \
+        train.max_steps * train.batch_size * train.grad_accum * (shared.generate.max_new_tokens + 60)
+    seconds = {"calibrate": len(study.probes.candidates) * study.probes.items / RATES["calibration items/s"],
+               "gate": study.gsm8k_gate.limit / RATES["gsm8k items/s"],
+               "teacher answers": answers * shared.generate.max_new_tokens / RATES["teacher tokens/s"],
+               "training": len(study.ratios) * trained / RATES["trained tokens/s"],
+               "evaluation": n_models * per_model}
+    lines = [f"pruning-ratio sweep '{study.name}' -> {study.run_dir()}",
+             f"model: {check_model(study.model, settings)}",
+             *[f"data: {line}" for line in check_data(study)],  # type: ignore[arg-type]
+             f"score once: {study.prune.score} ({study.prune.metric}, one-shot) on {study.prune.calib} "
+             f"({study.prune.calib_samples} items); cut at k = {', '.join(map(str, study.ratios))} blocks",
+             f"probes-calibrated: {len(study.probes.candidates)} candidate levels x {study.probes.items} "
+             f"calibration-stream items; keep {100 * study.probes.low:.0f}-{100 * study.probes.high:.0f}%, at most "
+             f"{study.probes.per_family} per family ({len(families)} families: {', '.join(sorted(families))})",
+             f"gsm8k: scored only if the original reaches {100 * study.gsm8k_gate.min_score:.0f}% on "
+             f"{study.gsm8k_gate.limit} items (then {int(limits.get(GSM8K) or 0)} items per model)",
+             f"models evaluated: {n_models} ({', '.join(models(study))}) on the same items each: "
+             f"{', '.join(f'{t} {int(limits.get(t) or 0)}' for t in study.classification)}; at most {most_probes} "
+             f"probe levels x {probe_limit} items",
+             f"recovery at every k: {shared.method} on {answers} teacher answers to {shared.prompts.source} prompts "
+             f"(generated once; {shared.generate.max_new_tokens} new tokens at temperature "
+             f"{shared.generate.temperature:g}), {train.epochs:g} epochs, lr {train.learning_rate:g}, batch "
+             f"{train.batch_size} x {train.grad_accum}, held-out {train.held_out:g} every {train.eval_steps} steps: "
+             f"about {trained / 1000:.0f}k trained tokens per k (planned from {shared.generate.max_new_tokens} + 60 "
+             "tokens per answer; the report counts them)",
+             "time estimate at the measured 2-core rates (" + ", ".join(f"{k} {v:g}" for k, v in RATES.items())
+             + "): " + ", ".join(f"{k} {v / 60:.0f} min" for k, v in seconds.items())
+             + f"; total about {sum(seconds.values()) / 60:.0f} min"]
+    return "\n".join(lines)
