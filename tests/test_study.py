@@ -123,8 +123,37 @@ def test_each_arm_is_reported_on_trained_and_on_unseen_skills(tmp_path):
     table = study_report.format_table(list(rows.values()))
     assert "trained probes (%)" in table and "GSM8K, unseen (%)" in table and "57% / 80% / 0%" in table
     note = " ".join(study_report.closing_note(list(rows.values())))
-    assert "trained probe tasks: sft (-), 80% of the drop recovered; it reaches three quarters" in note
-    assert "unseen probe tasks: sft" in note and "0% of the drop recovered; it does NOT reach half" in note
+    assert ("trained probe tasks: sft (-), 80% of the drop recovered; judged by its point estimate (no interval), it "
+            "reaches three quarters") in note  # no per-item samples here: the unpaired figures
+    assert "unseen probe tasks: sft" in note and "0% of the drop recovered; judged by its point" in note
+    assert all(r["pairing"].startswith("unpaired") for r in rows.values())
+
+
+def _with_samples(root: Path, label: str, scores: dict[str, list[int]]) -> None:
+    _summary(root, label, {task: sum(v) / len(v) for task, v in scores.items()})
+    (root / "eval" / label / "samples").mkdir()
+    for task, values in scores.items():
+        lines = [json.dumps({"doc_id": i, "filter": "none", "acc": float(v), "doc_hash": f"{task}{i}",
+                             "prompt_hash": f"p{i}", "arguments": [["a", "b"], ["a", "c"]]})
+                 for i, v in enumerate(values)]
+        (root / "eval" / label / "samples" / f"{task}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_paired_study_verdict_needs_the_share_interval_to_clear_the_threshold(tmp_path):
+    """A share of 55% whose paired interval reaches below 50% does not 'reach half' (the point estimate did)."""
+    n = 40
+    base = [1] * 30 + [0] * 10
+    pruned = [1] * 10 + [0] * 30
+    sft = [1] * 21 + [0] * 19  # 11 of the 20 lost items back: 55%
+    for label, vector in (("baseline", base), ("pruned", pruned), ("sft", sft)):
+        _with_samples(tmp_path, label, {"arith_2d_add": vector, "piqa": [1, 0] * (n // 2)})
+    rows = {r["model"]: r for r in study_report.study_rows(tmp_path, ["sft"], frozenset({"arith_2d_add"}))}
+    share = rows["sft"]["recovered_share_trained"]
+    assert rows["sft"]["pairing"] == "paired" and share["value"] == pytest.approx(0.55)
+    assert share["low"] < 0.5 < share["value"] < share["high"]
+    note = " ".join(study_report.closing_note(list(rows.values())))
+    assert "judged by its interval's lower end, it does NOT reach half" in note
+    assert rows["sft"]["intervals"]["classification"]["value"] == pytest.approx(0.5)
 
 
 def test_embedded_study_recovers_on_plain_arithmetic_prompts_only():
@@ -133,3 +162,14 @@ def test_embedded_study_recovers_on_plain_arithmetic_prompts_only():
     assert shared.generate.chat_template is False and shared.prompts.samples == 160
     trained = study_report.trained_tasks(shared.prompts.source)
     assert trained == {"arith_1dc", "arith_2d_add", "arith_2d_sub", "arith_2d_mul", "arith_3d_add", "arith_3d_sub"}
+
+
+def test_trained_skills_come_from_the_prompts_kept():
+    """brackets_d2 has 9 questions, all evaluation items: its prompts are all excluded, so it trained nothing."""
+    from layerprune.recover.prompts import load_prompts
+    from layerprune.recover.schema import PromptSource
+
+    source = "probes:arith_2d_add+brackets_d2"
+    kept, _ = load_prompts(PromptSource(source=source, samples=16), None)
+    assert study_report.trained_tasks(source) == {"arith_2d_add", "brackets_d2"}  # by name
+    assert study_report.trained_tasks(source, [p.text for p in kept]) == {"arith_2d_add"}  # by what was kept

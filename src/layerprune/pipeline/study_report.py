@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from layerprune.evaluate.summary import SUMMARY_FILE, Summary, read_summary
-from layerprune.probes import distinct_items
+from layerprune.probes import distinct_items, probe_tasks
 
-PROBE_PREFIXES = ("arith_", "brackets_")
 GSM8K = "gsm8k"
 
 
@@ -29,29 +28,48 @@ def _summary(path: Path) -> Summary | None:
     return read_summary(path) if path.is_file() else None
 
 
-def mean_with_se(results: list[Any]) -> tuple[float, float] | None:
-    """Mean of headline values and the standard error of that mean (None when there are none)."""
+def mean_with_se(results: list[Any]) -> tuple[float, float | None] | None:
+    """Mean of headline values and the standard error of that mean (None when there are none; the SE is unknown,
+    None, when any task's is)."""
     if not results:
         return None
-    se = math.sqrt(sum((r.stderr or 0.0) ** 2 for r in results)) / len(results)
-    return sum(r.value for r in results) / len(results), se
+    mean = sum(r.value for r in results) / len(results)
+    if any(r.stderr is None for r in results):
+        return mean, None
+    return mean, math.sqrt(sum(r.stderr**2 for r in results)) / len(results)
 
 
-def trained_tasks(source: str) -> frozenset[str]:
-    """Evaluation tasks whose own prompts were in the recovery data (`prompts.source`), task by task."""
-    from layerprune.recover.prompts import is_gsm8k, probe_task_names
+def trained_tasks(source: str, kept: list[str] | None = None) -> frozenset[str]:
+    """Evaluation tasks whose own prompts were in the recovery data (`prompts.source`), task by task; given the
+    prompts the recovery kept (`kept`), only the tasks at least one of them came from (a task whose prompts were all
+    evaluation items, such as a shallow brackets depth, trained nothing)."""
+    from layerprune.recover.prompts import is_gsm8k, probe_task_names, prompts_of_task
 
     names = probe_task_names(source)
     if names is not None:
-        return frozenset(names)
-    return frozenset({GSM8K}) if is_gsm8k(source) else frozenset()
+        if kept is None:
+            return frozenset(names)
+        texts = set(kept)
+        return frozenset(n for n in names if texts & prompts_of_task(n, len(texts)))
+    return frozenset({GSM8K}) if is_gsm8k(source) and (kept is None or kept) else frozenset()
+
+
+def kept_prompts(root: Path, labels: list[str]) -> list[str] | None:
+    """The prompts of the teacher answers the first trained arm learned from (None before any arm ran)."""
+    from layerprune.data import iter_jsonl
+
+    for label in labels:
+        path = root / "arms" / label / "data" / "responses.jsonl"
+        if path.is_file():
+            return [str(row["prompt"]) for row in iter_jsonl(path)]
+    return None
 
 
 def measures(summary: Any, trained: frozenset[str] = frozenset()) -> dict[str, Any]:
     """probe average (all, trained tasks, unseen tasks), GSM8K and classification average of one model, each
     (value, se)."""
     heads = list(summary.headlines().values())
-    probes = [r for r in heads if r.task.startswith(PROBE_PREFIXES)]
+    probes = [r for r in heads if r.task in probe_tasks()]
     gsm = [r for r in heads if r.task == GSM8K]
     cls = [r for r in heads if r.kind == "classification"]
     return {"probes": mean_with_se(probes), "gsm8k": mean_with_se(gsm), "classification": mean_with_se(cls),
@@ -67,6 +85,8 @@ def recovered_share(base: tuple[float, float] | None, pruned: tuple[float, float
     """(arm - pruned) / (base - pruned), or 'n/a (no clear drop)' when base - pruned is within 2 SE."""
     if base is None or pruned is None or arm is None:
         return None
+    if base[1] is None or pruned[1] is None:
+        return "n/a (standard error unknown)"
     drop, se = base[0] - pruned[0], math.hypot(base[1], pruned[1])
     if drop <= 2 * se:
         return "n/a (no clear drop)"
@@ -92,6 +112,7 @@ def study_rows(root: Path, labels: list[str], trained: frozenset[str] = frozense
                 if label not in ("baseline", "pruned") else None
         row.update(_arm_cost(root / "arms" / label))
         rows.append(row)
+    apply_paired(rows, root, trained)
     # the pruned model's own held-out CE / KL (every distilling arm measured it on the same held-out answers)
     before = next((r for r in rows if r.get("held_out_ce_pruned") is not None), None)
     pruned_row = next((r for r in rows if r["model"] == "pruned"), None)
@@ -123,13 +144,64 @@ def _arm_cost(arm: Path) -> dict[str, Any]:
             "held_out_kl_pruned": (metrics.get("pruned") or {}).get("kl")}
 
 
-def _pm(value: tuple[float, float] | None) -> str:
-    return "-" if value is None else f"{100 * value[0]:.1f} ± {100 * value[1]:.1f}"
+GROUPS = ("probes", "probes_trained", "probes_unseen", "gsm8k", "classification")
+
+
+def apply_paired(rows: list[dict[str, Any]], root: Path, trained: frozenset[str]) -> None:
+    """Where every model answered the same items, each measure gets its paired 95% interval, and each arm's
+    recovered share (and its difference from the first arm's) is taken from one clustered paired bootstrap."""
+    from layerprune.pipeline.paired_table import Figures, load_matrix
+
+    labels = [r["model"] for r in rows]
+    if "baseline" not in labels or "pruned" not in labels:
+        return
+    try:
+        names, matrices, chance, kinds = load_matrix({label: root / "eval" / label for label in labels})
+    except (OSError, KeyError, ValueError):
+        return
+    probes = [t for t in matrices if t in probe_tasks()]
+    groups = {"probes": probes, "probes_trained": [t for t in probes if t in trained],
+              "probes_unseen": [t for t in probes if t not in trained], "gsm8k": [t for t in matrices if t == GSM8K],
+              "classification": [t for t in matrices if kinds[t] == "classification"]}
+    if not matrices or any(kinds[t].startswith("unpaired") for t in kinds):
+        for row in rows:
+            row["pairing"] = "unpaired: " + "; ".join(f"{t}: {w}" for t, w in kinds.items() if w.startswith("unp"))
+        return
+    figures = Figures(names, matrices, chance, groups)
+    arms = [label for label in labels if label not in ("baseline", "pruned")]
+    for row in rows:
+        row["pairing"] = "paired"
+        row["intervals"] = {g: figures.score(row["model"], g) for g in GROUPS if figures.has(g)}
+        for share, group in SHARES.items():
+            if row["model"] in arms and figures.has(group):
+                row[share] = _paired_share(figures, row["model"], group)
+                if row["model"] != arms[0]:
+                    row[f"{share}_vs_{arms[0]}"] = figures.interval(
+                        lambda m, a=row["model"], g=group: figures.share_of(a, "pruned", g, m)
+                        - figures.share_of(arms[0], "pruned", g, m))
+
+
+def _paired_share(figures: Any, arm: str, group: str) -> dict[str, Any] | str:
+    drop = figures.difference("baseline", "pruned", group)
+    if drop["low"] is None or drop["low"] <= 0:
+        return "n/a (no clear drop)"
+    return figures.interval(lambda m: figures.share_of(arm, "pruned", group, m))
+
+
+def _pm(value: tuple[float, float | None] | None) -> str:
+    if value is None:
+        return "-"
+    return f"{100 * value[0]:.1f} ± " + ("?" if value[1] is None else f"{100 * value[1]:.1f}")
 
 
 def _pct(value: Any) -> str:
     if value is None:
         return "-"
+    if isinstance(value, dict):
+        if value.get("value") is None:
+            return "undefined"
+        bounds = f" [{100 * value['low']:.0f}, {100 * value['high']:.0f}]" if value.get("low") is not None else ""
+        return f"{100 * value['value']:.0f}%{bounds}"
     return value if isinstance(value, str) else f"{100 * value:.0f}%"
 
 
@@ -185,21 +257,44 @@ def closing_note(rows: list[dict[str, Any]]) -> list[str]:
         return ["No recovery arm finished."]
     named = {"recovered_share": "the probe average", "recovered_share_trained": "the trained probe tasks",
              "recovered_share_unseen": "the unseen probe tasks"}
-    return [_verdict(arms, share, what) for share, what in named.items()]
+    return [_verdict(arms, share, what) for share, what in named.items()] + arm_differences(arms, named)
+
+
+def arm_differences(arms: list[dict[str, Any]], named: dict[str, str]) -> list[str]:
+    """Each arm's recovered share minus the first arm's, with the paired interval of the difference."""
+    first = arms[0]["model"]
+    lines = []
+    for share, what in named.items():
+        cells = [f"{r['model']} {_pct(r[f'{share}_vs_{first}'])}" for r in arms[1:] if f"{share}_vs_{first}" in r]
+        if cells:
+            lines.append(f"Share of the drop on {what}, each arm minus {first} (paired 95% interval, points): "
+                         + ", ".join(cells) + ".")
+    return lines
+
+
+def _value(share: Any) -> float | None:
+    if isinstance(share, dict):
+        return share.get("value")
+    return share if isinstance(share, float) else None
 
 
 def _verdict(arms: list[dict[str, Any]], share: str, what: str) -> str:
-    shares = [r for r in arms if isinstance(r.get(share), float)]
+    """The best arm by its share; a threshold counts as reached only when the share's paired interval clears it (the
+    point estimate where no interval is known)."""
+    shares = [r for r in arms if _value(r.get(share)) is not None]
     if not shares:
-        return (f"On {what} the drop from pruning is within two standard errors (or missing), so no recovered share "
-                "is reported; evaluate on more probe items to measure one.")
-    best = max(shares, key=lambda r: r[share])
-    verdict = ("reaches three quarters of the drop (the aim)" if best[share] >= 0.75 else
-               "reaches half of the drop (the goal), not three quarters" if best[share] >= 0.5 else
+        return (f"On {what} the drop from pruning is not clear (its interval holds 0, or it is within two standard "
+                "errors, or missing), so no recovered share is reported; evaluate on more probe items to measure one.")
+    best = max(shares, key=lambda r: _value(r[share]))  # type: ignore[arg-type, return-value]
+    ci = best[share] if isinstance(best[share], dict) else {"value": best[share], "low": None}
+    floor = ci["low"] if ci.get("low") is not None else ci["value"]
+    by = "its interval's lower end" if ci.get("low") is not None else "its point estimate (no interval)"
+    verdict = ("reaches three quarters of the drop (the aim)" if floor >= 0.75 else
+               "reaches half of the drop (the goal), not three quarters" if floor >= 0.5 else
                "does NOT reach half of the drop (the goal)")
-    return (f"Best arm on {what}: {best['model']} ({best.get('method', '-')}), {100 * best[share]:.0f}% of the drop "
-            "recovered; "
-            f"it {verdict}. Tried: " + ", ".join(f"{r['model']} ({_pct(r.get(share))})" for r in arms) + ".")
+    return (f"Best arm on {what}: {best['model']} ({best.get('method', '-')}), {_pct(best[share])} of the drop "
+            f"recovered; judged by {by}, it {verdict}. Tried: "
+            + ", ".join(f"{r['model']} ({_pct(r.get(share))})" for r in arms) + ".")
 
 
 def probe_items_text(items: dict[str, int]) -> str:
@@ -212,7 +307,7 @@ def probe_items_text(items: dict[str, int]) -> str:
 def write_study_report(study: Any, root: Path) -> Path:
     """study.md, study.json and study.png in the study directory."""
     source = study.shared_recipe(str(root / "pruned")).prompts.source
-    trained = trained_tasks(source)
+    trained = trained_tasks(source, kept_prompts(root, list(study.arms)))
     rows = study_rows(root, list(study.arms), trained)
     plot_study(rows, root / "study.png")
     (root / "study.json").write_text(json.dumps(rows, indent=1, default=str))

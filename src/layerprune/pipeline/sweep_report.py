@@ -14,79 +14,29 @@ from typing import Any
 
 import numpy as np
 
-from layerprune import paired
-from layerprune.evaluate.summary import SUMMARY_FILE, read_summary
+from layerprune.evaluate.summary import SUMMARY_FILE
+from layerprune.pipeline.paired_table import Figures, load_matrix
 
 KINDS = ("classification", "generative")
-
-
-def load_matrix(study: Any, root: Path) -> tuple[list[str], dict[str, np.ndarray], dict[str, float], dict[str, str]]:
-    """Labels, per-task [models, items] scores, per-task chance and per-task kind, for the tasks every model has
-    with the same items (a task that cannot be paired is left out and named by the caller)."""
-    from layerprune.evaluate.items import align, read_items
-    from layerprune.pipeline.sweep import models
-
-    labels = [m for m in models(study) if (root / "eval" / m / SUMMARY_FILE).is_file()]
-    heads = read_summary(root / "eval" / "baseline" / SUMMARY_FILE).headlines()
-    matrices, chance, kinds = {}, {}, {}
-    for task, result in heads.items():
-        aligned = align({m: read_items(root / "eval" / m, task, result.metric, result.kind) for m in labels})
-        if isinstance(aligned, str):
-            kinds[task] = f"unpaired: {aligned}"
-            continue
-        matrices[task], chance[task], kinds[task] = aligned[0], float(aligned[1].mean()), result.kind
-    return labels, matrices, chance, kinds
-
-
-class Figures:
-    """Statistics of the sweep's models over task groups, each with its paired bootstrap interval."""
-
-    def __init__(self, labels: list[str], matrices: dict[str, np.ndarray], chance: dict[str, float],
-                 kinds: dict[str, str], resamples: int = paired.RESAMPLES, seed: int = paired.SEED) -> None:
-        self.labels, self.tasks = labels, list(matrices)
-        self.boot = paired.bootstrap([matrices[t] for t in self.tasks], resamples, seed)
-        self.groups = {kind: [i for i, t in enumerate(self.tasks) if kinds[t] == kind] for kind in KINDS}
-        self.chance = {kind: float(np.mean([chance[self.tasks[i]] for i in idx])) if idx else 0.0
-                       for kind, idx in self.groups.items()}
-
-    def mean(self, m: np.ndarray, label: str, kind: str) -> np.ndarray:
-        return m[..., self.labels.index(label), :][..., self.groups[kind]].mean(axis=-1)
-
-    def score(self, label: str, kind: str) -> dict[str, Any]:
-        return self.boot.interval(lambda m: self.mean(m, label, kind))
-
-    def drop(self, k: int, kind: str) -> dict[str, Any]:
-        return self.boot.interval(lambda m: self.mean(m, "baseline", kind) - self.mean(m, f"pruned-k{k}", kind))
-
-    def retention(self, label: str, kind: str, m: np.ndarray) -> np.ndarray:
-        return paired.normalised(self.mean(m, label, kind), self.mean(m, "baseline", kind), self.chance[kind])
-
-    def share(self, k: int, kind: str, m: np.ndarray) -> np.ndarray:
-        return paired.share(self.mean(m, "baseline", kind), self.mean(m, f"pruned-k{k}", kind),
-                            self.mean(m, f"recovered-k{k}", kind))
-
-    def interval(self, statistic: Any) -> dict[str, Any]:
-        return self.boot.interval(statistic)
 
 
 def point(study: Any, figures: Figures, k: int) -> dict[str, Any]:
     """One k of the sweep: per kind the scores, drop, chance-normalised retention, recovered share; and the gap."""
     out: dict[str, Any] = {"k": k}
     for kind in KINDS:
-        if not figures.groups[kind]:
+        if not figures.has(kind):
             continue
         row = {"baseline": figures.score("baseline", kind), "pruned": figures.score(f"pruned-k{k}", kind),
-               "drop": figures.drop(k, kind)}
+               "drop": figures.difference("baseline", f"pruned-k{k}", kind)}
         row["retention_pruned"] = figures.interval(lambda m, kind=kind: figures.retention(f"pruned-k{k}", kind, m))
         if f"recovered-k{k}" in figures.labels:
             row["recovered"] = figures.score(f"recovered-k{k}", kind)
             row["retention_recovered"] = figures.interval(
                 lambda m, kind=kind: figures.retention(f"recovered-k{k}", kind, m))
-            row["recovered_share"] = figures.interval(lambda m, kind=kind: figures.share(k, kind, m))
-            row["gain"] = figures.interval(lambda m, kind=kind: figures.mean(m, f"recovered-k{k}", kind)
-                                           - figures.mean(m, f"pruned-k{k}", kind))
+            row["recovered_share"] = figures.interval(lambda m, kind=kind: _share(figures, k, kind, m))
+            row["gain"] = figures.difference(f"recovered-k{k}", f"pruned-k{k}", kind)
         out[kind] = row
-    if all(figures.groups[kind] for kind in KINDS) and f"recovered-k{k}" in figures.labels:
+    if all(figures.has(kind) for kind in KINDS) and f"recovered-k{k}" in figures.labels:
         out["gap_recovered"] = figures.interval(
             lambda m: figures.retention(f"recovered-k{k}", "classification", m)
             - figures.retention(f"recovered-k{k}", "generative", m))
@@ -118,11 +68,12 @@ def verdicts(study: Any, figures: Figures, points: list[dict[str, Any]]) -> tupl
              in p.get("generative", {})]
     if len(clear) >= 2:
         small, large = clear[0], study.ratios[-1]
-        diff = figures.interval(lambda m: figures.share(small, "generative", m) - figures.share(large, "generative", m))
+        diff = figures.interval(lambda m: _share(figures, small, "generative", m) - _share(figures, large, "generative",
+                                                                                        m))
         holds = _above(diff)
         lines.append(f"(b) The recovered share of the generative drop is larger at k={small} than at k={large}: "
-                     f"{'HOLDS' if holds else 'does NOT hold'} (shares {_ci_pct(_share(points, small))} and "
-                     f"{_ci_pct(_share(points, large))}; difference {_ci_pct(diff)}).")
+                     f"{'HOLDS' if holds else 'does NOT hold'} (shares {_ci_pct(_point_share(points, small))} and "
+                     f"{_ci_pct(_point_share(points, large))}; difference {_ci_pct(diff)}).")
         tests["b"] = {"holds": holds, "small": small, "large": large, "difference": diff}
     else:
         lines.append(f"(b) cannot be tested: the generative drop is clear (interval above 0) at {len(clear)} k "
@@ -130,7 +81,11 @@ def verdicts(study: Any, figures: Figures, points: list[dict[str, Any]]) -> tupl
     return lines, tests
 
 
-def _share(points: list[dict[str, Any]], k: int) -> dict[str, Any]:
+def _share(figures: Figures, k: int, kind: str, m: np.ndarray) -> np.ndarray:
+    return figures.share_of(f"recovered-k{k}", f"pruned-k{k}", kind, m)
+
+
+def _point_share(points: list[dict[str, Any]], k: int) -> dict[str, Any]:
     return next(p for p in points if p["k"] == k)["generative"]["recovered_share"]
 
 
@@ -239,10 +194,11 @@ def plot_losses(curves: dict[int, dict[str, Any]], path: Path) -> None:
 
 def write_sweep_report(study: Any, root: Path) -> Path:
     """sweep.md, sweep.json, sweep.png (retention against k) and sweep_loss.png in the sweep directory."""
-    from layerprune.pipeline.sweep import CALIBRATION_FILE, ranking
+    from layerprune.pipeline.sweep import CALIBRATION_FILE, models, ranking
 
-    labels, matrices, chance, kinds = load_matrix(study, root)
-    figures = Figures(labels, matrices, chance, kinds)
+    folders = {m: root / "eval" / m for m in models(study) if (root / "eval" / m / SUMMARY_FILE).is_file()}
+    labels, matrices, chance, kinds = load_matrix(folders)
+    figures = Figures(labels, matrices, chance, {kind: [t for t in matrices if kinds[t] == kind] for kind in KINDS})
     points = [point(study, figures, k) for k in study.ratios if f"pruned-k{k}" in labels]
     lines, tests = verdicts(study, figures, points)
     depth = _depth(root)
@@ -279,6 +235,7 @@ def _method_lines(study: Any, root: Path, figures: Figures, items: dict[str, int
     kept = ", ".join(f"{t} ({100 * r['score']:.0f}%)" for t, r in calibration["levels"].items() if r["kept"])
     left = ", ".join(f"{t} ({r['why']})" for t, r in calibration["levels"].items() if not r["kept"])
     groups = {kind: [figures.tasks[i] for i in idx] for kind, idx in figures.groups.items()}
+    groups = {kind: groups.get(kind, []) for kind in KINDS}
     lines = [f"Blocks dropped at each k (one {study.prune.score} ranking, original numbering, of {depth}): "
              + "; ".join(f"k={k}: {v}" for k, v in cuts.items()) + ".",
              f"Items per task (the same for every model): {', '.join(f'{t} {n}' for t, n in items.items())}. "

@@ -65,6 +65,11 @@ def probe_prompts(names: list[str], n: int, seed: int) -> list[selfgen.Prompt]:
     return list(unique.values())
 
 
+def prompts_of_task(task: str, wanted: int, seed: int = 0) -> set[str]:
+    """Every prompt text `probe_prompts` can draw from `task` for up to `wanted` prompts (its redraws included)."""
+    return {p.prompt for p in generate_probes(task, 64 * max(wanted, 1), f"recover-{seed}")}
+
+
 @functools.lru_cache(maxsize=8)
 def eval_question_keys(seeds: tuple[int, ...]) -> frozenset[str]:
     """The questions of the first EVAL_ITEMS items of every probe task under each evaluation seed."""
