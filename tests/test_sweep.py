@@ -97,4 +97,7 @@ def test_every_shipped_sweep_dry_runs(capsys, path, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     code, out, err = run_cli(capsys, ["study", str(path), "--dry-run", "--output", str(tmp_path / "s")])
     assert code == 0, err
-    assert "pruning-ratio sweep" in out and "models evaluated: 11" in out and "total about" in out
+    assert "pruning-ratio sweep" in out and "models evaluated: 11" in out and "memory plan:" in out
+    assert ("total about" in out) == path.stem.endswith("embedded") and not (tmp_path / "s").exists()
+    assert path.read_text().startswith(f"# layerprune study {path.stem} ")
+    assert len(SWEEPS) == 4

@@ -220,7 +220,7 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
     shared = study.shared_recipe("<pruned>")
     planned, _ = plan_tasks(study.evaluate.model_copy(update={"only": None}), resolve_data_dir(study.evaluate.data_dir))
     limits = {t.spec.name: t.limit for t in planned}
-    cls_docs = sum(int(limits.get(t) or 0) for t in study.classification)
+    cls_docs = sum(int(limits[t]) if (limits.get(t) or 0) >= 1 else 0 for t in study.classification)
     probe_limit = int(max((limits.get(t) or 0) for t in study.probes.candidates))
     families = {family_of(task) for task in study.probes.candidates}
     most_probes = len(families) * study.probes.per_family
@@ -245,9 +245,9 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
              f"calibration-stream items; keep {100 * study.probes.low:.0f}-{100 * study.probes.high:.0f}%, at most "
              f"{study.probes.per_family} per family ({len(families)} families: {', '.join(sorted(families))})",
              f"gsm8k: scored only if the original reaches {100 * study.gsm8k_gate.min_score:.0f}% on "
-             f"{study.gsm8k_gate.limit} items (then {int(limits.get(GSM8K) or 0)} items per model)",
+             f"{study.gsm8k_gate.limit} items (then {_size(limits.get(GSM8K))} items per model)",
              f"models evaluated: {n_models} ({', '.join(models(study))}) on the same items each: "
-             f"{', '.join(f'{t} {int(limits.get(t) or 0)}' for t in study.classification)}; at most {most_probes} "
+             f"{', '.join(f'{t} {_size(limits.get(t))}' for t in study.classification)}; at most {most_probes} "
              f"probe levels x {probe_limit} items",
              f"recovery at every k: {shared.method} on {answers} teacher answers to {shared.prompts.source} prompts "
              f"(generated once; {shared.generate.max_new_tokens} new tokens at temperature "
@@ -255,7 +255,36 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
              f"{train.batch_size} x {train.grad_accum}, held-out {train.held_out:g} every {train.eval_steps} steps: "
              f"about {trained / 1000:.0f}k trained tokens per k (planned from {shared.generate.max_new_tokens} + 60 "
              "tokens per answer; the report counts them)",
-             "time estimate at the measured 2-core rates (" + ", ".join(f"{k} {v:g}" for k, v in RATES.items())
-             + "): " + ", ".join(f"{k} {v / 60:.0f} min" for k, v in seconds.items())
-             + f"; total about {sum(seconds.values()) / 60:.0f} min"]
+             *_memory_lines(study, settings, shared),
+             _estimate(study, seconds)]
     return "\n".join(lines)
+
+
+def _memory_lines(study: SweepStudy, settings: RunSettings, shared: RecoverRecipe) -> list[str]:
+    """The recovery's memory plan at the smallest k (the largest student), as the recovery study plans an arm."""
+    import copy
+
+    from layerprune.pipeline.plan import model_config
+    from layerprune.recover import memory
+    from layerprune.recover.runner import RecoverJob, plan_for
+
+    config, note = model_config(study.model, settings)
+    if config is None:
+        return [f"memory plan: not made ({note or 'the config was not readable'})"]
+    teacher = copy.deepcopy(config)
+    config.num_hidden_layers = teacher.num_hidden_layers - study.ratios[0]
+    _, plan = plan_for(shared, config, RecoverJob(output=study.run_dir() / "recovered-k1", settings=settings),
+                       cuda=True, teacher_config=teacher)
+    return [memory.format_plan(plan, f"{study.model or 'embedded'} minus {study.ratios[0]} blocks")]
+
+
+def _estimate(study: SweepStudy, seconds: dict[str, float]) -> str:
+    if not str(study.model or "embedded").startswith("embedded"):
+        return "time: no estimate (the rates were measured for the embedded model on 2 CPU cores)"
+    return ("time estimate at the embedded model's measured 2-core rates (" + ", ".join(
+        f"{k} {v:g}" for k, v in RATES.items()) + "): " + ", ".join(f"{k} {v / 60:.0f} min" for k, v in seconds.items())
+        + f"; total about {sum(seconds.values()) / 60:.0f} min")
+
+
+def _size(limit: float | None) -> str:
+    return "all" if limit is None else f"{100 * limit:g}%" if limit < 1 else str(int(limit))
