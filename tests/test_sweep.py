@@ -101,3 +101,50 @@ def test_every_shipped_sweep_dry_runs(capsys, path, monkeypatch, tmp_path):
     assert ("total about" in out) == path.stem.endswith("embedded") and not (tmp_path / "s").exists()
     assert path.read_text().startswith(f"# layerprune study {path.stem} ")
     assert len(SWEEPS) == 4
+
+
+def _figures(shares: dict[int, int], n: int = 200):  # noqa: ANN202 (labels, Figures)
+    """Synthetic sweep: classification keeps everything, generative loses 100 of 150 right items at each k and the
+    recovered model wins back shares[k] of them."""
+    import numpy as np
+
+    from layerprune.pipeline.paired_table import Figures
+
+    rng = np.random.default_rng(0)
+    labels = ["baseline", *(f"{r}-k{k}" for k in shares for r in ("pruned", "recovered"))]
+    gen_base = np.r_[np.ones(150), np.zeros(n - 150)]
+    cls_base = (rng.random(n) < 0.7).astype(float)
+    gen, cls = [gen_base], [cls_base]
+    for won in shares.values():
+        pruned = gen_base.copy()
+        pruned[:100] = 0
+        recovered = pruned.copy()
+        recovered[:won] = 1
+        gen += [pruned, recovered]
+        cls += [cls_base, cls_base]
+    matrices = {"copy_l7": np.stack(gen), "piqa": np.stack(cls)}
+    return labels, Figures(labels, matrices, {"copy_l7": 0.0, "piqa": 0.5},
+                           {"classification": ["piqa"], "generative": ["copy_l7"]})
+
+
+def test_sweep_verdicts_come_from_the_intervals():
+    from types import SimpleNamespace
+
+    from layerprune.pipeline import sweep_report
+
+    study = SimpleNamespace(ratios=[1, 4])
+    _, figures = _figures({1: 60, 4: 10})
+    points = [sweep_report.point(study, figures, k) for k in study.ratios]
+    gen = points[0]["generative"]
+    assert gen["drop"]["value"] == pytest.approx(0.5) and gen["recovered_share"]["value"] == pytest.approx(0.6)
+    assert gen["retention_recovered"]["value"] == pytest.approx(110 / 150)
+    assert points[0]["classification"]["retention_recovered"]["value"] == pytest.approx(1.0)
+    lines, tests = sweep_report.verdicts(study, figures, points)
+    assert tests["a"]["holds"] and tests["b"]["holds"] and tests["b"]["difference"]["low"] > 0
+    assert lines[0].startswith("(a)") and "HOLDS" in lines[0] and "HOLDS" in lines[1]
+    # the same share at both k: (b) does not hold, and says so with its interval
+    _, figures = _figures({1: 30, 4: 30})
+    points = [sweep_report.point(study, figures, k) for k in study.ratios]
+    lines, tests = sweep_report.verdicts(study, figures, points)
+    assert not tests["b"]["holds"] and "does NOT hold" in lines[1] and "difference 0.0% [" in lines[1]
+    assert "| 4 | generative |" in sweep_report.format_table(points)
