@@ -119,3 +119,13 @@ def normalised(value: np.ndarray, base: np.ndarray, chance: np.ndarray | float) 
     head = np.asarray(base - chance, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(head > 0, (value - chance) / np.where(head > 0, head, 1.0), np.nan)
+
+
+def format_interval(ci: dict[str, object] | None, digits: int = 1, missing: str = "-") -> str:
+    """'55.0% [30.0, 80.0]' (a percent with its interval), '55.0%' without an interval, `missing` without a value."""
+    if not ci or ci.get("value") is None:
+        return missing
+    value = f"{100 * ci['value']:.{digits}f}%"  # type: ignore[operator]
+    if ci.get("low") is None:
+        return value
+    return f"{value} [{100 * ci['low']:.{digits}f}, {100 * ci['high']:.{digits}f}]"  # type: ignore[operator]

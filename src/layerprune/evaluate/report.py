@@ -235,11 +235,9 @@ def _share_cell(row: dict[str, Any], column: str) -> str:
 
 
 def _interval_pct(ci: dict[str, Any] | None) -> str:
-    if not ci or ci.get("value") is None:
-        return "-"
-    if ci.get("low") is None:
-        return f"{100 * ci['value']:.1f}%"
-    return f"{100 * ci['value']:.1f}% [{100 * ci['low']:.0f}, {100 * ci['high']:.0f}]"
+    from layerprune.paired import format_interval
+
+    return format_interval(ci)
 
 
 def format_comparison(rows: list[dict[str, Any]], roles: list[str]) -> str:

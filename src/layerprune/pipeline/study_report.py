@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from layerprune.evaluate.summary import SUMMARY_FILE, Summary, read_summary
+from layerprune.paired import format_interval
 from layerprune.probes import distinct_items, probe_tasks
 
 GSM8K = "gsm8k"
@@ -198,10 +199,7 @@ def _pct(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, dict):
-        if value.get("value") is None:
-            return "undefined"
-        bounds = f" [{100 * value['low']:.0f}, {100 * value['high']:.0f}]" if value.get("low") is not None else ""
-        return f"{100 * value['value']:.0f}%{bounds}"
+        return format_interval(value, digits=0, missing="undefined")
     return value if isinstance(value, str) else f"{100 * value:.0f}%"
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from layerprune.evaluate.summary import SUMMARY_FILE
+from layerprune.paired import format_interval
 from layerprune.pipeline.paired_table import Figures, load_matrix
 
 KINDS = ("classification", "generative")
@@ -90,11 +91,7 @@ def _point_share(points: list[dict[str, Any]], k: int) -> dict[str, Any]:
 
 
 def _ci_pct(ci: dict[str, Any] | None) -> str:
-    if not ci or ci.get("value") is None:
-        return "undefined"
-    if ci.get("low") is None:
-        return f"{100 * ci['value']:.1f}%"
-    return f"{100 * ci['value']:.1f}% [{100 * ci['low']:.1f}, {100 * ci['high']:.1f}]"
+    return format_interval(ci, missing="undefined")
 
 
 def format_table(points: list[dict[str, Any]]) -> str:
