@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from helpers import write_lineage
 from layerprune.cli import main
 from layerprune.errors import LayerpruneError
 from layerprune.models import drop_blocks
-from layerprune.recover import chain, kd, local, memory, merge, train
+from layerprune.recover import chain, local, memory, merge, methods
 from layerprune.recover.schema import RecoverRecipe
+from layerprune.settings import RunSettings
 
 FAST = ["--max-new-tokens", "6", "--no-generate-drop-truncated", "--samples", "8", "--train-max-length", "128",
         "--train-batch-size", "2", "--train-grad-accum", "2", "--max-steps", "2", "--held-out", "0.25",
@@ -120,8 +122,11 @@ def test_kd_on_broad_text_loss_equals_a_hand_computed_kl(tiny_llama, tmp_path):
     recipe = RecoverRecipe(method="kd", kd={"adapter": "full"}, train={"max_length": 256, "batch_size": 3})
     rows = [{"prompt": f"Tell me about {w}.", "response": f"{w} is a word." * (i + 1)}
             for i, w in enumerate(["rivers", "bread", "stars"])]
-    common = train.training_arguments(recipe, tmp_path, torch.device("cpu"), "adamw_torch", 0)
-    trainer = kd.gkd_trainer(recipe, student, teacher, tokenizer, common, rows, 0.0, 0.0, None, [])
+    job = SimpleNamespace(settings=RunSettings(device="cpu"))
+    loaded = SimpleNamespace(model=student, tokenizer=tokenizer)
+    trainer = methods.make_trainer(recipe, "kd", loaded, teacher, rows, [], job, "adamw_torch", tmp_path,
+                                   TrainerCallback())
+    assert type(trainer).__name__ == "GKDTrainer"
     batch = next(iter(trainer.get_train_dataloader()))
     student.eval()  # no dropout (the trainer disables it too)
     loss = trainer.compute_loss(student, batch)
@@ -134,7 +139,7 @@ def test_kd_on_broad_text_loss_equals_a_hand_computed_kl(tiny_llama, tmp_path):
             if batch["labels"][b, i + 1] != -100:
                 total += float((t[b, i].exp() * (t[b, i] - s[b, i])).sum())
                 count += 1
-    assert count > 0 and float(loss) == pytest.approx(total / count, rel=1e-4)
+    assert count > 0 and float(loss.detach()) == pytest.approx(total / count, rel=1e-4)
 
 
 def test_merge_end_to_end_reloads_as_the_merged_model(pruned, prompts_file, tmp_path):
