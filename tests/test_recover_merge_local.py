@@ -200,3 +200,15 @@ def test_the_memory_plan_of_local_counts_the_cache_and_one_block(tiny_llama):
     assert planned.teacher == pytest.approx(shape.params * 4 / memory.GB + cache)
     assert merged.teacher == pytest.approx(shape.params * 4 / memory.GB) and merged.gradients == 0
     assert 0 < planned.gradients < shape.params * 4 / memory.GB / shape.layers
+
+
+def test_a_token_budget_stops_kd_and_local(pruned, prompts_file, tmp_path, tiny_llama):
+    report = run_recover(pruned, prompts_file, tmp_path / "kd", "--method", "kd", "--max-steps", "10",
+                         "--train-max-tokens", "300")
+    assert 1 <= report["data"]["steps"] < 10 and report["tokens_seen"] >= 300
+    teacher = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    student = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    drop_blocks(student, [2, 3])
+    fits = local.train_spans(student, teacher, [2, 3], _sequences(), "before",
+                             local.LocalBudget(steps=30, sequences_per_step=4, learning_rate=1e-3, max_tokens=200))
+    assert fits[0]["steps"] == 3 and fits[0]["tokens"] == 3 * 4 * 24

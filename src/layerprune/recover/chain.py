@@ -35,7 +35,7 @@ def local_budget(recipe: RecoverRecipe, sequences: int) -> local.LocalBudget:
     return local.LocalBudget(steps=steps, sequences_per_step=per_step,
                              learning_rate=recipe.local.learning_rate or train.learning_rate,
                              weight_decay=train.weight_decay, max_grad_norm=train.max_grad_norm,
-                             betas=(train.adam_beta1, train.adam_beta2))
+                             betas=(train.adam_beta1, train.adam_beta2), max_tokens=train.max_tokens)
 
 
 def run_steps(recipe: RecoverRecipe, loaded: Any, teacher: Any, student: Any,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -135,19 +135,24 @@ class LocalBudget:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     betas: tuple[float, float] = (0.9, 0.99)
+    max_tokens: int | None = None  # stop a span's training once it has seen this many tokens
 
 
 def train_block(block: Any, cache: list[tuple[torch.Tensor, torch.Tensor, dict[str, Any]]], budget: LocalBudget,
-                device: torch.device) -> tuple[Any, int]:
-    """A float32 copy of `block` trained on the cached (input, target) pairs; the copy and the tokens it saw."""
+                device: torch.device) -> tuple[Any, int, int]:
+    """A float32 copy of `block` trained on the cached (input, target) pairs; the copy, the tokens it saw and the
+    optimizer steps it took."""
     work = copy.deepcopy(block).to(device=device, dtype=torch.float32).train()
     params = [p for p in work.parameters()]
     for param in params:
         param.requires_grad_(True)
     optimizer = torch.optim.AdamW(params, lr=budget.learning_rate, betas=budget.betas,
                                   weight_decay=budget.weight_decay)
-    tokens, cursor = 0, 0
+    tokens, cursor, steps = 0, 0, 0
     for _ in range(budget.steps):
+        if budget.max_tokens is not None and tokens >= budget.max_tokens:
+            break
+        steps += 1
         batch = [cache[(cursor + i) % len(cache)] for i in range(budget.sequences_per_step)]
         cursor += budget.sequences_per_step
         count = sum(y.numel() for _, y, _ in batch)
@@ -158,7 +163,7 @@ def train_block(block: Any, cache: list[tuple[torch.Tensor, torch.Tensor, dict[s
             tokens += int(y.shape[-2])
         torch.nn.utils.clip_grad_norm_(params, budget.max_grad_norm)
         optimizer.step()
-    return work.eval(), tokens
+    return work.eval(), tokens, steps
 
 
 def train_spans(student: Any, teacher: Any, dropped: list[int], sequences: list[list[int]], block: str,
@@ -170,12 +175,13 @@ def train_spans(student: Any, teacher: Any, dropped: list[int], sequences: list[
     layers = decoder_layers(student)
     device = next(student.parameters()).device
     per_span = max(1, budget.steps // len(spans))
+    span_tokens = None if budget.max_tokens is None else max(1, budget.max_tokens // len(spans))
     fits = []
     for span in spans:
         cache = [capture_states(teacher, span, ids) for ids in sequences]
         before = block_error(layers[span.student], cache, device)
-        trained, tokens = train_block(layers[span.student], cache, LocalBudget(**{**budget.__dict__,
-                                                                                "steps": per_span}), device)
+        share = replace(budget, steps=per_span, max_tokens=span_tokens)
+        trained, tokens, steps = train_block(layers[span.student], cache, share, device)
         after = block_error(trained, cache, device)
         with torch.no_grad():
             for target, source in zip(layers[span.student].parameters(), trained.parameters(), strict=True):
@@ -183,6 +189,6 @@ def train_spans(student: Any, teacher: Any, dropped: list[int], sequences: list[
         log.info("local: block %d for span %d-%d, hidden-state MSE %.4g -> %.4g (%d tokens)", span.trained,
                  span.first, span.last, before, after, tokens)
         fits.append({"dropped": [span.first, span.last], "block": span.trained, "student_block": span.student,
-                     "mse_before": before, "mse_after": after, "steps": per_span, "tokens": tokens})
+                     "mse_before": before, "mse_after": after, "steps": steps, "tokens": tokens})
         del cache
     return fits

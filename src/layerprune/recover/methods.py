@@ -15,7 +15,7 @@ from typing import Any
 from layerprune.errors import LayerpruneError
 from layerprune.models import ModelSource, load_model
 from layerprune.models.lineage import PRUNE_REPORT, read_lineage
-from layerprune.recover import chain, heldout, kd, replace, selfgen, train
+from layerprune.recover import budget, chain, heldout, kd, replace, selfgen, train
 from layerprune.recover.schema import RecoverRecipe
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,7 @@ def distill(recipe: RecoverRecipe, student: ModelSource, teacher_spec: str, rows
         callback = heldout.HeldOutCallback(teacher, encoded)
         trainer = make_trainer(recipe, method, loaded, teacher, train_rows, train_prompts, job, optimizer, trainer_dir,
                                callback)
+        budget.limit(trainer, recipe.train.max_tokens)
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         model, steps = trainer.model, trainer.state.global_step
         curve = training_curve(trainer.state.log_history, callback.points, metrics)

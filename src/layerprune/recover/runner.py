@@ -18,7 +18,7 @@ from layerprune.models.lineage import PRUNE_REPORT, SourceRecord, read_lineage
 from layerprune.models.loading import copy_tokenizer_files, load_tokenizer
 from layerprune.outputs import atomic_output_dir, check_output_dir
 from layerprune.provenance import collect_provenance
-from layerprune.recover import chain, memory, methods, selfgen, train
+from layerprune.recover import budget, chain, memory, methods, selfgen, train
 from layerprune.recover import prompts as prompt_sources
 from layerprune.recover.report import RECOVER_REPORT, RecoverReport, model_card
 from layerprune.recover.schema import RecoverRecipe
@@ -359,6 +359,7 @@ def train_sft(
     eval_set = train.to_dataset(eval_rows, gen, loaded.tokenizer, cap) if eval_rows else None
     train_set = train.to_dataset(train_rows, gen, loaded.tokenizer, cap)
     trainer = train.make_trainer(recipe, loaded.model, loaded.tokenizer, args, train_set, eval_set, teacher_model)
+    budget.limit(trainer, recipe.train.max_tokens)
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     before = train.loss_before(trainer.state.log_history) if eval_set is not None else None
     after = trainer.evaluate()["eval_loss"] if eval_set is not None else None
