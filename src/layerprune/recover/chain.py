@@ -92,7 +92,7 @@ def plan(recipe: RecoverRecipe, shape: memory.ModelShape, teacher: memory.ModelS
     sequences = recipe.prompts.samples or PLANNED_SEQUENCES
     result = memory.plan_surgery(shape, teacher, recipe.chain_name(), weight_bytes, budget_gb,
                                  trains_block="local" in recipe.surgery_steps(), cached_tokens=sequences * length,
-                                 step_tokens=length * per_step)
+                                 seq_len=length, batch_size=per_step)
     if "local" in recipe.surgery_steps():
         result.notes.append(f"local: the teacher's states of {sequences} sequences of <= {length} tokens cached per "
                             "span" + ("" if recipe.prompts.samples else " (prompts.samples unset: assumed)"))

@@ -186,20 +186,20 @@ def format_plan(plan: MemoryPlan, model: str) -> str:
 
 
 def plan_surgery(shape: ModelShape, teacher: ModelShape, method: str, weight_bytes: int, budget_gb: float,
-                 trains_block: bool, cached_tokens: int, step_tokens: int) -> MemoryPlan:
+                 trains_block: bool, cached_tokens: int, seq_len: int, batch_size: int) -> MemoryPlan:
     """merge, local and chains without a trainer: the student and the teacher in memory; local adds the cached teacher
     states (input and target per token, in the weights' dtype) and one block trained in float32 (weights, gradients,
     two AdamW moments) with its own activations for one step."""
     block = (shape.params - shape.vocab * shape.hidden) / max(shape.layers, 1) if trains_block else 0.0
     one_block = replace(shape, layers=1, vocab=0)  # one block's saved activations, no logits
-    act = activation_bytes(one_block, step_tokens, 4, False) if trains_block else 0.0
+    act = activation_bytes(one_block, seq_len * batch_size, 4, False) if trains_block else 0.0
     cache = 2 * cached_tokens * shape.hidden * weight_bytes if trains_block else 0.0
     parts = {"weights": shape.params * weight_bytes, "adapters": 0.0, "gradients": block * 4,
              "optimizer_states": block * (4 + 8), "teacher": teacher.params * weight_bytes + cache,
              "activations": act}
     total = sum(parts.values())
     plan = MemoryPlan(method=method, optimizer="adamw_torch (one block)" if trains_block else "none",
-                      seq_len=step_tokens, batch_size=1, weight_bytes=weight_bytes,
+                      seq_len=seq_len, batch_size=batch_size, weight_bytes=weight_bytes,
                       **{k: v / GB for k, v in parts.items()}, activations_no_checkpointing=act / GB,
                       activations_checkpointing=act / GB, gradient_checkpointing=False, total=total / GB,
                       budget=budget_gb, fits=total / GB <= budget_gb)
