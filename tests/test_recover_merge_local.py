@@ -4,6 +4,7 @@ training), kd on broad text (the loss against a hand-computed KL), and their cha
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -182,11 +183,19 @@ def test_replace_then_local_and_local_then_kd_chains():
         RecoverRecipe(local={"block": "middle"})
 
 
-def test_local_without_a_prune_report_is_one_line(tiny_models, prompts_file, tmp_path, capsys):
-    code = main(["recover", "--model", str(tiny_models("llama", 6)), "--teacher", str(tiny_models("llama", 6)),
+def test_merge_without_a_prune_report_or_from_another_teacher_is_one_line(tiny_models, pruned, prompts_file, tmp_path,
+                                                                          capsys):
+    unpruned = tmp_path / "copy"  # a model with no prune_report.json
+    shutil.copytree(tiny_models("llama", 6), unpruned)
+    code = main(["recover", "--model", str(unpruned), "--teacher", str(tiny_models("llama", 6)),
                  "--prompts", str(prompts_file), "-o", str(tmp_path / "x"), *FAST, "--method", "merge"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err[-1].startswith("error:") and not (tmp_path / "x").exists()
+    assert code == 2 and err[-1].startswith("error: merge needs the dropped blocks") and not (tmp_path / "x").exists()
+    code = main(["recover", "--model", str(pruned), "--teacher", str(tiny_models("llama", 4)),
+                 "--prompts", str(prompts_file), "-o", str(tmp_path / "y"), *FAST, "--method", "local"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("error: local reads the dropped blocks from the teacher")
+    assert "(6 blocks), not a model with 4" in err[-1] and not (tmp_path / "y").exists()
 
 
 def test_the_memory_plan_of_local_counts_the_cache_and_one_block(tiny_llama):

@@ -12,18 +12,24 @@ import torch
 from layerprune.errors import LayerpruneError
 from layerprune.models.lineage import PRUNE_REPORT, read_lineage
 from layerprune.recover import heldout, local, memory, merge
+from layerprune.recover.replace import decoder_layers
 from layerprune.recover.schema import RecoverRecipe
 
 NEW_STEPS = ("merge", "local")  # the steps this module runs (replace's fold runs in methods.py)
 PLANNED_SEQUENCES = 1000  # sequences cached per span in the plan when prompts.samples does not say
 
 
-def dropped_of(student: Any, method: str) -> list[int]:
-    """The dropped blocks named in the student's prune_report.json (one-line error where there are none)."""
+def dropped_of(student: Any, teacher: Any, method: str) -> list[int]:
+    """The dropped blocks named in the student's prune_report.json; the teacher must be the source they came from
+    (one-line errors otherwise)."""
     lineage = read_lineage(Path(student.location))
     if lineage is None or not lineage.dropped:
         raise LayerpruneError(f"{method} needs the dropped blocks: {Path(student.location) / PRUNE_REPORT} is missing "
                               "or lists none")
+    blocks = len(decoder_layers(teacher))
+    if blocks != lineage.num_blocks_before:
+        raise LayerpruneError(f"{method} reads the dropped blocks from the teacher, so it must be the pruned model's "
+                              f"source ({lineage.num_blocks_before} blocks), not a model with {blocks}")
     return lineage.dropped
 
 
@@ -44,7 +50,7 @@ def run_steps(recipe: RecoverRecipe, loaded: Any, teacher: Any, student: Any,
     steps = [s for s in recipe.surgery_steps() if s in NEW_STEPS]
     if not steps:
         return {}
-    dropped = dropped_of(student, recipe.method)
+    dropped = dropped_of(student, teacher, recipe.method)
     done: dict[str, Any] = {"chain": recipe.chain_name()}
     for step in steps:
         if step == "merge":

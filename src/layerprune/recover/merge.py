@@ -70,7 +70,7 @@ def merge_blocks(student: Any, teacher: Any, dropped: list[int], weight: float =
     for run, w in zip(runs, span_weights(runs, weight, weights), strict=True):
         base = check_mergeable(teacher, run)
         anchor = dict(student_layers[run.anchor].named_parameters())
-        if set(anchor) != set(base):
+        if set(anchor) != set(base) or any(anchor[n].shape != base[n].shape for n in base):
             raise LayerpruneError(f"merge: the pruned model's block {run.anchor} does not match the source's block "
                                   f"{run.first - 1}")
         change = 0.0
