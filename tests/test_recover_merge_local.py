@@ -221,3 +221,24 @@ def test_a_token_budget_stops_kd_and_local(pruned, prompts_file, tmp_path, tiny_
     fits = local.train_spans(student, teacher, [2, 3], _sequences(), "before",
                              local.LocalBudget(steps=30, sequences_per_step=4, learning_rate=1e-3, max_tokens=200))
     assert fits[0]["steps"] == 3 and fits[0]["tokens"] == 3 * 4 * 24
+
+
+def test_merge_and_local_work_on_a_family_with_post_mlp_norms(tiny_models):
+    """Gemma 3 (a norm after the MLP: replace's fold is refused) merges and trains locally; sliding-window blocks
+    get their own masks and rotary tables from the teacher's call."""
+    path = tiny_models("gemma3_text", 6)
+    teacher = AutoModelForCausalLM.from_pretrained(path).eval()
+    student = AutoModelForCausalLM.from_pretrained(path).eval()
+    drop_blocks(student, [2, 3])
+    merge.merge_blocks(student, teacher, [2, 3], weight=0.5)
+    fits = local.train_spans(student, teacher, [2, 3], _sequences(), "before",
+                             local.LocalBudget(steps=20, sequences_per_step=4, learning_rate=3e-3))
+    assert fits[0]["mse_after"] < fits[0]["mse_before"]
+
+
+def test_dry_run_plans_a_merge_then_local_chain(pruned, prompts_file, capsys):
+    code = main(["recover", "--model", str(pruned), "--prompts", str(prompts_file), "-o", "unused", *FAST,
+                 "--method", "merge", "--merge-then", "local", "--dry-run"])
+    out = capsys.readouterr().out
+    assert code == 0 and "method merge+local" in out and "cached teacher states" in out
+    assert "optimizer (adamw_torch (one block))" in out and not Path("unused").exists()
