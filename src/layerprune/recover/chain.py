@@ -34,7 +34,7 @@ def dropped_of(student: Any, teacher: Any, method: str) -> list[int]:
 
 
 def local_budget(recipe: RecoverRecipe, sequences: int) -> local.LocalBudget:
-    """local's steps (local.steps, else train.max_steps, else one pass per span) and AdamW settings."""
+    """local's steps in all (local.steps, else train.max_steps, else one pass over the text) and AdamW settings."""
     per_step = recipe.train.batch_size * recipe.train.grad_accum
     steps = recipe.local.steps or recipe.train.max_steps or max(1, math.ceil(sequences / per_step))
     train = recipe.train

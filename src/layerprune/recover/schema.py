@@ -194,7 +194,7 @@ class LocalSection(Section):
         "target: its state after the span) or the one after it (input: the state entering the span, target: the state "
         "after that block)")
     steps: int | None = Field(None, ge=1, description="Optimizer steps, shared out over the spans (default: "
-                              "train.max_steps, else one pass over the training text per span)")
+                              "train.max_steps, else one pass over the training text)")
     learning_rate: float | None = Field(None, gt=0, description="AdamW learning rate (default: train.learning_rate)")
     max_length: int = Field(512, ge=8, description="Longest training sequence in tokens")
     then: Literal["none", "kd", "opd"] = Field("none", description="Distil after the local step (kd or opd sections)")
