@@ -79,10 +79,11 @@ def test_every_shipped_recovery_study_dry_runs(capsys, path, monkeypatch, tmp_pa
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     code, out, err = run_cli(capsys, ["study", str(path), "--dry-run", "--output", str(tmp_path / "s")])
     assert code == 0, err
-    assert "budget (every arm)" in out and "arm opd" in out and not (tmp_path / "s").exists()
-    opd = out.split("arm opd: method opd\n")[1].split("\narm ")[0]
-    assert "memory plan:" in opd and "method opd," in opd  # named as the arm's method, planned with its teacher
-    assert "teacher (unpruned, beside the student)" in opd and "config was not readable" not in out
+    label = "opd" if "arm opd" in out else "kd"  # every study has a distillation arm
+    assert "budget (every arm)" in out and f"arm {label}" in out and not (tmp_path / "s").exists()
+    arm = out.split(f"arm {label}: method {label}\n")[1].split("\narm ")[0]
+    assert "memory plan:" in arm and f"method {label}," in arm  # named as the arm's method, planned with its teacher
+    assert "teacher (unpruned, beside the student)" in arm and "config was not readable" not in out
     assert path.read_text().startswith("# layerprune study ")
     assert len(STUDIES) >= 3
 
@@ -173,3 +174,15 @@ def test_trained_skills_come_from_the_prompts_kept():
     kept, _ = load_prompts(PromptSource(source=source, samples=16), None)
     assert study_report.trained_tasks(source) == {"arith_2d_add", "brackets_d2"}  # by name
     assert study_report.trained_tasks(source, [p.text for p in kept]) == {"arith_2d_add"}  # by what was kept
+
+
+def test_transfer_study_trains_on_generic_text_only_at_one_token_budget():
+    path = next(p for p in STUDIES if p.stem == "recovery-transfer-embedded")
+    study = RecoveryStudy.load(path)
+    shared = study.shared_recipe("<pruned>")
+    assert study_report.trained_tasks(shared.prompts.source) == frozenset()  # every scored skill held out
+    assert shared.train.max_tokens >= 50_000 and shared.generate.temperature == 0
+    assert study.prune.n_drop == 3 and study.prune.score == "ablation" and study.prune.metric == "nll"
+    chains = {label: study.arm_recipe(label, "<pruned>").chain_name() for label in study.arms}
+    assert chains == {"sft": "lora", "kd": "kd", "merge": "merge", "local": "local", "merge+local": "merge+local",
+                      "replace+local": "replace+local"}

@@ -33,11 +33,13 @@ class Arm(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    method: str = Field(description="Recover method: lora, full, qlora, kd, opd or replace")
+    method: str = Field(description="Recover method: lora, full, qlora, kd, opd, replace, merge or local")
     lora: dict[str, Any] = Field(default_factory=dict, description="LoRA fields of this arm")
     kd: dict[str, Any] = Field(default_factory=dict, description="kd fields of this arm")
     opd: dict[str, Any] = Field(default_factory=dict, description="opd fields of this arm")
     replace: dict[str, Any] = Field(default_factory=dict, description="replace fields of this arm")
+    merge: dict[str, Any] = Field(default_factory=dict, description="merge fields of this arm")
+    local: dict[str, Any] = Field(default_factory=dict, description="local fields of this arm")
     learning_rate: float | None = Field(None, gt=0, description="Peak learning rate of this arm (default: shared)")
 
 
@@ -72,7 +74,8 @@ class RecoveryStudy(PipelineRecipe):
         base = self.shared_recipe(student).model_dump(mode="json")
         layer: dict[str, Any] = {"name": f"{self.name}-{label}", "method": arm.method,
                                  **{k: v for k, v in (("lora", arm.lora), ("kd", arm.kd), ("opd", arm.opd),
-                                                      ("replace", arm.replace)) if v}}
+                                                      ("replace", arm.replace), ("merge", arm.merge),
+                                                      ("local", arm.local)) if v}}
         if arm.learning_rate is not None:
             layer["train"] = {"learning_rate": arm.learning_rate}
         seeds = sorted({*base["prompts"]["exclude_probe_seeds"], self.evaluate.probe_seed})
@@ -157,16 +160,21 @@ def dry_run(study: RecoveryStudy, settings: RunSettings) -> str:
              f"model: {check_model(study.model, settings)}",
              *[f"data: {line}" for line in check_data(study)],  # type: ignore[arg-type]
              f"budget (every arm): {shared.train.max_steps} optimizer steps of {shared.train.batch_size} x "
-             f"{shared.train.grad_accum} sequences (<= {shared.train.max_length} tokens); prompts "
+             f"{shared.train.grad_accum} sequences (<= {shared.train.max_length} tokens)"
+             + (f", or {shared.train.max_tokens} tokens, whichever comes first" if shared.train.max_tokens else "")
+             + f"; prompts "
              f"{shared.prompts.source} ({shared.prompts.samples or 'all'})"]
     config, note = model_config(study.model, settings)
     teacher_config = copy.deepcopy(config)  # the unpruned model distils into every arm that has a teacher
     for label in study.arms:
         recipe = study.arm_recipe(label, "<pruned>")
-        lines.append(f"arm {label}: method {recipe.method}" + (f" (then {recipe.replace.then})"
-                                                             if recipe.method == "replace" else ""))
-        if recipe.trainer_method() is None:
+        chained = recipe.chain_name()
+        lines.append(f"arm {label}: method {recipe.method}" + (f" (chain {chained})" if chained != recipe.method
+                                                             else ""))
+        if recipe.surgery_steps() == ["replace"] and recipe.trainer_method() is None:
             lines.append("  no training: a least-squares fit on calibration text (forward passes only)")
+        elif recipe.surgery_steps() == ["merge"] and recipe.trainer_method() is None:
+            lines.append("  no training: each dropped span's parameter differences added to the block before it")
         elif config is not None:
             config.num_hidden_layers = teacher_config.num_hidden_layers - study.prune.n_drop
             _, plan = plan_for(recipe, config, RecoverJob(output=study.run_dir() / "arms" / label, settings=settings),

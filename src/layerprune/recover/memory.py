@@ -5,7 +5,7 @@ All arithmetic is over the model config: nothing is loaded (the parameter count 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 GB = 1e9
@@ -183,3 +183,27 @@ def format_plan(plan: MemoryPlan, model: str) -> str:
     lines.append(f"  {'estimated peak':48s} {plan.total:9.2f} GB  -> {verdict} in {plan.budget:.0f} GB")
     lines += [f"  note: {note}" for note in plan.notes]
     return "\n".join(lines)
+
+
+def plan_surgery(shape: ModelShape, teacher: ModelShape, method: str, weight_bytes: int, budget_gb: float,
+                 trains_block: bool, cached_tokens: int, seq_len: int, batch_size: int) -> MemoryPlan:
+    """merge, local and chains without a trainer: the student and the teacher in memory; local adds the cached teacher
+    states (input and target per token, in the weights' dtype) and one block trained in float32 (weights, gradients,
+    two AdamW moments) with its own activations for one step."""
+    block = (shape.params - shape.vocab * shape.hidden) / max(shape.layers, 1) if trains_block else 0.0
+    one_block = replace(shape, layers=1, vocab=0)  # one block's saved activations, no logits
+    act = activation_bytes(one_block, seq_len * batch_size, 4, False) if trains_block else 0.0
+    cache = 2 * cached_tokens * shape.hidden * weight_bytes if trains_block else 0.0
+    parts = {"weights": shape.params * weight_bytes, "adapters": 0.0, "gradients": block * 4,
+             "optimizer_states": block * (4 + 8), "teacher": teacher.params * weight_bytes + cache,
+             "activations": act}
+    total = sum(parts.values())
+    plan = MemoryPlan(method=method, optimizer="adamw_torch (one block)" if trains_block else "none",
+                      seq_len=seq_len, batch_size=batch_size, weight_bytes=weight_bytes,
+                      **{k: v / GB for k, v in parts.items()}, activations_no_checkpointing=act / GB,
+                      activations_checkpointing=act / GB, gradient_checkpointing=False, total=total / GB,
+                      budget=budget_gb, fits=total / GB <= budget_gb)
+    if trains_block:
+        plan.notes.append(f"local: {cache / GB:.2f} GB of cached teacher states (in 'teacher'), one block "
+                          "trained in float32 (its master copy and AdamW states in 'optimizer')")
+    return advise(plan)

@@ -15,11 +15,11 @@ from typing import Any
 from layerprune.errors import LayerpruneError
 from layerprune.models import ModelSource, load_model
 from layerprune.models.lineage import PRUNE_REPORT, read_lineage
-from layerprune.recover import heldout, kd, replace, selfgen, train
+from layerprune.recover import budget, chain, heldout, kd, replace, selfgen, train
 from layerprune.recover.schema import RecoverRecipe
 
 log = logging.getLogger(__name__)
-DISTILL_METHODS = ("kd", "opd", "replace")
+DISTILL_METHODS = ("kd", "opd", "replace", "merge", "local")
 
 
 def held_out_ids(prompts: list[selfgen.Prompt], held_out: float, seed: int) -> set[str]:
@@ -57,6 +57,8 @@ def distill(recipe: RecoverRecipe, student: ModelSource, teacher_spec: str, rows
                             "held_out_examples": len(eval_rows), "held_out_tokens": sum(len(i) - s for i, s in encoded)}
     if recipe.method == "replace":
         data["replace"] = fold_replacement(recipe, loaded, teacher, student, train_rows)
+    data.update(chain.run_steps(recipe, loaded, teacher, student, train_rows))  # merge, local (chain.py)
+    if recipe.surgery_steps():
         metrics["replaced"] = heldout.held_out_metrics(loaded.model, teacher, encoded) if encoded else None
     method = recipe.trainer_method()
     model, curve, tokens, steps = loaded.model, {"train": [], "held_out": []}, 0, 0
@@ -66,6 +68,7 @@ def distill(recipe: RecoverRecipe, student: ModelSource, teacher_spec: str, rows
         callback = heldout.HeldOutCallback(teacher, encoded)
         trainer = make_trainer(recipe, method, loaded, teacher, train_rows, train_prompts, job, optimizer, trainer_dir,
                                callback)
+        budget.limit(trainer, recipe.train.max_tokens)
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         model, steps = trainer.model, trainer.state.global_step
         curve = training_curve(trainer.state.log_history, callback.points, metrics)
@@ -82,6 +85,9 @@ def distill(recipe: RecoverRecipe, student: ModelSource, teacher_spec: str, rows
         model = model.merge_and_unload()
     model.save_pretrained(saved, safe_serialization=True)
     loaded.tokenizer.save_pretrained(saved)
+    if any(step in chain.NEW_STEPS for step in recipe.surgery_steps()):
+        data["verified"] = chain.verify_saved(model, saved, [ids for ids, _ in encoded])
+    tokens += chain.local_tokens(data)
     return TrainResult(saved, before, after, curve, plan, optimizer, data, time.perf_counter() - start, tokens)
 
 

@@ -18,7 +18,7 @@ from layerprune.models.lineage import PRUNE_REPORT, SourceRecord, read_lineage
 from layerprune.models.loading import copy_tokenizer_files, load_tokenizer
 from layerprune.outputs import atomic_output_dir, check_output_dir
 from layerprune.provenance import collect_provenance
-from layerprune.recover import memory, methods, selfgen, train
+from layerprune.recover import budget, chain, memory, methods, selfgen, train
 from layerprune.recover import prompts as prompt_sources
 from layerprune.recover.report import RECOVER_REPORT, RecoverReport, model_card
 from layerprune.recover.schema import RecoverRecipe
@@ -145,6 +145,9 @@ def plan_for(
     if distil:
         teacher_config = teacher_config or (_config_of(teacher, job.settings) if teacher else None)
         teacher_shape = memory.model_shape(teacher_config) if teacher_config is not None else shape
+    if recipe.trainer_method() is None and any(step in chain.NEW_STEPS for step in recipe.surgery_steps()):
+        return "none", chain.plan(recipe, shape, teacher_shape or shape, weight_bytes, job.memory_budget,
+                                  seq_len or recipe.train.max_length)
     optimizer, plan = memory.choose_optimizer(
         shape,
         "kd" if distil else recipe.method,
@@ -356,6 +359,7 @@ def train_sft(
     eval_set = train.to_dataset(eval_rows, gen, loaded.tokenizer, cap) if eval_rows else None
     train_set = train.to_dataset(train_rows, gen, loaded.tokenizer, cap)
     trainer = train.make_trainer(recipe, loaded.model, loaded.tokenizer, args, train_set, eval_set, teacher_model)
+    budget.limit(trainer, recipe.train.max_tokens)
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     before = train.loss_before(trainer.state.log_history) if eval_set is not None else None
     after = trainer.evaluate()["eval_loss"] if eval_set is not None else None

@@ -11,8 +11,9 @@ from layerprune.errors import LayerpruneError
 from layerprune.probes import probe_tasks
 from layerprune.registry import check_name
 
-Method = Literal["lora", "qlora", "full", "kd", "opd", "replace"]
+Method = Literal["lora", "qlora", "full", "kd", "opd", "replace", "merge", "local"]
 Optimizer = Literal["auto", "adamw_torch", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit"]
+SURGERY_METHODS = ("replace", "merge", "local")  # methods that change blocks from the teacher's weights or states
 MIRROR_ONLY_PROMPT_SETS = ("alpaca_seed",)  # read by name from the data mirror alone (no hub copy is known)
 
 
@@ -97,6 +98,9 @@ class TrainSection(Section):
     grad_accum: int = Field(2, ge=1, description="Gradient accumulation steps")
     epochs: float = Field(1.0, gt=0, description="Training epochs")
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (overrides epochs)")
+    max_tokens: int | None = Field(None, ge=1, description="Stop once the student has trained on this many tokens "
+                                   "(prompt + completion as the trainer counts them; local: the tokens through its "
+                                   "blocks), whichever of max_steps and max_tokens comes first")
     max_length: int = Field(8192, ge=16, description="Longest training sequence in tokens (prompt + response)")
     bf16: bool = Field(True, description="bfloat16 mixed precision (switched off automatically on a CPU)")
     gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass")
@@ -157,7 +161,43 @@ class ReplaceSection(Section):
     calib_samples: int = Field(64, ge=1, description="Teacher responses (prompt + answer) used as calibration text")
     max_length: int = Field(512, ge=8, description="Longest calibration sequence in tokens")
     ridge: float = Field(1e-4, ge=0, description="Ridge term, relative to the mean diagonal of the normal equations")
-    then: Literal["none", "kd", "opd"] = Field("none", description="Distil after the fold (kd or opd sections apply)")
+    then: Literal["none", "kd", "opd", "local"] = Field(
+        "none", description="After the fold: distil (kd or opd sections apply) or train the folded block locally")
+
+
+class MergeSection(Section):
+    """Layer collapse (method merge, LaCo): each dropped span's parameter differences added to the kept block before
+    it, anchor <- anchor + w * sum over the span of (block - anchor), from the source model's weights."""
+
+    weight: float = Field(1.0, ge=0, description="Per-span weight w of the summed differences (1: LaCo's sum; 0: plain "
+                          "pruning)")
+    span_weights: list[float] | None = Field(None, description="One weight per dropped span, in block order "
+                                             "(overrides weight)")
+    then: Literal["none", "kd", "opd", "local"] = Field(
+        "none", description="After the merge: distil (kd or opd sections apply) or train the merged block locally")
+
+    @field_validator("span_weights")
+    @classmethod
+    def _non_negative(cls, weights: list[float] | None) -> list[float] | None:
+        if weights is not None and (not weights or min(weights) < 0):
+            raise ValueError("merge.span_weights must list one weight >= 0 per dropped span")
+        return weights
+
+
+class LocalSection(Section):
+    """Span-local training (method local, after LLM-Streamline): per dropped span, only the kept block next to the cut
+    learns to map the teacher's hidden state entering it to the teacher's state leaving the span (MSE), on the
+    training text (the teacher's answers to the prompts), its states cached one span at a time."""
+
+    block: Literal["before", "after"] = Field(
+        "before", description="Train the kept block before the span (input: the teacher's state entering that block, "
+        "target: its state after the span) or the one after it (input: the state entering the span, target: the state "
+        "after that block)")
+    steps: int | None = Field(None, ge=1, description="Optimizer steps, shared out over the spans (default: "
+                              "train.max_steps, else one pass over the training text)")
+    learning_rate: float | None = Field(None, gt=0, description="AdamW learning rate (default: train.learning_rate)")
+    max_length: int = Field(512, ge=8, description="Longest training sequence in tokens")
+    then: Literal["none", "kd", "opd"] = Field("none", description="Distil after the local step (kd or opd sections)")
 
 
 class RecoverRecipe(Section):
@@ -170,7 +210,9 @@ class RecoverRecipe(Section):
     drop_blocks: list[int] | None = Field(
         None, description="Drop these blocks from --model before recovering (teacher = --model unpruned)"
     )
-    method: Method = Field("lora", description="lora, qlora (4-bit, CUDA), full, or kd (distil the teacher)")
+    method: Method = Field("lora", description="lora, qlora (4-bit, CUDA), full, kd or opd (distil the teacher), "
+                           "replace (least-squares maps), merge (fold the dropped blocks into a kept one) or local "
+                           "(train the block next to each cut on the teacher's hidden states)")
     prompts: PromptSource = Field(default_factory=PromptSource)
     generate: GenerationSection = Field(default_factory=GenerationSection)
     train: TrainSection = Field(default_factory=TrainSection)
@@ -178,6 +220,8 @@ class RecoverRecipe(Section):
     kd: KdSection = Field(default_factory=KdSection)
     opd: OpdSection = Field(default_factory=OpdSection)
     replace: ReplaceSection = Field(default_factory=ReplaceSection)
+    merge: MergeSection = Field(default_factory=MergeSection)
+    local: LocalSection = Field(default_factory=LocalSection)
 
     @field_validator("method", mode="before")
     @classmethod
@@ -202,17 +246,29 @@ class RecoverRecipe(Section):
         return self.method in ("lora", "qlora") or self.adapter_of(self.trainer_method()) == "lora"
 
     def trainer_method(self) -> str | None:
-        """The method whose trainer runs (replace: the distillation after the fold, or None)."""
-        if self.method == "replace":
-            return None if self.replace.then == "none" else self.replace.then
+        """The method whose trainer runs (replace, merge, local: the distillation after them, or None)."""
+        if self.method in SURGERY_METHODS:
+            then = getattr(self, self.method).then
+            return then if then in ("kd", "opd") else None
         return self.method
+
+    def surgery_steps(self) -> list[str]:
+        """The steps that change blocks before any trainer runs, in order (replace or merge, then local)."""
+        if self.method in ("replace", "merge"):
+            return [self.method, "local"] if getattr(self, self.method).then == "local" else [self.method]
+        return ["local"] if self.method == "local" else []
+
+    def chain_name(self) -> str:
+        """The method chain as the report names it: 'merge+local', 'replace+opd', 'kd'..."""
+        trainer = self.trainer_method()
+        return "+".join([*self.surgery_steps(), *([trainer] if trainer else [])])
 
     def adapter_of(self, method: str | None) -> str | None:
         return {"kd": self.kd.adapter, "opd": self.opd.adapter}.get(method or "")
 
     def needs_teacher_model(self) -> bool:
         """Whether training holds the teacher in memory next to the student."""
-        return self.method in ("kd", "opd", "replace")
+        return self.method in ("kd", "opd", *SURGERY_METHODS)
 
 
 def _has_answers(source: str) -> bool:

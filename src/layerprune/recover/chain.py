@@ -1,0 +1,105 @@
+"""The block-changing steps of a method chain after replace's fold: merge and local (replace+local, merge+local,
+local), their memory plan, and the check that the saved model reloads as the in-memory one."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from layerprune.errors import LayerpruneError
+from layerprune.models.lineage import PRUNE_REPORT, read_lineage
+from layerprune.recover import heldout, local, memory, merge
+from layerprune.recover.replace import decoder_layers
+from layerprune.recover.schema import RecoverRecipe
+
+NEW_STEPS = ("merge", "local")  # the steps this module runs (replace's fold runs in methods.py)
+PLANNED_SEQUENCES = 1000  # sequences cached per span in the plan when prompts.samples does not say
+
+
+def dropped_of(student: Any, teacher: Any, method: str) -> list[int]:
+    """The dropped blocks named in the student's prune_report.json; the teacher must be the source they came from
+    (one-line errors otherwise)."""
+    lineage = read_lineage(Path(student.location))
+    if lineage is None or not lineage.dropped:
+        raise LayerpruneError(f"{method} needs the dropped blocks: {Path(student.location) / PRUNE_REPORT} is missing "
+                              "or lists none")
+    blocks = len(decoder_layers(teacher))
+    if blocks != lineage.num_blocks_before:
+        raise LayerpruneError(f"{method} reads the dropped blocks from the teacher, so it must be the pruned model's "
+                              f"source ({lineage.num_blocks_before} blocks), not a model with {blocks}")
+    return lineage.dropped
+
+
+def local_budget(recipe: RecoverRecipe, sequences: int) -> local.LocalBudget:
+    """local's steps in all (local.steps, else train.max_steps, else one pass over the text) and AdamW settings."""
+    per_step = recipe.train.batch_size * recipe.train.grad_accum
+    steps = recipe.local.steps or recipe.train.max_steps or max(1, math.ceil(sequences / per_step))
+    train = recipe.train
+    return local.LocalBudget(steps=steps, sequences_per_step=per_step,
+                             learning_rate=recipe.local.learning_rate or train.learning_rate,
+                             weight_decay=train.weight_decay, max_grad_norm=train.max_grad_norm,
+                             betas=(train.adam_beta1, train.adam_beta2), max_tokens=train.max_tokens)
+
+
+def run_steps(recipe: RecoverRecipe, loaded: Any, teacher: Any, student: Any,
+              rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Run the recipe's merge and local steps on the loaded student, in chain order; what each did."""
+    steps = [s for s in recipe.surgery_steps() if s in NEW_STEPS]
+    if not steps:
+        return {}
+    dropped = dropped_of(student, teacher, recipe.method)
+    done: dict[str, Any] = {"chain": recipe.chain_name()}
+    for step in steps:
+        if step == "merge":
+            done["merge"] = merge.merge_blocks(loaded.model, teacher, dropped, recipe.merge.weight,
+                                               recipe.merge.span_weights)
+        else:
+            encoded = heldout.encode_rows(loaded.tokenizer, rows, recipe.generate, recipe.local.max_length)
+            sequences = [ids for ids, _ in encoded]
+            done["local"] = local.train_spans(loaded.model, teacher, dropped, sequences, recipe.local.block,
+                                              local_budget(recipe, len(sequences)))
+    return done
+
+
+def local_tokens(data: dict[str, Any]) -> int:
+    """Tokens the local step trained on (over every span)."""
+    return sum(int(f["tokens"]) for f in data.get("local", []))
+
+
+def verify_saved(model: Any, directory: Path, sequences: list[list[int]]) -> dict[str, Any]:
+    """Reload the saved model and compare its logits with the in-memory one's on a few sequences (a one-line error
+    when they differ): the merged or locally trained weights were written as computed."""
+    from layerprune.models.surgery import compare_reloaded_logits
+
+    device = next(model.parameters()).device
+    if not sequences:  # nothing held out: any tokens will do for comparing two copies of one model
+        sequences = [[(7 * i + 3) % model.config.get_text_config().vocab_size for i in range(16)]]
+    width = min(len(s) for s in sequences[:4])
+    ids = torch.tensor([s[:width] for s in sequences[:4]], device=device)
+    was_training = model.training
+    model.eval()
+    with torch.inference_mode():
+        reference = model(input_ids=ids, use_cache=False).logits.float()
+    model.train(was_training)
+    dtype = next(model.parameters()).dtype
+    record = compare_reloaded_logits(directory, ids, None, reference, dtype, device,
+                                     1e-3 if dtype == torch.float32 else 2e-2)
+    return {"checked": True, **record}
+
+
+def plan(recipe: RecoverRecipe, shape: memory.ModelShape, teacher: memory.ModelShape, weight_bytes: int,
+         budget_gb: float, seq_len: int) -> memory.MemoryPlan:
+    """The memory plan of a chain that ends without a trainer (merge, local, and either after replace)."""
+    per_step = recipe.train.batch_size * recipe.train.grad_accum
+    length = min(seq_len, recipe.local.max_length)
+    sequences = recipe.prompts.samples or PLANNED_SEQUENCES
+    result = memory.plan_surgery(shape, teacher, recipe.chain_name(), weight_bytes, budget_gb,
+                                 trains_block="local" in recipe.surgery_steps(), cached_tokens=sequences * length,
+                                 seq_len=length, batch_size=per_step)
+    if "local" in recipe.surgery_steps():
+        result.notes.append(f"local: the teacher's states of {sequences} sequences of <= {length} tokens cached per "
+                            "span" + ("" if recipe.prompts.samples else " (prompts.samples unset: assumed)"))
+    return result

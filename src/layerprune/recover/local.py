@@ -1,0 +1,194 @@
+"""Span-local training (after LLM-Streamline, arXiv 2403.19135): for each dropped span, only one kept block next to
+the cut learns, with an MSE on the teacher's hidden states, what the span computed.
+
+block 'before' (the kept block p = s - 1 before span s..e): input = the teacher's state entering block p, target =
+the teacher's state after block e, so that p alone stands in for p and the span. block 'after' (the kept block
+q = e + 1): input = the teacher's state entering the span (after block s - 1), target = the teacher's state after q.
+The states are cached one span at a time (block-major: one teacher forward per sequence up to the span's end), and
+the block is trained alone on them: a forward and backward through one block, never the whole model. The block is
+trained in float32 and copied back in the model's dtype.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from layerprune.errors import LayerpruneError
+from layerprune.recover.replace import _first, _Stop, decoder_layers, dropped_runs
+
+log = logging.getLogger(__name__)
+DROPPED_KWARGS = ("cache", "past_key_values", "past_key_value", "use_cache", "hidden_states")
+
+
+@dataclass(frozen=True)
+class Span:
+    """A dropped span and the block trained for it: original numbering, and the block's index in the pruned model."""
+
+    first: int
+    last: int
+    trained: int  # original index of the trained kept block
+    student: int  # its index in the pruned model
+    enter: int  # original block whose input is the training input
+    leave: int  # original block whose output is the target
+
+
+def local_spans(dropped: list[int], num_blocks_before: int, block: str) -> list[Span]:
+    """The spans and, per span, the kept block to train (one-line errors where there is no such block)."""
+    drops = sorted(set(dropped))
+    if block == "before" and drops and drops[0] == 0:
+        raise LayerpruneError("local cannot train a block before a span at block 0; set local.block: after")
+    if block == "after" and drops and drops[-1] == num_blocks_before - 1:
+        raise LayerpruneError("local cannot train a block after a span at the last block; set local.block: before")
+    if drops and drops[0] == 0:  # block 'after' at block 0: dropped_runs needs a kept block before, compute here
+        runs = [(r[0], r[-1]) for r in _contiguous(drops)]
+    else:
+        runs = [(r.first, r.last) for r in dropped_runs(drops, num_blocks_before)]
+    spans = []
+    for first, last in runs:
+        trained = first - 1 if block == "before" else last + 1
+        if trained in drops:
+            raise LayerpruneError(f"local: block {trained} next to span {first}-{last} is dropped too")
+        enter, leave = (trained, last) if block == "before" else (first, trained)
+        spans.append(Span(first, last, trained, trained - sum(d < trained for d in drops), enter, leave))
+    return spans
+
+
+def _contiguous(drops: list[int]) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for d in drops:
+        if runs and d == runs[-1][-1] + 1:
+            runs[-1].append(d)
+        else:
+            runs.append([d])
+    return runs
+
+
+def _detached(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, tuple):
+        return tuple(_detached(v) for v in value)
+    return value
+
+
+@torch.no_grad()
+def capture_states(teacher: Any, span: Span, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """(input, target, the trained block's call kwargs) of one sequence, from one teacher forward up to span.leave."""
+    layers = decoder_layers(teacher)
+    seen: dict[str, Any] = {}
+
+    def on_enter(_module: Any, args: Any, kwargs: Any) -> None:
+        seen["x"] = (args[0] if args else kwargs["hidden_states"]).detach()
+
+    def on_trained(_module: Any, _args: Any, kwargs: Any) -> None:
+        seen["kwargs"] = {k: _detached(v) for k, v in kwargs.items() if k not in DROPPED_KWARGS}
+
+    def on_leave(_module: Any, _inputs: Any, output: Any) -> None:
+        seen["y"] = _first(output).detach()
+        raise _Stop
+
+    handles = [layers[span.enter].register_forward_pre_hook(on_enter, with_kwargs=True),
+               layers[span.trained].register_forward_pre_hook(on_trained, with_kwargs=True),
+               layers[span.leave].register_forward_hook(on_leave)]
+    try:
+        teacher(input_ids=torch.tensor([ids], device=next(teacher.parameters()).device), use_cache=False)
+    except _Stop:
+        pass
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen["x"], seen["y"], seen["kwargs"]
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device=device, dtype=torch.float32 if value.is_floating_point() else value.dtype)
+    if isinstance(value, tuple):
+        return tuple(_to(v, device) for v in value)
+    return value
+
+
+def block_error(block: Any, cache: list[tuple[torch.Tensor, torch.Tensor, dict[str, Any]]],
+                device: torch.device) -> float:
+    """Mean squared error of the block's output against the targets, over every cached token and dimension."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for x, y, kwargs in cache:
+            out = _first(block(_to(x, device), **_to(kwargs, device)))
+            total += float((out - _to(y, device)).pow(2).sum())
+            count += y.numel()
+    return total / max(count, 1)
+
+
+@dataclass(frozen=True)
+class LocalBudget:
+    """How one span trains: optimizer steps, sequences per step, AdamW settings."""
+
+    steps: int
+    sequences_per_step: int
+    learning_rate: float
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    betas: tuple[float, float] = (0.9, 0.99)
+    max_tokens: int | None = None  # stop a span's training once it has seen this many tokens
+
+
+def train_block(block: Any, cache: list[tuple[torch.Tensor, torch.Tensor, dict[str, Any]]], budget: LocalBudget,
+                device: torch.device) -> tuple[Any, int, int]:
+    """A float32 copy of `block` trained on the cached (input, target) pairs; the copy, the tokens it saw and the
+    optimizer steps it took."""
+    work = copy.deepcopy(block).to(device=device, dtype=torch.float32).train()
+    params = [p for p in work.parameters()]
+    for param in params:
+        param.requires_grad_(True)
+    optimizer = torch.optim.AdamW(params, lr=budget.learning_rate, betas=budget.betas,
+                                  weight_decay=budget.weight_decay)
+    tokens, cursor, steps = 0, 0, 0
+    for _ in range(budget.steps):
+        if budget.max_tokens is not None and tokens >= budget.max_tokens:
+            break
+        steps += 1
+        batch = [cache[(cursor + i) % len(cache)] for i in range(budget.sequences_per_step)]
+        cursor += budget.sequences_per_step
+        count = sum(y.numel() for _, y, _ in batch)
+        optimizer.zero_grad(set_to_none=True)
+        for x, y, kwargs in batch:
+            out = _first(work(_to(x, device), **_to(kwargs, device)))
+            ((out - _to(y, device)).pow(2).sum() / count).backward()
+            tokens += int(y.shape[-2])
+        torch.nn.utils.clip_grad_norm_(params, budget.max_grad_norm)
+        optimizer.step()
+    return work.eval(), tokens, steps
+
+
+def train_spans(student: Any, teacher: Any, dropped: list[int], sequences: list[list[int]], block: str,
+                budget: LocalBudget) -> list[dict[str, Any]]:
+    """Train one kept block per dropped span, in block order; return each span's error before and after."""
+    if not sequences:
+        raise LayerpruneError("local needs training text: no teacher answers left for training prompts")
+    spans = local_spans(dropped, len(decoder_layers(teacher)), block)
+    layers = decoder_layers(student)
+    device = next(student.parameters()).device
+    per_span = max(1, budget.steps // len(spans))
+    span_tokens = None if budget.max_tokens is None else max(1, budget.max_tokens // len(spans))
+    fits = []
+    for span in spans:
+        cache = [capture_states(teacher, span, ids) for ids in sequences]
+        before = block_error(layers[span.student], cache, device)
+        share = replace(budget, steps=per_span, max_tokens=span_tokens)
+        trained, tokens, steps = train_block(layers[span.student], cache, share, device)
+        after = block_error(trained, cache, device)
+        with torch.no_grad():
+            for target, source in zip(layers[span.student].parameters(), trained.parameters(), strict=True):
+                target.copy_(source.to(target.dtype))
+        log.info("local: block %d for span %d-%d, hidden-state MSE %.4g -> %.4g (%d tokens)", span.trained,
+                 span.first, span.last, before, after, tokens)
+        fits.append({"dropped": [span.first, span.last], "block": span.trained, "student_block": span.student,
+                     "mse_before": before, "mse_after": after, "steps": steps, "tokens": tokens})
+        del cache
+    return fits
