@@ -135,9 +135,7 @@ def _arm_cost(arm: Path) -> dict[str, Any]:
     report = read_recover_report(arm)
     metrics = report.data.get("held_out_metrics") or {}
     after = metrics.get("after") or {"ce": report.held_out_loss.after, "kl": None}  # SFT: CE on its own split
-    method = report.recipe.method
-    if method == "replace" and report.recipe.replace.then != "none":
-        method += f" then {report.recipe.replace.then}"
+    method = report.recipe.chain_name().replace("+", " then ")
     return {"method": method, "seconds": report.seconds.training,
             "generation_seconds": report.seconds.generation, "tokens": report.tokens_seen,
             "steps": report.data.get("steps"), "held_out_ce": after.get("ce"), "held_out_kl": after.get("kl"),
