@@ -47,7 +47,7 @@ def distill(recipe: RecoverRecipe, student: ModelSource, teacher_spec: str, rows
     train_rows = [r for r in rows if r["id"] not in held]
     eval_rows = [r for r in rows if r["id"] in held]
     train_prompts = [p.text for p in prompts if p.id not in held]
-    loaded = load_model(student, job.settings)
+    loaded = load_model(student, train.student_settings(recipe, job.settings))  # float32 master weights if full
     teacher = load_model(teacher_spec, job.settings).model.eval()
     device = job.settings.resolved_device()
     optimizer, plan = plan_for(recipe, loaded.model.config, job, cuda=device.type == "cuda")

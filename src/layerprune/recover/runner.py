@@ -139,7 +139,9 @@ def plan_for(
     """
     shape = memory.model_shape(config)
     dtype = job.settings.dtype
-    weight_bytes = 4 if dtype == "float32" or (dtype == "auto" and not cuda) else 2
+    sixteen = dtype in ("bfloat16", "float16") or (dtype == "auto" and cuda)
+    master = sixteen and train.trains_all_weights(recipe) and not recipe.train.pure_bf16  # float32 master weights
+    weight_bytes = 4 if master or not sixteen else 2
     distil = recipe.needs_teacher_model()  # kd, opd and replace plan like kd: the teacher sits beside the student
     teacher_shape = None
     if distil:
@@ -158,6 +160,8 @@ def plan_for(
         gradient_checkpointing=recipe.train.gradient_checkpointing,
         teacher=teacher_shape,
         budget_gb=job.memory_budget,
+        act_bytes=2 if master and recipe.train.bf16 else None,  # the bf16 autocast's activations
+        teacher_weight_bytes=2 if master else None,  # the teacher keeps the run's 16-bit dtype
     )
     if distil and teacher_config is None:
         plan.notes.append("teacher counted at the student's size (its config was not readable)")
@@ -180,6 +184,8 @@ def recover_model(recipe: RecoverRecipe, job: RecoverJob) -> RecoverReport:
     start = time.perf_counter()
     check_runnable(recipe, job.settings)
     recipe, student, teacher, notes = plan_recover(recipe, job.settings)
+    precision = train.pure_bf16_note(recipe, job.settings)
+    notes = [*notes, precision] if precision else notes
     for note in notes:
         log.warning("%s", note)
     check_output_dir(job.output, job.overwrite, inputs=(Path(student.location),) if student.is_local else ())
@@ -418,7 +424,7 @@ def prepare_trainer_dir(directory: Path, resume: bool) -> Path | None:
 def load_student(recipe: RecoverRecipe, student: ModelSource, settings: RunSettings) -> Any:
     """The pruned model for training (4-bit NF4 for qlora)."""
     if recipe.method != "qlora":
-        loaded = load_model(student, settings)
+        loaded = load_model(student, train.student_settings(recipe, settings))
         loaded.model.train()
         return loaded
     from peft import prepare_model_for_kbit_training

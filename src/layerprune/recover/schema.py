@@ -99,6 +99,11 @@ class TrainSection(Section):
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (overrides epochs)")
     max_length: int = Field(8192, ge=16, description="Longest training sequence in tokens (prompt + response)")
     bf16: bool = Field(True, description="bfloat16 mixed precision (switched off automatically on a CPU)")
+    pure_bf16: bool = Field(
+        False, description="Train all weights (full, kd/opd with a full adapter) in pure bfloat16: bf16 weights, "
+        "gradients and AdamW states, no float32 master copy. Saves memory, but one AdamW step at a small learning "
+        "rate (1e-5) is below half a bf16 step for most weights, so they never change; the report names it. "
+        "Default: float32 master weights with bf16 autocast")
     gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass")
     held_out: float = Field(0.1, ge=0.0, lt=0.9, description="Fraction of responses held out for the loss curve")
     eval_steps: int = Field(50, ge=1, description="Held-out loss every this many steps")
