@@ -252,3 +252,37 @@ def test_recipe_validates_the_new_sections():
     assert recipe.trainer_method() == "opd" and not recipe.uses_lora() and recipe.needs_teacher_model()
     with pytest.raises(ValidationError):
         RecoverRecipe(opd={"beta": 1.5})
+
+
+def _actual_residual(student, teacher, anchor: int, last: int, seqs: list[list[int]]) -> float:
+    """||h - y||^2 summed over the calibration tokens: the anchor block's output as the model now computes it
+    against the teacher's hidden state after the dropped run (what the fit claims to shrink)."""
+    total = 0.0
+    for ids in seqs:
+        h = replace.capture_teacher(student, anchor, torch.tensor([ids])).double()
+        y = replace.capture_teacher(teacher, last, torch.tensor([ids])).double()
+        total += float(((h - y) ** 2).sum())
+    return total
+
+
+@pytest.mark.parametrize("arch", ["granite", "llama"])
+def test_replace_fits_the_block_as_it_is_computed_with_a_residual_multiplier(tiny_models, arch):
+    # Granite: h = a + residual_multiplier * m (0.5 in the tiny config); a = h - m was wrong there
+    teacher = AutoModelForCausalLM.from_pretrained(tiny_models(arch, 6)).eval()
+    student = AutoModelForCausalLM.from_pretrained(tiny_models(arch, 6)).eval()
+    drop_blocks(student, [2, 3])
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(3, 380, (30,), generator=g).tolist() for _ in range(12)]
+    plain = _actual_residual(student, teacher, 1, 3, seqs)
+    fits = replace.replace_blocks(student, teacher, [2, 3], seqs, ridge=0.0)
+    folded = _actual_residual(student, teacher, 1, 3, seqs)
+    assert fits[0]["residual_identity"] == pytest.approx(plain, rel=1e-4)  # the report's residuals are the real ones
+    assert fits[0]["residual_fitted"] == pytest.approx(folded, rel=1e-3)
+    assert folded < 0.9 * plain  # the saved model is closer to the teacher than plain pruning
+
+
+def test_replace_refuses_a_block_whose_output_is_not_residual_plus_scaled_mlp():
+    with pytest.raises(Exception, match="not residual \\+ scalar"):
+        replace.check_scaled(torch.randn(10, 8, dtype=torch.float64), torch.randn(10, 8, dtype=torch.float64), "B")
+    m = torch.randn(10, 8, dtype=torch.float64)
+    replace.check_scaled(0.5 * m, m, "B")
