@@ -286,3 +286,24 @@ def test_replace_refuses_a_block_whose_output_is_not_residual_plus_scaled_mlp():
         replace.check_scaled(torch.randn(10, 8, dtype=torch.float64), torch.randn(10, 8, dtype=torch.float64), "B")
     m = torch.randn(10, 8, dtype=torch.float64)
     replace.check_scaled(0.5 * m, m, "B")
+
+
+def test_every_method_holds_out_the_same_prompts_and_reports_one_yardstick(pruned, prompts_file, tmp_path):
+    reports = {m: run_recover(pruned, prompts_file, tmp_path / m, "--method", m) for m in ("lora", "kd")}
+    metrics = {m: r["held_out_metrics"] for m, r in reports.items()}
+    assert metrics["lora"]["prompts"] == metrics["kd"]["prompts"] and len(metrics["kd"]["prompts"]) == 2
+    assert metrics["lora"]["tokens"] == metrics["kd"]["tokens"] > 0
+    for m in metrics.values():  # token-weighted CE and KL of the same pruned model on the same answers
+        assert set(m) == {"pruned", "after", "tokens", "prompts"} and m["after"]["kl"] is not None
+    assert metrics["lora"]["pruned"]["ce"] == pytest.approx(metrics["kd"]["pruned"]["ce"], rel=1e-5)
+    assert metrics["lora"]["pruned"]["kl"] == pytest.approx(metrics["kd"]["pruned"]["kl"], rel=1e-5)
+    assert reports["lora"]["held_out_loss"]["after"] == metrics["lora"]["after"]["ce"]
+    train_ids = {json.loads(line)["id"] for line in (tmp_path / "lora" / "data" / "responses.jsonl").open()}
+    assert set(metrics["lora"]["prompts"]) <= train_ids
+
+
+def test_held_out_prompt_ids_do_not_depend_on_the_order_of_the_prompts():
+    ids = [f"p{i}" for i in range(40)]
+    held = heldout.held_out_ids(ids, 0.1, seed=3)
+    assert len(held) == 4 and heldout.held_out_ids(list(reversed(ids)), 0.1, seed=3) == held
+    assert heldout.held_out_ids(ids, 0.1, seed=4) != held and heldout.held_out_ids(ids[:1], 0.5, 0) == set()
