@@ -307,3 +307,22 @@ def test_held_out_prompt_ids_do_not_depend_on_the_order_of_the_prompts():
     held = heldout.held_out_ids(ids, 0.1, seed=3)
     assert len(held) == 4 and heldout.held_out_ids(list(reversed(ids)), 0.1, seed=3) == held
     assert heldout.held_out_ids(ids, 0.1, seed=4) != held and heldout.held_out_ids(ids[:1], 0.5, 0) == set()
+
+
+def test_opd_sampling_settings_mean_one_thing_on_both_trl_paths(tiny_llama, tmp_path):
+    with pytest.raises(ValidationError, match="opd.lmbda 1 or opd.temperature 1"):  # GKD: loss at 1, sampling at T
+        RecoverRecipe.model_validate({"method": "opd", "opd": {"lmbda": 0.5, "temperature": 0.7}})
+    with pytest.raises(ValidationError, match="opd.temperature"):
+        RecoverRecipe.model_validate({"method": "replace", "replace": {"then": "opd"},
+                                      "opd": {"lmbda": 0.0, "temperature": 2.0}})
+    RecoverRecipe.model_validate({"method": "opd", "opd": {"lmbda": 1.0, "temperature": 0.7}})  # applies both
+    recipe = RecoverRecipe.model_validate({"method": "opd", "opd": {"lmbda": 0.5, "top_p": 0.9, "max_new_tokens": 4},
+                                           "train": {"max_length": 64, "max_steps": 1},
+                                           "generate": {"max_new_tokens": 8}})
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    teacher = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    common = train.training_arguments(recipe, tmp_path / "t", torch.device("cpu"), "adamw_torch", 0)
+    rows = [{"prompt": "what is 1 + 7?", "response": "8"}] * 2
+    trainer = kd.gkd_trainer(recipe, model, teacher, AutoTokenizer.from_pretrained(tiny_llama), common, rows, 0.5,
+                             1.0, None, [])
+    assert trainer.generation_config.top_p == 0.9 and trainer.generation_config.temperature == 1.0

@@ -151,8 +151,10 @@ class OpdSection(Section):
     beta: float = Field(1.0, ge=0, le=1, description="Divergence: 0 forward KL, 1 reverse KL, between: generalised JSD")
     lmbda: float = Field(1.0, ge=0, le=1, description="Share of batches on the student's own samples (1: all)")
     max_new_tokens: int = Field(128, ge=1, description="Longest student completion in tokens")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the student's samples (and the loss)")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus top-p of the student's completions")
+    temperature: float = Field(1.0, gt=0, description="Temperature of the student's samples and of "
+                               "the divergence (opd.lmbda < 1, TRL GKD, cannot apply it to the divergence: 1 only)")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus top-p of the student's samples "
+                       "(both paths)")
     adapter: Literal["lora", "full"] = Field("lora", description="Train LoRA adapters or all weights")
 
 
@@ -198,6 +200,11 @@ class RecoverRecipe(Section):
             )
         if self.drop_blocks is not None and (not self.drop_blocks or min(self.drop_blocks) < 0):
             raise ValueError("drop_blocks must list block indices >= 0")
+        if self.trainer_method() == "opd" and self.opd.lmbda < 1 and self.opd.temperature != 1:
+            raise ValueError(
+                f"opd.temperature {self.opd.temperature} with opd.lmbda {self.opd.lmbda}: mixed on-policy "
+                "distillation (TRL GKD) samples at that temperature but computes its divergence at 1, while the fully "
+                "on-policy path applies it to both; use opd.lmbda 1 or opd.temperature 1")
         if self.train.max_length <= self.generate.max_new_tokens // 4:
             raise ValueError("train.max_length is shorter than a quarter of generate.max_new_tokens")
         return self
