@@ -119,7 +119,7 @@ def evaluate_task(handle: ModelHandle, task: PlannedTask, settings: EvalSettings
 
     With `sampling`, the task's N sampled completions per document, scored as pass@k / maj@N (rows not headline).
     """
-    key = task_settings(task, settings, handle.run, chat, sampling)
+    key = task_settings(task, settings, handle.run, chat, sampling, handle.precision())
     path = cache_path(cache_root, handle.digest, task.spec.name, key)
     cached = read_cached(path) if settings.reuse else None
     if cached is not None:
