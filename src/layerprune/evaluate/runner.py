@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from layerprune import errors
 from layerprune.data import resolve_data_dir
 from layerprune.errors import LayerpruneError, one_line
 from layerprune.evaluate.cache import cache_path, read_cached, task_settings, write_cached
@@ -127,7 +128,8 @@ def evaluate_task(handle: ModelHandle, task: PlannedTask, settings: EvalSettings
             row["cached"] = True
         return cached
     start = time.perf_counter()
-    raw = run_task(handle, task, settings, chat, data_dir, cache_root, sampling)
+    with errors.stage(f"evaluate ({task.spec.name})"):
+        raw = run_task(handle, task, settings, chat, data_dir, cache_root, sampling)
     seconds = time.perf_counter() - start
     samples = raw.pop("samples", {}).get(task.spec.name, [])
     rows = [r.model_dump() for r in summarize(task.spec, raw, key, seconds, sampled=sampling is not None)]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from layerprune import errors
 from layerprune.data import resolve_data_dir
 from layerprune.errors import LayerpruneError
 from layerprune.models import ModelSource, load_model, resolve_model
@@ -199,15 +200,17 @@ def recover_model(recipe: RecoverRecipe, job: RecoverJob) -> RecoverReport:
         check_fingerprint(recipe, teacher, job.work)
     state.wait_for_everyone()
     answered = methods.generation_prompts(recipe, prompts, job.settings.seed)
-    generation = {**generate(recipe, teacher, answered, job, state), "exclusion": exclusion}
+    with errors.stage("recover (self-generation)", job.work):
+        generation = {**generate(recipe, teacher, answered, job, state), "exclusion": exclusion}
     with state.main_process_first():
         student = materialize_student(recipe, student, job.settings, job.work)
     rows = selfgen.responses_for(answered, job.work / "responses.jsonl")
     kept, card = selfgen.filter_responses(rows, recipe.generate)
-    if recipe.method in methods.DISTILL_METHODS:
-        result = methods.distill(recipe, student, teacher, kept, prompts, job)
-    else:
-        result = train_sft(recipe, student, teacher, kept, prompts, job)
+    with errors.stage(f"recover (training, {recipe.method})", job.work):
+        if recipe.method in methods.DISTILL_METHODS:
+            result = methods.distill(recipe, student, teacher, kept, prompts, job)
+        else:
+            result = train_sft(recipe, student, teacher, kept, prompts, job)
     report = build_report(recipe, job, student, teacher, generation, card, result, time.perf_counter() - start, notes)
     if state.is_main_process:
         save_outputs(recipe, job, student, result, report)
