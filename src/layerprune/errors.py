@@ -27,8 +27,11 @@ def stage(name: str, folder: Path | None = None) -> Iterator[None]:
     except LayerpruneError:
         raise
     except Exception as exc:
-        if not hasattr(exc, "layerprune_stage"):
-            exc.layerprune_stage = name  # type: ignore[attr-defined]
-        if folder is not None and getattr(exc, "layerprune_folder", None) is None:
-            exc.layerprune_folder = folder  # type: ignore[attr-defined]
+        try:
+            if not hasattr(exc, "layerprune_stage"):
+                exc.layerprune_stage = name  # type: ignore[attr-defined]
+            if folder is not None and getattr(exc, "layerprune_folder", None) is None:
+                exc.layerprune_folder = folder  # type: ignore[attr-defined]
+        except AttributeError:  # an exception type that takes no attributes: the command names the stage
+            pass
         raise
