@@ -38,19 +38,22 @@ class RecordGathered(TrainerCallback):
             torch.save({k: v.clone() for k, v in full.items()}, os.environ["GATHERED"])
 
 
-def main() -> int:
-    from layerprune.cli import main as cli_main
-    from layerprune.recover import train
-
-    AcceleratorState.__init__ = _fsdp_on_cpu
-    make = train.make_trainer
-
+def _recorded(make):  # type: ignore[no-untyped-def]
     def make_recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
         trainer = make(*args, **kwargs)
         trainer.add_callback(RecordGathered())
         return trainer
 
-    train.make_trainer = make_recorded
+    return make_recorded
+
+
+def main() -> int:
+    from layerprune.cli import main as cli_main
+    from layerprune.recover import methods, train
+
+    AcceleratorState.__init__ = _fsdp_on_cpu
+    for module in (train, methods):  # SFT's trainer and the distillation family's (kd, opd, replace)
+        module.make_trainer = _recorded(module.make_trainer)
     return cli_main(["recover", *sys.argv[1:]])
 
 

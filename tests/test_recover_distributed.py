@@ -28,13 +28,13 @@ def pruned(tiny_models, tmp_path_factory) -> Path:
     return make_pruned_student(tiny_models("llama", 6), tmp_path_factory.mktemp("pruned") / "p2")
 
 
-def run_fsdp(pruned: Path, out: Path, method: str) -> dict[str, torch.Tensor]:
+def run_fsdp(pruned: Path, out: Path, method: str, *extra: str) -> dict[str, torch.Tensor]:
     """torchrun two processes of `recover`; return the weights gathered from both ranks when training ended."""
     gathered = out.parent / f"gathered-{method}.pt"
     env = {**os.environ, **FSDP_ENV, "GATHERED": str(gathered), "PYTHONPATH": os.pathsep.join(sys.path)}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                str(HERE / "fsdp_cpu.py"), "--model", str(pruned), "--prompts", str(pruned.parent / "prompts.jsonl"),
-               "-o", str(out), "--method", method, *FAST]
+               "-o", str(out), "--method", method, *FAST, *extra]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return torch.load(gathered)
@@ -56,7 +56,7 @@ def merged_lora(gathered: dict[str, torch.Tensor], scale: float) -> dict[str, to
     return merged
 
 
-def check_outputs(out: Path, pruned: Path, expected: dict[str, torch.Tensor]) -> None:
+def check_outputs(out: Path, pruned: Path, expected: dict[str, torch.Tensor], responses: int = 8) -> None:
     saved = load_file(out / "model.safetensors")
     student = load_file(pruned / "model.safetensors")
     assert set(saved) == set(expected)
@@ -65,7 +65,7 @@ def check_outputs(out: Path, pruned: Path, expected: dict[str, torch.Tensor]) ->
     assert any(not torch.equal(saved[k], student[k]) for k in saved), "training changed nothing"
     report = json.loads((out / "recover_report.json").read_text())
     assert report["data"]["steps"] == 2 and report["data"]["generation"]["processes"] == 2
-    assert len((out / "data" / "responses.jsonl").read_text().splitlines()) == 8
+    assert len((out / "data" / "responses.jsonl").read_text().splitlines()) == responses
     assert not list(out.parent.glob("*.rank*.jsonl"))
 
 
@@ -82,3 +82,20 @@ def test_fsdp_lora_on_two_cpu_processes_merges_the_gathered_adapter(pruned, tmp_
     gathered = run_fsdp(pruned, out, "lora")
     config = json.loads((out / "adapter" / "adapter_config.json").read_text())
     check_outputs(out, pruned, merged_lora(gathered, config["lora_alpha"] / config["r"]))
+
+
+@pytest.mark.slow
+def test_fsdp_kd_on_two_cpu_processes_saves_through_the_trainer_and_merges_once(pruned, tmp_path):
+    out = tmp_path / "kd"
+    gathered = run_fsdp(pruned, out, "kd")
+    config = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    check_outputs(out, pruned, merged_lora(gathered, config["lora_alpha"] / config["r"]))
+
+
+@pytest.mark.slow
+def test_fsdp_opd_on_two_cpu_processes_saves_through_the_trainer_and_merges_once(pruned, tmp_path):
+    out = tmp_path / "opd"
+    gathered = run_fsdp(pruned, out, "opd", "--opd-max-new-tokens", "6", "--train-grad-accum", "1")
+    config = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    # fully on-policy: the teacher answered only the held-out prompts
+    check_outputs(out, pruned, merged_lora(gathered, config["lora_alpha"] / config["r"]), responses=2)

@@ -252,3 +252,77 @@ def test_recipe_validates_the_new_sections():
     assert recipe.trainer_method() == "opd" and not recipe.uses_lora() and recipe.needs_teacher_model()
     with pytest.raises(ValidationError):
         RecoverRecipe(opd={"beta": 1.5})
+
+
+def _actual_residual(student, teacher, anchor: int, last: int, seqs: list[list[int]]) -> float:
+    """||h - y||^2 summed over the calibration tokens: the anchor block's output as the model now computes it
+    against the teacher's hidden state after the dropped run (what the fit claims to shrink)."""
+    total = 0.0
+    for ids in seqs:
+        h = replace.capture_teacher(student, anchor, torch.tensor([ids])).double()
+        y = replace.capture_teacher(teacher, last, torch.tensor([ids])).double()
+        total += float(((h - y) ** 2).sum())
+    return total
+
+
+@pytest.mark.parametrize("arch", ["granite", "llama"])
+def test_replace_fits_the_block_as_it_is_computed_with_a_residual_multiplier(tiny_models, arch):
+    # Granite: h = a + residual_multiplier * m (0.5 in the tiny config); a = h - m was wrong there
+    teacher = AutoModelForCausalLM.from_pretrained(tiny_models(arch, 6)).eval()
+    student = AutoModelForCausalLM.from_pretrained(tiny_models(arch, 6)).eval()
+    drop_blocks(student, [2, 3])
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(3, 380, (30,), generator=g).tolist() for _ in range(12)]
+    plain = _actual_residual(student, teacher, 1, 3, seqs)
+    fits = replace.replace_blocks(student, teacher, [2, 3], seqs, ridge=0.0)
+    folded = _actual_residual(student, teacher, 1, 3, seqs)
+    assert fits[0]["residual_identity"] == pytest.approx(plain, rel=1e-4)  # the report's residuals are the real ones
+    assert fits[0]["residual_fitted"] == pytest.approx(folded, rel=1e-3)
+    assert folded < 0.9 * plain  # the saved model is closer to the teacher than plain pruning
+
+
+def test_replace_refuses_a_block_whose_output_is_not_residual_plus_scaled_mlp():
+    with pytest.raises(Exception, match="not residual \\+ scalar"):
+        replace.check_scaled(torch.randn(10, 8, dtype=torch.float64), torch.randn(10, 8, dtype=torch.float64), "B")
+    m = torch.randn(10, 8, dtype=torch.float64)
+    replace.check_scaled(0.5 * m, m, "B")
+
+
+def test_every_method_holds_out_the_same_prompts_and_reports_one_yardstick(pruned, prompts_file, tmp_path):
+    reports = {m: run_recover(pruned, prompts_file, tmp_path / m, "--method", m) for m in ("lora", "kd")}
+    metrics = {m: r["held_out_metrics"] for m, r in reports.items()}
+    assert metrics["lora"]["prompts"] == metrics["kd"]["prompts"] and len(metrics["kd"]["prompts"]) == 2
+    assert metrics["lora"]["tokens"] == metrics["kd"]["tokens"] > 0
+    for m in metrics.values():  # token-weighted CE and KL of the same pruned model on the same answers
+        assert set(m) == {"pruned", "after", "tokens", "prompts"} and m["after"]["kl"] is not None
+    assert metrics["lora"]["pruned"]["ce"] == pytest.approx(metrics["kd"]["pruned"]["ce"], rel=1e-5)
+    assert metrics["lora"]["pruned"]["kl"] == pytest.approx(metrics["kd"]["pruned"]["kl"], rel=1e-5)
+    assert reports["lora"]["held_out_loss"]["after"] == metrics["lora"]["after"]["ce"]
+    train_ids = {json.loads(line)["id"] for line in (tmp_path / "lora" / "data" / "responses.jsonl").open()}
+    assert set(metrics["lora"]["prompts"]) <= train_ids
+
+
+def test_held_out_prompt_ids_do_not_depend_on_the_order_of_the_prompts():
+    ids = [f"p{i}" for i in range(40)]
+    held = heldout.held_out_ids(ids, 0.1, seed=3)
+    assert len(held) == 4 and heldout.held_out_ids(list(reversed(ids)), 0.1, seed=3) == held
+    assert heldout.held_out_ids(ids, 0.1, seed=4) != held and heldout.held_out_ids(ids[:1], 0.5, 0) == set()
+
+
+def test_opd_sampling_settings_mean_one_thing_on_both_trl_paths(tiny_llama, tmp_path):
+    with pytest.raises(ValidationError, match="opd.lmbda 1 or opd.temperature 1"):  # GKD: loss at 1, sampling at T
+        RecoverRecipe.model_validate({"method": "opd", "opd": {"lmbda": 0.5, "temperature": 0.7}})
+    with pytest.raises(ValidationError, match="opd.temperature"):
+        RecoverRecipe.model_validate({"method": "replace", "replace": {"then": "opd"},
+                                      "opd": {"lmbda": 0.0, "temperature": 2.0}})
+    RecoverRecipe.model_validate({"method": "opd", "opd": {"lmbda": 1.0, "temperature": 0.7}})  # applies both
+    recipe = RecoverRecipe.model_validate({"method": "opd", "opd": {"lmbda": 0.5, "top_p": 0.9, "max_new_tokens": 4},
+                                           "train": {"max_length": 64, "max_steps": 1},
+                                           "generate": {"max_new_tokens": 8}})
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    teacher = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    common = train.training_arguments(recipe, tmp_path / "t", torch.device("cpu"), "adamw_torch", 0)
+    rows = [{"prompt": "what is 1 + 7?", "response": "8"}] * 2
+    trainer = kd.gkd_trainer(recipe, model, teacher, AutoTokenizer.from_pretrained(tiny_llama), common, rows, 0.5,
+                             1.0, None, [])
+    assert trainer.generation_config.top_p == 0.9 and trainer.generation_config.temperature == 1.0

@@ -10,6 +10,7 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -36,11 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="Make decoder-only LLMs shallower and measure the cost.")
     parser.add_argument("--version", action="version", version=f"layerprune {__version__}")
     parser.add_argument("-q", "--quiet", action="store_true", help="print warnings and errors only")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an unexpected error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, summary) in COMMANDS.items():
         command = sub.add_parser(name, help=summary, description=summary)
         command.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
                              help="print warnings and errors only")
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help="show the full traceback of an unexpected error")
         module = importlib.import_module(module_name)
         module.configure(command)
         command.set_defaults(handler=module.run)
@@ -68,6 +72,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted; re-run the same command to resume where possible", file=sys.stderr)
         return 130
+    except Exception as exc:  # a library's own failure: one line naming the stage, the traceback kept
+        if args.debug:
+            raise
+        stage = getattr(exc, "layerprune_stage", args.command)
+        where = save_traceback(exc, traceback_folder(exc, args), args.command)
+        kept = f"traceback in {where}" if where else "traceback not saved"
+        print(f"error: {stage} failed: {type(exc).__name__}: {one_line(exc)[:300]} ({kept}; --debug shows it)",
+              file=sys.stderr)
+        return 1
+
+
+def traceback_folder(exc: BaseException, args: argparse.Namespace) -> Path:
+    """Where the traceback goes: the run's folder (a pipeline's, or recover's work folder, or an existing output
+    folder), else layerprune's cache."""
+    folder = getattr(exc, "layerprune_folder", None)
+    output = getattr(args, "output", None)
+    candidates = [folder] if folder is not None else []
+    if output is not None:
+        candidates += [Path(output).parent / f"{Path(output).name}.work", Path(output)]
+    existing = next((Path(c) for c in candidates if Path(c).is_dir()), None)
+    if existing is not None:
+        return existing
+    from layerprune.settings import RunSettings
+
+    return RunSettings().resolved_cache_dir() / "errors"
+
+
+def save_traceback(exc: BaseException, folder: Path, command: str) -> Path | None:
+    """Write the exception's traceback to FOLDER/traceback-COMMAND-TIME.txt; None when it cannot be written."""
+    import time
+    import traceback
+
+    path = folder / f"traceback-{command}-{time.strftime('%Y%m%d-%H%M%S')}.txt"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(traceback.format_exception(exc)))
+    except OSError:
+        return None
+    return path
 
 
 def entry() -> None:

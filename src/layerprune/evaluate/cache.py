@@ -28,15 +28,17 @@ TASK_FILE_SUFFIXES = (".yaml", ".yml", ".py", ".jsonl", ".json", ".csv", ".txt")
 
 
 def task_settings(task: PlannedTask, settings: EvalSettings, run: RunSettings, chat: bool,
-                  sampling: Sampling | None = None) -> dict[str, Any]:
-    """Everything that can change a task's score; the cache key and the record in the summary."""
+                  sampling: Sampling | None = None, precision: tuple[str, str] | None = None) -> dict[str, Any]:
+    """Everything that can change a task's score; the cache key and the record in the summary (`precision`: the
+    model's (dtype, device type) where it is already loaded; else the run's)."""
+    dtype, device = precision or (str(run.resolved_dtype()), run.resolved_device().type)
     source = task.spec.source
     sandbox = [settings.sandbox_timeout, settings.sandbox_memory_mb, GT_TIME_LIMIT_FACTOR, MIN_TIME_LIMIT, "evalplus"]
     return {
         "task": task.spec.name, "limit": task.limit, "num_fewshot": task.num_fewshot,
         "fewshot_split": task.fewshot_pool, "fewshot_from_eval_split": _from_eval_split(task),
         "max_gen_toks": task.max_gen_toks, "chat_template": chat, "backend": settings.backend,
-        "batch_size": settings.batch_size, "dtype": str(run.resolved_dtype()), "device": run.resolved_device().type,
+        "batch_size": settings.batch_size, "dtype": dtype, "device": device,
         "probe_seed": settings.probe_seed if source == "probe" else None,
         "sandbox": sandbox + [isolation_level(settings.unsafe_code_exec)] if source == "humaneval" else None,
         "sampling": [sampling.n, sampling.temperature] if sampling else None,

@@ -33,6 +33,14 @@ class ModelHandle:
     lm: Any = None
     digest: str = ""
 
+    def precision(self) -> tuple[str, str]:
+        """(dtype, device type) the scores are computed in: the model's own where it is already in memory (a
+        pipeline's float32 model under a bf16 run), else what the run will load it as."""
+        if self.loaded is not None:
+            model = self.loaded.model
+            return str(model.dtype), next(model.parameters()).device.type
+        return str(self.run.resolved_dtype()), self.run.resolved_device().type
+
     def get(self) -> LoadedModel:
         if self.loaded is None:
             log.info("loading %s", self.source.spec)

@@ -72,16 +72,32 @@ def _rows(spec: TaskSpec, name: str, raw: dict[str, Any], metrics: list[str], se
     n = _effective_n(name, raw)
     statuses = scores.get("status,none") if isinstance(scores.get("status,none"), dict) else None
     rows: list[TaskResult] = []
+    headline_open = not sampled
     for index, metric in enumerate(metrics):
         key, _, filt = metric.partition(",")
         value = _number(scores.get(f"{key},{filt or 'none'}"))
         if value is None:
             continue
         stderr = _number(scores.get(f"{key}_stderr,{filt or 'none'}"))
+        # the headline: the task's first metric, or (lm-eval's index) its first higher-is-better score in [0, 1]
+        headline = headline_open and (index == 0 if spec.metrics else averageable(raw, name, key, value))
+        headline_open = headline_open and not headline and not spec.metrics
         rows.append(TaskResult(task=name, kind=spec.kind, metric=f"{metric} sampled" if sampled else metric,
-                               value=value, stderr=stderr, n=n, headline=index == 0 and not sampled,
+                               value=value, stderr=stderr, n=n, headline=headline,
                                settings=settings, seconds=seconds, statuses=None if rows else statuses))
     return rows
+
+
+def higher_is_better(raw: dict[str, Any], task: str, metric: str) -> bool | None:
+    """lm-eval's own word on a metric's direction (its results' higher_is_better; None where it says nothing)."""
+    value = ((raw.get("higher_is_better") or {}).get(task) or {}).get(metric.partition(",")[0])
+    return value if isinstance(value, bool) else None
+
+
+def averageable(raw: dict[str, Any], task: str, metric: str, value: float) -> bool:
+    """Whether a metric can head its task and join the averages with accuracies: not lower-is-better
+    (perplexity, bits per byte), and a share in [0, 1] (not a BLEU of 0-100 or a raw count)."""
+    return higher_is_better(raw, task, metric) is not False and 0.0 <= value <= 1.0
 
 
 def _effective_n(name: str, raw: dict[str, Any]) -> int:

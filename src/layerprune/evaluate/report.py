@@ -45,7 +45,7 @@ def write_model_results(folder: Path, summary: Summary, entries: dict[str, dict[
 NOISE_SE = 2.0  # a difference below this many combined standard errors is "within noise"
 # settings whose difference between roles makes their scores incomparable
 COMPARED_SETTINGS = ("limit", "num_fewshot", "chat_template", "max_gen_toks", "data", "probe_seed", "sandbox",
-                     "sampling", "layerprune", "probe_version")
+                     "sampling", "layerprune", "probe_version", "dtype", "backend", "device")
 NO_CLEAR_DROP = "n/a (no clear drop)"
 
 

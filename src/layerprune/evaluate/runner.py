@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from layerprune import errors
 from layerprune.data import resolve_data_dir
 from layerprune.errors import LayerpruneError, one_line
 from layerprune.evaluate.cache import cache_path, read_cached, task_settings, write_cached
@@ -119,7 +120,7 @@ def evaluate_task(handle: ModelHandle, task: PlannedTask, settings: EvalSettings
 
     With `sampling`, the task's N sampled completions per document, scored as pass@k / maj@N (rows not headline).
     """
-    key = task_settings(task, settings, handle.run, chat, sampling)
+    key = task_settings(task, settings, handle.run, chat, sampling, handle.precision())
     path = cache_path(cache_root, handle.digest, task.spec.name, key)
     cached = read_cached(path) if settings.reuse else None
     if cached is not None:
@@ -127,7 +128,8 @@ def evaluate_task(handle: ModelHandle, task: PlannedTask, settings: EvalSettings
             row["cached"] = True
         return cached
     start = time.perf_counter()
-    raw = run_task(handle, task, settings, chat, data_dir, cache_root, sampling)
+    with errors.stage(f"evaluate ({task.spec.name})"):
+        raw = run_task(handle, task, settings, chat, data_dir, cache_root, sampling)
     seconds = time.perf_counter() - start
     samples = raw.pop("samples", {}).get(task.spec.name, [])
     rows = [r.model_dump() for r in summarize(task.spec, raw, key, seconds, sampled=sampling is not None)]

@@ -107,7 +107,10 @@ def weight_files(folder: Path) -> list[Path]:
 def model_hash(source: ModelSource, cache_dir: Path) -> str:
     """What identifies the exact weights: file hashes for local models (memo in `cache_dir`), id and revision
     for the hub."""
-    if not source.is_local:
+    if not source.is_local:  # the commit resolved first: an updated hub repo is another model
+        from layerprune.models.hub import resolve_revision
+
+        resolve_revision(source)
         return _sha256_text(json.dumps(source.identity, sort_keys=True, default=str))
     memo_path = cache_dir / MEMO_FILE
     memo = read_memo(memo_path)

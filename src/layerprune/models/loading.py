@@ -18,6 +18,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from layerprune.errors import LayerpruneError, one_line
 from layerprune.models import embedded
+from layerprune.models.hub import resolve_revision
 from layerprune.models.identity import quick_digest
 from layerprune.models.lineage import read_lineage
 from layerprune.models.safetensors_check import check_model_dir_weights
@@ -143,7 +144,10 @@ def load_model(
     settings = settings or RunSettings()
     source = spec if isinstance(spec, ModelSource) else resolve_model(spec, settings)
     start = time.perf_counter()
-    config = _load_config(source, settings)
+    revision = resolve_revision(source)  # a hub model: the commit its results are keyed on is the one loaded
+    if revision:
+        kwargs.setdefault("revision", revision)
+    config = _load_config(source, settings, revision)
     check_decoder_only(config, source.spec)
     stored = checkpoint_dtype(config, Path(source.location) if source.is_local else None)
     tokenizer = load_tokenizer(source, settings)
@@ -165,14 +169,15 @@ def load_model(
     if getattr(model, "hf_device_map", None) is None:
         model.to(settings.resolved_device())
     model.eval()
-    if source.kind == "hub":
+    if source.kind == "hub" and not source.identity.get("revision"):
         source.identity["revision"] = getattr(model.config, "_commit_hash", None)
     return LoadedModel(model, tokenizer, source, time.perf_counter() - start, stored)
 
 
-def _load_config(source: ModelSource, settings: RunSettings) -> Any:
+def _load_config(source: ModelSource, settings: RunSettings, revision: str | None = None) -> Any:
     try:
-        return AutoConfig.from_pretrained(source.location, trust_remote_code=settings.trust_remote_code)
+        extra = {"revision": revision} if revision else {}
+        return AutoConfig.from_pretrained(source.location, trust_remote_code=settings.trust_remote_code, **extra)
     except Exception as exc:
         where = "the Hugging Face hub" if source.kind == "hub" else source.location
         raise LayerpruneError(

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from layerprune import errors
 from layerprune.errors import LayerpruneError
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.recipe import RunRecipe
@@ -187,7 +188,8 @@ def run_pipeline(
             continue
         log.info("[%d/%d] %s ...", number, len(stages), stage)
         start = time.perf_counter()
-        actions[stage]()
+        with errors.stage(stage, paths.root):
+            actions[stage]()
         log.info("[%d/%d] %s done in %.0f s", number, len(stages), stage, time.perf_counter() - start)
     return paths.report
 

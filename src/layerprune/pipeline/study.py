@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from layerprune import errors
 from layerprune.data import iter_jsonl
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.recipe import PipelineRecipe, RecoverStage
@@ -99,7 +100,7 @@ def stage_output(root: Path, stage: str) -> Path:
 def run_study(study: RecoveryStudy, settings: RunSettings, overwrite: bool = False) -> Path:
     """Run every incomplete stage in order; return study.md."""
     from layerprune.pipeline.plan import validate_data
-    from layerprune.pipeline.stages import RunPaths, claim_run_dir, run_eval, run_prune
+    from layerprune.pipeline.stages import RunPaths, claim_run_dir
 
     paths = RunPaths(study.run_dir())
     pending = overwrite or not stage_output(paths.root, "prune").exists()
@@ -112,20 +113,28 @@ def run_study(study: RecoveryStudy, settings: RunSettings, overwrite: bool = Fal
             continue
         log.info("[%d/%d] %s ...", number, len(stages), stage)
         start = time.perf_counter()
-        if stage == "prune":
-            run_prune(study, settings, paths)  # type: ignore[arg-type]
-        elif stage.startswith("eval-"):
-            role = stage.removeprefix("eval-")
-            model = {"baseline": study.model, "pruned": str(paths.pruned)}.get(role, str(paths.root / "arms" / role))
-            run_eval(study, settings, paths, role, model)  # type: ignore[arg-type]
-        elif stage.startswith("recover-"):
-            run_arm(study, settings, paths.root, stage.removeprefix("recover-"))
-        else:
-            from layerprune.pipeline.study_report import write_study_report
-
-            write_study_report(study, paths.root)
+        with errors.stage(stage, paths.root):
+            run_stage(study, settings, paths, stage)
         log.info("[%d/%d] %s done in %.0f s", number, len(stages), stage, time.perf_counter() - start)
     return paths.root / "study.md"
+
+
+def run_stage(study: RecoveryStudy, settings: RunSettings, paths: Any, stage: str) -> None:
+    """One stage of the study: prune, an evaluation, an arm's recovery, or the report."""
+    from layerprune.pipeline.stages import run_eval, run_prune
+
+    if stage == "prune":
+        run_prune(study, settings, paths)  # type: ignore[arg-type]
+    elif stage.startswith("eval-"):
+        role = stage.removeprefix("eval-")
+        model = {"baseline": study.model, "pruned": str(paths.pruned)}.get(role, str(paths.root / "arms" / role))
+        run_eval(study, settings, paths, role, model)  # type: ignore[arg-type]
+    elif stage.startswith("recover-"):
+        run_arm(study, settings, paths.root, stage.removeprefix("recover-"))
+    else:
+        from layerprune.pipeline.study_report import write_study_report
+
+        write_study_report(study, paths.root)
 
 
 def run_arm(study: RecoveryStudy, settings: RunSettings, root: Path, label: str) -> None:

@@ -79,10 +79,10 @@ def student_copy(study: VariantStudy, settings: RunSettings, root: Path) -> Path
 
     source = resolve_model(study.model, settings)
     location = Path(source.location)
-    if source.kind == "hub":
-        from huggingface_hub import snapshot_download
+    if source.kind == "hub":  # the checkpoint's own files at its resolved commit (no consolidated copy)
+        from layerprune.models.hub import download_checkpoint, resolve_revision
 
-        location = Path(snapshot_download(source.location))
+        location = download_checkpoint(source.location, resolve_revision(source))
     target = root / "student"
     if not (target / "config.json").is_file():
         tmp = root / ".student.tmp"

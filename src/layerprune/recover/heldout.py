@@ -7,6 +7,7 @@ same held-out rows (prompt + the teacher's response, completion tokens only), be
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import torch
@@ -14,6 +15,26 @@ from transformers import TrainerCallback
 
 from layerprune.recover.schema import GenerationSection
 from layerprune.recover.selfgen import chat_messages, plain_example
+
+
+def held_out_ids(ids: list[str], held_out: float, seed: int) -> set[str]:
+    """The held-out prompt ids: the share `held_out` (at least one of two or more) with the smallest seeded hash,
+    so every method holds out the same prompts given the same prompt set, in whatever order it comes."""
+    unique = sorted(set(ids))
+    n = 0 if held_out == 0 or len(unique) < 2 else max(1, round(len(unique) * held_out))
+    return set(sorted(unique, key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).hexdigest())[:n])
+
+
+def report_metrics(pruned: dict[str, Any] | None, after: dict[str, Any] | None, held: set[str],
+                   **extra: dict[str, Any] | None) -> dict[str, Any]:
+    """recover_report.json's held_out_metrics, one shape for every method: CE and KL (None without a teacher) of
+    the pruned and the trained model on the same held-out prompts' teacher answers, token-weighted."""
+    def pick(metrics: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if metrics is None else {"ce": metrics["ce"], "kl": metrics.get("kl")}
+
+    tokens = next((m["tokens"] for m in (pruned, after) if m is not None), 0)
+    return {"pruned": pick(pruned), "after": pick(after), **{k: pick(v) for k, v in extra.items()},
+            "tokens": tokens, "prompts": sorted(held)}
 
 
 def encode_rows(tokenizer: Any, rows: list[dict[str, Any]], settings: GenerationSection,

@@ -15,6 +15,10 @@ Which TRL trainer and why:
   exactly, grad_accum-invariant; the report says so.
 - `kd` uses GKD (lmbda = 0, beta = 0: forward KL) where it agrees with the recipe (kd.temperature 1, kd.weight 1);
   otherwise the hand-written KD loss in train.py, now also normalised by num_items_in_batch.
+
+The sampling settings mean one thing on both paths: opd.top_p is the student's nucleus top-p (GKD's fixed top_p 1
+is overridden), and opd.temperature is the sampling temperature and the divergence's. GKD applies a temperature to
+its sampling only, so mixed opd (0 < lmbda < 1) with opd.temperature != 1 is refused by the recipe.
 """
 
 from __future__ import annotations
@@ -79,9 +83,10 @@ def gkd_trainer(recipe: RecoverRecipe, model: Any, teacher: Any, tokenizer: Any,
     args = GKDConfig(**common, lmbda=lmbda, beta=beta, temperature=opd.temperature, max_new_tokens=opd.max_new_tokens,
                      max_length=recipe.train.max_length, disable_dropout=True)
     dataset = messages_dataset(rows, recipe.generate, tokenizer, recipe.train.max_length)
-    return stop_at(GKDTrainer(model=model, teacher_model=teacher, args=args, train_dataset=dataset,
-                              processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks),
-                   tokenizer, recipe.generate)
+    trainer = GKDTrainer(model=model, teacher_model=teacher, args=args, train_dataset=dataset,
+                         processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
+    trainer.generation_config.top_p = opd.top_p  # GKD samples with top_p 1 whatever it is told; opd.top_p rules
+    return stop_at(trainer, tokenizer, recipe.generate)
 
 
 def opd_trainer(recipe: RecoverRecipe, model: Any, teacher: Any, tokenizer: Any, common: dict[str, Any],

@@ -92,8 +92,11 @@ def activation_bytes(shape: ModelShape, tokens: int, act_bytes: int, checkpointi
 
 def plan_memory(shape: ModelShape, method: str, seq_len: int, batch_size: int, optimizer: str = "adamw_torch",
                 weight_bytes: int = 2, lora_r: int = 64, gradient_checkpointing: bool = True,
-                teacher_params: int = 0, budget_gb: float = 80.0, teacher: ModelShape | None = None) -> MemoryPlan:
-    """Estimate the peak of one step; `weight_bytes` 2 for bf16 weights, 4 for float32.
+                teacher_params: int = 0, budget_gb: float = 80.0, teacher: ModelShape | None = None,
+                act_bytes: int | None = None, teacher_weight_bytes: int | None = None) -> MemoryPlan:
+    """Estimate the peak of one step; `weight_bytes` 2 for bf16 weights, 4 for float32 (full fine-tuning's float32
+    master weights: then `act_bytes` 2 for the bf16 autocast's activations, `teacher_weight_bytes` 2 for a bf16
+    teacher beside them).
 
     `teacher` (KD): the teacher's weights and its logits over the batch (in float32 for the KL) are counted too.
     """
@@ -106,12 +109,13 @@ def plan_memory(shape: ModelShape, method: str, seq_len: int, batch_size: int, o
         weights = shape.params * weight_bytes
     state = OPTIMIZER_STATE_BYTES[optimizer] or 2 * param_bytes
     tokens = seq_len * batch_size
-    act_bytes = 2 if weight_bytes == 2 or method == "qlora" else 4
+    act_bytes = act_bytes or (2 if weight_bytes == 2 or method == "qlora" else 4)
     with_ckpt = activation_bytes(shape, tokens, act_bytes, True)
     without = activation_bytes(shape, tokens, act_bytes, False)
-    teacher_bytes = teacher_params * weight_bytes
+    teacher_weight_bytes = teacher_weight_bytes or weight_bytes
+    teacher_bytes = teacher_params * teacher_weight_bytes
     if teacher is not None:  # weights, plus logits in the model dtype, their float32 copy and log-softmax
-        teacher_bytes = teacher.params * weight_bytes + tokens * teacher.vocab * (act_bytes + 4 * 2)
+        teacher_bytes = teacher.params * teacher_weight_bytes + tokens * teacher.vocab * (act_bytes + 4 * 2)
     parts = {"weights": weights, "adapters": trainable * 4 if adapter else 0.0, "gradients": trainable * param_bytes,
              "optimizer_states": trainable * state, "teacher": teacher_bytes,
              "activations": with_ckpt if gradient_checkpointing else without}
@@ -122,8 +126,11 @@ def plan_memory(shape: ModelShape, method: str, seq_len: int, batch_size: int, o
                       gradient_checkpointing=gradient_checkpointing, total=total / GB, budget=budget_gb,
                       fits=total / GB <= budget_gb)
     if not adapter and weight_bytes == 2:
-        plan.notes.append("full fine-tuning in pure bf16: weights, gradients and AdamW states in bf16, "
-                          "no float32 master copy (pass --dtype float32 to keep float32 weights)")
+        plan.notes.append("all weights trained in pure bf16 (train.pure_bf16): weights, gradients and AdamW states "
+                          "in bf16, no float32 master copy; updates below half a bf16 step are lost")
+    elif not adapter and act_bytes == 2:
+        plan.notes.append("all weights trained from float32 master weights (gradients and AdamW states in float32) "
+                          "with bf16 autocast")
     return plan
 
 

@@ -23,9 +23,8 @@ DISTILL_METHODS = ("kd", "opd", "replace", "merge", "local")
 
 
 def held_out_ids(prompts: list[selfgen.Prompt], held_out: float, seed: int) -> set[str]:
-    """Ids of the held-out prompts (the same shuffle and share as train.split_rows)."""
-    _, held = train.split_rows([{"id": p.id} for p in prompts], held_out, seed)
-    return {row["id"] for row in held}
+    """Ids of the held-out prompts, the same for every method (heldout.held_out_ids)."""
+    return heldout.held_out_ids([p.id for p in prompts], held_out, seed)
 
 
 def generation_prompts(recipe: RecoverRecipe, prompts: list[selfgen.Prompt], seed: int) -> list[selfgen.Prompt]:
@@ -39,7 +38,9 @@ def generation_prompts(recipe: RecoverRecipe, prompts: list[selfgen.Prompt], see
 def distill(recipe: RecoverRecipe, student: ModelSource, teacher_spec: str, rows: list[dict[str, Any]],
             prompts: list[selfgen.Prompt], job: Any) -> Any:
     """Train a method that reads the teacher's logits (kd, opd; for replace, first fold the maps, then its `then`);
-    returns the runner's TrainResult."""
+    returns the runner's TrainResult (the weights saved through the trainer on every rank, written by the main one)."""
+    from accelerate import PartialState
+
     from layerprune.recover.runner import TrainResult, plan_for, prepare_trainer_dir
 
     start = time.perf_counter()
@@ -47,7 +48,7 @@ def distill(recipe: RecoverRecipe, student: ModelSource, teacher_spec: str, rows
     train_rows = [r for r in rows if r["id"] not in held]
     eval_rows = [r for r in rows if r["id"] in held]
     train_prompts = [p.text for p in prompts if p.id not in held]
-    loaded = load_model(student, job.settings)
+    loaded = load_model(student, train.student_settings(recipe, job.settings))  # float32 master weights if full
     teacher = load_model(teacher_spec, job.settings).model.eval()
     device = job.settings.resolved_device()
     optimizer, plan = plan_for(recipe, loaded.model.config, job, cuda=device.type == "cuda")
@@ -62,7 +63,14 @@ def distill(recipe: RecoverRecipe, student: ModelSource, teacher_spec: str, rows
         metrics["replaced"] = heldout.held_out_metrics(loaded.model, teacher, encoded) if encoded else None
     method = recipe.trainer_method()
     model, curve, tokens, steps = loaded.model, {"train": [], "held_out": []}, 0, 0
+    saved, base = job.work / "final", None
+    state = PartialState()
     if method is not None:
+        if recipe.surgery_steps() and recipe.adapter_of(method) == "lora":  # the adapter merges into the surgery
+            base = job.work / "replaced"
+            if state.is_main_process:
+                loaded.model.save_pretrained(base, safe_serialization=True)
+            state.wait_for_everyone()
         trainer_dir = job.work / "trainer"
         resume_from = prepare_trainer_dir(trainer_dir, job.resume)
         callback = heldout.HeldOutCallback(teacher, encoded)
@@ -79,16 +87,20 @@ def distill(recipe: RecoverRecipe, student: ModelSource, teacher_spec: str, rows
     before, after = (metrics["pruned"] or {}).get("ce"), (metrics["after"] or {}).get("ce")
     log.info("held-out CE %s -> %s, KL %s -> %s", _f(before), _f(after), _f((metrics["pruned"] or {}).get("kl")),
              _f((metrics["after"] or {}).get("kl")))
-    saved = job.work / "final"  # merged weights (a LoRA adapter is folded in here: replace changed the base)
-    if hasattr(model, "merge_and_unload"):
-        model.save_pretrained(saved / "adapter")  # the adapter alone, beside the merged weights
-        model = model.merge_and_unload()
-    model.save_pretrained(saved, safe_serialization=True)
-    loaded.tokenizer.save_pretrained(saved)
-    if any(step in chain.NEW_STEPS for step in recipe.surgery_steps()):
-        data["verified"] = chain.verify_saved(model, saved, [ids for ids, _ in encoded])
+    if method is not None:  # every rank: the trainer gathers FSDP / ZeRO-3 shards, the main process writes
+        trainer.save_model(str(saved))  # an adapter alone where one was trained: merged on the main process
+        trainer.accelerator.wait_for_everyone()
+    elif state.is_main_process:  # surgery alone (replace, merge, local): the weights, as every rank holds them whole
+        model.save_pretrained(saved, safe_serialization=True)
+        loaded.tokenizer.save_pretrained(saved)
+        if any(step in chain.NEW_STEPS for step in recipe.surgery_steps()):
+            data["verified"] = chain.verify_saved(model, saved, [ids for ids, _ in encoded])
+    state.wait_for_everyone()
     tokens += chain.local_tokens(data)
-    return TrainResult(saved, before, after, curve, plan, optimizer, data, time.perf_counter() - start, tokens)
+    held_out = heldout.report_metrics(metrics["pruned"], metrics["after"], held,
+                                      **({"replaced": metrics["replaced"]} if "replaced" in metrics else {}))
+    return TrainResult(saved, before, after, curve, plan, optimizer, data, time.perf_counter() - start, tokens,
+                       held_out=held_out, base=base)
 
 
 def _f(value: float | None) -> str:

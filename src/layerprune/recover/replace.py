@@ -1,16 +1,18 @@
 """Training-free block replacement (the ReplaceMe / LinearPatch family), folded into a standard architecture.
 
 For each contiguous run of dropped blocks s..e, the last kept block before it (p = s - 1) computes
-h = a + m, where a is its residual stream after attention and m its MLP output (m = u W_down^T). The teacher's
-hidden state after block e is y. One linear map T (d x d) is fitted by least squares on calibration tokens,
+h = a + c, where a is its residual stream after attention (the input of its post-attention norm) and c = r * m what
+its MLP adds (m = u W_down^T; r = 1, or Granite's residual_multiplier, MiniCPM's scale_depth). The teacher's hidden
+state after block e is y. One linear map T (d x d) is fitted by least squares on calibration tokens,
 
-    T = argmin_T || m T - (y - a) ||^2  (+ ridge),
+    T = argmin_T || c T - (y - a) ||^2  (+ ridge),
 
-so that a + m T stands in for the whole dropped run, and folded into block p's MLP output projection:
-W_down <- T^T W_down (and its bias b <- b T). The saved model keeps its architecture and block count. Runs are
-fitted in order on the student as patched so far, so each map also absorbs the error left by the earlier ones.
-The fold is exact only where the MLP output enters the residual stream directly (Llama, Qwen, Mistral, Phi-3...);
-architectures with a norm after the MLP (Gemma 2/3, OLMo 2) are refused.
+so that a + c T stands in for the whole dropped run, and folded into block p's MLP output projection:
+W_down <- T^T W_down (and its bias b <- b T), which makes the block add r * m T = c T. The saved model keeps its
+architecture and block count. Runs are fitted in order on the student as patched so far, so each map also absorbs
+the error left by the earlier ones. The fold is exact only where the (scaled) MLP output enters the residual stream
+directly (Llama, Qwen, Mistral, Phi-3, Granite...); architectures with a norm after the MLP (Gemma 2/3, OLMo 2) are
+refused, and so is a block whose h - a is not a scalar times its MLP output (checked on the calibration tokens).
 """
 
 from __future__ import annotations
@@ -77,10 +79,29 @@ def _first(output: Any) -> torch.Tensor:
     return output[0] if isinstance(output, tuple) else output
 
 
+PRE_MLP_NORMS = ("pre_feedforward_layernorm", "post_attention_layernorm")  # the first the block has
+SCALE_TOLERANCE = 0.25  # relative misfit of h - a = r * m above which the block is not "residual + scalar * MLP"
+
+
+def pre_mlp_norm(layer: Any) -> Any:
+    """The norm whose input is the residual stream after attention (a), where the block computes h = a + r * m."""
+    for name in PRE_MLP_NORMS:
+        if isinstance(getattr(layer, name, None), torch.nn.Module):
+            return getattr(layer, name)
+    raise LayerpruneError(f"replace needs the residual stream before the MLP (the input of a post-attention norm); "
+                          f"{type(layer).__name__} has none of {', '.join(PRE_MLP_NORMS)}")
+
+
 def capture_student(model: Any, anchor: int, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(m, a) at the anchor block: its MLP output and its residual stream before the MLP output is added."""
+    """(c, a) at the anchor block, in float64: a, the residual stream after attention (the post-attention norm's
+    input), and c = h - a, what the MLP adds to it (m, or r * m where the block scales it: Granite's
+    residual_multiplier, MiniCPM's scale_depth). A block whose c is not a scalar multiple of its MLP output (a
+    parallel or post-normed block) is refused: a map on m would not be the map on c that was fitted."""
     layer = decoder_layers(model)[anchor]
     seen: dict[str, torch.Tensor] = {}
+
+    def on_norm(_module: Any, inputs: Any) -> None:
+        seen["a"] = inputs[0].detach()
 
     def on_mlp(_module: Any, _inputs: Any, output: Any) -> None:
         seen["m"] = _first(output).detach()
@@ -89,7 +110,8 @@ def capture_student(model: Any, anchor: int, input_ids: torch.Tensor) -> tuple[t
         seen["h"] = _first(output).detach()
         raise _Stop
 
-    handles = [layer.mlp.register_forward_hook(on_mlp), layer.register_forward_hook(on_layer)]
+    handles = [pre_mlp_norm(layer).register_forward_pre_hook(on_norm), layer.mlp.register_forward_hook(on_mlp),
+               layer.register_forward_hook(on_layer)]
     try:
         model(input_ids=input_ids, use_cache=False)
     except _Stop:
@@ -97,7 +119,19 @@ def capture_student(model: Any, anchor: int, input_ids: torch.Tensor) -> tuple[t
     finally:
         for handle in handles:
             handle.remove()
-    return seen["m"][0], (seen["h"] - seen["m"])[0]
+    a, m, h = (seen[k][0].double() for k in ("a", "m", "h"))  # upcast before the subtraction
+    c = h - a
+    check_scaled(c, m, type(layer).__name__)
+    return c, a
+
+
+def check_scaled(c: torch.Tensor, m: torch.Tensor, block: str) -> None:
+    """Refuse a block whose output minus its residual is not a scalar times its MLP output."""
+    scale = float((c * m).sum() / (m * m).sum().clamp(min=1e-30))
+    misfit = float((c - scale * m).norm() / c.norm().clamp(min=1e-30))
+    if misfit > SCALE_TOLERANCE:
+        raise LayerpruneError(f"replace cannot fold into {block}: its output is not residual + scalar * MLP output "
+                              f"(misfit {misfit:.2f}), so a map folded into the MLP is not the map that was fitted")
 
 
 def capture_teacher(model: Any, block: int, input_ids: torch.Tensor) -> torch.Tensor:
@@ -127,25 +161,29 @@ def solve_map(gram: torch.Tensor, cross: torch.Tensor, ridge: float) -> torch.Te
 
 def fit_run(student: Any, teacher: Any, run: Run, sequences: list[list[int]],
             ridge: float) -> tuple[torch.Tensor, dict[str, float]]:
-    """The least-squares map of one run, and the calibration residual with the identity (plain pruning) and with T."""
+    """The least-squares map of one run, and the calibration residual with the identity (plain pruning) and with T.
+
+    Only the normal equations (C^T C, C^T Z) and ||Z||^2 are accumulated, in float64; both residuals follow from
+    them (||C T - Z||^2 = tr(T^T G T) - 2 tr(T^T X) + ||Z||^2), so no token's activations are kept."""
     device = next(student.parameters()).device
     t_device = next(teacher.parameters()).device
     d = find_decoder_stack(student).config.hidden_size
     gram = torch.zeros(d, d, dtype=torch.float64)
     cross = torch.zeros(d, d, dtype=torch.float64)
-    pairs = []
+    target = 0.0
     with torch.no_grad():
         for ids in sequences:
-            m, a = capture_student(student, run.anchor, torch.tensor([ids], device=device))
-            y = capture_teacher(teacher, run.last, torch.tensor([ids], device=t_device)).to(device)
-            m64, z64 = m.double().cpu(), (y - a).double().cpu()
-            gram += m64.T @ m64
-            cross += m64.T @ z64
-            pairs.append((m64, z64))
+            c, a = capture_student(student, run.anchor, torch.tensor([ids], device=device))
+            y = capture_teacher(teacher, run.last, torch.tensor([ids], device=t_device)).to(device).double()
+            c64, z64 = c.cpu(), (y - a).cpu()
+            gram += c64.T @ c64
+            cross += c64.T @ z64
+            target += float((z64 * z64).sum())
     t = solve_map(gram, cross, ridge)
-    identity = sum(float(((m - z) ** 2).sum()) for m, z in pairs)
-    fitted = sum(float(((m @ t - z) ** 2).sum()) for m, z in pairs)
-    return t, {"residual_identity": identity, "residual_fitted": fitted, "tokens": sum(len(s) for s in sequences)}
+    identity = float(gram.trace() - 2 * cross.trace()) + target
+    fitted = float((t * (gram @ t)).sum() - 2 * (t * cross).sum()) + target
+    return t, {"residual_identity": identity, "residual_fitted": max(fitted, 0.0),
+               "tokens": sum(len(s) for s in sequences)}
 
 
 def fold_map(student: Any, anchor: int, t: torch.Tensor) -> None:

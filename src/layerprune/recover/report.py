@@ -47,6 +47,10 @@ class RecoverReport(BaseModel):
     teacher: str = Field(description="The model whose answers (and logits, for distillation) it learned from")
     data: dict[str, Any] = Field(description="Generation, filter and split counts, optimizer steps, held-out metrics")
     held_out_loss: HeldOutLoss
+    held_out_metrics: dict[str, Any] | None = Field(
+        None, description="The same yardstick for every method: {pruned: {ce, kl}, after: {ce, kl}, tokens, prompts}: "
+        "token-weighted cross-entropy of the teacher's answers to the held-out prompts and forward KL(teacher || "
+        "student) per token, for the pruned and the trained model (replace adds 'replaced')")
     loss_curve: dict[str, list[list[float | None]]] = Field(description="[[step, loss], ...] (a non-finite loss: null)")
     tokens_seen: int
     optimizer: str

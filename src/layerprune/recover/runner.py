@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from layerprune import errors
 from layerprune.data import resolve_data_dir
 from layerprune.errors import LayerpruneError
 from layerprune.models import ModelSource, load_model, resolve_model
@@ -18,9 +19,9 @@ from layerprune.models.lineage import PRUNE_REPORT, SourceRecord, read_lineage
 from layerprune.models.loading import copy_tokenizer_files, load_tokenizer
 from layerprune.outputs import atomic_output_dir, check_output_dir
 from layerprune.provenance import collect_provenance
-from layerprune.recover import budget, chain, memory, methods, selfgen, train
+from layerprune.recover import budget, chain, heldout, memory, methods, selfgen, train
 from layerprune.recover import prompts as prompt_sources
-from layerprune.recover.report import RECOVER_REPORT, RecoverReport, model_card
+from layerprune.recover.report import RECOVER_REPORT, HeldOutLoss, RecoverReport, model_card
 from layerprune.recover.schema import RecoverRecipe
 from layerprune.recover.student_teacher import materialize_student, plan_recover
 from layerprune.reports import write_report
@@ -139,7 +140,9 @@ def plan_for(
     """
     shape = memory.model_shape(config)
     dtype = job.settings.dtype
-    weight_bytes = 4 if dtype == "float32" or (dtype == "auto" and not cuda) else 2
+    sixteen = dtype in ("bfloat16", "float16") or (dtype == "auto" and cuda)
+    master = sixteen and train.trains_all_weights(recipe) and not recipe.train.pure_bf16  # float32 master weights
+    weight_bytes = 4 if master or not sixteen else 2
     distil = recipe.needs_teacher_model()  # kd, opd and replace plan like kd: the teacher sits beside the student
     teacher_shape = None
     if distil:
@@ -161,6 +164,8 @@ def plan_for(
         gradient_checkpointing=recipe.train.gradient_checkpointing,
         teacher=teacher_shape,
         budget_gb=job.memory_budget,
+        act_bytes=2 if master and recipe.train.bf16 else None,  # the bf16 autocast's activations
+        teacher_weight_bytes=2 if master else None,  # the teacher keeps the run's 16-bit dtype
     )
     if distil and teacher_config is None:
         plan.notes.append("teacher counted at the student's size (its config was not readable)")
@@ -183,6 +188,8 @@ def recover_model(recipe: RecoverRecipe, job: RecoverJob) -> RecoverReport:
     start = time.perf_counter()
     check_runnable(recipe, job.settings)
     recipe, student, teacher, notes = plan_recover(recipe, job.settings)
+    precision = train.pure_bf16_note(recipe, job.settings)
+    notes = [*notes, precision] if precision else notes
     for note in notes:
         log.warning("%s", note)
     check_output_dir(job.output, job.overwrite, inputs=(Path(student.location),) if student.is_local else ())
@@ -196,15 +203,17 @@ def recover_model(recipe: RecoverRecipe, job: RecoverJob) -> RecoverReport:
         check_fingerprint(recipe, teacher, job.work)
     state.wait_for_everyone()
     answered = methods.generation_prompts(recipe, prompts, job.settings.seed)
-    generation = {**generate(recipe, teacher, answered, job, state), "exclusion": exclusion}
+    with errors.stage("recover (self-generation)", job.work):
+        generation = {**generate(recipe, teacher, answered, job, state), "exclusion": exclusion}
     with state.main_process_first():
         student = materialize_student(recipe, student, job.settings, job.work)
     rows = selfgen.responses_for(answered, job.work / "responses.jsonl")
     kept, card = selfgen.filter_responses(rows, recipe.generate)
-    if recipe.method in methods.DISTILL_METHODS:
-        result = methods.distill(recipe, student, teacher, kept, prompts, job)
-    else:
-        result = train_sft(recipe, student, teacher, kept, job)
+    with errors.stage(f"recover (training, {recipe.method})", job.work):
+        if recipe.method in methods.DISTILL_METHODS:
+            result = methods.distill(recipe, student, teacher, kept, prompts, job)
+        else:
+            result = train_sft(recipe, student, teacher, kept, prompts, job)
     report = build_report(recipe, job, student, teacher, generation, card, result, time.perf_counter() - start, notes)
     if state.is_main_process:
         save_outputs(recipe, job, student, result, report)
@@ -313,16 +322,24 @@ class TrainResult:
     data: dict[str, Any]
     seconds: float
     tokens_seen: int
+    held_out: dict[str, Any] | None = None  # heldout.report_metrics (SFT: measured on the main process when saving)
+    base: Path | None = None  # what a trained adapter merges into (None: the student; replace: the folded weights)
+    eval_rows: list[dict[str, Any]] = field(default_factory=list)  # the held-out teacher answers
+    held_ids: set[str] = field(default_factory=set)
 
 
 def train_sft(
-    recipe: RecoverRecipe, student: ModelSource, teacher: str, rows: list[dict[str, Any]], job: RecoverJob
+    recipe: RecoverRecipe, student: ModelSource, teacher: str, rows: list[dict[str, Any]],
+    prompts: list[selfgen.Prompt], job: RecoverJob
 ) -> TrainResult:
-    """Stage 2 with TRL; held-out loss before and after; the weights saved through the trainer on every rank."""
+    """Stage 2 with TRL on the prompts every method trains on (the same held-out prompt ids); the weights saved
+    through the trainer on every rank. The held-out CE/KL are measured when saving (held_out_report)."""
     from transformers import AutoConfig
 
     start = time.perf_counter()
-    train_rows, eval_rows = train.split_rows(rows, recipe.train.held_out, job.settings.seed)
+    held = methods.held_out_ids(prompts, recipe.train.held_out, job.settings.seed)
+    train_rows = [r for r in rows if r["id"] not in held]
+    eval_rows = [r for r in rows if r["id"] in held]
     if not train_rows:
         raise LayerpruneError(
             "no responses left to train on after holding some out; add prompts or lower train.held_out"
@@ -384,6 +401,8 @@ def train_sft(
         data,
         time.perf_counter() - start,
         int(trainer.state.num_input_tokens_seen or 0),
+        eval_rows=eval_rows,
+        held_ids=held,
     )
     del trainer, loaded, teacher_model
     release_memory()
@@ -422,7 +441,7 @@ def prepare_trainer_dir(directory: Path, resume: bool) -> Path | None:
 def load_student(recipe: RecoverRecipe, student: ModelSource, settings: RunSettings) -> Any:
     """The pruned model for training (4-bit NF4 for qlora)."""
     if recipe.method != "qlora":
-        loaded = load_model(student, settings)
+        loaded = load_model(student, train.student_settings(recipe, settings))
         loaded.model.train()
         return loaded
     from peft import prepare_model_for_kbit_training
@@ -458,6 +477,7 @@ def build_report(
         teacher=teacher,
         data={"generation": generation, "filter": card, **result.data},
         held_out_loss={"before": result.loss_before, "after": result.loss_after},
+        held_out_metrics=result.held_out,
         loss_curve=result.curve,
         tokens_seen=result.tokens_seen,
         optimizer=result.optimizer,
@@ -473,7 +493,11 @@ def save_outputs(
 ) -> None:
     """Merged safetensors model, adapter, report, loss curve and the data, all at once (main process only)."""
     with atomic_output_dir(job.output, job.overwrite) as tmp:
-        model = merged_model(recipe, student, job.settings, result.saved)
+        model = merged_model(recipe, student, job.settings, result.saved, result.base)
+        if report.held_out_metrics is None:  # SFT: measured here, on the saved weights, as distillation measures
+            report.held_out_metrics = sft_held_out(recipe, job, student, report.teacher, model, result)
+            pruned, after = report.held_out_metrics["pruned"], report.held_out_metrics["after"]
+            report.held_out_loss = HeldOutLoss(before=pruned and pruned["ce"], after=after and after["ce"])
         model.save_pretrained(tmp, safe_serialization=True, max_shard_size=job.settings.max_shard_size)
         adapter = result.saved if (result.saved / "adapter_config.json").is_file() else result.saved / "adapter"
         if recipe.uses_lora() and (adapter / "adapter_config.json").is_file():
@@ -493,13 +517,35 @@ def save_outputs(
     log.info("saved %s (held-out loss %s -> %s)", job.output, _fmt(result.loss_before), _fmt(result.loss_after))
 
 
-def merged_model(recipe: RecoverRecipe, student: ModelSource, settings: RunSettings, saved: Path) -> Any:
+def sft_held_out(recipe: RecoverRecipe, job: RecoverJob, student: ModelSource, teacher: str, model: Any,
+                 result: TrainResult) -> dict[str, Any]:
+    """held_out_metrics of an SFT arm, as distillation computes them: token-weighted CE and KL(teacher || student)
+    of the pruned and the trained model on the teacher's answers to the held-out prompts (the teacher loaded once,
+    after training, on the main process)."""
+    tokenizer = load_tokenizer(student, job.settings)
+    encoded = heldout.encode_rows(tokenizer, result.eval_rows, recipe.generate, recipe.train.max_length)
+    if not encoded:
+        return heldout.report_metrics(None, None, result.held_ids)
+    teacher_model = load_model(teacher, job.settings).model.eval()
+    pruned_model = load_model(student, job.settings).model
+    pruned = heldout.held_out_metrics(pruned_model, teacher_model, encoded)
+    del pruned_model
+    after = heldout.held_out_metrics(model, teacher_model, encoded)
+    del teacher_model
+    release_memory()
+    log.info("held-out CE %.4f -> %.4f, KL %.4f -> %.4f", pruned["ce"], after["ce"], pruned["kl"], after["kl"])
+    return heldout.report_metrics(pruned, after, result.held_ids)
+
+
+def merged_model(recipe: RecoverRecipe, student: ModelSource, settings: RunSettings, saved: Path,
+                 base_dir: Path | None = None) -> Any:
     """The trained model from what the trainer saved (gathered from every rank): the full weights as they are, or
-    the adapter merged into a fresh load of the student (QLoRA: a bf16 load, not the 4-bit one)."""
-    if not recipe.uses_lora() or not (saved / "adapter_config.json").is_file():  # distillation saves merged weights
+    the adapter merged into a fresh load of the student, or of `base_dir` (replace's folded weights) where given
+    (QLoRA: a bf16 load, not the 4-bit one)."""
+    if not recipe.uses_lora() or not (saved / "adapter_config.json").is_file():
         return load_model(str(saved), settings).model
     from peft import PeftModel
 
     dtype = {"dtype": "bfloat16"} if recipe.method == "qlora" else {}
-    base = load_model(student, settings.model_copy(update=dtype)).model
+    base = load_model(str(base_dir) if base_dir else student, settings.model_copy(update=dtype)).model
     return PeftModel.from_pretrained(base, str(saved)).merge_and_unload()

@@ -103,6 +103,11 @@ class TrainSection(Section):
                                    "blocks), whichever of max_steps and max_tokens comes first")
     max_length: int = Field(8192, ge=16, description="Longest training sequence in tokens (prompt + response)")
     bf16: bool = Field(True, description="bfloat16 mixed precision (switched off automatically on a CPU)")
+    pure_bf16: bool = Field(
+        False, description="Train all weights (full, kd/opd with a full adapter) in pure bfloat16: bf16 weights, "
+        "gradients and AdamW states, no float32 master copy. Saves memory, but one AdamW step at a small learning "
+        "rate (1e-5) is below half a bf16 step for most weights, so they never change; the report names it. "
+        "Default: float32 master weights with bf16 autocast")
     gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass")
     held_out: float = Field(0.1, ge=0.0, lt=0.9, description="Fraction of responses held out for the loss curve")
     eval_steps: int = Field(50, ge=1, description="Held-out loss every this many steps")
@@ -150,8 +155,10 @@ class OpdSection(Section):
     beta: float = Field(1.0, ge=0, le=1, description="Divergence: 0 forward KL, 1 reverse KL, between: generalised JSD")
     lmbda: float = Field(1.0, ge=0, le=1, description="Share of batches on the student's own samples (1: all)")
     max_new_tokens: int = Field(128, ge=1, description="Longest student completion in tokens")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the student's samples (and the loss)")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus top-p of the student's completions")
+    temperature: float = Field(1.0, gt=0, description="Temperature of the student's samples and of "
+                               "the divergence (opd.lmbda < 1, TRL GKD, cannot apply it to the divergence: 1 only)")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus top-p of the student's samples "
+                       "(both paths)")
     adapter: Literal["lora", "full"] = Field("lora", description="Train LoRA adapters or all weights")
 
 
@@ -237,6 +244,11 @@ class RecoverRecipe(Section):
             )
         if self.drop_blocks is not None and (not self.drop_blocks or min(self.drop_blocks) < 0):
             raise ValueError("drop_blocks must list block indices >= 0")
+        if self.trainer_method() == "opd" and self.opd.lmbda < 1 and self.opd.temperature != 1:
+            raise ValueError(
+                f"opd.temperature {self.opd.temperature} with opd.lmbda {self.opd.lmbda}: mixed on-policy "
+                "distillation (TRL GKD) samples at that temperature but computes its divergence at 1, while the fully "
+                "on-policy path applies it to both; use opd.lmbda 1 or opd.temperature 1")
         if self.train.max_length <= self.generate.max_new_tokens // 4:
             raise ValueError("train.max_length is shorter than a quarter of generate.max_new_tokens")
         return self

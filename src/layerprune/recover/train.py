@@ -15,6 +15,7 @@ from transformers import TrainerCallback
 from layerprune.errors import LayerpruneError
 from layerprune.recover.schema import GenerationSection, KdSection, LoraSection, RecoverRecipe
 from layerprune.recover.selfgen import chat_messages, plain_example
+from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,32 @@ def longest_example(tokenizer: Any, rows: list[dict[str, Any]], settings: Genera
         for row in rows
     ]
     return max(lengths, default=1)
+
+
+def trains_all_weights(recipe: RecoverRecipe) -> bool:
+    """Whether the optimizer updates every weight (full SFT, or kd/opd with a full adapter, after replace too)."""
+    method = recipe.trainer_method()
+    return method == "full" or (method in ("kd", "opd") and recipe.adapter_of(method) == "full")
+
+
+def master_fp32(recipe: RecoverRecipe, settings: RunSettings) -> bool:
+    """Whether the student is trained from float32 master weights although the run's dtype is 16-bit: every weight
+    trained and no train.pure_bf16 opt-in (the trainer's bf16 autocast keeps the matmuls in bf16 on CUDA)."""
+    return trains_all_weights(recipe) and not recipe.train.pure_bf16 and settings.resolved_dtype() != torch.float32
+
+
+def student_settings(recipe: RecoverRecipe, settings: RunSettings) -> RunSettings:
+    """The settings the student is loaded for training with: float32 where master_fp32 says so (a bf16 AdamW step
+    of 1e-5 rounds away on most weights), the run's own otherwise."""
+    return settings.model_copy(update={"dtype": "float32"}) if master_fp32(recipe, settings) else settings
+
+
+def pure_bf16_note(recipe: RecoverRecipe, settings: RunSettings) -> str | None:
+    """The report's line when all weights train in 16 bits with no float32 master copy (train.pure_bf16)."""
+    if trains_all_weights(recipe) and settings.resolved_dtype() != torch.float32 and recipe.train.pure_bf16:
+        return (f"train.pure_bf16: all weights trained in {settings.resolved_dtype()} with no float32 master copy "
+                "(updates below half a 16-bit step are lost)")
+    return None
 
 
 def bf16_allowed(recipe: RecoverRecipe, device: torch.device) -> bool:
