@@ -114,7 +114,7 @@ def study_rows(root: Path, labels: list[str], trained: frozenset[str] = frozense
         row.update(_arm_cost(root / "arms" / label))
         rows.append(row)
     apply_paired(rows, root, trained)
-    # the pruned model's own held-out CE / KL (every distilling arm measured it on the same held-out answers)
+    # the pruned model's own held-out CE / KL (every arm measured it on the same held-out prompts' answers)
     before = next((r for r in rows if r.get("held_out_ce_pruned") is not None), None)
     pruned_row = next((r for r in rows if r["model"] == "pruned"), None)
     if pruned_row is not None and before is not None:
@@ -133,8 +133,8 @@ def _arm_cost(arm: Path) -> dict[str, Any]:
     if not (arm / RECOVER_REPORT).is_file():
         return {}
     report = read_recover_report(arm)
-    metrics = report.data.get("held_out_metrics") or {}
-    after = metrics.get("after") or {"ce": report.held_out_loss.after, "kl": None}  # SFT: CE on its own split
+    metrics = report.held_out_metrics or {}  # one yardstick for every method: the same held-out prompts, token-weighted
+    after = metrics.get("after") or {"ce": None, "kl": None}
     method = report.recipe.chain_name().replace("+", " then ")
     return {"method": method, "seconds": report.seconds.training,
             "generation_seconds": report.seconds.generation, "tokens": report.tokens_seen,
@@ -321,8 +321,8 @@ def write_study_report(study: Any, root: Path) -> Path:
              "evaluation seed; no recovery prompt is one of them). Values are means ± one standard error. GSM8K is "
              "scored with the evaluation suite's protocol (lm-eval's gsm8k).",
              "Every arm ran the same optimizer steps on the same prompts; train time excludes the teacher's answers, "
-             "generated once and shared. Held-out CE / KL: on the teacher's answers to the held-out prompts, the "
-             "pruned row before any recovery (SFT: cross-entropy on its own held-out split of the answers, no KL).",
+             "generated once and shared. Held-out CE / KL: token-weighted, on the teacher's answers to the same "
+             "held-out prompts for every arm (KL(teacher || student)); the pruned row before any recovery.",
              "", "![study](study.png)", "",
              f"Rerun: `layerprune study {study.name} --output {root}` (complete stages are skipped)."]
     (root / "study.md").write_text("\n".join(lines) + "\n")
