@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -129,26 +130,34 @@ def recipe_force(report: dict[str, Any]) -> bool:
 
 @dataclass
 class Probe:
-    """One batch and the original model's logits on it with the dropped blocks skipped (the verification reference)."""
+    """One batch and the original model's logits on it with the dropped blocks skipped (the verification reference),
+    and the original's config (the per-layer settings the written blocks must keep)."""
 
     input_ids: Any
     attention_mask: Any
     logits: Any
     seconds: float
+    drop: list[int] = field(default_factory=list)
+    config: Any = None
+
+
+def probe_inputs(tokenizer: Any, calib: CalibSet | None, device: Any) -> tuple[Any, Any]:
+    """The first calibration batch (two rows, up to 128 tokens), or a fixed text, on `device`."""
+    if calib is not None and calib.items:
+        batch = tokenize_calibration(CalibSet(calib.items[:2], calib.description), tokenizer, 128, 2)[0]
+        batch = batch.to(device)
+        return batch.input_ids, batch.attention_mask
+    enc = tokenizer(PROBE_TEXT, return_tensors="pt", padding=True).to(device)
+    return enc["input_ids"], enc["attention_mask"]
 
 
 def reference_probe(loaded: LoadedModel, calib: CalibSet | None, drop: list[int]) -> Probe:
-    """The first calibration batch (two rows), or a fixed text, and its skip-reference logits."""
+    """The probe batch and its skip-reference logits."""
     start = time.perf_counter()
-    if calib is not None and calib.items:
-        batch = tokenize_calibration(CalibSet(calib.items[:2], calib.description), loaded.tokenizer, 128, 2)[0]
-        batch = batch.to(loaded.model.device)
-        ids, mask = batch.input_ids, batch.attention_mask
-    else:
-        enc = loaded.tokenizer(PROBE_TEXT, return_tensors="pt", padding=True).to(loaded.model.device)
-        ids, mask = enc["input_ids"], enc["attention_mask"]
+    ids, mask = probe_inputs(loaded.tokenizer, calib, loaded.model.device)
     logits = skip_reference_logits(loaded.model, ids, mask, drop)
-    return Probe(ids, mask, logits, time.perf_counter() - start)
+    config = copy.deepcopy(loaded.model.config)
+    return Probe(ids, mask, logits, time.perf_counter() - start, list(drop), config)
 
 
 def torch_dtype(loaded: LoadedModel) -> Any:

@@ -3,8 +3,8 @@ is never loaded whole."""
 
 from __future__ import annotations
 
+import gc
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -14,14 +14,17 @@ import torch
 from layerprune.data import resolve_data_dir
 from layerprune.models import ModelSource, load_model
 from layerprune.models.layer_fields import check_layer_fields
+from layerprune.models.loading import load_tokenizer
 from layerprune.models.shards import count_parameters, plan_stream, read_checkpoint
 from layerprune.models.surgery import checkpoint_dtype, compare_reloaded_logits, dtype_name
+from layerprune.models.verify_blockwise import BlockMajorUnsupported, fits_whole, verify_block_major
 from layerprune.prune.calib import CalibSet, load_calibration, tokenize_calibration
 from layerprune.prune.common import (
     DATA_FREE_SCORES,
     add_weights_hash,
     build_report,
     check_request,
+    probe_inputs,
     progress_bar,
     reference_probe,
     torch_dtype,
@@ -100,7 +103,7 @@ def prune_from_files(
 
         def finish(tmp: Path, report: dict[str, Any]) -> None:
             if recipe.verify:
-                _verify_streamed(source, config, settings, tmp, report, result.drop)
+                _verify_streamed(source, source_dir, config, settings, tmp, report, result.drop, calib)
             write_report_files(tmp, report)
 
         report["dtype"] = _streamed_dtypes(config, source_dir, settings)
@@ -121,41 +124,61 @@ def _streamed_dtypes(config: Any, source_dir: Path, settings: RunSettings) -> di
 
 
 def _verify_streamed(
-    source: ModelSource, config: Any, settings: RunSettings, tmp: Path, report: dict[str, Any], drop: list[int]
+    source: ModelSource,
+    source_dir: Path,
+    config: Any,
+    settings: RunSettings,
+    tmp: Path,
+    report: dict[str, Any],
+    drop: list[int],
+    calib: CalibSet | None,
 ) -> None:
-    """Logits of the written model against the original with `drop` skipped, when both fit in memory at once
-    (the streamed files were already checked tensor by tensor and against the new config on the meta device)."""
-    needed = 3 * report["saved"]["bytes"]  # the original, the reloaded copy, and room for activations
-    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    if needed > available:
-        report["verification"]["logits"] = (
-            f"skipped: comparing logits needs ~{needed / 2**30:.1f} GiB of memory and "
-            f"{available / 2**30:.1f} GiB are free"
-        )
-        return
+    """Logits of the written model against the original with `drop` skipped, block-major (one block in memory at a
+    time); for a family whose files the block-major way cannot read, both reloaded whole one after the other when
+    that fits. The streamed files were already checked tensor by tensor and against the new config on the meta
+    device."""
     start = time.perf_counter()
-    loaded = load_model(source, settings)
-    probe = reference_probe(loaded, None, drop)
-    lossless = True  # the streamed files are the source's tensors, bit for bit
-    compute = torch_dtype(loaded)
-    record = compare_reloaded_logits(
-        tmp,
-        probe.input_ids,
-        probe.attention_mask,
-        probe.logits,
-        compute,
-        probe.input_ids.device,
-        1e-3 if compute == torch.float32 and lossless else 2e-2,
-    )
-    del loaded
+    device, compute = settings.resolved_device(), settings.resolved_dtype()
+    ids, mask = probe_inputs(load_tokenizer(source, settings), calib, device)
+    rtol = 1e-3 if compute == torch.float32 else 2e-2  # the streamed files are the source's tensors, bit for bit
+    try:
+        record = verify_block_major(config, tmp, drop, ids, mask, device, compute, rtol, source_dir=source_dir)
+    except BlockMajorUnsupported as exc:
+        record = _verify_whole(source, source_dir, settings, tmp, drop, calib, rtol, str(exc))
     report["verification"] = {
         **report["verification"],
-        "checked": True,
-        "tokens": int(probe.input_ids.numel()),
         **record,
+        "checked": isinstance(record.get("max_abs_diff"), float),
         "seconds": round(report["verification"]["seconds"] + time.perf_counter() - start, 2),
     }
     report["timings"]["verify_s"] = report["verification"]["seconds"]
+
+
+def _verify_whole(
+    source: ModelSource,
+    source_dir: Path,
+    settings: RunSettings,
+    tmp: Path,
+    drop: list[int],
+    calib: CalibSet | None,
+    rtol: float,
+    why: str,
+) -> dict[str, Any]:
+    """The original loaded whole, its skip logits kept, the original freed, then the written model reloaded (on
+    the same device map); skipped when the original does not fit."""
+    size = sum(path.stat().st_size for path in source_dir.glob("*.safetensors"))
+    if not settings.device_map and not fits_whole(size, settings.resolved_device()):
+        return {"logits_check": f"skipped: block-major is not possible ({why}) and the whole model does not fit"}
+    loaded = load_model(source, settings)
+    probe = reference_probe(loaded, calib, drop)
+    compute, device = torch_dtype(loaded), probe.input_ids.device
+    del loaded
+    gc.collect()
+    load = {"device_map": settings.device_map, "max_memory": settings.resolved_max_memory()}
+    record = compare_reloaded_logits(tmp, probe.input_ids, probe.attention_mask, probe.logits, compute, device, rtol,
+                                     load if settings.device_map else None)
+    return {**record, "logits_check": "whole-model", "block_major": f"not possible: {why}",
+            "tokens": int(probe.input_ids.numel())}
 
 
 def _score_block_major(
@@ -163,7 +186,6 @@ def _score_block_major(
 ) -> tuple[CalibSet, ScoreResult, float]:
     """Score one block at a time from the files; print the memory plan first."""
     from layerprune.models.blockwise import load_skeleton
-    from layerprune.models.loading import load_tokenizer
     from layerprune.prune.blockwise import plan_for, score_blockwise
 
     calib = load_calibration(recipe.calib, recipe.calib_samples, settings.seed, resolve_data_dir(recipe.data_dir))
