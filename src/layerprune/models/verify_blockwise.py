@@ -11,6 +11,7 @@ must agree. Beside the logits, the blocks built from the new config must be the 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -23,6 +24,7 @@ from torch import nn
 from layerprune.errors import LayerpruneError
 from layerprune.models.blocks import find_decoder_stack
 from layerprune.models.blockwise import BlockwiseModel, empty_block, empty_model, fill_block, load_skeleton
+from layerprune.models.shards import block_prefix, read_checkpoint
 
 PER_LAYER_NAMES = ("layer_idx", "layer_index")  # renumbered by the surgery: the one setting that may differ
 
@@ -148,6 +150,15 @@ def skeleton(directory: Path, config: Any, device: torch.device, dtype: torch.dt
     return bw
 
 
+def _keys_only(directory: Path, config: Any) -> BlockwiseModel:
+    """A skeleton with nothing loaded: enough to check the names of the block weights."""
+    model = empty_model(config)
+    checkpoint = read_checkpoint(directory)
+    stack = find_decoder_stack(model)
+    prefix = block_prefix(list(checkpoint.weight_map), len(stack))
+    return BlockwiseModel(model, stack, checkpoint, prefix, torch.device("meta"), torch.float32)
+
+
 def fits_whole(nbytes: int, device: torch.device, copies: float = 1.2) -> bool:
     """Whether `copies` x `nbytes` fit in the free memory of `device` (GPU memory, or RAM for the CPU)."""
     if device.type == "cuda":
@@ -177,17 +188,18 @@ def verify_block_major(
 
     start = time.perf_counter()
     written_config = AutoConfig.from_pretrained(written_dir)
-    written = skeleton(written_dir, written_config, device, dtype)
+    check_block_keys(_keys_only(written_dir, written_config))  # refused before any weight is read
     settings: int | str = "skipped: no source config"
     if source_config is not None:
         text = source_config.get_text_config() if hasattr(source_config, "get_text_config") else source_config
         kept = [i for i in range(text.num_hidden_layers) if i not in set(drop)]
         settings = check_per_layer_settings(source_config, written_config, kept)
-    if reference is None:
+    if reference is None:  # the original's skeleton is freed before the written one is loaded
         assert source_dir is not None and source_config is not None
         reference = block_major_logits(skeleton(source_dir, source_config, device, dtype), input_ids,
                                        attention_mask, drop)
-    logits = block_major_logits(written, input_ids, attention_mask)
+        gc.collect()
+    logits = block_major_logits(skeleton(written_dir, written_config, device, dtype), input_ids, attention_mask)
     diff = float((logits - reference.to(logits.device)).abs().max())
     scale = float(reference.abs().max())
     tolerance = rtol * scale + 1e-4

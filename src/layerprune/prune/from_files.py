@@ -138,7 +138,9 @@ def _verify_streamed(
     that fits. The streamed files were already checked tensor by tensor and against the new config on the meta
     device."""
     start = time.perf_counter()
-    device, compute = settings.resolved_device(), settings.resolved_dtype()
+    device = settings.resolved_device()
+    stored = checkpoint_dtype(config, source_dir)  # not float32 on the CPU: one block of the stored size at a time
+    compute = stored if settings.dtype == "auto" and stored is not None else settings.resolved_dtype()
     ids, mask = probe_inputs(load_tokenizer(source, settings), calib, device)
     rtol = 1e-3 if compute == torch.float32 else 2e-2  # the streamed files are the source's tensors, bit for bit
     try:
