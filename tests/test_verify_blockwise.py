@@ -129,3 +129,14 @@ def test_block_major_ablation_checks_its_head_once(tiny_llama, tmp_path, monkeyp
     monkeypatch.setattr(DecoderStack, "logits", lambda self, hidden: real(self, hidden) * 1.5)
     with pytest.raises(LayerpruneError, match="differ from its own forward"):
         prune_model(str(tiny_llama), recipe, RunSettings(block_major=True), output=tmp_path / "bad")
+
+
+def test_max_memory_bounds_the_block_major_plan_before_loading(tiny_llama, tmp_path, monkeypatch):
+    from layerprune.models import blockwise
+
+    monkeypatch.setattr(blockwise, "load_skeleton", lambda *a, **k: pytest.fail("loaded before the bound was checked"))
+    recipe = PruneRecipe(drop=2, score="ablation", calib="arithmetic", calib_samples=6, batch_size=4, calib_seq_len=64)
+    settings = RunSettings(block_major=True, device="cpu", max_memory=["cpu=1MiB"])
+    with pytest.raises(LayerpruneError, match=r"over --max-memory cpu=1MiB: whole model .* GiB"):
+        prune_model(str(tiny_llama), recipe, settings, output=tmp_path / "out")
+    assert not (tmp_path / "out").exists()

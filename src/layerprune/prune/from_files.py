@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from layerprune.data import resolve_data_dir
+from layerprune.errors import LayerpruneError
 from layerprune.models import ModelSource, load_model
 from layerprune.models.layer_fields import check_layer_fields
 from layerprune.models.loading import load_tokenizer
@@ -195,6 +196,7 @@ def _score_block_major(
     plan = plan_for(config, recipe.score, batches, settings.resolved_dtype(), recipe.n_drop)
     for line in ["block-major plan:", *plan.lines()]:
         log.info(line)
+    check_max_memory(plan.peak_bytes, plan.lines(), settings)
     start = time.perf_counter()
     bw = load_skeleton(source_dir, config, settings.resolved_device(), settings.resolved_dtype())
     with progress_bar(f"scoring {len(bw)} blocks block-major ({recipe.score})") as progress:
@@ -211,6 +213,24 @@ def _score_block_major(
         )
     result.details["memory_plan"] = {**vars(plan), "peak_bytes": plan.peak_bytes}
     return calib, result, time.perf_counter() - start
+
+
+def check_max_memory(peak_bytes: int, lines: list[str], settings: RunSettings) -> None:
+    """--max-memory as a bound: refuse before any weight is loaded when the plan's peak exceeds the compute
+    device's entry (its index, or cpu), with the plan's numbers."""
+    limits = settings.resolved_max_memory() or {}
+    device = settings.resolved_device()
+    key: int | str = "cpu" if device.type == "cpu" else (device.index or 0)
+    if key not in limits:
+        return
+    from accelerate.utils import convert_file_size_to_int
+
+    limit = convert_file_size_to_int(limits[key])
+    if peak_bytes > limit:
+        raise LayerpruneError(
+            f"the block-major plan needs about {peak_bytes / 2**30:.2f} GiB on {device}, over --max-memory "
+            f"{key}={limits[key]}: {'; '.join(lines)}; lower --calib-samples, --calib-seq-len or --batch-size"
+        )
 
 
 def config_only(path: Path) -> bool:
