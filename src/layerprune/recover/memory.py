@@ -16,6 +16,10 @@ OPTIMIZER_STATE_BYTES = {"adamw_torch": None, "adamw_8bit": 2.0, "paged_adamw_8b
 # elements kept for backward per token and decoder block, in units of hidden, intermediate, attention width
 ACT_PER_HIDDEN, ACT_PER_INTERMEDIATE, ACT_PER_ATTN = 8, 4, 4
 NORM_FP32_COPIES = 2  # RMSNorm upcasts its input to float32 (two norms per block)
+# working memory of one block's backward, on top of what is saved: the gradients of its MLP intermediates (gate, up
+# and their product) exist at once. Saved tensors alone (counted with torch's saved_tensors_hooks) stay under the
+# plan's activations; the peak comes from these transients, which full SFT hides under its not-yet-allocated grads.
+BACKWARD_PER_INTERMEDIATE = 3
 LOGIT_COPIES = 3  # logits, their float32 log-softmax and its gradient
 
 
@@ -85,9 +89,10 @@ def activation_bytes(shape: ModelShape, tokens: int, act_bytes: int, checkpointi
     per_block = tokens * (act_bytes * (ACT_PER_HIDDEN * shape.hidden + ACT_PER_INTERMEDIATE * shape.intermediate
                                        + ACT_PER_ATTN * shape.attn_width) + 4 * NORM_FP32_COPIES * shape.hidden)
     logits = tokens * shape.vocab * (act_bytes + 4 * (LOGIT_COPIES - 1))
+    backward = tokens * act_bytes * BACKWARD_PER_INTERMEDIATE * shape.intermediate
     if checkpointing:
-        return shape.layers * tokens * shape.hidden * act_bytes + per_block + logits
-    return shape.layers * per_block + logits
+        return shape.layers * tokens * shape.hidden * act_bytes + per_block + logits + backward
+    return shape.layers * per_block + logits + backward
 
 
 def plan_memory(shape: ModelShape, method: str, seq_len: int, batch_size: int, optimizer: str = "adamw_torch",
