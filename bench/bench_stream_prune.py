@@ -4,7 +4,9 @@
 
 Each variant runs in a fresh interpreter; its peak RSS (VmHWM) is reported over an idle interpreter that made
 the same imports, and its work time excludes interpreter start and imports. Targets (issue 14): streamed peak
-RSS <= 1.5x the largest shard, streamed time <= 2x `cp -r`, every tensor bit-identical and in bf16.
+RSS <= 1.5x the largest shard, streamed time <= 2x `cp -r`, every tensor bit-identical and in bf16; (issue 27) with
+verification on (the default, block-major: logits of the written model against the original with the blocks
+skipped, one block loaded at a time) peak RSS <= 1.5x the largest shard plus one block.
 """
 
 from __future__ import annotations
@@ -33,20 +35,23 @@ import layerprune.models.identity, transformers.models.llama.modeling_llama, saf
 mode, source, out, cache = sys.argv[1:5]
 settings = RunSettings(max_shard_size="256MB", cache_dir=Path(cache))
 start = time.perf_counter()
-if mode == "stream":
-    prune_model(source, PruneRecipe(layers=[2, 5]), settings, output=Path(out))
+check = None
+if mode in ("stream", "stream-no-verify"):
+    report = prune_model(source, PruneRecipe(layers=[2, 5], verify=mode == "stream"), settings, output=Path(out)).report
+    check = report["verification"].get("logits_check", "none (--no-verify)")
 elif mode == "memory":
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16)
     drop_blocks(model, [2, 5])
     model.save_pretrained(out, max_shard_size="256MB")
 seconds = time.perf_counter() - start
 hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")) * 1024
-print(json.dumps({"seconds": seconds, "hwm": hwm}))
+print(json.dumps({"seconds": seconds, "hwm": hwm, "check": check}))
 """
 
 
-def make_checkpoint(directory: Path, gb: float) -> None:
-    """Random bf16 tensors named and shaped like a Llama (hidden 2048), written shard by shard (256 MB)."""
+def make_checkpoint(directory: Path, gb: float) -> int:
+    """Random bf16 tensors named and shaped like a Llama (hidden 2048), written shard by shard (256 MB); returns the
+    bytes of one block."""
     import torch
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import save_file
@@ -70,6 +75,7 @@ def make_checkpoint(directory: Path, gb: float) -> None:
     (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     config.save_pretrained(directory)
     tiny_tokenizer().save_pretrained(directory)
+    return per_layer
 
 
 def run_child(mode: str, source: Path, out: Path, cache: Path) -> dict:
@@ -118,14 +124,15 @@ def main() -> None:
         root = Path(tmp)
         source = root / "source"
         source.mkdir()
-        make_checkpoint(source, args.gb)
+        block = make_checkpoint(source, args.gb)
         shards = sorted(source.glob("*.safetensors"))
         total, largest = sum(s.stat().st_size for s in shards), max(s.stat().st_size for s in shards)
         print(f"checkpoint: {total / 1e9:.2f} GB bf16 in {len(shards)} shards, largest {largest / 2**20:.0f} MiB")
         time_cp(source, root / "warm")  # page cache warm for everyone
         idle = run_child("idle", source, root / "none", root / "cache")
         variants = [("prune --layers, streamed, first run (sha256 of the source for the report)", "stream", "c1", 1),
-                    ("prune --layers, streamed (hash memoized)", "stream", "c1", args.repeats)]
+                    ("prune --layers, streamed (hash memoized), verification on", "stream", "c1", args.repeats),
+                    ("prune --layers, streamed (hash memoized), --no-verify", "stream-no-verify", "c1", args.repeats)]
         if not args.skip_in_memory:
             variants.append(("load + drop_blocks + save_pretrained (old path, bf16)", "memory", "c2", args.repeats))
         rows = []
@@ -135,15 +142,18 @@ def main() -> None:
                 cp = time_cp(source, root / "cp")
                 out = root / "out"
                 result = run_child(mode, source, out, root / cache)
-                pairs.append((result["seconds"] / cp, result["seconds"], cp, result["hwm"] - idle["hwm"]))
-                if mode == "stream":
+                rss = result["hwm"] - idle["hwm"]
+                pairs.append((result["seconds"] / cp, result["seconds"], cp, rss, result["check"]))
+                if mode.startswith("stream"):
                     count, dtypes = check_bits(source, out)
                 shutil.rmtree(out)
             rows.append((label, *sorted(pairs)[len(pairs) // 2]))
+        print(f"one block {block / 2**20:.0f} MiB")
         print(f"{'variant (median of runs by ratio to cp)':76s} {'work s':>7s} {'cp -r s':>7s} {'/cp':>6s} "
-              f"{'peak RSS over idle':>18s} {'/largest shard':>14s}")
-        for label, ratio, seconds, cp, rss in rows:
-            print(f"{label:76s} {seconds:7.2f} {cp:7.2f} {ratio:6.2f} {rss / 2**20:14.0f} MiB {rss / largest:14.2f}")
+              f"{'peak RSS over idle':>18s} {'/largest shard':>14s} {'/(shard+block)':>14s}  logits check")
+        for label, ratio, seconds, cp, rss, check in rows:
+            print(f"{label:76s} {seconds:7.2f} {cp:7.2f} {ratio:6.2f} {rss / 2**20:14.0f} MiB {rss / largest:14.2f} "
+                  f"{rss / (largest + block):14.2f}  {check}")
         print(f"bit-identical: {count} tensors, dtypes {sorted(dtypes)}")
 
 

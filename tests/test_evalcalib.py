@@ -326,7 +326,7 @@ def test_triviaqa_needs_only_the_split_it_scores(tmp_path, monkeypatch):
 
 
 def test_bad_calibration_file_fails_before_the_model_loads(capsys, tiny_llama, tmp_path, monkeypatch):
-    from layerprune.prune import api
+    from layerprune.prune import in_memory as api
 
     calib = tmp_path / "calib.jsonl"
     calib.write_text('{"text": "fine"}\n{"text": broken}\n')
@@ -337,7 +337,7 @@ def test_bad_calibration_file_fails_before_the_model_loads(capsys, tiny_llama, t
 
 
 def test_run_checks_every_data_file_before_its_first_stage(capsys, tiny_llama, tmp_path, gsm_dir, monkeypatch):
-    from layerprune.prune import api
+    from layerprune.prune import in_memory as api
 
     monkeypatch.setattr(api, "load_model", lambda *a, **k: pytest.fail("a stage started before the data was checked"))
     write_rows(gsm_dir, "arc_easy", "test", [])

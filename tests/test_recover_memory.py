@@ -140,3 +140,22 @@ def test_qlora_weights_are_about_a_quarter_of_bf16():
     bf16 = plan_memory(shape, "lora", seq_len=128, batch_size=1, weight_bytes=2, lora_r=8)
     nf4 = plan_memory(shape, "qlora", seq_len=128, batch_size=1, weight_bytes=2, lora_r=8)
     assert 0.25 * bf16.weights < nf4.weights < 0.6 * bf16.weights
+
+
+def test_max_memory_is_a_bound_the_plan_enforces_before_loading():
+    from layerprune.errors import LayerpruneError
+
+    shape = model_shape(LlamaConfig(**SMALL))
+    kwargs = dict(seq_len=256, batch_size=1, weight_bytes=2, gradient_checkpointing=True, budget_gb=80)
+    plan = plan_memory(shape, "lora", lora_r=16, **kwargs)
+    below = f"{plan.total * 0.9 * 1000:.0f}MB"
+    with pytest.raises(LayerpruneError, match=r"needs about .* GB \(weights .*over --max-memory"):
+        choose_optimizer(shape, "lora", "adamw_torch", cuda=True, max_memory={0: below, "cpu": "100GB"}, lora_r=16,
+                         **kwargs)
+    optimizer, fine = choose_optimizer(shape, "lora", "adamw_torch", cuda=True, max_memory={0: "80GB"}, lora_r=16,
+                                       **kwargs)
+    assert fine.total == pytest.approx(plan.total)
+    full = plan_memory(shape, "full", **kwargs)  # auto under a bound between the AdamW and 8-bit totals switches
+    bound = f"{(full.total - full.optimizer_states * 0.4) * 1000:.0f}MB"
+    optimizer, switched = choose_optimizer(shape, "full", "auto", cuda=True, max_memory={0: bound}, **kwargs)
+    assert optimizer == "adamw_8bit" and switched.fits

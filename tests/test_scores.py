@@ -105,6 +105,17 @@ def test_prefix_reuse_ablation_equals_naive_full_forward(tiny_ctx, stacked):
         assert score == pytest.approx(naive_loss(tiny_ctx.model, tiny_ctx.batches, [block]) - base, abs=1e-5)
 
 
+def test_iterative_caches_keep_only_the_first_hidden_state(tiny_ctx):
+    """keep_hidden=False stores nothing past block 0: no entry pins the storage of the state it came from."""
+    from layerprune.models.walker import capture_block_inputs
+
+    with torch.inference_mode():
+        inputs = capture_block_inputs(tiny_ctx.stack, tiny_ctx.batches[0], keep_hidden=False)
+    first, *rest = inputs.hidden
+    assert first.numel() and rest
+    assert all(state.untyped_storage().nbytes() == 0 for state in rest)
+
+
 @pytest.mark.parametrize("stacked", [0, 2])
 def test_iterative_ablation_equals_naive_greedy(tiny_ctx, stacked):
     tiny_ctx.iterative, tiny_ctx.stack_candidates = True, stacked

@@ -176,7 +176,7 @@ def test_wrong_logits_are_caught_and_no_verify_skips_it(tiny_models, tmp_path, m
     )
     monkeypatch.setitem(layer_fields.FIELD_RULES, "layer_types", truncate)
     source = str(tiny_models("gemma3_text", 6))
-    with pytest.raises(LayerpruneError, match="logits differ"):
+    with pytest.raises(LayerpruneError, match="surgery check failed"):
         prune_model(source, PruneRecipe(layers=[1, 2]), output=tmp_path / "out")
     assert not (tmp_path / "out").exists()
     result = prune_model(source, PruneRecipe(layers=[1, 2], verify=False), output=tmp_path / "out")

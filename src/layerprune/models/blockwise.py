@@ -86,21 +86,31 @@ def _set(module: nn.Module, name: str, value: torch.Tensor, device: torch.device
 @contextlib.contextmanager
 def loaded_block(bw: BlockwiseModel, index: int) -> Iterator[nn.Module]:
     """Block `index` with its weights on the compute device, emptied again on exit."""
-    block = bw.stack.layers[index]
-    names = [name for name, _ in block.named_parameters()]
     try:
-        with _open_lazy(bw.checkpoint) as tensors:
-            for name in names:
-                key = f"{bw.prefix}.{index}.{name}"
-                if key not in bw.checkpoint.weight_map:
-                    raise LayerpruneError(f"block-major scoring: {key} is not in the checkpoint")
-                _set(block, name, tensors(key), bw.device, bw.dtype)
-        yield block
+        yield fill_block(bw, index)
     finally:
-        from accelerate.utils import set_module_tensor_to_device
+        empty_block(bw, index)
 
-        for name in names:
-            set_module_tensor_to_device(block, name, "meta")
+
+def fill_block(bw: BlockwiseModel, index: int) -> nn.Module:
+    """Load block `index`'s weights from the files onto the compute device."""
+    block = bw.stack.layers[index]
+    with _open_lazy(bw.checkpoint) as tensors:
+        for name, _ in list(block.named_parameters()):
+            key = f"{bw.prefix}.{index}.{name}"
+            if key not in bw.checkpoint.weight_map:
+                raise LayerpruneError(f"block-major: {key} is not in the checkpoint")
+            _set(block, name, tensors(key), bw.device, bw.dtype)
+    return block
+
+
+def empty_block(bw: BlockwiseModel, index: int) -> None:
+    """Send block `index`'s weights back to the meta device (its memory is freed)."""
+    from accelerate.utils import set_module_tensor_to_device
+
+    block = bw.stack.layers[index]
+    for name, _ in list(block.named_parameters()):
+        set_module_tensor_to_device(block, name, "meta")
 
 
 class _Captured(Exception):

@@ -208,12 +208,17 @@ def compare_reloaded_logits(
     dtype: torch.dtype,
     device: torch.device,
     rtol: float,
+    load_kwargs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Reload `directory` in `dtype` on `device` and compare its logits with `reference`; raise on a mismatch."""
+    """Reload `directory` in `dtype` on `device` (or over the devices of `load_kwargs`' device_map, as the original
+    was) and compare its logits with `reference`; raise on a mismatch."""
     from transformers import AutoModelForCausalLM
 
+    load_kwargs = load_kwargs or {}
     try:
-        reloaded, info = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, output_loading_info=True)
+        reloaded, info = AutoModelForCausalLM.from_pretrained(
+            directory, dtype=dtype, output_loading_info=True, **load_kwargs
+        )
     except Exception as exc:
         raise LayerpruneError(f"surgery check failed: the written model does not load: {one_line(exc)[:300]}") from exc
     problems = {key: sorted(info.get(key) or []) for key in ("missing_keys", "unexpected_keys", "mismatched_keys")}
@@ -221,10 +226,13 @@ def compare_reloaded_logits(
         raise LayerpruneError(
             f"surgery check failed: reloading the written model reports {_loading(problems)}; nothing was written"
         )
-    reloaded.to(device).eval()
+    if not load_kwargs.get("device_map"):
+        reloaded.to(device)
+    reloaded.eval()
     with torch.inference_mode():
         logits = reloaded(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits.float()
     del reloaded
+    logits = logits.to(reference.device)
     diff = float((logits - reference).abs().max())
     scale = float(reference.abs().max())
     tolerance = rtol * scale + 1e-4
@@ -249,13 +257,16 @@ def verify_surgery(
     attention_mask: torch.Tensor | None,
     reference: torch.Tensor,
     lossless: bool,
+    load_kwargs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Both checks on a pruned in-memory `model` written to `directory`; a record of what was compared."""
     start = time.perf_counter()
     keys = check_config_matches_weights(model)
     compute = next(model.parameters()).dtype
     rtol = (1e-3 if compute == torch.float32 else 2e-2) if lossless else 5e-2
-    record = compare_reloaded_logits(directory, input_ids, attention_mask, reference, compute, input_ids.device, rtol)
+    record = compare_reloaded_logits(
+        directory, input_ids, attention_mask, reference, compute, input_ids.device, rtol, load_kwargs
+    )
     return {
         "checked": True,
         "keys": keys,

@@ -48,14 +48,17 @@ def block_output(out: Any) -> torch.Tensor:
 
 
 def capture_block_inputs(stack: DecoderStack, batch: CalibBatch, keep_hidden: bool = True) -> BlockInputs:
-    """One forward of the base model with hooks recording every block's inputs and the last output."""
+    """One forward of the base model with hooks recording every block's inputs and the last output.
+
+    keep_hidden=False keeps the first block's input (and the output) only: the others become empty tensors that own
+    no storage (a zero-row slice would be a view pinning the whole state)."""
     hidden: list[torch.Tensor] = []
     call_args: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
     last: list[torch.Tensor] = []
 
     def pre_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         state = args[0] if args else kwargs["hidden_states"]
-        hidden.append(state if keep_hidden or not hidden else state[:0])
+        hidden.append(state if keep_hidden or not hidden else _nothing(state))
         call_args.append((tuple(args[1:]), {k: v for k, v in kwargs.items() if k != "hidden_states"}))
 
     def post_hook(module: torch.nn.Module, args: Any, output: Any) -> None:
@@ -69,6 +72,11 @@ def capture_block_inputs(stack: DecoderStack, batch: CalibBatch, keep_hidden: bo
         for handle in handles:
             handle.remove()
     return BlockInputs(batch, hidden, call_args, last[-1])
+
+
+def _nothing(state: torch.Tensor) -> torch.Tensor:
+    """A zero-row tensor shaped like `state` with storage of its own (none), so `state` can be freed."""
+    return state.new_empty((0, *state.shape[1:]))
 
 
 def run_blocks(stack: DecoderStack, inputs: BlockInputs, hidden: torch.Tensor, blocks: Iterable[int]) -> torch.Tensor:

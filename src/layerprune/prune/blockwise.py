@@ -15,6 +15,7 @@ import torch
 
 from layerprune.errors import LayerpruneError
 from layerprune.models.blockwise import BlockwiseModel, MemoryPlan, block_call_args, loaded_block, memory_plan
+from layerprune.models.verify_blockwise import check_blockwise_head
 from layerprune.models.walker import CalibBatch, block_output, masked_nll
 from layerprune.prune.metrics import (
     angular_distance,
@@ -36,6 +37,7 @@ class Sweep:
     base: list[float] = field(default_factory=lambda: [0.0, 0])
     candidates: dict[int, list[float]] = field(default_factory=dict)
     pairs: list[list[float]] = field(default_factory=list)
+    final: torch.Tensor | None = None  # the full model's last block output on the first batch
 
 
 def sweep(bw: BlockwiseModel, batches: Sequence[CalibBatch], candidates: Sequence[int], offset: int = 0,
@@ -70,6 +72,7 @@ def sweep(bw: BlockwiseModel, batches: Sequence[CalibBatch], candidates: Sequenc
                 active[index] = skipped
             if progress:
                 progress(f"block {index + 1}/{depth}", 1)
+        result.final = base[0] if base else None
         for n, batch in enumerate(batches):
             if result.candidates:
                 _add(result.base, masked_nll(bw.stack, base[n], batch))
@@ -108,9 +111,11 @@ def score_blockwise(
     depth = len(bw)
     if name == "ablation":
         result = sweep(bw, batches, list(range(depth)), progress=progress)
+        check = _check_head(bw, batches[0], result.final) if batches and result.final is not None else None
         base = mean(*result.base)
         scores = [mean(*result.candidates[i]) - base for i in range(depth)]
-        return ScoreResult(scores, select_lowest(scores, drop, protected), details={"base": base, "metric": metric})
+        details = {"base": base, "metric": metric, "check_logits_max_abs_diff": check}
+        return ScoreResult(scores, select_lowest(scores, drop, protected), details=details)
     if name == "block-influence":
         pairs = sweep(bw, batches, [], 1, block_influence, progress).pairs
         scores = [mean(*p) for p in pairs]
@@ -122,6 +127,13 @@ def score_blockwise(
         best_contiguous_run(distances, drop, protected),
         details={"run_length": drop, "tokens": angular_tokens},
     )
+
+
+def _check_head(bw: BlockwiseModel, batch: CalibBatch, final: torch.Tensor) -> float:
+    """Once per run, on the first two sequences: the NLLs came from norm + head on the last block's output, which
+    must be what the model's own forward gives (run block-major too)."""
+    ids, mask = batch.input_ids[:2], batch.attention_mask[:2]
+    return check_blockwise_head(bw, ids, mask, final[:2])
 
 
 def live_states(name: str, depth: int, drop: int) -> int:

@@ -16,6 +16,10 @@ OPTIMIZER_STATE_BYTES = {"adamw_torch": None, "adamw_8bit": 2.0, "paged_adamw_8b
 # elements kept for backward per token and decoder block, in units of hidden, intermediate, attention width
 ACT_PER_HIDDEN, ACT_PER_INTERMEDIATE, ACT_PER_ATTN = 8, 4, 4
 NORM_FP32_COPIES = 2  # RMSNorm upcasts its input to float32 (two norms per block)
+# working memory of one block's backward, on top of what is saved: the gradients of its MLP intermediates (gate, up
+# and their product) exist at once. Saved tensors alone (counted with torch's saved_tensors_hooks) stay under the
+# plan's activations; the peak comes from these transients, which full SFT hides under its not-yet-allocated grads.
+BACKWARD_PER_INTERMEDIATE = 3
 LOGIT_COPIES = 3  # logits, their float32 log-softmax and its gradient
 
 
@@ -85,9 +89,10 @@ def activation_bytes(shape: ModelShape, tokens: int, act_bytes: int, checkpointi
     per_block = tokens * (act_bytes * (ACT_PER_HIDDEN * shape.hidden + ACT_PER_INTERMEDIATE * shape.intermediate
                                        + ACT_PER_ATTN * shape.attn_width) + 4 * NORM_FP32_COPIES * shape.hidden)
     logits = tokens * shape.vocab * (act_bytes + 4 * (LOGIT_COPIES - 1))
+    backward = tokens * act_bytes * BACKWARD_PER_INTERMEDIATE * shape.intermediate
     if checkpointing:
-        return shape.layers * tokens * shape.hidden * act_bytes + per_block + logits
-    return shape.layers * per_block + logits
+        return shape.layers * tokens * shape.hidden * act_bytes + per_block + logits + backward
+    return shape.layers * per_block + logits + backward
 
 
 def plan_memory(shape: ModelShape, method: str, seq_len: int, batch_size: int, optimizer: str = "adamw_torch",
@@ -134,10 +139,48 @@ def plan_memory(shape: ModelShape, method: str, seq_len: int, batch_size: int, o
     return plan
 
 
+def memory_bound_gb(max_memory: dict[int | str, str] | None, cuda: bool) -> float | None:
+    """The --max-memory entry that bounds one training process's device, in GB: the smallest GPU entry on CUDA,
+    the `cpu` entry otherwise; None without one."""
+    from accelerate.utils import convert_file_size_to_int
+
+    entries = (max_memory or {}).items()
+    sizes = [convert_file_size_to_int(v) for k, v in entries if (isinstance(k, int) if cuda else k == "cpu")]
+    return min(sizes) / GB if sizes else None
+
+
+def enforce_bound(plan: MemoryPlan, bound_gb: float | None) -> MemoryPlan:
+    """Refuse, before anything is loaded, a plan whose peak exceeds the --max-memory bound (with its numbers)."""
+    if bound_gb is not None and plan.total > bound_gb:
+        from layerprune.errors import LayerpruneError
+
+        parts = ", ".join(f"{name} {getattr(plan, name):.2f}" for name in
+                          ("weights", "adapters", "gradients", "optimizer_states", "activations", "teacher")
+                          if getattr(plan, name) > 0)
+        raise LayerpruneError(
+            f"the memory plan ({plan.method}, {plan.optimizer}, batch {plan.batch_size} x {plan.seq_len}) needs about "
+            f"{plan.total:.2f} GB ({parts} GB), over --max-memory {bound_gb:.2f} GB: lower train.batch_size or "
+            "train.max_length, or use qlora"
+        )
+    return plan
+
+
 def choose_optimizer(shape: ModelShape, method: str, requested: str, cuda: bool, sharded: bool = False,
-                     **kwargs: Any) -> tuple[str, MemoryPlan]:
+                     max_memory: dict[int | str, str] | None = None, **kwargs: Any) -> tuple[str, MemoryPlan]:
     """`auto`: AdamW, or 8-bit then paged 8-bit AdamW when training all weights would not fit (one CUDA device;
-    never under FSDP or DeepSpeed ZeRO, whose sharded optimizer states bitsandbytes' optimizers do not support)."""
+    never under FSDP or DeepSpeed ZeRO, whose sharded optimizer states bitsandbytes' optimizers do not support).
+
+    `max_memory` (--max-memory, as `RunSettings.resolved_max_memory` gives it) is a bound: the budget is at most
+    its entry for the device, and a plan over it is refused here, before loading."""
+    bound = memory_bound_gb(max_memory, cuda)
+    if bound is not None:
+        kwargs["budget_gb"] = min(kwargs.get("budget_gb", 80.0), bound)
+    optimizer, plan = _choose_optimizer(shape, method, requested, cuda, sharded, **kwargs)
+    return optimizer, enforce_bound(plan, bound)
+
+
+def _choose_optimizer(shape: ModelShape, method: str, requested: str, cuda: bool, sharded: bool,
+                      **kwargs: Any) -> tuple[str, MemoryPlan]:
     if requested != "auto":
         if sharded and requested in EIGHT_BIT:
             from layerprune.errors import LayerpruneError

@@ -1,0 +1,262 @@
+"""The from-files route: choose blocks by index or score them block-major, then stream the checkpoint; the model
+is never loaded whole."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from layerprune.data import resolve_data_dir
+from layerprune.errors import LayerpruneError
+from layerprune.models import ModelSource, load_model
+from layerprune.models.layer_fields import check_layer_fields
+from layerprune.models.loading import load_tokenizer
+from layerprune.models.shards import count_parameters, plan_stream, read_checkpoint
+from layerprune.models.surgery import checkpoint_dtype, compare_reloaded_logits, dtype_name
+from layerprune.models.verify_blockwise import BlockMajorUnsupported, fits_whole, verify_block_major
+from layerprune.prune.calib import CalibSet, load_calibration, tokenize_calibration
+from layerprune.prune.common import (
+    DATA_FREE_SCORES,
+    add_weights_hash,
+    build_report,
+    check_request,
+    probe_inputs,
+    progress_bar,
+    reference_probe,
+    torch_dtype,
+    write_report_files,
+)
+from layerprune.prune.recipe import PruneRecipe
+from layerprune.prune.scores import ScoreContext, ScoreResult, run_importance_score
+from layerprune.prune.streaming import describe_source, per_layer_config, save_streamed
+from layerprune.settings import RunSettings
+
+log = logging.getLogger(__name__)
+
+
+def prune_from_files(
+    source: ModelSource,
+    source_dir: Path,
+    recipe: PruneRecipe,
+    settings: RunSettings,
+    output: Path | None,
+    overwrite: bool,
+    dry_run: bool,
+    started: float,
+) -> dict[str, Any]:
+    """Choose blocks by index (explicit, last, random) and stream the checkpoint: the model is never loaded."""
+    add_weights_hash(source, settings)
+    _, config, depth, params_before = describe_source(source, settings)
+    check_layer_fields(config.get_text_config() if hasattr(config, "get_text_config") else config, depth, recipe.force)
+    protected = recipe.protected_blocks(depth)
+    check_request(recipe, depth, protected)
+    calib, score_seconds = None, 0.0
+    if recipe.layers is not None:
+        result = ScoreResult([None] * depth, sorted(recipe.layers))
+    elif recipe.score in DATA_FREE_SCORES:
+        result = run_importance_score(
+            recipe.score,
+            ScoreContext(
+                model=None,
+                tokenizer=None,
+                stack=None,
+                batches=[],
+                calib=CalibSet([], "none"),
+                drop=recipe.n_drop,
+                protected=protected,
+                seed=settings.seed,
+                num_blocks=depth,
+            ),
+        )
+    else:
+        calib, result, score_seconds = _score_block_major(source, source_dir, config, recipe, settings, protected)
+    plan = plan_stream(read_checkpoint(source_dir), result.drop, depth, settings.max_shard_size)
+    log.info(
+        "plan: %s, %d -> %d blocks, streamed from %d file(s) into %d shard(s), %.2f GB (%s)",
+        source.spec,
+        depth,
+        len(plan.kept),
+        len(plan.checkpoint.files),
+        len(plan.shards),
+        plan.total_bytes / 1e9,
+        plan.dtypes,
+    )
+    report = build_report(
+        source,
+        recipe,
+        settings,
+        protected,
+        calib,
+        result,
+        plan.kept,
+        depth,
+        params_before,
+        count_parameters(plan.checkpoint, list(plan.renamed)),
+    )
+    report["config_per_layer"] = {"before": per_layer_config(config), "after": per_layer_config(config, plan.kept)}
+    report["timings"] = {"load_s": 0.0, "score_s": round(score_seconds, 2)}
+    if not dry_run and output is not None:
+
+        def finish(tmp: Path, report: dict[str, Any]) -> None:
+            if recipe.verify:
+                _verify_streamed(source, source_dir, config, settings, tmp, report, result.drop, calib)
+            write_report_files(tmp, report)
+
+        report["dtype"] = _streamed_dtypes(config, source_dir, settings)
+        save_streamed(source, source_dir, result.drop, report, output, overwrite, settings, finish, recipe.force)
+    report["timings"]["total_s"] = round(time.perf_counter() - started, 2)
+    return report
+
+
+def _streamed_dtypes(config: Any, source_dir: Path, settings: RunSettings) -> dict[str, Any]:
+    stored = checkpoint_dtype(config, source_dir)
+    name = dtype_name(stored) if stored else None
+    return {
+        "checkpoint": name,
+        "computed_in": dtype_name(settings.resolved_dtype()),
+        "saved": name,
+        "chosen_by": "checkpoint",
+    }
+
+
+def _verify_streamed(
+    source: ModelSource,
+    source_dir: Path,
+    config: Any,
+    settings: RunSettings,
+    tmp: Path,
+    report: dict[str, Any],
+    drop: list[int],
+    calib: CalibSet | None,
+) -> None:
+    """Logits of the written model against the original with `drop` skipped, block-major (one block in memory at a
+    time); for a family whose files the block-major way cannot read, both reloaded whole one after the other when
+    that fits. The streamed files were already checked tensor by tensor and against the new config on the meta
+    device."""
+    start = time.perf_counter()
+    device = settings.resolved_device()
+    stored = checkpoint_dtype(config, source_dir)  # not float32 on the CPU: one block of the stored size at a time
+    compute = stored if settings.dtype == "auto" and stored is not None else settings.resolved_dtype()
+    ids, mask = probe_inputs(load_tokenizer(source, settings), calib, device)
+    rtol = 1e-3 if compute == torch.float32 else 2e-2  # the streamed files are the source's tensors, bit for bit
+    try:
+        record = verify_block_major(config, tmp, drop, ids, mask, device, compute, rtol, source_dir=source_dir)
+    except BlockMajorUnsupported as exc:
+        record = _verify_whole(source, source_dir, settings, tmp, drop, calib, rtol, str(exc))
+    report["verification"] = {
+        **report["verification"],
+        **record,
+        "checked": isinstance(record.get("max_abs_diff"), float),
+        "seconds": round(report["verification"]["seconds"] + time.perf_counter() - start, 2),
+    }
+    report["timings"]["verify_s"] = report["verification"]["seconds"]
+
+
+def _verify_whole(
+    source: ModelSource,
+    source_dir: Path,
+    settings: RunSettings,
+    tmp: Path,
+    drop: list[int],
+    calib: CalibSet | None,
+    rtol: float,
+    why: str,
+) -> dict[str, Any]:
+    """The original loaded whole, its skip logits kept, the original freed, then the written model reloaded (on
+    the same device map); skipped when the original does not fit."""
+    size = sum(path.stat().st_size for path in source_dir.glob("*.safetensors"))
+    if not settings.device_map and not fits_whole(size, settings.resolved_device()):
+        return {"logits_check": f"skipped: block-major is not possible ({why}) and the whole model does not fit"}
+    loaded = load_model(source, settings)
+    probe = reference_probe(loaded, calib, drop)
+    compute, device = torch_dtype(loaded), probe.input_ids.device
+    del loaded
+    gc.collect()
+    load = {"device_map": settings.device_map, "max_memory": settings.resolved_max_memory()}
+    record = compare_reloaded_logits(tmp, probe.input_ids, probe.attention_mask, probe.logits, compute, device, rtol,
+                                     load if settings.device_map else None)
+    return {**record, "logits_check": "whole-model", "block_major": f"not possible: {why}",
+            "tokens": int(probe.input_ids.numel())}
+
+
+def _score_block_major(
+    source: ModelSource, source_dir: Path, config: Any, recipe: PruneRecipe, settings: RunSettings, protected: list[int]
+) -> tuple[CalibSet, ScoreResult, float]:
+    """Score one block at a time from the files; print the memory plan first."""
+    from layerprune.models.blockwise import load_skeleton
+    from layerprune.prune.blockwise import plan_for, score_blockwise
+
+    calib = load_calibration(recipe.calib, recipe.calib_samples, settings.seed, resolve_data_dir(recipe.data_dir))
+    batches = tokenize_calibration(calib, load_tokenizer(source, settings), recipe.calib_seq_len, recipe.batch_size)
+    plan = plan_for(config, recipe.score, batches, settings.resolved_dtype(), recipe.n_drop)
+    for line in ["block-major plan:", *plan.lines()]:
+        log.info(line)
+    check_max_memory(plan.peak_bytes, plan.lines(), settings)
+    start = time.perf_counter()
+    bw = load_skeleton(source_dir, config, settings.resolved_device(), settings.resolved_dtype())
+    with progress_bar(f"scoring {len(bw)} blocks block-major ({recipe.score})") as progress:
+        result = score_blockwise(
+            recipe.score,
+            bw,
+            batches,
+            recipe.n_drop,
+            protected,
+            recipe.metric,
+            recipe.iterative,
+            progress,
+            recipe.angular_tokens,
+        )
+    result.details["memory_plan"] = {**vars(plan), "peak_bytes": plan.peak_bytes}
+    return calib, result, time.perf_counter() - start
+
+
+def check_max_memory(peak_bytes: int, lines: list[str], settings: RunSettings) -> None:
+    """--max-memory as a bound: refuse before any weight is loaded when the plan's peak exceeds the compute
+    device's entry (its index, or cpu), with the plan's numbers."""
+    limits = settings.resolved_max_memory() or {}
+    device = settings.resolved_device()
+    key: int | str = "cpu" if device.type == "cpu" else (device.index or 0)
+    if key not in limits:
+        return
+    from accelerate.utils import convert_file_size_to_int
+
+    limit = convert_file_size_to_int(limits[key])
+    if peak_bytes > limit:
+        raise LayerpruneError(
+            f"the block-major plan needs about {peak_bytes / 2**30:.2f} GiB on {device}, over --max-memory "
+            f"{key}={limits[key]}: {'; '.join(lines)}; lower --calib-samples, --calib-seq-len or --batch-size"
+        )
+
+
+def config_only(path: Path) -> bool:
+    return (path / "config.json").is_file() and not any(path.glob("*.safetensors")) and not any(path.glob("*.bin"))
+
+
+def plan_only(directory: Path, recipe: PruneRecipe, settings: RunSettings) -> dict[str, Any]:
+    """`--dry-run` on a directory holding only a config.json: the block-major memory plan, from the config alone."""
+    from transformers import AutoConfig
+
+    from layerprune.models.blockwise import memory_plan
+    from layerprune.prune.blockwise import live_states
+
+    config = AutoConfig.from_pretrained(directory)
+    depth = (config.get_text_config() if hasattr(config, "get_text_config") else config).num_hidden_layers
+    score = "ablation" if recipe.layers is not None else recipe.score
+    plan = memory_plan(
+        config,
+        recipe.calib_samples * recipe.calib_seq_len,
+        (recipe.batch_size, recipe.calib_seq_len),
+        settings.resolved_dtype(),
+        live_states(score, depth, recipe.n_drop),
+    )
+    lines = [
+        f"block-major plan for {directory} ({depth} blocks, {str(settings.resolved_dtype()).removeprefix('torch.')}, "
+        f"{score}, {recipe.calib_samples} x {recipe.calib_seq_len} calibration tokens at most):",
+        *plan.lines(),
+    ]
+    return {"plan_only": True, "plan_lines": lines, "memory_plan": {**vars(plan), "peak_bytes": plan.peak_bytes}}

@@ -1,0 +1,261 @@
+"""The in-memory route: load the model, score its blocks, drop them, save (streamed when the files allow), verify."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from layerprune.errors import LayerpruneError
+from layerprune.models import LoadedModel, ModelSource, drop_blocks, find_decoder_stack, load_model
+from layerprune.models.blocks import text_config
+from layerprune.models.layer_fields import FIELD_RULES, check_layer_fields
+from layerprune.models.loading import copy_tokenizer_files
+from layerprune.models.surgery import check_config_matches_weights, dtype_name, verify_surgery, write_pretrained
+from layerprune.models.verify_blockwise import BlockMajorUnsupported, fits_whole, verify_block_major
+from layerprune.outputs import atomic_output_dir
+from layerprune.prune.calib import CalibSet, tokenize_calibration
+from layerprune.prune.common import (
+    Probe,
+    add_weights_hash,
+    build_report,
+    check_request,
+    progress_bar,
+    read_calibration,
+    recipe_force,
+    reference_probe,
+    torch_dtype,
+    write_report_files,
+)
+from layerprune.prune.recipe import PruneRecipe
+from layerprune.prune.scores import ScoreContext, ScoreResult, run_importance_score
+from layerprune.prune.streaming import checkpoint_dir, save_streamed
+from layerprune.settings import RunSettings
+
+log = logging.getLogger(__name__)
+
+
+def prune_in_memory(
+    source: ModelSource,
+    recipe: PruneRecipe,
+    settings: RunSettings,
+    output: Path | None,
+    overwrite: bool,
+    dry_run: bool,
+    started: float,
+) -> tuple[LoadedModel, dict[str, Any]]:
+    """Load, score, drop and (unless dry_run) save; the pruned model in memory and its report."""
+    calib = read_calibration(recipe, settings)  # bad calibration data fails before the model loads
+    loaded = load_model(source, settings)
+    add_weights_hash(source, settings)
+    depth = len(find_decoder_stack(loaded.model))
+    # before scoring: an unknown field stops it early
+    check_layer_fields(text_config(loaded.model), depth, recipe.force)
+    protected = recipe.protected_blocks(depth)
+    check_request(recipe, depth, protected)
+    params_before = loaded.model.num_parameters()
+    log.info(
+        "plan: %s, %d -> %d blocks, %.1fM -> ~%.1fM parameters, score %s",
+        source.spec,
+        depth,
+        depth - recipe.n_drop,
+        params_before / 1e6,
+        _estimate_params_after(loaded, recipe.n_drop) / 1e6,
+        recipe.method_name,
+    )
+    calib, result, score_seconds = choose_blocks(loaded, recipe, settings, protected, calib)
+    config_before = _per_layer_config(loaded.model)
+    verify = recipe.verify and not dry_run and output is not None
+    probe = reference_probe(loaded, calib, result.drop) if verify else None
+    kept = drop_blocks(loaded.model, result.drop, recipe.force)
+    report = build_report(
+        source, recipe, settings, protected, calib, result, kept, depth, params_before, loaded.model.num_parameters()
+    )
+    report["config_per_layer"] = {"before": config_before, "after": _per_layer_config(loaded.model)}
+    report["dtype"] = _dtypes(loaded, settings)
+    report["timings"] = {"load_s": round(loaded.load_seconds, 2), "score_s": round(score_seconds, 2)}
+    if not dry_run and output is not None:
+        save_pruned(loaded, report, output, overwrite, settings, probe)
+    report["timings"]["total_s"] = round(time.perf_counter() - started, 2)
+    return loaded, report
+
+
+def choose_blocks(
+    loaded: LoadedModel,
+    recipe: PruneRecipe,
+    settings: RunSettings,
+    protected: list[int],
+    calib: CalibSet | None = None,
+) -> tuple[CalibSet | None, ScoreResult, float]:
+    """Explicit layers, or the recipe's score over calibration data (read here unless given)."""
+    depth = len(find_decoder_stack(loaded.model))
+    if recipe.layers is not None:
+        return None, ScoreResult([None] * depth, sorted(recipe.layers)), 0.0
+    batches = []
+    calib = calib or read_calibration(recipe, settings)
+    if calib is not None:
+        batches = [
+            b.to(loaded.model.device)
+            for b in tokenize_calibration(calib, loaded.tokenizer, recipe.calib_seq_len, recipe.batch_size)
+        ]
+    ctx = _context(loaded, recipe, settings, protected, calib, batches)
+    start = time.perf_counter()
+    if batches and (recipe.score == "taylor" or (recipe.score == "ablation" and recipe.metric == "nll")):
+        ctx.stack.check_logits(batches[0].input_ids[:2], batches[0].attention_mask[:2])  # once per run
+    with progress_bar(f"scoring {depth} blocks ({recipe.score})") as progress:
+        ctx.progress = progress
+        result = run_importance_score(recipe.score, ctx)
+    if len(result.drop) != recipe.n_drop:
+        raise LayerpruneError(
+            f"score '{recipe.score}' found only {len(result.drop)} droppable blocks, not {recipe.n_drop}"
+        )
+    return calib, result, time.perf_counter() - start
+
+
+def _context(loaded, recipe, settings, protected, calib, batches) -> ScoreContext:  # noqa: ANN001
+    only_short = calib is not None and all(item.stop == "\n" for item in calib.items)
+    return ScoreContext(
+        model=loaded.model,
+        tokenizer=loaded.tokenizer,
+        stack=find_decoder_stack(loaded.model),
+        batches=batches,
+        calib=calib or CalibSet([], "none"),
+        drop=recipe.n_drop,
+        protected=protected,
+        metric=recipe.metric,
+        iterative=recipe.iterative,
+        seed=settings.seed,
+        batch_size=recipe.batch_size,
+        max_new_tokens=recipe.max_new_tokens or (8 if only_short else 256),
+        stack_candidates=recipe.stack_candidates,
+        angular_tokens=recipe.angular_tokens,
+    )
+
+
+def _estimate_params_after(loaded: LoadedModel, n_drop: int) -> float:
+    layers = find_decoder_stack(loaded.model).layers
+    per_block = sum(p.numel() for p in layers.parameters()) / len(layers)
+    return loaded.model.num_parameters() - n_drop * per_block
+
+
+def _per_layer_config(model: Any) -> dict[str, Any]:
+    from layerprune.models.blocks import text_config
+
+    config = text_config(model)
+    keys = ("num_hidden_layers", *FIELD_RULES, "sliding_window")
+    return {
+        key: getattr(config, key)
+        for key in dict.fromkeys(keys)
+        if key in vars(config) and getattr(config, key) is not None
+    }
+
+
+def save_pruned(
+    loaded: LoadedModel,
+    report: dict[str, Any],
+    output: Path,
+    overwrite: bool,
+    settings: RunSettings,
+    probe: Probe | None = None,
+) -> None:
+    """Write the pruned model to a temp dir: streamed from the source safetensors files (bit-exact, in their dtype)
+    when there are some and no --dtype asks for a cast, else `save_pretrained` in the checkpoint's dtype; then
+    tokenizer, report, card and chart; verify the written model against `probe` (unless None); only then rename it
+    into place."""
+    source_dir = checkpoint_dir(loaded.source)
+    if source_dir is not None and settings.dtype == "auto":
+        if probe is not None:
+            check_config_matches_weights(loaded.model)  # cheap: fail before writing anything big
+
+        def finish(tmp: Path, report: dict[str, Any]) -> None:
+            _verify(loaded, tmp, report, probe, True, settings)
+            write_report_files(tmp, report)
+
+        save_streamed(
+            loaded.source,
+            source_dir,
+            report["dropped"],
+            report,
+            output,
+            overwrite,
+            settings,
+            finish,
+            recipe_force(report),
+        )
+        return
+    start = time.perf_counter()
+    with atomic_output_dir(output, overwrite) as tmp:
+        saved = _save_dtype(loaded, settings)
+        if probe is not None:
+            check_config_matches_weights(loaded.model)  # cheap: fail before writing anything big
+        write_pretrained(loaded.model, tmp, saved, settings.max_shard_size, output)
+        copy_tokenizer_files(loaded.source, tmp, loaded.tokenizer)
+        report["saved"] = {"how": "save_pretrained of the model in memory"}
+        report["timings"]["save_s"] = round(time.perf_counter() - start, 2)
+        lossless = saved in (torch_dtype(loaded), loaded.checkpoint_dtype, torch.float32)
+        _verify(loaded, tmp, report, probe, lossless, settings)
+        write_report_files(tmp, report)
+
+
+def _verify(
+    loaded: LoadedModel, tmp: Path, report: dict[str, Any], probe: Probe | None, lossless: bool, settings: RunSettings
+) -> None:
+    """Compare what was written with the skip reference (a record; raises on a mismatch): reloaded whole when a
+    second copy fits beside the model on its device, else block-major (a device-mapped model always)."""
+    report.setdefault("verification", {"checked": False})  # a streamed save has done the meta check already
+    if probe is None:
+        return
+    record: dict[str, Any] | None = None
+    if not _whole_reload_fits(loaded, tmp, settings):
+        try:
+            record = _verify_block_major(loaded, tmp, probe, lossless)
+        except BlockMajorUnsupported as exc:
+            log.warning("verification: block-major is not possible (%s); reloading the written model whole", exc)
+    if record is None:
+        mapped = {"device_map": settings.device_map, "max_memory": settings.resolved_max_memory()}
+        load = mapped if settings.device_map else None
+        ids, mask = probe.input_ids, probe.attention_mask
+        verified = verify_surgery(loaded.model, tmp, ids, mask, probe.logits, lossless, load)
+        record = {**verified, "logits_check": "whole-model"}
+    report["verification"] = {**record, "seconds": round(record["seconds"] + probe.seconds, 2)}
+    report["timings"]["verify_s"] = report["verification"]["seconds"]
+
+
+def _whole_reload_fits(loaded: LoadedModel, tmp: Path, settings: RunSettings) -> bool:
+    devices = set((getattr(loaded.model, "hf_device_map", None) or {}).values())
+    if settings.device_map or len(devices) > 1:
+        return False
+    written = sum(path.stat().st_size for path in tmp.glob("*.safetensors"))
+    return fits_whole(written, loaded.model.device)
+
+
+def _verify_block_major(loaded: LoadedModel, tmp: Path, probe: Probe, lossless: bool) -> dict[str, Any]:
+    start = time.perf_counter()
+    keys = check_config_matches_weights(loaded.model)
+    compute = torch_dtype(loaded)
+    rtol = (1e-3 if compute == torch.float32 else 2e-2) if lossless else 5e-2
+    device = probe.input_ids.device
+    record = verify_block_major(
+        probe.config, tmp, probe.drop, probe.input_ids, probe.attention_mask, device, compute, rtol, probe.logits
+    )
+    return {"checked": True, "keys": keys, **record, "seconds": round(time.perf_counter() - start, 2)}
+
+
+def _save_dtype(loaded: LoadedModel, settings: RunSettings) -> Any:
+    """--dtype when given, else the checkpoint's own dtype (else the one it was loaded in)."""
+    if settings.dtype != "auto":
+        return settings.resolved_dtype()
+    return loaded.checkpoint_dtype or torch_dtype(loaded)
+
+
+def _dtypes(loaded: LoadedModel, settings: RunSettings) -> dict[str, Any]:
+    stored = loaded.checkpoint_dtype
+    return {
+        "checkpoint": dtype_name(stored) if stored else None,
+        "computed_in": dtype_name(torch_dtype(loaded)),
+        "saved": dtype_name(_save_dtype(loaded, settings)),
+        "chosen_by": "--dtype" if settings.dtype != "auto" else "checkpoint",
+    }

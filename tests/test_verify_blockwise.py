@@ -1,0 +1,159 @@
+"""Block-major verification (one block in memory at a time) equals the whole-model check and catches what the
+tensor check cannot see; the prune routes use it instead of loading a second whole copy."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from layerprune.errors import LayerpruneError
+from layerprune.models import surgery
+from layerprune.models.blocks import DecoderStack
+from layerprune.models.blockwise import load_skeleton
+from layerprune.models.shards import written_shapes
+from layerprune.models.verify_blockwise import block_major_logits, verify_block_major
+from layerprune.prune import from_files
+from layerprune.prune.api import prune_model
+from layerprune.prune.recipe import PruneRecipe
+from layerprune.settings import RunSettings
+from tiny import ARCHS
+
+DROP = [1, 3]
+BLOCK_MAJOR_FAMILIES = [*sorted(ARCHS), "llama4_text", "granite", "cohere2", "falcon_h1", "bamba"]
+CPU = torch.device("cpu")
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(3, 300, (2, 20), generator=torch.Generator().manual_seed(0))  # longer than the windows (8)
+
+
+def _whole_logits(path, ids):  # noqa: ANN001, ANN202
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        return model(input_ids=ids, use_cache=False).logits.float()
+
+
+def _block_major(path, ids, skip=()):  # noqa: ANN001, ANN202
+    bw = load_skeleton(path, AutoConfig.from_pretrained(path), CPU, torch.float32)
+    return block_major_logits(bw, ids, None, skip)
+
+
+@pytest.mark.parametrize("arch", BLOCK_MAJOR_FAMILIES)
+def test_block_major_verification_equals_the_whole_model_check(arch, tiny_models, tmp_path):
+    source = tiny_models(arch, 6)
+    report = prune_model(str(source), PruneRecipe(layers=DROP), output=tmp_path / "out").report
+    assert report["verification"]["checked"] is True
+    assert report["verification"]["logits_check"] == "block-major"
+    ids = _ids()
+    assert float((_block_major(tmp_path / "out", ids) - _whole_logits(tmp_path / "out", ids)).abs().max()) <= 1e-5
+    reference = surgery.skip_reference_logits(AutoModelForCausalLM.from_pretrained(source).eval(), ids, None, DROP)
+    assert float((_block_major(source, ids, DROP) - reference).abs().max()) <= 1e-5
+
+
+def _pruned_copy(tiny_models, arch, tmp_path, edit):  # noqa: ANN001, ANN202
+    source = tiny_models(arch, 6)
+    out = tmp_path / "out"
+    prune_model(str(source), PruneRecipe(layers=DROP, verify=False), output=out)
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    config = json.loads((bad / "config.json").read_text())
+    edit(config)
+    (bad / "config.json").write_text(json.dumps(config))
+    meta_model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(bad))
+    surgery.check_config_matches_weights(meta_model, written_shapes(bad))  # the tensor check sees nothing wrong
+    return source, bad
+
+
+def _shift_layer_types(config: dict) -> None:
+    config["layer_types"] = config["layer_types"][1:] + config["layer_types"][:1]
+
+
+def _longer_window(config: dict) -> None:
+    config["sliding_window"] = 16
+
+
+def _window_pattern(config: dict) -> None:
+    config["max_window_layers"] = 1
+    config.pop("layer_types", None)
+
+
+@pytest.mark.parametrize("arch,edit", [("gemma3_text", _shift_layer_types), ("mistral", _longer_window),
+                                        ("qwen2", _window_pattern)])
+def test_block_major_verification_catches_a_wrong_config_field(arch, edit, tiny_models, tmp_path):
+    source, bad = _pruned_copy(tiny_models, arch, tmp_path, edit)
+    with pytest.raises(LayerpruneError, match="surgery check failed"):
+        verify_block_major(AutoConfig.from_pretrained(source), bad, DROP, _ids(), None, CPU, torch.float32, 1e-3,
+                           source_dir=source)
+
+
+def test_block_major_logits_catch_a_shifted_layer_type_without_the_settings_check(tiny_models, tmp_path):
+    source, bad = _pruned_copy(tiny_models, "gemma3_text", tmp_path, _shift_layer_types)
+    with pytest.raises(LayerpruneError, match="logits differ"):
+        verify_block_major(None, bad, DROP, _ids(), None, CPU, torch.float32, 1e-3, source_dir=source,
+                           reference=_block_major(source, _ids(), DROP))
+
+
+def test_streamed_prune_verifies_without_loading_the_model(tiny_llama, tmp_path, monkeypatch):
+    def no_loading(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("a streamed prune must not load the whole model to verify it")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", no_loading)
+    monkeypatch.setattr(from_files, "load_model", no_loading)
+    scored = PruneRecipe(drop=2, score="ablation", calib="arithmetic", calib_samples=6, batch_size=4, calib_seq_len=64)
+    for settings, recipe in [(RunSettings(), PruneRecipe(layers=DROP)), (RunSettings(block_major=True), scored)]:
+        out = tmp_path / f"out-{settings.block_major}"
+        verification = prune_model(str(tiny_llama), recipe, settings, output=out).report["verification"]
+        assert verification["checked"] is True and verification["logits_check"] == "block-major"
+        assert verification["max_abs_diff"] <= verification["tolerance"]
+
+
+def test_device_mapped_prune_is_verified_block_major(tiny_llama, tmp_path, monkeypatch):
+    """The written model is not reloaded onto one device beside the resident original."""
+    monkeypatch.setattr(surgery, "compare_reloaded_logits", lambda *a, **k: pytest.fail("reloaded whole"))
+    settings = RunSettings(device_map="auto", dtype="float32")  # a cast: the in-memory route
+    report = prune_model(str(tiny_llama), PruneRecipe(layers=DROP), settings, output=tmp_path / "out").report
+    assert report["verification"]["logits_check"] == "block-major"
+    assert report["verification"]["max_abs_diff"] <= report["verification"]["tolerance"]
+
+
+def test_block_major_ablation_checks_its_head_once(tiny_llama, tmp_path, monkeypatch):
+    recipe = PruneRecipe(drop=2, score="ablation", calib="arithmetic", calib_samples=6, batch_size=4, calib_seq_len=64,
+                         verify=False)
+    report = prune_model(str(tiny_llama), recipe, RunSettings(block_major=True), output=tmp_path / "ok").report
+    assert report["score_details"]["check_logits_max_abs_diff"] <= 1e-4
+    real = DecoderStack.logits
+    monkeypatch.setattr(DecoderStack, "logits", lambda self, hidden: real(self, hidden) * 1.5)
+    with pytest.raises(LayerpruneError, match="differ from its own forward"):
+        prune_model(str(tiny_llama), recipe, RunSettings(block_major=True), output=tmp_path / "bad")
+
+
+def test_max_memory_bounds_the_block_major_plan_before_loading(tiny_llama, tmp_path, monkeypatch):
+    from layerprune.models import blockwise
+
+    monkeypatch.setattr(blockwise, "load_skeleton", lambda *a, **k: pytest.fail("loaded before the bound was checked"))
+    recipe = PruneRecipe(drop=2, score="ablation", calib="arithmetic", calib_samples=6, batch_size=4, calib_seq_len=64)
+    settings = RunSettings(block_major=True, device="cpu", max_memory=["cpu=1MiB"])
+    with pytest.raises(LayerpruneError, match=r"over --max-memory cpu=1MiB: whole model .* GiB"):
+        prune_model(str(tiny_llama), recipe, settings, output=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,drop", [("smollm2-135m-instruct", [3, 4, 25]), ("gemma3-270m", [2, 5, 9])])
+def test_block_major_equals_the_whole_model_check_on_the_embedded_models(name, drop, tmp_path):
+    from layerprune.models import resolve_model
+
+    source = resolve_model(f"embedded:{name}")
+    report = prune_model(f"embedded:{name}", PruneRecipe(layers=drop), output=tmp_path / "out").report
+    assert report["verification"]["logits_check"] == "block-major"
+    ids = torch.randint(3, 1000, (2, 24), generator=torch.Generator().manual_seed(0))
+    written = float((_block_major(tmp_path / "out", ids) - _whole_logits(tmp_path / "out", ids)).abs().max())
+    original = AutoModelForCausalLM.from_pretrained(source.location, dtype=torch.float32).eval()
+    skipped = float((_block_major(Path(source.location), ids, drop)
+                     - surgery.skip_reference_logits(original, ids, None, drop)).abs().max())
+    assert written <= 1e-5 and skipped <= 1e-5, (written, skipped)
