@@ -159,3 +159,15 @@ def test_max_memory_is_a_bound_the_plan_enforces_before_loading():
     bound = f"{(full.total - full.optimizer_states * 0.4) * 1000:.0f}MB"
     optimizer, switched = choose_optimizer(shape, "full", "auto", cuda=True, max_memory={0: bound}, **kwargs)
     assert optimizer == "adamw_8bit" and switched.fits
+
+
+def test_recover_refuses_a_plan_over_max_memory_before_loading(capsys, tiny_llama, tmp_path):
+    """--max-memory bounds recover's plan: refused in one line with the plan's numbers, nothing written."""
+    from helpers import assert_one_line_error, run_cli
+
+    out = tmp_path / "rec"
+    code, _, err = run_cli(capsys, ["recover", "--model", str(tiny_llama), "--drop-blocks", "2,3", "--method", "full",
+                                    "--prompts-samples", "4", "-o", str(out), "--device", "cpu",
+                                    "--max-memory", "cpu=1MiB"])
+    assert_one_line_error(code, err, "GB")
+    assert not out.exists()

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from layerprune.errors import LayerpruneError, one_line
+from layerprune.errors import LayerpruneError
 from layerprune.models.blocks import slice_layer_config
 from layerprune.models.loading import (
     ModelSource,
@@ -33,18 +33,14 @@ from layerprune.outputs import atomic_output_dir
 from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
-WEIGHT_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
 
 
 def checkpoint_dir(source: ModelSource) -> Path | None:
     """The local directory of the source's safetensors files (downloaded for the hub); None when it has none."""
-    if source.kind == "hub":
-        from huggingface_hub import snapshot_download
+    if source.kind == "hub":  # at the commit the id resolves to, only the files the checkpoint's index names
+        from layerprune.models.hub import download_checkpoint, resolve_revision
 
-        try:
-            path = Path(snapshot_download(source.location, allow_patterns=WEIGHT_PATTERNS))
-        except Exception as exc:  # network, auth, missing repo: all one line
-            raise LayerpruneError(f"could not download {source.spec}: {one_line(exc)[:200]}") from exc
+        path = download_checkpoint(source.location, resolve_revision(source))
         source.identity.setdefault("revision", path.name)
     else:
         path = Path(source.location)

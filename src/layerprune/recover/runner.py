@@ -166,6 +166,7 @@ def plan_for(
         budget_gb=job.memory_budget,
         act_bytes=2 if master and recipe.train.bf16 else None,  # the bf16 autocast's activations
         teacher_weight_bytes=2 if master else None,  # the teacher keeps the run's 16-bit dtype
+        max_memory=job.settings.resolved_max_memory(),  # --max-memory: a bound the plan enforces before loading
     )
     if distil and teacher_config is None:
         plan.notes.append("teacher counted at the student's size (its config was not readable)")
