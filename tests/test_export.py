@@ -85,3 +85,15 @@ def test_a_model_without_a_source_gguf_is_refused_in_one_line(tiny_llama, tmp_pa
     code, _, err = run_cli(capsys, ["export", str(tiny_llama), "--gguf", str(tmp_path / "t.gguf")])
     assert code == 2 and err.startswith("error: export --gguf carries the tokenizer from the model's source GGUF")
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "t.gguf").exists()
+
+
+def test_the_run_report_says_how_to_chat_with_the_gguf_and_the_serving_check(tmp_path):
+    from layerprune.pipeline.serving import serving_lines
+
+    record = {"model": "runs/demo/recovered", "gguf": {"output": "runs/demo/gguf/model.gguf", "outtype": "q8_0",
+              "bytes": 120e6, "readback": {"top1_agreement": "39/39", "max_abs_logit_diff": 0.7}},
+              "serve_check": {"engine": "vllm 0.32.0", "dtype": "float32", "equal": 4, "of": 4, "passed": True}}
+    (tmp_path / "export.json").write_text(json.dumps(record))
+    text = "\n".join(serving_lines(tmp_path))
+    assert "`llama-cli -m runs/demo/gguf/model.gguf -cnv`" in text and "FROM runs/demo/gguf/model.gguf" in text
+    assert "vLLM serving check passed: vllm 0.32.0 (float32) continues 4/4" in text
