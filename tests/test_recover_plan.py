@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import types
 from pathlib import Path
@@ -13,6 +14,8 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig
 
 from helpers import assert_one_line_error, make_pruned_student, run_cli
+from layerprune.models import vllm_engine
+from layerprune.models.vllm_engine import EngineSettings, llm_kwargs
 from layerprune.recover import memory, runner, selfgen, train
 from layerprune.recover.schema import GenerationSection, PromptSource, RecoverRecipe
 from layerprune.recover.student_teacher import plan_recover
@@ -186,12 +189,14 @@ def test_vllm_gets_token_ids_without_a_second_bos_and_the_run_settings(tiny_llam
     fake = types.ModuleType("vllm")
     fake.LLM, fake.SamplingParams = LLM, lambda **kw: kw
     monkeypatch.setitem(sys.modules, "vllm", fake)
-    monkeypatch.setattr(selfgen, "shutdown_vllm", shutdown.append)
+    monkeypatch.setattr(selfgen, "shutdown_llm", shutdown.append)
+    monkeypatch.setattr(vllm_engine, "on_cpu", lambda: True)
+    monkeypatch.delenv(vllm_engine.CPU_KV_ENV, raising=False)
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
     prompts = selfgen.load_prompts(PromptSource(source=str(pruned.parent / "prompts.jsonl"), samples=3), None)
     settings = GenerationSection(backend="vllm", batch_size=2, max_new_tokens=7, system_prompt=None)
     stats = selfgen.generate_responses(str(tiny_llama), tokenizer, prompts, settings, tmp_path / "r.jsonl", seed=5,
-                                       engine={"dtype": "bfloat16"})
+                                       engine=EngineSettings(dtype="bfloat16"))
     assert stats["generated"] == 3 and len(shutdown) == 1
     hf_ids = [tokenizer(selfgen.render_prompt(tokenizer, p.text, None), add_special_tokens=False)["input_ids"]
               for p in prompts]
@@ -199,7 +204,10 @@ def test_vllm_gets_token_ids_without_a_second_bos_and_the_run_settings(tiny_llam
     assert all(ids.count(tokenizer.bos_token_id) <= 1 for ids in hf_ids)
     engine = calls["engine"]
     assert (engine["dtype"], engine["seed"], engine["max_num_seqs"]) == ("bfloat16", 5, 2)
-    assert engine["gpu_memory_utilization"] == settings.vllm_gpu_memory == 0.5
+    assert engine["enforce_eager"] and "gpu_memory_utilization" not in engine  # a CPU: KV cache in GiB instead
+    assert os.environ[vllm_engine.CPU_KV_ENV] == "1"
+    on_gpu = llm_kwargs("m", selfgen.vllm_engine(10, settings, 5, EngineSettings()), cpu=False)
+    assert on_gpu["gpu_memory_utilization"] == settings.vllm_gpu_memory == 0.5 and not on_gpu["enforce_eager"]
     assert engine["max_model_len"] == max(map(len, hf_ids)) + 7
     seeds = [p["seed"] for p in calls["params"]]
     assert seeds == [selfgen.prompt_seed(5, [p.id]) for p in prompts] and len(set(seeds)) == 3

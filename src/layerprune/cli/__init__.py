@@ -29,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "variant-study": ("layerprune.cli.variant_study", "make a variant with our recovery code and compare its "
                       "importance profile with the original's"),
     "analyze": ("layerprune.cli.analyze", "critical blocks across models, representation drift, degeneration"),
+    "export": ("layerprune.cli.export", "write a pruned or recovered model as GGUF for llama.cpp / Ollama"),
+    "check-serve": ("layerprune.cli.check_serve", "vLLM loads a model and continues as transformers does"),
 }
 
 

@@ -15,7 +15,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", type=Path, default=None,
                         help="Run directory (default: the recipe's, or runs/<name>)")
     parser.add_argument("--from", dest="from_stage", default=None, help="Re-run from this stage: prune, "
-                        "eval-baseline, eval-pruned, recover, eval-recovered, report")
+                        "eval-baseline, eval-pruned, recover, eval-recovered, export, report")
     parser.add_argument("--overwrite", action="store_true",
                         help="Start over in a run directory holding another recipe's outputs")
     parser.add_argument("--dry-run", action="store_true",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import logging
 import os
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from layerprune.evaluate.schema import EvalSettings
 from layerprune.evaluate.suites import PlannedTask
 from layerprune.models import LoadedModel, ModelSource, load_model, resolve_model
 from layerprune.models.loading import load_tokenizer
+from layerprune.models.vllm_engine import engine_settings, lm_eval_kwargs, prepare_cpu, require_vllm
 from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
@@ -86,12 +86,12 @@ def make_lm(handle: ModelHandle, settings: EvalSettings) -> Any:
         return handle.lm
     batch: int | str = settings.batch_size if settings.batch_size == "auto" else int(settings.batch_size)
     if settings.backend == "vllm":
-        if importlib.util.find_spec("vllm") is None:
-            raise LayerpruneError("--backend vllm needs vLLM (pip install 'layerprune[vllm]' on a CUDA machine)")
+        require_vllm()
+        engine = engine_settings(handle.run)
+        prepare_cpu(engine)
         from lm_eval.models.vllm_causallms import VLLM
 
-        handle.lm = VLLM(pretrained=handle.source.location, batch_size=batch,
-                         dtype=str(handle.run.resolved_dtype()).removeprefix("torch."), seed=handle.run.seed)
+        handle.lm = VLLM(**lm_eval_kwargs(handle.source.location, engine, batch))
         return handle.lm
     from lm_eval.models.huggingface import HFLM
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from layerprune.evaluate.summary import SUMMARY_FILE, Summary, read_summary
 from layerprune.pipeline.degeneration import degeneration_lines
 from layerprune.pipeline.recipe import RunRecipe
+from layerprune.pipeline.serving import serving_lines
 
 if TYPE_CHECKING:
     from layerprune.models.lineage import PrunedLineage
@@ -160,6 +161,7 @@ def write_report(recipe: RunRecipe, paths: Any) -> Path:
     lines += degeneration_lines(_json(paths.root / "degeneration.json"))
     lines += _prune_lines(prune, prune.scores_png if prune else None)
     lines += _recover_lines(recover)
+    lines += serving_lines(paths.root / "gguf")
     lines += ["", "## How it was made", "", f"- recipe: `{recipe.model_dump_json(exclude_none=True)}`",
               f"- rerun: `layerprune run <recipe> --output {paths.root}` (complete stages are skipped)"]
     paths.report.write_text("\n".join(lines) + "\n")

@@ -18,13 +18,14 @@ from layerprune import errors
 from layerprune.errors import LayerpruneError
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.recipe import RunRecipe
+from layerprune.pipeline.serving import run_export
 from layerprune.provenance import Provenance, collect_provenance
 from layerprune.registry import unknown_name_message
 from layerprune.reports import read_report, write_report
 from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
-STAGES = ("prune", "eval-baseline", "eval-pruned", "recover", "eval-recovered", "report")
+STAGES = ("prune", "eval-baseline", "eval-pruned", "recover", "eval-recovered", "export", "report")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class RunPaths:
         return self.root / "selfgen.jsonl"
 
     @property
+    def gguf(self) -> Path:
+        return self.root / "gguf"
+
+    @property
     def state(self) -> Path:
         return self.root / "run.json"
 
@@ -61,7 +66,7 @@ class RunPaths:
         if stage.startswith("eval-"):
             return self.eval(stage.removeprefix("eval-")) / SUMMARY_FILE
         return {"prune": self.pruned / "prune_report.json", "recover": self.recovered / "recover_report.json",
-                "report": self.report}[stage]
+                "export": self.gguf / "export.json", "report": self.report}[stage]
 
 
 def recipe_fingerprint(recipe: RunRecipe) -> str:
@@ -179,6 +184,7 @@ def run_pipeline(
         "eval-pruned": lambda: run_eval(recipe, settings, paths, "pruned", str(paths.pruned)),
         "recover": lambda: run_recover(recipe, settings, paths),
         "eval-recovered": lambda: run_eval(recipe, settings, paths, "recovered", str(paths.recovered)),
+        "export": lambda: run_export(paths.root, paths.gguf, settings),
         "report": lambda: write_run_report(recipe, settings, paths),
     }
     stages = stages_for(recipe)

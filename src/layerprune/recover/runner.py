@@ -17,6 +17,7 @@ from layerprune.errors import LayerpruneError
 from layerprune.models import ModelSource, load_model, resolve_model
 from layerprune.models.lineage import PRUNE_REPORT, SourceRecord, read_lineage
 from layerprune.models.loading import copy_tokenizer_files, load_tokenizer
+from layerprune.models.vllm_engine import engine_settings
 from layerprune.outputs import atomic_output_dir, check_output_dir
 from layerprune.provenance import collect_provenance
 from layerprune.recover import budget, chain, heldout, memory, methods, selfgen, train
@@ -296,7 +297,7 @@ def answer(
     if recipe.generate.backend == "vllm":
         source = resolve_model(teacher, job.settings)
         tokenizer = load_tokenizer(source, job.settings)
-        engine = {"dtype": job.settings.dtype if job.settings.dtype != "auto" else "bfloat16"}
+        engine = engine_settings(job.settings)  # the dtype the HF path would load the teacher in
         return selfgen.generate_responses(
             source.location, tokenizer, prompts, recipe.generate, target, seed, engine, done
         )["seconds"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -15,6 +16,7 @@ from typing import Any
 from layerprune.data import HUB_SOURCE, hub_dataset_rows, iter_jsonl, load_rows, parse_hub_source, read_jsonl
 from layerprune.errors import LayerpruneError
 from layerprune.grading import final_number, grade_number
+from layerprune.models.vllm_engine import EngineSettings, require_vllm, shutdown_llm, start_llm
 from layerprune.recover.schema import GenerationSection, PromptSource
 
 log = logging.getLogger(__name__)
@@ -179,7 +181,7 @@ def prompt_seed(seed: int, ids: Iterable[str]) -> int:
 
 
 def generate_responses(model: Any, tokenizer: Any, prompts: list[Prompt], settings: GenerationSection,
-                       path: Path, seed: int = 0, engine: dict[str, Any] | None = None,
+                       path: Path, seed: int = 0, engine: EngineSettings | None = None,
                        done: set[str] | None = None) -> dict[str, Any]:
     """Answer every prompt not yet in `path` (or its shard files), appending one JSON line per response.
 
@@ -192,7 +194,7 @@ def generate_responses(model: Any, tokenizer: Any, prompts: list[Prompt], settin
     log.info("self-generation: %d prompts, %d already answered, %d to go", len(prompts), answered, len(todo))
     start = time.perf_counter()
     if todo and settings.backend == "vllm":
-        _generate_vllm(model, tokenizer, todo, settings, path, seed, engine or {})
+        _generate_vllm(model, tokenizer, todo, settings, path, seed, engine or EngineSettings())
     elif todo:
         _generate_hf(model, tokenizer, prompts, done, settings, path, seed)
     return {
@@ -318,30 +320,17 @@ def drop_torn_tail(path: Path) -> None:
 
 def check_vllm() -> None:
     """vLLM must be importable for `--backend vllm`."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        raise LayerpruneError("--backend vllm needs vLLM: pip install 'layerprune[vllm]' (or use --backend hf)")
+    require_vllm()
 
 
 VLLM_CHUNK = 256  # prompts per llm.generate call: the responses file grows as they finish
 
 
-def vllm_engine_args(
-    model: str, prompt_tokens: int, settings: GenerationSection, seed: int, engine: dict[str, Any]
-) -> dict[str, Any]:
-    """vllm.LLM's arguments: the run's dtype and seed, a context just long enough, a memory share that leaves the
-    rest of the GPU to training, and no more sequences at once than generate.batch_size allows."""
-    return {
-        "model": model,
-        "tokenizer": model,
-        "dtype": engine.get("dtype", "auto"),
-        "seed": seed,
-        "max_model_len": prompt_tokens + settings.max_new_tokens,
-        "max_num_seqs": settings.batch_size,
-        "gpu_memory_utilization": settings.vllm_gpu_memory,
-        "tensor_parallel_size": engine.get("tensor_parallel_size", 1),
-    }
+def vllm_engine(prompt_tokens: int, settings: GenerationSection, seed: int, engine: EngineSettings) -> EngineSettings:
+    """The engine for these prompts: the run's dtype and seed, a context just long enough, a memory share that
+    leaves the rest of the GPU to training, and no more sequences at once than generate.batch_size allows."""
+    return dataclasses.replace(engine, seed=seed, max_model_len=prompt_tokens + settings.max_new_tokens,
+                               max_num_seqs=settings.batch_size, gpu_memory=settings.vllm_gpu_memory)
 
 
 def vllm_sampling_args(sampling: dict[str, Any], settings: GenerationSection, seed: int) -> dict[str, Any]:
@@ -368,10 +357,10 @@ def _generate_vllm(
     settings: GenerationSection,
     path: Path,
     seed: int,
-    engine: dict[str, Any],
+    engine: EngineSettings,
 ) -> None:
     from transformers import GenerationConfig
-    from vllm import LLM, SamplingParams  # type: ignore[import-not-found]
+    from vllm import SamplingParams  # type: ignore[import-not-found]
 
     ids = [
         encode_prompt(tokenizer, prompt_text(tokenizer, p.text, settings), settings) for p in prompts
@@ -381,7 +370,7 @@ def _generate_vllm(
     except OSError:
         generation_config = GenerationConfig()
     sampling = sampling_settings(generation_config, settings)
-    llm = LLM(**vllm_engine_args(str(model), max(map(len, ids)), settings, seed, engine))
+    llm = start_llm(str(model), vllm_engine(max(map(len, ids)), settings, seed, engine))
     try:
         for first in range(0, len(prompts), VLLM_CHUNK):
             chunk = prompts[first : first + VLLM_CHUNK]
@@ -404,24 +393,7 @@ def _generate_vllm(
                 ],
             )
     finally:
-        shutdown_vllm(llm)
-
-
-def shutdown_vllm(llm: Any) -> None:
-    """Stop the engine and give its GPU memory back before training starts."""
-    import gc
-
-    engine = getattr(llm, "llm_engine", None)
-    core = getattr(engine, "engine_core", None)
-    if core is not None and hasattr(core, "shutdown"):
-        core.shutdown()
-    del llm, engine, core
-    try:
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory  # type: ignore[import-not-found]
-
-        cleanup_dist_env_and_memory()
-    except ImportError:
-        gc.collect()
+        shutdown_llm(llm)
 
 
 def filter_responses(

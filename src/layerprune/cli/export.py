@@ -1,0 +1,39 @@
+"""`layerprune export DIR --gguf OUT.gguf`: a pruned or recovered model as one GGUF file for llama.cpp / Ollama."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from layerprune.cli.flags import add_schema_flags, typed_layer
+from layerprune.recipe_loading import build_schema
+from layerprune.settings import RunSettings
+
+OUTTYPES = ("f32", "f16", "bf16", "q8_0")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", type=Path, help="A pruned or recovered model directory")
+    parser.add_argument("--gguf", type=Path, required=True, help="The .gguf file to write")
+    parser.add_argument("--outtype", choices=OUTTYPES, default="q8_0",
+                        help="Encoding of the 2-D weights (1-D tensors stay F32) (default: q8_0)")
+    parser.add_argument("--overwrite", action="store_true", help="Replace an existing file")
+    parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
+                        help="Read the file back with transformers' GGUF loader and compare logits (default: on)")
+    add_schema_flags(parser, RunSettings, group="how to run")
+
+
+def run(args: argparse.Namespace) -> int:
+    from layerprune.export import export_gguf
+
+    settings = build_schema(RunSettings, typed_layer(args, RunSettings))
+    report = export_gguf(args.model, args.gguf, args.outtype, args.overwrite, args.verify, settings)
+    print(f"wrote {report.output} ({report.architecture}, {report.outtype}, {report.bytes / 1e6:.0f} MB, "
+          f"{report.tensors} tensors) in {report.seconds} s; tokenizer from {Path(report.tokenizer_from).name}")
+    if report.readback:
+        back = report.readback
+        print(f"read back by transformers: top-1 {back['top1_agreement']}, max |logit diff| "
+              f"{back['max_abs_logit_diff']} (logits up to {back['logit_scale']}), tokenizer ids equal: "
+              f"{back['tokenizer_ids_equal']}")
+    print(f"chat with it: llama-cli -m {report.output} -cnv   (or Ollama: FROM {report.output} in a Modelfile)")
+    return 0

@@ -1,0 +1,121 @@
+"""`layerprune export --gguf`: one GGUF file from a pruned or recovered model directory, then read back.
+
+The file is written beside its final name and renamed only once it is whole; the read-back (transformers' GGUF
+loader: config fields, tokenizer ids, logits) is recorded in a JSON report next to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import gguf
+from pydantic import BaseModel, ConfigDict, Field
+from transformers import AutoConfig, AutoTokenizer
+
+from layerprune.errors import LayerpruneError
+from layerprune.export.families import family_for
+from layerprune.export.tokenizer import copy_tokenizer, source_gguf
+from layerprune.export.writer import OUTTYPES, add_tensors
+from layerprune.settings import RunSettings
+
+
+class ExportReport(BaseModel):
+    """What `export --gguf` wrote and how it was checked."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(description="The model directory that was exported")
+    output: str = Field(description="The .gguf file")
+    outtype: str = Field(description="Weight encoding of the 2-D tensors (1-D tensors are F32)")
+    architecture: str = Field(description="llama.cpp's architecture name")
+    tensors: int
+    bytes: int
+    tokenizer_from: str = Field(description="The GGUF whose tokenizer fields were carried")
+    per_layer: dict[str, Any] = Field(description="Per-layer metadata written (head counts, sliding-window pattern)")
+    seconds: float
+    readback: dict[str, Any] | None = Field(None, description="transformers' GGUF loader against the model directory")
+
+
+def export_gguf(model_dir: Path, output: Path, outtype: str = "q8_0", overwrite: bool = False,
+                verify: bool = True, settings: RunSettings | None = None) -> ExportReport:
+    """Write `model_dir` as `output` (.gguf) in `outtype`; refuse unknown families and outtypes in one line."""
+    model_dir, output = Path(model_dir), Path(output)
+    config = _config(model_dir)
+    family = family_for(config)
+    if outtype not in OUTTYPES:
+        raise LayerpruneError(f"unknown GGUF type '{outtype}'; choose one of {', '.join(OUTTYPES)}")
+    if output.suffix != ".gguf":
+        raise LayerpruneError(f"the GGUF output must end in .gguf: {output}")
+    if output.exists() and not overwrite:
+        raise LayerpruneError(f"{output} already exists; pass --overwrite")
+    tokenizer_gguf = source_gguf(model_dir, settings)
+    start = time.perf_counter()
+    with _atomic_file(output) as tmp:
+        tensors = _write(tmp, model_dir, family, config, outtype, tokenizer_gguf)
+    report = ExportReport(model=str(model_dir), output=str(output), outtype=outtype, architecture=family.arch.name,
+                          tensors=tensors, bytes=output.stat().st_size, tokenizer_from=str(tokenizer_gguf),
+                          per_layer=per_layer_fields(output), seconds=round(time.perf_counter() - start, 1))
+    if verify:
+        from layerprune.export.readback import read_back
+
+        report.readback = read_back(model_dir, output)
+    output.with_suffix(".export.json").write_text(report.model_dump_json(indent=2))
+    return report
+
+
+def _config(model_dir: Path) -> Any:
+    if not (model_dir / "config.json").is_file():
+        raise LayerpruneError(f"{model_dir} is not a model directory (no config.json)")
+    return AutoConfig.from_pretrained(model_dir)
+
+
+def _write(path: Path, model_dir: Path, family: Any, config: Any, outtype: str, tokenizer_gguf: Path) -> int:
+    arch = gguf.MODEL_ARCH_NAMES[family.arch]
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_type(gguf.GGUFType.MODEL)
+    writer.add_name(model_dir.resolve().name)
+    writer.add_file_type(OUTTYPES[outtype][1])
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    family.metadata(writer, config)
+    template = getattr(AutoTokenizer.from_pretrained(model_dir), "chat_template", None)
+    copy_tokenizer(writer, tokenizer_gguf, template if isinstance(template, str) else None)
+    tensors = add_tensors(writer, model_dir, family, config, outtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return tensors
+
+
+@contextlib.contextmanager
+def _atomic_file(path: Path):  # type: ignore[no-untyped-def]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(name)
+        os.replace(name, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+        raise
+
+
+def per_layer_fields(path: Path) -> dict[str, Any]:
+    """The per-layer fields as written: head counts and the sliding-window pattern (scalars when uniform)."""
+    reader = gguf.GGUFReader(path)
+    arch = reader.fields["general.architecture"].contents()
+    wanted = ("attention.head_count", "attention.head_count_kv", "attention.sliding_window",
+              "attention.sliding_window_pattern", "block_count")
+    found = {key: reader.fields.get(f"{arch}.{key}") for key in wanted}
+    return {key: _plain(field.contents()) for key, field in found.items() if field is not None}
+
+
+def _plain(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=lambda v: v.item() if hasattr(v, "item") else str(v)))

@@ -1,0 +1,76 @@
+"""The tokenizer of an exported GGUF: llama.cpp's own fields, carried from the GGUF the model was first read from.
+
+A model that came from a GGUF (the embedded models, a .gguf spec) has the exact tokenizer llama.cpp expects in that
+file (vocabulary, merges or scores, token types, pre-tokenizer, special ids); the chat template is the model
+directory's own (a recovered model may have changed it). A model without a GGUF source is refused in one line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import gguf
+
+from layerprune.errors import LayerpruneError
+from layerprune.models import embedded
+from layerprune.models.lineage import read_lineage
+from layerprune.settings import RunSettings
+
+RECOVER_REPORT = "recover_report.json"
+
+
+def source_record(directory: Path) -> dict[str, Any] | None:
+    """The original model a pruned (prune_report.json) or recovered (recover_report.json) directory came from."""
+    lineage = read_lineage(directory)
+    if lineage is not None:
+        return lineage.source.model_dump(mode="json")
+    report = directory / RECOVER_REPORT
+    if report.is_file():
+        student = Path(json.loads(report.read_text())["student"]["location"])
+        return source_record(student) if student.is_dir() and student != directory else None
+    source = directory / "source.json"  # a GGUF converted by layerprune's loader
+    if source.is_file():
+        return {"kind": "gguf", "spec": json.loads(source.read_text())["gguf"], "identity": {}}
+    return None
+
+
+def source_gguf(directory: Path, settings: RunSettings | None = None) -> Path:
+    """The GGUF file whose tokenizer the export carries, or one line saying why there is none."""
+    record = source_record(directory)
+    kind = (record or {}).get("kind")
+    if kind == "embedded":
+        name = record["identity"]["embedded"]
+        return embedded.gguf_path(embedded.EMBEDDED_MODELS[name], (settings or RunSettings()).resolved_cache_dir())
+    if kind == "gguf" and Path(record["spec"]).is_file():
+        return Path(record["spec"])
+    where = f"{kind} model {record.get('spec')}" if record else "a model with no recorded source"
+    raise LayerpruneError(f"export --gguf carries the tokenizer from the model's source GGUF, and {directory} "
+                          f"comes from {where}; prune a .gguf or embedded model, or convert with llama.cpp's "
+                          "convert_hf_to_gguf.py")
+
+
+def copy_tokenizer(writer: gguf.GGUFWriter, source: Path, chat_template: str | None) -> int:
+    """Copy every tokenizer.* field of `source` into `writer`; the model directory's chat template wins.
+    Returns the vocabulary size."""
+    reader = gguf.GGUFReader(source)
+    tokens = 0
+    for key, field in reader.fields.items():
+        if not key.startswith("tokenizer.") or key == "tokenizer.chat_template":
+            continue
+        main = field.types[0]
+        sub = field.types[-1] if main == gguf.GGUFValueType.ARRAY else None
+        value = field.contents()
+        writer.add_key_value(key, value, main, sub_type=sub)
+        if key == "tokenizer.ggml.tokens":
+            tokens = len(value)
+    template = chat_template or _field_text(reader, "tokenizer.chat_template")
+    if template:
+        writer.add_chat_template(template)
+    return tokens
+
+
+def _field_text(reader: gguf.GGUFReader, key: str) -> str | None:
+    field = reader.fields.get(key)
+    return None if field is None else field.contents()

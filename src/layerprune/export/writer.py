@@ -1,0 +1,63 @@
+"""Write a model directory's safetensors as GGUF tensors: gguf's name map, its quantizers, F32 for 1-D tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+from safetensors import safe_open
+
+from layerprune.errors import LayerpruneError
+from layerprune.export.families import Family
+
+OUTTYPES: dict[str, tuple[gguf.GGMLQuantizationType, gguf.LlamaFileType]] = {
+    "f32": (gguf.GGMLQuantizationType.F32, gguf.LlamaFileType.ALL_F32),
+    "f16": (gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16),
+    "bf16": (gguf.GGMLQuantizationType.BF16, gguf.LlamaFileType.MOSTLY_BF16),
+    "q8_0": (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+}
+
+
+def checkpoint_tensors(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) over the directory's safetensors shards, one shard open at a time."""
+    shards = sorted(directory.glob("*.safetensors"))
+    if not shards:
+        raise LayerpruneError(f"{directory} has no .safetensors weights to export")
+    for shard in shards:
+        with safe_open(str(shard), framework="pt") as handle:
+            for name in handle.keys():
+                yield name, handle.get_tensor(name)
+
+
+def encode(data: np.ndarray, qtype: gguf.GGMLQuantizationType) -> tuple[np.ndarray, gguf.GGMLQuantizationType]:
+    """The tensor in `qtype`; 1-D tensors (norms) and rows a quantizer's block does not divide stay F32."""
+    if data.ndim <= 1 or qtype == gguf.GGMLQuantizationType.F32:
+        return data.astype(np.float32), gguf.GGMLQuantizationType.F32
+    try:
+        return gguf.quants.quantize(data.astype(np.float32), qtype), qtype
+    except gguf.quants.QuantError:
+        return gguf.quants.quantize(data.astype(np.float32), gguf.GGMLQuantizationType.F16), \
+            gguf.GGMLQuantizationType.F16
+
+
+def add_tensors(writer: gguf.GGUFWriter, directory: Path, family: Family, config: Any, outtype: str) -> int:
+    """Map, fix and encode every tensor; returns how many were written. A tensor gguf cannot name is an error."""
+    names = gguf.get_tensor_name_map(family.arch, config.num_hidden_layers)
+    qtype = OUTTYPES[outtype][0]
+    written = 0
+    tied = getattr(config, "tie_word_embeddings", False)
+    for name, tensor in checkpoint_tensors(directory):
+        if name == "lm_head.weight" and tied:
+            continue
+        target = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if target is None:
+            raise LayerpruneError(f"export --gguf: no llama.cpp name for tensor {name} ({family.arch.name})")
+        data = family.fix(name, tensor.float().numpy(), config)
+        encoded, used = encode(data, qtype)
+        writer.add_tensor(target, encoded, raw_dtype=used)
+        written += 1
+    return written

