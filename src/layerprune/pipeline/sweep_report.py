@@ -19,6 +19,7 @@ from layerprune.paired import format_interval
 from layerprune.pipeline.paired_table import Figures, load_matrix
 
 KINDS = ("classification", "generative")
+NO_CLEAR_DROP = "n/a (no clear drop)"  # the drop's interval holds 0: no share of it to speak of
 
 
 def point(study: Any, figures: Figures, k: int) -> dict[str, Any]:
@@ -34,7 +35,8 @@ def point(study: Any, figures: Figures, k: int) -> dict[str, Any]:
             row["recovered"] = figures.score(f"recovered-k{k}", kind)
             row["retention_recovered"] = figures.interval(
                 lambda m, kind=kind: figures.retention(f"recovered-k{k}", kind, m))
-            row["recovered_share"] = figures.interval(lambda m, kind=kind: _share(figures, k, kind, m))
+            row["recovered_share"] = figures.interval(lambda m, kind=kind: _share(figures, k, kind, m)) \
+                if _above(row["drop"]) else NO_CLEAR_DROP
             row["gain"] = figures.difference(f"recovered-k{k}", f"pruned-k{k}", kind)
         out[kind] = row
     if all(figures.has(kind) for kind in KINDS) and f"recovered-k{k}" in figures.labels:
@@ -52,7 +54,8 @@ def _above(ci: dict[str, Any] | None) -> bool:
 def verdicts(study: Any, figures: Figures, points: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
     """(a) after recovery, classification retention above generative at every k where pruning costs something,
     the gap's interval above 0; (b) the recovered share of the generative drop larger at the smallest k with a clear
-    generative drop than at the largest k, the difference's interval above 0. Said with the numbers either way."""
+    generative drop than at the largest such k, the difference's interval above 0. Said with the numbers either
+    way."""
     lines, tests = [], {}
     costly = [p for p in points if p["costs"] and "gap_recovered" in p]
     if costly:
@@ -65,10 +68,9 @@ def verdicts(study: Any, figures: Figures, points: list[dict[str, Any]]) -> tupl
         tests["a"] = {"holds": len(held) == len(costly), "ks": [p["k"] for p in costly], "held_at": held}
     else:
         lines.append("(a) cannot be tested: no k has a drop whose interval is above 0, or a kind was not scored.")
-    clear = [p["k"] for p in points if _above(p.get("generative", {}).get("drop")) and "recovered_share"
-             in p.get("generative", {})]
+    clear = [p["k"] for p in points if isinstance(p.get("generative", {}).get("recovered_share"), dict)]
     if len(clear) >= 2:
-        small, large = clear[0], study.ratios[-1]
+        small, large = clear[0], clear[-1]
         diff = figures.interval(lambda m: _share(figures, small, "generative", m) - _share(figures, large, "generative",
                                                                                         m))
         holds = _above(diff)
@@ -90,8 +92,8 @@ def _point_share(points: list[dict[str, Any]], k: int) -> dict[str, Any]:
     return next(p for p in points if p["k"] == k)["generative"]["recovered_share"]
 
 
-def _ci_pct(ci: dict[str, Any] | None) -> str:
-    return format_interval(ci, missing="undefined")
+def _ci_pct(ci: dict[str, Any] | str | None) -> str:
+    return ci if isinstance(ci, str) else format_interval(ci, missing="undefined")
 
 
 def format_table(points: list[dict[str, Any]]) -> str:
