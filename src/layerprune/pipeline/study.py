@@ -139,12 +139,19 @@ def run_stage(study: RecoveryStudy, settings: RunSettings, paths: Any, stage: st
 
 def run_arm(study: RecoveryStudy, settings: RunSettings, root: Path, label: str) -> None:
     """Recover the pruned model with one arm, reusing the teacher answers earlier arms generated."""
-    from layerprune.recover.runner import RecoverJob, recover_model
+    from layerprune.recover.runner import RecoverJob
 
     recipe = study.arm_recipe(label, str(root / "pruned"))
     job = RecoverJob(output=root / "arms" / label, settings=settings, overwrite=True,
                      data_dir=study.evaluate.data_dir or study.prune.data_dir)
-    shared = root / "selfgen.jsonl"
+    recover_sharing_answers(recipe, job, root / "selfgen.jsonl")
+
+
+def recover_sharing_answers(recipe: RecoverRecipe, job: Any, shared: Path) -> None:
+    """recover_model, starting from the teacher answers in `shared` (an earlier run's), and leaving there the most
+    answers any run produced: the teacher answers each prompt once per study."""
+    from layerprune.recover.runner import recover_model
+
     if shared.is_file() and not (job.work / "responses.jsonl").exists():
         job.work.mkdir(parents=True, exist_ok=True)
         shutil.copy2(shared, job.work / "responses.jsonl")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Any, ClassVar
@@ -188,21 +187,13 @@ def prune_at(study: SweepStudy, settings: RunSettings, root: Path, k: int) -> No
 
 def recover_at(study: SweepStudy, settings: RunSettings, root: Path, label: str) -> None:
     """SFT of pruned-k on the teacher's answers, generated for the first k and shared by the others."""
-    from layerprune.data import iter_jsonl
-    from layerprune.recover.runner import RecoverJob, recover_model
+    from layerprune.pipeline.study import recover_sharing_answers
+    from layerprune.recover.runner import RecoverJob
 
     recipe = study.shared_recipe(str(root / f"pruned-{label}"))
     job = RecoverJob(output=root / f"recovered-{label}", settings=settings, resume=True,
                      data_dir=study.evaluate.data_dir or study.prune.data_dir)
-    shared = root / "selfgen.jsonl"
-    if shared.is_file() and not (job.work / "responses.jsonl").exists():
-        job.work.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(shared, job.work / "responses.jsonl")
-    recover_model(recipe, job)
-    produced = job.output / "data" / "responses.jsonl"
-    if produced.is_file() and not shared.is_file():
-        shutil.copy2(produced, shared)
-    log.info("  %s: %d teacher answers", label, sum(1 for _ in iter_jsonl(shared)))
+    recover_sharing_answers(recipe, job, root / "selfgen.jsonl")
 
 
 RATES = {"classification docs/s": 3.4, "probe items/s": 8.0, "trained tokens/s": 170.0, "gsm8k items/s": 0.14,
