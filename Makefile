@@ -36,8 +36,12 @@ demo: $(STAMP)            ## the whole pipeline on the embedded SmolLM2-135M-Ins
 lint: $(STAMP)            ## ruff's rules from pyproject.toml over the code, tests and benchmarks
 	$(BIN)/ruff check src tests bench
 
-test: lint vllm-install   ## ruff, unit tests on tiny models + the real-model tests marked slow, then real vLLM
-	$(BIN)/python -m pytest -q -m "not gpu and not vllm" --timeout=1200
+# vLLM's venv installs beside the main tests (its downloads and unpacking overlap them), then the real-vLLM tests
+test: lint   ## ruff, unit tests on tiny models + the real-model tests marked slow, then real vLLM
+	@$(MAKE) -s vllm-install > $(VLLM_VENV).log 2>&1 & installing=$$!; \
+	$(BIN)/python -m pytest -q -m "not gpu and not vllm" --timeout=1200; tests=$$?; \
+	if ! wait $$installing; then echo "make vllm-install failed ($(VLLM_VENV).log):"; tail -20 $(VLLM_VENV).log; exit 1; fi; \
+	if [ $$tests -ne 0 ]; then exit $$tests; fi; \
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -m "vllm and not slow" --timeout=1200
 
 test-fast: lint

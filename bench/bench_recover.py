@@ -1,6 +1,7 @@
 """The --dry-run memory estimate side by side with the measured peak of real training steps.
 
     python bench/bench_recover.py --device cpu     # small Llama, float32, peak RSS growth in a fresh process
+    python bench/bench_recover.py --sizes          # LoRA and KD plans at three sizes (7M, 27M, 60M), on the CPU
     python bench/bench_recover.py --device cuda    # SmolLM2-135M architecture (random weights), bf16,
                                                    # torch.cuda.max_memory_allocated growth
 
@@ -79,28 +80,64 @@ def run_cuda(memory) -> list[dict]:
     return rows
 
 
+# three sizes of one Llama shape (about 7M, 27M and 60M parameters), for the plan's error per method and size
+SIZES = {
+    "7M": dict(vocab_size=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False),
+    "27M": None,  # the test's SMALL
+    "60M": dict(vocab_size=8192, hidden_size=768, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=12,
+                num_key_value_heads=4, max_position_embeddings=1024, tie_word_embeddings=False),
+}
+SIZE_CASES = [
+    dict(method="lora", checkpointing=True, batch=4, seq=512, r=16),
+    dict(method="lora", checkpointing=False, batch=4, seq=256, r=16),
+    dict(method="kd", checkpointing=True, batch=4, seq=256, r=16, teacher_layers=12),
+    dict(method="kd", checkpointing=False, batch=4, seq=256, r=16, teacher_layers=12),
+]
+
+
+def cpu_row(name: str, case: dict, config: dict | None) -> dict:
+    """One case measured in a fresh process beside its plan."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_recover_memory import estimate, measure_peak
+
+    measured, predicted = measure_peak(**case, config=config), estimate(**case, config=config)
+    row = dict(model=name, **case, estimate_gb=round(predicted / 1e9, 3), measured_gb=round(measured / 1e9, 3),
+               ratio=round(predicted / measured, 3))
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def run_cpu(memory) -> list[dict]:
     sys.path.insert(0, str(ROOT / "tests"))
-    from test_recover_memory import CASES, SMALL, estimate, measure_peak
+    from test_recover_memory import CASES, SMALL
 
-    rows = []
-    for case in CASES + [dict(method="full", checkpointing=True, batch=4, seq=512, r=0),
-                         dict(method="lora", checkpointing=False, batch=4, seq=256, r=16)]:
-        measured, predicted = measure_peak(**case), estimate(**case)
-        rows.append(dict(model=f"Llama h{SMALL['hidden_size']} x{SMALL['num_hidden_layers']} (fp32)", **case,
-                         estimate_gb=round(predicted / 1e9, 3), measured_gb=round(measured / 1e9, 3),
-                         ratio=round(predicted / measured, 3)))
-        print(json.dumps(rows[-1]), flush=True)
+    name = f"Llama h{SMALL['hidden_size']} x{SMALL['num_hidden_layers']} (fp32)"
+    extra = [dict(method="full", checkpointing=True, batch=4, seq=512, r=0),
+             dict(method="lora", checkpointing=False, batch=4, seq=256, r=16)]
+    return [cpu_row(name, case, None) for case in CASES + extra]
+
+
+def run_sizes() -> list[dict]:
+    """LoRA and KD, with and without checkpointing, at three model sizes (the teacher: 12 blocks of the same shape)."""
+    rows = [cpu_row(f"Llama {size} (fp32)", case, config) for size, config in SIZES.items() for case in SIZE_CASES]
+    for method in ("lora", "kd"):
+        ratios = [row["ratio"] for row in rows if row["method"] == method]
+        print(f"{method}: plan / measured {min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)} cases", flush=True)
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--sizes", action="store_true", help="CPU: LoRA and KD at three model sizes (7M, 27M, 60M)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
     memory = load_memory_module()
-    rows = run_cuda(memory) if args.device == "cuda" else run_cpu(memory)
+    if args.device == "cuda":
+        rows = run_cuda(memory)
+    else:
+        rows = run_sizes() if args.sizes else run_cpu(memory)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

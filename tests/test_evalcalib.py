@@ -212,34 +212,40 @@ def test_run_report_verdict_speaks_of_noise_not_ratios_of_noise():
     assert "did NOT drop clearly" in verdict(averages)[0]
 
 
-# the demo shows its contrast outside noise, in about 25 minutes ------------------------------------------------
+# the demo shows its contrast with paired intervals, in under 25 minutes ------------------------------------------
 
 CLASSIFICATION_DOCS_PER_S = 7 * 200 / 390  # README: 7 classification tasks x 200 documents in ~6.5 min (idle, 2 cores)
 PROBE_DOCS_PER_S = 7.0  # README: probes ~7 documents/s
-OTHER_STAGES_S = 120 + 208 + 301 + 21  # README: make's installs, prune (with the GGUF conversion), recover, report
+TRAIN_TOKENS_PER_S = 140  # README: forward+backward 140-200 tokens/s on 2 cores (the low end)
+OTHER_STAGES_S = 120 + 208 + 130 + 21 + 30  # installs, prune, the teacher's 160 answers, report, GGUF export
 
 
-def test_demo_recipe_has_the_documents_to_show_its_contrast_in_time(shared_data):
-    from layerprune.evaluate.project_tasks import probe_rows
+def test_demo_recipe_is_the_sweeps_clearest_point_and_fits_in_25_minutes(shared_data):
+    """The demo is the sweep's k = 3 point: its cut, its recovery and its instrument (same tasks and item counts)."""
     from layerprune.evaluate.suites import plan_tasks
     from layerprune.pipeline.plan import load_run_recipe
+    from layerprune.pipeline.sweep import SweepStudy
 
     recipe = load_run_recipe("recipes/demo.yaml")
+    sweep = SweepStudy.load("limits-sweep-embedded")
+    assert recipe.prune.drop in sweep.ratios and recipe.prune.model_dump(exclude={"drop"}) == sweep.prune.model_dump(
+        exclude={"drop"})
+    assert recipe.recover.overrides == sweep.recover["overrides"]
     planned, skipped = plan_tasks(recipe.evaluate, shared_data)
     assert not skipped
     seconds = 0.0
     for task in planned:
         if task.spec.kind == "classification":
-            assert task.limit is not None and 2 * (2 * 0.25 / task.limit) ** 0.5 < 0.10, task.spec.name
+            assert task.spec.name in sweep.classification and task.limit >= 200, task.spec.name
             seconds += task.limit / CLASSIFICATION_DOCS_PER_S
         else:
-            assert task.spec.source == "probe" and task.limit is not None
-            docs = min(task.limit, len(probe_rows(task.spec, recipe.evaluate.probe_seed)))
-            assert docs >= 100, task.spec.name
-            seconds += docs / PROBE_DOCS_PER_S
-    kinds = {t.spec.kind for t in planned}
-    assert kinds == {"classification", "generative"}
-    assert 3 * seconds + OTHER_STAGES_S < 25 * 60  # three evaluations (baseline, pruned, recovered)
+            assert task.spec.source == "probe" and task.limit >= 300, task.spec.name
+            seconds += task.limit / PROBE_DOCS_PER_S
+    assert {t.spec.kind for t in planned} == {"classification", "generative"}
+    resolved = recipe.recover.resolve("<pruned>", recipe.model)
+    trained = resolved.prompts.samples * (1 - resolved.train.held_out) * resolved.train.epochs
+    tokens = trained * 168  # the sweep: 48,348 tokens in 144 answers x 2 epochs
+    assert 3 * seconds + tokens / TRAIN_TOKENS_PER_S + OTHER_STAGES_S < 25 * 60  # three evaluations, one recovery
 
 
 def test_overlap_finds_copied_probe_items_and_not_longer_numbers():

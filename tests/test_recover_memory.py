@@ -16,10 +16,11 @@ from layerprune.recover.memory import choose_optimizer, format_plan, model_shape
 SMALL = dict(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=6, num_attention_heads=8,
              num_key_value_heads=4, max_position_embeddings=1024, tie_word_embeddings=False)
 
-# runs in a fresh process: peak RSS minus RSS after imports = weights + grads + optimizer + activations
+# runs in a fresh process: peak RSS minus RSS after every import = weights + grads + optimizer + activations
 PROBE = textwrap.dedent("""
     import json, sys, torch
     from transformers import LlamaConfig, AutoModelForCausalLM
+    from peft import LoraConfig, get_peft_model  # before the baseline: importing peft is ~87 MB of RSS, not training
     spec = json.loads(sys.argv[1])
     torch.manual_seed(0); torch.set_num_threads(2)
     def rss():
@@ -37,7 +38,6 @@ PROBE = textwrap.dedent("""
     if spec["checkpointing"]:
         model.gradient_checkpointing_enable()
     if spec["method"] in ("lora", "kd"):
-        from peft import LoraConfig, get_peft_model
         model = get_peft_model(model, LoraConfig(r=spec["r"], target_modules="all-linear"))
         if spec["checkpointing"]:
             model.enable_input_require_grads()
