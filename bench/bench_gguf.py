@@ -1,6 +1,7 @@
 """GGUF export of the embedded models, pruned, verified by both readers; llama.cpp's build time once.
 
     python bench/bench_gguf.py                  # SmolLM2-135M and Gemma-3-270M, 4 blocks dropped, F16 and Q8_0
+    python bench/bench_gguf.py --models embedded:gemma3-270m --outtypes f16   # one model, one type
     python bench/bench_gguf.py --build          # first: time `pip wheel llama-cpp-python` (cmake build) and install
 
 Per model and type: file size, transformers read-back (max |logit diff|, top-1 agreement) and llama.cpp
@@ -35,6 +36,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", action="store_true", help="Build and install llama-cpp-python first (timed)")
     parser.add_argument("--outtypes", default="f16,q8_0")
+    parser.add_argument("--models", default=",".join(CASES), help="Which of the embedded models (comma-separated)")
     parser.add_argument("--work", type=Path, default=None)
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-gguf-"))
@@ -44,7 +46,8 @@ def main() -> None:
     from layerprune.export import export_gguf
     from layerprune.export.llamacpp import compare_with_transformers
 
-    for model, drop in CASES.items():
+    for model in args.models.split(","):
+        drop = CASES[model]
         pruned = work / model.replace(":", "-")
         if not (pruned / "config.json").is_file():
             cli(["-q", "prune", "--model", model, "--layers", ",".join(map(str, drop)), "-o", str(pruned)])
