@@ -39,7 +39,7 @@ lint: $(STAMP)            ## ruff's rules from pyproject.toml over the code, tes
 # vLLM's venv installs beside the main tests (its downloads and unpacking overlap them), then the real-vLLM tests
 test: lint   ## ruff, unit tests on tiny models + the real-model tests marked slow, then real vLLM
 	@$(MAKE) -s vllm-install > $(VLLM_VENV).log 2>&1 & installing=$$!; \
-	$(BIN)/python -m pytest -q -m "not gpu and not vllm" --timeout=1200; tests=$$?; \
+	$(BIN)/python -m pytest -q -m "not gpu and not vllm" --timeout=1200 --durations=15; tests=$$?; \
 	if ! wait $$installing; then echo "make vllm-install failed ($(VLLM_VENV).log):"; tail -20 $(VLLM_VENV).log; exit 1; fi; \
 	if [ $$tests -ne 0 ]; then exit $$tests; fi; \
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -m "vllm and not slow" --timeout=1200
