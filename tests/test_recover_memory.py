@@ -178,3 +178,46 @@ def test_recover_refuses_a_plan_over_max_memory_before_loading(capsys, tiny_llam
                                     "--max-memory", "cpu=1MiB"])
     assert_one_line_error(code, err, "GB")
     assert not out.exists()
+
+
+def saved_bytes_per_block(config: LlamaConfig, lora: bool, tokens: int) -> float:
+    """Bytes the second decoder block saves for backward (torch's saved_tensors_hooks; unique storages, parameters
+    left out), per token, in float32 with sdpa."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    config._attn_implementation = "sdpa"
+    model = AutoModelForCausalLM.from_config(config)
+    block = model.model.layers[1]
+    if lora:
+        model = get_peft_model(model, LoraConfig(r=16, target_modules="all-linear"))
+    model.train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    inside, seen = [False], {}
+    block.register_forward_pre_hook(lambda *_: inside.__setitem__(0, True))
+    block.register_forward_hook(lambda *_: inside.__setitem__(0, False))
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if inside[0] and storage.data_ptr() not in params:
+            seen.setdefault(storage.data_ptr(), storage.nbytes())
+        return t
+
+    ids = torch.randint(0, config.vocab_size, (2, tokens // 2))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, labels=ids)
+    return sum(seen.values()) / tokens
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_planned_activations_per_block_are_what_a_block_saves(lora):
+    """The plan's activations grow per block by what torch saves for a block's backward (GQA: k/v at kv width)."""
+    config = dict(SMALL, num_hidden_layers=2)
+    tokens = 128
+    counted = saved_bytes_per_block(LlamaConfig(**config), lora, tokens)
+    kwargs = dict(seq_len=tokens, batch_size=1, weight_bytes=4, lora_r=16 if lora else 0, gradient_checkpointing=False)
+    plans = [plan_memory(model_shape(LlamaConfig(**dict(config, num_hidden_layers=n))), "lora" if lora else "full",
+                         **kwargs) for n in (2, 3)]
+    planned = (plans[1].activations - plans[0].activations) * 1e9 / tokens
+    assert planned == pytest.approx(counted, rel=0.02), (planned, counted)
