@@ -27,6 +27,7 @@ LOGIT_COPIES = 3  # float32 tokens x vocab at the loss's backward: the log-softm
 # (its log-softmax, the difference and the product, at the KL's forward)
 TEACHER_LOGIT_COPIES = 2
 
+
 @dataclass(frozen=True)
 class ModelShape:
     """Sizes of a decoder-only model that the estimate needs."""
@@ -117,6 +118,7 @@ def activation_bytes(shape: ModelShape, tokens: int, act_bytes: int, checkpointi
     if checkpointing:
         return tokens * (shape.layers * shape.hidden * act_bytes + max(logits, per_block + backward))
     return tokens * (shape.layers * per_block + max(logits, backward))
+
 
 def plan_memory(shape: ModelShape, method: str, seq_len: int, batch_size: int, optimizer: str = "adamw_torch",
                 weight_bytes: int = 2, lora_r: int = 64, gradient_checkpointing: bool = True,
