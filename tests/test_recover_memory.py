@@ -16,42 +16,49 @@ from layerprune.recover.memory import choose_optimizer, format_plan, model_shape
 SMALL = dict(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=6, num_attention_heads=8,
              num_key_value_heads=4, max_position_embeddings=1024, tie_word_embeddings=False)
 
-# runs in a fresh process: peak RSS minus RSS after every import = weights + grads + optimizer + activations
+# runs in a fresh process: peak RSS minus RSS after every import and after a warm-up step of the same code on 8 tokens
+# (its first step touches ~18 MB of libtorch's code pages and ~13 MB of threads and allocator state: RSS that is no
+# tensor and does not grow with the model; CUDA's max_memory_allocated would not see it either)
 PROBE = textwrap.dedent("""
-    import json, sys, torch
+    import gc, json, sys, torch
     from transformers import LlamaConfig, AutoModelForCausalLM
     from peft import LoraConfig, get_peft_model  # before the baseline: importing peft is ~87 MB of RSS, not training
     spec = json.loads(sys.argv[1])
     torch.manual_seed(0); torch.set_num_threads(2)
     def rss():
         return int(open("/proc/self/statm").read().split()[1]) * 4096
-    config = LlamaConfig(**spec["config"])
-    config._attn_implementation = "sdpa"
-    ids = torch.randint(0, config.vocab_size, (spec["batch"], spec["seq"]))
-    base = rss()
-    model = AutoModelForCausalLM.from_config(config)
-    teacher = None
-    if spec["method"] == "kd":  # a teacher of teacher_layers blocks; forward KL on every token
-        teacher_config = LlamaConfig(**{**spec["config"], "num_hidden_layers": spec["teacher_layers"]})
-        teacher_config._attn_implementation = "sdpa"
-        teacher = AutoModelForCausalLM.from_config(teacher_config).eval()
-    if spec["checkpointing"]:
-        model.gradient_checkpointing_enable()
-    if spec["method"] in ("lora", "kd"):
-        model = get_peft_model(model, LoraConfig(r=spec["r"], target_modules="all-linear"))
+    def train(ids):
+        config = LlamaConfig(**spec["config"])
+        config._attn_implementation = "sdpa"
+        model = AutoModelForCausalLM.from_config(config)
+        teacher = None
+        if spec["method"] == "kd":  # a teacher of teacher_layers blocks; forward KL on every token
+            teacher_config = LlamaConfig(**{**spec["config"], "num_hidden_layers": spec["teacher_layers"]})
+            teacher_config._attn_implementation = "sdpa"
+            teacher = AutoModelForCausalLM.from_config(teacher_config).eval()
         if spec["checkpointing"]:
-            model.enable_input_require_grads()
-    model.train()
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-    for _ in range(2):
-        if teacher is None:
-            loss = model(input_ids=ids, labels=ids).loss
-        else:
-            student = torch.log_softmax(model(input_ids=ids).logits.float(), -1)
-            with torch.no_grad():
-                target = torch.log_softmax(teacher(input_ids=ids).logits.float(), -1)
-            loss = (target.exp() * (target - student)).sum(-1).mean()
-        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+            model.gradient_checkpointing_enable()
+        if spec["method"] in ("lora", "kd"):
+            model = get_peft_model(model, LoraConfig(r=spec["r"], target_modules="all-linear"))
+            if spec["checkpointing"]:
+                model.enable_input_require_grads()
+        model.train()
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+        for _ in range(2):
+            if teacher is None:
+                loss = model(input_ids=ids, labels=ids).loss
+            else:
+                student = torch.log_softmax(model(input_ids=ids).logits.float(), -1)
+                with torch.no_grad():
+                    target = torch.log_softmax(teacher(input_ids=ids).logits.float(), -1)
+                loss = (target.exp() * (target - student)).sum(-1).mean()
+            loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+    vocab = spec["config"]["vocab_size"]
+    train(torch.randint(0, vocab, (1, 8)))  # the warm-up
+    gc.collect()
+    open("/proc/self/clear_refs", "w").write("5")  # resets VmHWM to the current RSS
+    base = rss()
+    train(torch.randint(0, vocab, (spec["batch"], spec["seq"])))
     # VmHWM is this process's own peak; ru_maxrss would carry the forking parent's size across exec
     peak = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:"))
     print(json.dumps({"peak_delta": peak - base}))
@@ -171,3 +178,46 @@ def test_recover_refuses_a_plan_over_max_memory_before_loading(capsys, tiny_llam
                                     "--max-memory", "cpu=1MiB"])
     assert_one_line_error(code, err, "GB")
     assert not out.exists()
+
+
+def saved_bytes_per_block(config: LlamaConfig, lora: bool, tokens: int) -> float:
+    """Bytes the second decoder block saves for backward (torch's saved_tensors_hooks; unique storages, parameters
+    left out), per token, in float32 with sdpa."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    config._attn_implementation = "sdpa"
+    model = AutoModelForCausalLM.from_config(config)
+    block = model.model.layers[1]
+    if lora:
+        model = get_peft_model(model, LoraConfig(r=16, target_modules="all-linear"))
+    model.train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    inside, seen = [False], {}
+    block.register_forward_pre_hook(lambda *_: inside.__setitem__(0, True))
+    block.register_forward_hook(lambda *_: inside.__setitem__(0, False))
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if inside[0] and storage.data_ptr() not in params:
+            seen.setdefault(storage.data_ptr(), storage.nbytes())
+        return t
+
+    ids = torch.randint(0, config.vocab_size, (2, tokens // 2))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, labels=ids)
+    return sum(seen.values()) / tokens
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_planned_activations_per_block_are_what_a_block_saves(lora):
+    """The plan's activations grow per block by what torch saves for a block's backward (GQA: k/v at kv width)."""
+    config = dict(SMALL, num_hidden_layers=2)
+    tokens = 128
+    counted = saved_bytes_per_block(LlamaConfig(**config), lora, tokens)
+    kwargs = dict(seq_len=tokens, batch_size=1, weight_bytes=4, lora_r=16 if lora else 0, gradient_checkpointing=False)
+    plans = [plan_memory(model_shape(LlamaConfig(**dict(config, num_hidden_layers=n))), "lora" if lora else "full",
+                         **kwargs) for n in (2, 3)]
+    planned = (plans[1].activations - plans[0].activations) * 1e9 / tokens
+    assert planned == pytest.approx(counted, rel=0.02), (planned, counted)

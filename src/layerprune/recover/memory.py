@@ -13,14 +13,19 @@ GB = 1e9
 # bytes per trainable parameter of each optimizer's state (two AdamW moments)
 EIGHT_BIT = ("adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit")  # bitsandbytes optimizers
 OPTIMIZER_STATE_BYTES = {"adamw_torch": None, "adamw_8bit": 2.0, "paged_adamw_8bit": 2.0, "paged_adamw_32bit": 8.0}
-# elements kept for backward per token and decoder block, in units of hidden, intermediate, attention width
-ACT_PER_HIDDEN, ACT_PER_INTERMEDIATE, ACT_PER_ATTN = 8, 4, 4
-NORM_FP32_COPIES = 2  # RMSNorm upcasts its input to float32 (two norms per block)
-# working memory of one block's backward, on top of what is saved: the gradients of its MLP intermediates (gate, up
-# and their product) exist at once. Saved tensors alone (counted with torch's saved_tensors_hooks) stay under the
-# plan's activations; the peak comes from these transients, which full SFT hides under its not-yet-allocated grads.
+# What one step keeps, per token, counted with torch's saved_tensors_hooks (unique storages, parameters left out) on a
+# Llama block with sdpa, float32 and bf16, LoRA (peft, all-linear) and full; `act_bytes` is the activations' dtype.
+NORMS_PER_BLOCK = 2  # RMSNorms per block; each keeps its input upcast to float32 (in float32: the input itself)
+ATTN_SAVED = 2  # sdpa keeps q and its output (attention width) and k and v (kv width: GQA without repeat_kv)
+MLP_SAVED = 3  # gate, silu(gate) and up (the product's inputs)
+NORM_INPUT_LINEARS = 5  # q, k, v, gate, up: the linears whose input is a norm's output
+# one block's backward working memory on top of what it saved: the gradients of gate, up and their product at once
+# (freed with the logits, so the step's peak is the larger of this and the logits' part, not their sum)
 BACKWARD_PER_INTERMEDIATE = 3
-LOGIT_COPIES = 3  # logits, their float32 log-softmax and its gradient
+LOGIT_COPIES = 3  # float32 tokens x vocab at the loss's backward: the log-softmax, its gradient, the logits' gradient
+# KD (forward KL on every token): the teacher's float32 log-softmax and its exp live beside the student's three copies
+# (its log-softmax, the difference and the product, at the KL's forward)
+TEACHER_LOGIT_COPIES = 2
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,8 @@ class ModelShape:
     intermediate: int
     attn_width: int  # heads * head_dim
     vocab: int
+    kv_width: int = 0  # key_value_heads * head_dim (0: attn_width)
+    block_linears: int = 7  # linears per block (LoRA's adapters per block with all-linear)
 
 
 @dataclass
@@ -75,24 +82,42 @@ def model_shape(config: Any) -> ModelShape:
     linears = [m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "lm_head" not in name]
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
     return ModelShape(
         params=sum(p.numel() for p in model.parameters()),
         linear_params=sum(m.weight.numel() for m in linears),
         lora_dims=sum(m.in_features + m.out_features for m in linears),
         layers=text.num_hidden_layers, hidden=text.hidden_size, intermediate=text.intermediate_size,
-        attn_width=heads * head_dim, vocab=text.vocab_size,
+        attn_width=heads * head_dim, vocab=text.vocab_size, kv_width=kv_heads * head_dim,
+        block_linears=len(linears) // max(text.num_hidden_layers, 1),
     )
 
 
-def activation_bytes(shape: ModelShape, tokens: int, act_bytes: int, checkpointing: bool) -> float:
-    """Saved activations of one step: every block's (or, checkpointed, each block's input plus one block's)."""
-    per_block = tokens * (act_bytes * (ACT_PER_HIDDEN * shape.hidden + ACT_PER_INTERMEDIATE * shape.intermediate
-                                       + ACT_PER_ATTN * shape.attn_width) + 4 * NORM_FP32_COPIES * shape.hidden)
-    logits = tokens * shape.vocab * (act_bytes + 4 * (LOGIT_COPIES - 1))
-    backward = tokens * act_bytes * BACKWARD_PER_INTERMEDIATE * shape.intermediate
+def block_bytes(shape: ModelShape, act_bytes: int, lora_r: int = 0) -> int:
+    """Bytes one block saves for backward per token: full training (`lora_r` 0) or LoRA adapters of rank `lora_r`
+    (peft keeps them in float32 and casts each adapted linear's input to float32 before lora_A)."""
+    h, i, attn, kv = shape.hidden, shape.intermediate, shape.attn_width, shape.kv_width or shape.attn_width
+    saved = 4 * NORMS_PER_BLOCK * h + act_bytes * (ATTN_SAVED * (attn + kv) + MLP_SAVED * i)
+    if not lora_r:  # the norms' weights keep their normalized input, the linears' weights their inputs (the norms'
+        return saved + act_bytes * (2 * NORMS_PER_BLOCK * h + i)  # outputs, the MLP product; o_proj's is sdpa's)
+    if act_bytes == 4:  # lora_A keeps its input: one per distinct input (norm outputs, MLP product)
+        inputs = NORMS_PER_BLOCK * h + i
+    else:  # a float32 copy per adapted linear, o_proj's too
+        inputs = NORM_INPUT_LINEARS * h + attn + i
+    return saved + 4 * inputs + 4 * lora_r * shape.block_linears  # lora_B keeps lora_A's output
+
+
+def activation_bytes(shape: ModelShape, tokens: int, act_bytes: int, checkpointing: bool, lora_r: int = 0) -> float:
+    """Activations at the step's peak: every block's saved tensors (checkpointed: each block's input, and one block's
+    recomputed in backward), the final norm's, and the larger of the loss's logits copies (the peak while every
+    block's tensors are still kept) and one block's backward working memory (after the logits are freed)."""
+    per_block = block_bytes(shape, act_bytes, lora_r)
+    head = 4 * shape.hidden + (0 if lora_r else 2 * act_bytes * shape.hidden)  # final norm (and lm_head's input)
+    logits = 4 * LOGIT_COPIES * shape.vocab + head
+    backward = act_bytes * BACKWARD_PER_INTERMEDIATE * shape.intermediate
     if checkpointing:
-        return shape.layers * tokens * shape.hidden * act_bytes + per_block + logits + backward
-    return shape.layers * per_block + logits + backward
+        return tokens * (shape.layers * shape.hidden * act_bytes + max(logits, per_block + backward))
+    return tokens * (shape.layers * per_block + max(logits, backward))
 
 
 def plan_memory(shape: ModelShape, method: str, seq_len: int, batch_size: int, optimizer: str = "adamw_torch",
@@ -115,12 +140,13 @@ def plan_memory(shape: ModelShape, method: str, seq_len: int, batch_size: int, o
     state = OPTIMIZER_STATE_BYTES[optimizer] or 2 * param_bytes
     tokens = seq_len * batch_size
     act_bytes = act_bytes or (2 if weight_bytes == 2 or method == "qlora" else 4)
-    with_ckpt = activation_bytes(shape, tokens, act_bytes, True)
-    without = activation_bytes(shape, tokens, act_bytes, False)
+    rank = lora_r if adapter else 0
+    with_ckpt = activation_bytes(shape, tokens, act_bytes, True, rank)
+    without = activation_bytes(shape, tokens, act_bytes, False, rank)
     teacher_weight_bytes = teacher_weight_bytes or weight_bytes
     teacher_bytes = teacher_params * teacher_weight_bytes
-    if teacher is not None:  # weights, plus logits in the model dtype, their float32 copy and log-softmax
-        teacher_bytes = teacher.params * teacher_weight_bytes + tokens * teacher.vocab * (act_bytes + 4 * 2)
+    if teacher is not None:  # weights, plus its float32 log-softmax and exp beside the student's logits copies
+        teacher_bytes = teacher.params * teacher_weight_bytes + tokens * teacher.vocab * 4 * TEACHER_LOGIT_COPIES
     parts = {"weights": weights, "adapters": trainable * 4 if adapter else 0.0, "gradients": trainable * param_bytes,
              "optimizer_states": trainable * state, "teacher": teacher_bytes,
              "activations": with_ckpt if gradient_checkpointing else without}
