@@ -171,6 +171,17 @@ def test_replace_end_to_end_lowers_held_out_loss_and_keeps_the_architecture(prun
     assert not (tmp_path / "rep" / "adapter").exists()
 
 
+def test_replace_then_opd_with_a_lora_adapter_merges_into_the_folded_checkpoint(pruned, prompts_file, tmp_path):
+    """The adapter trained after the fold merges into the folded weights, saved as a whole checkpoint (the study's
+    replace+opd arm failed: 'replaced has no tokenizer files')."""
+    report = run_recover(pruned, prompts_file, tmp_path / "chain", "--method", "replace", "--replace-then", "opd",
+                         "--opd-beta", "1")
+    assert report["data"]["trainer"] == "DistillationTrainer" and report["data"]["steps"] == 2
+    assert (tmp_path / "chain" / "adapter" / "adapter_config.json").is_file()
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "chain").config.num_hidden_layers == 3
+    AutoTokenizer.from_pretrained(tmp_path / "chain")
+
+
 def test_replace_refuses_a_norm_after_the_mlp(tiny_models):
     model = AutoModelForCausalLM.from_pretrained(tiny_models("gemma3_text", 6))
     with pytest.raises(Exception, match="norm follows its MLP"):

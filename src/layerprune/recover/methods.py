@@ -68,8 +68,9 @@ def distill(recipe: RecoverRecipe, student: ModelSource, teacher_spec: str, rows
     if method is not None:
         if recipe.surgery_steps() and recipe.adapter_of(method) == "lora":  # the adapter merges into the surgery
             base = job.work / "replaced"
-            if state.is_main_process:
+            if state.is_main_process:  # a whole checkpoint: the merge loads the model and its tokenizer from here
                 loaded.model.save_pretrained(base, safe_serialization=True)
+                loaded.tokenizer.save_pretrained(base)
             state.wait_for_everyone()
         trainer_dir = job.work / "trainer"
         resume_from = prepare_trainer_dir(trainer_dir, job.resume)
