@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 VLLM_VENV ?= .venv-vllm
+TEST_WORKERS ?= 2   # pytest-xdist workers (one core each; a test module stays on one worker)
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
 .PHONY: install vllm-install demo lint test test-fast test-gpu bench bench-engines clean
@@ -39,13 +40,14 @@ lint: $(STAMP)            ## ruff's rules from pyproject.toml over the code, tes
 # vLLM's venv installs beside the main tests (its downloads and unpacking overlap them), then the real-vLLM tests
 test: lint   ## ruff, unit tests on tiny models + the real-model tests marked slow, then real vLLM
 	@$(MAKE) -s vllm-install > $(VLLM_VENV).log 2>&1 & installing=$$!; \
-	$(BIN)/python -m pytest -q -m "not gpu and not vllm" --timeout=1200 --durations=15; tests=$$?; \
+	$(BIN)/python -m pytest -q -m "not gpu and not vllm" -n $(TEST_WORKERS) --dist loadfile --timeout=1200 \
+	  --durations=15; tests=$$?; \
 	if ! wait $$installing; then echo "make vllm-install failed ($(VLLM_VENV).log):"; tail -20 $(VLLM_VENV).log; exit 1; fi; \
 	if [ $$tests -ne 0 ]; then exit $$tests; fi; \
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -m "vllm and not slow" --timeout=1200
 
 test-fast: lint
-	$(BIN)/python -m pytest -q -m "not gpu and not slow and not vllm"
+	$(BIN)/python -m pytest -q -m "not gpu and not slow and not vllm" -n $(TEST_WORKERS) --dist loadfile
 
 test-gpu: $(STAMP)        ## the tests marked gpu (QLoRA needs the qlora extra: bitsandbytes)
 	$(BIN)/pip install -q -e '.[qlora]'

@@ -17,8 +17,13 @@ from tiny import make_tiny_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = (ROOT.parent / "shared" / "data").resolve()
-USER_CACHE = Path(os.environ.get("LAYERPRUNE_CACHE") or Path.home() / ".cache" / "layerprune")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# the user's cache as the test run found it (xdist's workers read it from the controller, whose LAYERPRUNE_CACHE
+# already points at the session's cache)
+USER_CACHE = Path(os.environ.get("LAYERPRUNE_TESTS_USER_CACHE") or os.environ.get("LAYERPRUNE_CACHE")
+                  or Path.home() / ".cache" / "layerprune")
+# under pytest-xdist (make test: -n 2) each worker takes one core; alone, the tests use two
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+torch.set_num_threads(1 if WORKER else max(1, min(2, os.cpu_count() or 1)))
 
 
 def isolated_cache(root: Path, user_cache: Path = USER_CACHE) -> Path:
@@ -40,13 +45,24 @@ def isolated_cache(root: Path, user_cache: Path = USER_CACHE) -> Path:
     return cache
 
 
-# before any test resolves settings: the process and every subprocess it starts use the session's cache
-_SESSION_ROOT = Path(tempfile.mkdtemp(prefix="layerprune-tests-"))
-os.environ["LAYERPRUNE_CACHE"] = str(isolated_cache(_SESSION_ROOT))
+# before any test resolves settings: the process and every subprocess it starts use the session's cache. The
+# process that makes it (pytest itself, or xdist's controller) owns it; xdist's workers inherit it through the
+# environment, so an embedded model converted by one worker is there for the other (the cache lock builds it once).
+_SHARED_ROOT = "LAYERPRUNE_TESTS_SESSION_ROOT"
+_OWNER = _SHARED_ROOT not in os.environ
+if _OWNER:
+    _SESSION_ROOT = Path(tempfile.mkdtemp(prefix="layerprune-tests-"))
+    os.environ[_SHARED_ROOT] = str(_SESSION_ROOT)
+    os.environ["LAYERPRUNE_TESTS_USER_CACHE"] = str(USER_CACHE)
+    os.environ["LAYERPRUNE_CACHE"] = str(isolated_cache(_SESSION_ROOT))
+else:
+    _SESSION_ROOT = Path(os.environ[_SHARED_ROOT])
+    os.environ["LAYERPRUNE_CACHE"] = str(_SESSION_ROOT / "layerprune-cache")
 
 
 def pytest_unconfigure(config):
-    shutil.rmtree(_SESSION_ROOT, ignore_errors=True)  # removes the links, never what they point at
+    if _OWNER:
+        shutil.rmtree(_SESSION_ROOT, ignore_errors=True)  # removes the links, never what they point at
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,11 +1,13 @@
 """What the code reads from its environment: the hub counts as offline for every value huggingface_hub and datasets
 accept (1, true, yes, on; read per call); a missing optional package is one line naming its extra; the tests never
-write to the user's cache."""
+write to the user's cache; two processes sharing a cache build an entry once."""
 
 from __future__ import annotations
 
 import importlib
 import sys
+import threading
+import time
 import types
 
 import pytest
@@ -52,6 +54,33 @@ def test_tests_never_write_to_the_users_cache():
 
     cache = RunSettings().resolved_cache_dir()
     assert not cache.resolve().is_relative_to(USER_CACHE.resolve())
+
+
+def test_two_loaders_sharing_a_cache_convert_a_gguf_once(tmp_path, monkeypatch):
+    """Parallel runs (or test workers) on one cache: the second waits for the first's conversion and reuses it."""
+    from layerprune.models import loading
+    from layerprune.settings import RunSettings
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(64))
+    made = []
+
+    def slow_convert(path, target):
+        made.append(target)
+        time.sleep(0.3)  # long enough that the other thread arrives while this one converts
+        target.mkdir(parents=True)
+        (target / "config.json").write_text("{}")
+
+    monkeypatch.setattr(loading, "convert_gguf", slow_convert)
+    settings = RunSettings(cache_dir=tmp_path / "cache")
+    found = []
+    threads = [threading.Thread(target=lambda: found.append(loading._resolve_gguf(gguf, "m", settings).location))
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(made) == 1 and len(set(found)) == 1
 
 
 # optional dependencies: a missing one is a one-line error that names the extra installing it -------------------

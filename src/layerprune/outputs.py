@@ -50,6 +50,29 @@ def atomic_output_dir(output: Path, overwrite: bool = False) -> Iterator[Path]:
         raise
 
 
+@contextlib.contextmanager
+def cache_lock(cache_dir: Path, name: str) -> Iterator[None]:
+    """Hold an exclusive lock named `name` in the cache while building one of its entries.
+
+    Two processes sharing a cache (two runs, or parallel test workers) then build an entry once: the second waits,
+    re-checks and finds it made. An advisory lock (flock) in `cache_dir/locks`; where the platform has none
+    (Windows) it holds nothing and each build is still atomic.
+    """
+    locks = cache_dir / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{name}.lock", "a") as handle:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows
+            yield
+            return
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write a text file that appears whole or not at all: a temporary sibling, then os.replace."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from layerprune.errors import LayerpruneError
+from layerprune.outputs import cache_lock
 
 DEFAULT_EMBEDDED = "smollm2-135m-instruct"
 
@@ -72,7 +74,13 @@ def gguf_path(model: EmbeddedModel, cache_dir: Path) -> Path:
         return path
     target = cache_dir / "gguf" / model.gguf_name
     if not target.is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        module = importlib.import_module(model.package)
-        module.assemble(target, overwrite=True)
+        with cache_lock(cache_dir, f"gguf-{model.gguf_name}"):
+            if not target.is_file():  # another process may have assembled it while this one waited
+                target.parent.mkdir(parents=True, exist_ok=True)
+                partial = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+                try:
+                    importlib.import_module(model.package).assemble(partial, overwrite=True)
+                    os.replace(partial, target)  # readers never see a half-assembled file
+                finally:
+                    partial.unlink(missing_ok=True)
     return target

@@ -23,7 +23,7 @@ from layerprune.models.identity import quick_digest
 from layerprune.models.lineage import read_lineage
 from layerprune.models.safetensors_check import check_model_dir_weights
 from layerprune.models.surgery import checkpoint_dtype
-from layerprune.outputs import atomic_output_dir
+from layerprune.outputs import atomic_output_dir, cache_lock
 from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
@@ -93,9 +93,12 @@ def _resolve_local(path: Path, spec: str, settings: RunSettings) -> ModelSource:
 
 def _resolve_gguf(path: Path, spec: str, settings: RunSettings, label: str | None = None) -> ModelSource:
     digest = quick_digest(path, limit=64 << 20)
-    target = settings.resolved_cache_dir() / "converted" / f"{label or path.stem}-{digest[:16]}"
+    cache = settings.resolved_cache_dir()
+    target = cache / "converted" / f"{label or path.stem}-{digest[:16]}"
     if not (target / "config.json").is_file():
-        convert_gguf(path, target)
+        with cache_lock(cache, f"converted-{target.name}"):
+            if not (target / "config.json").is_file():  # another process may have made it while this one waited
+                convert_gguf(path, target)
     return ModelSource(spec, str(target), "gguf", {"gguf_file": path.name, "gguf_sha256_64m": digest})
 
 
