@@ -95,6 +95,7 @@ def test_local_training_lowers_the_span_output_error(tiny_llama, block):
     assert (span.trained, span.student) == ((1, 1) if block == "before" else (4, 2))
     cache = [local.capture_states(teacher, span, ids) for ids in seqs]
     before = local.block_error(student.model.layers[span.student], cache, torch.device("cpu"))
+    first_batch = local.block_error(student.model.layers[span.student], cache[:4], torch.device("cpu"))
     trained = f"model.layers.{span.student}."
     untouched = {n: p.clone() for n, p in student.named_parameters() if not n.startswith(trained)}
     fits = local.train_spans(student, teacher, [2, 3], seqs, block, local.LocalBudget(steps=30, sequences_per_step=4,
@@ -102,6 +103,8 @@ def test_local_training_lowers_the_span_output_error(tiny_llama, block):
     after = local.block_error(student.model.layers[span.student], cache, torch.device("cpu"))
     assert fits[0]["mse_before"] == pytest.approx(before) and fits[0]["mse_after"] == pytest.approx(after, rel=1e-5)
     assert after < 0.8 * before and fits[0]["tokens"] == 30 * 4 * 24
+    curve = fits[0]["mse_per_step"]  # each step's batch MSE in block_error's units, from the first batch's error
+    assert len(curve) == 30 and curve[0] == pytest.approx(first_batch, rel=1e-4) and curve[-1] < 0.8 * curve[0]
     assert all(torch.equal(p, untouched[n]) for n, p in student.named_parameters() if n in untouched)
 
 
@@ -167,6 +170,8 @@ def test_merge_then_local_chain_trains_the_merged_blocks(pruned, prompts_file, t
     assert data["chain"] == "merge+local" and len(data["merge"]) == len(data["local"]) == 2
     assert all(f["mse_after"] < f["mse_before"] for f in data["local"]) and data["verified"]["checked"]
     assert report["tokens_seen"] == sum(f["tokens"] for f in data["local"]) > 0
+    mse = report["loss_curve"]["local_mse"]  # the chart of a chain without a trainer: the local step's span MSE
+    assert [s for s, _ in mse] == list(range(1, sum(f["steps"] for f in data["local"]) + 1))
     assert report["memory_plan"]["optimizer"] == "adamw_torch (one block)"
 
 

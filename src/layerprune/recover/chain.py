@@ -69,6 +69,16 @@ def local_tokens(data: dict[str, Any]) -> int:
     return sum(int(f["tokens"]) for f in data.get("local", []))
 
 
+def local_curve(data: dict[str, Any]) -> list[list[float]]:
+    """[[step, MSE], ...] of the local step, its spans one after another (steps counted on)."""
+    points, step = [], 0
+    for fit in data.get("local", []):
+        for value in fit.get("mse_per_step", []):
+            step += 1
+            points.append([step, value])
+    return points
+
+
 def verify_saved(model: Any, directory: Path, sequences: list[list[int]]) -> dict[str, Any]:
     """Reload the saved model and compare its logits with the in-memory one's on a few sequences (a one-line error
     when they differ): the merged or locally trained weights were written as computed."""

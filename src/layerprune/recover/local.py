@@ -139,16 +139,16 @@ class LocalBudget:
 
 
 def train_block(block: Any, cache: list[tuple[torch.Tensor, torch.Tensor, dict[str, Any]]], budget: LocalBudget,
-                device: torch.device) -> tuple[Any, int, int]:
-    """A float32 copy of `block` trained on the cached (input, target) pairs; the copy, the tokens it saw and the
-    optimizer steps it took."""
+                device: torch.device) -> tuple[Any, int, int, list[float]]:
+    """A float32 copy of `block` trained on the cached (input, target) pairs; the copy, the tokens it saw, the
+    optimizer steps it took and each step's MSE (the batch's, in block_error's units)."""
     work = copy.deepcopy(block).to(device=device, dtype=torch.float32).train()
     params = [p for p in work.parameters()]
     for param in params:
         param.requires_grad_(True)
     optimizer = torch.optim.AdamW(params, lr=budget.learning_rate, betas=budget.betas,
                                   weight_decay=budget.weight_decay)
-    tokens, cursor, steps = 0, 0, 0
+    tokens, cursor, steps, losses = 0, 0, 0, []
     for _ in range(budget.steps):
         if budget.max_tokens is not None and tokens >= budget.max_tokens:
             break
@@ -157,13 +157,17 @@ def train_block(block: Any, cache: list[tuple[torch.Tensor, torch.Tensor, dict[s
         cursor += budget.sequences_per_step
         count = sum(y.numel() for _, y, _ in batch)
         optimizer.zero_grad(set_to_none=True)
+        step_loss = 0.0
         for x, y, kwargs in batch:
             out = _first(work(_to(x, device), **_to(kwargs, device)))
-            ((out - _to(y, device)).pow(2).sum() / count).backward()
+            loss = (out - _to(y, device)).pow(2).sum() / count
+            loss.backward()
+            step_loss += float(loss.detach())  # the batch's mean over every token and dimension, as block_error
             tokens += int(y.shape[-2])
         torch.nn.utils.clip_grad_norm_(params, budget.max_grad_norm)
         optimizer.step()
-    return work.eval(), tokens, steps
+        losses.append(step_loss)
+    return work.eval(), tokens, steps, losses
 
 
 def train_spans(student: Any, teacher: Any, dropped: list[int], sequences: list[list[int]], block: str,
@@ -181,7 +185,7 @@ def train_spans(student: Any, teacher: Any, dropped: list[int], sequences: list[
         cache = [capture_states(teacher, span, ids) for ids in sequences]
         before = block_error(layers[span.student], cache, device)
         share = replace(budget, steps=per_span, max_tokens=span_tokens)
-        trained, tokens, steps = train_block(layers[span.student], cache, share, device)
+        trained, tokens, steps, losses = train_block(layers[span.student], cache, share, device)
         after = block_error(trained, cache, device)
         with torch.no_grad():
             for target, source in zip(layers[span.student].parameters(), trained.parameters(), strict=True):
@@ -189,6 +193,7 @@ def train_spans(student: Any, teacher: Any, dropped: list[int], sequences: list[
         log.info("local: block %d for span %d-%d, hidden-state MSE %.4g -> %.4g (%d tokens)", span.trained,
                  span.first, span.last, before, after, tokens)
         fits.append({"dropped": [span.first, span.last], "block": span.trained, "student_block": span.student,
-                     "mse_before": before, "mse_after": after, "steps": steps, "tokens": tokens})
+                     "mse_before": before, "mse_after": after, "steps": steps, "tokens": tokens,
+                     "mse_per_step": [float(f"{v:.6g}") for v in losses]})
         del cache
     return fits

@@ -98,6 +98,8 @@ def distill(recipe: RecoverRecipe, student: ModelSource, teacher_spec: str, rows
             data["verified"] = chain.verify_saved(model, saved, [ids for ids, _ in encoded])
     state.wait_for_everyone()
     tokens += chain.local_tokens(data)
+    if method is None and data.get("local"):  # no trainer: the curve is the local step's span MSE, span after span
+        curve = {"local_mse": chain.local_curve(data)}
     held_out = heldout.report_metrics(metrics["pruned"], metrics["after"], held,
                                       **({"replaced": metrics["replaced"]} if "replaced" in metrics else {}))
     return TrainResult(saved, before, after, curve, plan, optimizer, data, time.perf_counter() - start, tokens,

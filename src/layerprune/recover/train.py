@@ -365,9 +365,10 @@ def plot_loss_curve(curve: dict[str, list[list[float]]], path: Path, title: str)
                 label=name.replace("_", "-"),
             )
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss (completion tokens)")
+    ax.set_ylabel("hidden-state MSE" if set(curve) == {"local_mse"} else "loss (completion tokens)")
     ax.set_title(title)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:  # nothing trained (merge alone): an empty chart, no legend
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
