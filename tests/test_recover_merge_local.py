@@ -172,6 +172,7 @@ def test_merge_then_local_chain_trains_the_merged_blocks(pruned, prompts_file, t
     assert report["tokens_seen"] == sum(f["tokens"] for f in data["local"]) > 0
     mse = report["loss_curve"]["local_mse"]  # the chart of a chain without a trainer: the local step's span MSE
     assert [s for s, _ in mse] == list(range(1, sum(f["steps"] for f in data["local"]) + 1))
+    assert data["steps"] == len(mse)  # the report's steps count the local step's
     assert report["memory_plan"]["optimizer"] == "adamw_torch (one block)"
 
 

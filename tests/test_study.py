@@ -186,3 +186,29 @@ def test_transfer_study_trains_on_generic_text_only_at_one_token_budget():
     chains = {label: study.arm_recipe(label, "<pruned>").chain_name() for label in study.arms}
     assert chains == {"sft": "lora", "kd": "kd", "merge": "merge", "local": "local", "merge+local": "merge+local",
                       "replace+local": "replace+local"}
+
+
+def test_paired_report_gives_the_classification_share_the_goal_and_flags_an_arm_that_loses_a_skill(tmp_path):
+    """Every scored skill unseen: the classification drop's share and each arm's classification against the first
+    arm's, the issue's goal per arm (half of the drop, interval above 25%, classification no worse than the first
+    arm's), and a flag on an arm that scores below the pruned model it started from."""
+    n = 60
+    copy = {"baseline": [1] * 50 + [0] * 10, "pruned": [1] * 10 + [0] * 50,
+            "sft": [1] * 22 + [0] * 38, "local": [1] * 40 + [0] * 20, "merge": [0] * n}
+    cls = {"baseline": [1] * 45 + [0] * 15, "pruned": [1] * 30 + [0] * 30, "sft": [1] * 33 + [0] * 27,
+           "local": [1] * 34 + [0] * 26, "merge": [1] * 12 + [0] * 48}
+    for label in copy:
+        _with_samples(tmp_path, label, {"copy_l7": copy[label], "piqa": cls[label]})
+    rows = {r["model"]: r for r in study_report.study_rows(tmp_path, ["sft", "local", "merge"], frozenset())}
+    local, merge = rows["local"], rows["merge"]
+    assert local["recovered_share_unseen"]["value"] == pytest.approx(30 / 40)
+    assert local["recovered_share_classification"]["value"] == pytest.approx(4 / 15)
+    assert local["classification_vs_sft"]["value"] == pytest.approx(1 / 60)
+    assert local["skills_lost"] == [] and [s["task"] for s in merge["skills_lost"]] == ["copy_l7", "piqa"]
+    note = "\n".join(study_report.closing_note(list(rows.values())))
+    goal = next(line for line in note.splitlines() if line.startswith("Goal"))
+    assert "sft falls short" in goal and "local meets it (75%" in goal and "merge falls short" in goal
+    assert "FLAG: merge loses skills the pruned model had: copy_l7 -16.7 [" in note and "piqa -30.0 [" in note
+    assert "FLAG: local" not in note and "FLAG: sft" not in note
+    table = study_report.format_table(list(rows.values()))
+    assert "recovered share of the classification drop" in table

@@ -96,6 +96,7 @@ def recovered_share(base: tuple[float, float] | None, pruned: tuple[float, float
 
 SHARES = {"recovered_share": "probes", "recovered_share_trained": "probes_trained",
           "recovered_share_unseen": "probes_unseen"}
+CLS_SHARE = "recovered_share_classification"  # the classification tasks are never trained on: unseen
 
 
 def study_rows(root: Path, labels: list[str], trained: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
@@ -108,7 +109,7 @@ def study_rows(root: Path, labels: list[str], trained: frozenset[str] = frozense
         row: dict[str, Any] = {"model": label, **m}
         for key in ("probes", "gsm8k", "classification"):
             row[f"retention_{key}"] = _ratio(m.get(key), base.get(key))
-        for share, key in SHARES.items():
+        for share, key in {**SHARES, CLS_SHARE: "classification"}.items():
             row[share] = recovered_share(base.get(key), pruned.get(key), m.get(key)) \
                 if label not in ("baseline", "pruned") else None
         row.update(_arm_cost(root / "arms" / label))
@@ -138,7 +139,8 @@ def _arm_cost(arm: Path) -> dict[str, Any]:
     method = report.recipe.chain_name().replace("+", " then ")
     return {"method": method, "seconds": report.seconds.training,
             "generation_seconds": report.seconds.generation, "tokens": report.tokens_seen,
-            "steps": report.data.get("steps"), "held_out_ce": after.get("ce"), "held_out_kl": after.get("kl"),
+            "steps": report.data.get("steps") or sum(int(f["steps"]) for f in report.data.get("local", [])),
+            "held_out_ce": after.get("ce"), "held_out_kl": after.get("kl"),
             "held_out_ce_pruned": (metrics.get("pruned") or {}).get("ce"),
             "held_out_kl_pruned": (metrics.get("pruned") or {}).get("kl")}
 
@@ -166,18 +168,34 @@ def apply_paired(rows: list[dict[str, Any]], root: Path, trained: frozenset[str]
         for row in rows:
             row["pairing"] = "unpaired: " + "; ".join(f"{t}: {w}" for t, w in kinds.items() if w.startswith("unp"))
         return
-    figures = Figures(names, matrices, chance, groups)
+    figures = Figures(names, matrices, chance, {**groups, **{f"task:{t}": [t] for t in matrices}})
     arms = [label for label in labels if label not in ("baseline", "pruned")]
     for row in rows:
         row["pairing"] = "paired"
         row["intervals"] = {g: figures.score(row["model"], g) for g in GROUPS if figures.has(g)}
-        for share, group in SHARES.items():
-            if row["model"] in arms and figures.has(group):
+        if row["model"] not in arms:
+            continue
+        for share, group in {**SHARES, CLS_SHARE: "classification"}.items():
+            if figures.has(group):
                 row[share] = _paired_share(figures, row["model"], group)
                 if row["model"] != arms[0]:
                     row[f"{share}_vs_{arms[0]}"] = figures.interval(
                         lambda m, a=row["model"], g=group: figures.share_of(a, "pruned", g, m)
                         - figures.share_of(arms[0], "pruned", g, m))
+        if row["model"] != arms[0] and figures.has("classification"):
+            row[f"classification_vs_{arms[0]}"] = figures.difference(row["model"], arms[0], "classification")
+        row["skills_lost"] = lost_skills(figures, row["model"], list(matrices))
+
+
+def lost_skills(figures: Any, arm: str, tasks: list[str]) -> list[dict[str, Any]]:
+    """The tasks on which the arm scores below the pruned model it started from, the paired interval of the
+    difference entirely below 0: recovery that costs a skill."""
+    lost = []
+    for task in tasks:
+        diff = figures.difference(arm, "pruned", f"task:{task}")
+        if diff.get("high") is not None and diff["high"] < 0:
+            lost.append({"task": task, **diff})
+    return lost
 
 
 def _paired_share(figures: Any, arm: str, group: str) -> dict[str, Any] | str:
@@ -205,8 +223,8 @@ def format_table(rows: list[dict[str, Any]], gsm8k_trained: bool = False) -> str
     gsm = "GSM8K, trained (%)" if gsm8k_trained else "GSM8K, unseen (%)"
     head = ["model", "method", "probe avg (%)", "trained probes (%)", "unseen probes (%)", gsm,
             "classification avg, unseen (%)", "retention probes / cls",
-            "recovered share of the probe drop: all / trained / unseen", "held-out CE / KL", "train time (s)", "tokens",
-            "steps"]
+            "recovered share of the probe drop: all / trained / unseen", "recovered share of the classification drop",
+            "held-out CE / KL", "train time (s)", "tokens", "steps"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         held = "-" if r.get("held_out_ce") is None else f"{r['held_out_ce']:.3f} / " + (
@@ -215,8 +233,8 @@ def format_table(rows: list[dict[str, Any]], gsm8k_trained: bool = False) -> str
         cells = [r["model"], r.get("method", "-"), _pm(r["probes"]), _pm(r.get("probes_trained")),
                  _pm(r.get("probes_unseen")), _pm(r["gsm8k"]), _pm(r["classification"]),
                  f"{_pct(r['retention_probes'])} / {_pct(r['retention_classification'])}", shares,
-                 held, "-" if r.get("seconds") is None else f"{r['seconds']:.0f}", str(r.get("tokens", "-")),
-                 str(r.get("steps", "-"))]
+                 _pct(r.get(CLS_SHARE)), held, "-" if r.get("seconds") is None else f"{r['seconds']:.0f}",
+                 str(r.get("tokens", "-")), str(r.get("steps", "-"))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -253,7 +271,57 @@ def closing_note(rows: list[dict[str, Any]]) -> list[str]:
         return ["No recovery arm finished."]
     named = {"recovered_share": "the probe average", "recovered_share_trained": "the trained probe tasks",
              "recovered_share_unseen": "the unseen probe tasks"}
-    return [_verdict(arms, share, what) for share, what in named.items()] + arm_differences(arms, named)
+    return ([_verdict(arms, share, what) for share, what in named.items()] + arm_differences(arms, named)
+            + classification_lines(arms) + [goal_line(arms)] + skill_flags(arms))
+
+
+def classification_lines(arms: list[dict[str, Any]]) -> list[str]:
+    """Each arm's share of the classification drop, and its classification score minus the first arm's."""
+    first, lines = arms[0]["model"], []
+    shares = [f"{r['model']} {_pct(r.get(CLS_SHARE))}" for r in arms if r.get(CLS_SHARE) is not None]
+    if shares:
+        lines.append("Share of the classification drop recovered (unseen, paired 95%): " + ", ".join(shares) + ".")
+    diffs = [f"{r['model']} {_points(r[f'classification_vs_{first}'])}" for r in arms[1:]
+             if f"classification_vs_{first}" in r]
+    if diffs:
+        lines.append(f"Classification average, each arm minus {first} (paired 95% interval, points): "
+                     + ", ".join(diffs) + ".")
+    return lines
+
+
+def goal_line(arms: list[dict[str, Any]]) -> str:
+    """The goal as the recovery-transfer issue states it: at least half of the generative drop on held-out skills
+    won back (the point estimate), its paired interval above 25%, classification no worse than the first arm's
+    (the paired difference's interval reaches 0 or above)."""
+    first = arms[0]["model"]
+    cells = []
+    for r in arms:
+        share = r.get("recovered_share_unseen")
+        value, low = _value(share), share.get("low") if isinstance(share, dict) else None
+        if value is None:
+            continue
+        cls = r.get(f"classification_vs_{first}")
+        cls_ok = r["model"] == first or (isinstance(cls, dict) and cls.get("high") is not None and cls["high"] >= 0)
+        met = value >= 0.5 and low is not None and low > 0.25 and cls_ok
+        cells.append(f"{r['model']} {'meets it' if met else 'falls short'} ({_pct(share)}"
+                     + ("" if r["model"] == first else f"; classification vs {first} {_points(cls)}") + ")")
+    return ("Goal (half of the generative drop on unseen skills won back, its paired interval above 25%, "
+            f"classification no worse than {first}'s): " + ("; ".join(cells) or "no arm has a measured share") + ".")
+
+
+def skill_flags(arms: list[dict[str, Any]]) -> list[str]:
+    """A line per arm that loses a skill: scores below the pruned model it started from, paired."""
+    return [f"FLAG: {r['model']} loses skills the pruned model had: "
+            + ", ".join(f"{s['task']} {_points(s)}" for s in r["skills_lost"]) + " (arm minus pruned)."
+            for r in arms if r.get("skills_lost")]
+
+
+def _points(ci: Any) -> str:
+    if not isinstance(ci, dict) or ci.get("value") is None:
+        return "-"
+    low, high = ci.get("low"), ci.get("high")
+    bounds = "" if low is None or high is None else f" [{100 * low:.1f}, {100 * high:.1f}]"
+    return f"{100 * ci['value']:+.1f}{bounds}"
 
 
 def arm_differences(arms: list[dict[str, Any]], named: dict[str, str]) -> list[str]:
