@@ -100,7 +100,10 @@ def test_every_shipped_sweep_dry_runs(capsys, path, monkeypatch, tmp_path):
     assert "pruning-ratio sweep" in out and "models evaluated: 11" in out and "memory plan:" in out
     assert ("total about" in out) == path.stem.endswith("embedded") and not (tmp_path / "s").exists()
     assert path.read_text().startswith(f"# layerprune study {path.stem} ")
-    assert len(SWEEPS) == 4
+    assert len(SWEEPS) == 5
+    if path.stem == "limits-sweep-local-embedded":  # the local step's own budget and rate, not SFT's epochs
+        assert "recovery at every k: local on 160" in out and "72 local steps, lr 0.001" in out
+        assert "about 54k trained tokens per k" in out and "training 13 min" in out  # 72 x 4 x 188 at 340/s
 
 
 def _figures(shares: dict[int, int], n: int = 200):  # noqa: ANN202 (labels, Figures)

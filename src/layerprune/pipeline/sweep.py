@@ -197,7 +197,8 @@ def recover_at(study: SweepStudy, settings: RunSettings, root: Path, label: str)
 
 
 RATES = {"classification docs/s": 3.4, "probe items/s": 8.0, "trained tokens/s": 170.0, "gsm8k items/s": 0.14,
-         "calibration items/s": 8.0, "teacher tokens/s": 90.0}  # measured on 2 idle cores (docs/benchmarks.md)
+         "calibration items/s": 8.0, "teacher tokens/s": 90.0,  # measured on 2 idle cores (docs/benchmarks.md)
+         "local tokens/s": 340.0}  # the local step, one block on cached states (recovery-transfer-embedded)
 
 
 def dry_run(study: SweepStudy, settings: RunSettings) -> str:
@@ -222,10 +223,22 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
     tokens_per_epoch = answers * (1 - train.held_out) * (shared.generate.max_new_tokens + 60)
     trained = tokens_per_epoch * train.epochs if train.max_steps is None else \
         train.max_steps * train.batch_size * train.grad_accum * (shared.generate.max_new_tokens + 60)
+    local_only = shared.trainer_method() is None and "local" in shared.surgery_steps()
+    if local_only:  # the local step's own budget: local.steps (else train.max_steps, else one pass) of batch x accum
+        from layerprune.recover.chain import local_budget
+
+        budget = local_budget(shared, int(answers * (1 - train.held_out)))
+        trained = budget.steps * budget.sequences_per_step * (shared.generate.max_new_tokens + 60)
+        if train.max_tokens is not None:
+            trained = min(trained, train.max_tokens)
+        schedule = f"{budget.steps} local steps, lr {budget.learning_rate:g}"
+    else:
+        schedule = f"{train.epochs:g} epochs, lr {train.learning_rate:g}"
+    rate = RATES["local tokens/s"] if local_only else RATES["trained tokens/s"]
     seconds = {"calibrate": len(study.probes.candidates) * study.probes.items / RATES["calibration items/s"],
                "gate": study.gsm8k_gate.limit / RATES["gsm8k items/s"],
                "teacher answers": answers * shared.generate.max_new_tokens / RATES["teacher tokens/s"],
-               "training": len(study.ratios) * trained / RATES["trained tokens/s"],
+               "training": len(study.ratios) * trained / rate,
                "evaluation": n_models * per_model}
     lines = [f"pruning-ratio sweep '{study.name}' -> {study.run_dir()}",
              f"model: {check_model(study.model, settings)}",
@@ -242,7 +255,7 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
              f"probe levels x {probe_limit} items",
              f"recovery at every k: {shared.method} on {answers} teacher answers to {shared.prompts.source} prompts "
              f"(generated once; {shared.generate.max_new_tokens} new tokens at temperature "
-             f"{shared.generate.temperature:g}), {train.epochs:g} epochs, lr {train.learning_rate:g}, batch "
+             f"{shared.generate.temperature:g}), {schedule}, batch "
              f"{train.batch_size} x {train.grad_accum}, held-out {train.held_out:g} every {train.eval_steps} steps: "
              f"about {trained / 1000:.0f}k trained tokens per k (planned from {shared.generate.max_new_tokens} + 60 "
              "tokens per answer; the report counts them)",
