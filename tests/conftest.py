@@ -66,10 +66,6 @@ def pytest_unconfigure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    # the modules with real-model tests (minutes each) first, the rest in their order: xdist hands out whole modules
-    # in this order, so the long ones start early and the short ones fill the end (no worker idles at the tail)
-    heavy = {item.module.__name__ for item in items if "slow" in item.keywords}
-    items.sort(key=lambda item: item.module.__name__ not in heavy)  # stable: each module keeps its own order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")
