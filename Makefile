@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 VLLM_VENV ?= .venv-vllm
-TEST_WORKERS ?= 2   # pytest-xdist workers (one core each; a test module stays on one worker)
+# pytest-xdist workers (one core each; a test module stays on one worker)
+TEST_WORKERS ?= 2
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
 .PHONY: install vllm-install demo lint test test-fast test-gpu bench bench-engines clean

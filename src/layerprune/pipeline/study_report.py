@@ -97,6 +97,7 @@ def recovered_share(base: tuple[float, float] | None, pruned: tuple[float, float
 SHARES = {"recovered_share": "probes", "recovered_share_trained": "probes_trained",
           "recovered_share_unseen": "probes_unseen"}
 CLS_SHARE = "recovered_share_classification"  # the classification tasks are never trained on: unseen
+ALL_SHARES = {**SHARES, CLS_SHARE: "classification"}
 
 
 def study_rows(root: Path, labels: list[str], trained: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
@@ -109,7 +110,7 @@ def study_rows(root: Path, labels: list[str], trained: frozenset[str] = frozense
         row: dict[str, Any] = {"model": label, **m}
         for key in ("probes", "gsm8k", "classification"):
             row[f"retention_{key}"] = _ratio(m.get(key), base.get(key))
-        for share, key in {**SHARES, CLS_SHARE: "classification"}.items():
+        for share, key in ALL_SHARES.items():
             row[share] = recovered_share(base.get(key), pruned.get(key), m.get(key)) \
                 if label not in ("baseline", "pruned") else None
         row.update(_arm_cost(root / "arms" / label))
@@ -129,6 +130,7 @@ def _ratio(value: Any, base: Any) -> float | None:
 
 
 def _arm_cost(arm: Path) -> dict[str, Any]:
+    from layerprune.recover.chain import local_steps
     from layerprune.recover.report import RECOVER_REPORT, read_recover_report
 
     if not (arm / RECOVER_REPORT).is_file():
@@ -139,7 +141,7 @@ def _arm_cost(arm: Path) -> dict[str, Any]:
     method = report.recipe.chain_name().replace("+", " then ")
     return {"method": method, "seconds": report.seconds.training,
             "generation_seconds": report.seconds.generation, "tokens": report.tokens_seen,
-            "steps": report.data.get("steps") or sum(int(f["steps"]) for f in report.data.get("local", [])),
+            "steps": report.data.get("steps") or local_steps(report.data),  # reports before the local steps counted
             "held_out_ce": after.get("ce"), "held_out_kl": after.get("kl"),
             "held_out_ce_pruned": (metrics.get("pruned") or {}).get("ce"),
             "held_out_kl_pruned": (metrics.get("pruned") or {}).get("kl")}
@@ -175,7 +177,7 @@ def apply_paired(rows: list[dict[str, Any]], root: Path, trained: frozenset[str]
         row["intervals"] = {g: figures.score(row["model"], g) for g in GROUPS if figures.has(g)}
         if row["model"] not in arms:
             continue
-        for share, group in {**SHARES, CLS_SHARE: "classification"}.items():
+        for share, group in ALL_SHARES.items():
             if figures.has(group):
                 row[share] = _paired_share(figures, row["model"], group)
                 if row["model"] != arms[0]:

@@ -221,20 +221,19 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
     train = shared.train
     answers = shared.prompts.samples or 256
     tokens_per_epoch = answers * (1 - train.held_out) * (shared.generate.max_new_tokens + 60)
-    trained = tokens_per_epoch * train.epochs if train.max_steps is None else \
-        train.max_steps * train.batch_size * train.grad_accum * (shared.generate.max_new_tokens + 60)
-    local_only = shared.trainer_method() is None and "local" in shared.surgery_steps()
-    if local_only:  # the local step's own budget: local.steps (else train.max_steps, else one pass) of batch x accum
+    if shared.trainer_method() is None and "local" in shared.surgery_steps():
+        # the local step's own budget: local.steps (else train.max_steps, else one pass) of batch x accum
         from layerprune.recover.chain import local_budget
 
         budget = local_budget(shared, int(answers * (1 - train.held_out)))
         trained = budget.steps * budget.sequences_per_step * (shared.generate.max_new_tokens + 60)
         if train.max_tokens is not None:
             trained = min(trained, train.max_tokens)
-        schedule = f"{budget.steps} local steps, lr {budget.learning_rate:g}"
+        schedule, rate = f"{budget.steps} local steps, lr {budget.learning_rate:g}", RATES["local tokens/s"]
     else:
-        schedule = f"{train.epochs:g} epochs, lr {train.learning_rate:g}"
-    rate = RATES["local tokens/s"] if local_only else RATES["trained tokens/s"]
+        trained = tokens_per_epoch * train.epochs if train.max_steps is None else \
+            train.max_steps * train.batch_size * train.grad_accum * (shared.generate.max_new_tokens + 60)
+        schedule, rate = f"{train.epochs:g} epochs, lr {train.learning_rate:g}", RATES["trained tokens/s"]
     seconds = {"calibrate": len(study.probes.candidates) * study.probes.items / RATES["calibration items/s"],
                "gate": study.gsm8k_gate.limit / RATES["gsm8k items/s"],
                "teacher answers": answers * shared.generate.max_new_tokens / RATES["teacher tokens/s"],

@@ -69,6 +69,11 @@ def local_tokens(data: dict[str, Any]) -> int:
     return sum(int(f["tokens"]) for f in data.get("local", []))
 
 
+def local_steps(data: dict[str, Any]) -> int:
+    """Optimizer steps the local step took (over every span)."""
+    return sum(int(f["steps"]) for f in data.get("local", []))
+
+
 def local_curve(data: dict[str, Any]) -> list[list[float]]:
     """[[step, MSE], ...] of the local step, its spans one after another (steps counted on)."""
     points, step = [], 0

@@ -157,16 +157,16 @@ def train_block(block: Any, cache: list[tuple[torch.Tensor, torch.Tensor, dict[s
         cursor += budget.sequences_per_step
         count = sum(y.numel() for _, y, _ in batch)
         optimizer.zero_grad(set_to_none=True)
-        step_loss = 0.0
+        step_loss = torch.zeros((), device=device)
         for x, y, kwargs in batch:
             out = _first(work(_to(x, device), **_to(kwargs, device)))
             loss = (out - _to(y, device)).pow(2).sum() / count
             loss.backward()
-            step_loss += float(loss.detach())  # the batch's mean over every token and dimension, as block_error
+            step_loss += loss.detach()  # the batch's mean over every token and dimension, as block_error
             tokens += int(y.shape[-2])
         torch.nn.utils.clip_grad_norm_(params, budget.max_grad_norm)
         optimizer.step()
-        losses.append(step_loss)
+        losses.append(float(step_loss))  # one device sync a step, not one a sequence
     return work.eval(), tokens, steps, losses
 
 

@@ -84,7 +84,7 @@ def distill(recipe: RecoverRecipe, student: ModelSource, teacher_spec: str, rows
         tokens = tokens_trained(trainer)
         data["trainer"] = type(trainer).__name__
     metrics["after"] = heldout.held_out_metrics(model, teacher, encoded) if encoded else None
-    steps += sum(int(f["steps"]) for f in data.get("local", []))  # the local step's optimizer steps, every span
+    steps += chain.local_steps(data)
     data.update(steps=steps, held_out_metrics=metrics)
     before, after = (metrics["pruned"] or {}).get("ce"), (metrics["after"] or {}).get("ce")
     log.info("held-out CE %s -> %s, KL %s -> %s", _f(before), _f(after), _f((metrics["pruned"] or {}).get("kl")),
