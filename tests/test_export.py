@@ -100,6 +100,41 @@ def test_the_run_report_says_how_to_chat_with_the_gguf_and_the_serving_check(tmp
     assert "vLLM serving check passed: vllm 0.32.0 (float32) continues 4/4" in text
 
 
+FAKE_VLLM_PYTHON = """#!/bin/sh
+# stands in for .venv-vllm/bin/python: records its arguments, then writes (or not) what check-serve writes
+echo "$@" > "$(dirname "$0")/argv"
+[ -n "$FAIL" ] && { echo "Traceback (most recent call last):" >&2; echo "RuntimeError: engine died" >&2; exit 3; }
+echo '{"engine": "vllm 0.32.0", "dtype": "float32", "equal": 3, "of": 4, "passed": false, "engine_start_s": 30.0,
+       "vllm": [[1]]}' > "$4/serve_check.json"
+exit 1
+"""
+
+
+def test_the_run_serving_check_runs_in_the_named_vllm_python_and_reads_its_result(tmp_path, monkeypatch):
+    """vLLM lives in .venv-vllm: `run` starts check-serve there with its settings and reports what it wrote."""
+    from layerprune.pipeline.serving import _serve_check
+
+    model, python = tmp_path / "recovered", tmp_path / "bin" / "python"
+    model.mkdir()
+    python.parent.mkdir()
+    python.write_text(FAKE_VLLM_PYTHON)
+    python.chmod(0o755)
+    (model / "serve_check.json").write_text('{"passed": true}')  # an earlier run's: must not pass for this one
+    monkeypatch.setenv("LAYERPRUNE_VLLM_PYTHON", str(python))
+    result = _serve_check(model, RunSettings(device="cpu", vllm_eager=False))
+    assert result == {"engine": "vllm 0.32.0", "dtype": "float32", "equal": 3, "of": 4, "passed": False,
+                      "engine_start_s": 30.0}
+    argv = (python.parent / "argv").read_text().split()
+    assert argv[:4] == ["-m", "layerprune.cli", "check-serve", str(model)]
+    assert argv[argv.index("--device") + 1] == "cpu" and "--no-vllm-eager" in argv
+    monkeypatch.setenv("FAIL", "1")
+    assert _serve_check(model, RunSettings()) == {
+        "not_run": f"check-serve in {python} exited 3: RuntimeError: engine died"}
+    assert not (model / "serve_check.json").exists()
+    missing = tmp_path / "nowhere" / "python"
+    assert "does not exist" in _serve_check(model, RunSettings(vllm_python=missing))["not_run"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("model", "drop"), [("embedded", "20,21,22,23"), ("embedded:gemma3-270m", "3,4,5,9")])
 def test_pruned_embedded_models_export_and_both_readers_agree_with_transformers(model, drop, tmp_path, capsys):

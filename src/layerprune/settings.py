@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     import torch
 
 CACHE_ENV = "LAYERPRUNE_CACHE"
+VLLM_PYTHON_ENV = "LAYERPRUNE_VLLM_PYTHON"
 
 
 class RunSettings(BaseModel):
@@ -49,6 +50,15 @@ class RunSettings(BaseModel):
     vllm_eager: bool | None = Field(
         None, description="vLLM: run eagerly, without graph capture (default: eager on a CPU, CUDA graphs on a GPU)"
     )
+    vllm_python: Path | None = Field(
+        None, description=f"run's serving check: a Python that has vLLM (e.g. .venv-vllm/bin/python), run as a "
+        f"subprocess (default ${VLLM_PYTHON_ENV}; without either, vLLM where it imports here)"
+    )
+
+    def resolved_vllm_python(self) -> Path | None:
+        """The Python that runs the serving check in its own process, if one is named here or in the environment."""
+        named = self.vllm_python or os.environ.get(VLLM_PYTHON_ENV)
+        return Path(named) if named else None
 
     def resolved_device(self) -> torch.device:
         import torch

@@ -40,14 +40,23 @@ def run_export(root: Path, folder: Path, settings: RunSettings) -> None:
 
 
 def _serve_check(model: Path, settings: RunSettings) -> dict[str, Any]:
-    if importlib.util.find_spec("vllm") is None:
-        return {"not_run": "vLLM is not installed here"}
-    from layerprune.models.serving import check_serve
+    """In the vLLM Python the settings or $LAYERPRUNE_VLLM_PYTHON name (make demo: .venv-vllm's), else here."""
+    python = settings.resolved_vllm_python()
+    if python is not None:
+        from layerprune.pipeline.serve_subprocess import serve_check_in
 
-    try:
-        result = check_serve(model, settings)
-    except LayerpruneError as exc:
-        return {"not_run": one_line(exc)}
+        result = serve_check_in(python, model, settings)
+    elif importlib.util.find_spec("vllm") is None:
+        return {"not_run": "vLLM is not installed here and no vLLM Python is named (LAYERPRUNE_VLLM_PYTHON)"}
+    else:
+        from layerprune.models.serving import check_serve
+
+        try:
+            result = check_serve(model, settings)
+        except LayerpruneError as exc:
+            return {"not_run": one_line(exc)}
+    if "not_run" in result:
+        return result
     return {key: result[key] for key in ("engine", "dtype", "equal", "of", "passed", "engine_start_s")}
 
 
@@ -71,7 +80,7 @@ def serving_lines(folder: Path) -> list[str]:
     check = record["serve_check"]
     if "not_run" in check:
         lines.append(f"- vLLM serving check not run ({check['not_run']}): `layerprune check-serve {record['model']}` "
-                     "where vLLM is installed (make vllm-install)")
+                     "where vLLM is installed (make vllm-install; `make demo` then runs it in .venv-vllm)")
     else:
         verdict = "passed" if check["passed"] else "FAILED"
         lines.append(f"- vLLM serving check {verdict}: {check['engine']} ({check['dtype']}) continues "
