@@ -43,8 +43,11 @@ def gguf_sourced(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize(("outtype", "atol"), [("f32", 1e-4), pytest.param("q8_0", 0.05, marks=pytest.mark.slow)])
-def test_export_is_read_back_by_transformers_with_the_models_logits(gguf_sourced, tmp_path, outtype, atol):
+def test_export_is_read_back_by_transformers_with_the_models_logits(gguf_sourced, tmp_path, outtype, atol,
+                                                                   monkeypatch):
+    parses = counting_gguf_parses(monkeypatch)
     report = export_gguf(gguf_sourced, tmp_path / "m.gguf", outtype)
+    assert parses.count(str(tmp_path / "m.gguf")) == 1  # the read-back's config, tokenizer and weights: one parse
     back = report.readback
     assert back["config_fields_differing"] == {} and back["tokenizer_ids_equal"]
     assert back["max_abs_logit_diff"] <= atol
@@ -54,6 +57,34 @@ def test_export_is_read_back_by_transformers_with_the_models_logits(gguf_sourced
         gguf_sourced).chat_template
     assert report.per_layer == {"attention.head_count": 4, "attention.head_count_kv": 2, "block_count": 3}
     assert json.loads((tmp_path / "m.export.json").read_text())["outtype"] == outtype
+    if outtype == "f32":  # lossless: converted back (as an embedded GGUF is), the same weights, from one parse
+        assert_converted_from_one_parse(tmp_path / "m.gguf", gguf_sourced, tmp_path / "converted", parses)
+
+
+def assert_converted_from_one_parse(path: Path, model_dir: Path, target: Path, parses: list[str]) -> None:
+    """transformers makes a GGUFReader for the config, the tokenizer and the weights (three parses: 45 s of
+    Gemma-3's conversion); a conversion parses the file once and converts as before."""
+    from layerprune.models.loading import convert_gguf
+
+    parses.clear()
+    convert_gguf(path, target)
+    assert parses == [str(path)] and gguf.GGUFReader.__name__ == "counting"  # one parse; the reader put back
+    expected = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    found = AutoModelForCausalLM.from_pretrained(target).state_dict()
+    assert expected.keys() == found.keys() and all(torch.equal(expected[k], found[k]) for k in expected)
+
+
+def counting_gguf_parses(monkeypatch) -> list[str]:
+    """The files gguf.GGUFReader parses from now on (the reader parses every metadata field when it is made)."""
+    parses: list[str] = []
+    reader_class = gguf.GGUFReader
+
+    def counting(path, mode="r"):
+        parses.append(str(path))
+        return reader_class(path, mode)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counting)
+    return parses
 
 
 def test_a_pruned_gemma3_pattern_is_written_per_layer_not_as_the_every_sixth_default(tmp_path):

@@ -22,6 +22,7 @@ from layerprune.errors import LayerpruneError
 from layerprune.export.families import family_for
 from layerprune.export.tokenizer import copy_tokenizer, source_gguf
 from layerprune.export.writer import OUTTYPES, add_tensors
+from layerprune.models.gguf_once import parsed_once
 from layerprune.settings import RunSettings
 
 
@@ -58,13 +59,15 @@ def export_gguf(model_dir: Path, output: Path, outtype: str = "q8_0", overwrite:
     start = time.perf_counter()
     with _atomic_file(output) as tmp:
         tensors = _write(tmp, model_dir, family, config, outtype, tokenizer_gguf)
-    report = ExportReport(model=str(model_dir), output=str(output), outtype=outtype, architecture=family.arch.name,
-                          tensors=tensors, bytes=output.stat().st_size, tokenizer_from=str(tokenizer_gguf),
-                          per_layer=per_layer_fields(output), seconds=round(time.perf_counter() - start, 1))
-    if verify:
-        from layerprune.export.readback import read_back
+    with parsed_once():  # the per-layer fields and the read-back's three loads: one parse of the file
+        report = ExportReport(model=str(model_dir), output=str(output), outtype=outtype,
+                              architecture=family.arch.name, tensors=tensors, bytes=output.stat().st_size,
+                              tokenizer_from=str(tokenizer_gguf), per_layer=per_layer_fields(output),
+                              seconds=round(time.perf_counter() - start, 1))
+        if verify:
+            from layerprune.export.readback import read_back
 
-        report.readback = read_back(model_dir, output)
+            report.readback = read_back(model_dir, output)
     output.with_suffix(".export.json").write_text(report.model_dump_json(indent=2))
     return report
 

@@ -18,6 +18,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from layerprune.errors import LayerpruneError, one_line
 from layerprune.models import embedded
+from layerprune.models.gguf_once import parsed_once
 from layerprune.models.hub import resolve_revision
 from layerprune.models.identity import quick_digest
 from layerprune.models.lineage import read_lineage
@@ -115,8 +116,9 @@ def convert_gguf(path: Path, target: Path) -> None:
     """Dequantize a GGUF checkpoint once and cache it as safetensors (a load then takes seconds)."""
     log.warning("converting %s to safetensors in %s (once; later loads use the cache)", path.name, target)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        with parsed_once():  # transformers would parse the file's metadata once for each of the three
+            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as exc:  # transformers raises many types for unreadable files
         raise LayerpruneError(f"could not read GGUF file {path}: {one_line(exc)}") from exc
     clear_gguf_quantizer(model)
