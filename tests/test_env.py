@@ -124,19 +124,3 @@ def test_qlora_and_8bit_optimizers_without_bitsandbytes_name_the_qlora_extra(mon
     with pytest.raises(LayerpruneError, match=r"^train.optimizer adamw_8bit needs bitsandbytes.*layerprune\[qlora\]"):
         check_runnable(RecoverRecipe.model_validate({"method": "full", "train": {"optimizer": "adamw_8bit"}}), cuda)
     check_runnable(RecoverRecipe.model_validate({"method": "lora"}), cuda)  # the rest does not need it
-
-
-def test_the_longest_modules_are_collected_first_and_the_rest_keep_their_order():
-    """make test's workers take modules in collection order: a long module left to the end runs alone (160 s)."""
-    from pathlib import Path
-    from types import SimpleNamespace
-
-    from conftest import LONGEST_MODULES, ROOT, longest_first
-
-    names = ["test_a", LONGEST_MODULES[1], "test_b", LONGEST_MODULES[0], "test_a", LONGEST_MODULES[1]]
-    items = [SimpleNamespace(path=Path(f"tests/{name}.py"), n=i) for i, name in enumerate(names)]
-    longest_first(items)
-    assert [(item.path.stem, item.n) for item in items] == [
-        (LONGEST_MODULES[0], 3), (LONGEST_MODULES[1], 1), (LONGEST_MODULES[1], 5), ("test_a", 0), ("test_b", 2),
-        ("test_a", 4)]
-    assert all((ROOT / "tests" / f"{name}.py").is_file() for name in LONGEST_MODULES)
