@@ -243,9 +243,13 @@ def test_demo_recipe_is_the_local_sweeps_clearest_point_and_fits_in_25_minutes(s
             assert task.spec.source == "probe" and task.limit >= 300, task.spec.name
             seconds += task.limit / PROBE_DOCS_PER_S
     assert {t.spec.kind for t in planned} == {"classification", "generative"}
+    from layerprune.recover.chain import local_budget
+
     resolved = recipe.recover.resolve("<pruned>", recipe.model)
     assert resolved.method == "local"
-    tokens = resolved.local.steps * resolved.train.batch_size * 168  # the sweep: 168 tokens per answer
+    trained = resolved.prompts.samples * (1 - resolved.train.held_out)
+    budget = local_budget(resolved, round(trained))
+    tokens = budget.steps * budget.sequences_per_step * 168  # the sweep: 168 tokens per answer
     assert 3 * seconds + tokens / LOCAL_TOKENS_PER_S + OTHER_STAGES_S < 25 * 60  # three evaluations, one recovery
 
 

@@ -8,7 +8,6 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from layerprune.models.gguf_once import parsed_once
 from layerprune.models.verification import VERIFY_PROMPTS, prompt_ids, reference
 
 CONFIG_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
@@ -19,15 +18,15 @@ def read_back(model_dir: Path, path: Path) -> dict[str, Any]:
     """Config fields, tokenizer ids and logits of the GGUF (through transformers) against the directory.
 
     transformers' GGUF loader reads no per-layer sliding-window pattern (it assumes Gemma-3's every-6th default),
-    so the model is built from the directory's config and only the weights and tokenizer come from the file."""
+    so the model is built from the directory's config and only the weights and tokenizer come from the file.
+    export_gguf calls it inside `parsed_once()`, so the file's three loads here parse it once."""
     config = AutoConfig.from_pretrained(model_dir)
     hf_tok = AutoTokenizer.from_pretrained(model_dir)
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    with parsed_once():  # one parse of the file for the three loads, as transformers would make three
-        found = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-        gguf_tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, config=config,
-                                                      dtype=torch.float32).eval()
+    found = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    gguf_tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, config=config,
+                                                  dtype=torch.float32).eval()
     fields = {f: [getattr(config, f, None), getattr(found, f, None)] for f in CONFIG_FIELDS}
     expected, got = reference(hf, hf_tok, max_new_tokens=0), reference(loaded, hf_tok, max_new_tokens=0)
     diffs = [(a - b).abs().max().item() for a, b in zip(expected.logits, got.logits, strict=True)]

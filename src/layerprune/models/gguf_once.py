@@ -16,8 +16,8 @@ from typing import Any
 
 
 @contextmanager
-def parsed_once() -> Iterator[dict[tuple[str, str], Any]]:
-    """Within the block, `gguf.GGUFReader(path)` returns one reader per (file, mode); yields the readers made."""
+def parsed_once() -> Iterator[None]:
+    """Within the block, `gguf.GGUFReader(path)` returns one reader per (file, mode)."""
     import gguf
 
     original = gguf.GGUFReader
@@ -31,7 +31,7 @@ def parsed_once() -> Iterator[dict[tuple[str, str], Any]]:
 
     gguf.GGUFReader = reader  # transformers imports it from `gguf` at each call (modeling_gguf_pytorch_utils)
     try:
-        yield readers
+        yield
     finally:
         gguf.GGUFReader = original
         readers.clear()

@@ -46,6 +46,8 @@ def _serve_check(model: Path, settings: RunSettings) -> dict[str, Any]:
         from layerprune.pipeline.serve_subprocess import serve_check_in
 
         result = serve_check_in(python, model, settings)
+        if "not_run" in result:
+            return result
     elif importlib.util.find_spec("vllm") is None:
         return {"not_run": "vLLM is not installed here and no vLLM Python is named (LAYERPRUNE_VLLM_PYTHON)"}
     else:
@@ -55,8 +57,6 @@ def _serve_check(model: Path, settings: RunSettings) -> dict[str, Any]:
             result = check_serve(model, settings)
         except LayerpruneError as exc:
             return {"not_run": one_line(exc)}
-    if "not_run" in result:
-        return result
     return {key: result[key] for key in ("engine", "dtype", "equal", "of", "passed", "engine_start_s")}
 
 
