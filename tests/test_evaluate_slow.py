@@ -10,36 +10,56 @@ from pathlib import Path
 import pytest
 
 from layerprune.evaluate import EvalSettings, evaluate_model, plan_tasks
+from layerprune.evaluate.items import SAMPLES_DIR
 from layerprune.evaluate.offline import write_task_yaml
 from layerprune.evaluate.task_specs import TASKS
 from layerprune.models import resolve_model
 from layerprune.settings import RunSettings
 
 pytestmark = pytest.mark.slow
-LIMIT = 20
-FEWSHOT_LIMIT = 10
+# every document's loglikelihoods are compared, not only the accuracy: a few documents are a sharper check than
+# many documents' mean (the five-shot prompts are ~6x longer, so fewer of them)
+LIMIT = 10
+FEWSHOT_LIMIT = 4
 
 
 def lm_eval_cli(model_dir: str, task: str, data_dir: Path, folder: Path, limit: int = LIMIT, shots: int | None = None,
-                pool: str | None = None) -> dict:
-    """lm-eval's own CLI on the same local files (our task YAML includes lm-eval's and swaps the data)."""
+                pool: str | None = None) -> tuple[dict, dict]:
+    """lm-eval's own CLI on the same local files (our task YAML includes lm-eval's and swaps the data): its results
+    and each document's loglikelihoods by doc_id."""
     write_task_yaml(TASKS.get(task), data_dir, folder / "tasks", pool)
     command = [str(Path(sys.executable).parent / "lm_eval"), "--model", "hf", "--model_args",
                f"pretrained={model_dir},dtype=float32", "--tasks", task, "--include_path", str(folder / "tasks"),
-               "--limit", str(limit), "--batch_size", "8", "--device", "cpu", "--output_path", str(folder / "out")]
+               "--limit", str(limit), "--batch_size", "8", "--device", "cpu", "--output_path", str(folder / "out"),
+               "--log_samples"]
     command += ["--num_fewshot", str(shots)] if shots is not None else []
     subprocess.run(command, check=True, capture_output=True, timeout=900)
     (result,) = (folder / "out").rglob("results_*.json")
-    return json.loads(result.read_text())["results"][task]
+    (samples,) = (folder / "out").rglob(f"samples_{task}_*.jsonl")
+    return json.loads(result.read_text())["results"][task], loglikelihoods(samples)
+
+
+def loglikelihoods(samples: Path) -> dict[int, list[float]]:
+    """doc_id -> the loglikelihood of each choice, from lm-eval's per-document log (its `filtered_resps`)."""
+    docs = [json.loads(line) for line in samples.read_text().splitlines()]
+    return {d["doc_id"]: [float(r[0]) for r in d["filtered_resps"]] for d in docs}
+
+
+def assert_same_documents(ours: Path, theirs: dict[int, list[float]], limit: int) -> None:
+    mine = loglikelihoods(ours)
+    assert sorted(mine) == sorted(theirs) == list(range(limit))
+    for doc in mine:  # the same prompts, context and choices: every loglikelihood equal to float32 batching noise
+        assert mine[doc] == pytest.approx(theirs[doc], abs=1e-3), doc
 
 
 def test_classification_matches_lm_eval_cli(tmp_path, shared_data):
     run = RunSettings(cache_dir=None)
     source = resolve_model("embedded", run)
     settings = EvalSettings(tasks=["arc_easy"], limit=LIMIT, batch_size="8", data_dir=shared_data, reuse=False)
-    ours = {r.metric: r.value for r in evaluate_model(source, settings, run).results}
-    theirs = lm_eval_cli(source.location, "arc_easy", shared_data, tmp_path)
+    ours = {r.metric: r.value for r in evaluate_model(source, settings, run, tmp_path / "ours").results}
+    theirs, documents = lm_eval_cli(source.location, "arc_easy", shared_data, tmp_path)
     assert ours["acc"] == theirs["acc,none"] and ours["acc_norm"] == theirs["acc_norm,none"]
+    assert_same_documents(tmp_path / "ours" / SAMPLES_DIR / "arc_easy.jsonl", documents, LIMIT)
 
 
 def test_five_shot_from_training_split_matches_lm_eval_cli(tmp_path, shared_data):
@@ -49,9 +69,10 @@ def test_five_shot_from_training_split_matches_lm_eval_cli(tmp_path, shared_data
                             data_dir=shared_data, reuse=False)
     (planned,) = plan_tasks(settings, shared_data)[0]
     assert planned.fewshot_pool == "train"  # lm-eval's own pool, not the scored test split
-    ours = {r.metric: r.value for r in evaluate_model(source, settings, run).results}
-    theirs = lm_eval_cli(source.location, "arc_challenge", shared_data, tmp_path, FEWSHOT_LIMIT, 5, "train")
+    ours = {r.metric: r.value for r in evaluate_model(source, settings, run, tmp_path / "ours").results}
+    theirs, documents = lm_eval_cli(source.location, "arc_challenge", shared_data, tmp_path, FEWSHOT_LIMIT, 5, "train")
     assert ours["acc"] == theirs["acc,none"] and ours["acc_norm"] == theirs["acc_norm,none"]
+    assert_same_documents(tmp_path / "ours" / SAMPLES_DIR / "arc_challenge.jsonl", documents, FEWSHOT_LIMIT)
 
 
 def test_probes_are_reproducible(shared_data):
