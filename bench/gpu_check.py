@@ -266,7 +266,7 @@ def train_steps(method: str, student: Path, teacher: Path, device: str, seq_len:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return float(loss)
+        return float(loss.detach())
 
     one_step()  # warm-up: kernels, optimizer states
     seconds, losses = timed(lambda: [one_step() for _ in range(steps)], device)
