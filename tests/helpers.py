@@ -12,10 +12,6 @@ import torch
 from layerprune.cli import main
 from layerprune.models import find_decoder_stack
 
-# `recover --recipe demo` on the real SmolLM2-135M, cut to a CI budget (test_recover_slow, test_recover_gloo)
-SMALL_DEMO = ["--recipe", "demo", "--samples", "16", "--max-new-tokens", "48", "--max-steps", "6",
-              "--train-eval-steps", "3", "--device", "cpu"]
-
 
 def skip_reference_logits(model, input_ids: torch.Tensor, skip: Sequence[int]) -> torch.Tensor:  # noqa: ANN001
     """Logits of the full model with each skipped block's output replaced by its input."""

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from helpers import SMALL_DEMO
 from layerprune.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL_DEMO = ["--recipe", "demo", "--samples", "16", "--max-new-tokens", "48", "--max-steps", "6",
+              "--train-eval-steps", "3", "--device", "cpu"]
 
 
 @pytest.mark.slow
@@ -24,3 +31,32 @@ def test_demo_recipe_lowers_held_out_loss_and_the_merged_model_generates(shared_
                                         return_tensors="pt", return_dict=True)
     assert model.generate(**ids, max_new_tokens=8, do_sample=False).shape[1] > ids["input_ids"].shape[1]
 
+
+@pytest.mark.slow
+def test_demo_recipe_as_two_cpu_processes_over_gloo(shared_data, tmp_path):
+    out = tmp_path / "demo-ddp"
+    config = ROOT / "src" / "layerprune" / "accelerate" / "ddp-cpu.yaml"
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(config),
+        "-m",
+        "layerprune.cli",
+        "recover",
+        *SMALL_DEMO,
+        "--samples",
+        "8",
+        "--max-steps",
+        "2",
+        "--data-dir",
+        str(shared_data),
+        "-o",
+        str(out),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((out / "recover_report.json").read_text())
+    assert report["data"]["steps"] == 2 and (out / "model.safetensors").is_file()
