@@ -54,8 +54,10 @@ def run_steps(recipe: RecoverRecipe, loaded: Any, teacher: Any, student: Any,
     done: dict[str, Any] = {"chain": recipe.chain_name()}
     for step in steps:
         if step == "merge":
-            done["merge"] = merge.merge_blocks(loaded.model, teacher, dropped, recipe.merge.weight,
-                                               recipe.merge.span_weights)
+            calib = heldout.encode_rows(loaded.tokenizer, rows[: recipe.merge.calib_samples], recipe.generate,
+                                        recipe.merge.max_length)
+            done["merge"] = merge.merge_blocks(loaded.model, teacher, dropped, [ids for ids, _ in calib],
+                                               recipe.merge.threshold, recipe.merge.weight, recipe.merge.span_weights)
         else:
             encoded = heldout.encode_rows(loaded.tokenizer, rows, recipe.generate, recipe.local.max_length)
             sequences = [ids for ids, _ in encoded]

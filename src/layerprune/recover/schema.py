@@ -173,13 +173,22 @@ class ReplaceSection(Section):
 
 
 class MergeSection(Section):
-    """Layer collapse (method merge, LaCo): each dropped span's parameter differences added to the kept block before
-    it, anchor <- anchor + w * sum over the span of (block - anchor), from the source model's weights."""
+    """Layer collapse after LaCo (method merge, arXiv 2402.11187): each dropped span's attention and MLP parameter
+    differences added to the kept block before it (RDSC: anchor <- anchor + sum over the span of (block - anchor), the
+    source model's weights, norms left as they are), kept only while the mean cosine similarity of the model's last
+    hidden states with the teacher's on calibration text stays above the threshold (else that span stays a plain
+    drop). Unlike LaCo, the spans are the prune stage's, not found by LaCo's own top-down search."""
 
-    weight: float = Field(1.0, ge=0, description="Per-span weight w of the summed differences (1: LaCo's sum; 0: plain "
-                          "pruning)")
-    span_weights: list[float] | None = Field(None, description="One weight per dropped span, in block order "
-                                             "(overrides weight)")
+    threshold: float = Field(0.65, ge=-1, le=1, description="LaCo's T: a span's merge is kept only if the mean cosine "
+                             "similarity of the last hidden states with the teacher's exceeds it (0.65: the paper's "
+                             "value for Llama2-7B; -1 keeps every merge, 1 none)")
+    calib_samples: int = Field(5, ge=1, description="Teacher responses (prompt + answer) on which the similarity is "
+                               "measured (LaCo: 5 sentences)")
+    max_length: int = Field(512, ge=8, description="Longest calibration sequence in tokens")
+    weight: float = Field(1.0, ge=0, description="Not part of LaCo: per-span weight w of the summed differences (1, "
+                          "the default: LaCo's RDSC; 0: plain pruning)")
+    span_weights: list[float] | None = Field(None, description="Not part of LaCo: one weight per dropped span, in "
+                                             "block order (overrides weight)")
     then: Literal["none", "kd", "opd", "local"] = Field(
         "none", description="After the merge: distil (kd or opd sections apply) or train the merged block locally")
 
@@ -218,7 +227,8 @@ class RecoverRecipe(Section):
         None, description="Drop these blocks from --model before recovering (teacher = --model unpruned)"
     )
     method: Method = Field("lora", description="lora, qlora (4-bit, CUDA), full, kd or opd (distil the teacher), "
-                           "replace (least-squares maps), merge (fold the dropped blocks into a kept one) or local "
+                           "replace (least-squares maps), merge (LaCo: fold each dropped span into the kept block "
+                           "before it, kept where the outputs stay similar) or local "
                            "(train the block next to each cut on the teacher's hidden states)")
     prompts: PromptSource = Field(default_factory=PromptSource)
     generate: GenerationSection = Field(default_factory=GenerationSection)
