@@ -2,6 +2,12 @@
 
 Evaluation and calibration draw from separate random streams, and a calibration draw never repeats an
 expression of the evaluation items (the first PROBE_DOCS of every probe task of its family at EVAL_SEED).
+
+A fixed-depth bracket level with at most PROBE_DOCS distinct questions (depth 2-5: 3**depth of them) is evaluated
+exhaustively: its evaluation items are all its questions, so its calibration stream asks the same depth in the same
+words over four bracket pairs, every question holding at least one '<' (4**depth - 3**depth questions, none of them
+an evaluation item: no evaluation question holds '<'). brackets_mix's calibration stream does the same at each depth
+it draws (its evaluation items hold every question of depth 2 and 3, so avoiding them left only depth 4-6).
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ from dataclasses import dataclass
 OPS = ("+", "-", "*")
 OP_NAMES = {"+": "add", "-": "sub", "*": "mul"}
 BRACKETS = {"(": ")", "[": "]", "{": "}"}
+CALIB_BRACKETS = {**BRACKETS, "<": ">"}  # an exhaustive bracket level's calibration pairs ('<' in every question)
 PROBE_DOCS = 500  # items per probe task; evaluation's --limit takes the first ones
+PROBE_SHOTS = 3  # few-shot examples before each question
 EVAL_SEED = 0  # the evaluation's default --probe-seed, whose items calibration avoids
 PROBE_VERSION = 2  # bump when the items a seed gives change (2: distinct questions, separate calibration stream)
 # (new tasks do not bump it: the items of every existing task are unchanged)
@@ -30,6 +38,13 @@ class Probe:
     answer: str
     kind: str
     question: str = ""  # the part of the prompt after the few-shot prefix
+    examples: tuple[tuple[str, str], ...] = ()  # the few-shot prefix's (question, answer) pairs, in order
+
+
+def _as_probes(items: list[tuple[list[tuple[str, str]], str, str]], name: str) -> list[Probe]:
+    """Probes from `_distinct`'s items: each example as 'question answer' on a line of its own, then the question."""
+    return [Probe("".join(f"{q}{a}\n" for q, a in examples) + question, answer, name, question, tuple(examples))
+            for examples, question, answer in items]
 
 
 def probe_tasks() -> dict[str, dict[str, object]]:
@@ -72,16 +87,28 @@ LETTERS = "abcdefghijklmnopqrstuvwxyz"
 LIST_FAMILIES = ("copy", "reverse", "count")
 
 
-def distinct_items(task: str) -> int | None:
+def distinct_items(task: str, stream: Stream = "eval") -> int | None:
     """How many distinct questions a probe task has when that bounds its items (brackets of depth d: 3**d; three
-    one-digit addends: 9**3; two-digit sums without a carry: 36 * 55), else None (more than any evaluation takes)."""
+    one-digit addends: 9**3; two-digit sums without a carry: 36 * 55), else None (more than any evaluation takes).
+
+    stream "calib": the calibration questions of an exhaustive bracket level (4**d - 3**d); else as "eval" (an
+    upper bound: calibration never asks an evaluation question)."""
     args = probe_tasks().get(task)
     if args is None:
         return None
+    if stream != "eval" and exhaustive(args):
+        depth = int(args["depth"])  # type: ignore[call-overload]
+        return len(CALIB_BRACKETS) ** depth - len(BRACKETS) ** depth
     if str(args["family"]).startswith("brackets"):
         low, high = int(args["depth"]), int(args.get("max_depth", args["depth"]))  # type: ignore[call-overload]
         return sum(len(BRACKETS) ** d for d in range(low, high + 1))
     return {"sum3": 9**3, "nocarry": 36 * 55}.get(str(args.get("kind")))
+
+
+def exhaustive(args: dict[str, object]) -> bool:
+    """Whether a probe task's evaluation items are all its questions: a fixed-depth bracket level with at most
+    PROBE_DOCS of them (depth 2-5)."""
+    return args["family"] == "brackets" and len(BRACKETS) ** int(args["depth"]) <= PROBE_DOCS  # type: ignore[call-overload]
 
 
 def family_of(task: str) -> str:
@@ -156,10 +183,13 @@ def _avoiding(draw: Callable[[], tuple[str, str]], avoid: frozenset[str]) -> Cal
     return redraw
 
 
-def _distinct(draw: Callable[[], tuple[str, str]], n: int, shots: int) -> list[tuple[list[tuple[str, str]], str, str]]:
-    """Up to `n` items (examples, question, answer) with distinct questions; fewer when the family has fewer."""
+def _distinct(draw: Callable[[], tuple[str, str]], n: int, shots: int,
+              total: int | None = None) -> list[tuple[list[tuple[str, str]], str, str]]:
+    """Up to `n` items (examples, question, answer) with distinct questions; fewer when the family has fewer. With
+    `total` (the family's number of distinct questions), draws go on until min(n, total) are there: all of them when
+    n >= total, however many repeats that takes."""
     items, seen, repeats = [], set(), 0
-    while len(items) < n and repeats < MAX_REPEATS:
+    while len(items) < (n if total is None else min(n, total)) and (total is not None or repeats < MAX_REPEATS):
         examples = [draw() for _ in range(shots)]
         question, answer = draw()
         if question in seen:
@@ -171,7 +201,7 @@ def _distinct(draw: Callable[[], tuple[str, str]], n: int, shots: int) -> list[t
     return items
 
 
-def arithmetic_probes(n: int, seed: int = 0, shots: int = 3, kind: str = "composite", digits: int = 1,
+def arithmetic_probes(n: int, seed: int = 0, shots: int = PROBE_SHOTS, kind: str = "composite", digits: int = 1,
                       op: str = "+", stream: Stream = "eval") -> list[Probe]:
     """Up to `n` arithmetic questions with distinct questions, each with a `shots`-example prefix, all from `seed`.
 
@@ -188,41 +218,49 @@ def arithmetic_probes(n: int, seed: int = 0, shots: int = 3, kind: str = "compos
         draw = _avoiding(draw, evaluation_questions("arithmetic"))
     name = {"composite": "arith_composite", "nocarry": "arith_2d_add_nc", "sum3": "arith_1d_sum3"}.get(
         kind, f"arith_{digits}d{op}")
-    probes = []
-    for examples, question, answer in _distinct(draw, n, shots):
-        prefix = "".join(f"{q}{a}\n" for q, a in examples)
-        probes.append(Probe(f"{prefix}{question}", answer, name, question))
-    return probes
+    return _as_probes(_distinct(draw, n, shots), name)
 
 
-def bracket_sequence(rng: random.Random, depth: int) -> tuple[str, str]:
-    """An opening sequence nested to `depth` and the closing sequence that balances it."""
-    opening = "".join(rng.choice(list(BRACKETS)) for _ in range(depth))
-    closing = "".join(BRACKETS[ch] for ch in reversed(opening))
+def bracket_sequence(rng: random.Random, depth: int, pairs: dict[str, str] = BRACKETS) -> tuple[str, str]:
+    """An opening sequence nested to `depth` (each bracket one of `pairs`) and the closing sequence that balances it:
+    len(pairs)**depth distinct ones."""
+    opening = "".join(rng.choice(list(pairs)) for _ in range(depth))
+    closing = "".join(pairs[ch] for ch in reversed(opening))
     return opening, closing
 
 
-def bracket_probes(n: int, depth: int, seed: int = 0, shots: int = 3, stream: Stream = "eval",
+def calib_bracket_sequence(rng: random.Random, depth: int) -> tuple[str, str]:
+    """A sequence over CALIB_BRACKETS holding at least one '<': never one of `bracket_sequence`'s."""
+    while True:
+        opening, closing = bracket_sequence(rng, depth, CALIB_BRACKETS)
+        if "<" in opening:
+            return opening, closing
+
+
+def bracket_probes(n: int, depth: int, seed: int = 0, shots: int = PROBE_SHOTS, stream: Stream = "eval",
                    max_depth: int | None = None) -> list[Probe]:
-    """'Complete the sequence' questions: input '( [ {' expects '} ] )'; at most 3**depth distinct ones. With
-    `max_depth`, each question (and example) draws its depth from depth..max_depth (task brackets_mix)."""
+    """'Complete the sequence' questions: input '( [ {' expects '} ] )'; at most 3**depth distinct ones, all of them
+    where that is at most PROBE_DOCS (`exhaustive`; its calibration stream: `calib_bracket_sequence`). With
+    `max_depth`, each question (and example) draws its depth from depth..max_depth (task brackets_mix; its
+    calibration stream too is `calib_bracket_sequence`'s)."""
     key = f"brackets-{depth}-{seed}" if max_depth is None else f"brackets-{depth}to{max_depth}-{seed}"
     rng = _rng(key, stream)
     name = f"brackets_d{depth}" if max_depth is None else "brackets_mix"
+    whole = max_depth is None and exhaustive({"family": "brackets", "depth": depth})
+    calib = (whole or max_depth is not None) and stream != "eval"  # brackets_mix's evaluation takes every question
+    # of depth 2-3: its calibration too asks over four pairs, so that it keeps every depth
+    sequence = calib_bracket_sequence if calib else bracket_sequence
 
     def draw() -> tuple[str, str]:
-        opening, closing = bracket_sequence(rng, depth if max_depth is None else rng.randint(depth, max_depth))
+        opening, closing = sequence(rng, depth if max_depth is None else rng.randint(depth, max_depth))
         if max_depth is not None:
             return f"Sequence: {' '.join(opening)}\nClose:", f" {' '.join(closing)}"
         return f"Input: {' '.join(opening)}\nClosing:", f" {' '.join(closing)}"
 
     if stream != "eval":
         draw = _avoiding(draw, evaluation_questions("brackets" if max_depth is None else "brackets_mix"))
-    probes = []
-    for examples, question, answer in _distinct(draw, n, shots):
-        prefix = "".join(f"{q}{a}\n" for q, a in examples)
-        probes.append(Probe(f"{prefix}{question}", answer, name, question))
-    return probes
+    total = len(CALIB_BRACKETS) ** depth - len(BRACKETS) ** depth if calib else len(BRACKETS) ** depth
+    return _as_probes(_distinct(draw, n, shots, total if whole else None), name)
 
 
 def list_question(rng: random.Random, family: str, length: int, max_length: int | None) -> tuple[str, str]:
@@ -235,7 +273,7 @@ def list_question(rng: random.Random, family: str, length: int, max_length: int 
     return f"Input: {' '.join(items)}\n{family.capitalize()}:", f" {' '.join(shown)}"
 
 
-def list_probes(n: int, family: str, length: int, seed: int = 0, shots: int = 3, stream: Stream = "eval",
+def list_probes(n: int, family: str, length: int, seed: int = 0, shots: int = PROBE_SHOTS, stream: Stream = "eval",
                 max_length: int | None = None) -> list[Probe]:
     """Copy or reverse a list of `length` letters, or count the words of a list of length..max_length words."""
     span = f"{length}to{max_length}" if max_length else str(length)
@@ -247,8 +285,4 @@ def list_probes(n: int, family: str, length: int, seed: int = 0, shots: int = 3,
     if stream != "eval":
         draw = _avoiding(draw, evaluation_questions(family))
     name = f"count_{span}" if family == "count" else f"{family}_l{length}"
-    probes = []
-    for examples, question, answer in _distinct(draw, n, shots):
-        prefix = "".join(f"{q}{a}\n" for q, a in examples)
-        probes.append(Probe(f"{prefix}{question}", answer, name, question))
-    return probes
+    return _as_probes(_distinct(draw, n, shots), name)

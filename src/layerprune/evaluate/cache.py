@@ -45,6 +45,7 @@ def task_settings(task: PlannedTask, settings: EvalSettings, run: RunSettings, c
         "lm_eval": importlib.metadata.version("lm_eval"), "data": data_identity(task, settings),
         "layerprune": __version__, "probe_version": PROBE_VERSION if source == "probe" else None,
         "task_files": task_files_identity(task, settings),
+        **({"probe_format": "chat"} if source == "probe" and settings.probe_format == "chat" else {}),
     }
 
 

@@ -73,11 +73,24 @@ def has_chat_template(handle: ModelHandle) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
-def applies_chat(task: PlannedTask, mode: str, template: bool) -> bool:
-    """--chat-template: on = every task (when the model has a template), auto = where the task calls for it."""
+def applies_chat(task: PlannedTask, mode: str, template: bool, probe_format: str = "plain") -> bool:
+    """--chat-template: on = every task (when the model has a template), auto = where the task calls for it; a probe
+    under probe_format chat always (`check_probe_format` refuses it for a model without a template)."""
+    if task.spec.source == "probe" and probe_format == "chat":
+        return template
     if mode == "off" or not template:
         return False
     return mode == "on" or task.spec.chat_protocol
+
+
+def check_probe_format(planned: list[PlannedTask], probe_format: str, template: bool) -> None:
+    """probe_format chat renders probes through the model's chat template: refused, before any task runs, for a model
+    without one."""
+    probes = [t.spec.name for t in planned if t.spec.source == "probe"]
+    if probe_format == "chat" and probes and not template:
+        raise LayerpruneError(f"probe_format chat renders the probes ({', '.join(probes[:3])}"
+                              f"{', ...' if len(probes) > 3 else ''}) through the model's chat template, and this "
+                              "model has none; use probe_format plain")
 
 
 def lm_eval_vllm_class() -> Any:

@@ -26,7 +26,7 @@ from layerprune.evaluate.humaneval import (
 from layerprune.evaluate.sandbox import SandboxLimits
 from layerprune.evaluate.task_specs import TaskSpec
 from layerprune.grading import last_boxed, numbers_equal
-from layerprune.probes import PROBE_DOCS, PROBE_VERSION, Probe, generate_probes
+from layerprune.probes import PROBE_DOCS, PROBE_SHOTS, PROBE_VERSION, Probe, generate_probes
 
 PROBE_MAX_TOKENS = 32
 # lm-eval's humaneval.yaml, with its hub-loaded code_eval metric replaced by our sandbox
@@ -94,8 +94,54 @@ def _dataset(rows: list[dict[str, Any]], **_: Any) -> dict[str, Any]:
     return {"test": datasets.Dataset.from_list(rows)}
 
 
-def probe_config(spec: TaskSpec, seed: int, sampling: Sampling | None = None) -> dict[str, Any]:
-    rows = [{"prompt": p.prompt, "answer": p.answer} for p in probe_rows(spec, seed)]
+def probe_messages(probe: Probe) -> list[dict[str, str]]:
+    """A probe as chat turns, as lm-eval's `fewshot_as_multiturn` builds them: each few-shot example a user turn (its
+    question) and an assistant turn (its answer, surrounding spaces dropped), then the question as the last user
+    turn."""
+    turns = [turn for q, a in probe.examples for turn in ({"role": "user", "content": q},
+                                                           {"role": "assistant", "content": a.strip()})]
+    return [*turns, {"role": "user", "content": probe.question}]
+
+
+def chat_prompt(probe: Probe, tokenizer: Any) -> str:
+    """A probe rendered through the tokenizer's chat template (`probe_messages`, then the generation prompt), the
+    text lm-eval generates from under probe_format chat."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise LayerpruneError("probe_format chat needs a model with a chat template; this tokenizer has none")
+    return str(tokenizer.apply_chat_template(probe_messages(probe), tokenize=False, add_generation_prompt=True))
+
+
+def probe_shots_sampler() -> type:
+    """lm-eval's few-shot sampler for probe_format chat: each document's own examples (its `shots` column), in order."""
+    from lm_eval.api.samplers import ContextSampler
+
+    class ProbeShots(ContextSampler):  # type: ignore[misc]
+        def sample(self, n: int, eval_doc: dict[str, Any] | None = None, df: Any = None,
+                   **kwargs: Any) -> list[dict[str, Any]]:
+            if eval_doc is None or len(eval_doc["shots"]) < n:
+                raise LayerpruneError(f"a probe document carries {PROBE_SHOTS} examples; {n} were asked for")
+            return list(eval_doc["shots"])[:n]
+
+    return ProbeShots
+
+
+def chat_probe_config(config: dict[str, Any], probes: list[Probe]) -> dict[str, Any]:
+    """probe_format chat: lm-eval renders each document's own examples as prior turns (its apply_chat_template with
+    fewshot_as_multiturn, which the runner turns on) and the question as the last user turn; scored as plain."""
+    rows = [{"prompt": p.prompt, "answer": p.answer, "question": p.question, "target": p.answer.strip(),
+             "shots": [{"question": q, "target": a.strip()} for q, a in p.examples]} for p in probes]
+    return {**config, "custom_dataset": functools.partial(_dataset, rows), "doc_to_text": "{{question}}",
+            "doc_to_target": "{{target}}", "num_fewshot": PROBE_SHOTS, "fewshot_split": "test",
+            "fewshot_config": {"sampler": probe_shots_sampler()}, "fewshot_delimiter": "\n",
+            "metadata": {**config["metadata"], "probe_format": "chat"}}
+
+
+def probe_config(spec: TaskSpec, seed: int, sampling: Sampling | None = None,
+                 probe_format: str = "plain") -> dict[str, Any]:
+    """The lm-eval config of a probe task: plain few-shot text (the prompt whole, zero-shot to lm-eval), or with
+    probe_format chat the examples as chat turns (`chat_probe_config`)."""
+    probes = probe_rows(spec, seed)
+    rows = [{"prompt": p.prompt, "answer": p.answer} for p in probes]
     config = {
         "task": spec.name, "custom_dataset": functools.partial(_dataset, rows), "test_split": "test",
         "output_type": "generate_until", "doc_to_text": "{{prompt}}", "doc_to_target": "{{answer}}",
@@ -104,6 +150,8 @@ def probe_config(spec: TaskSpec, seed: int, sampling: Sampling | None = None) ->
         "generation_kwargs": {"until": ["\n"], "max_gen_toks": PROBE_MAX_TOKENS, "do_sample": False},
         "metadata": {"version": float(PROBE_VERSION), "seed": seed},
     }
+    if probe_format == "chat":
+        config = chat_probe_config(config, probes)
     return with_sampling(config, sampling, majority=True) if sampling else config
 
 

@@ -17,6 +17,7 @@ from layerprune.evaluate.cache import cache_path, read_cached, task_settings, wr
 from layerprune.evaluate.handle import (
     ModelHandle,
     applies_chat,
+    check_probe_format,
     handle_for,
     has_chat_template,
     make_lm,
@@ -51,7 +52,7 @@ def task_configs(task: PlannedTask, settings: EvalSettings, data_dir: Path | Non
     """The lm-eval task configs behind one of our tasks (several for a group such as mmlu)."""
     spec = task.spec
     if spec.source == "probe":
-        return [probe_config(spec, settings.probe_seed, sampling)]
+        return [probe_config(spec, settings.probe_seed, sampling, settings.probe_format)]
     if spec.source == "humaneval":
         limits = SandboxLimits(timeout_s=settings.sandbox_timeout, memory_mb=settings.sandbox_memory_mb,
                                allow_unsafe=settings.unsafe_code_exec)
@@ -193,9 +194,10 @@ def evaluate_planned(handle: ModelHandle, planned: list[PlannedTask], settings: 
                      data_dir: Path | None, progress: Callable[[str], None]) -> dict[str, dict[str, Any]]:
     """Each planned task's cached or fresh entry by name, and "<task>.sampled" for its samples per document."""
     cache_root = handle.run.resolved_cache_dir() / "eval"
+    check_probe_format(planned, settings.probe_format, template)
     entries = {}
     for index, task in enumerate(planned, 1):
-        chat = applies_chat(task, settings.chat_template, template)
+        chat = applies_chat(task, settings.chat_template, template, settings.probe_format)
         limit = "all" if task.limit is None else f"{task.limit:g}"
         progress(f"[{index}/{len(planned)}] {task.spec.name} (limit {limit}, chat {chat})")
         entries[task.spec.name] = evaluate_task(handle, task, settings, chat, data_dir, cache_root)

@@ -66,6 +66,12 @@ class EvalSettings(BaseModel):
         description="Local data mirror DIR/<dataset>/<split>.jsonl (default $LAYERPRUNE_DATA_DIR or ../shared/data)",
     )
     probe_seed: int = Field(0, description="Seed the algorithmic probes are generated from")
+    probe_format: Literal["plain", "chat"] = Field(
+        "plain",
+        description="How the probes are asked: plain = the few-shot examples and the question as one text (as "
+        "--chat-template says); chat = through the model's chat template, each example a user turn and an "
+        "assistant turn, then the question (lm-eval's fewshot_as_multiturn)",
+    )
     sandbox_timeout: float = Field(
         60.0,
         gt=0,

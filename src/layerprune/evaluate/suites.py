@@ -22,6 +22,7 @@ from layerprune.evaluate.offline import (
 )
 from layerprune.evaluate.schema import EvalSettings, Suite, TaskSettings
 from layerprune.evaluate.task_specs import TASKS, TaskSpec
+from layerprune.probes import PROBE_SHOTS
 from layerprune.recipe_loading import build_schema
 from layerprune.registry import unknown_name_message
 
@@ -172,6 +173,8 @@ def _plan_one(spec: TaskSpec, suite: TaskSettings, settings: EvalSettings, data_
         require_reachable(spec, settings.include_path)
     if spec.source in ("probe", "humaneval", "boxed"):
         fewshot = 0  # probes carry their own shots; HumanEval+ and the boxed GSM8K protocol are zero-shot
+        if spec.source == "probe" and settings.probe_format == "chat":
+            fewshot = PROBE_SHOTS  # each document's own examples, as chat turns (project_tasks.chat_probe_config)
     elif spec.source == "lm_eval":
         check_fewshot_pool(spec, data_dir, shots, pool)
     limit = settings.limit if settings.limit is not None else suite.limit
