@@ -24,7 +24,8 @@ CALIB_BRACKETS = {**BRACKETS, "<": ">"}  # an exhaustive bracket level's calibra
 PROBE_DOCS = 500  # items per probe task; evaluation's --limit takes the first ones
 PROBE_SHOTS = 3  # few-shot examples before each question
 EVAL_SEED = 0  # the evaluation's default --probe-seed, whose items calibration avoids
-PROBE_VERSION = 2  # bump when the items a seed gives change (2: distinct questions, separate calibration stream)
+PROBE_VERSION = 3  # bump when the items a seed gives change (2: distinct questions, separate calibration stream;
+#                   3: fixed-depth bracket levels of at most 500 questions enumerated whole at every seed)
 # (new tasks do not bump it: the items of every existing task are unchanged)
 MAX_REPEATS = 1000  # consecutive repeated questions after which a probe family is taken as exhausted
 Stream = str  # "eval" or "calib"
