@@ -176,18 +176,6 @@ def test_trained_skills_come_from_the_prompts_kept():
     assert study_report.trained_tasks(source, [p.text for p in kept]) == {"arith_2d_add"}  # by what was kept
 
 
-def test_transfer_study_trains_on_generic_text_only_at_one_token_budget():
-    path = next(p for p in STUDIES if p.stem == "recovery-transfer-embedded")
-    study = RecoveryStudy.load(path)
-    shared = study.shared_recipe("<pruned>")
-    assert study_report.trained_tasks(shared.prompts.source) == frozenset()  # every scored skill held out
-    assert shared.train.max_tokens >= 50_000 and shared.generate.temperature == 0
-    assert study.prune.n_drop == 3 and study.prune.score == "ablation" and study.prune.metric == "nll"
-    chains = {label: study.arm_recipe(label, "<pruned>").chain_name() for label in study.arms}
-    assert chains == {"sft": "lora", "kd": "kd", "merge": "merge", "local": "local", "merge+local": "merge+local",
-                      "replace+local": "replace+local"}
-
-
 def test_paired_report_gives_the_classification_share_the_goal_and_flags_an_arm_that_loses_a_skill(tmp_path):
     """Every scored skill unseen: the classification drop's share and each arm's classification against the first
     arm's, the issue's goal per arm (half of the drop, interval above 25%, classification no worse than the first
