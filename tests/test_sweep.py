@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -67,9 +68,22 @@ def test_tiny_sweep_cuts_one_ranking_recovers_every_k_and_pairs_every_model(caps
     assert "(a)" in text and "(b)" in text and "| 1 | generative |" in text and "k = 0 control: the same" in text
     assert "run-to-run variance is not measured" in text and "not measured (one replicate)" in text
     assert (root / "sweep.png").is_file() and (root / "sweep_loss.png").is_file()
-    assert_records_kept(root, ["baseline", "recovered-k0", "pruned-k1", "recovered-k1", "pruned-k2", "recovered-k2"])
+    labels = ["baseline", "recovered-k0", "pruned-k1", "recovered-k1", "pruned-k2", "recovered-k2"]
+    assert_records_kept(root, labels)
+    # a second replicate: the same directory resumes, only the new stages run (seed + 1), the report is redone
+    before = {label: (root / "eval" / label / "summary.json").stat().st_mtime_ns for label in labels}
+    recipe.write_text(yaml.safe_dump({**tiny_sweep(tiny_llama, root), "controls": True, "replicates": 2},
+                                     sort_keys=False))
+    code, out, err = run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])
+    assert code == 0, err
+    assert {label: (root / "eval" / label / "summary.json").stat().st_mtime_ns for label in labels} == before
+    data = json.loads((root / "sweep.json").read_text())
+    assert data["replicates"] == 2 and data["points"][0]["generative"]["spread"]["replicates"] == 2
+    assert data["points"][0]["generative"]["spread"]["run_sd"] is not None
+    assert "run-to-run variance is not measured" not in (root / "sweep.md").read_text()
+    assert_records_kept(root, [*labels, "recovered-k0@r1", "recovered-k1@r1", "recovered-k2@r1"])
     assert run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])[0] == 0  # complete: every stage skipped
-    assert_records_kept(root, ["baseline", "recovered-k0", "pruned-k1", "recovered-k1", "pruned-k2", "recovered-k2"])
+    assert_records_kept(root, [*labels, "recovered-k0@r1", "recovered-k1@r1", "recovered-k2@r1"])
 
 
 def assert_records_kept(root: Path, labels: list[str]) -> None:
@@ -162,7 +176,6 @@ def _figures(shares: dict[int, int], n: int = 200, control: int | None = None, l
 
 
 def test_sweep_verdicts_come_from_the_intervals():
-    from types import SimpleNamespace
 
     from layerprune.pipeline import sweep_report
 
@@ -188,7 +201,6 @@ def test_sweep_verdicts_come_from_the_intervals():
 
 
 def test_verdict_a_is_said_per_k_shown_not_shown_or_contradicted():
-    from types import SimpleNamespace
 
     from layerprune.pipeline import sweep_report
 
@@ -203,10 +215,14 @@ def test_verdict_a_is_said_per_k_shown_not_shown_or_contradicted():
     assert per_k[4]["gap"]["high"] < 0 < per_k[2]["gap"]["low"] and not tests["a"]["holds"]
     assert "shown at k = 2; not shown at k = 1; contradicted at k = 4" in lines[0]
     assert "k=4: contradicted, -" in lines[0]
+    # no interval at all (an original at chance): not shown, and said so
+    lines, tests = sweep_report._verdict_a([{"k": 1, "gap_recovered": {"value": None, "low": None, "high": None},
+                                             "costs": False}])
+    assert tests["a"]["not_shown_at"] == [1] and "not shown at k = 1 (gap" in lines[0] and "k=1: not shown, undefined" \
+        in lines[0]
 
 
 def test_the_k0_control_nets_the_recovered_share_and_every_share_says_how_often_it_is_undefined():
-    from types import SimpleNamespace
 
     from layerprune.pipeline import sweep_report
 
@@ -300,6 +316,55 @@ def test_the_dry_run_lists_the_replicates_and_the_control(capsys, tiny_llama, tm
     assert "2 replicates of every recovery (seeds settings.seed + 0..1" in out and "k = 0 control: the same" in out
     assert "recoveries: 6; stages: 21 (" in out and "recover-k0@r1, eval-recovered-k0@r1" in out
     assert not (tmp_path / "s").exists()
+
+
+def _eval_folder(folder: Path, rows: dict[str, tuple[str, list[float]]]) -> None:
+    """A synthetic eval folder: summary.json and samples/TASK.jsonl of per-item scores (two choices per
+    classification item)."""
+    from layerprune.evaluate import Summary, TaskResult
+
+    (folder / "samples").mkdir(parents=True)
+    results = []
+    for task, (kind, scores) in rows.items():
+        metric = "acc" if kind == "classification" else "exact_match"
+        with (folder / "samples" / f"{task}.jsonl").open("w") as handle:
+            for i, value in enumerate(scores):
+                handle.write(json.dumps({"doc_id": i, "filter": "none", metric: value, "doc_hash": f"d{i}",
+                                         "prompt_hash": f"p{i}", "arguments": [["q", "a"], ["q", "b"]]}) + "\n")
+        results.append(TaskResult(task=task, kind=kind, metric=metric, value=sum(scores) / len(scores), stderr=None,
+                                  n=len(scores), headline=True, settings={}, seconds=1.0))
+    summary = Summary(model={"spec": "x", "location": "x", "kind": "local"}, model_hash="h", results=results)
+    (folder / "summary.json").write_text(summary.model_dump_json())
+
+
+def test_replicates_are_one_point_their_mean_with_the_run_sd_beside_the_item_se(tmp_path):
+    import numpy as np
+
+    from layerprune.pipeline import sweep_report
+
+    rng = np.random.default_rng(1)
+    n = 120
+    cls = (rng.random(n) < 0.8).astype(float).tolist()
+    base = np.r_[np.ones(90), np.zeros(n - 90)]
+    runs = {"recovered-k1": 40, "recovered-k1@r1": 50, "recovered-k1@r2": 60}  # items won back by each replicate
+    gen = {"baseline": base, "pruned-k1": np.r_[np.zeros(80), base[80:]]}
+    for label, won in runs.items():
+        gen[label] = gen["pruned-k1"].copy()
+        gen[label][:won] = 1
+    folders = {}
+    for label, scores in gen.items():
+        folders[label] = tmp_path / "eval" / label
+        _eval_folder(folders[label], {"piqa": ("classification", cls), "copy_l7": ("generative", scores.tolist())})
+    figures, matrices, _ = sweep_report.sweep_figures(folders)
+    assert figures.labels == ["baseline", "pruned-k1", "recovered-k1"] and matrices["copy_l7"].shape == (5, n)
+    point = sweep_report.point(SimpleNamespace(ratios=[1]), figures, 1)
+    won = [np.mean(gen[label]) for label in runs]
+    assert point["generative"]["recovered"]["value"] == pytest.approx(np.mean(won))
+    spread = point["generative"]["spread"]
+    assert spread["replicates"] == 3 and spread["run_sd"] == pytest.approx(np.std(won, ddof=1))
+    assert point["classification"]["spread"]["run_sd"] == pytest.approx(0.0)
+    table = sweep_report.format_spread([point], None)
+    assert f"| 1 | generative | 3 | {100 * np.std(won, ddof=1):.1f} | {100 * spread['item_se']:.1f} |" in table
 
 
 def test_records_list_every_models_samples_and_say_when_they_are_gone(tmp_path):

@@ -69,11 +69,7 @@ def control_point(figures: Figures) -> dict[str, Any] | None:
 def spread(figures: Figures, label: str, group: str) -> dict[str, Any]:
     """Across-run SD of a recovered point's group score over its replicates (None with one replicate) beside the
     item-sampling SE."""
-    if hasattr(figures, "spread"):
-        return dict(figures.spread(label, group))
-    index, tasks = figures.labels.index(label), figures.groups[group]  # one run per label: the item SE alone
-    se = float(np.std(figures.boot.resampled[:, index, tasks].mean(axis=-1), ddof=1))
-    return {"run_sd": None, "item_se": se, "replicates": 1}
+    return dict(figures.spread(label, group))
 
 
 def _above(ci: dict[str, Any] | None) -> bool:
@@ -81,9 +77,10 @@ def _above(ci: dict[str, Any] | None) -> bool:
 
 
 def shown(ci: dict[str, Any] | None) -> str:
-    """What an interval shows about 'above 0': shown (all above), contradicted (all below) or not shown."""
+    """What an interval shows about 'above 0': shown (all above), contradicted (all below) or not shown (it holds 0,
+    or there is none)."""
     if not ci or ci.get("low") is None:
-        return "not shown (no interval)"
+        return "not shown"
     return "shown" if ci["low"] > 0 else "contradicted" if ci["high"] < 0 else "not shown"
 
 
@@ -360,8 +357,7 @@ def sweep_figures(folders: dict[str, Path]) -> tuple[Figures, dict[str, np.ndarr
     for label in labels:
         replicates.setdefault(replicate_of(label)[0], []).append(label)
     groups = {kind: [t for t in matrices if kinds[t] == kind] for kind in KINDS}
-    more = {"replicates": replicates} if any(len(v) > 1 for v in replicates.values()) else {}
-    return Figures(labels, matrices, chance, groups, **more), matrices, kinds
+    return Figures(labels, matrices, chance, groups, replicates=replicates), matrices, kinds
 
 
 def records(root: Path, folders: dict[str, Path]) -> dict[str, dict[str, Any]]:
@@ -409,7 +405,7 @@ def _method_lines(study: Any, root: Path, figures: Figures, items: dict[str, int
              f"{calibration['settings']['per_family']} a family): kept {kept or 'none'}; left out {left or 'none'}.",
              "Every scored skill is unseen by the recovery data: the teacher answered generic instructions "
              f"({study.shared_recipe('<pruned>').prompts.source}), no probe, GSM8K or classification prompt.",
-             "Recovery budget per k: " + "; ".join(
+             "Recovery budget per k (replicate 0): " + "; ".join(
                  f"k={k}: {c['tokens']} tokens, {c['steps']} steps, {c['seconds']:.0f} s, held-out loss "
                  f"{flattening(c['held_out'])}" for k, c in curves.items()) + ".",
              f"Intervals: 95% percentile intervals of one clustered paired bootstrap ({figures.boot.resamples} "
