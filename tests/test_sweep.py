@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -37,7 +38,7 @@ def test_tiny_sweep_cuts_one_ranking_recovers_every_k_and_pairs_every_model(caps
                                                                            monkeypatch):
     monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))
     recipe = tmp_path / "sweep.yaml"
-    recipe.write_text(yaml.safe_dump(tiny_sweep(tiny_llama, tmp_path / "sweep"), sort_keys=False))
+    recipe.write_text(yaml.safe_dump({**tiny_sweep(tiny_llama, tmp_path / "sweep"), "controls": True}, sort_keys=False))
     code, out, err = run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])
     assert code == 0, err
     root = tmp_path / "sweep"
@@ -56,13 +57,44 @@ def test_tiny_sweep_cuts_one_ranking_recovers_every_k_and_pairs_every_model(caps
     drop = point["generative"]["drop"]
     assert drop["low"] <= drop["value"] <= drop["high"]
     assert set(data["curves"]) == {"1", "2"} and data["curves"]["1"]["tokens"] > 0
-    # the teacher answered once; the second k reused its answers
-    second = json.loads((root / "recovered-k2" / "recover_report.json").read_text())
-    assert second["data"]["generation"]["generated"] == 0
+    # the teacher answered once (for the k = 0 control, the unpruned original recovered); every k reused its answers
+    for k in (1, 2):
+        later = json.loads((root / f"recovered-k{k}" / "recover_report.json").read_text())
+        assert later["data"]["generation"]["generated"] == 0
+    change = data["control"]["generative"]["change"]
+    assert change["low"] <= change["value"] <= change["high"]
+    assert "recovered_share_net" in data["points"][0]["generative"]
     text = (root / "sweep.md").read_text()
-    assert "(a)" in text and "(b)" in text and "| 1 | generative |" in text
+    assert "(a)" in text and "(b)" in text and "| 1 | generative |" in text and "k = 0 control: the same" in text
+    assert "run-to-run variance is not measured" in text and "not measured (one replicate)" in text
     assert (root / "sweep.png").is_file() and (root / "sweep_loss.png").is_file()
+    labels = ["baseline", "recovered-k0", "pruned-k1", "recovered-k1", "pruned-k2", "recovered-k2"]
+    assert_records_kept(root, labels)
+    # a second replicate: the same directory resumes, only the new stages run (seed + 1), the report is redone
+    before = {label: (root / "eval" / label / "summary.json").stat().st_mtime_ns for label in labels}
+    recipe.write_text(yaml.safe_dump({**tiny_sweep(tiny_llama, root), "controls": True, "replicates": 2},
+                                     sort_keys=False))
+    code, out, err = run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])
+    assert code == 0, err
+    assert {label: (root / "eval" / label / "summary.json").stat().st_mtime_ns for label in labels} == before
+    data = json.loads((root / "sweep.json").read_text())
+    assert data["replicates"] == 2 and data["points"][0]["generative"]["spread"]["replicates"] == 2
+    assert data["points"][0]["generative"]["spread"]["run_sd"] is not None
+    assert "run-to-run variance is not measured" not in (root / "sweep.md").read_text()
+    assert_records_kept(root, [*labels, "recovered-k0@r1", "recovered-k1@r1", "recovered-k2@r1"])
     assert run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])[0] == 0  # complete: every stage skipped
+    assert_records_kept(root, [*labels, "recovered-k0@r1", "recovered-k1@r1", "recovered-k2@r1"])
+
+
+def assert_records_kept(root: Path, labels: list[str]) -> None:
+    """Every scored model's per-item records are on disk and listed in sweep.json, so comparisons can be redone."""
+    kept = json.loads((root / "sweep.json").read_text())["records"]
+    assert sorted(kept) == sorted(labels)
+    for label in labels:
+        assert kept[label]["folder"] == f"eval/{label}" and not kept[label]["missing"]
+        assert {Path(f).name for f in kept[label]["samples"]} == {"arc_easy.jsonl", "arith_1d_sum3.jsonl",
+                                                                   "copy_l3.jsonl"}
+        assert all((root / f).stat().st_size > 0 for f in kept[label]["samples"])
 
 
 def test_sweep_schema_demands_one_ranking(tiny_llama):
@@ -106,32 +138,44 @@ def test_every_shipped_sweep_dry_runs(capsys, path, monkeypatch, tmp_path):
         assert "about 54k trained tokens per k" in out and "training 13 min" in out  # 72 x 4 x 188 at 340/s
 
 
-def _figures(shares: dict[int, int], n: int = 200):  # noqa: ANN202 (labels, Figures)
-    """Synthetic sweep: classification keeps everything, generative loses 100 of 150 right items at each k and the
-    recovered model wins back shares[k] of them."""
+def _figures(shares: dict[int, int], n: int = 200, control: int | None = None, lost: int = 100,
+             gen_recovered: dict[int, float] | None = None):  # noqa: ANN202 (labels, Figures)
+    """Synthetic sweep: classification keeps everything, generative loses `lost` of 150 right items at each k and the
+    recovered model wins back shares[k] of them; with `control`, the unpruned original recovered the same way wins
+    `control` of the 50 items the original got wrong. gen_recovered[k]: a recovered model that keeps only that share
+    of its classification margin (classification of the others unchanged)."""
     import numpy as np
 
     from layerprune.pipeline.paired_table import Figures
 
     rng = np.random.default_rng(0)
-    labels = ["baseline", *(f"{r}-k{k}" for k in shares for r in ("pruned", "recovered"))]
+    labels = ["baseline", *(["recovered-k0"] if control is not None else []),
+              *(f"{r}-k{k}" for k in shares for r in ("pruned", "recovered"))]
     gen_base = np.r_[np.ones(150), np.zeros(n - 150)]
     cls_base = (rng.random(n) < 0.7).astype(float)
     gen, cls = [gen_base], [cls_base]
-    for won in shares.values():
+    if control is not None:
+        ctrl = gen_base.copy()
+        ctrl[150:150 + control] = 1
+        gen.append(ctrl)
+        cls.append(cls_base)
+    for k, won in shares.items():
         pruned = gen_base.copy()
-        pruned[:100] = 0
+        pruned[:lost] = 0
         recovered = pruned.copy()
         recovered[:won] = 1
+        worse = cls_base.copy()
+        if gen_recovered and k in gen_recovered:  # classification falls to chance on all but that share
+            right = np.flatnonzero(cls_base)
+            worse[right[int(len(right) * gen_recovered[k]):]] = 0.5
         gen += [pruned, recovered]
-        cls += [cls_base, cls_base]
+        cls += [cls_base, worse]
     matrices = {"copy_l7": np.stack(gen), "piqa": np.stack(cls)}
     return labels, Figures(labels, matrices, {"copy_l7": 0.0, "piqa": 0.5},
                            {"classification": ["piqa"], "generative": ["copy_l7"]})
 
 
 def test_sweep_verdicts_come_from_the_intervals():
-    from types import SimpleNamespace
 
     from layerprune.pipeline import sweep_report
 
@@ -144,10 +188,197 @@ def test_sweep_verdicts_come_from_the_intervals():
     assert points[0]["classification"]["retention_recovered"]["value"] == pytest.approx(1.0)
     lines, tests = sweep_report.verdicts(study, figures, points)
     assert tests["a"]["holds"] and tests["b"]["holds"] and tests["b"]["difference"]["low"] > 0
-    assert lines[0].startswith("(a)") and "HOLDS" in lines[0] and "HOLDS" in lines[1]
-    # the same share at both k: (b) does not hold, and says so with its interval
+    assert tests["a"]["shown_at"] == [1, 4] and "shown at every k where pruning costs something" in lines[0]
+    assert lines[1].startswith("(b) ") and ": shown (shares 60.0% [" in lines[1] and "(undefined 0.0%)" in lines[1]
+    assert tests["b_retention"]["status"] == "shown" and lines[2].startswith("(b, as retention)")
+    # the same share at both k: (b) not shown, said with its interval
     _, figures = _figures({1: 30, 4: 30})
     points = [sweep_report.point(study, figures, k) for k in study.ratios]
     lines, tests = sweep_report.verdicts(study, figures, points)
-    assert not tests["b"]["holds"] and "does NOT hold" in lines[1] and "difference 0.0% [" in lines[1]
+    assert not tests["b"]["holds"] and tests["b"]["status"] == "not shown" and ": not shown (shares" in lines[1]
+    assert "difference 0.0% [" in lines[1] and tests["b_retention"]["status"] == "not shown"
     assert "| 4 | generative |" in sweep_report.format_table(points)
+
+
+def test_verdict_a_is_said_per_k_shown_not_shown_or_contradicted():
+
+    from layerprune.pipeline import sweep_report
+
+    study = SimpleNamespace(ratios=[1, 2, 4])
+    # k=1: generative wins back all (gap holds 0), k=2: classification keeps 95% (gap above 0), k=4: classification
+    # keeps 20% of its margin while generative keeps 40% of its own (gap below 0)
+    _, figures = _figures({1: 100, 2: 0, 4: 60}, gen_recovered={1: 1.0, 2: 0.95, 4: 0.2})
+    points = [sweep_report.point(study, figures, k) for k in study.ratios]
+    lines, tests = sweep_report.verdicts(study, figures, points)
+    per_k = tests["a"]["per_k"]
+    assert {k: v["status"] for k, v in per_k.items()} == {1: "not shown", 2: "shown", 4: "contradicted"}
+    assert per_k[4]["gap"]["high"] < 0 < per_k[2]["gap"]["low"] and not tests["a"]["holds"]
+    assert "shown at k = 2; not shown at k = 1; contradicted at k = 4" in lines[0]
+    assert "k=4: contradicted, -" in lines[0]
+    # no interval at all (an original at chance): not shown, and said so
+    lines, tests = sweep_report._verdict_a([{"k": 1, "gap_recovered": {"value": None, "low": None, "high": None},
+                                             "costs": False}])
+    assert tests["a"]["not_shown_at"] == [1] and "not shown at k = 1 (gap" in lines[0] and "k=1: not shown, undefined" \
+        in lines[0]
+
+
+def test_the_k0_control_nets_the_recovered_share_and_every_share_says_how_often_it_is_undefined():
+
+    from layerprune.pipeline import sweep_report
+
+    study = SimpleNamespace(ratios=[1, 4])
+    # the recovery alone wins 20 of the original's 50 wrong items: +10 points that are no recovery of the cut
+    _, figures = _figures({1: 60, 4: 10}, control=20)
+    control = sweep_report.control_point(figures)
+    assert control["generative"]["change"]["value"] == pytest.approx(0.1)
+    assert control["classification"]["change"]["value"] == pytest.approx(0.0)
+    points = [sweep_report.point(study, figures, k) for k in study.ratios]
+    gen = points[0]["generative"]
+    assert gen["recovered_share"]["value"] == pytest.approx(0.6)
+    assert gen["recovered_share_net"]["value"] == pytest.approx((0.3 - 0.1) / 0.5)
+    lines, tests = sweep_report.verdicts(study, figures, points)
+    assert tests["b_net"]["difference"]["value"] == pytest.approx(0.4 - (0.05 - 0.1) / 0.5)
+    assert any(line.startswith("(b, net of the control)") for line in lines)
+    table = sweep_report.format_table(points)
+    assert "recovered share net of the k = 0 control" in table and "40.0% [" in table
+    text = sweep_report.format_control(control, "lora", False)
+    assert "| generative | 75.0% [" in text and "| 10.0% [" in text
+    assert "needs a cut" in sweep_report.format_control(None, "local", True)
+    # a drop of 5 items of 200: clear, but on some resamples none of the 5 is drawn and the share is undefined there
+    _, figures = _figures({1: 3, 4: 10}, lost=5)
+    share = sweep_report.point(study, figures, 1)["generative"]["recovered_share"]
+    assert 0 < share["undefined"] < 0.05
+    table = sweep_report.format_table([sweep_report.point(study, figures, 1)])
+    assert f"(undefined {100 * share['undefined']:.1f}%)" in table
+
+
+def _tiny_study(tiny_llama, tmp_path, **fields):  # noqa: ANN001, ANN202 (a SweepStudy)
+    return SweepStudy.model_validate({**tiny_sweep(tiny_llama, tmp_path / "s"), **fields})
+
+
+def test_replicates_and_the_control_add_stages_and_leave_replicate_0_as_it_was(tiny_llama, tmp_path):
+    from layerprune.pipeline import sweep
+
+    plain = _tiny_study(tiny_llama, tmp_path)
+    assert sweep.stage_names(plain) == [
+        "calibrate-probes", "score", "gate-gsm8k", "eval-baseline", "prune-k1", "eval-pruned-k1", "recover-k1",
+        "eval-recovered-k1", "prune-k2", "eval-pruned-k2", "recover-k2", "eval-recovered-k2", "report"]
+    more = _tiny_study(tiny_llama, tmp_path, replicates=2, controls=True)
+    assert sweep.models(more) == ["baseline", "recovered-k0", "recovered-k0@r1", "pruned-k1", "recovered-k1",
+                                  "recovered-k1@r1", "pruned-k2", "recovered-k2", "recovered-k2@r1"]
+    stages = sweep.stage_names(more)
+    assert stages[4:8] == ["recover-k0", "eval-recovered-k0", "recover-k0@r1", "eval-recovered-k0@r1"]
+    assert set(sweep.stage_names(plain)) < set(stages) and len(stages) == 13 + 4 + 4
+    root = tmp_path / "s"
+    assert sweep.stage_output(root, "recover-k2@r1") == root / "recovered-k2@r1" / "recover_report.json"
+    assert sweep.stage_output(root, "eval-recovered-k0@r1") == root / "eval" / "recovered-k0@r1" / "summary.json"
+    local = _tiny_study(tiny_llama, tmp_path, controls=True)
+    local.recover["overrides"]["method"] = "local"
+    assert not sweep.has_control(local) and "recover-k0" not in sweep.stage_names(local)
+    # more replicates or the control only add stages: the run directory stays this sweep's
+    from layerprune.pipeline.stages import recipe_fingerprint
+
+    assert recipe_fingerprint(sweep._Protocol(plain)) == recipe_fingerprint(sweep._Protocol(more))  # type: ignore[arg-type]
+    assert recipe_fingerprint(sweep._Protocol(plain)) != recipe_fingerprint(  # type: ignore[arg-type]
+        sweep._Protocol(_tiny_study(tiny_llama, tmp_path, ratios=[1, 3], prune={**plain.prune.model_dump(),
+                                                                                 "drop": 3})))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_replicate_r_recovers_with_seed_plus_r_and_shares_answers_only_when_greedy(tiny_llama, tmp_path, monkeypatch,
+                                                                                   temperature):
+    from layerprune.pipeline import study as recovery
+    from layerprune.pipeline import sweep
+    from layerprune.settings import RunSettings
+
+    calls = []
+    monkeypatch.setattr(recovery, "recover_sharing_answers",
+                        lambda recipe, job, shared: calls.append((recipe.model, job.output.name, job.settings.seed,
+                                                                  shared.name)))
+    study = _tiny_study(tiny_llama, tmp_path, replicates=3, controls=True)
+    study.recover["overrides"]["generate"]["temperature"] = temperature
+    root = tmp_path / "s"
+    for label in ("k2", "k2@r1", "k0@r2"):
+        sweep.recover_at(study, RunSettings(seed=5), root, label)
+    own = temperature > 0
+    assert calls == [(str(root / "pruned-k2"), "recovered-k2", 5, "selfgen.jsonl"),
+                     (str(root / "pruned-k2"), "recovered-k2@r1", 6, "selfgen@r1.jsonl" if own else "selfgen.jsonl"),
+                     (str(root / "original"), "recovered-k0@r2", 7, "selfgen@r2.jsonl" if own else "selfgen.jsonl")]
+    assert (root / "original" / "config.json").is_file()  # the control's student: the original, a copy apart
+
+
+def test_the_dry_run_lists_the_replicates_and_the_control(capsys, tiny_llama, tmp_path):
+    recipe = tmp_path / "sweep.yaml"
+    recipe.write_text(yaml.safe_dump({**tiny_sweep(tiny_llama, tmp_path / "s"), "replicates": 2, "controls": True}))
+    code, out, err = run_cli(capsys, ["study", str(recipe), "--dry-run"])
+    assert code == 0, err
+    assert "models evaluated: 9 (baseline, recovered-k0, recovered-k0@r1, pruned-k1," in out
+    assert "2 replicates of every recovery (seeds settings.seed + 0..1" in out and "k = 0 control: the same" in out
+    assert "recoveries: 6; stages: 21 (" in out and "recover-k0@r1, eval-recovered-k0@r1" in out
+    assert not (tmp_path / "s").exists()
+
+
+def _eval_folder(folder: Path, rows: dict[str, tuple[str, list[float]]]) -> None:
+    """A synthetic eval folder: summary.json and samples/TASK.jsonl of per-item scores (two choices per
+    classification item)."""
+    from layerprune.evaluate import Summary, TaskResult
+
+    (folder / "samples").mkdir(parents=True)
+    results = []
+    for task, (kind, scores) in rows.items():
+        metric = "acc" if kind == "classification" else "exact_match"
+        with (folder / "samples" / f"{task}.jsonl").open("w") as handle:
+            for i, value in enumerate(scores):
+                handle.write(json.dumps({"doc_id": i, "filter": "none", metric: value, "doc_hash": f"d{i}",
+                                         "prompt_hash": f"p{i}", "arguments": [["q", "a"], ["q", "b"]]}) + "\n")
+        results.append(TaskResult(task=task, kind=kind, metric=metric, value=sum(scores) / len(scores), stderr=None,
+                                  n=len(scores), headline=True, settings={}, seconds=1.0))
+    summary = Summary(model={"spec": "x", "location": "x", "kind": "local"}, model_hash="h", results=results)
+    (folder / "summary.json").write_text(summary.model_dump_json())
+
+
+def test_replicates_are_one_point_their_mean_with_the_run_sd_beside_the_item_se(tmp_path):
+    import numpy as np
+
+    from layerprune.pipeline import sweep_report
+
+    rng = np.random.default_rng(1)
+    n = 120
+    cls = (rng.random(n) < 0.8).astype(float).tolist()
+    base = np.r_[np.ones(90), np.zeros(n - 90)]
+    runs = {"recovered-k1": 40, "recovered-k1@r1": 50, "recovered-k1@r2": 60}  # items won back by each replicate
+    gen = {"baseline": base, "pruned-k1": np.r_[np.zeros(80), base[80:]]}
+    for label, won in runs.items():
+        gen[label] = gen["pruned-k1"].copy()
+        gen[label][:won] = 1
+    folders = {}
+    for label, scores in gen.items():
+        folders[label] = tmp_path / "eval" / label
+        _eval_folder(folders[label], {"piqa": ("classification", cls), "copy_l7": ("generative", scores.tolist())})
+    figures, matrices, _ = sweep_report.sweep_figures(folders)
+    assert figures.labels == ["baseline", "pruned-k1", "recovered-k1"] and matrices["copy_l7"].shape == (5, n)
+    point = sweep_report.point(SimpleNamespace(ratios=[1]), figures, 1)
+    won = [np.mean(gen[label]) for label in runs]
+    assert point["generative"]["recovered"]["value"] == pytest.approx(np.mean(won))
+    spread = point["generative"]["spread"]
+    assert spread["replicates"] == 3 and spread["run_sd"] == pytest.approx(np.std(won, ddof=1))
+    assert point["classification"]["spread"]["run_sd"] == pytest.approx(0.0)
+    table = sweep_report.format_spread([point], None)
+    assert f"| 1 | generative | 3 | {100 * np.std(won, ddof=1):.1f} | {100 * spread['item_se']:.1f} |" in table
+
+
+def test_records_list_every_models_samples_and_say_when_they_are_gone(tmp_path):
+    from layerprune.pipeline import sweep_report
+
+    folders = {}
+    for label in ("baseline", "pruned-k1", "recovered-k1"):
+        folders[label] = tmp_path / "eval" / label
+        (folders[label] / "samples").mkdir(parents=True)
+        (folders[label] / "samples" / "copy_l3.jsonl").write_text("{}\n")
+    kept = sweep_report.records(tmp_path, folders)
+    assert kept["recovered-k1"] == {"folder": "eval/recovered-k1",
+                                    "samples": ["eval/recovered-k1/samples/copy_l3.jsonl"],
+                                    "missing": False}
+    (folders["pruned-k1"] / "samples" / "copy_l3.jsonl").unlink()
+    kept = sweep_report.records(tmp_path, folders)
+    assert kept["pruned-k1"]["missing"] and "MISSING for pruned-k1" in sweep_report._records_line(kept)

@@ -3,9 +3,11 @@
 Stages (each skipped when its output is complete, so an interrupted sweep resumes stage by stage):
 calibrate-probes (which probe levels the original can do, on the calibration stream), score (one ablation pass over
 every block: the ranking), gate-gsm8k (GSM8K is scored only where the original reaches the gate), eval-baseline,
-then per k: prune-k (the k lowest-ranked blocks, cut from the files), eval-pruned-k, recover-k (SFT on the original
-model's own answers to generic instructions, generated once and shared by every k), eval-recovered-k; and the report
-(sweep_report.py: paired intervals over the same items for every model).
+with `controls` the k = 0 control (recover-k0, eval-recovered-k0: the same recovery of the unpruned original), then
+per k: prune-k (the k lowest-ranked blocks, cut from the files), eval-pruned-k, recover-k (SFT on the original
+model's own answers to generic instructions, generated once and shared by every k), eval-recovered-k; each recovery
+once per replicate (replicate r > 0: recover-kK@rR with seed settings.seed + r); and the report (sweep_report.py:
+paired intervals over the same items for every model, across-run spread over the replicates).
 """
 
 from __future__ import annotations
@@ -48,6 +50,11 @@ class SweepStudy(PipelineRecipe):
     classification: list[str] = Field(min_length=1, description="Classification tasks of the suite to score")
     probes: ProbeCalibration = Field(default_factory=ProbeCalibration, description="probes-calibrated selection")
     gsm8k_gate: Gsm8kGate = Field(default_factory=Gsm8kGate, description="When GSM8K is scored")
+    replicates: int = Field(1, ge=1, description="Recoveries per point: replicate r runs with seed settings.seed + r "
+                            "(held-out split, data order, adapter init, sampled teacher answers), r = 0 as a single "
+                            "run, r > 0 in recovered-kK@rR; the report gives the across-run spread")
+    controls: bool = Field(False, description="The k = 0 control: the same recovery of the unpruned original "
+                           "(recovered-k0, per replicate), scored on the same items (none for merge, replace, local)")
 
     @model_validator(mode="after")
     def _one_ranking(self) -> SweepStudy:
@@ -69,15 +76,42 @@ class SweepStudy(PipelineRecipe):
         return self.evaluate.model_copy(update={"only": tasks})
 
 
+def replicate_label(label: str, replicate: int) -> str:
+    """The folder (and stage suffix) of one replicate: `label` itself for replicate 0, `label@rR` after."""
+    return label if replicate == 0 else f"{label}@r{replicate}"
+
+
+def replicate_of(label: str) -> tuple[str, int]:
+    """(logical label, replicate) of a physical label: "recovered-k3@r2" -> ("recovered-k3", 2)."""
+    base, _, replicate = label.partition("@r")
+    return base, int(replicate) if replicate else 0
+
+
+def has_control(study: SweepStudy) -> bool:
+    """Whether the k = 0 control runs: asked for, and a recovery that needs no cut (merge, replace, local do)."""
+    return study.controls and not study.shared_recipe("<pruned>").surgery_steps()
+
+
+def recovered(study: SweepStudy, k: int) -> list[str]:
+    """The physical labels of every replicate of recovered-k (k = 0: the control)."""
+    return [replicate_label(f"recovered-k{k}", r) for r in range(study.replicates)]
+
+
 def models(study: SweepStudy) -> list[str]:
-    """The evaluated models' labels: baseline, then pruned-k and recovered-k for each k."""
-    return ["baseline", *(f"{role}-k{k}" for k in study.ratios for role in ("pruned", "recovered"))]
+    """The evaluated models' labels: baseline, the control's replicates, then pruned-k and recovered-k (each
+    replicate) for each k."""
+    control = recovered(study, 0) if has_control(study) else []
+    return ["baseline", *control, *(m for k in study.ratios for m in (f"pruned-k{k}", *recovered(study, k)))]
 
 
 def stage_names(study: SweepStudy) -> list[str]:
-    per_k = [s for k in study.ratios for s in (f"prune-k{k}", f"eval-pruned-k{k}", f"recover-k{k}",
-                                                  f"eval-recovered-k{k}")]
-    return ["calibrate-probes", "score", "gate-gsm8k", "eval-baseline", *per_k, "report"]
+    def recoveries(k: int) -> list[str]:
+        return [s for label in recovered(study, k) for s in (f"recover-{label.removeprefix('recovered-')}",
+                                                              f"eval-{label}")]
+
+    control = recoveries(0) if has_control(study) else []
+    per_k = [s for k in study.ratios for s in (f"prune-k{k}", f"eval-pruned-k{k}", *recoveries(k))]
+    return ["calibrate-probes", "score", "gate-gsm8k", "eval-baseline", *control, *per_k, "report"]
 
 
 def stage_output(root: Path, stage: str) -> Path:
@@ -120,17 +154,31 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
 
     root = study.run_dir()
     validate_data(study, settings, prune_pending=overwrite or not stage_output(root, "score").exists())  # type: ignore[arg-type]
-    claim_run_dir(RunPaths(root), study, overwrite)  # type: ignore[arg-type]
-    stages = stage_names(study)
+    claim_run_dir(RunPaths(root), _Protocol(study), overwrite)  # type: ignore[arg-type]
+    stages, ran = stage_names(study), False
     for number, stage in enumerate(stages, 1):
-        if stage_output(root, stage).exists():
+        if stage_output(root, stage).exists() and not (stage == "report" and ran):
             log.info("[%d/%d] %s: complete, skipped", number, len(stages), stage)
             continue
         log.info("[%d/%d] %s ...", number, len(stages), stage)
-        start = time.perf_counter()
+        start, ran = time.perf_counter(), True
         run_stage(study, settings, root, stage)
         log.info("[%d/%d] %s done in %.0f s", number, len(stages), stage, time.perf_counter() - start)
     return stage_output(root, "report")
+
+
+class _Protocol:
+    """The sweep as its run directory's owner: replicates and controls only add stages, so a sweep given more
+    replicates (or its control) resumes where it stands instead of being refused as another recipe."""
+
+    def __init__(self, study: SweepStudy) -> None:
+        self.study, self.name = study, study.name
+
+    def model_dump_json(self, exclude: dict[str, Any]) -> str:
+        return self.study.model_dump_json(exclude={**exclude, "replicates": True, "controls": True})
+
+    def model_dump(self, **kwargs: Any) -> dict[str, Any]:
+        return self.study.model_dump(**kwargs)
 
 
 def run_stage(study: SweepStudy, settings: RunSettings, root: Path, stage: str) -> None:
@@ -186,14 +234,40 @@ def prune_at(study: SweepStudy, settings: RunSettings, root: Path, k: int) -> No
 
 
 def recover_at(study: SweepStudy, settings: RunSettings, root: Path, label: str) -> None:
-    """SFT of pruned-k on the teacher's answers, generated for the first k and shared by the others."""
+    """SFT of pruned-k (k0: the unpruned original) on the teacher's answers, generated for the first k and shared by
+    the others. Replicate r (label kK@rR) runs with seed settings.seed + r; its teacher answers are replicate 0's at
+    temperature 0 (greedy: the same), its own at a temperature above 0."""
     from layerprune.pipeline.study import recover_sharing_answers
     from layerprune.recover.runner import RecoverJob
 
-    recipe = study.shared_recipe(str(root / f"pruned-{label}"))
-    job = RecoverJob(output=root / f"recovered-{label}", settings=settings, resume=True,
+    point, replicate = replicate_of(label)
+    student = original_copy(study, settings, root) if point == "k0" else root / f"pruned-{point}"
+    recipe = study.shared_recipe(str(student))
+    job = RecoverJob(output=root / f"recovered-{label}", resume=True,
+                     settings=settings.model_copy(update={"seed": settings.seed + replicate}),
                      data_dir=study.evaluate.data_dir or study.prune.data_dir)
-    recover_sharing_answers(recipe, job, root / "selfgen.jsonl")
+    recover_sharing_answers(recipe, job, root / teacher_answers(recipe, replicate))
+
+
+def original_copy(study: SweepStudy, settings: RunSettings, root: Path) -> Path:
+    """The unpruned original saved once to `root`/original: the control's student, a directory apart from the
+    teacher's (the recovery refuses a student that is its own teacher)."""
+    from layerprune.models import load_model
+    from layerprune.models.loading import copy_tokenizer_files
+    from layerprune.outputs import atomic_output_dir
+
+    target = root / "original"
+    if not (target / "config.json").is_file():
+        loaded = load_model(study.model, settings.model_copy(update={"device": "cpu"}))
+        with atomic_output_dir(target, overwrite=True) as tmp:
+            loaded.model.save_pretrained(tmp)
+            copy_tokenizer_files(loaded.source, tmp, loaded.tokenizer)
+    return target
+
+
+def teacher_answers(recipe: RecoverRecipe, replicate: int) -> str:
+    """The shared teacher-answer file of a replicate: one for all at temperature 0, one per replicate above."""
+    return replicate_label("selfgen", replicate if recipe.generate.temperature > 0 else 0) + ".jsonl"
 
 
 RATES = {"classification docs/s": 3.4, "probe items/s": 8.0, "trained tokens/s": 170.0, "gsm8k items/s": 0.14,
@@ -234,10 +308,12 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
         trained = tokens_per_epoch * train.epochs if train.max_steps is None else \
             train.max_steps * train.batch_size * train.grad_accum * (shared.generate.max_new_tokens + 60)
         schedule, rate = f"{train.epochs:g} epochs, lr {train.learning_rate:g}", RATES["trained tokens/s"]
+    n_recoveries = (len(study.ratios) + has_control(study)) * study.replicates
+    answer_sets = study.replicates if shared.generate.temperature > 0 else 1
     seconds = {"calibrate": len(study.probes.candidates) * study.probes.items / RATES["calibration items/s"],
                "gate": study.gsm8k_gate.limit / RATES["gsm8k items/s"],
-               "teacher answers": answers * shared.generate.max_new_tokens / RATES["teacher tokens/s"],
-               "training": len(study.ratios) * trained / rate,
+               "teacher answers": answer_sets * answers * shared.generate.max_new_tokens / RATES["teacher tokens/s"],
+               "training": n_recoveries * trained / rate,
                "evaluation": n_models * per_model}
     lines = [f"pruning-ratio sweep '{study.name}' -> {study.run_dir()}",
              f"model: {check_model(study.model, settings)}",
@@ -258,13 +334,30 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
              f"{train.batch_size} x {train.grad_accum}, held-out {train.held_out:g} every {train.eval_steps} steps: "
              f"about {trained / 1000:.0f}k trained tokens per k (planned from {shared.generate.max_new_tokens} + 60 "
              "tokens per answer; the report counts them)",
+             _replicate_line(study, shared, answer_sets),
+             f"recoveries: {n_recoveries}; stages: {len(stage_names(study))} ({', '.join(stage_names(study))})",
              *_memory_lines(study, settings, shared),
              _estimate(study, seconds)]
     return "\n".join(lines)
 
 
+def _replicate_line(study: SweepStudy, shared: RecoverRecipe, answer_sets: int) -> str:
+    """What the replicates vary and the control adds."""
+    runs = (f"{study.replicates} replicates of every recovery (seeds settings.seed + 0..{study.replicates - 1}: "
+            f"held-out split, data order, adapter init; {answer_sets} teacher answer set(s))"
+            if study.replicates > 1 else "1 replicate of every recovery (run-to-run variance not measured)")
+    if not study.controls:
+        control = "no k = 0 control (controls: false)"
+    elif has_control(study):
+        control = "k = 0 control: the same recovery of the unpruned original (recovered-k0), scored on the same items"
+    else:
+        control = f"no k = 0 control: {shared.chain_name()} needs a cut (merge, replace, local change cut blocks)"
+    return f"{runs}; {control}"
+
+
 def _memory_lines(study: SweepStudy, settings: RunSettings, shared: RecoverRecipe) -> list[str]:
-    """The recovery's memory plan at the smallest k (the largest student), as the recovery study plans an arm."""
+    """The recovery's memory plan at the smallest k (the largest student: the original itself with the control), as
+    the recovery study plans an arm."""
     import copy
 
     from layerprune.pipeline.plan import model_config
@@ -275,10 +368,11 @@ def _memory_lines(study: SweepStudy, settings: RunSettings, shared: RecoverRecip
     if config is None:
         return [f"memory plan: not made ({note or 'the config was not readable'})"]
     teacher = copy.deepcopy(config)
-    config.num_hidden_layers = teacher.num_hidden_layers - study.ratios[0]
+    first = 0 if has_control(study) else study.ratios[0]
+    config.num_hidden_layers = teacher.num_hidden_layers - first
     _, plan = plan_for(shared, config, RecoverJob(output=study.run_dir() / "recovered-k1", settings=settings),
                        cuda=True, teacher_config=teacher)
-    return [memory.format_plan(plan, f"{study.model or 'embedded'} minus {study.ratios[0]} blocks")]
+    return [memory.format_plan(plan, f"{study.model or 'embedded'} minus {first} blocks")]
 
 
 def _estimate(study: SweepStudy, seconds: dict[str, float]) -> str:

@@ -14,17 +14,21 @@ from typing import Any
 
 import numpy as np
 
+from layerprune import paired
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.paired import format_interval
 from layerprune.pipeline.paired_table import Figures, load_matrix
 
 KINDS = ("classification", "generative")
 NO_CLEAR_DROP = "n/a (no clear drop)"  # the drop's interval holds 0: no share of it to speak of
+CONTROL = "recovered-k0"  # the k = 0 control: the same recovery of the unpruned original
 
 
 def point(study: Any, figures: Figures, k: int) -> dict[str, Any]:
-    """One k of the sweep: per kind the scores, drop, chance-normalised retention, recovered share; and the gap."""
+    """One k of the sweep: per kind the scores, drop, chance-normalised retention, recovered share (and, with the
+    k = 0 control, the share net of the control's own change), the across-run spread; and the gap."""
     out: dict[str, Any] = {"k": k}
+    control = CONTROL in figures.labels
     for kind in KINDS:
         if not figures.has(kind):
             continue
@@ -35,9 +39,14 @@ def point(study: Any, figures: Figures, k: int) -> dict[str, Any]:
             row["recovered"] = figures.score(f"recovered-k{k}", kind)
             row["retention_recovered"] = figures.interval(
                 lambda m, kind=kind: figures.retention(f"recovered-k{k}", kind, m))
+            clear = _above(row["drop"])
             row["recovered_share"] = figures.interval(lambda m, kind=kind: _share(figures, k, kind, m)) \
-                if _above(row["drop"]) else NO_CLEAR_DROP
+                if clear else NO_CLEAR_DROP
+            if control:
+                row["recovered_share_net"] = figures.interval(lambda m, kind=kind: _net_share(figures, k, kind, m)) \
+                    if clear else NO_CLEAR_DROP
             row["gain"] = figures.difference(f"recovered-k{k}", f"pruned-k{k}", kind)
+            row["spread"] = spread(figures, f"recovered-k{k}", kind)
         out[kind] = row
     if all(figures.has(kind) for kind in KINDS) and f"recovered-k{k}" in figures.labels:
         out["gap_recovered"] = figures.interval(
@@ -47,40 +56,100 @@ def point(study: Any, figures: Figures, k: int) -> dict[str, Any]:
     return out
 
 
+def control_point(figures: Figures) -> dict[str, Any] | None:
+    """The k = 0 control per kind: the original, the original after the same recovery, the change (control -
+    baseline) and the across-run spread; None without a control."""
+    if CONTROL not in figures.labels:
+        return None
+    return {kind: {"baseline": figures.score("baseline", kind), "control": figures.score(CONTROL, kind),
+                   "change": figures.difference(CONTROL, "baseline", kind), "spread": spread(figures, CONTROL, kind)}
+            for kind in KINDS if figures.has(kind)}
+
+
+def spread(figures: Figures, label: str, group: str) -> dict[str, Any]:
+    """Across-run SD of a recovered point's group score over its replicates (None with one replicate) beside the
+    item-sampling SE."""
+    return dict(figures.spread(label, group))
+
+
 def _above(ci: dict[str, Any] | None) -> bool:
     return bool(ci and ci.get("low") is not None and ci["low"] > 0)
 
 
+def shown(ci: dict[str, Any] | None) -> str:
+    """What an interval shows about 'above 0': shown (all above), contradicted (all below) or not shown (it holds 0,
+    or there is none)."""
+    if not ci or ci.get("low") is None:
+        return "not shown"
+    return "shown" if ci["low"] > 0 else "contradicted" if ci["high"] < 0 else "not shown"
+
+
 def verdicts(study: Any, figures: Figures, points: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
-    """(a) after recovery, classification retention above generative at every k where pruning costs something,
-    the gap's interval above 0; (b) the recovered share of the generative drop larger at the smallest k with a clear
-    generative drop than at the largest such k, the difference's interval above 0. Said with the numbers either
-    way."""
+    """(a) per k: after recovery, classification retention above generative, the gap's interval above 0 (shown),
+    below (contradicted) or holding 0 (not shown); (b) as written, the recovered share of the generative drop at the
+    smallest k with a clear generative drop against the largest (also net of the k = 0 control when there is one),
+    and as retention, generative retention after recovery at the smallest against the largest k. Said with the
+    numbers either way."""
+    lines, tests = _verdict_a(points)
+    b_lines, b_tests = _verdict_b(figures, points)
+    return lines + b_lines, {**tests, **b_tests}
+
+
+def _verdict_a(points: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
+    tested = [p for p in points if "gap_recovered" in p]
+    if not tested:
+        return ["(a) cannot be tested: no recovered model, or a kind was not scored."], {}
+    per_k = {p["k"]: {"status": shown(p["gap_recovered"]), "gap": p["gap_recovered"], "costs": p["costs"]}
+             for p in tested}
+    by = {s: [k for k, v in per_k.items() if v["status"] == s] for s in ("shown", "not shown", "contradicted")}
+    costly = [k for k, v in per_k.items() if v["costs"]]
+    holds = bool(costly) and all(per_k[k]["status"] == "shown" for k in costly)
+    summary = ("shown at every k where pruning costs something" if holds else
+               "; ".join(f"{s} at k = {', '.join(map(str, ks))}" for s, ks in by.items() if ks))
+    detail = "; ".join(f"k={k}: {v['status']}, {_ci_pct(v['gap'])}" + ("" if v["costs"] else " (no clear drop)")
+                       for k, v in per_k.items())
+    line = (f"(a) After recovery, classification keeps more of its margin above chance than generative reasoning: "
+            f"{summary} (gap in chance-normalised retention, classification - generative, 95% paired interval, per "
+            f"k: {detail}). Shown: the interval is above 0; not shown: it holds 0; contradicted: it is below 0.")
+    return [line], {"a": {"holds": holds, "per_k": per_k, "shown_at": by["shown"], "not_shown_at": by["not shown"],
+                          "contradicted_at": by["contradicted"], "ks": costly}}
+
+
+def _verdict_b(figures: Figures, points: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
     lines, tests = [], {}
-    costly = [p for p in points if p["costs"] and "gap_recovered" in p]
-    if costly:
-        held = [p["k"] for p in costly if _above(p["gap_recovered"])]
-        verdict = "HOLDS" if len(held) == len(costly) else "does NOT hold"
-        gaps = "; ".join(f"k={p['k']}: {_ci_pct(p['gap_recovered'])}" for p in costly)
-        lines.append(f"(a) After recovery, classification keeps more of its margin above chance than generative "
-                     f"reasoning at every k where pruning costs something: {verdict} (gap in chance-normalised "
-                     f"retention, classification - generative, 95% paired interval: {gaps}).")
-        tests["a"] = {"holds": len(held) == len(costly), "ks": [p["k"] for p in costly], "held_at": held}
-    else:
-        lines.append("(a) cannot be tested: no k has a drop whose interval is above 0, or a kind was not scored.")
     clear = [p["k"] for p in points if isinstance(p.get("generative", {}).get("recovered_share"), dict)]
     if len(clear) >= 2:
         small, large = clear[0], clear[-1]
-        diff = figures.interval(lambda m: _share(figures, small, "generative", m) - _share(figures, large, "generative",
-                                                                                        m))
-        holds = _above(diff)
-        lines.append(f"(b) The recovered share of the generative drop is larger at k={small} than at k={large}: "
-                     f"{'HOLDS' if holds else 'does NOT hold'} (shares {_ci_pct(_point_share(points, small))} and "
-                     f"{_ci_pct(_point_share(points, large))}; difference {_ci_pct(diff)}).")
-        tests["b"] = {"holds": holds, "small": small, "large": large, "difference": diff}
+        for key, share, name in (("b", _share, "recovered share"), ("b_net", _net_share, "recovered share net of the "
+                                                                                         "k = 0 control")):
+            field = "recovered_share" if key == "b" else "recovered_share_net"
+            if field not in _point(points, small)["generative"]:
+                continue
+            diff = figures.interval(lambda m, share=share: share(figures, small, "generative", m)
+                                    - share(figures, large, "generative", m))
+            status = shown(diff)
+            lines.append(f"({key.replace('_net', ', net of the control')}) The {name} of the generative drop is "
+                         f"larger at k={small} than at k={large}: {status} (shares "
+                         f"{share_pct(_point(points, small)['generative'][field])} and "
+                         f"{share_pct(_point(points, large)['generative'][field])}; difference {share_pct(diff)}).")
+            tests[key] = {"holds": status == "shown", "status": status, "small": small, "large": large,
+                          "difference": diff}
     else:
-        lines.append(f"(b) cannot be tested: the generative drop is clear (interval above 0) at {len(clear)} k "
-                     f"({', '.join(map(str, clear)) or 'none'}), and two are needed.")
+        lines.append(f"(b) cannot be tested as a share: the generative drop is clear (interval above 0) at {len(clear)}"
+                     f" k ({', '.join(map(str, clear)) or 'none'}), and two are needed.")
+    recovered = [p["k"] for p in points if "retention_recovered" in p.get("generative", {})]
+    if len(recovered) >= 2:
+        small, large = recovered[0], recovered[-1]
+        diff = figures.interval(lambda m: figures.retention(f"recovered-k{small}", "generative", m)
+                                - figures.retention(f"recovered-k{large}", "generative", m))
+        status = shown(diff)
+        ret = {k: _point(points, k)["generative"] for k in (small, large)}
+        lines.append(f"(b, as retention) Generative retention after recovery is higher at k={small} than at "
+                     f"k={large}: {status} ({_ci_pct(ret[small]['retention_recovered'])} and "
+                     f"{_ci_pct(ret[large]['retention_recovered'])}, difference {_ci_pct(diff)}; pruned alone "
+                     f"{_ci_pct(ret[small]['retention_pruned'])} and {_ci_pct(ret[large]['retention_pruned'])}).")
+        tests["b_retention"] = {"holds": status == "shown", "status": status, "small": small, "large": large,
+                                "difference": diff}
     return lines, tests
 
 
@@ -88,17 +157,34 @@ def _share(figures: Figures, k: int, kind: str, m: np.ndarray) -> np.ndarray:
     return figures.share_of(f"recovered-k{k}", f"pruned-k{k}", kind, m)
 
 
-def _point_share(points: list[dict[str, Any]], k: int) -> dict[str, Any]:
-    return next(p for p in points if p["k"] == k)["generative"]["recovered_share"]
+def _net_share(figures: Figures, k: int, kind: str, m: np.ndarray) -> np.ndarray:
+    """(recovered - pruned - (control - baseline)) / (baseline - pruned): the share beyond what the recovery does to
+    the unpruned original; nan where the drop is not positive."""
+    base, pruned = figures.mean(m, "baseline", kind), figures.mean(m, f"pruned-k{k}", kind)
+    change = figures.mean(m, CONTROL, kind) - base
+    return paired.share(base, pruned, figures.mean(m, f"recovered-k{k}", kind) - change)
+
+
+def _point(points: list[dict[str, Any]], k: int) -> dict[str, Any]:
+    return next(p for p in points if p["k"] == k)
 
 
 def _ci_pct(ci: dict[str, Any] | str | None) -> str:
     return ci if isinstance(ci, str) else format_interval(ci, missing="undefined")
 
 
+def share_pct(ci: dict[str, Any] | str | None) -> str:
+    """A share with its interval and the fraction of resamples on which it is undefined (no drop there)."""
+    if not isinstance(ci, dict):
+        return _ci_pct(ci)
+    return f"{_ci_pct(ci)} (undefined {100 * (ci.get('undefined') or 0.0):.1f}%)"
+
+
 def format_table(points: list[dict[str, Any]]) -> str:
     head = ["k", "kind", "original (%)", "pruned (%)", "drop (points)", "recovered (%)", "gain (points)",
             "retention pruned (chance-norm.)", "retention recovered (chance-norm.)", "recovered share"]
+    net = any("recovered_share_net" in p.get(kind, {}) for p in points for kind in KINDS)
+    head += ["recovered share net of the k = 0 control"] if net else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p in points:
         for kind in KINDS:
@@ -107,8 +193,36 @@ def format_table(points: list[dict[str, Any]]) -> str:
                 continue
             cells = [str(p["k"]), kind, _ci_pct(row["baseline"]), _ci_pct(row["pruned"]), _ci_pct(row["drop"]),
                      _ci_pct(row.get("recovered")), _ci_pct(row.get("gain")), _ci_pct(row["retention_pruned"]),
-                     _ci_pct(row.get("retention_recovered")), _ci_pct(row.get("recovered_share"))]
+                     _ci_pct(row.get("retention_recovered")), share_pct(row.get("recovered_share"))]
+            cells += [share_pct(row.get("recovered_share_net"))] if net else []
             lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def format_control(control: dict[str, Any] | None, chain: str, asked: bool) -> str:
+    """The k = 0 control's table, or why there is none."""
+    if control is None:
+        return (f"No k = 0 control: {chain} needs a cut (merge, replace and local change the blocks around one), so "
+                "the recovered share is not net of what the recovery does to the unpruned original." if asked else
+                "No k = 0 control (controls: false): the recovered share is not net of what the recovery does to "
+                "the unpruned original.")
+    lines = ["k = 0 control: the same recovery applied to the unpruned original, scored on the same items "
+             "(change = control - original, 95% paired interval).", "",
+             "| kind | original (%) | control (%) | change (points) |", "|---|---|---|---|"]
+    lines += [f"| {kind} | {_ci_pct(row['baseline'])} | {_ci_pct(row['control'])} | {_ci_pct(row['change'])} |"
+              for kind, row in control.items()]
+    return "\n".join(lines)
+
+
+def format_spread(points: list[dict[str, Any]], control: dict[str, Any] | None) -> str:
+    """Across-run SD over the replicates beside the item-sampling SE, per recovered point; one replicate: run
+    variance not measured."""
+    rows = [(0, kind, row["spread"]) for kind, row in (control or {}).items()]
+    rows += [(p["k"], kind, p[kind]["spread"]) for p in points for kind in KINDS if "spread" in p.get(kind, {})]
+    lines = ["| k | kind | replicates | across-run SD (points) | item SE (points) |", "|---|---|---|---|---|"]
+    for k, kind, sp in rows:
+        run = f"{100 * sp['run_sd']:.1f}" if sp.get("run_sd") is not None else "not measured (one replicate)"
+        lines.append(f"| {k} | {kind} | {sp['replicates']} | {run} | {100 * sp['item_se']:.1f} |")
     return "\n".join(lines)
 
 
@@ -193,12 +307,12 @@ def plot_losses(curves: dict[int, dict[str, Any]], path: Path) -> None:
 
 def write_sweep_report(study: Any, root: Path) -> Path:
     """sweep.md, sweep.json, sweep.png (retention against k) and sweep_loss.png in the sweep directory."""
-    from layerprune.pipeline.sweep import CALIBRATION_FILE, models, ranking
+    from layerprune.pipeline.sweep import CALIBRATION_FILE, has_control, ranking
 
-    folders = {m: root / "eval" / m for m in models(study) if (root / "eval" / m / SUMMARY_FILE).is_file()}
-    labels, matrices, chance, kinds = load_matrix(folders)
-    figures = Figures(labels, matrices, chance, {kind: [t for t in matrices if kinds[t] == kind] for kind in KINDS})
-    points = [point(study, figures, k) for k in study.ratios if f"pruned-k{k}" in labels]
+    folders = evaluated(study, root)
+    figures, matrices, kinds = sweep_figures(folders)
+    points = [point(study, figures, k) for k in study.ratios if f"pruned-k{k}" in figures.labels]
+    control = control_point(figures)
     lines, tests = verdicts(study, figures, points)
     depth = _depth(root)
     plot_retention(points, depth, root / "sweep.png")
@@ -207,17 +321,62 @@ def write_sweep_report(study: Any, root: Path) -> Path:
     calibration = json.loads((root / CALIBRATION_FILE).read_text())
     items = {t: int(m.shape[1]) for t, m in matrices.items()}
     unpaired = {t: why for t, why in kinds.items() if why.startswith("unpaired")}
-    (root / "sweep.json").write_text(json.dumps(paired_json({"points": points, "verdicts": tests, "items": items,
-                                                             "unpaired": unpaired, "curves": curves,
-                                                             "calibration": calibration, "ranking": ranking(
-                                                                 root, study.ratios)}), indent=1))
+    kept = records(root, folders)
+    (root / "sweep.json").write_text(json.dumps(paired_json({
+        "points": points, "control": control, "replicates": study.replicates, "verdicts": tests, "items": items,
+        "unpaired": unpaired, "curves": curves, "calibration": calibration, "ranking": ranking(root, study.ratios),
+        "records": kept}), indent=1))
+    chain = study.shared_recipe("<pruned>").chain_name()
     text = [f"# Pruning-ratio sweep: {study.name}", "", study.description, "", *[f"- {v}" for v in lines], "",
             "![retention against pruning ratio](sweep.png)", "", format_table(points), "",
+            format_control(control, chain, study.controls and not has_control(study)), "",
+            f"Run-to-run spread ({study.replicates} replicate(s) of every recovery, seeds settings.seed + r):", "",
+            format_spread(points, control), "",
             *_method_lines(study, root, figures, items, calibration, curves, unpaired, depth), "",
+            _records_line(kept), "",
             "![held-out loss per k](sweep_loss.png)", "",
             f"Rerun: `layerprune study {study.name} --output {root}` (complete stages are skipped)."]
     (root / "sweep.md").write_text("\n".join(text) + "\n")
     return root / "sweep.md"
+
+
+def evaluated(study: Any, root: Path) -> dict[str, Path]:
+    """The eval folder of every model the sweep scored (physical labels: replicates apart)."""
+    from layerprune.pipeline.sweep import models
+
+    return {m: root / "eval" / m for m in models(study) if (root / "eval" / m / SUMMARY_FILE).is_file()}
+
+
+def sweep_figures(folders: dict[str, Path]) -> tuple[Figures, dict[str, np.ndarray], dict[str, str]]:
+    """Figures over the logical labels (a recovered point's replicates are one label: their mean, the interval with
+    the run-to-run variance), the per-task matrices and the tasks' kinds."""
+    from layerprune.pipeline.sweep import replicate_of
+
+    labels, matrices, chance, kinds = load_matrix(folders)
+    replicates: dict[str, list[str]] = {}
+    for label in labels:
+        replicates.setdefault(replicate_of(label)[0], []).append(label)
+    groups = {kind: [t for t in matrices if kinds[t] == kind] for kind in KINDS}
+    return Figures(labels, matrices, chance, groups, replicates=replicates), matrices, kinds
+
+
+def records(root: Path, folders: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    """Where each scored model's per-item records lie (relative to the sweep directory): its eval folder and the
+    samples/*.jsonl that pair it with the others; `missing` when its samples are gone."""
+    from layerprune.evaluate.items import SAMPLES_DIR
+
+    out = {}
+    for label, folder in folders.items():
+        files = sorted(p.relative_to(root).as_posix() for p in (folder / SAMPLES_DIR).glob("*.jsonl"))
+        out[label] = {"folder": folder.relative_to(root).as_posix(), "samples": files, "missing": not files}
+    return out
+
+
+def _records_line(kept: dict[str, dict[str, Any]]) -> str:
+    missing = [label for label, r in kept.items() if r["missing"]]
+    return ("Per-item records (kept, listed in sweep.json `records`, so any comparison can be redone paired): "
+            "eval/MODEL/samples/*.jsonl for " + ", ".join(kept) + "."
+            + (f" MISSING for {', '.join(missing)}: those models could not be paired." if missing else ""))
 
 
 def _depth(root: Path) -> int | None:
@@ -246,13 +405,19 @@ def _method_lines(study: Any, root: Path, figures: Figures, items: dict[str, int
              f"{calibration['settings']['per_family']} a family): kept {kept or 'none'}; left out {left or 'none'}.",
              "Every scored skill is unseen by the recovery data: the teacher answered generic instructions "
              f"({study.shared_recipe('<pruned>').prompts.source}), no probe, GSM8K or classification prompt.",
-             "Recovery budget per k: " + "; ".join(
+             "Recovery budget per k (replicate 0): " + "; ".join(
                  f"k={k}: {c['tokens']} tokens, {c['steps']} steps, {c['seconds']:.0f} s, held-out loss "
                  f"{flattening(c['held_out'])}" for k, c in curves.items()) + ".",
              f"Intervals: 95% percentile intervals of one clustered paired bootstrap ({figures.boot.resamples} "
-             f"resamples, seed {figures.boot.seed}; items drawn within each task, the same draw for every model). "
+             f"resamples, seed {figures.boot.seed}; items drawn within each task, the same draw for every model)"
+             + (f"; a recovered point is the mean of its {study.replicates} replicates, its interval two-level "
+                "(runs drawn, then items), so it holds the run-to-run variance" if study.replicates > 1 else
+                "; one replicate per recovery: the intervals hold item sampling only, run-to-run variance is not "
+                "measured") + ". "
              "Retention is chance-normalised, (model - chance) / (original - chance); the recovered share is "
-             "(recovered - pruned) / (original - pruned), undefined on resamples without a drop."]
+             "(recovered - pruned) / (original - pruned), net of the control (recovered - pruned - (control - "
+             "original)) / (original - pruned); a share is undefined on resamples without a drop, and the fraction "
+             "of such resamples is printed beside it."]
     if unpaired:
         lines.append("Left out (could not be paired): " + "; ".join(f"{t}: {w}" for t, w in unpaired.items()))
     return lines
