@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from layerprune import paired
+from layerprune.errors import LayerpruneError
 from layerprune.evaluate.summary import SUMMARY_FILE, read_summary
 
 
@@ -34,16 +35,51 @@ def load_matrix(folders: dict[str, Path]) -> tuple[list[str], dict[str, np.ndarr
     return labels, matrices, chance, kinds
 
 
+def logical_labels(labels: list[str],
+                   replicates: dict[str, list[str]] | None) -> tuple[list[str], dict[str, list[int]]]:
+    """Logical labels in order of first appearance among the physical `labels`, and each one's rows (a group's in its
+    own order, the seed order); a label in no replicate group is its own logical label with one row."""
+    owner: dict[str, str] = {}
+    for logical, members in (replicates or {}).items():
+        for member in members or [None]:
+            if member not in labels or member in owner:
+                raise LayerpruneError(f"replicates of {logical!r}: {member!r} is not an evaluated model, or is in two "
+                                      f"groups, or the group is empty (models: {', '.join(labels)})")
+            owner[member] = logical
+    clash = [label for label in labels if label not in owner and label in (replicates or {})]
+    if clash:
+        raise LayerpruneError(f"{clash[0]!r} names both a replicate group and a model outside it")
+    groups = {logical: [labels.index(m) for m in members] for logical, members in (replicates or {}).items()}
+    rows: dict[str, list[int]] = {}
+    for i, label in enumerate(labels):
+        logical = owner.get(label, label)
+        rows.setdefault(logical, groups.get(logical, [i]))
+    return list(rows), rows
+
+
 class Figures:
-    """Statistics of several models over named groups of tasks, each with its paired bootstrap interval."""
+    """Statistics of several models over named groups of tasks, each with its paired bootstrap interval.
+
+    `replicates` maps a logical label to its physical labels (as `load_matrix` returns them, one per evaluated
+    folder), in seed order; a physical label in no group is a logical label of its own. `labels` are then the
+    logical labels, in order of first appearance, and every statistic takes them; the bootstrap is two-level over
+    replicates and items (`paired.bootstrap`). Without `replicates`, one model per label, as before."""
 
     def __init__(self, labels: list[str], matrices: dict[str, np.ndarray], chance: dict[str, float],
-                 groups: dict[str, list[str]], resamples: int = paired.RESAMPLES, seed: int = paired.SEED) -> None:
-        self.labels, self.tasks = labels, list(matrices)
-        self.boot = paired.bootstrap([matrices[t] for t in self.tasks], resamples, seed)
+                 groups: dict[str, list[str]], resamples: int = paired.RESAMPLES, seed: int = paired.SEED,
+                 replicates: dict[str, list[str]] | None = None) -> None:
+        self.physical, self.tasks = labels, list(matrices)
+        self.matrices = [matrices[t] for t in self.tasks]
+        self.labels, self.rows = logical_labels(labels, replicates)
+        self.boot = paired.bootstrap(self.matrices, resamples, seed,
+                                     replicates=None if replicates is None else list(self.rows.values()))
         self.groups = {name: [self.tasks.index(t) for t in tasks if t in matrices] for name, tasks in groups.items()}
         self.chance = {name: float(np.mean([chance[self.tasks[i]] for i in idx])) if idx else 0.0
                        for name, idx in self.groups.items()}
+
+    def spread(self, label: str, group: str) -> dict[str, Any]:
+        """Across-run SD and item SE of a logical label's score on a group (`paired.spread`)."""
+        return paired.spread(self.matrices, self.rows[label], self.groups[group])
 
     def has(self, group: str) -> bool:
         return bool(self.groups.get(group))
