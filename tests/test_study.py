@@ -316,3 +316,28 @@ def test_control_change_and_net_share_from_the_paired_bootstrap(tmp_path):
     closing = " ".join(study_report.closing_note(list(rows.values())))
     assert "control-sft" not in closing  # a control is no arm
     assert "not measured" in study_report.replicate_line(list(rows.values()))
+
+
+def test_an_arm_with_replicates_is_reported_as_their_mean_with_the_run_sd(tmp_path):
+    """Two runs of sft: its figures are their means, its intervals two-level (wider than one run's), the run SD
+    beside the item SE; the one-run arm says its run-to-run variance is not measured."""
+    n = 40
+    vectors = {"baseline": [1] * 30 + [0] * 10, "pruned": [1] * 10 + [0] * 30, "sft": [1] * 20 + [0] * 20,
+               "sft@r1": [1] * 26 + [0] * 14, "kd": [1] * 22 + [0] * 18}
+    for label, vector in vectors.items():
+        _with_samples(tmp_path, label, {"arith_2d_add": vector, "piqa": [1, 0] * (n // 2)})
+    runs = {"sft": ["sft", "sft@r1"], "kd": ["kd"]}
+    rows = {r["model"]: r for r in study_report.study_rows(tmp_path, ["sft", "kd"], frozenset(), runs)}
+    sft, kd = rows["sft"], rows["kd"]
+    assert sft["replicates"] == 2 and sft["probes"][0] == pytest.approx(23 / 40)  # mean of 20/40 and 26/40
+    assert sft["intervals"]["probes"]["value"] == pytest.approx(23 / 40)
+    assert sft["recovered_share_unseen"]["value"] == pytest.approx((23 - 10) / 20)
+    assert sft["spread"]["probes"]["replicates"] == 2 and sft["spread"]["probes"]["run_sd"] > 0.05
+    assert kd["spread"]["probes"]["run_sd"] is None
+    one = {r["model"]: r for r in study_report.study_rows(tmp_path, ["sft"], frozenset())}["sft"]
+    width = sft["intervals"]["probes"]["high"] - sft["intervals"]["probes"]["low"]
+    assert width > one["intervals"]["probes"]["high"] - one["intervals"]["probes"]["low"]  # run noise included
+    table = study_report.format_table(list(rows.values()))
+    assert "| sft | - |" in table and " | 2 | 10.6 / " in table and " | 1 | not measured / " in table
+    assert "| baseline |" in table and " | 1 | - / " in table  # no training, no run variance
+    assert "two-level bootstrap" in study_report.replicate_line(list(rows.values()))

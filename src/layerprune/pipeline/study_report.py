@@ -209,8 +209,7 @@ def apply_paired(rows: list[dict[str, Any]], root: Path, trained: frozenset[str]
     for row in rows:
         row["pairing"] = "paired"
         row["intervals"] = {g: figures.score(row["model"], g) for g in GROUPS if figures.has(g)}
-        if hasattr(figures, "spread"):
-            row["spread"] = {g: figures.spread(row["model"], g) for g in GROUPS if figures.has(g)}
+        row["spread"] = {g: figures.spread(row["model"], g) for g in GROUPS if figures.has(g)}
         if row["model"] not in arms:
             continue
         for share_key, group in ALL_SHARES.items():
@@ -229,21 +228,11 @@ def apply_paired(rows: list[dict[str, Any]], root: Path, trained: frozenset[str]
 
 def _figures(names: list[str], matrices: dict[str, Any], chance: dict[str, float], groups: dict[str, list[str]],
              runs: dict[str, list[str]]) -> Any:
-    """The paired figures over the models' labels; with replicates (a label with several runs) the two-level
-    bootstrap over items and runs, each figure the mean over a model's runs."""
-    import inspect
-
-    import numpy as np
-
+    """The paired figures over the models' labels: the two-level bootstrap over runs and items, each figure the mean
+    over a model's runs (one run each: exactly the item-only figures)."""
     from layerprune.pipeline.paired_table import Figures
 
-    if all(names_ == [label] for label, names_ in runs.items()):
-        return Figures(names, matrices, chance, groups)
-    if "replicates" in inspect.signature(Figures).parameters:
-        return Figures(names, matrices, chance, groups, replicates=runs)  # type: ignore[call-arg]
-    means = {task: np.stack([m[[names.index(n) for n in runs[label]]].mean(axis=0) for label in runs])
-             for task, m in matrices.items()}  # interim: one level, the runs' item means
-    return Figures(list(runs), means, chance, groups)
+    return Figures(names, matrices, chance, groups, replicates=runs)
 
 
 def _net_share(figures: Any, m: Any, arm: str, control: str, group: str) -> Any:
@@ -329,13 +318,14 @@ def _spread(row: dict[str, Any]) -> str:
     spread = (row.get("spread") or {}).get("probes")
     if not spread:
         return "-"
-    run = "not measured" if spread.get("run_sd") is None else f"{100 * spread['run_sd']:.1f}"
+    untrained = row["model"] in ("baseline", "pruned")  # no training: no run-to-run variance to measure
+    run = "-" if untrained else "not measured" if spread.get("run_sd") is None else f"{100 * spread['run_sd']:.1f}"
     return f"{run} / {100 * spread['item_se']:.1f}"
 
 
 def replicate_line(rows: list[dict[str, Any]]) -> str:
     """Whether the intervals hold the training noise: measured with two runs or more of every arm."""
-    arms = [r for r in rows if r["model"] not in ("baseline", "pruned")]
+    arms = [r for r in rows if r["model"] not in ("baseline", "pruned") and not r["model"].startswith(CONTROL)]
     counts = sorted({r.get("replicates", 1) for r in arms})
     if not arms or counts == [1]:
         return ("One run per arm: the intervals hold the item noise only; the run-to-run (training) variance is not "
