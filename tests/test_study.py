@@ -341,3 +341,19 @@ def test_an_arm_with_replicates_is_reported_as_their_mean_with_the_run_sd(tmp_pa
     assert "| sft | - |" in table and " | 2 | 10.6 / " in table and " | 1 | not measured / " in table
     assert "| baseline |" in table and " | 1 | - / " in table  # no training, no run variance
     assert "two-level bootstrap" in study_report.replicate_line(list(rows.values()))
+
+
+def test_each_arm_shows_its_budget_and_learning_rate_or_a_dash_from_older_reports(tmp_path):
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    recipe = {"method": "merge", "merge": {"then": "local"}, "train": {"learning_rate": 2e-4},
+              "local": {"learning_rate": 1e-3}}
+    old.write_text(json.dumps({"recipe": recipe, "data": {}}))
+    new.write_text(json.dumps({"recipe": {"method": "lora", "train": {"learning_rate": 2e-4}}, "data": {},
+                               "tokens_unpadded": 5000, "sequences": 40, "optimizer_steps": 10}))
+    assert study_report.budget_spent(old) == {"learning_rate": 1e-3, "tokens_unpadded": None, "sequences": None,
+                                              "optimizer_steps": None}  # local's own rate
+    spent = study_report.budget_spent(new)
+    assert spent == {"learning_rate": 2e-4, "tokens_unpadded": 5000, "sequences": 40, "optimizer_steps": 10}
+    table = study_report.format_table([{"model": "sft", "probes": None, "gsm8k": None, "classification": None,
+                                        "retention_probes": None, "retention_classification": None, **spent}])
+    assert table.endswith("| 5000 | 40 | 10 | 0.0002 |")

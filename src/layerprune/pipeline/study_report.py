@@ -174,7 +174,7 @@ def budget_spent(path: Path) -> dict[str, Any]:
     local = "local" in str(recipe.get("method")) or (recipe.get(str(recipe.get("method"))) or {}).get("then") == "local"
     rate = ((recipe.get("local") or {}).get("learning_rate") if local else None) or \
         (recipe.get("train") or {}).get("learning_rate")
-    return {"learning_rate": rate, **{key: raw.get(key, data.get(key)) for key in
+    return {"learning_rate": raw.get("learning_rate") or rate, **{key: raw.get(key, data.get(key)) for key in
                                       ("tokens_unpadded", "sequences", "optimizer_steps")}}
 
 
