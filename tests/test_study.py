@@ -200,3 +200,148 @@ def test_paired_report_gives_the_classification_share_the_goal_and_flags_an_arm_
     assert "FLAG: local" not in note and "FLAG: sft" not in note
     table = study_report.format_table(list(rows.values()))
     assert "recovered share of the classification drop" in table
+
+
+def test_tiny_study_with_replicates_controls_and_an_lr_grid(capsys, tiny_llama, tmp_path, monkeypatch):
+    """Two replicates of one trained arm (their own seeds: other held-out prompts, other weights), its k = 0 control
+    on the unpruned model, and a two-rate grid whose choice is the argmin of the recorded held-out losses."""
+    from safetensors.numpy import load_file
+
+    monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))
+    data = tiny_study(tiny_llama, tmp_path / "study")
+    data.update(arms={"sft": {"method": "lora"}}, replicates=2, controls=True, lr_grid={"sft": [1e-4, 5e-3]})
+    recipe = tmp_path / "study.yaml"
+    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
+    code, out, err = run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])
+    assert code == 0, err
+    root = tmp_path / "study"
+    search = json.loads((root / "lr_search" / "sft.json").read_text())
+    losses = {c["learning_rate"]: c["held_out_loss"] for c in search["candidates"]}
+    assert set(losses) == {1e-4, 5e-3} and search["chosen"] == min(losses, key=losses.get)
+    assert [c["folder"] for c in search["candidates"] if c["learning_rate"] == search["chosen"]] == ["arms/sft"]
+    reports = {name: json.loads((root / folder / "recover_report.json").read_text())
+               for name, folder in (("sft", "arms/sft"), ("sft@r1", "arms/sft@r1"), ("control", "controls/sft"),
+                                    ("control@r1", "controls/sft@r1"))}
+    assert all(r["recipe"]["train"]["learning_rate"] == search["chosen"] for r in reports.values())
+    held = {name: reports[name]["held_out_metrics"]["prompts"] for name in reports}
+    assert held["sft"] != held["sft@r1"] and held["control"] == held["sft"]  # replicate 1: its own held-out split
+    # sampled teacher answers (demo: temperature > 0): replicate 1 drew its own, the control shared replicate 0's
+    answers = {name: (root / folder / "data" / "responses.jsonl").read_text()
+               for name, folder in (("sft", "arms/sft"), ("sft@r1", "arms/sft@r1"), ("control", "controls/sft"))}
+    assert answers["sft"] != answers["sft@r1"] and answers["control"] == answers["sft"]
+    weights = {name: load_file(root / "arms" / name / "model.safetensors") for name in ("sft", "sft@r1")}
+    assert any((weights["sft"][k] != weights["sft@r1"][k]).any() for k in weights["sft"])  # and other weights
+    # the control trained the unpruned original (6 blocks; the arm's student has 4), its teacher the original too
+    control = reports["control"]
+    assert Path(control["student"]["location"]).resolve() == (root / "control-student").resolve()
+    assert json.loads((root / "controls" / "sft" / "config.json").read_text())["num_hidden_layers"] == 6
+    assert json.loads((root / "arms" / "sft" / "config.json").read_text())["num_hidden_layers"] == 4
+    for name in ("sft", "sft@r1", "control-sft", "control-sft@r1"):
+        assert (root / "eval" / name / "summary.json").is_file()
+    rows = {r["model"]: r for r in json.loads((root / "study.json").read_text())}
+    assert list(rows) == ["baseline", "pruned", "sft", "control-sft"] and rows["sft"]["replicates"] == 2
+    scores = [json.loads((root / "eval" / n / "summary.json").read_text())["results"][0]["value"]
+              for n in ("sft", "sft@r1")]
+    assert rows["sft"]["probes"][0] == pytest.approx(sum(scores) / 2)  # the arm's figure: the mean of its runs
+    text = (root / "study.md").read_text()
+    assert "k = 0 controls" in text and "- sft: control change" in text and "Learning rate of sft" in text
+    assert run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])[0] == 0  # complete: every stage skipped
+
+
+def test_study_schema_checks_the_lr_grid_and_reserved_labels(tiny_llama):
+    data = tiny_study(tiny_llama, Path("x"))
+    assert RecoveryStudy.model_validate(data).replicates == 1 and not RecoveryStudy.model_validate(data).controls
+    for grid, message in (({"kd": [1e-4]}, "'kd' is no arm"), ({"sft": []}, "one or more"),
+                          ({"replace": [1e-4]}, "trains nothing")):
+        with pytest.raises(Exception, match=message):
+            RecoveryStudy.model_validate({**data, "lr_grid": grid})
+    with pytest.raises(Exception, match="taken"):
+        RecoveryStudy.model_validate({**data, "arms": {"control-sft": {"method": "lora"}}})
+    with pytest.raises(Exception, match="replicates"):
+        RecoveryStudy.model_validate({**data, "replicates": 0})
+    study = RecoveryStudy.model_validate({**data, "lr_grid": {"sft": [1e-4, 1e-3]}})
+    assert study.arm_recipe("sft", "<pruned>", 1e-3).train.learning_rate == 1e-3
+    local = RecoveryStudy.model_validate({**data, "arms": {"local": {"method": "local"}}})
+    assert local.arm_recipe("local", "<pruned>", 3e-3).local.learning_rate == 3e-3  # local's own rate
+
+
+def test_study_dry_run_lists_replicate_control_and_lr_stages_the_flag_beating_the_recipe(capsys, tiny_llama,
+                                                                                          tmp_path):
+    data = tiny_study(tiny_llama, tmp_path / "s")
+    data.update(replicates=1, controls=True, lr_grid={"opd": [1e-4, 1e-3]})
+    recipe = tmp_path / "study.yaml"
+    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
+    code, out, err = run_cli(capsys, ["study", str(recipe), "--dry-run", "--replicates", "2"])
+    assert code == 0, err
+    assert "replicates: 2 per arm" in out and "controls (k = 0, the recipe on the original): sft, opd; " \
+        "n/a (no cut at k = 0): replace" in out and "lr search opd: 0.0001, 0.001" in out
+    stages = out.split("stages (")[1]
+    names = stages.split("): ")[1].split(", ")
+    assert int(stages.split(")")[0]) == len(names) == 3 + 2 * 3 * 2 + 1 + 2 * 2 * 2 + 1
+    assert names[3:9] == ["recover-sft", "eval-sft", "recover-sft@r1", "eval-sft@r1", "lr-opd", "recover-opd"]
+    assert "control-opd@r1" in names and "eval-control-sft" in names and "control-replace" not in names
+    assert not (tmp_path / "s").exists()
+    code, out, err = run_cli(capsys, ["study", str(recipe), "--dry-run"])
+    assert "replicates: 1 per arm" in out and "the run-to-run variance is not measured" in out
+
+
+def test_control_change_and_net_share_from_the_paired_bootstrap(tmp_path):
+    """The control measures what the recipe does to the unpruned model: the arm's share net of that change."""
+    n = 40
+    vectors = {"baseline": [1] * 30 + [0] * 10, "pruned": [1] * 10 + [0] * 30, "sft": [1] * 24 + [0] * 16,
+               "control-sft": [1] * 26 + [0] * 14}  # the recipe alone costs the original 4 items
+    for label, vector in vectors.items():
+        _with_samples(tmp_path, label, {"arith_2d_add": vector, "piqa": [1, 0] * (n // 2)})
+    rows = {r["model"]: r for r in study_report.study_rows(tmp_path, ["sft", "control-sft"], frozenset())}
+    sft = rows["sft"]
+    assert sft["control_change"]["probes"]["value"] == pytest.approx(-4 / n)
+    assert sft["recovered_share_unseen"]["value"] == pytest.approx(14 / 20)
+    assert sft["recovered_share_unseen_net"]["value"] == pytest.approx((14 + 4) / 20)  # (arm-pruned-(ctl-base))/drop
+    assert sft["recovered_share_classification_net"] == "n/a (no clear drop)"
+    assert "recovered_share" not in rows["control-sft"] or rows["control-sft"]["recovered_share"] is None
+    lines = "\n".join(study_report.control_lines(list(rows.values()), True, ["replace"]))
+    assert "- sft: control change probes -10.0 [" in lines and "unseen 90% [" in lines
+    closing = " ".join(study_report.closing_note(list(rows.values())))
+    assert "control-sft" not in closing  # a control is no arm
+    assert "not measured" in study_report.replicate_line(list(rows.values()))
+
+
+def test_an_arm_with_replicates_is_reported_as_their_mean_with_the_run_sd(tmp_path):
+    """Two runs of sft: its figures are their means, its intervals two-level (wider than one run's), the run SD
+    beside the item SE; the one-run arm says its run-to-run variance is not measured."""
+    n = 40
+    vectors = {"baseline": [1] * 30 + [0] * 10, "pruned": [1] * 10 + [0] * 30, "sft": [1] * 20 + [0] * 20,
+               "sft@r1": [1] * 26 + [0] * 14, "kd": [1] * 22 + [0] * 18}
+    for label, vector in vectors.items():
+        _with_samples(tmp_path, label, {"arith_2d_add": vector, "piqa": [1, 0] * (n // 2)})
+    runs = {"sft": ["sft", "sft@r1"], "kd": ["kd"]}
+    rows = {r["model"]: r for r in study_report.study_rows(tmp_path, ["sft", "kd"], frozenset(), runs)}
+    sft, kd = rows["sft"], rows["kd"]
+    assert sft["replicates"] == 2 and sft["probes"][0] == pytest.approx(23 / 40)  # mean of 20/40 and 26/40
+    assert sft["intervals"]["probes"]["value"] == pytest.approx(23 / 40)
+    assert sft["recovered_share_unseen"]["value"] == pytest.approx((23 - 10) / 20)
+    assert sft["spread"]["probes"]["replicates"] == 2 and sft["spread"]["probes"]["run_sd"] > 0.05
+    assert kd["spread"]["probes"]["run_sd"] is None
+    one = {r["model"]: r for r in study_report.study_rows(tmp_path, ["sft"], frozenset())}["sft"]
+    width = sft["intervals"]["probes"]["high"] - sft["intervals"]["probes"]["low"]
+    assert width > one["intervals"]["probes"]["high"] - one["intervals"]["probes"]["low"]  # run noise included
+    table = study_report.format_table(list(rows.values()))
+    assert "| sft | - |" in table and " | 2 | 10.6 / " in table and " | 1 | not measured / " in table
+    assert "| baseline |" in table and " | 1 | - / " in table  # no training, no run variance
+    assert "two-level bootstrap" in study_report.replicate_line(list(rows.values()))
+
+
+def test_each_arm_shows_its_budget_and_learning_rate_or_a_dash_from_older_reports(tmp_path):
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    recipe = {"method": "merge", "merge": {"then": "local"}, "train": {"learning_rate": 2e-4},
+              "local": {"learning_rate": 1e-3}}
+    old.write_text(json.dumps({"recipe": recipe, "data": {}}))
+    new.write_text(json.dumps({"recipe": {"method": "lora", "train": {"learning_rate": 2e-4}}, "data": {},
+                               "tokens_unpadded": 5000, "sequences": 40, "optimizer_steps": 10}))
+    assert study_report.budget_spent(old) == {"learning_rate": 1e-3, "tokens_unpadded": None, "sequences": None,
+                                              "optimizer_steps": None}  # local's own rate
+    spent = study_report.budget_spent(new)
+    assert spent == {"learning_rate": 2e-4, "tokens_unpadded": 5000, "sequences": 40, "optimizer_steps": 10}
+    table = study_report.format_table([{"model": "sft", "probes": None, "gsm8k": None, "classification": None,
+                                        "retention_probes": None, "retention_classification": None, **spent}])
+    assert table.endswith("| 5000 | 40 | 10 | 0.0002 |")

@@ -7,7 +7,9 @@ import argparse
 from pathlib import Path
 
 from layerprune.cli.flags import add_schema_flags, typed_layer
-from layerprune.recipe_loading import build_schema
+from layerprune.errors import LayerpruneError
+from layerprune.pipeline.study import RecoveryStudy
+from layerprune.recipe_loading import build_from_recipe, build_schema
 from layerprune.settings import RunSettings
 
 
@@ -17,6 +19,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", type=Path, default=None, help="Study directory (default: the recipe's)")
     parser.add_argument("--overwrite", action="store_true", help="Start over in a directory holding other outputs")
     parser.add_argument("--dry-run", action="store_true", help="Validate the recipe, model, data and memory; no work")
+    parser.add_argument("--replicates", type=int, default=None, metavar="N",
+                        help="Recovery study: " + RecoveryStudy.model_fields["replicates"].description
+                        + " (beats the recipe's)")
     add_schema_flags(parser, RunSettings, group="how to run")
 
 
@@ -26,13 +31,17 @@ def run(args: argparse.Namespace) -> int:
 
     settings = build_schema(RunSettings, typed_layer(args, RunSettings))
     if is_sweep(args.recipe):
+        if args.replicates is not None:
+            raise LayerpruneError("--replicates is a recovery-study flag; a sweep runs each ratio once")
         ratios = sweep.SweepStudy.load(args.recipe, args.output)
         if args.dry_run:
             print(sweep.dry_run(ratios, settings))
         else:
             print(f"sweep: {sweep.run_sweep(ratios, settings, args.overwrite)}")
         return 0
-    study = recovery.RecoveryStudy.load(args.recipe, args.output)
+    top = {key: value for key, value in (("output", args.output and str(args.output)),
+                                         ("replicates", args.replicates)) if value is not None}
+    study = build_from_recipe(RecoveryStudy, RecoveryStudy.kind, args.recipe, top)  # defaults < recipe < flags
     if args.dry_run:
         print(recovery.dry_run(study, settings))
     else:

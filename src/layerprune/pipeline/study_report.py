@@ -18,15 +18,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-from layerprune.evaluate.summary import SUMMARY_FILE, Summary, read_summary
+from layerprune import paired
+from layerprune.evaluate.summary import SUMMARY_FILE, read_summary
 from layerprune.paired import format_interval
+from layerprune.pipeline.study import CONTROL, NO_CONTROL, lr_search_file
 from layerprune.probes import distinct_items, probe_tasks
 
 GSM8K = "gsm8k"
-
-
-def _summary(path: Path) -> Summary | None:
-    return read_summary(path) if path.is_file() else None
 
 
 def mean_with_se(results: list[Any]) -> tuple[float, float | None] | None:
@@ -100,22 +98,28 @@ CLS_SHARE = "recovered_share_classification"  # the classification tasks are nev
 ALL_SHARES = {**SHARES, CLS_SHARE: "classification"}
 
 
-def study_rows(root: Path, labels: list[str], trained: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
-    """One row per model (original, pruned, each arm) with its measures, retention, shares, time and tokens."""
-    found = {label: _summary(root / "eval" / label / SUMMARY_FILE) for label in ["baseline", "pruned", *labels]}
-    values = {label: measures(s, trained) for label, s in found.items() if s is not None}
+def study_rows(root: Path, labels: list[str], trained: frozenset[str] = frozenset(),
+               replicates: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
+    """One row per model (original, pruned, each arm, each control) with its measures, retention, shares, time and
+    tokens. `replicates` maps a label to its replicates' folders under eval/ (default: the label alone); a row's
+    measures are the means over the replicates evaluated."""
+    runs = {label: [name for name in (replicates or {}).get(label, [label])
+                    if (root / "eval" / name / SUMMARY_FILE).is_file()] for label in ["baseline", "pruned", *labels]}
+    values = {label: _mean_measures([measures(read_summary(root / "eval" / n / SUMMARY_FILE), trained) for n in names])
+              for label, names in runs.items() if names}
     base, pruned = values.get("baseline", {}), values.get("pruned", {})
     rows = []
     for label, m in values.items():
-        row: dict[str, Any] = {"model": label, **m}
+        row: dict[str, Any] = {"model": label, **m, "replicates": len(runs[label])}
         for key in ("probes", "gsm8k", "classification"):
             row[f"retention_{key}"] = _ratio(m.get(key), base.get(key))
         for share, key in ALL_SHARES.items():
             row[share] = recovered_share(base.get(key), pruned.get(key), m.get(key)) \
-                if label not in ("baseline", "pruned") else None
-        row.update(_arm_cost(root / "arms" / label))
+                if label not in ("baseline", "pruned") and not label.startswith(CONTROL) else None
+        folder = root / "controls" / label.removeprefix(CONTROL) if label.startswith(CONTROL) else root / "arms" / label
+        row.update(_arm_cost(folder))
         rows.append(row)
-    apply_paired(rows, root, trained)
+    apply_paired(rows, root, trained, {label: names for label, names in runs.items() if names})
     # the pruned model's own held-out CE / KL (every arm measured it on the same held-out prompts' answers)
     before = next((r for r in rows if r.get("held_out_ce_pruned") is not None), None)
     pruned_row = next((r for r in rows if r["model"] == "pruned"), None)
@@ -123,6 +127,21 @@ def study_rows(root: Path, labels: list[str], trained: frozenset[str] = frozense
         pruned_row["held_out_ce"], pruned_row["held_out_kl"] = before["held_out_ce_pruned"], \
             before.get("held_out_kl_pruned")
     return rows
+
+
+def _mean_measures(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One model's measures averaged over its replicates: each (value, se) the mean value and the mean item SE
+    (the same items every run: their item noise does not average out)."""
+    if len(runs) == 1:
+        return runs[0]
+    merged = dict(runs[0])
+    for key, value in runs[0].items():
+        if isinstance(value, tuple):
+            pairs = [r[key] for r in runs if r.get(key) is not None]
+            ses = [p[1] for p in pairs]
+            merged[key] = (sum(p[0] for p in pairs) / len(pairs),
+                           None if any(se is None for se in ses) else sum(ses) / len(ses))
+    return merged
 
 
 def _ratio(value: Any, base: Any) -> float | None:
@@ -144,22 +163,37 @@ def _arm_cost(arm: Path) -> dict[str, Any]:
             "steps": report.data.get("steps") or local_steps(report.data),  # reports before the local steps counted
             "held_out_ce": after.get("ce"), "held_out_kl": after.get("kl"),
             "held_out_ce_pruned": (metrics.get("pruned") or {}).get("ce"),
-            "held_out_kl_pruned": (metrics.get("pruned") or {}).get("kl")}
+            "held_out_kl_pruned": (metrics.get("pruned") or {}).get("kl"), **budget_spent(arm / RECOVER_REPORT)}
+
+
+def budget_spent(path: Path) -> dict[str, Any]:
+    """Unpadded target tokens, sequences and optimizer steps a recovery spent (None where its report predates those
+    fields) and the learning rate it trained at (local's own where the chain has a local step)."""
+    raw = json.loads(path.read_text())
+    data, recipe = raw.get("data") or {}, raw.get("recipe") or {}
+    local = "local" in str(recipe.get("method")) or (recipe.get(str(recipe.get("method"))) or {}).get("then") == "local"
+    rate = ((recipe.get("local") or {}).get("learning_rate") if local else None) or \
+        (recipe.get("train") or {}).get("learning_rate")
+    return {"learning_rate": raw.get("learning_rate") or rate, **{key: raw.get(key, data.get(key)) for key in
+                                      ("tokens_unpadded", "sequences", "optimizer_steps")}}
 
 
 GROUPS = ("probes", "probes_trained", "probes_unseen", "gsm8k", "classification")
 
 
-def apply_paired(rows: list[dict[str, Any]], root: Path, trained: frozenset[str]) -> None:
+def apply_paired(rows: list[dict[str, Any]], root: Path, trained: frozenset[str],
+                 replicates: dict[str, list[str]] | None = None) -> None:
     """Where every model answered the same items, each measure gets its paired 95% interval, and each arm's
-    recovered share (and its difference from the first arm's) is taken from one clustered paired bootstrap."""
-    from layerprune.pipeline.paired_table import Figures, load_matrix
+    recovered share (and its difference from the first arm's) is taken from one clustered paired bootstrap; with
+    replicates, a two-level one (items, then runs), each figure the mean over the arm's replicates."""
+    from layerprune.pipeline.paired_table import load_matrix
 
     labels = [r["model"] for r in rows]
+    runs = {label: (replicates or {}).get(label, [label]) for label in labels}
     if "baseline" not in labels or "pruned" not in labels:
         return
     try:
-        names, matrices, chance, kinds = load_matrix({label: root / "eval" / label for label in labels})
+        names, matrices, chance, kinds = load_matrix({n: root / "eval" / n for label in labels for n in runs[label]})
     except (OSError, KeyError, ValueError):
         return
     probes = [t for t in matrices if t in probe_tasks()]
@@ -170,23 +204,54 @@ def apply_paired(rows: list[dict[str, Any]], root: Path, trained: frozenset[str]
         for row in rows:
             row["pairing"] = "unpaired: " + "; ".join(f"{t}: {w}" for t, w in kinds.items() if w.startswith("unp"))
         return
-    figures = Figures(names, matrices, chance, {**groups, **{f"task:{t}": [t] for t in matrices}})
-    arms = [label for label in labels if label not in ("baseline", "pruned")]
+    figures = _figures(names, matrices, chance, {**groups, **{f"task:{t}": [t] for t in matrices}}, runs)
+    arms = [label for label in labels if label not in ("baseline", "pruned") and not label.startswith(CONTROL)]
     for row in rows:
         row["pairing"] = "paired"
         row["intervals"] = {g: figures.score(row["model"], g) for g in GROUPS if figures.has(g)}
+        row["spread"] = {g: figures.spread(row["model"], g) for g in GROUPS if figures.has(g)}
         if row["model"] not in arms:
             continue
-        for share, group in ALL_SHARES.items():
+        for share_key, group in ALL_SHARES.items():
             if figures.has(group):
-                row[share] = _paired_share(figures, row["model"], group)
+                row[share_key] = _paired_share(figures, row["model"], group)
                 if row["model"] != arms[0]:
-                    row[f"{share}_vs_{arms[0]}"] = figures.interval(
+                    row[f"{share_key}_vs_{arms[0]}"] = figures.interval(
                         lambda m, a=row["model"], g=group: figures.share_of(a, "pruned", g, m)
                         - figures.share_of(arms[0], "pruned", g, m))
         if row["model"] != arms[0] and figures.has("classification"):
             row[f"classification_vs_{arms[0]}"] = figures.difference(row["model"], arms[0], "classification")
+        if CONTROL + row["model"] in labels:
+            row.update(control_figures(figures, row["model"], CONTROL + row["model"]))
         row["skills_lost"] = lost_skills(figures, row["model"], list(matrices))
+
+
+def _figures(names: list[str], matrices: dict[str, Any], chance: dict[str, float], groups: dict[str, list[str]],
+             runs: dict[str, list[str]]) -> Any:
+    """The paired figures over the models' labels: the two-level bootstrap over runs and items, each figure the mean
+    over a model's runs (one run each: exactly the item-only figures)."""
+    from layerprune.pipeline.paired_table import Figures
+
+    return Figures(names, matrices, chance, groups, replicates=runs)
+
+
+def _net_share(figures: Any, m: Any, arm: str, control: str, group: str) -> Any:
+    base, pruned = figures.mean(m, "baseline", group), figures.mean(m, "pruned", group)
+    return paired.share(base, pruned, figures.mean(m, arm, group) - (figures.mean(m, control, group) - base))
+
+
+def control_figures(figures: Any, arm: str, control: str) -> dict[str, Any]:
+    """What the arm's recipe does to the unpruned model, per group (control - baseline, paired), and the arm's
+    recovered share net of it: (arm - pruned - (control - baseline)) / (baseline - pruned)."""
+    out: dict[str, Any] = {"control_change": {g: figures.difference(control, "baseline", g)
+                                              for g in GROUPS if figures.has(g)}}
+    for share_key, group in ALL_SHARES.items():
+        if not figures.has(group):
+            continue
+        drop = figures.difference("baseline", "pruned", group)
+        out[f"{share_key}_net"] = "n/a (no clear drop)" if drop["low"] is None or drop["low"] <= 0 else \
+            figures.interval(lambda m, g=group: _net_share(figures, m, arm, control, g))
+    return out
 
 
 def lost_skills(figures: Any, arm: str, tasks: list[str]) -> list[dict[str, Any]]:
@@ -226,7 +291,8 @@ def format_table(rows: list[dict[str, Any]], gsm8k_trained: bool = False) -> str
     head = ["model", "method", "probe avg (%)", "trained probes (%)", "unseen probes (%)", gsm,
             "classification avg, unseen (%)", "retention probes / cls",
             "recovered share of the probe drop: all / trained / unseen", "recovered share of the classification drop",
-            "held-out CE / KL", "train time (s)", "tokens", "steps"]
+            "held-out CE / KL", "train time (s)", "tokens", "steps", "runs", "probe avg run SD / item SE (points)",
+            "unpadded target tokens", "sequences", "optimizer steps", "learning rate"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         held = "-" if r.get("held_out_ce") is None else f"{r['held_out_ce']:.3f} / " + (
@@ -236,9 +302,82 @@ def format_table(rows: list[dict[str, Any]], gsm8k_trained: bool = False) -> str
                  _pm(r.get("probes_unseen")), _pm(r["gsm8k"]), _pm(r["classification"]),
                  f"{_pct(r['retention_probes'])} / {_pct(r['retention_classification'])}", shares,
                  _pct(r.get(CLS_SHARE)), held, "-" if r.get("seconds") is None else f"{r['seconds']:.0f}",
-                 str(r.get("tokens", "-")), str(r.get("steps", "-"))]
+                 str(r.get("tokens", "-")), str(r.get("steps", "-")), str(r.get("replicates", 1)), _spread(r),
+                 *[_cell(r.get(key)) for key in ("tokens_unpadded", "sequences", "optimizer_steps")],
+                 "-" if r.get("learning_rate") is None else f"{r['learning_rate']:g}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _spread(row: dict[str, Any]) -> str:
+    """'1.2 / 3.4': the probe average's SD across runs beside its item SE; 'not measured' with one run."""
+    spread = (row.get("spread") or {}).get("probes")
+    if not spread:
+        return "-"
+    untrained = row["model"] in ("baseline", "pruned")  # no training: no run-to-run variance to measure
+    run = "-" if untrained else "not measured" if spread.get("run_sd") is None else f"{100 * spread['run_sd']:.1f}"
+    return f"{run} / {100 * spread['item_se']:.1f}"
+
+
+def replicate_line(rows: list[dict[str, Any]]) -> str:
+    """Whether the intervals hold the training noise: measured with two runs or more of every arm."""
+    arms = [r for r in rows if r["model"] not in ("baseline", "pruned") and not r["model"].startswith(CONTROL)]
+    counts = sorted({r.get("replicates", 1) for r in arms})
+    if not arms or counts == [1]:
+        return ("One run per arm: the intervals hold the item noise only; the run-to-run (training) variance is not "
+                "measured (replicates: N, or --replicates N).")
+    return (f"Runs per arm: {', '.join(map(str, counts))} (replicate r trains with the run seed + r: its held-out "
+            "split, data order, adapter initialisation and sampling). Each arm's figures are means over its runs and "
+            "their paired intervals come from a two-level bootstrap (items, then runs), so they include the "
+            "run-to-run variance; 'run SD' is the SD of the probe average across runs, beside its item SE.")
+
+
+def control_lines(rows: list[dict[str, Any]], controls: bool, no_control: list[str]) -> list[str]:
+    """Each arm's k = 0 control: what its recipe does to the unpruned model per group (control - baseline), and its
+    recovered share net of that change."""
+    if not controls:
+        return ["No k = 0 controls (controls: false): what a recovery recipe does to the unpruned model (format drift "
+                "included) is not separated from what it wins back of the pruning loss."]
+    lines = ["k = 0 controls: each trained arm's recipe applied to the original itself (student and teacher the "
+             "original), evaluated on the same items. Control change = control - original (paired 95%, points); net "
+             "share = (arm - pruned - (control - original)) / (original - pruned)."]
+    for row in rows:
+        if row["model"] in no_control:
+            lines.append(f"- {row['model']}: {NO_CONTROL}")
+        elif "control_change" in row:
+            change = ", ".join(f"{g} {_points(ci)}" for g, ci in row["control_change"].items())
+            net = ", ".join(f"{g} {_share_text(row.get(f'{key}_net'))}" for key, g in ALL_SHARES.items()
+                            if f"{key}_net" in row)
+            lines.append(f"- {row['model']}: control change {change}; net recovered share {net or '-'}")
+    return lines
+
+
+def _share_text(value: Any) -> str:
+    """A share with its interval and, where some resamples had no drop, the fraction undefined."""
+    text = _pct(value)
+    if isinstance(value, dict) and value.get("undefined"):
+        text += f" (undefined in {100 * value['undefined']:.0f}% of resamples)"
+    return text
+
+
+def lr_lines(root: Path, labels: list[str]) -> list[str]:
+    """Each learning-rate search: every candidate's held-out loss and the rate chosen."""
+    lines = []
+    for label in labels:
+        path = lr_search_file(root, label)
+        if path.is_file():
+            record = json.loads(path.read_text())
+            tried = ", ".join(f"{c['learning_rate']:g} -> " + ("-" if c["held_out_loss"] is None
+                                                              else f"{c['held_out_loss']:.4f}")
+                              for c in record["candidates"])
+            lines.append(f"Learning rate of {label}: {record['chosen']:g}, the lowest held-out CE after training of "
+                         f"replicate 0's recipe on the teacher's held-out answers (never scored) among {tried}; "
+                         "every replicate and the control trained at it.")
+    return lines
 
 
 def plot_study(rows: list[dict[str, Any]], path: Path) -> None:
@@ -268,7 +407,7 @@ def plot_study(rows: list[dict[str, Any]], path: Path) -> None:
 def closing_note(rows: list[dict[str, Any]]) -> list[str]:
     """Which arm recovered most of the probe drop (all, trained and unseen tasks), and whether it reached half
     (the goal) or three quarters (the aim) of it."""
-    arms = [r for r in rows if r["model"] not in ("baseline", "pruned")]
+    arms = [r for r in rows if r["model"] not in ("baseline", "pruned") and not r["model"].startswith(CONTROL)]
     if not arms:
         return ["No recovery arm finished."]
     named = {"recovered_share": "the probe average", "recovered_share_trained": "the trained probe tasks",
@@ -374,13 +513,19 @@ def write_study_report(study: Any, root: Path) -> Path:
     """study.md, study.json and study.png in the study directory."""
     source = study.shared_recipe(str(root / "pruned")).prompts.source
     trained = trained_tasks(source, kept_prompts(root, list(study.arms)))
-    rows = study_rows(root, list(study.arms), trained)
+    from layerprune.pipeline.study import physical_labels
+
+    controlled = [CONTROL + label for label in study.controlled()]
+    runs = {label: physical_labels(study, label) for label in [*study.arms, *controlled]}
+    rows = study_rows(root, [*study.arms, *controlled], trained, runs)
     plot_study(rows, root / "study.png")
     (root / "study.json").write_text(json.dumps(rows, indent=1, default=str))
     items = rows[0].get("probe_items", {}) if rows else {}
     split = rows[0] if rows else {}
     lines = [f"# Recovery study: {study.name}", "", study.description, "", format_table(rows, GSM8K in trained), "",
-             *closing_note(rows), "",
+             *closing_note(rows), "", replicate_line(rows), "",
+             *control_lines(rows, study.controls, [a for a in study.arms if not study.has_control(a)]), "",
+             *lr_lines(root, list(study.lr_grid)), "",
              f"Trained skills: the evaluated probe tasks whose own prompts were in the recovery data ({source}): "
              f"{', '.join(split.get('trained_tasks', [])) or 'none'}. Unseen skills: the other probe tasks "
              f"({', '.join(split.get('unseen_tasks', [])) or 'none'}), "
