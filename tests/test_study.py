@@ -48,6 +48,7 @@ def test_tiny_study_prunes_once_recovers_each_arm_and_writes_one_table(capsys, t
     assert rows["pruned"]["held_out_kl"] > 0 and rows["replace"]["held_out_kl"] is not None
     text = (root / "study.md").read_text()
     assert "| replace | replace |" in text and (root / "study.png").is_file()
+    assert "## Held out, measured" in text and "| arith_1dc | 4 | 0 | 0 | 0 |" in text  # audited, not flagged
     # the arms reused the teacher answers the first arm generated
     assert reports["opd"]["data"]["generation"]["generated"] == 0
     assert run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])[0] == 0  # complete: every stage skipped

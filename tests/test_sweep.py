@@ -67,6 +67,7 @@ def test_tiny_sweep_cuts_one_ranking_recovers_every_k_and_pairs_every_model(caps
     text = (root / "sweep.md").read_text()
     assert "(a)" in text and "(b)" in text and "| 1 | generative |" in text and "k = 0 control: the same" in text
     assert "run-to-run variance is not measured" in text and "not measured (one replicate)" in text
+    assert "## Held out, measured" in text and "| copy_l3 | 6 | 0 | 0 | 0 |" in text  # audited, not flagged
     assert (root / "sweep.png").is_file() and (root / "sweep_loss.png").is_file()
     labels = ["baseline", "recovered-k0", "pruned-k1", "recovered-k1", "pruned-k2", "recovered-k2"]
     assert_records_kept(root, labels)
@@ -316,6 +317,9 @@ def test_the_dry_run_lists_the_replicates_and_the_control(capsys, tiny_llama, tm
     assert "2 replicates of every recovery (seeds settings.seed + 0..1" in out and "k = 0 control: the same" in out
     assert "recoveries: 6; stages: 21 (" in out and "recover-k0@r1, eval-recovered-k0@r1" in out
     assert not (tmp_path / "s").exists()
+    code, out, err = run_cli(capsys, ["study", str(recipe), "--dry-run", "--replicates", "3"])  # the flag beats it
+    assert code == 0, err
+    assert "3 replicates of every recovery (seeds settings.seed + 0..2" in out
 
 
 def _eval_folder(folder: Path, rows: dict[str, tuple[str, list[float]]]) -> None:

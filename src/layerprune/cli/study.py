@@ -7,7 +7,6 @@ import argparse
 from pathlib import Path
 
 from layerprune.cli.flags import add_schema_flags, typed_layer
-from layerprune.errors import LayerpruneError
 from layerprune.pipeline.study import RecoveryStudy
 from layerprune.recipe_loading import build_from_recipe, build_schema
 from layerprune.settings import RunSettings
@@ -20,7 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="Start over in a directory holding other outputs")
     parser.add_argument("--dry-run", action="store_true", help="Validate the recipe, model, data and memory; no work")
     parser.add_argument("--replicates", type=int, default=None, metavar="N",
-                        help="Recovery study: " + RecoveryStudy.model_fields["replicates"].description
+                        help=RecoveryStudy.model_fields["replicates"].description
                         + " (beats the recipe's)")
     add_schema_flags(parser, RunSettings, group="how to run")
 
@@ -31,9 +30,9 @@ def run(args: argparse.Namespace) -> int:
 
     settings = build_schema(RunSettings, typed_layer(args, RunSettings))
     if is_sweep(args.recipe):
-        if args.replicates is not None:
-            raise LayerpruneError("--replicates is a recovery-study flag; a sweep runs each ratio once")
         ratios = sweep.SweepStudy.load(args.recipe, args.output)
+        if args.replicates is not None:  # defaults < recipe < flags
+            ratios = sweep.SweepStudy.model_validate({**ratios.model_dump(), "replicates": args.replicates})
         if args.dry_run:
             print(sweep.dry_run(ratios, settings))
         else:

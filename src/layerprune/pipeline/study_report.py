@@ -513,6 +513,7 @@ def write_study_report(study: Any, root: Path) -> Path:
     """study.md, study.json and study.png in the study directory."""
     source = study.shared_recipe(str(root / "pruned")).prompts.source
     trained = trained_tasks(source, kept_prompts(root, list(study.arms)))
+    from layerprune.pipeline.audit import audit_section
     from layerprune.pipeline.study import physical_labels
 
     controlled = [CONTROL + label for label in study.controlled()]
@@ -533,12 +534,13 @@ def write_study_report(study: Any, root: Path) -> Path:
              "",
              f"Probe average: the unweighted mean over {rows[0]['probe_tasks'] if rows else 0} probe tasks of their "
              f"accuracies; items per task: {probe_items_text(items)} (the first items of each task under the "
-             "evaluation seed; no recovery prompt is one of them). Values are means ± one standard error. GSM8K is "
+             "evaluation seed; no recovery prompt is one of them: measured in 'Held out, measured' below). Values are "
+             "means ± one standard error. GSM8K is "
              "scored with the evaluation suite's protocol (lm-eval's gsm8k).",
              "Every arm ran the same optimizer steps on the same prompts; train time excludes the teacher's answers, "
              "generated once and shared. Held-out CE / KL: token-weighted, on the teacher's answers to the same "
              "held-out prompts for every arm (KL(teacher || student)); the pruned row before any recovery.",
-             "", "![study](study.png)", "",
+             "", "![study](study.png)", *audit_section(root), "",
              f"Rerun: `layerprune study {study.name} --output {root}` (complete stages are skipped)."]
     (root / "study.md").write_text("\n".join(lines) + "\n")
     return root / "study.md"

@@ -307,6 +307,7 @@ def plot_losses(curves: dict[int, dict[str, Any]], path: Path) -> None:
 
 def write_sweep_report(study: Any, root: Path) -> Path:
     """sweep.md, sweep.json, sweep.png (retention against k) and sweep_loss.png in the sweep directory."""
+    from layerprune.pipeline.audit import audit_section
     from layerprune.pipeline.sweep import CALIBRATION_FILE, has_control, ranking
 
     folders = evaluated(study, root)
@@ -334,7 +335,7 @@ def write_sweep_report(study: Any, root: Path) -> Path:
             format_spread(points, control), "",
             *_method_lines(study, root, figures, items, calibration, curves, unpaired, depth), "",
             _records_line(kept), "",
-            "![held-out loss per k](sweep_loss.png)", "",
+            "![held-out loss per k](sweep_loss.png)", *audit_section(root), "",
             f"Rerun: `layerprune study {study.name} --output {root}` (complete stages are skipped)."]
     (root / "sweep.md").write_text("\n".join(text) + "\n")
     return root / "sweep.md"
