@@ -6,7 +6,10 @@ the teacher's state after block e, so that p alone stands in for p and the span.
 q = e + 1): input = the teacher's state entering the span (after block s - 1), target = the teacher's state after q.
 The states are cached one span at a time (block-major: one teacher forward per sequence up to the span's end), and
 the block is trained alone on them: a forward and backward through one block, never the whole model. The block is
-trained in float32 and copied back in the model's dtype.
+trained in float32 and copied back in the model's dtype. It trains on the sequences in the order every trainer
+reads them (budget.order), batch x grad_accum a step, and counts train.max_tokens in budget.py's unit: the answer
+tokens of those sequences (every position is regressed, but a trainer's loss is taken on the answer alone), each
+span's block on the whole budget, so that one budget trains local and a trainer on the same sequences.
 """
 
 from __future__ import annotations
