@@ -225,14 +225,14 @@ def test_the_memory_plan_of_local_counts_the_cache_and_one_block(tiny_llama):
 
 def test_a_token_budget_stops_kd_and_local(pruned, prompts_file, tmp_path, tiny_llama):
     report = run_recover(pruned, prompts_file, tmp_path / "kd", "--method", "kd", "--max-steps", "10",
-                         "--train-max-tokens", "300")
-    assert 1 <= report["data"]["steps"] < 10 and report["tokens_seen"] >= 300
+                         "--train-max-tokens", "40")
+    assert 1 <= report["data"]["steps"] < 10 and report["tokens_unpadded"] >= 40
     teacher = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
     student = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
     drop_blocks(student, [2, 3])
     fits = local.train_spans(student, teacher, [2, 3], _sequences(), "before",
                              local.LocalBudget(steps=30, sequences_per_step=4, learning_rate=1e-3, max_tokens=200))
-    assert fits[0]["steps"] == 3 and fits[0]["tokens"] == 3 * 4 * 24
+    assert fits[0]["steps"] == 3 and fits[0]["tokens"] == fits[0]["target_tokens"] == 3 * 4 * 24
 
 
 def test_merge_and_local_work_on_a_family_with_post_mlp_norms(tiny_models):

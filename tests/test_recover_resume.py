@@ -92,7 +92,8 @@ def kill(pruned: Path, out: Path, point: str) -> None:
 def numbers(out: Path) -> dict:
     report = json.loads((out / "recover_report.json").read_text())
     data = {k: v for k, v in report["data"].items() if k not in ("generation", "resumed_from_step")}
-    return {"held_out_loss": report["held_out_loss"], "loss_curve": report["loss_curve"], "data": data,
+    counted = {k: report[k] for k in ("tokens_unpadded", "tokens_padded", "sequences", "optimizer_steps")}
+    return {"held_out_loss": report["held_out_loss"], "loss_curve": report["loss_curve"], "data": data, **counted,
             "tokens_seen": report["tokens_seen"], "responses": (out / "data" / "responses.jsonl").read_text()}
 
 

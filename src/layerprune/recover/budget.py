@@ -1,36 +1,139 @@
-"""A token budget for training (train.max_tokens): stop once the student has trained on that many tokens.
+"""A token budget for training (train.max_tokens), in one unit for every method: unpadded target tokens.
 
-The trainers count tokens as transformers does (`state.num_input_tokens_seen`: every input token of each batch,
-padding included), or, where a trainer logs its own count instead (TRL's DistillationTrainer: `num_tokens`), that
-count. The budget is checked after each optimizer step, so a run ends at most one step past it.
+A target token is one the loss is taken on: a completion (answer) token of a training sequence that is neither
+padding nor masked out (labels != -100 after the causal shift; the on-policy trainer's completion mask). Padded
+input tokens (transformers' `num_input_tokens_seen`) depend on the batch size and on how unequal the lengths of a
+batch are, and prompt tokens on the prompt source; neither is what an arm learns from, so two arms given one
+budget in such a unit train on different amounts of text. Counted from the batches themselves (`attach` wraps the
+trainer's compute_loss), the same for SFTTrainer, the KD/GKD trainers and TRL's DistillationTrainer; the local
+step counts the answer tokens of the sequences it regresses (local.py). The budget is checked after each
+optimizer step, so a run ends at the step that reaches it (at most one step past it).
+
+Every arm also trains on the same sequences in the same order for a given seed (`order`, and trainers that read
+their data sequentially), so one budget stops every arm after the same sequences and the same target tokens.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
 from typing import Any
 
+import torch
 from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
+
+COUNTS = ("tokens_unpadded", "tokens_padded", "sequences")
 
 
-class TokenBudget(TrainerCallback):
-    """Stop training once `max_tokens` tokens have been trained on."""
+def order(rows: list[Any], seed: int, key: Callable[[Any], str] = lambda row: row["id"]) -> list[Any]:
+    """The training rows (or prompts) in the order every method trains on them: by a seeded hash of their prompt
+    id, so the order does not depend on which other rows are there; every epoch repeats it (the trainers read
+    sequentially, see train.training_arguments)."""
+    return sorted(rows, key=lambda row: hashlib.sha256(f"order:{seed}:{key(row)}".encode()).hexdigest())
 
-    def __init__(self, max_tokens: int) -> None:
+
+def batch_counts(inputs: dict[str, Any]) -> tuple[int, int, int]:
+    """(target tokens, input tokens with padding, sequences) of one training micro-batch: labels != -100 after the
+    causal shift (and not padding), or the on-policy trainer's completion mask (and tool mask)."""
+    if "labels" in inputs:
+        labels = inputs["labels"]
+        mask = labels[:, 1:] != -100
+        if inputs.get("attention_mask") is not None:
+            mask &= inputs["attention_mask"][:, 1:].bool()
+        padded = inputs["input_ids"] if "input_ids" in inputs else labels
+        return int(mask.sum()), int(padded.numel()), int(labels.shape[0])
+    mask = inputs["completion_mask"]
+    if inputs.get("tool_mask") is not None:
+        mask = mask * inputs["tool_mask"]
+    padded = inputs["prompt_ids"].numel() + inputs["completion_ids"].numel()
+    return int(mask.sum()), int(padded), int(mask.shape[0])
+
+
+class TargetTokens(TrainerCallback, ExportableState):
+    """Count the target tokens, padded tokens and sequences the trainer trained on (over every process), the
+    optimizer steps and the peak learning rate; stop once `max_tokens` target tokens are reached (None: count
+    only). The counts live in the checkpoints, so a resumed run counts on from them."""
+
+    def __init__(self, max_tokens: int | None = None, reduce: Any = None, device: Any = None) -> None:
         self.max_tokens = max_tokens
-        self.logged = 0
+        self.reduce, self.device = reduce, device
+        self.totals = dict.fromkeys(COUNTS, 0)
+        self.pending = [0, 0, 0]
+        self.learning_rate = 0.0
 
-    def on_log(self, args, state, control, logs=None, **kwargs):  # type: ignore[no-untyped-def]
-        self.logged = max(self.logged, int((logs or {}).get("num_tokens", 0) or 0))
+    def add(self, inputs: dict[str, Any]) -> None:
+        """Count one training micro-batch of this process."""
+        for i, value in enumerate(batch_counts(inputs)):
+            self.pending[i] += value
+
+    def _sync(self) -> None:
+        pending = torch.tensor(self.pending, dtype=torch.long, device=self.device)
+        if self.reduce is not None:
+            pending = self.reduce(pending, reduction="sum")
+        for name, value in zip(COUNTS, pending.tolist(), strict=True):
+            self.totals[name] += int(value)
+        self.pending = [0, 0, 0]
+
+    def on_train_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        saved = (state.stateful_callbacks or {}).get(type(self).__name__)
+        if isinstance(saved, dict) and state.global_step > 0:  # resumed: count on from the checkpoint
+            attributes = saved.get("attributes", {})
+            self.totals = {name: int(attributes.get(name, 0)) for name in COUNTS}
+            self.learning_rate = float(attributes.get("learning_rate", 0.0))
+
+    def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):  # type: ignore[no-untyped-def]
+        if optimizer is not None:  # before the scheduler steps: the rate this step used
+            self.learning_rate = max(self.learning_rate, *(float(g["lr"]) for g in optimizer.param_groups))
 
     def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
-        if max(int(state.num_input_tokens_seen or 0), self.logged) >= self.max_tokens:
+        self._sync()
+        if self.max_tokens is not None and self.totals["tokens_unpadded"] >= self.max_tokens:
             control.should_training_stop = True
             control.should_log = True
         return control
 
+    def state(self) -> dict[str, Any]:
+        return {"args": {"max_tokens": self.max_tokens},
+                "attributes": {**self.totals, "learning_rate": self.learning_rate}}
+
+    def summary(self, optimizer_steps: int) -> dict[str, Any]:
+        """The report's training fields (see report.TrainingCounts)."""
+        return {**self.totals, "optimizer_steps": optimizer_steps, "learning_rate": self.learning_rate}
+
+
+def attach(trainer: Any, max_tokens: int | None) -> TargetTokens:
+    """Count what `trainer` trains on, from each training batch its compute_loss receives (after any on-policy
+    generation), and stop it at `max_tokens` target tokens (None: no budget); the counter."""
+    accelerator = trainer.accelerator
+    counter = TargetTokens(max_tokens, accelerator.reduce if accelerator.num_processes > 1 else None,
+                           accelerator.device if accelerator.num_processes > 1 else None)
+    inner = trainer.compute_loss
+
+    def compute_loss(model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        if model.training:
+            counter.add(inputs)
+        return inner(model, inputs, *args, **kwargs)
+
+    trainer.compute_loss = compute_loss
+    trainer.add_callback(counter)
+    return counter
+
 
 def limit(trainer: Any, max_tokens: int | None) -> Any:
-    """Add the token budget to a trainer (no budget: the trainer as it is)."""
-    if max_tokens is not None:
-        trainer.add_callback(TokenBudget(max_tokens))
+    """Add the token budget to a trainer (`attach`; no budget: counting only); the trainer."""
+    attach(trainer, max_tokens)
     return trainer
+
+
+def counter_of(trainer: Any) -> TargetTokens | None:
+    """The TargetTokens callback `attach` added to `trainer` (None: none)."""
+    return next((cb for cb in trainer.callback_handler.callbacks if isinstance(cb, TargetTokens)), None)
+
+
+def combine(*parts: dict[str, Any] | None) -> dict[str, Any]:
+    """The training fields of a chain's steps together (counts and steps add up; the peak rate is the highest)."""
+    given = [p for p in parts if p]
+    out: dict[str, Any] = {name: sum(int(p[name]) for p in given) for name in (*COUNTS, "optimizer_steps")}
+    out["learning_rate"] = max((float(p["learning_rate"]) for p in given), default=0.0)
+    return out

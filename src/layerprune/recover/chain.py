@@ -60,15 +60,29 @@ def run_steps(recipe: RecoverRecipe, loaded: Any, teacher: Any, student: Any,
                                                recipe.merge.threshold, recipe.merge.weight, recipe.merge.span_weights)
         else:
             encoded = heldout.encode_rows(loaded.tokenizer, rows, recipe.generate, recipe.local.max_length)
-            sequences = [ids for ids, _ in encoded]
-            done["local"] = local.train_spans(loaded.model, teacher, dropped, sequences, recipe.local.block,
-                                              local_budget(recipe, len(sequences)))
+            budget = local_budget(recipe, len(encoded))
+            fits = local.train_spans(loaded.model, teacher, dropped, [ids for ids, _ in encoded], recipe.local.block,
+                                     budget, [len(ids) - start for ids, start in encoded])
+            done["local"] = [{**fit, "learning_rate": budget.learning_rate} for fit in fits]
     return done
 
 
 def local_tokens(data: dict[str, Any]) -> int:
     """Tokens the local step trained on (over every span)."""
     return sum(int(f["tokens"]) for f in data.get("local", []))
+
+
+def local_training(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The report's training fields of the local step (None: no local step): the target tokens, tokens and
+    sequences one span's block trained on (every span trains on the same sequences), the optimizer steps over every
+    span, and its learning rate."""
+    fits = data.get("local") or []
+    if not fits:
+        return None
+    return {"tokens_unpadded": max(int(f.get("target_tokens", f["tokens"])) for f in fits),
+            "tokens_padded": max(int(f["tokens"]) for f in fits),
+            "sequences": max(int(f.get("sequences", 0)) for f in fits), "optimizer_steps": local_steps(data),
+            "learning_rate": max(float(f.get("learning_rate", 0.0)) for f in fits)}
 
 
 def local_steps(data: dict[str, Any]) -> int:

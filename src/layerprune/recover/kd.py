@@ -97,7 +97,8 @@ def opd_trainer(recipe: RecoverRecipe, model: Any, teacher: Any, tokenizer: Any,
     opd = recipe.opd
     common = {**common, "include_num_input_tokens_seen": "no"}  # its batches hold prompts only; it logs num_tokens
     args = DistillationConfig(**common, beta=opd.beta, temperature=opd.temperature, top_p=opd.top_p,
-                              max_completion_length=opd.max_new_tokens, disable_dropout=True)
+                              max_completion_length=opd.max_new_tokens, disable_dropout=True,
+                              shuffle_dataset=False)  # the prompts come in budget.order, as every method's data
     tokenizer.padding_side = "left"
     return stop_at(DistillationTrainer(model=model, teacher_model=teacher, args=args,
                                        train_dataset=prompts_dataset(prompts, recipe.generate),

@@ -6,7 +6,10 @@ the teacher's state after block e, so that p alone stands in for p and the span.
 q = e + 1): input = the teacher's state entering the span (after block s - 1), target = the teacher's state after q.
 The states are cached one span at a time (block-major: one teacher forward per sequence up to the span's end), and
 the block is trained alone on them: a forward and backward through one block, never the whole model. The block is
-trained in float32 and copied back in the model's dtype.
+trained in float32 and copied back in the model's dtype. It trains on the sequences in the order every trainer
+reads them (budget.order), batch x grad_accum a step, and counts train.max_tokens in budget.py's unit: the answer
+tokens of those sequences (every position is regressed, but a trainer's loss is taken on the answer alone), each
+span's block on the whole budget, so that one budget trains local and a trainer on the same sequences.
 """
 
 from __future__ import annotations
@@ -127,7 +130,7 @@ def block_error(block: Any, cache: list[tuple[torch.Tensor, torch.Tensor, dict[s
 
 @dataclass(frozen=True)
 class LocalBudget:
-    """How one span trains: optimizer steps, sequences per step, AdamW settings."""
+    """How one span trains: optimizer steps, sequences per step, AdamW settings, and the token budget."""
 
     steps: int
     sequences_per_step: int
@@ -135,65 +138,80 @@ class LocalBudget:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     betas: tuple[float, float] = (0.9, 0.99)
-    max_tokens: int | None = None  # stop a span's training once it has seen this many tokens
+    max_tokens: int | None = None  # stop a span's training once it has trained on this many target tokens
+
+
+def step_batches(n: int, per_step: int, steps: int) -> list[list[int]]:
+    """The sequence indices of each optimizer step: the sequences in their order, `per_step` at a time, the last
+    step of a pass over them shorter (as a trainer's last accumulation window of an epoch), pass after pass."""
+    chunks = [list(range(i, min(i + per_step, n))) for i in range(0, n, per_step)]
+    return [chunks[s % len(chunks)] for s in range(steps)] if chunks else []
 
 
 def train_block(block: Any, cache: list[tuple[torch.Tensor, torch.Tensor, dict[str, Any]]], budget: LocalBudget,
-                device: torch.device) -> tuple[Any, int, int, list[float]]:
-    """A float32 copy of `block` trained on the cached (input, target) pairs; the copy, the tokens it saw, the
-    optimizer steps it took and each step's MSE (the batch's, in block_error's units)."""
+                device: torch.device, targets: list[int] | None = None) -> tuple[Any, dict[str, int], int, list[float]]:
+    """A float32 copy of `block` trained on the cached (input, target) pairs; the copy, what it trained on
+    ({target_tokens, tokens, sequences}), the optimizer steps it took and each step's MSE (the batch's, in
+    block_error's units).
+
+    The block regresses every position of a sequence, but the token budget counts its target tokens: `targets`,
+    per sequence, the answer tokens (every token where None), the unit of budget.py, so that one budget trains local
+    on the same sequences as a trainer. The budget is checked after each step (at most one step past it)."""
     work = copy.deepcopy(block).to(device=device, dtype=torch.float32).train()
     params = [p for p in work.parameters()]
     for param in params:
         param.requires_grad_(True)
     optimizer = torch.optim.AdamW(params, lr=budget.learning_rate, betas=budget.betas,
                                   weight_decay=budget.weight_decay)
-    tokens, cursor, steps, losses = 0, 0, 0, []
-    for _ in range(budget.steps):
-        if budget.max_tokens is not None and tokens >= budget.max_tokens:
+    seen, steps, losses = {"target_tokens": 0, "tokens": 0, "sequences": 0}, 0, []
+    for indices in step_batches(len(cache), budget.sequences_per_step, budget.steps):
+        if budget.max_tokens is not None and seen["target_tokens"] >= budget.max_tokens:
             break
         steps += 1
-        batch = [cache[(cursor + i) % len(cache)] for i in range(budget.sequences_per_step)]
-        cursor += budget.sequences_per_step
+        batch = [cache[i] for i in indices]
         count = sum(y.numel() for _, y, _ in batch)
         optimizer.zero_grad(set_to_none=True)
         step_loss = torch.zeros((), device=device)
-        for x, y, kwargs in batch:
+        for i, (x, y, kwargs) in zip(indices, batch, strict=True):
             out = _first(work(_to(x, device), **_to(kwargs, device)))
             loss = (out - _to(y, device)).pow(2).sum() / count
             loss.backward()
             step_loss += loss.detach()  # the batch's mean over every token and dimension, as block_error
-            tokens += int(y.shape[-2])
+            seen["tokens"] += int(y.shape[-2])
+            seen["target_tokens"] += int(y.shape[-2]) if targets is None else targets[i]
+            seen["sequences"] += 1
         torch.nn.utils.clip_grad_norm_(params, budget.max_grad_norm)
         optimizer.step()
         losses.append(float(step_loss))  # one device sync a step, not one a sequence
-    return work.eval(), tokens, steps, losses
+    return work.eval(), seen, steps, losses
 
 
 def train_spans(student: Any, teacher: Any, dropped: list[int], sequences: list[list[int]], block: str,
-                budget: LocalBudget) -> list[dict[str, Any]]:
-    """Train one kept block per dropped span, in block order; return each span's error before and after."""
+                budget: LocalBudget, targets: list[int] | None = None) -> list[dict[str, Any]]:
+    """Train one kept block per dropped span, in block order; return each span's error before and after and what
+    it trained on. The steps are shared out over the spans; the token budget is each span's whole (every span's
+    block trains on the same sequences, those a trainer given the budget trains on). `targets`: the answer tokens
+    of each sequence (train_block)."""
     if not sequences:
         raise LayerpruneError("local needs training text: no teacher answers left for training prompts")
     spans = local_spans(dropped, len(decoder_layers(teacher)), block)
     layers = decoder_layers(student)
     device = next(student.parameters()).device
     per_span = max(1, budget.steps // len(spans))
-    span_tokens = None if budget.max_tokens is None else max(1, budget.max_tokens // len(spans))
     fits = []
     for span in spans:
         cache = [capture_states(teacher, span, ids) for ids in sequences]
         before = block_error(layers[span.student], cache, device)
-        share = replace(budget, steps=per_span, max_tokens=span_tokens)
-        trained, tokens, steps, losses = train_block(layers[span.student], cache, share, device)
+        share = replace(budget, steps=per_span)
+        trained, seen, steps, losses = train_block(layers[span.student], cache, share, device, targets)
         after = block_error(trained, cache, device)
         with torch.no_grad():
             for target, source in zip(layers[span.student].parameters(), trained.parameters(), strict=True):
                 target.copy_(source.to(target.dtype))
         log.info("local: block %d for span %d-%d, hidden-state MSE %.4g -> %.4g (%d tokens)", span.trained,
-                 span.first, span.last, before, after, tokens)
+                 span.first, span.last, before, after, seen["tokens"])
         fits.append({"dropped": [span.first, span.last], "block": span.trained, "student_block": span.student,
-                     "mse_before": before, "mse_after": after, "steps": steps, "tokens": tokens,
+                     "mse_before": before, "mse_after": after, "steps": steps, **seen,
                      "mse_per_step": [float(f"{v:.6g}") for v in losses]})
         del cache
     return fits

@@ -45,9 +45,10 @@ def distill(recipe: RecoverRecipe, student: ModelSource, teacher_spec: str, rows
 
     start = time.perf_counter()
     held = held_out_ids(prompts, recipe.train.held_out, job.settings.seed)
-    train_rows = [r for r in rows if r["id"] not in held]
+    train_rows = budget.order([r for r in rows if r["id"] not in held], job.settings.seed)  # every arm's order
     eval_rows = [r for r in rows if r["id"] in held]
-    train_prompts = [p.text for p in prompts if p.id not in held]
+    train_prompts = [p.text for p in budget.order([p for p in prompts if p.id not in held], job.settings.seed,
+                                                  key=lambda p: p.id)]
     loaded = load_model(student, train.student_settings(recipe, job.settings))  # float32 master weights if full
     teacher = load_model(teacher_spec, job.settings).model.eval()
     device = job.settings.resolved_device()
@@ -62,7 +63,7 @@ def distill(recipe: RecoverRecipe, student: ModelSource, teacher_spec: str, rows
     if recipe.surgery_steps():
         metrics["replaced"] = heldout.held_out_metrics(loaded.model, teacher, encoded) if encoded else None
     method = recipe.trainer_method()
-    model, curve, tokens, steps = loaded.model, {"train": [], "held_out": []}, 0, 0
+    model, curve, tokens, steps, trained = loaded.model, {"train": [], "held_out": []}, 0, 0, None
     saved, base = job.work / "final", None
     state = PartialState()
     if method is not None:
@@ -77,9 +78,10 @@ def distill(recipe: RecoverRecipe, student: ModelSource, teacher_spec: str, rows
         callback = heldout.HeldOutCallback(teacher, encoded)
         trainer = make_trainer(recipe, method, loaded, teacher, train_rows, train_prompts, job, optimizer, trainer_dir,
                                callback)
-        budget.limit(trainer, recipe.train.max_tokens)
+        counter = budget.attach(trainer, recipe.train.max_tokens)
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         model, steps = trainer.model, trainer.state.global_step
+        trained = counter.summary(steps)
         curve = training_curve(trainer.state.log_history, callback.points, metrics)
         tokens = tokens_trained(trainer)
         data["trainer"] = type(trainer).__name__
@@ -104,7 +106,7 @@ def distill(recipe: RecoverRecipe, student: ModelSource, teacher_spec: str, rows
     held_out = heldout.report_metrics(metrics["pruned"], metrics["after"], held,
                                       **({"replaced": metrics["replaced"]} if "replaced" in metrics else {}))
     return TrainResult(saved, before, after, curve, plan, optimizer, data, time.perf_counter() - start, tokens,
-                       held_out=held_out, base=base)
+                       held_out=held_out, base=base, training=budget.combine(chain.local_training(data), trained))
 
 
 def _f(value: float | None) -> str:

@@ -52,7 +52,17 @@ class RecoverReport(BaseModel):
         "token-weighted cross-entropy of the teacher's answers to the held-out prompts and forward KL(teacher || "
         "student) per token, for the pruned and the trained model (replace adds 'replaced')")
     loss_curve: dict[str, list[list[float | None]]] = Field(description="[[step, loss], ...] (a non-finite loss: null)")
-    tokens_seen: int
+    tokens_seen: int = Field(description="Tokens as the trainers count them (transformers: every input token of "
+                             "each batch, padding included; local: every token through its blocks)")
+    tokens_unpadded: int | None = Field(None, description="Target tokens trained on, the unit of train.max_tokens: "
+                                        "completion tokens that are neither padding nor masked out, counted from the "
+                                        "batches (local: the answer tokens of the sequences one span's block trained "
+                                        "on); None in reports made before it was recorded")
+    tokens_padded: int | None = Field(None, description="Input tokens of the training batches, padding included "
+                                      "(for reference; local: every token through one span's block)")
+    sequences: int | None = Field(None, description="Sequences trained on, repeats counted")
+    optimizer_steps: int | None = Field(None, description="Optimizer steps (local: over every span)")
+    learning_rate: float | None = Field(None, description="Peak learning rate used (0: no step was taken)")
     optimizer: str
     memory_plan: dict[str, Any]
     seconds: Seconds
@@ -85,12 +95,18 @@ def model_card(report: RecoverReport, lineage: PrunedLineage | None) -> ModelCar
         f"- block score: {f'`{lineage.method.score}`' if lineage is not None else 'unknown'}",
         f"- teacher: `{report.teacher}`",
         f"- held-out loss on teacher answers: {_loss(loss.before)} -> {_loss(loss.after)}",
-        f"- {report.tokens_seen} tokens seen, {report.data.get('steps', '?')} optimizer steps, "
+        f"- {_tokens(report)}, {report.data.get('steps', '?')} optimizer steps, "
         f"{report.seconds.total:.0f} s", "",
         "Recovery wins back part of what pruning cost; evaluate with `layerprune evaluate` before use. "
         "See `recover_report.json` for the full recipe, the data and the loss curve.",
     ]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")
+
+
+def _tokens(report: RecoverReport) -> str:
+    if report.tokens_unpadded is None:
+        return f"{report.tokens_seen} tokens seen"
+    return f"{report.tokens_unpadded} target tokens trained on ({report.sequences} sequences)"
 
 
 def _loss(value: float | None) -> str:

@@ -328,6 +328,7 @@ class TrainResult:
     base: Path | None = None  # what a trained adapter merges into (None: the student; replace: the folded weights)
     eval_rows: list[dict[str, Any]] = field(default_factory=list)  # the held-out teacher answers
     held_ids: set[str] = field(default_factory=set)
+    training: dict[str, Any] = field(default_factory=dict)  # the report's tokens_unpadded ... learning_rate
 
 
 def train_sft(
@@ -340,7 +341,7 @@ def train_sft(
 
     start = time.perf_counter()
     held = methods.held_out_ids(prompts, recipe.train.held_out, job.settings.seed)
-    train_rows = [r for r in rows if r["id"] not in held]
+    train_rows = budget.order([r for r in rows if r["id"] not in held], job.settings.seed)
     eval_rows = [r for r in rows if r["id"] in held]
     if not train_rows:
         raise LayerpruneError(
@@ -378,7 +379,7 @@ def train_sft(
     eval_set = train.to_dataset(eval_rows, gen, loaded.tokenizer, cap) if eval_rows else None
     train_set = train.to_dataset(train_rows, gen, loaded.tokenizer, cap)
     trainer = train.make_trainer(recipe, loaded.model, loaded.tokenizer, args, train_set, eval_set, teacher_model)
-    budget.limit(trainer, recipe.train.max_tokens)
+    counter = budget.attach(trainer, recipe.train.max_tokens)
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     before = train.loss_before(trainer.state.log_history) if eval_set is not None else None
     after = trainer.evaluate()["eval_loss"] if eval_set is not None else None
@@ -405,6 +406,7 @@ def train_sft(
         int(trainer.state.num_input_tokens_seen or 0),
         eval_rows=eval_rows,
         held_ids=held,
+        training=counter.summary(trainer.state.global_step),
     )
     del trainer, loaded, teacher_model
     release_memory()
@@ -482,6 +484,7 @@ def build_report(
         held_out_metrics=result.held_out,
         loss_curve=result.curve,
         tokens_seen=result.tokens_seen,
+        **budget.combine(result.training),
         optimizer=result.optimizer,
         memory_plan=result.plan.as_dict(),
         seconds={"total": round(seconds, 1), "generation": generation["seconds"], "training": round(result.seconds, 1)},

@@ -98,9 +98,10 @@ class TrainSection(Section):
     grad_accum: int = Field(2, ge=1, description="Gradient accumulation steps")
     epochs: float = Field(1.0, gt=0, description="Training epochs")
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (overrides epochs)")
-    max_tokens: int | None = Field(None, ge=1, description="Stop once the student has trained on this many tokens "
-                                   "(prompt + completion as the trainer counts them; local: the tokens through its "
-                                   "blocks), whichever of max_steps and max_tokens comes first")
+    max_tokens: int | None = Field(None, ge=1, description="Stop once the student has trained on this many target "
+                                   "tokens: completion tokens, neither padding nor masked out, the same unit for every "
+                                   "method (local: the answer tokens of its sequences, each span's block on the whole "
+                                   "budget), whichever of max_steps and max_tokens comes first")
     max_length: int = Field(8192, ge=16, description="Longest training sequence in tokens (prompt + response)")
     bf16: bool = Field(True, description="bfloat16 mixed precision (switched off automatically on a CPU)")
     pure_bf16: bool = Field(

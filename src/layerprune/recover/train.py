@@ -172,6 +172,7 @@ def training_arguments(
         disable_tqdm=True,
         dataloader_num_workers=0,
         include_num_input_tokens_seen="all",
+        train_sampling_strategy="sequential",  # the data comes in budget.order: every method sees the same sequences
     )
 
 

@@ -1,0 +1,128 @@
+"""One token budget for every recovery method: unpadded target tokens, the same sequences in the same order, and
+the training fields of recover_report.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerControl, TrainerState
+
+from helpers import write_lineage
+from layerprune.cli import main
+from layerprune.models import drop_blocks
+from layerprune.recover import budget, heldout, local, selfgen
+from layerprune.recover.schema import GenerationSection
+
+FIELDS = ("tokens_unpadded", "tokens_padded", "sequences", "optimizer_steps", "learning_rate")
+FAST = ["--max-new-tokens", "8", "--no-generate-drop-truncated", "--temperature", "0", "--samples", "16",
+        "--train-max-length", "96", "--train-batch-size", "2", "--train-grad-accum", "2", "--max-steps", "40",
+        "--held-out", "0.25", "--train-warmup-steps", "0", "--no-train-gradient-checkpointing", "--learning-rate",
+        "1e-3", "--lora-r", "4", "--train-eval-steps", "100", "--device", "cpu", "-q"]
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    rows = [{"prompt": f"what is {i} + {3 * i}?" + " please" * (i % 4), "answer": str(4 * i)} for i in range(16)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def pruned(tiny_models, tmp_path_factory) -> Path:
+    """A tiny model minus blocks 2 and 3 (one span), with a prune_report.json naming its teacher."""
+    teacher = tiny_models("llama", 6)
+    model = AutoModelForCausalLM.from_pretrained(teacher)
+    kept = drop_blocks(model, [2, 3])
+    out = tmp_path_factory.mktemp("pruned") / "p2"
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(teacher).save_pretrained(out)
+    write_lineage(out, teacher, [2, 3], list(kept), 6)
+    return out
+
+
+def run(pruned: Path, prompts_file: Path, out: Path, *extra: str) -> dict:
+    assert main(["recover", "--model", str(pruned), "--prompts", str(prompts_file), "-o", str(out), *FAST, *extra]) == 0
+    return json.loads((out / "recover_report.json").read_text())
+
+
+def trained_rows(out: Path, report: dict) -> list[dict]:
+    """The rows the arm trained on, in training order (held-out prompts removed)."""
+    held = set(report["held_out_metrics"]["prompts"])
+    rows = [r for r in selfgen.read_responses(out / "data" / "responses.jsonl") if r["id"] not in held]
+    return budget.order(rows, report["settings"]["seed"])
+
+
+def hand_count(pruned: Path, out: Path, report: dict, n: int) -> int:
+    """The completion tokens (labels != -100) of the first n rows in training order, tokenized here."""
+    rows = trained_rows(out, report)[:n]
+    encoded = heldout.encode_rows(AutoTokenizer.from_pretrained(pruned), rows, GenerationSection(), 96)
+    assert len(encoded) == n
+    return sum(len(ids) - start for ids, start in encoded)
+
+
+def test_sft_counts_the_completion_tokens_of_the_data_by_hand(pruned, prompts_file, tmp_path):
+    """Two steps of 2 x 2 sequences count exactly the completion tokens of the first 8 rows in budget.order."""
+    report = run(pruned, prompts_file, tmp_path / "sft", "--method", "lora", "--max-steps", "2")
+    assert report["tokens_unpadded"] == hand_count(pruned, tmp_path / "sft", report, 8) > 0
+    assert report["sequences"] == 8 and report["optimizer_steps"] == 2 == report["data"]["steps"]
+    assert report["tokens_padded"] > report["tokens_unpadded"]  # prompts and padding, for reference
+    assert report["learning_rate"] == pytest.approx(1e-3)
+
+
+def test_one_budget_stops_sft_kd_and_local_after_the_same_sequences_and_tokens(pruned, prompts_file, tmp_path):
+    """The budget is the target tokens of the first two steps' rows: every arm stops there, on those rows."""
+    probe = run(pruned, prompts_file, tmp_path / "probe", "--method", "merge")  # no training: the rows only
+    assert all(probe[name] == 0 for name in FIELDS)
+    tokens = hand_count(pruned, tmp_path / "probe", probe, 8)
+    reports = {method: run(pruned, prompts_file, tmp_path / method, "--method", method, "--train-max-tokens",
+                           str(tokens)) for method in ("lora", "kd", "local")}
+    for method, report in reports.items():
+        assert report["tokens_unpadded"] == pytest.approx(tokens, rel=0.01), method
+        assert (report["sequences"], report["optimizer_steps"]) == (8, 2), method
+    assert reports["local"]["learning_rate"] == reports["kd"]["learning_rate"] == pytest.approx(1e-3)
+    one_more = run(pruned, prompts_file, tmp_path / "past", "--method", "local", "--train-max-tokens", str(tokens + 1))
+    assert one_more["optimizer_steps"] == 3 and one_more["sequences"] == 12  # the step that reaches it, no further
+
+
+def test_batch_counts_take_the_loss_tokens_of_a_padded_batch_and_of_on_policy_completions():
+    labels = torch.tensor([[-100, -100, 5, 6, -100], [-100, 7, 8, 9, 10]])  # row 0: the last token is padding
+    attention = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    batch = {"input_ids": torch.ones(2, 5, dtype=torch.long), "attention_mask": attention, "labels": labels}
+    assert budget.batch_counts(batch) == (6, 10, 2)
+    on_policy = {"prompt_ids": torch.ones(3, 4), "completion_ids": torch.ones(3, 2),
+                 "completion_mask": torch.tensor([[1, 1], [1, 0], [0, 0]])}
+    assert budget.batch_counts(on_policy) == (3, 18, 3)
+
+
+def test_the_counts_stop_at_the_budget_and_resume_from_a_checkpoint():
+    counter = budget.TargetTokens(max_tokens=10)
+    state, control = TrainerState(), TrainerControl()
+    counter.add({"labels": torch.tensor([[-100, 1, 2, 3]]), "input_ids": torch.ones(1, 4)})
+    counter.on_step_end(None, state, control)
+    assert counter.totals == {"tokens_unpadded": 3, "tokens_padded": 4, "sequences": 1}
+    assert not control.should_training_stop
+    counter.add({"labels": torch.tensor([[-100] + [1] * 7, [-100, -100] + [1] * 6]), "input_ids": torch.ones(2, 8)})
+    counter.on_step_end(None, state, control)
+    assert counter.totals["tokens_unpadded"] == 16 and control.should_training_stop
+    resumed = TrainerState(global_step=2, stateful_callbacks=[counter])
+    again = budget.TargetTokens(max_tokens=10)
+    again.on_train_begin(None, resumed, TrainerControl())
+    assert again.totals == counter.totals
+
+
+def test_local_counts_the_answer_tokens_of_the_sequences_it_regresses(tiny_llama):
+    teacher = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    student = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    drop_blocks(student, [2, 3])
+    sequences = [[5 + (3 * i + j) % 300 for j in range(12)] for i in range(5)]
+    answers = [4, 5, 6, 7, 8]
+    fits = local.train_spans(student, teacher, [2, 3], sequences, "before",
+                             local.LocalBudget(steps=10, sequences_per_step=2, learning_rate=1e-3, max_tokens=20),
+                             answers)
+    # steps of 2, 2 and 1 sequences (the last step of a pass shorter): 9, then 22 >= 20 answer tokens
+    assert (fits[0]["steps"], fits[0]["sequences"], fits[0]["target_tokens"], fits[0]["tokens"]) == (2, 4, 22, 48)
+    assert local.step_batches(5, 2, 4) == [[0, 1], [2, 3], [4], [0, 1]]
