@@ -132,6 +132,7 @@ def model_card(report: dict[str, Any]) -> str:
     data, train = report["data"], report["train"]
     sources = ", ".join(f"{name} {count}" for name, count in data["per_source"].items())
     return "\n".join([
+        "---", "library_name: transformers", f"tags: [layerprune, {report['kind']}]", "---", "",
         f"# {report['kind']} variant of {report['source_model']}", "",
         f"Made by `layerprune variant` ({report['kind']}, {report['format']} format, {train['method']} fine-tuning"
         + (f", teacher {report['teacher']}" if report["teacher"] else "") + ").", "",
