@@ -10,7 +10,7 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-STAGES = ("prune", "evaluate", "recover", "analyze", "export")
+STAGES = ("prune", "evaluate", "recover", "analyze", "export", "posttrain")
 FLOORS = {"models": 1, **dict.fromkeys(STAGES, 2), "pipeline": 3, "cli": 4}  # any other module is base (0)
 FACADE = "layerprune"  # the package's own __init__ may export the stages' entry functions
 

@@ -53,6 +53,7 @@ RECIPE_KINDS: dict[str, RecipeKind] = {
     "importance": RecipeKind("studies", "layerprune.analyze.schemas:ImportanceAnalysis", "importance-*.yaml"),
     "recovery-study": RecipeKind("studies", "layerprune.pipeline.study:RecoveryStudy", "recovery-*.yaml"),
     "variant-study": RecipeKind("studies", "layerprune.pipeline.variant:VariantStudy", "variant-*.yaml"),
+    "variant": RecipeKind("variant", "layerprune.posttrain.schema:VariantRecipe"),
 }
 
 

@@ -28,6 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "study": ("layerprune.cli.study", "recovery study: prune once, recover with several methods, compare"),
     "variant-study": ("layerprune.cli.variant_study", "make a variant with our recovery code and compare its "
                       "importance profile with the original's"),
+    "variant": ("layerprune.cli.variant", "post-train a model that can reason (sft, rft, grpo, distill), cached by "
+                "recipe"),
     "analyze": ("layerprune.cli.analyze", "critical blocks across models, representation drift, degeneration"),
     "export": ("layerprune.cli.export", "write a pruned or recovered model as GGUF for llama.cpp / Ollama"),
     "check-serve": ("layerprune.cli.check_serve", "vLLM loads a model and continues as transformers does"),
