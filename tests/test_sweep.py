@@ -415,6 +415,8 @@ def test_arms_recover_every_k_with_every_arm_and_a_sweep_without_arms_is_as_it_w
     plain = _tiny_study(tiny_llama, tmp_path)
     assert "arms" not in json.loads(sweep._Protocol(plain).model_dump_json(exclude={}))
     assert recipe_fingerprint(sweep._Protocol(plain)) != recipe_fingerprint(sweep._Protocol(study))  # type: ignore[arg-type]
+    one = _tiny_study(tiny_llama, tmp_path, arms=ARMS)  # more replicates (or the controls) resume the arms' sweep
+    assert recipe_fingerprint(sweep._Protocol(one)) == recipe_fingerprint(sweep._Protocol(study))  # type: ignore[arg-type]
     for label in ("pruned", "recovered", "a@r1", "baseline"):
         with pytest.raises(Exception, match=f"arm label '{label}'"):
             _tiny_study(tiny_llama, tmp_path, arms={label: {"method": "lora"}})
