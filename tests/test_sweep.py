@@ -386,3 +386,148 @@ def test_records_list_every_models_samples_and_say_when_they_are_gone(tmp_path):
     (folders["pruned-k1"] / "samples" / "copy_l3.jsonl").unlink()
     kept = sweep_report.records(tmp_path, folders)
     assert kept["pruned-k1"]["missing"] and "MISSING for pruned-k1" in sweep_report._records_line(kept)
+
+
+ARMS = {"lora": {"method": "lora"}, "local": {"method": "local", "local": {"steps": 2, "learning_rate": 1.0e-3}}}
+
+
+def test_arms_recover_every_k_with_every_arm_and_a_sweep_without_arms_is_as_it_was(tiny_llama, tmp_path):
+    from layerprune.pipeline import sweep
+    from layerprune.pipeline.stages import recipe_fingerprint
+
+    study = _tiny_study(tiny_llama, tmp_path, arms=ARMS, replicates=2, controls=True)
+    assert sweep.models(study) == ["baseline", "lora-k0", "lora-k0@r1", "pruned-k1", "lora-k1", "lora-k1@r1",
+                                   "local-k1", "local-k1@r1", "pruned-k2", "lora-k2", "lora-k2@r1", "local-k2",
+                                   "local-k2@r1"]  # local needs a cut: no k = 0 control
+    stages = sweep.stage_names(study)
+    assert stages[4:8] == ["recover-lora-k0", "eval-lora-k0", "recover-lora-k0@r1", "eval-lora-k0@r1"]
+    assert stages[8:12] == ["prune-k1", "eval-pruned-k1", "recover-lora-k1", "eval-lora-k1"]
+    assert len(stages) == 4 + 4 + 2 * (2 + 8) + 1 and "recover-local-k0" not in stages
+    root = tmp_path / "s"
+    assert sweep.stage_output(root, "recover-local-k2@r1") == root / "local-k2@r1" / "recover_report.json"
+    assert sweep.stage_output(root, "recover-k2@r1") == root / "recovered-k2@r1" / "recover_report.json"
+    assert sweep.stage_output(root, "eval-local-k2") == root / "eval" / "local-k2" / "summary.json"
+    # each arm's recipe is the recovery study's derivation from the shared one (the probe seed excluded too)
+    assert study.arm_recipe("local", "p").method == "local" and study.arm_recipe("lora", "p").method == "lora"
+    assert study.evaluate.probe_seed in study.arm_recipe("lora", "p").prompts.exclude_probe_seeds
+    assert study.arm_recipe(None, "p") == study.shared_recipe("p")
+    # without arms: the same labels, stages and fingerprint as before arms existed
+    plain = _tiny_study(tiny_llama, tmp_path)
+    assert "arms" not in json.loads(sweep._Protocol(plain).model_dump_json(exclude={}))
+    assert recipe_fingerprint(sweep._Protocol(plain)) != recipe_fingerprint(sweep._Protocol(study))  # type: ignore[arg-type]
+    one = _tiny_study(tiny_llama, tmp_path, arms=ARMS)  # more replicates (or the controls) resume the arms' sweep
+    assert recipe_fingerprint(sweep._Protocol(one)) == recipe_fingerprint(sweep._Protocol(study))  # type: ignore[arg-type]
+    for label in ("pruned", "recovered", "a@r1", "baseline"):
+        with pytest.raises(Exception, match=f"arm label '{label}'"):
+            _tiny_study(tiny_llama, tmp_path, arms={label: {"method": "lora"}})
+    with pytest.raises(Exception, match="arm 'bad'"):
+        _tiny_study(tiny_llama, tmp_path, arms={"bad": {"method": "lora", "lora": {"r": -1}}})
+
+
+def test_every_arm_recovers_with_its_recipe_and_shares_the_teacher_answers(tiny_llama, tmp_path, monkeypatch):
+    from layerprune.pipeline import study as recovery
+    from layerprune.pipeline import sweep
+    from layerprune.settings import RunSettings
+
+    calls = []
+    monkeypatch.setattr(recovery, "recover_sharing_answers",
+                        lambda recipe, job, shared: calls.append((recipe.method, recipe.model, job.output.name,
+                                                                  job.settings.seed, shared.name)))
+    study = _tiny_study(tiny_llama, tmp_path, arms=ARMS, replicates=2, controls=True)
+    root = tmp_path / "s"
+    for label in ("lora-k2", "local-k1@r1", "lora-k0@r1"):
+        sweep.recover_at(study, RunSettings(seed=5), root, label)
+    assert calls == [("lora", str(root / "pruned-k2"), "lora-k2", 5, "selfgen.jsonl"),
+                     ("local", str(root / "pruned-k1"), "local-k1@r1", 6, "selfgen.jsonl"),
+                     ("lora", str(root / "original"), "lora-k0@r1", 6, "selfgen.jsonl")]
+
+
+def test_the_dry_run_plans_every_arm_at_its_own_rate(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    data = yaml.safe_load(find_recipe("limits-sweep-embedded")[1].read_text())
+    data.update(ratios=[2, 3, 4], replicates=3, controls=True, output=str(tmp_path / "s"),
+                arms={"sft": {"method": "lora"}, "local": {"method": "local", "local": {"steps": 72,
+                                                                                       "learning_rate": 1.0e-3}}})
+    data["prune"]["drop"] = 4
+    recipe = tmp_path / "arms.yaml"
+    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
+    code, out, err = run_cli(capsys, ["study", str(recipe), "--dry-run"])
+    assert code == 0, err
+    assert "arms (2, each at every k, paired on the same items): sft, local; every arm on the same 160" in out
+    assert "arm sft: lora, 2 epochs, lr 0.0005: about 54k trained tokens per k; 12 recoveries" in out
+    assert "arm local: local, 72 local steps, lr 0.001: about 54k trained tokens per k; 9 recoveries" in out
+    assert "k = 0 controls (the arm's recovery of the unpruned original, ARM-k0): sft; none for local" in out
+    assert "models evaluated: 25 (baseline, sft-k0, sft-k0@r1, sft-k0@r2, pruned-k2, sft-k2," in out
+    assert "recoveries: 21; stages: 53 (" in out and "arm local: memory" in out.replace("\n", " ")
+    assert "training sft 64 min, training local 24 min" in out  # 12 x 54k at 170/s; 9 x 72 x 4 x 188 at 340/s
+    assert not (tmp_path / "s").exists()
+
+
+def test_arms_are_compared_pairwise_at_every_k_with_the_two_level_interval(tmp_path):
+    import numpy as np
+
+    from layerprune.pipeline import sweep_report
+
+    rng = np.random.default_rng(2)
+    n = 200
+    cls = (rng.random(n) < 0.8).astype(float).tolist()
+    base = np.r_[np.ones(150), np.zeros(n - 150)]
+    won = {"lora": {1: (20, 30), 2: (10, 20)}, "local": {1: (60, 70), 2: (20, 30)}}  # items won back per replicate
+    gen = {"baseline": base}
+    for k in (1, 2):
+        gen[f"pruned-k{k}"] = np.r_[np.zeros(100), base[100:]]
+        for arm, per_k in won.items():
+            for r, items in enumerate(per_k[k]):
+                gen[f"{arm}-k{k}" + (f"@r{r}" if r else "")] = np.r_[np.ones(items), gen[f"pruned-k{k}"][items:]]
+    folders = {}
+    for label, scores in gen.items():
+        folders[label] = tmp_path / "eval" / label
+        _eval_folder(folders[label], {"piqa": ("classification", cls), "copy_l7": ("generative", scores.tolist())})
+    figures, _, _ = sweep_report.sweep_figures(folders)
+    study = SimpleNamespace(ratios=[1, 2])
+    points = [sweep_report.point(study, figures, k, arm) for k in (1, 2) for arm in ("local", "lora")]
+    assert points[0]["arm"] == "local" and points[0]["generative"]["recovered_share"]["value"] == pytest.approx(0.65)
+    assert points[0]["generative"]["spread"]["replicates"] == 2
+    rows = sweep_report.comparisons(figures, points, ["local", "lora"])
+    assert [(r["k"], r["arms"]) for r in rows] == [(1, ["local", "lora"]), (2, ["local", "lora"])]
+    share = rows[0]["generative"]["share"]
+    assert share["value"] == pytest.approx(0.4) and rows[0]["generative"]["share_status"] == "shown"
+    assert rows[0]["generative"]["score"]["value"] == pytest.approx(40 / n)
+    assert rows[1]["generative"]["share"]["value"] == pytest.approx(0.1)
+    assert rows[0]["classification"]["share"] == sweep_report.NO_CLEAR_DROP
+    assert rows[0]["classification"]["score_status"] == "not shown"
+    text = "\n".join(sweep_report.format_comparisons(rows, replicates=2))
+    assert f"- local - lora at k = 1, generative: recovered share +40.0% [{100 * share['low']:.1f}, " in text
+    assert "above 0; recovered score +20.0% [" in text and "run-to-run variance is in them" in text
+    # per arm: the verdicts on its own points, one table with an arm column, the spread per arm
+    lines, tests = sweep_report.verdicts(study, figures, [p for p in points if p["arm"] == "local"], "local")
+    assert tests["b"]["difference"]["value"] == pytest.approx(0.65 - 0.25) and tests["b"]["status"] == "shown"
+    assert "| 2 | lora | generative |" in sweep_report.format_table(points)
+    assert "| 1 | local | generative | 2 |" in sweep_report.format_spread(points, None, {"local": None})
+    sweep_report.plot_retention(points, 30, tmp_path / "sweep.png")
+    assert (tmp_path / "sweep.png").stat().st_size > 0
+
+
+def test_tiny_sweep_with_two_arms_recovers_every_k_both_ways_and_compares_them_paired(capsys, tiny_llama, tmp_path,
+                                                                                      monkeypatch):
+    monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))
+    recipe = tmp_path / "sweep.yaml"
+    recipe.write_text(yaml.safe_dump({**tiny_sweep(tiny_llama, tmp_path / "sweep"), "arms": ARMS}, sort_keys=False))
+    code, out, err = run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])
+    assert code == 0, err
+    root = tmp_path / "sweep"
+    data = json.loads((root / "sweep.json").read_text())
+    assert [(p["k"], p["arm"]) for p in data["points"]] == [(1, "lora"), (1, "local"), (2, "lora"), (2, "local")]
+    assert data["arms"] == {"lora": "lora", "local": "local"} and set(data["verdicts"]) == {"lora", "local"}
+    assert [(c["k"], c["arms"]) for c in data["comparisons"]] == [(1, ["lora", "local"]), (2, ["lora", "local"])]
+    score = data["comparisons"][0]["generative"]["score"]
+    assert score["low"] <= score["value"] <= score["high"]
+    assert set(data["curves"]) == {"lora-k1", "local-k1", "lora-k2", "local-k2"}
+    for label in ("lora-k1", "local-k1", "lora-k2", "local-k2"):  # the teacher answered once, for the first
+        generated = json.loads((root / label / "recover_report.json").read_text())["data"]["generation"]["generated"]
+        assert (generated > 0) == (label == "lora-k1")
+    assert_records_kept(root, ["baseline", "pruned-k1", "lora-k1", "local-k1", "pruned-k2", "lora-k2", "local-k2"])
+    text = (root / "sweep.md").read_text()
+    assert "- lora: (a)" in text and "- local: (b" in text and "| 2 | local | generative |" in text
+    assert "- lora - local at k = 1, generative: recovered share" in text
+    assert "No k = 0 control (controls: false)" in text and "Recovery budget per k and arm" in text

@@ -8,6 +8,11 @@ per k: prune-k (the k lowest-ranked blocks, cut from the files), eval-pruned-k, 
 model's own answers to generic instructions, generated once and shared by every k), eval-recovered-k; each recovery
 once per replicate (replicate r > 0: recover-kK@rR with seed settings.seed + r); and the report (sweep_report.py:
 paired intervals over the same items for every model, across-run spread over the replicates).
+
+With `arms` (recovery methods by label, as a recovery study's: each arm's recipe is the shared `recover` recipe with
+the arm's method and section, pipeline/study.py), every k (and the control, for the arms that can have one) is
+recovered by every arm: model ARM-kK (replicate r > 0: ARM-kK@rR), its folder and eval folder of that name, stages
+recover-ARM-kK and eval-ARM-kK. The teacher answers are shared by every arm and k, as by every k without arms.
 """
 
 from __future__ import annotations
@@ -18,18 +23,21 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from layerprune.evaluate.calibrated import ProbeCalibration
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.recipe import PipelineRecipe, RecoverStage
+from layerprune.pipeline.study import Arm, RecoveryStudy
+from layerprune.recipe_loading import validation_message
 from layerprune.recover.schema import RecoverRecipe
 from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
 GSM8K = "gsm8k"
 CALIBRATION_FILE = "probes_calibrated.json"
+TAKEN = ("baseline", "pruned", "recovered", "original")  # arm labels that would name the sweep's other models
 
 
 class Gsm8kGate(BaseModel):
@@ -55,6 +63,9 @@ class SweepStudy(PipelineRecipe):
                             "run, r > 0 in recovered-kK@rR; the report gives the across-run spread")
     controls: bool = Field(False, description="The k = 0 control: the same recovery of the unpruned original "
                            "(recovered-k0, per replicate), scored on the same items (none for merge, replace, local)")
+    arms: dict[str, Arm] | None = Field(None, min_length=1, description="Recovery methods by label, each applied at "
+                                        "every k (model ARM-kK): the shared recover recipe with the arm's method and "
+                                        "section, as a recovery study's arms; none: the recover recipe alone")
 
     @model_validator(mode="after")
     def _one_ranking(self) -> SweepStudy:
@@ -67,10 +78,25 @@ class SweepStudy(PipelineRecipe):
         if self.evaluate.suite is None:
             raise ValueError("evaluate.suite: name the suite whose settings every task is scored with")
         self.shared_recipe("<pruned>")
+        for label in self.arms or {}:
+            if not label.replace("+", "").replace("-", "").replace("_", "").isalnum() or label in TAKEN:
+                raise ValueError(f"arm label '{label}': letters, digits, '+', '-' and '_' only, and none of "
+                                 f"{', '.join(TAKEN)} (they name the sweep's other models)")
+            try:
+                self.arm_recipe(label, "<pruned>")
+            except ValidationError as exc:
+                raise ValueError(validation_message(exc, f"arm '{label}'")) from None
         return self
 
     def shared_recipe(self, student: str) -> RecoverRecipe:
         return RecoverStage.model_validate(self.recover).resolve(student, self.model)
+
+    def arm_recipe(self, arm: str | None, student: str) -> RecoverRecipe:
+        """The recover recipe of one arm (None: the sweep without arms, the shared recipe itself), derived from the
+        shared one exactly as a recovery study derives its arms' (RecoveryStudy.arm_recipe)."""
+        if arm is None:
+            return self.shared_recipe(student)
+        return RecoveryStudy.arm_recipe(self, arm, student)  # type: ignore[arg-type]  # the same fields, duck-typed
 
     def eval_settings(self, tasks: list[str]) -> EvalSettings:
         return self.evaluate.model_copy(update={"only": tasks})
@@ -87,30 +113,46 @@ def replicate_of(label: str) -> tuple[str, int]:
     return base, int(replicate) if replicate else 0
 
 
-def has_control(study: SweepStudy) -> bool:
-    """Whether the k = 0 control runs: asked for, and a recovery that needs no cut (merge, replace, local do)."""
-    return study.controls and not study.shared_recipe("<pruned>").surgery_steps()
+def arm_names(study: SweepStudy) -> list[str | None]:
+    """The arms' labels; [None] for a sweep without arms (its one recovery)."""
+    return list(study.arms) if study.arms else [None]
 
 
-def recovered(study: SweepStudy, k: int) -> list[str]:
-    """The physical labels of every replicate of recovered-k (k = 0: the control)."""
-    return [replicate_label(f"recovered-k{k}", r) for r in range(study.replicates)]
+def recovered_label(arm: str | None, k: int) -> str:
+    """The logical label of a recovered point: recovered-kK without arms, ARM-kK with (k = 0: the control)."""
+    return f"recovered-k{k}" if arm is None else f"{arm}-k{k}"
+
+
+def has_control(study: SweepStudy, arm: str | None = None) -> bool:
+    """Whether the k = 0 control of `arm` (None: the recovery of a sweep without arms) runs: asked for, and a
+    recovery that needs no cut (merge, replace, local do)."""
+    return study.controls and not study.arm_recipe(arm, "<pruned>").surgery_steps()
+
+
+def recovered(study: SweepStudy, k: int, arm: str | None = None) -> list[str]:
+    """The physical labels of every replicate of the arm's recovered point at k (k = 0: its control)."""
+    return [replicate_label(recovered_label(arm, k), r) for r in range(study.replicates)]
 
 
 def models(study: SweepStudy) -> list[str]:
-    """The evaluated models' labels: baseline, the control's replicates, then pruned-k and recovered-k (each
-    replicate) for each k."""
-    control = recovered(study, 0) if has_control(study) else []
-    return ["baseline", *control, *(m for k in study.ratios for m in (f"pruned-k{k}", *recovered(study, k)))]
+    """The evaluated models' labels: baseline, the controls' replicates (per arm), then pruned-k and each arm's
+    recovered-k (each replicate) for each k."""
+    control = [m for arm in arm_names(study) if has_control(study, arm) for m in recovered(study, 0, arm)]
+    return ["baseline", *control, *(m for k in study.ratios
+                                    for m in (f"pruned-k{k}", *recovered_at(study, k)))]
+
+
+def recovered_at(study: SweepStudy, k: int) -> list[str]:
+    """Every arm's replicates at k, arm by arm."""
+    return [m for arm in arm_names(study) for m in recovered(study, k, arm)]
 
 
 def stage_names(study: SweepStudy) -> list[str]:
-    def recoveries(k: int) -> list[str]:
-        return [s for label in recovered(study, k) for s in (f"recover-{label.removeprefix('recovered-')}",
-                                                              f"eval-{label}")]
+    def recoveries(labels: list[str]) -> list[str]:
+        return [s for label in labels for s in (f"recover-{label.removeprefix('recovered-')}", f"eval-{label}")]
 
-    control = recoveries(0) if has_control(study) else []
-    per_k = [s for k in study.ratios for s in (f"prune-k{k}", f"eval-pruned-k{k}", *recoveries(k))]
+    control = recoveries([m for arm in arm_names(study) if has_control(study, arm) for m in recovered(study, 0, arm)])
+    per_k = [s for k in study.ratios for s in (f"prune-k{k}", f"eval-pruned-k{k}", *recoveries(recovered_at(study, k)))]
     return ["calibrate-probes", "score", "gate-gsm8k", "eval-baseline", *control, *per_k, "report"]
 
 
@@ -120,8 +162,8 @@ def stage_output(root: Path, stage: str) -> Path:
         return root / "eval" / name / SUMMARY_FILE
     if stage.startswith("prune-"):
         return root / f"pruned-{name}" / "prune_report.json"
-    if stage.startswith("recover-"):
-        return root / f"recovered-{name}" / "recover_report.json"
+    if stage.startswith("recover-"):  # kK[@rR] (no arms): recovered-kK[@rR]; ARM-kK[@rR]: the label itself
+        return root / (name if "-" in name else f"recovered-{name}") / "recover_report.json"
     return {"calibrate-probes": root / CALIBRATION_FILE, "gate-gsm8k": root / "eval" / "gate-gsm8k" / SUMMARY_FILE,
             "score": root / "scored" / "prune_report.json", "report": root / "sweep.md"}[stage]
 
@@ -175,7 +217,8 @@ class _Protocol:
         self.study, self.name = study, study.name
 
     def model_dump_json(self, exclude: dict[str, Any]) -> str:
-        return self.study.model_dump_json(exclude={**exclude, "replicates": True, "controls": True})
+        arms = {"arms": True} if self.study.arms is None else {}  # a sweep without arms: the fingerprint it had
+        return self.study.model_dump_json(exclude={**exclude, "replicates": True, "controls": True, **arms})
 
     def model_dump(self, **kwargs: Any) -> dict[str, Any]:
         return self.study.model_dump(**kwargs)
@@ -234,16 +277,18 @@ def prune_at(study: SweepStudy, settings: RunSettings, root: Path, k: int) -> No
 
 
 def recover_at(study: SweepStudy, settings: RunSettings, root: Path, label: str) -> None:
-    """SFT of pruned-k (k0: the unpruned original) on the teacher's answers, generated for the first k and shared by
-    the others. Replicate r (label kK@rR) runs with seed settings.seed + r; its teacher answers are replicate 0's at
-    temperature 0 (greedy: the same), its own at a temperature above 0."""
+    """Recovery of pruned-k (k0: the unpruned original) on the teacher's answers, generated for the first k (and arm)
+    and shared by the others. `label` is kK[@rR], or ARM-kK[@rR] with arms (that arm's recipe). Replicate r runs with
+    seed settings.seed + r; its teacher answers are replicate 0's at temperature 0 (greedy: the same), its own at a
+    temperature above 0."""
     from layerprune.pipeline.study import recover_sharing_answers
     from layerprune.recover.runner import RecoverJob
 
-    point, replicate = replicate_of(label)
+    logical, replicate = replicate_of(label)
+    arm, _, point = logical.rpartition("-")
     student = original_copy(study, settings, root) if point == "k0" else root / f"pruned-{point}"
-    recipe = study.shared_recipe(str(student))
-    job = RecoverJob(output=root / f"recovered-{label}", resume=True,
+    recipe = study.arm_recipe(arm or None, str(student))
+    job = RecoverJob(output=stage_output(root, f"recover-{label}").parent, resume=True,
                      settings=settings.model_copy(update={"seed": settings.seed + replicate}),
                      data_dir=study.evaluate.data_dir or study.prune.data_dir)
     recover_sharing_answers(recipe, job, root / teacher_answers(recipe, replicate))
@@ -292,28 +337,15 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
     most_probes = len(families) * study.probes.per_family
     per_model = cls_docs / RATES["classification docs/s"] + most_probes * probe_limit / RATES["probe items/s"]
     n_models = len(models(study))
-    train = shared.train
     answers = shared.prompts.samples or 256
-    tokens_per_epoch = answers * (1 - train.held_out) * (shared.generate.max_new_tokens + 60)
-    if shared.trainer_method() is None and "local" in shared.surgery_steps():
-        # the local step's own budget: local.steps (else train.max_steps, else one pass) of batch x accum
-        from layerprune.recover.chain import local_budget
-
-        budget = local_budget(shared, int(answers * (1 - train.held_out)))
-        trained = budget.steps * budget.sequences_per_step * (shared.generate.max_new_tokens + 60)
-        if train.max_tokens is not None:
-            trained = min(trained, train.max_tokens)
-        schedule, rate = f"{budget.steps} local steps, lr {budget.learning_rate:g}", RATES["local tokens/s"]
-    else:
-        trained = tokens_per_epoch * train.epochs if train.max_steps is None else \
-            train.max_steps * train.batch_size * train.grad_accum * (shared.generate.max_new_tokens + 60)
-        schedule, rate = f"{train.epochs:g} epochs, lr {train.learning_rate:g}", RATES["trained tokens/s"]
-    n_recoveries = (len(study.ratios) + has_control(study)) * study.replicates
+    plans = {arm: _training(study.arm_recipe(arm, "<pruned>")) for arm in arm_names(study)}
+    runs = {arm: (len(study.ratios) + has_control(study, arm)) * study.replicates for arm in plans}
     answer_sets = study.replicates if shared.generate.temperature > 0 else 1
     seconds = {"calibrate": len(study.probes.candidates) * study.probes.items / RATES["calibration items/s"],
                "gate": study.gsm8k_gate.limit / RATES["gsm8k items/s"],
                "teacher answers": answer_sets * answers * shared.generate.max_new_tokens / RATES["teacher tokens/s"],
-               "training": n_recoveries * trained / rate,
+               **{"training" if arm is None else f"training {arm}": runs[arm] * trained / rate
+                  for arm, (trained, _, rate) in plans.items()},
                "evaluation": n_models * per_model}
     lines = [f"pruning-ratio sweep '{study.name}' -> {study.run_dir()}",
              f"model: {check_model(study.model, settings)}",
@@ -328,17 +360,57 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
              f"models evaluated: {n_models} ({', '.join(models(study))}) on the same items each: "
              f"{', '.join(f'{t} {_size(limits.get(t))}' for t in study.classification)}; at most {most_probes} "
              f"probe levels x {probe_limit} items",
-             f"recovery at every k: {shared.method} on {answers} teacher answers to {shared.prompts.source} prompts "
-             f"(generated once; {shared.generate.max_new_tokens} new tokens at temperature "
-             f"{shared.generate.temperature:g}), {schedule}, batch "
-             f"{train.batch_size} x {train.grad_accum}, held-out {train.held_out:g} every {train.eval_steps} steps: "
-             f"about {trained / 1000:.0f}k trained tokens per k (planned from {shared.generate.max_new_tokens} + 60 "
-             "tokens per answer; the report counts them)",
+             *_recovery_lines(study, shared, plans, runs),
              _replicate_line(study, shared, answer_sets),
-             f"recoveries: {n_recoveries}; stages: {len(stage_names(study))} ({', '.join(stage_names(study))})",
-             *_memory_lines(study, settings, shared),
+             f"recoveries: {sum(runs.values())}; stages: {len(stage_names(study))} ({', '.join(stage_names(study))})",
+             *(line for arm in plans for line in _memory_lines(study, settings, arm)),
              _estimate(study, seconds)]
     return "\n".join(lines)
+
+
+def _training(recipe: RecoverRecipe) -> tuple[float, str, float]:
+    """One recovery's plan: the tokens it trains (from max_new_tokens + 60 a teacher answer), its schedule in words,
+    and the measured CPU rate it trains at (the local step on cached states has its own)."""
+    train, per_answer = recipe.train, recipe.generate.max_new_tokens + 60
+    answers = recipe.prompts.samples or 256
+    if recipe.trainer_method() is None and "local" in recipe.surgery_steps():
+        # the local step's own budget: local.steps (else train.max_steps, else one pass) of batch x accum
+        from layerprune.recover.chain import local_budget
+
+        budget = local_budget(recipe, int(answers * (1 - train.held_out)))
+        trained = budget.steps * budget.sequences_per_step * per_answer
+        if train.max_tokens is not None:
+            trained = min(trained, train.max_tokens)
+        return trained, f"{budget.steps} local steps, lr {budget.learning_rate:g}", RATES["local tokens/s"]
+    if recipe.trainer_method() is None:
+        return 0.0, "no training (forward passes only)", RATES["trained tokens/s"]
+    trained = answers * (1 - train.held_out) * per_answer * train.epochs if train.max_steps is None else \
+        train.max_steps * train.batch_size * train.grad_accum * per_answer
+    return trained, f"{train.epochs:g} epochs, lr {train.learning_rate:g}", RATES["trained tokens/s"]
+
+
+def _recovery_lines(study: SweepStudy, shared: RecoverRecipe, plans: dict[str | None, tuple[float, str, float]],
+                    runs: dict[str | None, int]) -> list[str]:
+    """The recovery at every k (without arms), or the shared teacher answers and each arm's method, schedule and
+    recoveries."""
+    train, gen = shared.train, shared.generate
+    answers = f"{shared.prompts.samples or 256} teacher answers to {shared.prompts.source} prompts"
+    tail = f"(planned from {gen.max_new_tokens} + 60 tokens per answer; the report counts them)"
+    if study.arms is None:
+        trained, schedule, _ = plans[None]
+        return [f"recovery at every k: {shared.method} on {answers} (generated once; {gen.max_new_tokens} new tokens "
+                f"at temperature {gen.temperature:g}), {schedule}, batch {train.batch_size} x {train.grad_accum}, "
+                f"held-out {train.held_out:g} every {train.eval_steps} steps: about {trained / 1000:.0f}k trained "
+                f"tokens per k {tail}"]
+    lines = [f"arms ({len(study.arms)}, each at every k, paired on the same items): {', '.join(study.arms)}; every "
+             f"arm on the same {answers} (generated once for every arm and k; {gen.max_new_tokens} new tokens at "
+             f"temperature {gen.temperature:g}), batch {train.batch_size} x {train.grad_accum}, held-out "
+             f"{train.held_out:g}"]
+    for arm, (trained, schedule, _) in plans.items():
+        recipe = study.arm_recipe(arm, "<pruned>")
+        lines.append(f"arm {arm}: {recipe.chain_name()}, {schedule}: about {trained / 1000:.0f}k trained tokens per "
+                     f"k; {runs[arm]} recoveries {tail}")
+    return lines
 
 
 def _replicate_line(study: SweepStudy, shared: RecoverRecipe, answer_sets: int) -> str:
@@ -348,6 +420,11 @@ def _replicate_line(study: SweepStudy, shared: RecoverRecipe, answer_sets: int) 
             if study.replicates > 1 else "1 replicate of every recovery (run-to-run variance not measured)")
     if not study.controls:
         control = "no k = 0 control (controls: false)"
+    elif study.arms is not None:
+        cut = [arm for arm in study.arms if not has_control(study, arm)]
+        control = (f"k = 0 controls (the arm's recovery of the unpruned original, ARM-k0): "
+                   f"{', '.join(a for a in study.arms if a not in cut) or 'none'}"
+                   + (f"; none for {', '.join(cut)} (a cut is needed: merge, replace, local)" if cut else ""))
     elif has_control(study):
         control = "k = 0 control: the same recovery of the unpruned original (recovered-k0), scored on the same items"
     else:
@@ -355,9 +432,9 @@ def _replicate_line(study: SweepStudy, shared: RecoverRecipe, answer_sets: int) 
     return f"{runs}; {control}"
 
 
-def _memory_lines(study: SweepStudy, settings: RunSettings, shared: RecoverRecipe) -> list[str]:
-    """The recovery's memory plan at the smallest k (the largest student: the original itself with the control), as
-    the recovery study plans an arm."""
+def _memory_lines(study: SweepStudy, settings: RunSettings, arm: str | None) -> list[str]:
+    """The recovery's (an arm's) memory plan at the smallest k (the largest student: the original itself with the
+    control), as the recovery study plans an arm."""
     import copy
 
     from layerprune.pipeline.plan import model_config
@@ -368,11 +445,13 @@ def _memory_lines(study: SweepStudy, settings: RunSettings, shared: RecoverRecip
     if config is None:
         return [f"memory plan: not made ({note or 'the config was not readable'})"]
     teacher = copy.deepcopy(config)
-    first = 0 if has_control(study) else study.ratios[0]
+    first = 0 if has_control(study, arm) else study.ratios[0]
     config.num_hidden_layers = teacher.num_hidden_layers - first
-    _, plan = plan_for(shared, config, RecoverJob(output=study.run_dir() / "recovered-k1", settings=settings),
-                       cuda=True, teacher_config=teacher)
-    return [memory.format_plan(plan, f"{study.model or 'embedded'} minus {first} blocks")]
+    _, plan = plan_for(study.arm_recipe(arm, "<pruned>"), config,
+                       RecoverJob(output=study.run_dir() / "recovered-k1", settings=settings), cuda=True,
+                       teacher_config=teacher)
+    text = memory.format_plan(plan, f"{study.model or 'embedded'} minus {first} blocks")
+    return [text if arm is None else f"arm {arm}: {text}"]
 
 
 def _estimate(study: SweepStudy, seconds: dict[str, float]) -> str:

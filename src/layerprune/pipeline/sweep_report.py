@@ -4,11 +4,16 @@ recovered, with paired intervals; a table, the loss curves, and verdicts compute
 Every model answered the same items, so one clustered paired bootstrap (items drawn within each task, the same draw for
 every model) gives every figure its interval: drops, chance-normalised retention (model - chance) / (original -
 chance), the recovered share (recovered - pruned) / (original - pruned), and the differences the verdicts test.
+
+With arms (several recoveries of every k), every figure is given per arm (a point carries its `arm`), the verdicts
+per arm, and every pair of arms is compared at every k: the paired difference of their recovered shares and of their
+recovered scores, two-level over runs and items where there are replicates.
 """
 
 from __future__ import annotations
 
 import json
+from itertools import combinations
 from pathlib import Path
 from typing import Any
 
@@ -18,51 +23,54 @@ from layerprune import paired
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.paired import format_interval
 from layerprune.pipeline.paired_table import Figures, load_matrix
+from layerprune.pipeline.sweep import recovered_label
 
 KINDS = ("classification", "generative")
 NO_CLEAR_DROP = "n/a (no clear drop)"  # the drop's interval holds 0: no share of it to speak of
-CONTROL = "recovered-k0"  # the k = 0 control: the same recovery of the unpruned original
+CONTROL = "recovered-k0"  # the k = 0 control: the same recovery of the unpruned original (ARM-k0 with arms)
+SIDE = {"shown": "above 0", "not shown": "holds 0", "contradicted": "below 0"}  # where a difference's interval lies
 
 
-def point(study: Any, figures: Figures, k: int) -> dict[str, Any]:
-    """One k of the sweep: per kind the scores, drop, chance-normalised retention, recovered share (and, with the
-    k = 0 control, the share net of the control's own change), the across-run spread; and the gap."""
-    out: dict[str, Any] = {"k": k}
-    control = CONTROL in figures.labels
+def point(study: Any, figures: Figures, k: int, arm: str | None = None) -> dict[str, Any]:
+    """One k of the sweep (of one arm's recovery: the point carries `arm`): per kind the scores, drop,
+    chance-normalised retention, recovered share (and, with the k = 0 control, the share net of the control's own
+    change), the across-run spread; and the gap."""
+    out: dict[str, Any] = {"k": k, **({"arm": arm} if arm is not None else {})}
+    control = recovered_label(arm, 0) in figures.labels
+    rec = recovered_label(arm, k)
     for kind in KINDS:
         if not figures.has(kind):
             continue
         row = {"baseline": figures.score("baseline", kind), "pruned": figures.score(f"pruned-k{k}", kind),
                "drop": figures.difference("baseline", f"pruned-k{k}", kind)}
         row["retention_pruned"] = figures.interval(lambda m, kind=kind: figures.retention(f"pruned-k{k}", kind, m))
-        if f"recovered-k{k}" in figures.labels:
-            row["recovered"] = figures.score(f"recovered-k{k}", kind)
-            row["retention_recovered"] = figures.interval(
-                lambda m, kind=kind: figures.retention(f"recovered-k{k}", kind, m))
+        if rec in figures.labels:
+            row["recovered"] = figures.score(rec, kind)
+            row["retention_recovered"] = figures.interval(lambda m, kind=kind: figures.retention(rec, kind, m))
             clear = _above(row["drop"])
-            row["recovered_share"] = figures.interval(lambda m, kind=kind: _share(figures, k, kind, m)) \
+            row["recovered_share"] = figures.interval(lambda m, kind=kind: _share(figures, k, kind, m, arm)) \
                 if clear else NO_CLEAR_DROP
             if control:
-                row["recovered_share_net"] = figures.interval(lambda m, kind=kind: _net_share(figures, k, kind, m)) \
-                    if clear else NO_CLEAR_DROP
-            row["gain"] = figures.difference(f"recovered-k{k}", f"pruned-k{k}", kind)
-            row["spread"] = spread(figures, f"recovered-k{k}", kind)
+                row["recovered_share_net"] = figures.interval(
+                    lambda m, kind=kind: _net_share(figures, k, kind, m, arm)) if clear else NO_CLEAR_DROP
+            row["gain"] = figures.difference(rec, f"pruned-k{k}", kind)
+            row["spread"] = spread(figures, rec, kind)
         out[kind] = row
-    if all(figures.has(kind) for kind in KINDS) and f"recovered-k{k}" in figures.labels:
+    if all(figures.has(kind) for kind in KINDS) and rec in figures.labels:
         out["gap_recovered"] = figures.interval(
-            lambda m: figures.retention(f"recovered-k{k}", "classification", m)
-            - figures.retention(f"recovered-k{k}", "generative", m))
+            lambda m: figures.retention(rec, "classification", m) - figures.retention(rec, "generative", m))
     out["costs"] = any(_above(out.get(kind, {}).get("drop")) for kind in KINDS)
     return out
 
 
-def control_point(figures: Figures) -> dict[str, Any] | None:
-    """The k = 0 control per kind: the original, the original after the same recovery, the change (control -
-    baseline) and the across-run spread; None without a control."""
-    if CONTROL not in figures.labels:
+def control_point(figures: Figures, arm: str | None = None) -> dict[str, Any] | None:
+    """The k = 0 control (of `arm`) per kind: the original, the original after the same recovery, the change
+    (control - baseline) and the across-run spread; None without a control."""
+    control = recovered_label(arm, 0)
+    if control not in figures.labels:
         return None
-    return {kind: {"baseline": figures.score("baseline", kind), "control": figures.score(CONTROL, kind),
-                   "change": figures.difference(CONTROL, "baseline", kind), "spread": spread(figures, CONTROL, kind)}
+    return {kind: {"baseline": figures.score("baseline", kind), "control": figures.score(control, kind),
+                   "change": figures.difference(control, "baseline", kind), "spread": spread(figures, control, kind)}
             for kind in KINDS if figures.has(kind)}
 
 
@@ -84,14 +92,15 @@ def shown(ci: dict[str, Any] | None) -> str:
     return "shown" if ci["low"] > 0 else "contradicted" if ci["high"] < 0 else "not shown"
 
 
-def verdicts(study: Any, figures: Figures, points: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
+def verdicts(study: Any, figures: Figures, points: list[dict[str, Any]],
+             arm: str | None = None) -> tuple[list[str], dict[str, Any]]:
     """(a) per k: after recovery, classification retention above generative, the gap's interval above 0 (shown),
     below (contradicted) or holding 0 (not shown); (b) as written, the recovered share of the generative drop at the
     smallest k with a clear generative drop against the largest (also net of the k = 0 control when there is one),
     and as retention, generative retention after recovery at the smallest against the largest k. Said with the
-    numbers either way."""
+    numbers either way. With arms: `points` and the verdicts are one arm's."""
     lines, tests = _verdict_a(points)
-    b_lines, b_tests = _verdict_b(figures, points)
+    b_lines, b_tests = _verdict_b(figures, points, arm)
     return lines + b_lines, {**tests, **b_tests}
 
 
@@ -115,7 +124,8 @@ def _verdict_a(points: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any]]
                           "contradicted_at": by["contradicted"], "ks": costly}}
 
 
-def _verdict_b(figures: Figures, points: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
+def _verdict_b(figures: Figures, points: list[dict[str, Any]],
+               arm: str | None = None) -> tuple[list[str], dict[str, Any]]:
     lines, tests = [], {}
     clear = [p["k"] for p in points if isinstance(p.get("generative", {}).get("recovered_share"), dict)]
     if len(clear) >= 2:
@@ -123,15 +133,16 @@ def _verdict_b(figures: Figures, points: list[dict[str, Any]]) -> tuple[list[str
         for key, share, name in (("b", _share, "recovered share"), ("b_net", _net_share, "recovered share net of the "
                                                                                          "k = 0 control")):
             field = "recovered_share" if key == "b" else "recovered_share_net"
-            if field not in _point(points, small)["generative"]:
+            if field not in _point(points, small, arm)["generative"]:
                 continue
-            diff = figures.interval(lambda m, share=share: share(figures, small, "generative", m)
-                                    - share(figures, large, "generative", m))
+            diff = figures.interval(lambda m, share=share: share(figures, small, "generative", m, arm)
+                                    - share(figures, large, "generative", m, arm))
             status = shown(diff)
             lines.append(f"({key.replace('_net', ', net of the control')}) The {name} of the generative drop is "
                          f"larger at k={small} than at k={large}: {status} (shares "
-                         f"{share_pct(_point(points, small)['generative'][field])} and "
-                         f"{share_pct(_point(points, large)['generative'][field])}; difference {share_pct(diff)}).")
+                         f"{share_pct(_point(points, small, arm)['generative'][field])} and "
+                         f"{share_pct(_point(points, large, arm)['generative'][field])}; difference "
+                         f"{share_pct(diff)}).")
             tests[key] = {"holds": status == "shown", "status": status, "small": small, "large": large,
                           "difference": diff}
     else:
@@ -140,10 +151,10 @@ def _verdict_b(figures: Figures, points: list[dict[str, Any]]) -> tuple[list[str
     recovered = [p["k"] for p in points if "retention_recovered" in p.get("generative", {})]
     if len(recovered) >= 2:
         small, large = recovered[0], recovered[-1]
-        diff = figures.interval(lambda m: figures.retention(f"recovered-k{small}", "generative", m)
-                                - figures.retention(f"recovered-k{large}", "generative", m))
+        diff = figures.interval(lambda m: figures.retention(recovered_label(arm, small), "generative", m)
+                                - figures.retention(recovered_label(arm, large), "generative", m))
         status = shown(diff)
-        ret = {k: _point(points, k)["generative"] for k in (small, large)}
+        ret = {k: _point(points, k, arm)["generative"] for k in (small, large)}
         lines.append(f"(b, as retention) Generative retention after recovery is higher at k={small} than at "
                      f"k={large}: {status} ({_ci_pct(ret[small]['retention_recovered'])} and "
                      f"{_ci_pct(ret[large]['retention_recovered'])}, difference {_ci_pct(diff)}; pruned alone "
@@ -153,20 +164,70 @@ def _verdict_b(figures: Figures, points: list[dict[str, Any]]) -> tuple[list[str
     return lines, tests
 
 
-def _share(figures: Figures, k: int, kind: str, m: np.ndarray) -> np.ndarray:
-    return figures.share_of(f"recovered-k{k}", f"pruned-k{k}", kind, m)
+def _share(figures: Figures, k: int, kind: str, m: np.ndarray, arm: str | None = None) -> np.ndarray:
+    return figures.share_of(recovered_label(arm, k), f"pruned-k{k}", kind, m)
 
 
-def _net_share(figures: Figures, k: int, kind: str, m: np.ndarray) -> np.ndarray:
+def _net_share(figures: Figures, k: int, kind: str, m: np.ndarray, arm: str | None = None) -> np.ndarray:
     """(recovered - pruned - (control - baseline)) / (baseline - pruned): the share beyond what the recovery does to
     the unpruned original; nan where the drop is not positive."""
     base, pruned = figures.mean(m, "baseline", kind), figures.mean(m, f"pruned-k{k}", kind)
-    change = figures.mean(m, CONTROL, kind) - base
-    return paired.share(base, pruned, figures.mean(m, f"recovered-k{k}", kind) - change)
+    change = figures.mean(m, recovered_label(arm, 0), kind) - base
+    return paired.share(base, pruned, figures.mean(m, recovered_label(arm, k), kind) - change)
 
 
-def _point(points: list[dict[str, Any]], k: int) -> dict[str, Any]:
-    return next(p for p in points if p["k"] == k)
+def comparisons(figures: Figures, points: list[dict[str, Any]], arms: list[str]) -> list[dict[str, Any]]:
+    """Every pair of arms (in their order: first - second) at every k both recovered: per kind the paired difference
+    of their recovered shares (where the drop is clear) and of their recovered scores, each with its interval
+    (two-level over runs and items with replicates) and where it lies against 0."""
+    out = []
+    for k in dict.fromkeys(p["k"] for p in points):
+        for high, low in combinations(arms, 2):
+            if not {recovered_label(high, k), recovered_label(low, k)} <= set(figures.labels):
+                continue
+            row: dict[str, Any] = {"k": k, "arms": [high, low]}
+            for kind in (kind for kind in KINDS if figures.has(kind)):
+                clear = isinstance(_point(points, k, high).get(kind, {}).get("recovered_share"), dict)
+                share = _share_difference(figures, k, kind, high, low) if clear else NO_CLEAR_DROP
+                score = figures.difference(recovered_label(high, k), recovered_label(low, k), kind)
+                row[kind] = {"share": share, "share_status": shown(share) if clear else "not shown",
+                             "score": score, "score_status": shown(score)}
+            out.append(row)
+    return out
+
+
+def _share_difference(figures: Figures, k: int, kind: str, high: str, low: str) -> dict[str, Any]:
+    return figures.interval(lambda m: _share(figures, k, kind, m, high) - _share(figures, k, kind, m, low))
+
+
+def format_comparisons(rows: list[dict[str, Any]], replicates: int) -> list[str]:
+    """One line per pair of arms, k and kind: 'local - lora at k = 3, generative: recovered share +18.0% [9.0,
+    27.0] (undefined 0.0%), above 0; recovered score ...'."""
+    runs = ("two-level over runs and items: run-to-run variance is in them" if replicates > 1 else
+            "one replicate: item sampling only, run-to-run variance not measured")
+    lines = [f"Arms compared, paired on the same items (first - second arm, 95% intervals, {runs}; above 0: the "
+             "interval is above 0, holds 0, or below 0):", ""]
+    for row in rows:
+        high, low = row["arms"]
+        for kind in KINDS:
+            if kind not in row:
+                continue
+            c = row[kind]
+            share = (f"{_signed(c['share'])} (undefined {100 * (c['share'].get('undefined') or 0.0):.1f}%), "
+                     f"{SIDE[c['share_status']]}" if isinstance(c["share"], dict) else c["share"])
+            lines.append(f"- {high} - {low} at k = {row['k']}, {kind}: recovered share {share}; recovered score "
+                         f"{_signed(c['score'])}, {SIDE[c['score_status']]}")
+    return lines
+
+
+def _signed(ci: dict[str, Any]) -> str:
+    """An interval printed with its sign: '+18.0% [9.0, 27.0]'."""
+    text = format_interval(ci, missing="undefined")
+    return f"+{text}" if (ci.get("value") or 0) > 0 else text
+
+
+def _point(points: list[dict[str, Any]], k: int, arm: str | None = None) -> dict[str, Any]:
+    return next(p for p in points if p["k"] == k and p.get("arm") == arm)
 
 
 def _ci_pct(ci: dict[str, Any] | str | None) -> str:
@@ -185,6 +246,8 @@ def format_table(points: list[dict[str, Any]]) -> str:
             "retention pruned (chance-norm.)", "retention recovered (chance-norm.)", "recovered share"]
     net = any("recovered_share_net" in p.get(kind, {}) for p in points for kind in KINDS)
     head += ["recovered share net of the k = 0 control"] if net else []
+    arms = any("arm" in p for p in points)
+    head[1:1] = ["arm"] if arms else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p in points:
         for kind in KINDS:
@@ -195,18 +258,20 @@ def format_table(points: list[dict[str, Any]]) -> str:
                      _ci_pct(row.get("recovered")), _ci_pct(row.get("gain")), _ci_pct(row["retention_pruned"]),
                      _ci_pct(row.get("retention_recovered")), share_pct(row.get("recovered_share"))]
             cells += [share_pct(row.get("recovered_share_net"))] if net else []
+            cells[1:1] = [p["arm"]] if arms else []
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def format_control(control: dict[str, Any] | None, chain: str, asked: bool) -> str:
-    """The k = 0 control's table, or why there is none."""
+def format_control(control: dict[str, Any] | None, chain: str, asked: bool, arm: str | None = None) -> str:
+    """The k = 0 control's table (of `arm`), or why there is none."""
+    of = "" if arm is None else f" of arm {arm}"
     if control is None:
-        return (f"No k = 0 control: {chain} needs a cut (merge, replace and local change the blocks around one), so "
-                "the recovered share is not net of what the recovery does to the unpruned original." if asked else
+        return (f"No k = 0 control{of}: {chain} needs a cut (merge, replace and local change the blocks around one), "
+                "so the recovered share is not net of what the recovery does to the unpruned original." if asked else
                 "No k = 0 control (controls: false): the recovered share is not net of what the recovery does to "
                 "the unpruned original.")
-    lines = ["k = 0 control: the same recovery applied to the unpruned original, scored on the same items "
+    lines = [f"k = 0 control{of}: the same recovery applied to the unpruned original, scored on the same items "
              "(change = control - original, 95% paired interval).", "",
              "| kind | original (%) | control (%) | change (points) |", "|---|---|---|---|"]
     lines += [f"| {kind} | {_ci_pct(row['baseline'])} | {_ci_pct(row['control'])} | {_ci_pct(row['change'])} |"
@@ -214,31 +279,43 @@ def format_control(control: dict[str, Any] | None, chain: str, asked: bool) -> s
     return "\n".join(lines)
 
 
-def format_spread(points: list[dict[str, Any]], control: dict[str, Any] | None) -> str:
-    """Across-run SD over the replicates beside the item-sampling SE, per recovered point; one replicate: run
-    variance not measured."""
-    rows = [(0, kind, row["spread"]) for kind, row in (control or {}).items()]
-    rows += [(p["k"], kind, p[kind]["spread"]) for p in points for kind in KINDS if "spread" in p.get(kind, {})]
-    lines = ["| k | kind | replicates | across-run SD (points) | item SE (points) |", "|---|---|---|---|---|"]
-    for k, kind, sp in rows:
+def format_spread(points: list[dict[str, Any]], control: dict[str, Any] | None,
+                  controls: dict[str, dict[str, Any] | None] | None = None) -> str:
+    """Across-run SD over the replicates beside the item-sampling SE, per recovered point (with arms: per arm, and
+    each arm's control in `controls`); one replicate: run variance not measured."""
+    rows = [(None, 0, kind, row["spread"]) for kind, row in (control or {}).items()]
+    rows += [(arm, 0, kind, row["spread"]) for arm, c in (controls or {}).items() for kind, row in (c or {}).items()]
+    rows += [(p.get("arm"), p["k"], kind, p[kind]["spread"]) for p in points for kind in KINDS
+             if "spread" in p.get(kind, {})]
+    arms = any(arm is not None for arm, *_ in rows)
+    lines = ["| k |" + (" arm |" if arms else "") + " kind | replicates | across-run SD (points) | item SE (points) |",
+             "|---|---|---|---|---|" + ("---|" if arms else "")]
+    for arm, k, kind, sp in rows:
         run = f"{100 * sp['run_sd']:.1f}" if sp.get("run_sd") is not None else "not measured (one replicate)"
-        lines.append(f"| {k} | {kind} | {sp['replicates']} | {run} | {100 * sp['item_se']:.1f} |")
+        lines.append(f"| {k} |" + (f" {arm} |" if arms else "")
+                     + f" {kind} | {sp['replicates']} | {run} | {100 * sp['item_se']:.1f} |")
     return "\n".join(lines)
 
 
 def plot_retention(points: list[dict[str, Any]], depth: int | None, path: Path) -> None:
-    """Chance-normalised retention against the pruning ratio: classification and generative, pruned and recovered,
-    with 95% paired intervals."""
+    """Chance-normalised retention against the pruning ratio: classification and generative, pruned and recovered
+    (one line per arm with arms), with 95% paired intervals."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    styles = {("classification", "pruned"): ("tab:blue", "--o"), ("classification", "recovered"): ("tab:blue", "-o"),
-              ("generative", "pruned"): ("tab:red", "--s"), ("generative", "recovered"): ("tab:red", "-s")}
-    for (kind, role), (color, style) in styles.items():
-        series = [(p["k"], p[kind].get(f"retention_{role}")) for p in points if kind in p]
+    arms = list(dict.fromkeys(p.get("arm") for p in points))
+    styles: dict[tuple[str, str, str | None], tuple[str, str]] = {
+        ("classification", "pruned", arms[0] if arms else None): ("tab:blue", "--o"),
+        ("generative", "pruned", arms[0] if arms else None): ("tab:red", "--s")}
+    palette = ["tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:olive", "tab:cyan", "tab:pink", "tab:gray"]
+    for i, arm in enumerate(arms):
+        for kind, color, style in (("classification", "tab:blue", "-o"), ("generative", "tab:red", "-s")):
+            styles[(kind, "recovered", arm)] = (color if arm is None else palette[i % len(palette)], style)
+    for (kind, role, arm), (color, style) in styles.items():
+        series = [(p["k"], p[kind].get(f"retention_{role}")) for p in points if kind in p and p.get("arm") == arm]
         series = [(k, ci) for k, ci in series if ci and ci.get("value") is not None]
         if not series:
             continue
@@ -246,7 +323,8 @@ def plot_retention(points: list[dict[str, Any]], depth: int | None, path: Path) 
         ys = [100 * ci["value"] for _, ci in series]
         errors = [[100 * (ci["value"] - (ci["low"] if ci["low"] is not None else ci["value"])) for _, ci in series],
                   [100 * ((ci["high"] if ci["high"] is not None else ci["value"]) - ci["value"]) for _, ci in series]]
-        ax.errorbar(xs, ys, yerr=errors, fmt=style, color=color, capsize=3, label=f"{kind}, {role}")
+        ax.errorbar(xs, ys, yerr=errors, fmt=style, color=color, capsize=3,
+                    label=f"{kind}, {role}" if arm is None or role == "pruned" else f"{kind}, {arm}")
     ax.axhline(100, color="grey", lw=0.6)
     ax.axhline(0, color="grey", lw=0.6)
     ax.set_xlabel("blocks dropped (% of depth)" if depth else "blocks dropped")
@@ -258,18 +336,22 @@ def plot_retention(points: list[dict[str, Any]], depth: int | None, path: Path) 
     plt.close(fig)
 
 
-def loss_curves(study: Any, root: Path) -> dict[int, dict[str, Any]]:
-    """Per k: the held-out loss curve, tokens trained and optimizer steps from its recover report."""
+def loss_curves(study: Any, root: Path) -> dict[int | str, dict[str, Any]]:
+    """Per k (with arms: per ARM-kK), replicate 0: the held-out loss curve, tokens trained and optimizer steps from
+    its recover report."""
+    from layerprune.pipeline.sweep import arm_names, stage_output
     from layerprune.recover.report import RECOVER_REPORT, read_recover_report
 
-    out = {}
-    for k in study.ratios:
-        folder = root / f"recovered-k{k}"
+    out: dict[int | str, dict[str, Any]] = {}
+    for k, arm in ((k, arm) for k in study.ratios for arm in arm_names(study)):
+        label = recovered_label(arm, k)
+        folder = stage_output(root, "recover-" + label.removeprefix("recovered-")).parent
         if (folder / RECOVER_REPORT).is_file():
             report = read_recover_report(folder)
-            out[k] = {"held_out": report.loss_curve.get("held_out", []), "tokens": report.tokens_seen,
-                      "steps": report.data.get("steps"), "seconds": report.seconds.training,
-                      "answers": report.data.get("filter", {})}
+            out[k if arm is None else label] = {
+                "held_out": report.loss_curve.get("held_out", []), "tokens": report.tokens_seen,
+                "steps": report.data.get("steps"), "seconds": report.seconds.training,
+                "answers": report.data.get("filter", {})}
     return out
 
 
@@ -286,7 +368,12 @@ def flattening(curve: list[list[float | None]]) -> str:
     return f"{first:.3f} -> {last:.3f}; the last quarter of the steps gave {100 * share:.0f}% of the fall"
 
 
-def plot_losses(curves: dict[int, dict[str, Any]], path: Path) -> None:
+def curve_name(key: int | str) -> str:
+    """'k=3' for a sweep's k, the label itself (ARM-kK) with arms."""
+    return f"k={key}" if isinstance(key, int) else key
+
+
+def plot_losses(curves: dict[int | str, dict[str, Any]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -295,10 +382,10 @@ def plot_losses(curves: dict[int, dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     for k, info in curves.items():
         points = [(s, v) for s, v in info["held_out"] if v is not None]
-        ax.plot([s for s, _ in points], [v for _, v in points], "-o", ms=3, label=f"k={k}")
+        ax.plot([s for s, _ in points], [v for _, v in points], "-o", ms=3, label=curve_name(k))
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("held-out loss (teacher answers)")
-    ax.set_title("Recovery: held-out loss per k")
+    ax.set_title("Recovery: held-out loss per k" + (" and arm" if any(isinstance(k, str) for k in curves) else ""))
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -308,13 +395,15 @@ def plot_losses(curves: dict[int, dict[str, Any]], path: Path) -> None:
 def write_sweep_report(study: Any, root: Path) -> Path:
     """sweep.md, sweep.json, sweep.png (retention against k) and sweep_loss.png in the sweep directory."""
     from layerprune.pipeline.audit import audit_section
-    from layerprune.pipeline.sweep import CALIBRATION_FILE, has_control, ranking
+    from layerprune.pipeline.sweep import CALIBRATION_FILE, arm_names, ranking
 
     folders = evaluated(study, root)
     figures, matrices, kinds = sweep_figures(folders)
-    points = [point(study, figures, k) for k in study.ratios if f"pruned-k{k}" in figures.labels]
-    control = control_point(figures)
-    lines, tests = verdicts(study, figures, points)
+    arms = arm_names(study)
+    points = [point(study, figures, k, arm) for k in study.ratios if f"pruned-k{k}" in figures.labels for arm in arms]
+    controls = {arm: control_point(figures, arm) for arm in arms}
+    judged = {arm: verdicts(study, figures, [p for p in points if p.get("arm") == arm], arm) for arm in arms}
+    pairs = comparisons(figures, points, list(study.arms)) if study.arms else []
     depth = _depth(root)
     plot_retention(points, depth, root / "sweep.png")
     curves = loss_curves(study, root)
@@ -323,22 +412,38 @@ def write_sweep_report(study: Any, root: Path) -> Path:
     items = {t: int(m.shape[1]) for t, m in matrices.items()}
     unpaired = {t: why for t, why in kinds.items() if why.startswith("unpaired")}
     kept = records(root, folders)
+    one = study.arms is None
     (root / "sweep.json").write_text(json.dumps(paired_json({
-        "points": points, "control": control, "replicates": study.replicates, "verdicts": tests, "items": items,
+        "points": points, "control": controls[None] if one else controls, "replicates": study.replicates,
+        "verdicts": judged[None][1] if one else {arm: tests for arm, (_, tests) in judged.items()}, "items": items,
         "unpaired": unpaired, "curves": curves, "calibration": calibration, "ranking": ranking(root, study.ratios),
-        "records": kept}), indent=1))
-    chain = study.shared_recipe("<pruned>").chain_name()
-    text = [f"# Pruning-ratio sweep: {study.name}", "", study.description, "", *[f"- {v}" for v in lines], "",
+        "records": kept, **({} if one else {"arms": {arm: study.arm_recipe(arm, "<pruned>").chain_name()
+                                                     for arm in study.arms}, "comparisons": pairs})}), indent=1))
+    verdict_lines = [f"- {'' if arm is None else f'{arm}: '}{v}" for arm, (lines, _) in judged.items() for v in lines]
+    text = [f"# Pruning-ratio sweep: {study.name}", "", study.description, "", *verdict_lines, "",
             "![retention against pruning ratio](sweep.png)", "", format_table(points), "",
-            format_control(control, chain, study.controls and not has_control(study)), "",
-            f"Run-to-run spread ({study.replicates} replicate(s) of every recovery, seeds settings.seed + r):", "",
-            format_spread(points, control), "",
+            *_recovery_sections(study, points, controls, pairs),
             *_method_lines(study, root, figures, items, calibration, curves, unpaired, depth), "",
             _records_line(kept), "",
             "![held-out loss per k](sweep_loss.png)", *audit_section(root), "",
             f"Rerun: `layerprune study {study.name} --output {root}` (complete stages are skipped)."]
     (root / "sweep.md").write_text("\n".join(text) + "\n")
     return root / "sweep.md"
+
+
+def _recovery_sections(study: Any, points: list[dict[str, Any]], controls: dict[str | None, dict[str, Any] | None],
+                       pairs: list[dict[str, Any]]) -> list[str]:
+    """The k = 0 control(s), the run-to-run spread and, with arms, the arms compared pairwise at every k."""
+    from layerprune.pipeline.sweep import arm_names, has_control
+
+    chains = {arm: study.arm_recipe(arm, "<pruned>").chain_name() for arm in arm_names(study)}
+    text = [line for arm in chains for line in (
+        format_control(controls[arm], chains[arm], study.controls and not has_control(study, arm), arm), "")] \
+        if study.controls or study.arms is None else [format_control(None, "", False), ""]
+    text += [f"Run-to-run spread ({study.replicates} replicate(s) of every recovery, seeds settings.seed + r):", "",
+             format_spread(points, controls[None]) if study.arms is None else
+             format_spread(points, None, {arm: c for arm, c in controls.items() if arm is not None}), ""]
+    return text + ([*format_comparisons(pairs, study.replicates), ""] if study.arms else [])
 
 
 def evaluated(study: Any, root: Path) -> dict[str, Path]:
@@ -387,7 +492,8 @@ def _depth(root: Path) -> int | None:
 
 
 def _method_lines(study: Any, root: Path, figures: Figures, items: dict[str, int], calibration: dict[str, Any],
-                  curves: dict[int, dict[str, Any]], unpaired: dict[str, str], depth: int | None) -> list[str]:
+                  curves: dict[int | str, dict[str, Any]], unpaired: dict[str, str],
+                  depth: int | None) -> list[str]:
     from layerprune.pipeline.sweep import ranking
 
     cuts = ranking(root, study.ratios)
@@ -406,8 +512,8 @@ def _method_lines(study: Any, root: Path, figures: Figures, items: dict[str, int
              f"{calibration['settings']['per_family']} a family): kept {kept or 'none'}; left out {left or 'none'}.",
              "Every scored skill is unseen by the recovery data: the teacher answered generic instructions "
              f"({study.shared_recipe('<pruned>').prompts.source}), no probe, GSM8K or classification prompt.",
-             "Recovery budget per k (replicate 0): " + "; ".join(
-                 f"k={k}: {c['tokens']} tokens, {c['steps']} steps, {c['seconds']:.0f} s, held-out loss "
+             f"Recovery budget per k{' and arm' if study.arms else ''} (replicate 0): " + "; ".join(
+                 f"{curve_name(k)}: {c['tokens']} tokens, {c['steps']} steps, {c['seconds']:.0f} s, held-out loss "
                  f"{flattening(c['held_out'])}" for k, c in curves.items()) + ".",
              f"Intervals: 95% percentile intervals of one clustered paired bootstrap ({figures.boot.resamples} "
              f"resamples, seed {figures.boot.seed}; items drawn within each task, the same draw for every model)"
