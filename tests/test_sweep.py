@@ -130,10 +130,14 @@ def test_every_shipped_sweep_dry_runs(capsys, path, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     code, out, err = run_cli(capsys, ["study", str(path), "--dry-run", "--output", str(tmp_path / "s")])
     assert code == 0, err
-    assert "pruning-ratio sweep" in out and "models evaluated: 11" in out and "memory plan:" in out
+    models = 25 if path.stem == "limits-sweep-arms-embedded" else 11  # 2 arms x 3 replicates at 3 k, the control
+    assert "pruning-ratio sweep" in out and f"models evaluated: {models} " in out and "memory plan:" in out
     assert ("total about" in out) == path.stem.endswith("embedded") and not (tmp_path / "s").exists()
     assert path.read_text().startswith(f"# layerprune study {path.stem} ")
-    assert len(SWEEPS) == 5
+    assert len(SWEEPS) == 6
+    if path.stem == "limits-sweep-arms-embedded":  # the protocol: sft and local paired, 3 replicates, k 2-4
+        assert "arms (2, each at every k, paired on the same items): sft, local" in out
+        assert "3 replicates of every recovery" in out and "k = 0 controls" in out and "recoveries: 21;" in out
     if path.stem == "limits-sweep-local-embedded":  # the local step's own budget and rate, not SFT's epochs
         assert "recovery at every k: local on 160" in out and "72 local steps, lr 0.001" in out
         assert "about 54k trained tokens per k" in out and "training 13 min" in out  # 72 x 4 x 188 at 340/s
