@@ -37,23 +37,22 @@ def test_tiny_study_prunes_once_recovers_each_arm_and_writes_one_table(capsys, t
     monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))
     recipe = tmp_path / "study.yaml"
     data = tiny_study(tiny_llama, tmp_path / "study")
-    data["probes"] = {"candidates": ["arith_2d_add", "arith_2d_sub"], "items": 10, "low": 0.0, "high": 0.5,
-                      "per_family": 1}  # a random tiny model scores 0: both levels in the band, one kept
+    data["probes"] = {"candidates": ["arith_2d_add"], "items": 10}  # a random tiny model scores 0: none kept
     recipe.write_text(yaml.safe_dump(data, sort_keys=False))
     code, out, err = run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])
     assert code == 0, err
     root = tmp_path / "study"
     gate = json.loads((root / "probes_calibrated.json").read_text())
-    assert gate["kept"] == ["arith_2d_add"] and gate["levels"]["arith_2d_sub"]["reason"] == "in band, not kept"
+    assert gate["kept"] == [] and gate["levels"]["arith_2d_add"]["reason"] == "below band"
     for model in ("baseline", "pruned", "sft", "opd", "replace"):
         plain = json.loads((root / "eval" / model / "summary.json").read_text())["results"]
         chat = json.loads((root / "eval-chat" / model / "summary.json").read_text())["results"]
-        assert [r["task"] for r in plain] == [r["task"] for r in chat] == ["arith_1dc", "arith_2d_add"]
+        assert [r["task"] for r in plain] == [r["task"] for r in chat] == ["arith_1dc"]
         assert {r["settings"]["probe_format"] for r in chat} == {"chat"}
         assert "chat" not in {r["settings"].get("probe_format") for r in plain}
         assert [r["n"] for r in chat] == [r["n"] for r in plain]  # the same items
     chat_rows = {r["model"]: r for r in json.loads((root / "study_chat.json").read_text())}
-    assert list(chat_rows) == ["baseline", "pruned", "sft", "opd", "replace"] and chat_rows["sft"]["probe_tasks"] == 2
+    assert list(chat_rows) == ["baseline", "pruned", "sft", "opd", "replace"] and chat_rows["sft"]["probe_tasks"] == 1
     rows = {r["model"]: r for r in json.loads((root / "study.json").read_text())}
     assert list(rows) == ["baseline", "pruned", "sft", "opd", "replace"]
     reports = {arm: json.loads((root / "arms" / arm / "recover_report.json").read_text()) for arm in ("sft", "opd")}
@@ -65,8 +64,7 @@ def test_tiny_study_prunes_once_recovers_each_arm_and_writes_one_table(capsys, t
     text = (root / "study.md").read_text()
     assert "| replace | replace |" in text and (root / "study.png").is_file()
     assert "## Held out, measured" in text and "| arith_1dc | 4 | 0 | 0 | 0 |" in text  # audited, not flagged
-    assert "- [arithmetic] arith_2d_add: kept - 0% (95% CI 0-28%, 10 items) is in the band" in text
-    assert "- [arithmetic] arith_2d_sub: left out - 0% (95% CI 0-28%, 10 items) is in the band; arithmetic" in text
+    assert "- [arithmetic] arith_2d_add: left out - 0% (95% CI 0-28%, 10 items) is below the band 30-90%" in text
     assert "Fixed probe tasks, scored whatever the gate keeps: arith_1dc (arithmetic)" in text
     assert "## Probes in both formats" in text and "Probe format: plain" in text and "Probe format: chat" in text
     # the arms reused the teacher answers the first arm generated
@@ -430,6 +428,28 @@ def test_study_schema_checks_the_gate_and_keeps_its_fingerprint_without_one(tiny
                                       "probes": {"candidates": ["arith_2d_add", "arith_2d_mul"]}})
     with pytest.raises(Exception, match="leave it plain"):
         RecoveryStudy.model_validate({**data, "evaluate": {"tasks": ["arith_1dc"], "probe_format": "chat"}})
+
+
+def test_a_gated_study_scores_its_fixed_tasks_plus_the_kept_levels_and_the_probes_alone_in_chat(tiny_llama,
+                                                                                               tmp_path):
+    from layerprune.pipeline.study import chat_eval_settings, eval_settings
+
+    data = tiny_study(tiny_llama, tmp_path)
+    data.update(evaluate={"suite": "sweep-cpu", "only": ["arc_easy", "piqa", "copy_l7"]},
+                probes={"candidates": ["arith_2d_add", "brackets_d3", "copy_l7"]})
+    study = RecoveryStudy.model_validate(data)
+    with pytest.raises(Exception, match="calibrate-probes stage first"):
+        eval_settings(study, tmp_path)
+    (tmp_path / "probes_calibrated.json").write_text(json.dumps({"kept": ["brackets_d3", "copy_l7"], "levels": {}}))
+    settings = eval_settings(study, tmp_path)
+    assert settings.only == ["arc_easy", "piqa", "copy_l7", "brackets_d3"] and settings.suite == "sweep-cpu"
+    chat = chat_eval_settings(study, tmp_path)
+    assert chat.only == ["copy_l7", "brackets_d3"] and chat.probe_format == "chat" and chat.suite == "sweep-cpu"
+    ungated = RecoveryStudy.model_validate({**data, "probes": None})
+    assert eval_settings(ungated, tmp_path) == ungated.evaluate and chat_eval_settings(ungated, tmp_path).only == \
+        ["copy_l7"]
+    assert chat_eval_settings(RecoveryStudy.model_validate({**data, "probes": None, "evaluate": {
+        "suite": "sweep-cpu", "only": ["piqa"]}}), tmp_path) is None  # no probe task: nothing to score in chat
 
 
 def copy_with(data: dict, **overrides: dict) -> dict:
