@@ -536,16 +536,18 @@ def gate_lines(root: Path, fixed: list[str]) -> list[str]:
     levels, gate = record["levels"], record.get("settings") or {}
     band = f"{100 * gate.get('low', 0):.0f}-{100 * gate.get('high', 1):.0f}%"
     lines = ["## Probe levels: the gate", "",
-             f"calibrate-probes scored every candidate level on the original, on {record.get('stream', 'calib')}-"
-             f"stream items (never an evaluation item): a level is kept when its score is in the band {band}, at "
+             "calibrate-probes scored every candidate level on the original, on calibration-stream items (never an "
+             f"evaluation item): a level is kept when its score is in the band {band}, at "
              f"most {gate.get('per_family', '-')} per family (nearest the band's middle). Kept: "
              f"{', '.join(record['kept']) or 'none'}.", ""]
     lines += [f"- [{family_label(task)}] {line}" for task, line in zip(levels, level_lines(levels), strict=True)]
     probes = [t for t in fixed if t in probe_tasks()]
     if probes:
+        retrieval = any(family_label(t).startswith("retrieval") for t in probes)
         lines += ["", "Fixed probe tasks, scored whatever the gate keeps: " + ", ".join(
-            f"{t} ({family_label(t)})" for t in probes) + ". A retrieval task is a labelled control: it repeats or "
-            "reorders what the prompt holds, so it measures retrieval, not arithmetic or brackets."]
+            f"{t} ({family_label(t)})" for t in probes) + "." + (
+            " A retrieval task is a labelled control: it repeats or reorders what the prompt holds, so it measures "
+            "retrieval, not arithmetic or brackets." if retrieval else "")]
     return [*lines, ""]
 
 
