@@ -32,12 +32,27 @@ def tiny_study(model: Path, output: Path) -> dict:
 
 
 def test_tiny_study_prunes_once_recovers_each_arm_and_writes_one_table(capsys, tiny_llama, tmp_path, monkeypatch):
+    """With the probe gate (calibrate-probes on the original; every model scored on evaluate's tasks plus the kept
+    levels) and, the recovery data being chat-formatted, the probes scored in both formats."""
     monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))
     recipe = tmp_path / "study.yaml"
-    recipe.write_text(yaml.safe_dump(tiny_study(tiny_llama, tmp_path / "study"), sort_keys=False))
+    data = tiny_study(tiny_llama, tmp_path / "study")
+    data["probes"] = {"candidates": ["arith_2d_add"], "items": 10}  # a random tiny model scores 0: none kept
+    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
     code, out, err = run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])
     assert code == 0, err
     root = tmp_path / "study"
+    gate = json.loads((root / "probes_calibrated.json").read_text())
+    assert gate["kept"] == [] and gate["levels"]["arith_2d_add"]["reason"] == "below band"
+    for model in ("baseline", "pruned", "sft", "opd", "replace"):
+        plain = json.loads((root / "eval" / model / "summary.json").read_text())["results"]
+        chat = json.loads((root / "eval-chat" / model / "summary.json").read_text())["results"]
+        assert [r["task"] for r in plain] == [r["task"] for r in chat] == ["arith_1dc"]
+        assert {r["settings"]["probe_format"] for r in chat} == {"chat"}
+        assert "chat" not in {r["settings"].get("probe_format") for r in plain}
+        assert [r["n"] for r in chat] == [r["n"] for r in plain]  # the same items
+    chat_rows = {r["model"]: r for r in json.loads((root / "study_chat.json").read_text())}
+    assert list(chat_rows) == ["baseline", "pruned", "sft", "opd", "replace"] and chat_rows["sft"]["probe_tasks"] == 1
     rows = {r["model"]: r for r in json.loads((root / "study.json").read_text())}
     assert list(rows) == ["baseline", "pruned", "sft", "opd", "replace"]
     reports = {arm: json.loads((root / "arms" / arm / "recover_report.json").read_text()) for arm in ("sft", "opd")}
@@ -49,6 +64,9 @@ def test_tiny_study_prunes_once_recovers_each_arm_and_writes_one_table(capsys, t
     text = (root / "study.md").read_text()
     assert "| replace | replace |" in text and (root / "study.png").is_file()
     assert "## Held out, measured" in text and "| arith_1dc | 4 | 0 | 0 | 0 |" in text  # audited, not flagged
+    assert "- [arithmetic] arith_2d_add: left out - 0% (95% CI 0-28%, 10 items) is below the band 30-90%" in text
+    assert "Fixed probe tasks, scored whatever the gate keeps: arith_1dc (arithmetic)" in text
+    assert "## Probes in both formats" in text and "Probe format: plain" in text and "Probe format: chat" in text
     # the arms reused the teacher answers the first arm generated
     assert reports["opd"]["data"]["generation"]["generated"] == 0
     assert run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])[0] == 0  # complete: every stage skipped
@@ -89,11 +107,11 @@ def test_every_shipped_recovery_study_dry_runs(capsys, path, monkeypatch, tmp_pa
     assert len(STUDIES) >= 3
 
 
-def _summary(root: Path, label: str, scores: dict[str, float]) -> None:
+def _summary(root: Path, label: str, scores: dict[str, float], evals: str = "eval") -> None:
     results = [{"task": task, "kind": "classification" if task == "piqa" else "generative", "metric": "acc",
                 "value": value, "stderr": 0.01, "n": 100, "headline": True, "settings": {}, "seconds": 1.0}
                for task, value in scores.items()]
-    path = root / "eval" / label / "summary.json"
+    path = root / evals / label / "summary.json"
     path.parent.mkdir(parents=True)
     model = {"spec": label, "location": label, "kind": "local"}
     path.write_text(json.dumps({"model": model, "model_hash": label, "results": results}))
@@ -131,14 +149,14 @@ def test_each_arm_is_reported_on_trained_and_on_unseen_skills(tmp_path):
     assert all(r["pairing"].startswith("unpaired") for r in rows.values())
 
 
-def _with_samples(root: Path, label: str, scores: dict[str, list[int]]) -> None:
-    _summary(root, label, {task: sum(v) / len(v) for task, v in scores.items()})
-    (root / "eval" / label / "samples").mkdir()
+def _with_samples(root: Path, label: str, scores: dict[str, list[int]], evals: str = "eval") -> None:
+    _summary(root, label, {task: sum(v) / len(v) for task, v in scores.items()}, evals)
+    (root / evals / label / "samples").mkdir()
     for task, values in scores.items():
         lines = [json.dumps({"doc_id": i, "filter": "none", "acc": float(v), "doc_hash": f"{task}{i}",
                              "prompt_hash": f"p{i}", "arguments": [["a", "b"], ["a", "c"]]})
                  for i, v in enumerate(values)]
-        (root / "eval" / label / "samples" / f"{task}.jsonl").write_text("\n".join(lines) + "\n")
+        (root / evals / label / "samples" / f"{task}.jsonl").write_text("\n".join(lines) + "\n")
 
 
 def test_paired_study_verdict_needs_the_share_interval_to_clear_the_threshold(tmp_path):
@@ -211,6 +229,7 @@ def test_tiny_study_with_replicates_controls_and_an_lr_grid(capsys, tiny_llama, 
     monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))
     data = tiny_study(tiny_llama, tmp_path / "study")
     data.update(arms={"sft": {"method": "lora"}}, replicates=2, controls=True, lr_grid={"sft": [1e-4, 5e-3]})
+    data["recover"]["overrides"]["generate"]["chat_template"] = False  # plain recovery data: one probe format
     recipe = tmp_path / "study.yaml"
     recipe.write_text(yaml.safe_dump(data, sort_keys=False))
     code, out, err = run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])
@@ -246,6 +265,7 @@ def test_tiny_study_with_replicates_controls_and_an_lr_grid(capsys, tiny_llama, 
     assert rows["sft"]["probes"][0] == pytest.approx(sum(scores) / 2)  # the arm's figure: the mean of its runs
     text = (root / "study.md").read_text()
     assert "k = 0 controls" in text and "- sft: control change" in text and "Learning rate of sft" in text
+    assert not (root / "eval-chat").exists() and "Probes in both formats" not in text and "the gate" not in text
     assert run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])[0] == 0  # complete: every stage skipped
 
 
@@ -278,8 +298,10 @@ def test_study_dry_run_lists_replicate_control_and_lr_stages_the_flag_beating_th
         "n/a (no cut at k = 0): replace" in out and "lr search opd: 0.0001, 0.001" in out
     stages = out.split("stages (")[1]
     names = stages.split("): ")[1].split(", ")
-    assert int(stages.split(")")[0]) == len(names) == 3 + 2 * 3 * 2 + 1 + 2 * 2 * 2 + 1
-    assert names[3:9] == ["recover-sft", "eval-sft", "recover-sft@r1", "eval-sft@r1", "lr-opd", "recover-opd"]
+    # chat-formatted recovery data (demo: generate.chat_template true): every evaluation has its chat-format twin
+    assert int(stages.split(")")[0]) == len(names) == 5 + 2 * 3 * 3 + 1 + 2 * 2 * 3 + 1
+    assert names[5:12] == ["recover-sft", "eval-sft", "eval-chat/sft", "recover-sft@r1", "eval-sft@r1",
+                           "eval-chat/sft@r1", "lr-opd"]
     assert "control-opd@r1" in names and "eval-control-sft" in names and "control-replace" not in names
     assert not (tmp_path / "s").exists()
     code, out, err = run_cli(capsys, ["study", str(recipe), "--dry-run"])
@@ -346,3 +368,133 @@ def test_each_arm_shows_its_budget_and_learning_rate_or_a_dash_from_older_report
     table = study_report.format_table([{"model": "sft", "probes": None, "gsm8k": None, "classification": None,
                                         "retention_probes": None, "retention_classification": None, **spent}])
     assert table.endswith("| 5000 | 40 | 10 | 0.0002 |")
+
+
+def test_study_dry_run_lists_the_gate_and_both_probe_formats_or_refuses_a_model_without_a_chat_template(
+        capsys, tiny_llama, tmp_path):
+    import shutil
+
+    from helpers import assert_one_line_error
+
+    data = tiny_study(tiny_llama, tmp_path / "s")
+    data.update(arms={"sft": {"method": "lora"}}, probes={"candidates": ["arith_2d_add", "brackets_d3"]})
+    recipe = tmp_path / "study.yaml"
+    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
+    code, out, err = run_cli(capsys, ["study", str(recipe), "--dry-run"])
+    assert code == 0, err
+    assert "probe gate (calibrate-probes, on the original): 2 candidate levels x 100 calibration-stream items; " \
+        "keep 30-90%, at most 1 per family (arithmetic, brackets); every model scored on arith_1dc plus the kept " \
+        "levels" in out
+    assert "probe formats: plain and chat" in out and "arith_1dc, the kept levels scored both ways" in out
+    assert "chat template: present" in out
+    names = out.split("stages (")[1].split("): ")[1].strip().split(", ")
+    assert names == ["calibrate-probes", "prune", "eval-baseline", "eval-chat/baseline", "eval-pruned",
+                     "eval-chat/pruned", "recover-sft", "eval-sft", "eval-chat/sft", "report"]
+    data["recover"]["overrides"]["generate"]["chat_template"] = False
+    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
+    code, out, err = run_cli(capsys, ["study", str(recipe), "--dry-run"])
+    assert "probe format: plain only (the recovery data is plain text" in out and "eval-chat" not in out
+    plain = tmp_path / "plain"  # a model without a chat template: refused before any work
+    shutil.copytree(tiny_llama, plain)
+    config = json.loads((plain / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    (plain / "chat_template.jinja").unlink(missing_ok=True)
+    data = tiny_study(plain, tmp_path / "s")
+    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
+    for args in (["--dry-run"], ["--device", "cpu"]):
+        code, out, err = run_cli(capsys, ["study", str(recipe), *args])
+        assert_one_line_error(code, err, "has no chat template", "probe_format chat")
+    assert not (tmp_path / "s").exists()
+
+
+def test_study_schema_checks_the_gate_and_keeps_its_fingerprint_without_one(tiny_llama):
+    from layerprune.pipeline.study import _Owner, both_formats, stage_names
+
+    data = tiny_study(tiny_llama, Path("x"))
+    study = RecoveryStudy.model_validate(data)
+    assert study.probes is None and "probes" not in json.loads(_Owner(study).model_dump_json(exclude={}))
+    gated = RecoveryStudy.model_validate({**data, "probes": {}})
+    assert "probes" in json.loads(_Owner(gated).model_dump_json(exclude={}))
+    plain = copy_with(data, generate={"chat_template": False})
+    assert not both_formats(RecoveryStudy.model_validate(plain))
+    assert stage_names(RecoveryStudy.model_validate(plain)) == [
+        "prune", "eval-baseline", "eval-pruned", "recover-sft", "eval-sft", "recover-opd", "eval-opd",
+        "recover-replace", "eval-replace", "report"]  # no gate, plain data: the stages of before
+    with pytest.raises(Exception, match="name the fixed tasks in evaluate.only"):
+        RecoveryStudy.model_validate({**data, "evaluate": {"suite": "sweep-cpu"}, "probes": {}})
+    with pytest.raises(Exception, match="suite 'sweep-cpu' has no level arith_2d_mul"):
+        RecoveryStudy.model_validate({**data, "evaluate": {"suite": "sweep-cpu", "only": ["piqa"]},
+                                      "probes": {"candidates": ["arith_2d_add", "arith_2d_mul"]}})
+    with pytest.raises(Exception, match="leave it plain"):
+        RecoveryStudy.model_validate({**data, "evaluate": {"tasks": ["arith_1dc"], "probe_format": "chat"}})
+
+
+def test_a_gated_study_scores_its_fixed_tasks_plus_the_kept_levels_and_the_probes_alone_in_chat(tiny_llama,
+                                                                                               tmp_path):
+    from layerprune.pipeline.study import chat_eval_settings, eval_settings
+
+    data = tiny_study(tiny_llama, tmp_path)
+    data.update(evaluate={"suite": "sweep-cpu", "only": ["arc_easy", "piqa", "copy_l7"]},
+                probes={"candidates": ["arith_2d_add", "brackets_d3", "copy_l7"]})
+    study = RecoveryStudy.model_validate(data)
+    with pytest.raises(Exception, match="calibrate-probes stage first"):
+        eval_settings(study, tmp_path)
+    (tmp_path / "probes_calibrated.json").write_text(json.dumps({"kept": ["brackets_d3", "copy_l7"], "levels": {}}))
+    settings = eval_settings(study, tmp_path)
+    assert settings.only == ["arc_easy", "piqa", "copy_l7", "brackets_d3"] and settings.suite == "sweep-cpu"
+    chat = chat_eval_settings(study, tmp_path)
+    assert chat.only == ["copy_l7", "brackets_d3"] and chat.probe_format == "chat" and chat.suite == "sweep-cpu"
+    ungated = RecoveryStudy.model_validate({**data, "probes": None})
+    assert eval_settings(ungated, tmp_path) == ungated.evaluate and chat_eval_settings(ungated, tmp_path).only == \
+        ["copy_l7"]
+    assert chat_eval_settings(RecoveryStudy.model_validate({**data, "probes": None, "evaluate": {
+        "suite": "sweep-cpu", "only": ["piqa"]}}), tmp_path) is None  # no probe task: nothing to score in chat
+
+
+def copy_with(data: dict, **overrides: dict) -> dict:
+    """The tiny study with recover overrides merged section by section."""
+    import copy
+
+    out = copy.deepcopy(data)
+    for section, fields in overrides.items():
+        out["recover"]["overrides"].setdefault(section, {}).update(fields)
+    return out
+
+
+def test_gate_levels_are_listed_by_family_and_the_probes_reported_in_both_formats(tmp_path):
+    """Synthetic eval/ and eval-chat/ folders: the chat rows get their own paired shares and control change; the
+    gate's record gives each candidate its family, score, interval and reason."""
+    from layerprune.evaluate.calibrated import ProbeCalibration, calibrate_probes
+
+    rates = {"arith_2d_add": 0.5, "arith_2d_sub": 1.0, "brackets_d3": 0.6, "copy_l3": 0.7}
+    settings = ProbeCalibration(candidates=list(rates), items=20)
+    record = calibrate_probes(None, None, settings, scorer=lambda task, items: [
+        i < rates[task] * len(items) for i in range(len(items))])
+    (tmp_path / "probes_calibrated.json").write_text(json.dumps(record))
+    lines = "\n".join(study_report.gate_lines(tmp_path, ["piqa", "copy_l7"]))
+    assert "Kept: arith_2d_add, brackets_d3, copy_l3." in lines
+    assert "- [arithmetic] arith_2d_add: kept - 50% (95% CI 30-70%, 20 items) is in the band" in lines
+    assert "- [arithmetic] arith_2d_sub: left out - 100% (95% CI 84-100%, 20 items) is above the band 30-90%" in lines
+    assert "- [brackets] brackets_d3: kept" in lines and "- [retrieval (copy)] copy_l3: kept" in lines
+    assert "Fixed probe tasks, scored whatever the gate keeps: copy_l7 (retrieval (copy))" in lines
+    assert study_report.gate_lines(tmp_path / "none", ["copy_l7"]) == []
+    n = 40
+    plain = {"baseline": [1] * 30 + [0] * 10, "pruned": [1] * 10 + [0] * 30, "sft": [1] * 20 + [0] * 20,
+             "control-sft": [1] * 30 + [0] * 10}
+    chat = {"baseline": [1] * 32 + [0] * 8, "pruned": [1] * 12 + [0] * 28, "sft": [1] * 28 + [0] * 12,
+            "control-sft": [1] * 36 + [0] * 4}  # the chat format: more of the drop back, and the control gains
+    for label in plain:
+        _with_samples(tmp_path, label, {"arith_2d_add": plain[label], "piqa": [1, 0] * (n // 2)})
+        _with_samples(tmp_path, label, {"arith_2d_add": chat[label]}, evals="eval-chat")
+    rows = study_report.study_rows(tmp_path, ["sft", "control-sft"], frozenset())
+    chat_rows = study_report.study_rows(tmp_path, ["sft", "control-sft"], frozenset(), evals="eval-chat")
+    sft = {r["model"]: r for r in chat_rows}["sft"]
+    assert sft["recovered_share"]["value"] == pytest.approx(16 / 20) and sft["classification"] is None
+    assert sft["control_change"]["probes"]["value"] == pytest.approx(4 / n)
+    text = "\n".join(study_report.format_lines(rows, chat_rows))
+    plain_part, chat_part = text.split("Probe format: plain")[1].split("Probe format: chat")
+    assert "| sft | 50.0 ± 1.0 | [35.0, 65.0] | - | 50.0 ± 1.0 | 50% [" in plain_part and "| +0.0 [" in plain_part
+    assert "| sft | 70.0 ± 1.0 | [55.0, 85.0] | - | 70.0 ± 1.0 | 80% [" in chat_part
+    assert "| +10.0 [" in chat_part and "| 60% [" in chat_part  # net: (70 - 30 - 10) / 50
+    assert study_report.format_lines(rows, []) == []

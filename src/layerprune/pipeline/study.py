@@ -13,6 +13,13 @@ eval/<label>/, replicate r > 0 writes arms/<label>@r<r>/ and eval/<label>@r<r>/.
 per replicate, in controls/<label>[@r<r>]/ and eval/control-<label>[@r<r>]/; methods that need a cut (replace, merge,
 local) have none. A learning-rate grid (`lr_grid`) trains replicate 0's recipe at each candidate first and keeps the
 lowest held-out loss (lr_search/<label>.json) for every replicate and the control.
+
+The probe gate (`probes`): a calibrate-probes stage scores every candidate level on the original, on the calibration
+stream (never an evaluation item; the sweep's stage, probes_calibrated.json), and every model is scored on evaluate's
+own tasks (the fixed ones: classification, a retrieval control such as copy_l7) plus the levels it keeps. Probes in
+both formats: where the recovery data is chat-formatted (the recover recipe's generate.chat_template) and probes are
+scored, every model's probe tasks are also scored with probe_format chat on the same items (stage and folder
+eval-chat/<label>), and study.md gives the probe figures in both formats.
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from layerprune import errors
 from layerprune.data import iter_jsonl
 from layerprune.errors import LayerpruneError
+from layerprune.evaluate.calibrated import ProbeCalibration
+from layerprune.evaluate.schema import EvalSettings
+from layerprune.evaluate.suites import DEFAULT_SUITE
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.recipe import PipelineRecipe, RecoverStage
 from layerprune.recipe_loading import merge_layers, validation_message
@@ -41,6 +51,7 @@ BUDGET_KEYS = ("max_steps", "batch_size", "grad_accum", "max_length", "epochs")
 CONTROL = "control-"  # the k = 0 control's prefix: control-<label>[@r<r>]
 CONTROL_STUDENT = "control-student"  # the original, linked file by file: a student that is not its teacher's folder
 NO_CONTROL = "n/a (no cut at k = 0)"
+CHAT_EVAL = "eval-chat/"  # the chat-format probe evaluation: stage eval-chat/<label>, folder eval-chat/<label>/
 
 
 class Arm(BaseModel):
@@ -72,6 +83,10 @@ class RecoveryStudy(PipelineRecipe):
     lr_grid: dict[str, list[float]] = Field(
         default_factory=dict, description="Candidate learning rates by arm label: replicate 0's recipe trained at "
                                           "each, the lowest held-out loss chosen for every replicate and control")
+    probes: ProbeCalibration | None = Field(
+        None, description="The probe gate: a calibrate-probes stage scores each candidate level on the original "
+                          "(calibration stream, never an evaluation item), and every model is scored on evaluate's "
+                          "tasks (evaluate.only or evaluate.tasks: the fixed ones) plus the levels it keeps")
 
     @model_validator(mode="after")
     def _arms_resolve(self) -> RecoveryStudy:
@@ -88,7 +103,24 @@ class RecoveryStudy(PipelineRecipe):
             except ValidationError as exc:
                 raise ValueError(validation_message(exc, f"arm '{label}'")) from None
         self._check_lr_grid(shared)
+        self._check_probes()
         return self
+
+    def _check_probes(self) -> None:
+        if self.evaluate.probe_format == "chat" and self.shared_recipe("<pruned>").generate.chat_template:
+            raise ValueError("evaluate.probe_format: leave it plain; with chat-formatted recovery data "
+                             "(generate.chat_template) the study scores the probes in chat format too")
+        if self.probes is None:
+            return
+        if not self.evaluate.tasks and self.evaluate.only is None:
+            raise ValueError("probes: name the fixed tasks in evaluate.only (or evaluate.tasks); the gate adds the "
+                             "levels it keeps")
+        if not self.evaluate.tasks:
+            suite = self.evaluate.suite or DEFAULT_SUITE
+            missing = [t for t in self.probes.candidates if t not in suite_tasks(suite)]
+            if missing:
+                raise ValueError(f"probes: suite '{suite}' has no level {', '.join(missing)} (a kept level is scored "
+                                 "with the suite's settings)")
 
     def _check_lr_grid(self, shared: RecoverRecipe) -> None:
         for label, rates in self.lr_grid.items():
@@ -135,6 +167,68 @@ class RecoveryStudy(PipelineRecipe):
         return RecoverRecipe.model_validate(merge_layers(base, layer))
 
 
+def suite_tasks(suite: str) -> list[str]:
+    """The leaf tasks of a suite."""
+    from layerprune.evaluate.suites import expand
+
+    return [name for name, _ in expand(suite)]
+
+
+def fixed_tasks(study: RecoveryStudy) -> list[str]:
+    """The tasks every model is scored on whatever the gate keeps: evaluate.tasks, else evaluate.only, else the
+    suite's."""
+    evaluate = study.evaluate
+    if evaluate.tasks:
+        return list(evaluate.tasks)
+    return list(evaluate.only) if evaluate.only is not None else suite_tasks(evaluate.suite or DEFAULT_SUITE)
+
+
+def _with_tasks(study: RecoveryStudy, tasks: list[str], **update: Any) -> EvalSettings:
+    """evaluate's settings scoring `tasks` (as its tasks, or as the suite's `only`)."""
+    return study.evaluate.model_copy(update={"tasks" if study.evaluate.tasks else "only": tasks, **update})
+
+
+def eval_settings(study: RecoveryStudy, root: Path) -> EvalSettings:
+    """What every model is scored on: evaluate's settings, plus the levels the gate kept where it ran."""
+    if study.probes is None:
+        return study.evaluate
+    from layerprune.evaluate.calibrated import kept_tasks
+
+    path = calibration_file(root)
+    if not path.is_file():
+        raise LayerpruneError(f"the study has a probe gate but no {path}: run its calibrate-probes stage first")
+    return _with_tasks(study, list(dict.fromkeys([*fixed_tasks(study), *kept_tasks(path)])))
+
+
+def calibration_file(root: Path) -> Path:
+    from layerprune.pipeline.sweep import CALIBRATION_FILE
+
+    return root / CALIBRATION_FILE
+
+
+def scored_probes(study: RecoveryStudy, root: Path) -> list[str]:
+    """The probe tasks every model is scored on (the fixed ones and the kept levels)."""
+    from layerprune.probes import probe_tasks
+
+    settings = eval_settings(study, root)
+    return [t for t in (settings.tasks or settings.only or fixed_tasks(study)) if t in probe_tasks()]
+
+
+def both_formats(study: RecoveryStudy) -> bool:
+    """Whether the probes are scored in both formats: the recovery data is chat-formatted (generate.chat_template)
+    and probes are scored (a fixed probe task, or a gate)."""
+    from layerprune.probes import probe_tasks
+
+    chat = study.shared_recipe("<pruned>").generate.chat_template
+    return chat and (study.probes is not None or any(t in probe_tasks() for t in fixed_tasks(study)))
+
+
+def chat_eval_settings(study: RecoveryStudy, root: Path) -> EvalSettings | None:
+    """The probe tasks alone with probe_format chat, the same items (None: no probe task is scored)."""
+    probes = scored_probes(study, root)
+    return _with_tasks(study, probes, probe_format="chat") if probes else None
+
+
 def replicate_label(label: str, replicate: int) -> str:
     """The folder and stage name of an arm's replicate: the label itself for replicate 0, else label@r<r>."""
     return label if replicate == 0 else f"{label}@r{replicate}"
@@ -146,18 +240,29 @@ def physical_labels(study: RecoveryStudy, label: str) -> list[str]:
 
 
 def stage_names(study: RecoveryStudy) -> list[str]:
-    """prune, the two reference evaluations, per arm its lr search, its replicates' recoveries and evaluations, the
-    controls and theirs, the report."""
+    """The gate (with `probes`), prune, the two reference evaluations, per arm its lr search, its replicates'
+    recoveries and evaluations, the controls and theirs, the report; every evaluation followed by its chat-format
+    probe evaluation where the probes are scored in both formats."""
+    chat = both_formats(study)
+
+    def evals(name: str) -> list[str]:
+        return [f"eval-{name}", *([CHAT_EVAL + name] if chat else [])]
+
     arms = []
     for label in study.arms:
         arms += [f"lr-{label}"] if label in study.lr_grid else []
-        arms += [s for name in physical_labels(study, label) for s in (f"recover-{name}", f"eval-{name}")]
+        arms += [s for name in physical_labels(study, label) for s in (f"recover-{name}", *evals(name))]
     controls = [s for label in study.controlled() for name in physical_labels(study, CONTROL + label)
-                for s in (name, f"eval-{name}")]
-    return ["prune", "eval-baseline", "eval-pruned", *arms, *controls, "report"]
+                for s in (name, *evals(name))]
+    gate = ["calibrate-probes"] if study.probes is not None else []
+    return [*gate, "prune", *evals("baseline"), *evals("pruned"), *arms, *controls, "report"]
 
 
 def stage_output(root: Path, stage: str) -> Path:
+    if stage == "calibrate-probes":
+        return calibration_file(root)
+    if stage.startswith(CHAT_EVAL):
+        return root / stage / SUMMARY_FILE
     if stage.startswith("eval-"):
         return root / "eval" / stage.removeprefix("eval-") / SUMMARY_FILE
     if stage.startswith("recover-"):
@@ -181,32 +286,81 @@ def run_study(study: RecoveryStudy, settings: RunSettings, overwrite: bool = Fal
     paths = RunPaths(study.run_dir())
     pending = overwrite or not stage_output(paths.root, "prune").exists()
     validate_data(study, settings, prune_pending=pending)  # type: ignore[arg-type]  # data checked before any work
-    claim_run_dir(paths, study, overwrite)  # type: ignore[arg-type]  # any recipe model with a name
-    stages = stage_names(study)
+    if both_formats(study):
+        check_chat_template(study, settings)
+    claim_run_dir(paths, _Owner(study), overwrite)  # type: ignore[arg-type]  # any recipe model with a name
+    stages, ran = stage_names(study), False
     for number, stage in enumerate(stages, 1):
-        if stage_output(paths.root, stage).exists():
+        if stage_output(paths.root, stage).exists() and not (stage == "report" and ran):
             log.info("[%d/%d] %s: complete, skipped", number, len(stages), stage)
             continue
         log.info("[%d/%d] %s ...", number, len(stages), stage)
-        start = time.perf_counter()
+        start, ran = time.perf_counter(), True
         with errors.stage(stage, paths.root):
             run_stage(study, settings, paths, stage)
         log.info("[%d/%d] %s done in %.0f s", number, len(stages), stage, time.perf_counter() - start)
     return paths.root / "study.md"
 
 
+class _Owner:
+    """The study as its run directory's owner: a study without a probe gate keeps the fingerprint it had before the
+    field existed (its stages and numbers are the same)."""
+
+    def __init__(self, study: RecoveryStudy) -> None:
+        self.study, self.name = study, study.name
+
+    def model_dump_json(self, exclude: dict[str, Any]) -> str:
+        return self.study.model_dump_json(exclude={**exclude, **({"probes": True} if self.study.probes is None
+                                                                 else {})})
+
+    def model_dump(self, **kwargs: Any) -> dict[str, Any]:
+        return self.study.model_dump(**kwargs)
+
+
+def check_chat_template(study: RecoveryStudy, settings: RunSettings) -> str:
+    """'chat template: present' where the original's tokenizer has one; an error where it has none (the probes are
+    scored in chat format too, and probe_format chat refuses such a model); a note where it cannot be read here."""
+    from layerprune.models import resolve_model
+    from layerprune.models.loading import load_tokenizer
+
+    source = resolve_model(study.model or "embedded", settings)
+    try:
+        tokenizer = load_tokenizer(source, settings)
+    except LayerpruneError as exc:
+        if source.is_local:
+            raise
+        return f"chat template: not checked from here ({str(exc)[:80]})"
+    if not getattr(tokenizer, "chat_template", None):
+        raise LayerpruneError(f"{source.spec} has no chat template: the recovery data is chat-formatted "
+                              "(generate.chat_template), so the study scores the probes with probe_format chat too, "
+                              "which needs one; set generate.chat_template: false or use a model with a template")
+    return "chat template: present"
+
+
+def model_of(study: RecoveryStudy, root: Path, role: str) -> str | None:
+    """The model an evaluation scores: the original, the pruned model, an arm's or a control's run."""
+    if role in ("baseline", "pruned"):
+        return study.model if role == "baseline" else str(root / "pruned")
+    return str(root / "controls" / role.removeprefix(CONTROL) if role.startswith(CONTROL) else root / "arms" / role)
+
+
 def run_stage(study: RecoveryStudy, settings: RunSettings, paths: Any, stage: str) -> None:
-    """One stage of the study: prune, an evaluation, an lr search, a recovery (arm or control), or the report."""
+    """One stage of the study: the gate, prune, an evaluation (plain, or the probes in chat format), an lr search, a
+    recovery (arm or control), or the report."""
     from layerprune.pipeline.stages import run_eval, run_prune
 
-    if stage == "prune":
+    if stage == "calibrate-probes":
+        from layerprune.pipeline.sweep import calibrate
+
+        calibrate(study, settings, paths.root)  # type: ignore[arg-type]  # the sweep's gate: model and probes
+    elif stage == "prune":
         run_prune(study, settings, paths)  # type: ignore[arg-type]
+    elif stage.startswith(CHAT_EVAL):
+        run_chat_eval(study, settings, paths.root, stage.removeprefix(CHAT_EVAL))
     elif stage.startswith("eval-"):
         role = stage.removeprefix("eval-")
-        model = {"baseline": study.model, "pruned": str(paths.pruned)}.get(role) or str(
-            paths.root / "controls" / role.removeprefix(CONTROL) if role.startswith(CONTROL)
-            else paths.root / "arms" / role)
-        run_eval(study, settings, paths, role, model)  # type: ignore[arg-type]
+        gated = study.model_copy(update={"evaluate": eval_settings(study, paths.root)})
+        run_eval(gated, settings, paths, role, model_of(study, paths.root, role))  # type: ignore[arg-type]
     elif stage.startswith("recover-"):
         run_arm(study, settings, paths.root, stage.removeprefix("recover-"))
     elif stage.startswith(CONTROL):
@@ -217,6 +371,20 @@ def run_stage(study: RecoveryStudy, settings: RunSettings, paths: Any, stage: st
         from layerprune.pipeline.study_report import write_study_report
 
         write_study_report(study, paths.root)
+
+
+def run_chat_eval(study: RecoveryStudy, settings: RunSettings, root: Path, role: str) -> None:
+    """The probe tasks of one model scored with probe_format chat, the same items, in eval-chat/<role>/ (nothing
+    where no probe task is scored)."""
+    from layerprune.evaluate.runner import evaluate_model
+
+    chat = chat_eval_settings(study, root)
+    if chat is None:
+        log.info("  %s%s: no probe task is scored; nothing to score in chat format", CHAT_EVAL, role)
+        return
+    evaluate_model(model_of(study, root, role), chat, settings, root / CHAT_EVAL / role, overwrite=True,
+                   progress=lambda message: log.info("  %s%s: %s", CHAT_EVAL, role, message),
+                   calibration_from=root / "pruned")
 
 
 def split_label(name: str) -> tuple[str, int]:
@@ -388,7 +556,30 @@ def dry_run(study: RecoveryStudy, settings: RunSettings) -> str:
                                                          " blocks").replace("\n", "\n  "))
     if note:
         lines.append(f"({note})")
-    return "\n".join([*lines, *plan_lines(study)])
+    return "\n".join([*lines, *probe_lines(study, settings), *plan_lines(study)])
+
+
+def probe_lines(study: RecoveryStudy, settings: RunSettings) -> list[str]:
+    """The gate (candidates, band, per family) and the probe formats (both where the recovery data is
+    chat-formatted: the model's chat template checked here)."""
+    from layerprune.probes import family_of, probe_tasks
+
+    fixed = fixed_tasks(study)
+    lines = []
+    if study.probes is not None:
+        gate = study.probes
+        families = sorted({family_of(task) for task in gate.candidates})
+        lines.append(f"probe gate (calibrate-probes, on the original): {len(gate.candidates)} candidate levels x "
+                     f"{gate.items} calibration-stream items; keep {100 * gate.low:.0f}-{100 * gate.high:.0f}%, at "
+                     f"most {gate.per_family} per family ({', '.join(families)}); every model scored on "
+                     f"{', '.join(fixed)} plus the kept levels")
+    probes = [t for t in fixed if t in probe_tasks()] + (["the kept levels"] if study.probes is not None else [])
+    if not both_formats(study):
+        why = "the recovery data is plain text (generate.chat_template: false)" if probes else "no probe task"
+        return [*lines, f"probe format: {study.evaluate.probe_format} only ({why})"]
+    return [*lines, f"probe formats: plain and chat (the recovery data is chat-formatted, generate.chat_template): "
+                    f"{', '.join(probes)} scored both ways on the same items, eval-chat/<model>; "
+                    + check_chat_template(study, settings)]
 
 
 def plan_lines(study: RecoveryStudy) -> list[str]:

@@ -9,6 +9,10 @@ Each arm is reported twice more: on the trained skills (probe tasks whose own pr
 on the unseen ones (every other probe task; GSM8K and classification are marked too). The split is by task, not by
 family: prompts of brackets_d6 do not make brackets_d5 a trained skill, since its items are other questions of
 another depth.
+
+With a probe gate, study.md lists every candidate level with its family (arithmetic, brackets, or retrieval: copy
+and the list families), its calibration score, interval and why it was kept or left out. Where the probes are scored
+in both formats (chat-formatted recovery data), the probe figures are given for each format, labelled.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ from typing import Any
 from layerprune import paired
 from layerprune.evaluate.summary import SUMMARY_FILE, read_summary
 from layerprune.paired import format_interval
-from layerprune.pipeline.study import CONTROL, NO_CONTROL, lr_search_file
-from layerprune.probes import distinct_items, probe_tasks
+from layerprune.pipeline.study import CHAT_EVAL, CONTROL, NO_CONTROL, calibration_file, lr_search_file
+from layerprune.probes import distinct_items, family_of, probe_tasks
 
 GSM8K = "gsm8k"
 
@@ -99,13 +103,14 @@ ALL_SHARES = {**SHARES, CLS_SHARE: "classification"}
 
 
 def study_rows(root: Path, labels: list[str], trained: frozenset[str] = frozenset(),
-               replicates: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
+               replicates: dict[str, list[str]] | None = None, evals: str = "eval") -> list[dict[str, Any]]:
     """One row per model (original, pruned, each arm, each control) with its measures, retention, shares, time and
-    tokens. `replicates` maps a label to its replicates' folders under eval/ (default: the label alone); a row's
-    measures are the means over the replicates evaluated."""
+    tokens. `replicates` maps a label to its replicates' folders under `evals`/ (default: the label alone); a row's
+    measures are the means over the replicates evaluated. `evals`: eval (every task), or eval-chat (the probes in
+    chat format)."""
     runs = {label: [name for name in (replicates or {}).get(label, [label])
-                    if (root / "eval" / name / SUMMARY_FILE).is_file()] for label in ["baseline", "pruned", *labels]}
-    values = {label: _mean_measures([measures(read_summary(root / "eval" / n / SUMMARY_FILE), trained) for n in names])
+                    if (root / evals / name / SUMMARY_FILE).is_file()] for label in ["baseline", "pruned", *labels]}
+    values = {label: _mean_measures([measures(read_summary(root / evals / n / SUMMARY_FILE), trained) for n in names])
               for label, names in runs.items() if names}
     base, pruned = values.get("baseline", {}), values.get("pruned", {})
     rows = []
@@ -119,7 +124,7 @@ def study_rows(root: Path, labels: list[str], trained: frozenset[str] = frozense
         folder = root / "controls" / label.removeprefix(CONTROL) if label.startswith(CONTROL) else root / "arms" / label
         row.update(_arm_cost(folder))
         rows.append(row)
-    apply_paired(rows, root, trained, {label: names for label, names in runs.items() if names})
+    apply_paired(rows, root, trained, {label: names for label, names in runs.items() if names}, evals)
     # the pruned model's own held-out CE / KL (every arm measured it on the same held-out prompts' answers)
     before = next((r for r in rows if r.get("held_out_ce_pruned") is not None), None)
     pruned_row = next((r for r in rows if r["model"] == "pruned"), None)
@@ -182,7 +187,7 @@ GROUPS = ("probes", "probes_trained", "probes_unseen", "gsm8k", "classification"
 
 
 def apply_paired(rows: list[dict[str, Any]], root: Path, trained: frozenset[str],
-                 replicates: dict[str, list[str]] | None = None) -> None:
+                 replicates: dict[str, list[str]] | None = None, evals: str = "eval") -> None:
     """Where every model answered the same items, each measure gets its paired 95% interval, and each arm's
     recovered share (and its difference from the first arm's) is taken from one clustered paired bootstrap; with
     replicates, a two-level one (items, then runs), each figure the mean over the arm's replicates."""
@@ -193,7 +198,7 @@ def apply_paired(rows: list[dict[str, Any]], root: Path, trained: frozenset[str]
     if "baseline" not in labels or "pruned" not in labels:
         return
     try:
-        names, matrices, chance, kinds = load_matrix({n: root / "eval" / n for label in labels for n in runs[label]})
+        names, matrices, chance, kinds = load_matrix({n: root / evals / n for label in labels for n in runs[label]})
     except (OSError, KeyError, ValueError):
         return
     probes = [t for t in matrices if t in probe_tasks()]
@@ -509,24 +514,107 @@ def probe_items_text(items: dict[str, int]) -> str:
                      for task, n in items.items()) or "none"
 
 
+FAMILY_LABELS = {"arithmetic": "arithmetic", "brackets": "brackets", "brackets_mix": "brackets"}
+
+
+def family_label(task: str) -> str:
+    """What a probe task measures: arithmetic, brackets, or retrieval (copy and the list families, which repeat or
+    reorder what the prompt holds)."""
+    family = family_of(task)
+    return FAMILY_LABELS.get(family, f"retrieval ({family})")
+
+
+def gate_lines(root: Path, fixed: list[str]) -> list[str]:
+    """The probe gate's record: every candidate level with its family, calibration score, 95% interval and why it
+    was kept or left out; the fixed probe tasks labelled by family ([] without a gate)."""
+    from layerprune.evaluate.calibrated import level_lines
+
+    path = calibration_file(root)
+    if not path.is_file():
+        return []
+    record = json.loads(path.read_text())
+    levels, gate = record["levels"], record.get("settings") or {}
+    band = f"{100 * gate.get('low', 0):.0f}-{100 * gate.get('high', 1):.0f}%"
+    lines = ["## Probe levels: the gate", "",
+             "calibrate-probes scored every candidate level on the original, on calibration-stream items (never an "
+             f"evaluation item): a level is kept when its score is in the band {band}, at "
+             f"most {gate.get('per_family', '-')} per family (nearest the band's middle). Kept: "
+             f"{', '.join(record['kept']) or 'none'}.", ""]
+    lines += [f"- [{family_label(task)}] {line}" for task, line in zip(levels, level_lines(levels), strict=True)]
+    probes = [t for t in fixed if t in probe_tasks()]
+    if probes:
+        retrieval = any(family_label(t).startswith("retrieval") for t in probes)
+        lines += ["", "Fixed probe tasks, scored whatever the gate keeps: " + ", ".join(
+            f"{t} ({family_label(t)})" for t in probes) + "." + (
+            " A retrieval task is a labelled control: it repeats or reorders what the prompt holds, so it measures "
+            "retrieval, not arithmetic or brackets." if retrieval else "")]
+    return [*lines, ""]
+
+
+def _ci(ci: Any) -> str:
+    if not isinstance(ci, dict) or ci.get("low") is None or ci.get("high") is None:
+        return "-"
+    return f"[{100 * ci['low']:.1f}, {100 * ci['high']:.1f}]"
+
+
+def probe_table(rows: list[dict[str, Any]]) -> str:
+    """The probe figures of one format: scores (mean ± SE, paired 95% interval), the shares of the drop recovered
+    with their paired intervals, each arm's control change and net share."""
+    head = ["model", "probe avg (%)", "paired 95%", "trained probes (%)", "unseen probes (%)",
+            "recovered share: all / trained / unseen", "control change, probe avg (points)", "net share, unseen"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        change = (r.get("control_change") or {}).get("probes")
+        cells = [r["model"], _pm(r.get("probes")), _ci((r.get("intervals") or {}).get("probes")),
+                 _pm(r.get("probes_trained")), _pm(r.get("probes_unseen")),
+                 " / ".join(_pct(r.get(share)) for share in SHARES), _points(change) if change else "-",
+                 _share_text(r["recovered_share_unseen_net"]) if "recovered_share_unseen_net" in r else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def format_lines(rows: list[dict[str, Any]], chat_rows: list[dict[str, Any]]) -> list[str]:
+    """The probe figures in both formats, labelled ([] where the probes were scored in one)."""
+    if not chat_rows:
+        return []
+    lines = ["## Probes in both formats", "",
+             "The recovery data is chat-formatted (generate.chat_template: the answers trained on follow the chat "
+             "template), while the probes are asked as plain few-shot text; so every model's probe tasks are scored "
+             "both ways, on the same items. plain: the few-shot examples and the question as one text (the table "
+             f"above); chat: through the model's chat template, each example a user and an assistant turn "
+             f"({CHAT_EVAL}<model>). Scores: mean ± SE and the paired 95% interval; shares of the drop recovered "
+             "(all / trained / unseen probe tasks) with their paired 95% intervals (two-level where an arm has "
+             "replicates); control change: control - original on the probe average; net share: on the unseen probe "
+             "tasks, net of the control change.", ""]
+    for name, format_rows in (("plain", rows), ("chat", chat_rows)):
+        lines += [f"Probe format: {name}", "", probe_table(format_rows), ""]
+    return lines
+
+
 def write_study_report(study: Any, root: Path) -> Path:
     """study.md, study.json and study.png in the study directory."""
     source = study.shared_recipe(str(root / "pruned")).prompts.source
     trained = trained_tasks(source, kept_prompts(root, list(study.arms)))
     from layerprune.pipeline.audit import audit_section
-    from layerprune.pipeline.study import physical_labels
+    from layerprune.pipeline.study import fixed_tasks, physical_labels
 
     controlled = [CONTROL + label for label in study.controlled()]
     runs = {label: physical_labels(study, label) for label in [*study.arms, *controlled]}
     rows = study_rows(root, [*study.arms, *controlled], trained, runs)
+    chat = CHAT_EVAL.rstrip("/")
+    chat_rows = study_rows(root, [*study.arms, *controlled], trained, runs, chat) \
+        if (root / chat / "baseline" / SUMMARY_FILE).is_file() else []
     plot_study(rows, root / "study.png")
     (root / "study.json").write_text(json.dumps(rows, indent=1, default=str))
+    if chat_rows:
+        (root / "study_chat.json").write_text(json.dumps(chat_rows, indent=1, default=str))
     items = rows[0].get("probe_items", {}) if rows else {}
     split = rows[0] if rows else {}
     lines = [f"# Recovery study: {study.name}", "", study.description, "", format_table(rows, GSM8K in trained), "",
              *closing_note(rows), "", replicate_line(rows), "",
              *control_lines(rows, study.controls, [a for a in study.arms if not study.has_control(a)]), "",
              *lr_lines(root, list(study.lr_grid)), "",
+             *gate_lines(root, fixed_tasks(study)), *format_lines(rows, chat_rows),
              f"Trained skills: the evaluated probe tasks whose own prompts were in the recovery data ({source}): "
              f"{', '.join(split.get('trained_tasks', [])) or 'none'}. Unseen skills: the other probe tasks "
              f"({', '.join(split.get('unseen_tasks', [])) or 'none'}), "
