@@ -105,6 +105,11 @@ def test_every_shipped_recovery_study_dry_runs(capsys, path, monkeypatch, tmp_pa
     assert "teacher (unpruned, beside the student)" in arm and "config was not readable" not in out
     assert path.read_text().startswith("# layerprune study ")
     assert len(STUDIES) >= 3
+    if path.stem == "recovery-transfer-replicated-embedded":  # issue 36's rerun: the protocol as committed
+        for line in ("16000 target (answer) tokens", "replicates: 5 per arm", "lr search local: 0.001, 0.003",
+                     "controls (k = 0, the recipe on the original): sft, kd; n/a (no cut at k = 0): local, merge",
+                     "probe formats: plain and chat", "kept above cosine similarity 0.65", "stages (100)"):
+            assert line in out, line
 
 
 def _summary(root: Path, label: str, scores: dict[str, float], evals: str = "eval") -> None:

@@ -534,7 +534,7 @@ def dry_run(study: RecoveryStudy, settings: RunSettings) -> str:
              *[f"data: {line}" for line in check_data(study)],  # type: ignore[arg-type]
              f"budget (every arm): {shared.train.max_steps} optimizer steps of {shared.train.batch_size} x "
              f"{shared.train.grad_accum} sequences (<= {shared.train.max_length} tokens)"
-             + (f", or {shared.train.max_tokens} tokens, whichever comes first" if shared.train.max_tokens else "")
+             + (f", or {shared.train.max_tokens} target (answer) tokens, whichever comes first" if shared.train.max_tokens else "")
              + f"; prompts "
              f"{shared.prompts.source} ({shared.prompts.samples or 'all'})"]
     config, note = model_config(study.model, settings)
@@ -547,7 +547,8 @@ def dry_run(study: RecoveryStudy, settings: RunSettings) -> str:
         if recipe.surgery_steps() == ["replace"] and recipe.trainer_method() is None:
             lines.append("  no training: a least-squares fit on calibration text (forward passes only)")
         elif recipe.surgery_steps() == ["merge"] and recipe.trainer_method() is None:
-            lines.append("  no training: each dropped span's parameter differences added to the block before it")
+            lines.append("  no training: LaCo's merge of each dropped span's attention and MLP differences into the block "
+                         f"before it, kept above cosine similarity {recipe.merge.threshold}")
         elif config is not None:
             config.num_hidden_layers = teacher_config.num_hidden_layers - study.prune.n_drop
             _, plan = plan_for(recipe, config, RecoverJob(output=study.run_dir() / "arms" / label, settings=settings),
