@@ -309,7 +309,9 @@ def test_replicate_r_recovers_with_seed_plus_r_and_shares_answers_only_when_gree
     assert calls == [(str(root / "pruned-k2"), "recovered-k2", 5, "selfgen.jsonl"),
                      (str(root / "pruned-k2"), "recovered-k2@r1", 6, "selfgen@r1.jsonl" if own else "selfgen.jsonl"),
                      (str(root / "original"), "recovered-k0@r2", 7, "selfgen@r2.jsonl" if own else "selfgen.jsonl")]
-    assert (root / "original" / "config.json").is_file()  # the control's student: the original, a copy apart
+    assert (root / "original" / "config.json").is_file()  # the control's student: the original, a folder apart,
+    weights = root / "original" / "model.safetensors"  # its files linked: no second copy of the weights on disk
+    assert weights.stat().st_ino == (tiny_llama / "model.safetensors").stat().st_ino
 
 
 def test_the_dry_run_lists_the_replicates_and_the_control(capsys, tiny_llama, tmp_path):

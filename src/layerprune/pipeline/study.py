@@ -411,37 +411,18 @@ def run_control(study: RecoveryStudy, settings: RunSettings, root: Path, name: s
 
 
 def control_student(study: RecoveryStudy, settings: RunSettings, root: Path) -> Path:
-    """The original model as a student: a folder of links to its files (recover refuses a student whose folder is
-    its teacher's; nothing is copied)."""
-    from layerprune.models import resolve_model
+    """The original model as a student: its files linked into root/control-student (pipeline/student.py)."""
+    from layerprune.pipeline.student import original_as_student
 
-    target = root / CONTROL_STUDENT
-    if target.is_dir():
-        return target
-    source = resolve_model(study.model or "embedded", settings)
-    location = Path(source.location)
-    if not location.is_dir():
-        raise LayerpruneError(f"a k = 0 control needs the original as a model folder; {source.spec} is {location}")
-    work = root / f".{CONTROL_STUDENT}.tmp"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    for entry in location.iterdir():
-        (work / entry.name).symlink_to(entry.resolve())
-    work.rename(target)
-    return target
+    return original_as_student(study.model, settings, root / CONTROL_STUDENT)
 
 
 def recover_replicate(study: RecoveryStudy, settings: RunSettings, recipe: RecoverRecipe, output: Path, root: Path,
                       replicate: int) -> None:
     """One recovery run under replicate `replicate`'s seed (the run seed + replicate), sharing its teacher answers."""
-    import transformers
-
     from layerprune.recover.runner import RecoverJob
 
-    seeded = replicate_settings(settings, replicate)
-    transformers.set_seed(seeded.seed)  # what no recover seed reaches (the adapters' initialisation) follows it too
-
-    job = RecoverJob(output=output, settings=seeded, overwrite=True,
+    job = RecoverJob(output=output, settings=replicate_settings(settings, replicate), overwrite=True,
                      data_dir=study.evaluate.data_dir or study.prune.data_dir)
     recover_sharing_answers(recipe, job, answers_file(study, root, replicate))
 
@@ -506,9 +487,14 @@ def held_out_loss(output: Path) -> float | None:
 
 def recover_sharing_answers(recipe: RecoverRecipe, job: Any, shared: Path) -> None:
     """recover_model, starting from the teacher answers in `shared` (an earlier run's), and leaving there the most
-    answers any run produced: the teacher answers each prompt once per study."""
+    answers any run produced: the teacher answers each prompt once per study. The process's random state is seeded
+    with the job's seed first: what no recover seed reaches (TRL builds the LoRA adapters, and so draws their
+    initialisation, before the trainer seeds itself) follows the replicate's seed too."""
+    import transformers
+
     from layerprune.recover.runner import recover_model
 
+    transformers.set_seed(job.settings.seed)
     if shared.is_file() and not (job.work / "responses.jsonl").exists():
         job.work.mkdir(parents=True, exist_ok=True)
         shutil.copy2(shared, job.work / "responses.jsonl")
@@ -534,7 +520,8 @@ def dry_run(study: RecoveryStudy, settings: RunSettings) -> str:
              *[f"data: {line}" for line in check_data(study)],  # type: ignore[arg-type]
              f"budget (every arm): {shared.train.max_steps} optimizer steps of {shared.train.batch_size} x "
              f"{shared.train.grad_accum} sequences (<= {shared.train.max_length} tokens)"
-             + (f", or {shared.train.max_tokens} target (answer) tokens, whichever comes first" if shared.train.max_tokens else "")
+             + (f", or {shared.train.max_tokens} target (answer) tokens, whichever comes first"
+                if shared.train.max_tokens else "")
              + f"; prompts "
              f"{shared.prompts.source} ({shared.prompts.samples or 'all'})"]
     config, note = model_config(study.model, settings)
@@ -547,8 +534,8 @@ def dry_run(study: RecoveryStudy, settings: RunSettings) -> str:
         if recipe.surgery_steps() == ["replace"] and recipe.trainer_method() is None:
             lines.append("  no training: a least-squares fit on calibration text (forward passes only)")
         elif recipe.surgery_steps() == ["merge"] and recipe.trainer_method() is None:
-            lines.append("  no training: LaCo's merge of each dropped span's attention and MLP differences into the block "
-                         f"before it, kept above cosine similarity {recipe.merge.threshold}")
+            lines.append("  no training: LaCo's merge of each dropped span's attention and MLP differences into the "
+                         f"block before it, kept above cosine similarity {recipe.merge.threshold}")
         elif config is not None:
             config.num_hidden_layers = teacher_config.num_hidden_layers - study.prune.n_drop
             _, plan = plan_for(recipe, config, RecoverJob(output=study.run_dir() / "arms" / label, settings=settings),

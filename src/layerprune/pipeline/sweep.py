@@ -295,19 +295,11 @@ def recover_at(study: SweepStudy, settings: RunSettings, root: Path, label: str)
 
 
 def original_copy(study: SweepStudy, settings: RunSettings, root: Path) -> Path:
-    """The unpruned original saved once to `root`/original: the control's student, a directory apart from the
-    teacher's (the recovery refuses a student that is its own teacher)."""
-    from layerprune.models import load_model
-    from layerprune.models.loading import copy_tokenizer_files
-    from layerprune.outputs import atomic_output_dir
+    """The unpruned original as the control's student: its files linked into `root`/original (pipeline/student.py;
+    the recovery refuses a student that is its own teacher)."""
+    from layerprune.pipeline.student import original_as_student
 
-    target = root / "original"
-    if not (target / "config.json").is_file():
-        loaded = load_model(study.model, settings.model_copy(update={"device": "cpu"}))
-        with atomic_output_dir(target, overwrite=True) as tmp:
-            loaded.model.save_pretrained(tmp)
-            copy_tokenizer_files(loaded.source, tmp, loaded.tokenizer)
-    return target
+    return original_as_student(study.model, settings, root / "original")
 
 
 def teacher_answers(recipe: RecoverRecipe, replicate: int) -> str:
