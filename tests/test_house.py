@@ -1,18 +1,22 @@
 """The floors of the house (STYLE.md): base < models/ < stages < pipeline/ < cli/; a floor imports only floors below.
 
 The stages (prune, evaluate, recover, analyze) are siblings that never import each other. Every import statement in
-src/layerprune is read with ast, at module level and inside functions alike.
+src/layerprune is read with ast, at module level and inside functions alike, and so is every string that names a class
+for a later `importlib` look-up ('layerprune.pipeline.sweep:SweepStudy'): an arrow all the same. Inside the package
+nothing takes a name from the package face (`from layerprune import __version__`); the face imports the floors.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 STAGES = ("prune", "evaluate", "recover", "analyze", "export", "posttrain")
 FLOORS = {"models": 1, **dict.fromkeys(STAGES, 2), "pipeline": 3, "cli": 4}  # any other module is base (0)
 FACADE = "layerprune"  # the package's own __init__ may export the stages' entry functions
+NAMED_CLASS = re.compile(r"layerprune(?:\.\w+)*:\w+")  # 'module:Class', imported by name later
 
 
 def module_name(path: Path) -> str:
@@ -31,7 +35,8 @@ def room(module: str) -> str:
 
 
 def imports_of(source: str, module: str, is_package: bool) -> list[tuple[int, str]]:
-    """(line, imported layerprune module) for every import statement of a module's source, wherever it stands."""
+    """(line, imported layerprune module) for every import statement and 'module:Class' string of a module's source,
+    wherever it stands."""
     package = module if is_package else module.rpartition(".")[0]
     found: list[tuple[int, str]] = []
     for node in ast.walk(ast.parse(source)):
@@ -45,6 +50,8 @@ def imports_of(source: str, module: str, is_package: bool) -> list[tuple[int, st
             for alias in node.names:
                 target = f"{base}.{alias.name}"
                 found.append((node.lineno, target if is_module(target) else base))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and NAMED_CLASS.fullmatch(node.value):
+            found.append((node.lineno, node.value.partition(":")[0]))
     return [(line, name) for line, name in found if name == "layerprune" or name.startswith("layerprune.")]
 
 
@@ -67,6 +74,13 @@ def test_no_module_imports_a_floor_above_it_or_a_sibling_stage():
     assert not bad, "\n".join(bad)
 
 
+def test_no_module_takes_a_name_from_the_package_face():
+    """The face (`layerprune/__init__`) lends the floors' names to users; a module that borrows one back points up."""
+    borrowed = [f"{importer}:{line} imports a name from {FACADE}" for importer, line, target in arrows()
+                if target == FACADE and importer != FACADE]
+    assert not borrowed, "\n".join(borrowed)
+
+
 def test_every_layerprune_import_names_a_module_that_exists():
     """A function-level import of a moved module fails only when it runs; catch it here."""
     missing = [f"{importer}:{line} imports {target}" for importer, line, target in arrows() if not is_module(target)]
@@ -77,6 +91,9 @@ def test_the_rule_sees_function_level_and_relative_imports_and_judges_arrows():
     source = "from . import recipe\n\ndef f():\n    from layerprune.cli import main\n    import layerprune.errors\n"
     assert {t for _, t in imports_of(source, "layerprune.prune.api", False)} == {
         "layerprune.prune.recipe", "layerprune.cli", "layerprune.errors"}
+    named = 'KINDS = {"sweep": "layerprune.pipeline.sweep:SweepStudy", "note": "see layerprune.cli:main"}\n'
+    assert imports_of(named, "layerprune.recipe_loading", False) == [(1, "layerprune.pipeline.sweep")]
+    assert imports_of("from layerprune import __version__\n", "layerprune.provenance", False) == [(1, FACADE)]
     assert goes_up_or_sideways("layerprune.prune.api", "layerprune.cli")
     assert goes_up_or_sideways("layerprune.analyze.walk", "layerprune.prune.forward")
     assert goes_up_or_sideways("layerprune.models.loading", "layerprune.recover.schema")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import BaseModel
 
 from layerprune import recipe_loading as recipes
 from layerprune.cli import main
+from layerprune.cli.recipe_kinds import RECIPE_SCHEMAS, validate_recipe
 from layerprune.errors import LayerpruneError
-from layerprune.recipe_loading import RECIPE_KINDS, RecipeKind, find_recipe, shipped_recipes, validate_recipe
-from layerprune.recover.schema import RecoverRecipe
+from layerprune.recipe_loading import RECIPE_FILES, RecipeFiles, find_recipe, shipped_recipes
+from layerprune.recover.schema import LoraSection, RecoverRecipe
 
 EXPECTED = {"selfgen-gsm8k", "selfgen-dolly", "selfgen-alpaca", "kd-gsm8k", "demo"}
 
@@ -46,7 +48,8 @@ def test_a_name_shared_by_two_kinds_asks_for_the_kind(capsys, monkeypatch, tmp_p
     for folder in ("recover", "other"):
         (tmp_path / folder / "same.yaml").write_text("name: same\n")
     monkeypatch.setattr(recipes, "RECIPES_DIR", tmp_path)
-    monkeypatch.setitem(RECIPE_KINDS, "other", RecipeKind("other", "layerprune.recover.schema:RecoverRecipe"))
+    monkeypatch.setitem(RECIPE_FILES, "other", RecipeFiles("other"))
+    monkeypatch.setitem(RECIPE_SCHEMAS, "other", RecoverRecipe)
     assert main(["recipes", "show", "same"]) == 2
     assert "pass --kind" in capsys.readouterr().err
     assert find_recipe("same", "other")[0] == "other"
@@ -84,12 +87,19 @@ def test_filter_correct_needs_known_answers():
         RecoverRecipe.model_validate({"prompts": {"source": "dolly"}, "generate": {"filter": "correct"}})
 
 
-def test_a_new_recipe_kind_is_one_dict_entry(tmp_path, monkeypatch):
+def test_every_recipe_kind_has_its_files_and_its_schema():
+    """The base floor's where-table and the top floor's schema table name the same kinds, in the same order."""
+    assert list(RECIPE_SCHEMAS) == list(RECIPE_FILES)
+    assert all(isinstance(schema, type) and issubclass(schema, BaseModel) for schema in RECIPE_SCHEMAS.values())
+
+
+def test_a_new_recipe_kind_is_one_entry_in_each_table(tmp_path, monkeypatch):
     (tmp_path / "toy").mkdir()
     (tmp_path / "toy" / "one.yaml").write_text("# layerprune run --recipe one\nname: one\n")
     monkeypatch.setattr(recipes, "RECIPES_DIR", tmp_path)
-    monkeypatch.setitem(RECIPE_KINDS, "toy", RecipeKind("toy", "layerprune.recover.schema:LoraSection"))
-    monkeypatch.setitem(RECIPE_KINDS, "recover", RecipeKind("missing", "layerprune.recover.schema:RecoverRecipe"))
+    monkeypatch.setitem(RECIPE_FILES, "toy", RecipeFiles("toy"))
+    monkeypatch.setitem(RECIPE_SCHEMAS, "toy", LoraSection)
+    monkeypatch.setitem(RECIPE_FILES, "recover", RecipeFiles("missing"))
     kind, path = find_recipe("one")
     assert kind == "toy"
     with pytest.raises(LayerpruneError, match="unknown key 'name'"):

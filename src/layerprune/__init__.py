@@ -12,8 +12,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
 _EXPORTS = {
     "prune_model": "layerprune.prune.api",
     "recover_model": "layerprune.recover.runner",
@@ -30,6 +28,7 @@ __all__ = ["EvalSettings", "PruneRecipe", "RecoverJob", "RecoverRecipe", "RunSet
            "load_run_recipe", "prune_model", "recover_model", "run_pipeline"]
 
 if TYPE_CHECKING:
+    __version__: str
     from layerprune.evaluate.runner import evaluate_model
     from layerprune.evaluate.schema import EvalSettings
     from layerprune.pipeline.plan import load_run_recipe
@@ -42,10 +41,14 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # from the distribution's metadata, asked on first use (layerprune.version)
+        from layerprune.version import package_version
+
+        return package_version()
     if name not in _EXPORTS:
         raise AttributeError(f"module 'layerprune' has no attribute '{name}'")
     return getattr(importlib.import_module(_EXPORTS[name]), name)
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+    return sorted({*globals(), *_EXPORTS, "__version__"})

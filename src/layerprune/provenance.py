@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from layerprune import __version__
+from layerprune.version import package_version
 
 PACKAGES = ("torch", "transformers", "safetensors", "accelerate", "peft", "trl", "lm_eval", "datasets",
             "huggingface_hub", "scikit-learn", "scipy", "sacrebleu", "nltk", "bitsandbytes")
@@ -40,7 +40,7 @@ class Provenance(BaseModel):
 
 def collect_provenance() -> Provenance:
     """The provenance of this process, now."""
-    return Provenance(layerprune=__version__, versions=package_versions(), git=source_checkout(),
+    return Provenance(layerprune=package_version(), versions=package_versions(), git=source_checkout(),
                       host=platform.node(), python=platform.python_version(), time=datetime.now(timezone.utc))
 
 

@@ -1,13 +1,14 @@
 """Recipes as data: find a shipped recipe by name, read its YAML, merge layers with one precedence rule.
 
 Precedence (one rule, tested): schema defaults < recipe file < explicit overrides (CLI flags, a run's overrides).
-Each recipe kind lives in its own folder under `layerprune/recipes/` and has a pydantic schema; a new kind is
-one line in `RECIPE_KINDS`.
+Each recipe kind has its files under `layerprune/recipes/` (`RECIPE_FILES`, here) and a pydantic schema; this base
+floor finds and reads recipes by kind and names no schema: a caller passes its schema class (`build_from_recipe`),
+and the kind -> schema table for checking any file lives on the top floor (`layerprune.cli.recipe_kinds`). A new
+kind is one line in each table.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,45 +23,40 @@ Model = TypeVar("Model", bound=BaseModel)
 
 
 @dataclass(frozen=True)
-class RecipeKind:
-    """A family of recipes: a folder under recipes/ and the schema its files follow ('module:Class')."""
+class RecipeFiles:
+    """Where the recipes of one kind live: a folder under recipes/ and the files of it that are theirs."""
 
     folder: str
-    schema: str
     glob: str = "*.yaml"
     exclude: str | None = None  # a glob of files in the folder that belong to another kind
 
     def directory(self) -> Path:
         return RECIPES_DIR / self.folder
 
-    def load_schema(self) -> type[BaseModel]:
-        module, name = self.schema.split(":")
-        return getattr(importlib.import_module(module), name)
-
     def files(self) -> list[Path]:
         found = sorted(self.directory().glob(self.glob)) if self.directory().is_dir() else []
         return [path for path in found if self.exclude is None or not path.match(self.exclude)]
 
 
-# kind -> where its recipes live and which schema validates them
-RECIPE_KINDS: dict[str, RecipeKind] = {
-    "recover": RecipeKind("recover", "layerprune.recover.schema:RecoverRecipe"),  # first tried for unknown kinds
-    "prune": RecipeKind("prune", "layerprune.prune.recipe:PruneRecipe"),
-    "evaluate": RecipeKind("evaluate", "layerprune.evaluate.schema:EvalSettings"),
-    "run": RecipeKind(".", "layerprune.pipeline.recipe:RunRecipe"),
-    "study": RecipeKind("studies", "layerprune.pipeline.recipe:RunRecipe", "limits-*.yaml", "limits-sweep-*.yaml"),
-    "sweep-study": RecipeKind("studies", "layerprune.pipeline.sweep:SweepStudy", "limits-sweep-*.yaml"),
-    "importance": RecipeKind("studies", "layerprune.analyze.schemas:ImportanceAnalysis", "importance-*.yaml"),
-    "recovery-study": RecipeKind("studies", "layerprune.pipeline.study:RecoveryStudy", "recovery-*.yaml"),
-    "variant-study": RecipeKind("studies", "layerprune.pipeline.variant:VariantStudy", "variant-*.yaml"),
-    "variant": RecipeKind("variant", "layerprune.posttrain.schema:VariantRecipe"),
+# kind -> where its recipes live (its schema: layerprune.cli.recipe_kinds.RECIPE_SCHEMAS, same kinds, same order)
+RECIPE_FILES: dict[str, RecipeFiles] = {
+    "recover": RecipeFiles("recover"),
+    "prune": RecipeFiles("prune"),
+    "evaluate": RecipeFiles("evaluate"),
+    "run": RecipeFiles("."),
+    "study": RecipeFiles("studies", "limits-*.yaml", "limits-sweep-*.yaml"),
+    "sweep-study": RecipeFiles("studies", "limits-sweep-*.yaml"),
+    "importance": RecipeFiles("studies", "importance-*.yaml"),
+    "recovery-study": RecipeFiles("studies", "recovery-*.yaml"),
+    "variant-study": RecipeFiles("studies", "variant-*.yaml"),
+    "variant": RecipeFiles("variant"),
 }
 
 
 def shipped_recipes(kind: str | None = None) -> dict[tuple[str, str], Path]:
     """(kind, name) -> file of every shipped recipe (of one kind, or all)."""
-    kinds = [kind] if kind else list(RECIPE_KINDS)
-    return {(k, path.stem): path for k in kinds for path in RECIPE_KINDS[k].files()}
+    kinds = [kind] if kind else list(RECIPE_FILES)
+    return {(k, path.stem): path for k in kinds for path in RECIPE_FILES[k].files()}
 
 
 def find_recipe(name_or_path: str | Path, kind: str | None = None) -> tuple[str | None, Path]:
@@ -83,7 +79,7 @@ def find_recipe(name_or_path: str | Path, kind: str | None = None) -> tuple[str 
 
 def _kind_of(path: Path) -> str | None:
     resolved = path.resolve()
-    for kind, spec in RECIPE_KINDS.items():
+    for kind, spec in RECIPE_FILES.items():
         if resolved.parent == spec.directory().resolve() and resolved.match(spec.glob) and not (
                 spec.exclude and resolved.match(spec.exclude)):
             return kind
@@ -109,20 +105,6 @@ def load_recipe(name_or_path: str | Path, kind: str | None) -> tuple[dict[str, A
     """The raw mapping and file of a recipe of `kind` (validated by the caller, after its overrides)."""
     _, path = find_recipe(name_or_path, kind)
     return read_recipe_dict(path), path
-
-
-def validate_recipe(path: Path, kind: str | None) -> tuple[str, BaseModel]:
-    """Validate a recipe file against its kind's schema (or each kind's, when unknown)."""
-    data = read_recipe_dict(path)
-    kinds = [kind] if kind else list(RECIPE_KINDS)
-    errors = []
-    for candidate in kinds:
-        schema = RECIPE_KINDS[candidate].load_schema()
-        try:
-            return candidate, schema.model_validate(data)
-        except ValidationError as exc:
-            errors.append(validation_message(exc, f"{schema.__name__} in {path.name}"))
-    raise LayerpruneError("; ".join(errors))
 
 
 def first_comment(path: Path) -> str:

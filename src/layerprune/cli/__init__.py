@@ -14,9 +14,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from layerprune import __version__
 from layerprune.errors import LayerpruneError, one_line
 from layerprune.recipe_loading import validation_message
+from layerprune.version import package_version
 
 # subcommand -> module exposing `configure(parser)` and `run(args) -> int` (heavy imports inside `run`)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -39,7 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="layerprune",
                                      description="Make decoder-only LLMs shallower and measure the cost.")
-    parser.add_argument("--version", action="version", version=f"layerprune {__version__}")
+    parser.add_argument("--version", action="version", version=f"layerprune {package_version()}")
     parser.add_argument("-q", "--quiet", action="store_true", help="print warnings and errors only")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an unexpected error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from layerprune.analyze.schemas import DegenerationAnalysis, ImportanceAnalysis, NmiAnalysis
 from layerprune.cli.flags import add_schema_flags, typed_layer
-from layerprune.recipe_loading import RECIPE_KINDS, build_from_recipe, build_schema
+from layerprune.recipe_loading import RECIPE_FILES, build_from_recipe, build_schema
 from layerprune.settings import RunSettings
 
 SUBCOMMANDS: dict[str, tuple[type[BaseModel], str]] = {
@@ -37,7 +37,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def build_config(args: argparse.Namespace) -> tuple[Any, RunSettings]:
     """Schema defaults < --recipe < explicit flags; and the run settings."""
     schema, _ = SUBCOMMANDS[args.analysis]
-    kind = args.analysis if args.analysis in RECIPE_KINDS else None
+    kind = args.analysis if args.analysis in RECIPE_FILES else None
     config = build_from_recipe(schema, kind, args.recipe, typed_layer(args, schema))
     return config, build_schema(RunSettings, typed_layer(args, RunSettings))
 

@@ -6,25 +6,26 @@ import argparse
 import shutil
 from pathlib import Path
 
+from layerprune.cli.recipe_kinds import RECIPE_SCHEMAS, validate_recipe
 from layerprune.errors import LayerpruneError
-from layerprune.recipe_loading import RECIPE_KINDS, find_recipe, first_comment, shipped_recipes, validate_recipe
+from layerprune.recipe_loading import RECIPE_FILES, find_recipe, first_comment, shipped_recipes
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="recipes_command", metavar="ACTION", required=True)
     listing = sub.add_parser("list", help="list the shipped recipes")
-    listing.add_argument("--kind", choices=list(RECIPE_KINDS), help="only recipes of this kind")
+    listing.add_argument("--kind", choices=list(RECIPE_FILES), help="only recipes of this kind")
     show = sub.add_parser("show", help="print a recipe file")
     show.add_argument("recipe", help="recipe name or path")
-    show.add_argument("--kind", choices=list(RECIPE_KINDS), help="recipe kind when a name is ambiguous")
+    show.add_argument("--kind", choices=list(RECIPE_FILES), help="recipe kind when a name is ambiguous")
     validate = sub.add_parser("validate", help="check recipes against their schema (default: every shipped one)")
     validate.add_argument("recipes", nargs="*", help="recipe names or paths")
-    validate.add_argument("--kind", choices=list(RECIPE_KINDS), help="schema to check against")
+    validate.add_argument("--kind", choices=list(RECIPE_SCHEMAS), help="schema to check against")
     copy = sub.add_parser("cp", help="copy a shipped recipe to edit it")
     copy.add_argument("recipe", help="recipe name")
     copy.add_argument("destination", type=Path, nargs="?", help="file or directory to copy to (or -o)")
     copy.add_argument("-o", "--output", type=Path, help="file or directory to copy to")
-    copy.add_argument("--kind", choices=list(RECIPE_KINDS), help="recipe kind when a name is ambiguous")
+    copy.add_argument("--kind", choices=list(RECIPE_FILES), help="recipe kind when a name is ambiguous")
     copy.add_argument("--overwrite", action="store_true", help="replace an existing file")
 
 

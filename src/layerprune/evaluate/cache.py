@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from layerprune import __version__
 from layerprune.data import resolve_data_dir
 from layerprune.evaluate.humaneval import GT_TIME_LIMIT_FACTOR, MIN_TIME_LIMIT
 from layerprune.evaluate.project_tasks import Sampling
@@ -23,6 +22,9 @@ from layerprune.models.identity import Memo, file_sha256
 from layerprune.outputs import write_atomic
 from layerprune.probes import PROBE_VERSION
 from layerprune.settings import RunSettings
+from layerprune.version import package_version
+
+__version__ = package_version()  # in every cache key: a new release invalidates cached scores
 
 TASK_FILE_SUFFIXES = (".yaml", ".yml", ".py", ".jsonl", ".json", ".csv", ".txt")
 
