@@ -51,7 +51,7 @@ class PipelineRecipe(BaseModel):
     """What every pipeline recipe names: one model, its prune stage, the evaluation, and a run directory."""
 
     model_config = ConfigDict(extra="forbid")
-    kind: ClassVar[str] = "run"  # where its shipped recipes are found by name (layerprune.recipe_loading.RECIPE_KINDS)
+    kind: ClassVar[str] = "run"  # where its shipped recipes are found by name (layerprune.recipe_loading.RECIPE_FILES)
 
     name: str = Field(description="Run name (default output: runs/<name>)")
     description: str = Field("", description="What this run shows")
