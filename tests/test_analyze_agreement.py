@@ -113,6 +113,15 @@ def test_split_half_agreement_averages_the_splits():
     assert steady["spearman"] == pytest.approx(1.0) and steady["jaccard"] == pytest.approx(1.0)
 
 
+def test_row_jaccard_is_undefined_on_an_undefined_drop_or_two_empty_sets():
+    from layerprune.analyze.agreement import row_jaccard
+
+    x = np.array([[0.5, 0.3, 0.0], [0.5, np.nan, 0.0], [0.0, 0.1, 0.0]])
+    y = np.array([[0.5, 0.0, 0.3], [0.5, 0.0, 0.0], [0.1, 0.0, 0.0]])
+    got = row_jaccard(x, y, 0.2)
+    assert got[0] == pytest.approx(1 / 3) and np.isnan(got[1]) and np.isnan(got[2])
+
+
 def test_row_spearman_equals_scipy_per_row():
     from layerprune.analyze.agreement import row_spearman
 

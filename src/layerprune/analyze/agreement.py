@@ -92,11 +92,13 @@ def row_spearman(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def row_jaccard(x: np.ndarray, y: np.ndarray, threshold: float) -> np.ndarray:
-    """Jaccard of each row's critical set (drop above the threshold) in x and y; nan where both are empty."""
+    """Jaccard of each row's critical set (drop above the threshold) in x and y; nan where both are empty or a row
+    has an undefined drop."""
+    ok = np.isfinite(x).all(axis=1) & np.isfinite(y).all(axis=1)
     a, b = x > threshold, y > threshold
     union = (a | b).sum(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(union > 0, (a & b).sum(axis=1) / union, np.nan)
+        return np.where(ok & (union > 0), (a & b).sum(axis=1) / union, np.nan)
 
 
 def half_splits(n: int, splits: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
