@@ -193,3 +193,25 @@ def test_the_study_verdict_needs_a_move_an_agreement_near_its_ceiling_and_a_cont
     still = {**moved, "tasks": {"arithmetic": {"original": profile(40), "variant": profile(40)}}}
     assert compare(study, still, 0, control)["tasks"]["arithmetic"]["verdict"]["verdict"] == "not shown"
     assert compare(study, moved, 0, None)["tasks"]["arithmetic"]["verdict"]["reasons"] == ["no positive control"]
+
+
+def test_shipped_math_variant_study_dry_runs_offline(capsys, shared_data, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAYERPRUNE_DATA_DIR", str(shared_data))
+    code, out, err = run_cli(capsys, ["variant-study", "variant-math-embedded", "--dry-run", "--output",
+                                      str(tmp_path / "v")])
+    assert code == 0, err
+    assert not (tmp_path / "v").exists()
+    assert "variant: posttrain recipe 'math-embedded' on embedded (made once, cached by fingerprint)" in out
+    assert "control: the original with its most critical block (the largest drop on arith_2d_add) dropped" in out
+    assert "verdict: target arith_2d_add; invariant needs a shift >= 10 points" in out
+    assert "embedded / arith_2d_add: teacher-forced nll (no generation), 100 items" in out
+
+
+def test_probe_levels_are_importance_tasks_with_the_probe_gates_items():
+    from layerprune.analyze.tasks import task_items
+    from layerprune.probes import generate_probes, probe_tasks
+
+    items = task_items("arith_3d_sub", 5, 0, 1, None)
+    probes = generate_probes(probe_tasks()["arith_3d_sub"], 5, 0)
+    assert [i.prompt for i in items] == [p.prompt for p in probes]
+    assert [i.answer for i in items] == [p.answer.strip() for p in probes] and items[0].target.startswith(" ")

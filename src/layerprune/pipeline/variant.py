@@ -360,9 +360,10 @@ def dry_run(study: VariantStudy, settings: RunSettings) -> str:
     lines = [f"variant study '{study.name}' -> {study.run_dir()}", variant_plan(study, settings)]
     if study.control is not None:
         block = study.control.skip_block
-        lines.append(f"control: the original with block {block} dropped" + (
-            f" (the largest drop on {study.target or 'the first task'})" if block == "critical" else "")
-            + ", its importance on the same items, compared with the original on the other blocks")
+        which = f"block {block}" if isinstance(block, int) else \
+            f"its most critical block (the largest drop on {study.target or 'the first task'})"
+        lines.append(f"control: the original with {which} dropped, its importance on the same items, compared with "
+                     "the original on the other blocks")
     lines.append(f"verdict: target {study.target or 'none (never invariant)'}; invariant needs a shift >= "
                  f"{100 * study.min_shift:g} points, agreement >= {study.bar:g} of the split-half ceiling "
                  f"({study.splits} halvings) and the control below it")
