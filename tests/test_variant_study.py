@@ -97,8 +97,8 @@ def check_the_control(run, report, study, table):
     original = next(iter(report["tasks"]["arithmetic"].values()))
     block = study["control_block"]
     assert block == 1
-    assert json.loads((run / "control" / "config.json").read_text())["num_hidden_layers"] == original["depth"] - 1
-    control = json.loads((run / "importance-control" / "importance.json").read_text())
+    assert json.loads((run / "control-b1" / "config.json").read_text())["num_hidden_layers"] == original["depth"] - 1
+    control = json.loads((run / "importance-control-b1" / "importance.json").read_text())
     for task, per_model in report["tasks"].items():
         base, ablated, tokens = per_item(next(iter(per_model.values())), "mean")
         kept = (base, np.delete(ablated, block, axis=0), tokens)

@@ -8,7 +8,8 @@ with a critical block dropped, compared on the remaining blocks) must fall below
 
 Stages, each skipped when its output is complete: variant/ (recover, the unpruned model learning from its own
 answers; or a posttrain variant recipe, made once in the cache), importance/ (analyze importance on [original,
-variant]), with a control: control/ (the pruned original) and importance-control/, then variant.json, variant.md.
+variant]), with a control: control-b<N>/ (the original without block N) and importance-control-b<N>/, then
+variant.json, variant.md.
 """
 
 from __future__ import annotations
@@ -209,13 +210,13 @@ def control_block(study: VariantStudy, report: dict[str, Any]) -> int:
 
 
 def make_control(study: VariantStudy, settings: RunSettings, root: Path, block: int) -> Path:
-    """root/control: the original with `block` dropped (kept when it already drops that block)."""
+    """root/control-b<block>: the original with `block` dropped (kept when it is complete)."""
     import json
 
     from layerprune.prune.api import prune_model
     from layerprune.prune.recipe import PruneRecipe
 
-    target = root / "control"
+    target = root / f"control-b{block}"
     done = target / "prune_report.json"
     if done.is_file() and json.loads(done.read_text()).get("dropped") == [block]:
         return target
@@ -225,11 +226,11 @@ def make_control(study: VariantStudy, settings: RunSettings, root: Path, block: 
 
 def score_control(study: VariantStudy, settings: RunSettings, root: Path, report: dict[str, Any]) \
         -> tuple[int, dict[str, Any]]:
-    """(the dropped block, importance-control/importance.json of the control alone on the same items)."""
+    """(the dropped block, importance-control-b<block>/importance.json: the control alone on the same items)."""
     block = control_block(study, report)
     control = make_control(study, settings, root, block)
     config = ImportanceAnalysis.model_validate({**study.importance, "models": [str(control)]})
-    return block, score_models(config, settings, root / "importance-control")
+    return block, score_models(config, settings, root / f"importance-control-b{block}")
 
 
 def compare(study: VariantStudy, report: dict[str, Any], seed: int, control: tuple[int, dict[str, Any]] | None = None
@@ -340,8 +341,8 @@ def verdict_lines(study: VariantStudy, result: dict[str, Any]) -> list[str]:
         lines.append(f"Target {shift['task']}: {_fmt(shift['before'])} -> {_fmt(shift['after'])}, shift "
                      f"{_fmt(shift['shift'], shift['interval'])} (paired, unablated models).")
     lines.append("Control: none." if block is None else
-                 f"Control: the original with block {block} dropped (control/), compared with the original on the "
-                 "other blocks.")
+                 f"Control: the original with block {block} dropped (control-b{block}/), compared with the original on "
+                 "the other blocks.")
     lines += ["", "| task | Spearman: agreement / ceiling = ratio | Jaccard: agreement / ceiling = ratio | "
               "control Spearman | control Jaccard | verdict |", "|---|---|---|---|---|---|"]
     for task, row in result["tasks"].items():
