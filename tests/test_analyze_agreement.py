@@ -65,3 +65,120 @@ def test_resampled_drops_equal_a_naive_loop_for_both_scores():
 def test_profiles_of_different_depths_are_refused():
     with pytest.raises(ValueError, match="same items and depth"):
         profile_agreement(correctness_result({}, blocks=4), correctness_result({}, blocks=5), "mean", 0.2)
+
+
+def matrix(ablated: list[list[int]], base: list[int] | None = None) -> tuple:
+    """A correctness matrix (base [items], ablated [blocks, items], no tokens)."""
+    rows = np.asarray(ablated, dtype=float)
+    return (np.ones(rows.shape[1]) if base is None else np.asarray(base, dtype=float)), rows, None
+
+
+# blocks x items; on items {0, 1} the drops are [1, 0, .5], on items {2, 3} they are [0, 1, .5]
+SWAPPING = matrix([[0, 0, 1, 1], [1, 1, 0, 0], [0, 1, 0, 1]])
+STEADY = matrix([[0, 0, 0, 0], [1, 1, 1, 1], [0, 1, 0, 1]])  # [1, 0, .5] on items {0, 1} and on {2, 3}
+
+
+def test_cross_half_by_hand():
+    from layerprune.analyze.agreement import cross_half
+
+    a, b = np.array([[0, 1]]), np.array([[2, 3]])
+    self_ = cross_half(SWAPPING, SWAPPING, "mean", 0.2, a, b)  # [1, 0, .5] vs [0, 1, .5]; {0, 2} vs {1, 2}
+    assert self_["spearman"][0] == pytest.approx(-1.0) and self_["jaccard"][0] == pytest.approx(1 / 3)
+    cross = cross_half(SWAPPING, STEADY, "mean", 0.2, a, b)  # (+1 and -1) / 2; (1 and 1/3) / 2
+    assert cross["spearman"][0] == pytest.approx(0.0) and cross["jaccard"][0] == pytest.approx(2 / 3)
+
+
+def test_half_splits_are_disjoint_equal_and_seeded():
+    from layerprune.analyze.agreement import half_splits
+
+    splits = half_splits(9, 3, seed=4)
+    again = half_splits(9, 3, seed=4)
+    assert len(splits) == 3
+    assert all((x == y).all() for s, t in zip(splits, again, strict=True) for x, y in zip(s, t, strict=True))
+    for a, b in splits:
+        assert len(a) == len(b) == 4 and not set(a) & set(b)
+    with pytest.raises(ValueError, match="at least 4 items"):
+        half_splits(3, 1, 0)
+
+
+def test_split_half_agreement_averages_the_splits():
+    from layerprune.analyze.agreement import cross_half, half_splits, split_half_agreement
+
+    out = split_half_agreement(SWAPPING, SWAPPING, "mean", 0.2, splits=3, seed=2)
+    want = [cross_half(SWAPPING, SWAPPING, "mean", 0.2, a[None], b[None]) for a, b in half_splits(4, 3, 2)]
+    assert out["spearman"] == pytest.approx(np.mean([w["spearman"][0] for w in want]))
+    assert out["half_items"] == 2 and len(out["per_split"]["jaccard"]) == 3
+    same = matrix([[0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]])  # every item tells the same story: [1, 0, 1]
+    steady = split_half_agreement(same, same, "mean", 0.2, splits=3)
+    assert steady["spearman"] == pytest.approx(1.0) and steady["jaccard"] == pytest.approx(1.0)
+
+
+def test_row_jaccard_is_undefined_on_an_undefined_drop_or_two_empty_sets():
+    from layerprune.analyze.agreement import row_jaccard
+
+    x = np.array([[0.5, 0.3, 0.0], [0.5, np.nan, 0.0], [0.0, 0.1, 0.0]])
+    y = np.array([[0.5, 0.0, 0.3], [0.5, 0.0, 0.0], [0.1, 0.0, 0.0]])
+    got = row_jaccard(x, y, 0.2)
+    assert got[0] == pytest.approx(1 / 3) and np.isnan(got[1]) and np.isnan(got[2])
+
+
+def test_row_spearman_equals_scipy_per_row():
+    from layerprune.analyze.agreement import row_spearman
+
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 4, (6, 5)).astype(float), rng.normal(size=(6, 5))
+    x[0], y[1, 2] = 1.0, np.nan
+    got = row_spearman(x, y)
+    assert np.isnan(got[0]) and np.isnan(got[1])  # constant row; undefined drop
+    for r in range(2, 6):
+        assert got[r] == pytest.approx(metrics.spearman(x[r].tolist(), y[r].tolist()))
+
+
+def test_relative_agreement_is_one_for_a_copy_and_low_for_a_moved_block():
+    from layerprune.analyze.agreement import relative_agreement
+
+    killed = {1: list(range(0, 20)), 3: list(range(0, 20, 2))}
+    first = per_item_matrix(correctness_result(killed))
+    same = relative_agreement(first, first, "mean", 0.2, splits=2, resamples=100)
+    assert same["spearman"]["ratio"] == pytest.approx(1.0) and same["jaccard"]["ratio"] == pytest.approx(1.0)
+    assert same["jaccard"]["ratio_interval"] == pytest.approx([1.0, 1.0])
+    moved = per_item_matrix(correctness_result({0: list(range(0, 20)), 3: list(range(0, 20, 2))}))
+    out = relative_agreement(first, moved, "mean", 0.2, splits=2, resamples=100)
+    assert out["jaccard"]["ratio"] == pytest.approx(1 / 3)  # {1, 3} vs {0, 3} on every half; reliability 1
+    assert out["jaccard"]["reliability"] == [1.0, 1.0] and out["jaccard"]["ratio_interval"][1] < 0.9
+    assert out["spearman"]["ratio"] < 0.9
+
+
+def per_item_matrix(result: dict) -> tuple:
+    from layerprune.analyze.agreement import per_item
+
+    return per_item(result, "mean")
+
+
+def test_score_shift_is_paired():
+    from layerprune.analyze.agreement import score_shift
+
+    out = score_shift(matrix([[1] * 4], [1, 0, 0, 0]), matrix([[1] * 4], [1, 1, 1, 0]), "mean", resamples=200)
+    assert out["before"] == 0.25 and out["after"] == 0.75 and out["shift"] == 0.5
+    low, high = out["interval"]
+    assert 0 <= low <= 0.5 <= high <= 1  # per-item differences are 0 or 1
+
+
+def _agreement(spearman: float | None, jaccard: float | None) -> dict:
+    return {"spearman": {"ratio": spearman}, "jaccard": {"ratio": jaccard}}
+
+
+def test_invariance_verdict_rules():
+    from layerprune.analyze.agreement import invariance_verdict
+
+    moved, still = {"shift": 0.3, "interval": [0.2, 0.4]}, {"shift": 0.01, "interval": [-0.02, 0.04]}
+    control = _agreement(0.95, 0.4)
+    assert invariance_verdict(moved, _agreement(0.97, 1.0), control)["verdict"] == "invariant"
+    out = invariance_verdict(still, _agreement(0.97, 1.0), control)  # a pair that did not move
+    assert out["verdict"] == "not shown" and "target moved +1.0 points" in out["reasons"][0]
+    assert invariance_verdict({"shift": 0.12, "interval": [-0.01, 0.25]}, _agreement(0.97, 1.0),
+                              control)["verdict"] == "not shown"  # big but not off 0
+    assert invariance_verdict(moved, control, None)["verdict"] == "different"  # the control, against the original
+    assert invariance_verdict(moved, _agreement(0.97, None), None)["reasons"] == ["no positive control"]
+    out = invariance_verdict(moved, _agreement(0.97, 0.95), _agreement(0.95, 0.92))
+    assert out["verdict"] == "not shown" and "cannot fail" in out["reasons"][0]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import yaml
 
 from helpers import run_cli
@@ -26,7 +29,11 @@ def test_bad_variant_study_recipes(capsys, tmp_path):
                            ({"importance": {"metirc": "nll"}}, "metirc"),
                            ({"variant": {"recipe": "variant-sft-gsm8k", "overrides": {"train": {"epochs": -1}}}},
                             "epochs"),
-                           ({"resamples": 5}, "resamples")):
+                           ({"resamples": 5}, "resamples"),
+                           ({"target": "mmlu"}, "target 'mmlu' is not one of the importance tasks"),
+                           ({"control": {"skip_block": -1}}, "skip_block"),
+                           ({"variant": {"posttrain": "math-embedded", "recipe": "x"}}, "variant"),
+                           ({"variant": {"posttrain": "no-such-variant"}}, "no-such-variant")):
         path = tmp_path / "bad.yaml"
         path.write_text(yaml.safe_dump({**good, **change}))
         code, _, err = run_cli(capsys, ["variant-study", str(path), "--dry-run"])
@@ -53,7 +60,8 @@ def test_tiny_variant_study_runs_and_its_table_matches_the_agreement(capsys, tin
                   "train": {"max_steps": 2, "batch_size": 2, "max_length": 512, "held_out": 0.5, "eval_steps": 1,
                             "logging_steps": 1, "save_steps": 2, "learning_rate": 1.0e-2,
                             "warmup_steps": 0}}},
-              "importance": {"tasks": ["arithmetic", "factual"], "samples": 6, "metric": "accuracy"}}
+              "importance": {"tasks": ["arithmetic", "factual"], "samples": 6, "metric": "accuracy"},
+              "target": "arithmetic", "control": {"skip_block": 1}, "splits": 2}
     (tmp_path / "v.yaml").write_text(yaml.safe_dump(recipe))
     code, out, err = run_cli(capsys, ["variant-study", str(tmp_path / "v.yaml")])
     assert code == 0, err
@@ -61,16 +69,149 @@ def test_tiny_variant_study_runs_and_its_table_matches_the_agreement(capsys, tin
     assert (run / "variant" / "recover_report.json").is_file() and (run / "importance" / "heatmap.png").is_file()
     report = json.loads((run / "importance" / "importance.json").read_text())
     assert list(report["models"]) == [tiny_llama.name, "variant"]
-    tasks = json.loads((run / "variant.json").read_text())["tasks"]
+    study = json.loads((run / "variant.json").read_text())
+    tasks = study["tasks"]
     for task, per_model in report["tasks"].items():
         original, variant = per_model.values()
         want = profile_agreement(original, variant, "mean", 0.2, 100, 0.05, 0)
         assert tasks[task]["spearman"] == want["spearman"]
         assert tasks[task]["jaccard_interval"] == want["jaccard_interval"]
         assert f"| {task} |" in out
+    check_the_control(run, report, study, out)
     # the original's weights were linked, not changed: the variant is a new model
     from safetensors.torch import load_file
 
     before = load_file(str(tiny_llama / "model.safetensors"))
     after = load_file(str(run / "variant" / "model.safetensors"))
     assert any(not (before[k] == after[k]).all() for k in before if k in after)
+
+
+def check_the_control(run, report, study, table):
+    """The control drops block 1 of the original; its profile is compared with the original's on the other blocks."""
+    import json
+
+    import numpy as np
+
+    from layerprune.analyze.agreement import per_item, relative_agreement
+
+    original = next(iter(report["tasks"]["arithmetic"].values()))
+    block = study["control_block"]
+    assert block == 1
+    assert json.loads((run / "control-b1" / "config.json").read_text())["num_hidden_layers"] == original["depth"] - 1
+    control = json.loads((run / "importance-control-b1" / "importance.json").read_text())
+    for task, per_model in report["tasks"].items():
+        base, ablated, tokens = per_item(next(iter(per_model.values())), "mean")
+        kept = (base, np.delete(ablated, block, axis=0), tokens)
+        scored = per_item(next(iter(control["tasks"][task].values())), "mean")
+        assert study["tasks"][task]["control"] == relative_agreement(kept, scored, "mean", 0.2, 2, 100, 0.05, 0)
+        assert study["tasks"][task]["verdict"]["verdict"] in ("invariant", "different", "not shown")
+    assert study["target"]["task"] == "arithmetic" and "## Verdict" in table
+    assert f"Control: the original with block {block} dropped" in table
+
+
+def test_posttrain_variant_is_made_once_through_the_cache(capsys, tiny_llama, tmp_path, shared_data, monkeypatch):
+    import json
+
+    monkeypatch.setenv("LAYERPRUNE_DATA_DIR", str(shared_data))
+    monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "sft.yaml").write_text(yaml.safe_dump({
+        "kind": "sft", "model": "ignored: the study's", "data": {"probes": {"arith_2d_add": 8}},
+        "train": {"batch_size": 4, "grad_accum": 1, "max_steps": 1, "learning_rate": 1e-3, "logging_steps": 1}}))
+    recipe = {"name": "tiny-posttrain", "model": str(tiny_llama), "output": str(tmp_path / "v"), "resamples": 100,
+              "variant": {"posttrain": str(tmp_path / "sft.yaml")}, "splits": 2,
+              "importance": {"tasks": ["arithmetic"], "samples": 6, "metric": "accuracy"}}
+    (tmp_path / "v.yaml").write_text(yaml.safe_dump(recipe))
+    code, out, err = run_cli(capsys, ["variant-study", str(tmp_path / "v.yaml"), "--dry-run"])
+    assert code == 0, err
+    assert f"variant: posttrain recipe '{tmp_path / 'sft.yaml'}' on {tiny_llama}" in out
+    assert "verdict: target none (never invariant)" in out
+    code, out, err = run_cli(capsys, ["variant-study", str(tmp_path / "v.yaml")])
+    assert code == 0, err
+    study = json.loads((tmp_path / "v" / "variant.json").read_text())
+    made = Path(study["variant_dir"])
+    assert made.parent == tmp_path / "cache" / "variants" and (made / "config.json").is_file()
+    verdict = study["tasks"]["arithmetic"]["verdict"]  # a random tiny model scores 0: nothing is defined
+    assert verdict["verdict"] == "not shown" and verdict["reasons"][-2:] == ["no target score", "no positive control"]
+    stamp = (made / "config.json").stat().st_mtime_ns
+    code, _, err = run_cli(capsys, ["variant-study", str(tmp_path / "v.yaml"), "--output", str(tmp_path / "w")])
+    assert code == 0, err
+    assert json.loads((tmp_path / "w" / "variant.json").read_text())["variant_dir"] == str(made)
+    assert (made / "config.json").stat().st_mtime_ns == stamp  # not trained again
+
+
+def test_the_critical_control_block_is_the_largest_drop_on_the_target():
+    from layerprune.errors import LayerpruneError
+    from layerprune.pipeline.variant import VariantStudy, control_block
+
+    study = VariantStudy.model_validate({"name": "s", "variant": {"recipe": "variant-sft-gsm8k"}, "target": "factual",
+                                         "importance": {"tasks": ["arithmetic", "factual"]}, "control": {}})
+    report = {"tasks": {"arithmetic": {"m": {"drops": [0.9, 0.1, 0.0], "depth": 3}},
+                        "factual": {"m": {"drops": [0.1, None, 0.4], "depth": 3}}}}
+    assert control_block(study, report) == 2
+    report["tasks"]["factual"]["m"]["drops"] = [None, None, None]
+    with pytest.raises(LayerpruneError, match="undefined"):
+        control_block(study, report)
+    study.control.skip_block = 3
+    with pytest.raises(LayerpruneError, match="past the original's 3 blocks"):
+        control_block(study, report)
+
+
+def synthetic(base: list[bool], ablated: list[list[bool]]) -> dict:
+    """An accuracy task result as importance.json keeps it (drops relative to the full score, threshold 0.2)."""
+    full = sum(base) / len(base)
+    drops = [(full - sum(row) / len(row)) / full for row in ablated]
+    return {"per_item": {"base_item_correct": base, "ablated_item_correct": ablated}, "base_score": full,
+            "drops": drops, "critical": [b for b, d in enumerate(drops) if d > 0.2]}
+
+
+def test_the_study_verdict_needs_a_move_an_agreement_near_its_ceiling_and_a_control_that_fails():
+    from layerprune.pipeline.variant import VariantStudy, compare, variant_table
+
+    n = 40
+
+    def profile(right: int) -> dict:  # right answers on the first `right` items; block 1 kills all, block 3 evens
+        base = [i < right for i in range(n)]
+        return synthetic(base, [base, [False] * n, base, [b and i % 2 == 1 for i, b in enumerate(base)]])
+
+    moved = {"config": {"metric": "accuracy", "threshold": 0.2},
+             "tasks": {"arithmetic": {"original": profile(30), "variant": profile(40)}}}
+    full = [True] * n  # the control: the original without block 1; now block 0 kills all, block 2 kills evens
+    control = (1, {"tasks": {"arithmetic": {"control": synthetic(
+        [i < 30 for i in range(n)], [[False] * n, full[:30] + [False] * 10,
+                                     [i < 30 and i % 2 == 1 for i in range(n)]])}}})
+    study = VariantStudy.model_validate({"name": "s", "variant": {"recipe": "variant-sft-gsm8k"},
+                                         "target": "arithmetic", "importance": {"tasks": ["arithmetic"]},
+                                         "control": {}, "resamples": 200})
+    result = compare(study, moved, 0, control)
+    row = result["tasks"]["arithmetic"]
+    assert result["target"]["shift"] == pytest.approx(0.25) and result["target"]["interval"][0] > 0
+    assert row["relative"]["spearman"]["ratio"] == pytest.approx(1.0)
+    assert row["control"]["spearman"]["ratio"] < 0.9
+    assert row["verdict"] == {"verdict": "invariant", "reasons": []}
+    assert "| arithmetic | 1.00 / 1.00 = 1.00" in variant_table(study, result) and "**invariant**" in \
+        variant_table(study, result)
+    still = {**moved, "tasks": {"arithmetic": {"original": profile(40), "variant": profile(40)}}}
+    assert compare(study, still, 0, control)["tasks"]["arithmetic"]["verdict"]["verdict"] == "not shown"
+    assert compare(study, moved, 0, None)["tasks"]["arithmetic"]["verdict"]["reasons"] == ["no positive control"]
+
+
+def test_shipped_math_variant_study_dry_runs_offline(capsys, shared_data, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAYERPRUNE_DATA_DIR", str(shared_data))
+    code, out, err = run_cli(capsys, ["variant-study", "variant-math-embedded", "--dry-run", "--output",
+                                      str(tmp_path / "v")])
+    assert code == 0, err
+    assert not (tmp_path / "v").exists()
+    assert "variant: posttrain recipe 'math-embedded' on embedded (made once, cached by fingerprint)" in out
+    assert "control: the original with its most critical block (the largest drop on arith_2d_add) dropped" in out
+    assert "verdict: target arith_2d_add; invariant needs a shift >= 10 points" in out
+    assert "embedded / arith_2d_add: teacher-forced nll (no generation), 100 items" in out
+
+
+def test_probe_levels_are_importance_tasks_with_the_probe_gates_items():
+    from layerprune.analyze.tasks import task_items
+    from layerprune.probes import generate_probes, probe_tasks
+
+    items = task_items("arith_3d_sub", 5, 0, 1, None)
+    probes = generate_probes(probe_tasks()["arith_3d_sub"], 5, 0)
+    assert [i.prompt for i in items] == [p.prompt for p in probes]
+    assert [i.answer for i in items] == [p.answer.strip() for p in probes] and items[0].target.startswith(" ")

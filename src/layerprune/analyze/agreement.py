@@ -8,6 +8,7 @@ values are the analysis's own (its critical sets also ask for significance; a re
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -71,3 +72,174 @@ def profile_agreement(first: dict[str, Any], second: dict[str, Any], kind: Score
             "critical": [first["critical"], second["critical"]], "resamples": resamples, "alpha": alpha,
             "defined_resamples": {"spearman": sum(v is not None for v in spearmans),
                                   "jaccard": sum(v is not None for v in jaccards)}}
+
+
+Matrix = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # per_item's (base, ablated, tokens)
+MEASURES = ("spearman", "jaccard")
+
+
+def row_spearman(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Spearman of each row of x [rows, blocks] with the same row of y (ties share their mean rank); nan where a
+    row has an undefined drop or is constant."""
+    from scipy.stats import rankdata
+
+    ok = np.isfinite(x).all(axis=1) & np.isfinite(y).all(axis=1)
+    rx, ry = rankdata(np.nan_to_num(x), axis=1), rankdata(np.nan_to_num(y), axis=1)
+    rx, ry = rx - rx.mean(axis=1, keepdims=True), ry - ry.mean(axis=1, keepdims=True)
+    den = np.sqrt((rx ** 2).sum(axis=1) * (ry ** 2).sum(axis=1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(ok & (den > 0), (rx * ry).sum(axis=1) / den, np.nan)
+
+
+def row_jaccard(x: np.ndarray, y: np.ndarray, threshold: float) -> np.ndarray:
+    """Jaccard of each row's critical set (drop above the threshold) in x and y; nan where both are empty or a row
+    has an undefined drop."""
+    ok = np.isfinite(x).all(axis=1) & np.isfinite(y).all(axis=1)
+    a, b = x > threshold, y > threshold
+    union = (a | b).sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(ok & (union > 0), (a & b).sum(axis=1) / union, np.nan)
+
+
+def half_splits(n: int, splits: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`splits` seeded random partitions of n items into two disjoint halves of n // 2 items (odd n: one left out)."""
+    if n < 4:
+        raise ValueError(f"a split-half comparison needs at least 4 items, got {n}")
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(splits):
+        order = rng.permutation(n)
+        out.append((np.sort(order[: n // 2]), np.sort(order[n // 2: 2 * (n // 2)])))
+    return out
+
+
+def cross_half(first: Matrix, second: Matrix, kind: Score, threshold: float, a: np.ndarray,
+               b: np.ndarray) -> dict[str, np.ndarray]:
+    """Per row of the index sets a [rows, k] and b [rows, k] (disjoint items): first's profile on a against
+    second's on b and first's on b against second's on a, averaged; {measure: [rows]}."""
+    fa, fb = resampled_drops(*first, kind, a), resampled_drops(*first, kind, b)
+    sa, sb = resampled_drops(*second, kind, a), resampled_drops(*second, kind, b)
+    with warnings.catch_warnings():  # nanmean of two nan rows
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return {"spearman": np.nanmean([row_spearman(fa, sb), row_spearman(fb, sa)], axis=0),
+                "jaccard": np.nanmean([row_jaccard(fa, sb, threshold), row_jaccard(fb, sa, threshold)], axis=0)}
+
+
+def _value(x: float) -> float | None:
+    return float(x) if np.isfinite(x) else None
+
+
+def split_half_agreement(first: Matrix, second: Matrix, kind: Score, threshold: float, splits: int = 4,
+                         seed: int = 0) -> dict[str, Any]:
+    """Spearman of the drops and Jaccard of the critical sets of first's profile on one half of the items against
+    second's on the other half (both ways), averaged over `splits` seeded random halvings (undefined ones left
+    out). With first == second it is the split-half reliability: the agreement a model has with itself when only
+    the items change, the ceiling any comparison at half the items can reach. No Spearman-Brown step-up: both
+    sides of every comparison built on it are measured at the same half size."""
+    per: dict[str, list[float | None]] = {m: [] for m in MEASURES}
+    for a, b in half_splits(len(first[0]), splits, seed):
+        values = cross_half(first, second, kind, threshold, a[None], b[None])
+        for m in MEASURES:
+            per[m].append(_value(values[m][0]))
+    out: dict[str, Any] = {}
+    for m in MEASURES:
+        kept = [v for v in per[m] if v is not None]
+        out[m] = float(np.mean(kept)) if kept else None
+    return {**out, "per_split": per, "splits": splits, "half_items": len(first[0]) // 2}
+
+
+def _split_means(original: Matrix, variant: Matrix, kind: Score, threshold: float,
+                 halves: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, dict[str, np.ndarray]]:
+    """{measure: {cross, original, variant: [rows]}}: each averaged over the splits (undefined splits left out)."""
+    parts: dict[str, dict[str, list[np.ndarray]]] = {m: {"cross": [], "original": [], "variant": []}
+                                                     for m in MEASURES}
+    for a, b in halves:
+        for name, (x, y) in (("cross", (original, variant)), ("original", (original, original)),
+                             ("variant", (variant, variant))):
+            values = cross_half(x, y, kind, threshold, a, b)
+            for m in MEASURES:
+                parts[m][name].append(values[m])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return {m: {name: np.nanmean(v, axis=0) for name, v in per.items()} for m, per in parts.items()}
+
+
+def _ratio(means: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(ceiling, agreement / ceiling): the ceiling is the geometric mean of both models' split-half reliabilities
+    (classical disattenuation), nan where either is not positive."""
+    product = means["original"] * means["variant"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ceiling = np.where(product > 0, np.sqrt(np.where(product > 0, product, 1.0)), np.nan)
+        return ceiling, means["cross"] / ceiling
+
+
+def relative_agreement(original: Matrix, variant: Matrix, kind: Score, threshold: float, splits: int = 4,
+                       resamples: int = 1000, alpha: float = 0.05, seed: int = 0) -> dict[str, Any]:
+    """The two models' agreement as a fraction of its reliability ceiling, like for like at half the items.
+
+    On each of `splits` seeded halvings of the shared items, the original's profile on one half is compared with
+    the variant's on the other (both ways; `cross`), and each model with itself across the halves (its split-half
+    reliability). ratio = cross / sqrt(reliability_original * reliability_variant), per measure (Spearman of the
+    drops, Jaccard of the critical sets). Interval: (1 - alpha) percentile over `resamples` bootstrap resamples,
+    each half resampled within itself (so the halves stay disjoint), the whole ratio recomputed."""
+    n = len(original[0])
+    if original[1].shape != variant[1].shape:
+        raise ValueError(f"profiles of different shapes: {original[1].shape} and {variant[1].shape} (same items and "
+                         "depth needed)")
+    halves = half_splits(n, splits, seed)
+    point = _split_means(original, variant, kind, threshold, [(a[None], b[None]) for a, b in halves])
+    rng = np.random.default_rng(seed + 1)
+    drawn = [(a[rng.integers(0, len(a), (resamples, len(a)))], b[rng.integers(0, len(b), (resamples, len(b)))])
+             for a, b in halves]
+    boot = _split_means(original, variant, kind, threshold, drawn)
+    out: dict[str, Any] = {"splits": splits, "half_items": n // 2, "resamples": resamples, "alpha": alpha}
+    for m in MEASURES:
+        ceiling, ratio = _ratio(point[m])
+        out[m] = {"agreement": _value(point[m]["cross"][0]), "ceiling": _value(ceiling[0]),
+                  "reliability": [_value(point[m]["original"][0]), _value(point[m]["variant"][0])],
+                  "ratio": _value(ratio[0]), "ratio_interval": interval(_ratio(boot[m])[1].tolist(), alpha)}
+    return out
+
+
+def score_shift(original: Matrix, variant: Matrix, kind: Score, resamples: int = 1000, alpha: float = 0.05,
+                seed: int = 0) -> dict[str, Any]:
+    """The unablated scores of both models on the shared items, variant - original, with a (1 - alpha) paired
+    bootstrap interval (the same resample of the items for both)."""
+    if original[0].shape != variant[0].shape:
+        raise ValueError(f"scores on different items: {original[0].shape} and {variant[0].shape}")
+    index = bootstrap_indices(len(original[0]), resamples, seed)
+    before, after = score(original[0], original[2], kind), score(variant[0], variant[2], kind)
+    diffs = score(variant[0][index], None if variant[2] is None else variant[2][index], kind) \
+        - score(original[0][index], None if original[2] is None else original[2][index], kind)
+    return {"before": float(before), "after": float(after), "shift": float(after - before),
+            "interval": interval(diffs.tolist(), alpha)}
+
+
+def invariance_verdict(shift: dict[str, Any] | None, agreement: dict[str, Any], control: dict[str, Any] | None,
+                       min_shift: float = 0.10, bar: float = 0.9) -> dict[str, Any]:
+    """'invariant', 'different' or 'not shown', with the reasons.
+
+    `agreement` and `control` are relative_agreement results (the variant's and the positive control's against
+    the original); `shift` is score_shift on the target task. 'different': a defined ratio (Spearman or Jaccard)
+    below `bar`. Otherwise 'not shown' unless all of: the target score moved by at least `min_shift` (a fraction:
+    0.10 is 10 points) with its interval on the same side of 0; a defined ratio at or above the bar; and the
+    control below the bar on at least one measure (the comparison can fail). Else 'invariant'."""
+    ratios = {m: agreement[m]["ratio"] for m in MEASURES if agreement[m]["ratio"] is not None}
+    below = sorted(m for m, r in ratios.items() if r < bar)
+    if below:
+        return {"verdict": "different", "reasons": [f"{m} ratio {ratios[m]:.2f} < {bar:g}" for m in below]}
+    reasons = []
+    if not ratios:
+        reasons.append("no defined agreement ratio")
+    if shift is None:
+        reasons.append("no target score")
+    else:
+        low, high = shift["interval"] or (0.0, 0.0)
+        if abs(shift["shift"]) < min_shift or (low <= 0 <= high):
+            reasons.append(f"target moved {100 * shift['shift']:+.1f} points [{100 * low:+.1f}, {100 * high:+.1f}]"
+                           f"; needs >= {100 * min_shift:g} with the interval off 0")
+    if control is None:
+        reasons.append("no positive control")
+    elif not any(control[m]["ratio"] is not None and control[m]["ratio"] < bar for m in MEASURES):
+        reasons.append(f"the positive control is not below {bar:g} (the comparison cannot fail)")
+    return {"verdict": "not shown" if reasons else "invariant", "reasons": reasons}

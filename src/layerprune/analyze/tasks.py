@@ -1,6 +1,9 @@
 """Tasks for block ablation and calibration: (prompt, scored target, short answer) items, by name.
 
 - arithmetic: few-shot composite arithmetic probes (layerprune.probes), answer = the number.
+- arith_2d_add, arith_3d_sub, ..., arith_2d_add_nc, arith_1d_sum3: each arithmetic level of the probes as the probe
+  gate scores it (evaluation stream, the probes' own few-shot prefix: `shots` does not apply), so a variant trained on
+  the levels' calibration streams is measured on what it learned.
 - gsm8k: GSM8K *train* questions, zero-shot, target = the worked solution ending "The answer is N."
 - factual: few-shot "capital of <country>" recall from a list shipped with the code (facts.py).
 - triviaqa: few-shot closed-book questions from <data-dir>/triviaqa/train.jsonl (the rc.nocontext *train*
@@ -23,7 +26,7 @@ from layerprune import grading
 from layerprune.analyze.facts import CAPITALS
 from layerprune.data import load_rows
 from layerprune.errors import LayerpruneError
-from layerprune.probes import arithmetic_probes
+from layerprune.probes import arithmetic_probes, generate_probes, probe_tasks
 from layerprune.registry import Registry
 
 
@@ -135,6 +138,18 @@ ANALYSIS_TASKS.register("arithmetic")(Task(build_arithmetic, grade_first_number,
 ANALYSIS_TASKS.register("gsm8k")(Task(build_gsm8k, grade_final_number, 192, "math", grading.GSM8K_STOPS, True))
 ANALYSIS_TASKS.register("factual")(Task(build_factual, grade_short_answer, 8, "factual"))
 ANALYSIS_TASKS.register("triviaqa")(Task(build_triviaqa, grade_short_answer, 16, "factual", (), True))
+
+
+def probe_level(args: dict[str, object]) -> Callable[[int, int, int, Path | None], list[TaskItem]]:
+    def build(n: int, seed: int, shots: int, data_dir: Path | None) -> list[TaskItem]:
+        return [TaskItem(p.prompt, p.answer, p.answer.strip()) for p in generate_probes(args, n, seed)]
+
+    return build
+
+
+for _name, _args in probe_tasks().items():
+    if _args["family"] == "arithmetic" and _name != "arith_1dc":  # arith_1dc is `arithmetic` at its own shots
+        ANALYSIS_TASKS.register(_name)(Task(probe_level(_args), grade_first_number, 8, "math"))
 
 
 def task_items(name: str, n: int, seed: int, shots: int, data_dir: Path | None) -> list[TaskItem]:

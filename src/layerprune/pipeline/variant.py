@@ -1,27 +1,59 @@
-"""`layerprune variant-study RECIPE`: post-train a variant of a model with our own recovery code, then compare the
-importance profiles of the original and the variant (Spearman of the drops, Jaccard of the critical sets, with
-bootstrap intervals over the shared items). The study's claim in small: do critical blocks stay critical?
+"""`layerprune variant-study RECIPE`: post-train a variant of a model, then compare the importance profiles of the
+original and the variant (Spearman of the drops, Jaccard of the critical sets, with bootstrap intervals over the
+shared items). The study's claim in small: do critical blocks stay critical?
+
+The verdict has teeth: the agreement is read against the split-half reliability ceiling (each model against itself on
+disjoint halves of the items), the variant must have moved its target score, and a positive control (the original
+with a critical block dropped, compared on the remaining blocks) must fall below the bar the variant passes.
 
 Stages, each skipped when its output is complete: variant/ (recover, the unpruned model learning from its own
-answers), importance/ (analyze importance on [original, variant]), then variant.json, variant.md.
+answers; or a posttrain variant recipe, made once in the cache), importance/ (analyze importance on [original,
+variant]), with a control: control-b<N>/ (the original without block N) and importance-control-b<N>/, then
+variant.json, variant.md.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from layerprune.analyze.schemas import ImportanceAnalysis
 from layerprune.errors import LayerpruneError
 from layerprune.pipeline.recipe import RecoverStage
-from layerprune.recipe_loading import build_from_recipe, validation_message
+from layerprune.posttrain.schema import VariantRecipe
+from layerprune.recipe_loading import build_from_recipe, merge_layers, validation_message
 from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
 STUDY_OWNED = ("models", "output", "overwrite", "dry_run", "tokenizers")  # importance fields the study sets itself
+
+
+class PosttrainVariant(BaseModel):
+    """The variant made by a posttrain recipe (sft, rft, grpo, distill) from the study's model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    posttrain: str = Field(description="Variant recipe: a shipped name (layerprune recipes list --kind variant) or a "
+                                       "YAML path; its model is replaced by the study's")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="Variant-recipe fields to change (nested by "
+                                                                        "section)")
+
+    def resolve(self, model: str) -> VariantRecipe:
+        return build_from_recipe(VariantRecipe, "variant", self.posttrain, merge_layers(self.overrides,
+                                                                                          {"model": model}))
+
+
+class ControlSpec(BaseModel):
+    """The positive control: a model whose critical blocks must differ, so that the comparison can fail."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    skip_block: Literal["critical"] | int = Field(
+        "critical", description="The original's block dropped to make the control (compared with the original on "
+        "the remaining blocks): 'critical' (the largest drop on the target task) or a block index")
 
 
 class VariantStudy(BaseModel):
@@ -32,12 +64,19 @@ class VariantStudy(BaseModel):
     name: str = Field(description="Study name (default output: runs/<name>)")
     description: str = Field("", description="What this study shows")
     model: str = Field("embedded", description="The original model: hub id, local directory, .gguf or embedded[:NAME]")
-    variant: RecoverStage = Field(description="How the variant is made: a recover recipe and overrides, run on the "
-                                              "unpruned model with itself as the teacher")
+    variant: RecoverStage | PosttrainVariant = Field(
+        description="How the variant is made: {recipe, overrides}, a recover recipe run on the unpruned model with "
+        "itself as the teacher; or {posttrain, overrides}, a posttrain variant recipe")
     importance: dict[str, Any] = Field(default_factory=dict, description="`analyze importance` fields (tasks, "
                                                                          "metric, samples, ...) used for both models")
     resamples: int = Field(1000, ge=100, description="Bootstrap resamples of the items for the agreement intervals")
     alpha: float = Field(0.05, gt=0, lt=1, description="The intervals are (1 - alpha) percentile intervals")
+    target: str | None = Field(None, description="The task whose unablated score the variant must move (paired, "
+                                                 "on the importance items) for the verdict to be 'invariant'")
+    min_shift: float = Field(0.10, gt=0, le=1, description="The least move of the target score (0.10: 10 points)")
+    bar: float = Field(0.9, gt=0, le=1, description="'invariant' needs agreement / ceiling at least this")
+    splits: int = Field(4, ge=1, description="Random halvings of the items the split-half ceiling averages over")
+    control: ControlSpec | None = Field(None, description="The positive control (none: the verdict is 'not shown')")
     output: Path | None = Field(None, description="Study directory")
 
     @model_validator(mode="after")
@@ -46,18 +85,32 @@ class VariantStudy(BaseModel):
         if owned:
             raise ValueError(f"importance sets {owned}, which the study sets itself")
         try:
-            self.importance_config(Path("<variant>"))
-            self.recover_recipe()
+            config = self.importance_config(Path("<variant>"))
+            if isinstance(self.variant, RecoverStage):
+                self.recover_recipe()
         except ValidationError as exc:
             raise ValueError(validation_message(exc, "variant study section")) from None
+        if self.target is not None and self.target not in config.tasks:
+            raise ValueError(f"target {self.target!r} is not one of the importance tasks {config.tasks}")
+        if isinstance(self.control, ControlSpec) and isinstance(self.control.skip_block, int) \
+                and self.control.skip_block < 0:
+            raise ValueError("control.skip_block must be 'critical' or a block index >= 0")
         return self
+
+    def target_task(self, tasks: list[str]) -> str:
+        return self.target or tasks[0]
 
     def run_dir(self) -> Path:
         return self.output or Path("runs") / self.name
 
     def recover_recipe(self) -> Any:
         """The recover recipe that makes the variant: the original model learns from its own answers."""
+        assert isinstance(self.variant, RecoverStage)
         return self.variant.resolve(self.model, self.model)
+
+    def posttrain_recipe(self) -> VariantRecipe:
+        assert isinstance(self.variant, PosttrainVariant)
+        return self.variant.resolve(self.model)
 
     def importance_config(self, variant_dir: Path) -> ImportanceAnalysis:
         return ImportanceAnalysis.model_validate({**self.importance, "models": [self.model, str(variant_dir)]})
@@ -99,9 +152,15 @@ def student_copy(study: VariantStudy, settings: RunSettings, root: Path) -> Path
 
 
 def make_variant(study: VariantStudy, settings: RunSettings, root: Path) -> Path:
+    """The variant's directory: a posttrain variant from the cache (made once), or root/variant made by recover."""
     from layerprune.recover.report import read_recover_report
     from layerprune.recover.runner import RecoverJob, recover_model
 
+    data_dir = study.importance.get("data_dir")
+    if isinstance(study.variant, PosttrainVariant):
+        from layerprune.posttrain import make_variant as posttrain_variant
+
+        return posttrain_variant(study.posttrain_recipe(), settings, None, Path(data_dir) if data_dir else None)
     target = root / "variant"
     recipe = study.variant.resolve(str(root / "student"), study.model)
     if (target / "recover_report.json").is_file():
@@ -110,19 +169,17 @@ def make_variant(study: VariantStudy, settings: RunSettings, root: Path) -> Path
                                   "it to make the variant again")
         return target
     student_copy(study, settings, root)
-    data_dir = study.importance.get("data_dir")
     recover_model(recipe, RecoverJob(output=target, settings=settings, data_dir=data_dir, resume=True))
     return target
 
 
-def score_both(study: VariantStudy, settings: RunSettings, root: Path, variant: Path) -> dict[str, Any]:
+def score_models(config: ImportanceAnalysis, settings: RunSettings, target: Path) -> dict[str, Any]:
+    """target/importance.json for this config and seed: read when it is there, else (re)made."""
     import json
 
     from layerprune.analyze.importance import analyze_importance
     from layerprune.outputs import atomic_output_dir
 
-    target = root / "importance"
-    config = study.importance_config(variant)
     done = target / "importance.json"
     if not done.is_file() or json.loads(done.read_text())["config"] != config.model_dump(mode="json") \
             or json.loads(done.read_text())["run"]["settings"].get("seed") != settings.seed:
@@ -131,18 +188,88 @@ def score_both(study: VariantStudy, settings: RunSettings, root: Path, variant: 
     return json.loads(done.read_text())
 
 
-def compare(study: VariantStudy, report: dict[str, Any], seed: int) -> dict[str, Any]:
-    """Per task: the agreement of the original's and the variant's profiles, with intervals."""
-    from layerprune.analyze.agreement import profile_agreement
+def score_both(study: VariantStudy, settings: RunSettings, root: Path, variant: Path) -> dict[str, Any]:
+    return score_models(study.importance_config(variant), settings, root / "importance")
+
+
+def control_block(study: VariantStudy, report: dict[str, Any]) -> int:
+    """The block the control drops: the recipe's index, or the original's largest drop on the target task."""
+    assert study.control is not None
+    task = study.target_task(list(report["tasks"]))
+    original = next(iter(report["tasks"][task].values()))
+    if isinstance(study.control.skip_block, int):
+        if study.control.skip_block >= original["depth"]:
+            raise LayerpruneError(f"control.skip_block {study.control.skip_block} is past the original's "
+                                  f"{original['depth']} blocks")
+        return study.control.skip_block
+    drops = [(d, b) for b, d in enumerate(original["drops"]) if d is not None]
+    if not drops:
+        raise LayerpruneError(f"the original's drops on {task} are undefined: no critical block to drop for the "
+                              "control")
+    return max(drops)[1]
+
+
+def make_control(study: VariantStudy, settings: RunSettings, root: Path, block: int) -> Path:
+    """root/control-b<block>: the original with `block` dropped (kept when it is complete)."""
+    import json
+
+    from layerprune.prune.api import prune_model
+    from layerprune.prune.recipe import PruneRecipe
+
+    target = root / f"control-b{block}"
+    done = target / "prune_report.json"
+    if done.is_file() and json.loads(done.read_text()).get("dropped") == [block]:
+        return target
+    prune_model(study.model, PruneRecipe(layers=[block]), settings, output=target, overwrite=True)
+    return target
+
+
+def score_control(study: VariantStudy, settings: RunSettings, root: Path, report: dict[str, Any]) \
+        -> tuple[int, dict[str, Any]]:
+    """(the dropped block, importance-control-b<block>/importance.json: the control alone on the same items)."""
+    block = control_block(study, report)
+    control = make_control(study, settings, root, block)
+    config = ImportanceAnalysis.model_validate({**study.importance, "models": [str(control)]})
+    return block, score_models(config, settings, root / f"importance-control-b{block}")
+
+
+def compare(study: VariantStudy, report: dict[str, Any], seed: int, control: tuple[int, dict[str, Any]] | None = None
+            ) -> dict[str, Any]:
+    """Per task: the agreement of the original's and the variant's profiles, with intervals; the agreement as a
+    fraction of the split-half ceiling, the control's the same way (on the blocks it kept), and the verdict."""
+    import numpy as np
+
+    from layerprune.analyze.agreement import (
+        invariance_verdict,
+        per_item,
+        profile_agreement,
+        relative_agreement,
+        score_shift,
+    )
 
     kind = "probability" if report["config"]["metric"] == "nll" else "mean"
     threshold = report["config"]["threshold"]
+    target = study.target_task(list(report["tasks"]))
+    first, second = (per_item(r, kind) for r in report["tasks"][target].values())
+    shift = {"task": target, **score_shift(first, second, kind, study.resamples, study.alpha, seed)} \
+        if study.target else None
     out = {}
     for task, per_model in report["tasks"].items():
         original, variant = per_model.values()
-        out[task] = {"base_scores": [original["base_score"], variant["base_score"]],
-                     **profile_agreement(original, variant, kind, threshold, study.resamples, study.alpha, seed)}
-    return out
+        a, b = per_item(original, kind), per_item(variant, kind)
+        row = {"base_scores": [original["base_score"], variant["base_score"]],
+               **profile_agreement(original, variant, kind, threshold, study.resamples, study.alpha, seed),
+               "relative": relative_agreement(a, b, kind, threshold, study.splits, study.resamples, study.alpha,
+                                              seed), "control": None}
+        if control is not None:
+            block, scored = control
+            kept = (a[0], np.delete(a[1], block, axis=0), a[2])
+            c = per_item(next(iter(scored["tasks"][task].values())), kind)
+            row["control"] = relative_agreement(kept, c, kind, threshold, study.splits, study.resamples,
+                                                study.alpha, seed)
+        row["verdict"] = invariance_verdict(shift, row["relative"], row["control"], study.min_shift, study.bar)
+        out[task] = row
+    return {"target": shift, "control_block": control[0] if control else None, "tasks": out}
 
 
 def run_variant_study(study: VariantStudy, settings: RunSettings) -> Path:
@@ -157,9 +284,15 @@ def run_variant_study(study: VariantStudy, settings: RunSettings) -> Path:
     log.info("variant study %s: making the variant", study.name)
     variant = make_variant(study, settings, root)
     log.info("variant study %s: importance of the original and the variant", study.name)
-    report = compare(study, score_both(study, settings, root, variant), settings.seed)
-    write_json(root / "variant.json", {"study": study.model_dump(mode="json"), "tasks": report})
-    (root / "variant.md").write_text(variant_table(study, report), encoding="utf-8")
+    report = score_both(study, settings, root, variant)
+    control = None
+    if study.control is not None:
+        log.info("variant study %s: the positive control", study.name)
+        control = score_control(study, settings, root, report)
+    result = compare(study, report, settings.seed, control)
+    write_json(root / "variant.json", {"study": study.model_dump(mode="json"), "variant_dir": str(variant),
+                                       **result})
+    (root / "variant.md").write_text(variant_table(study, result), encoding="utf-8")
     return root / "variant.md"
 
 
@@ -168,10 +301,18 @@ def _fmt(value: float | None, interval: list[float] | None = None) -> str:
     return text + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
 
 
-def variant_table(study: VariantStudy, tasks: dict[str, Any]) -> str:
+def _ratio(relative: dict[str, Any] | None, measure: str) -> str:
+    if relative is None:
+        return "-"
+    row = relative[measure]
+    return f"{_fmt(row['agreement'])} / {_fmt(row['ceiling'])} = {_fmt(row['ratio'], row['ratio_interval'])}"
+
+
+def variant_table(study: VariantStudy, result: dict[str, Any]) -> str:
+    tasks = result["tasks"]
     level = f"{1 - study.alpha:.0%}"
     lines = [f"# Variant study: {study.name}", "", *([study.description, ""] if study.description else []),
-             f"Original `{study.model}` vs its variant (variant/). Drops per block from importance/ (heatmap: "
+             f"Original `{study.model}` vs its variant. Drops per block from importance/ (heatmap: "
              f"importance/heatmap.png). Intervals: {level} paired bootstrap over the items ({study.resamples} "
              "resamples); a resample's critical set is the blocks above the threshold.", "",
              "| task | full score (original / variant) | Spearman of drops | Jaccard of critical sets | "
@@ -181,22 +322,71 @@ def variant_table(study: VariantStudy, tasks: dict[str, Any]) -> str:
         lines.append(f"| {task} | {base} | {_fmt(row['spearman'], row['spearman_interval'])} | "
                      f"{_fmt(row['critical_jaccard'], row['jaccard_interval'])} | {row['critical'][0]} | "
                      f"{row['critical'][1]} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + verdict_lines(study, result)) + "\n"
+
+
+def verdict_lines(study: VariantStudy, result: dict[str, Any]) -> list[str]:
+    shift, block = result["target"], result["control_block"]
+    lines = ["", "## Verdict", "",
+             f"Agreement against its ceiling, like for like at half the items: on {study.splits} random halvings, "
+             "one model's profile on one half against the other's on the other half (agreement), over the geometric "
+             "mean of each model's agreement with itself across the halves (ceiling, the split-half reliability; no "
+             f"Spearman-Brown step-up, both are at half the items); {1 - study.alpha:.0%} interval: each half "
+             f"resampled within itself. 'invariant' needs the ratio >= {study.bar:g}, the target score moved by >= "
+             f"{100 * study.min_shift:g} points with its interval off 0, and the positive control below "
+             f"{study.bar:g}; 'different': a ratio below {study.bar:g}; else 'not shown'.", ""]
+    if shift is None:
+        lines.append("Target: none named (the recipe's `target`), so no verdict can be 'invariant'.")
+    else:
+        lines.append(f"Target {shift['task']}: {_fmt(shift['before'])} -> {_fmt(shift['after'])}, shift "
+                     f"{_fmt(shift['shift'], shift['interval'])} (paired, unablated models).")
+    lines.append("Control: none." if block is None else
+                 f"Control: the original with block {block} dropped (control-b{block}/), compared with the original on "
+                 "the other blocks.")
+    lines += ["", "| task | Spearman: agreement / ceiling = ratio | Jaccard: agreement / ceiling = ratio | "
+              "control Spearman | control Jaccard | verdict |", "|---|---|---|---|---|---|"]
+    for task, row in result["tasks"].items():
+        verdict = row["verdict"]
+        why = f" ({'; '.join(verdict['reasons'])})" if verdict["reasons"] else ""
+        lines.append(f"| {task} | {_ratio(row['relative'], 'spearman')} | {_ratio(row['relative'], 'jaccard')} | "
+                     f"{_ratio(row['control'], 'spearman')} | {_ratio(row['control'], 'jaccard')} | "
+                     f"**{verdict['verdict']}**{why} |")
+    return lines
 
 
 def dry_run(study: VariantStudy, settings: RunSettings) -> str:
     """The plan: how the variant is made, and the importance analysis (rendered prompts, budgets); no work."""
     from layerprune.analyze.plan import dry_run_text
 
-    recipe = study.recover_recipe()
-    length = f"{recipe.train.max_steps} steps" if recipe.train.max_steps else f"{recipe.train.epochs:g} epoch(s)"
-    lines = [f"variant study '{study.name}' -> {study.run_dir()}",
-             f"variant: recover recipe '{study.variant.recipe}' on {study.model} (teacher: itself), method "
-             f"{recipe.method}, {recipe.prompts.samples or 'all'} {recipe.prompts.source} {recipe.prompts.split} "
-             f"prompts answered at temperature {recipe.generate.temperature:g} (<= {recipe.generate.max_new_tokens} "
-             f"tokens), {length} of "
-             f"{recipe.train.batch_size} x {recipe.train.grad_accum} at lr {recipe.train.learning_rate:g}",
-             "importance (the variant is scored the same way; its tokenizer is the original's):"]
+    lines = [f"variant study '{study.name}' -> {study.run_dir()}", variant_plan(study, settings)]
+    if study.control is not None:
+        block = study.control.skip_block
+        which = f"block {block}" if isinstance(block, int) else \
+            f"its most critical block (the largest drop on {study.target or 'the first task'})"
+        lines.append(f"control: the original with {which} dropped, its importance on the same items, compared with "
+                     "the original on the other blocks")
+    lines.append(f"verdict: target {study.target or 'none (never invariant)'}; invariant needs a shift >= "
+                 f"{100 * study.min_shift:g} points, agreement >= {study.bar:g} of the split-half ceiling "
+                 f"({study.splits} halvings) and the control below it")
+    lines.append("importance (the variant is scored the same way; its tokenizer is the original's):")
     config = ImportanceAnalysis.model_validate({**study.importance, "models": [study.model]})
     lines.append(dry_run_text(config, settings))
     return "\n".join(lines)
+
+
+def variant_plan(study: VariantStudy, settings: RunSettings) -> str:
+    """One line (recover) or the posttrain dry run: how the variant is made."""
+    if isinstance(study.variant, PosttrainVariant):
+        from layerprune.posttrain import dry_run as posttrain_plan
+
+        data_dir = study.importance.get("data_dir")
+        return (f"variant: posttrain recipe '{study.variant.posttrain}' on {study.model} (made once, cached by "
+                f"fingerprint)\n" + posttrain_plan(study.posttrain_recipe(), settings,
+                                                   Path(data_dir) if data_dir else None))
+    recipe = study.recover_recipe()
+    length = f"{recipe.train.max_steps} steps" if recipe.train.max_steps else f"{recipe.train.epochs:g} epoch(s)"
+    return (f"variant: recover recipe '{study.variant.recipe}' on {study.model} (teacher: itself), method "
+            f"{recipe.method}, {recipe.prompts.samples or 'all'} {recipe.prompts.source} {recipe.prompts.split} "
+            f"prompts answered at temperature {recipe.generate.temperature:g} (<= {recipe.generate.max_new_tokens} "
+            f"tokens), {length} of {recipe.train.batch_size} x {recipe.train.grad_accum} at lr "
+            f"{recipe.train.learning_rate:g}")
