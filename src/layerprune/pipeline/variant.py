@@ -122,37 +122,9 @@ def load_variant_study(name_or_path: str, output: Path | None = None) -> Variant
                              {"output": str(output)} if output is not None else {})
 
 
-def student_copy(study: VariantStudy, settings: RunSettings, root: Path) -> Path:
-    """The original's files linked (or copied) into root/student: recover trains that directory, with the original
-    as its teacher (recover refuses a model that is its own teacher by location)."""
-    import os
-    import shutil
-
-    from layerprune.models import resolve_model
-
-    source = resolve_model(study.model, settings)
-    location = Path(source.location)
-    if source.kind == "hub":  # the checkpoint's own files at its resolved commit (no consolidated copy)
-        from layerprune.models.hub import download_checkpoint, resolve_revision
-
-        location = download_checkpoint(source.location, resolve_revision(source))
-    target = root / "student"
-    if not (target / "config.json").is_file():
-        tmp = root / ".student.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for file in location.iterdir():
-            if file.is_file():
-                try:
-                    os.link(file.resolve(), tmp / file.name)
-                except OSError:
-                    shutil.copy2(file, tmp / file.name)
-        tmp.replace(target)
-    return target
-
-
 def make_variant(study: VariantStudy, settings: RunSettings, root: Path) -> Path:
     """The variant's directory: a posttrain variant from the cache (made once), or root/variant made by recover."""
+    from layerprune.pipeline.student import original_as_student
     from layerprune.recover.report import read_recover_report
     from layerprune.recover.runner import RecoverJob, recover_model
 
@@ -168,7 +140,7 @@ def make_variant(study: VariantStudy, settings: RunSettings, root: Path) -> Path
             raise LayerpruneError(f"{target} was made by another variant recipe; choose another --output, or delete "
                                   "it to make the variant again")
         return target
-    student_copy(study, settings, root)
+    original_as_student(study.model, settings, root / "student")
     recover_model(recipe, RecoverJob(output=target, settings=settings, data_dir=data_dir, resume=True))
     return target
 
