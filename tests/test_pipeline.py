@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -49,6 +51,77 @@ def tiny_recipe(model: Path, output: Path, name: str = "tiny") -> dict:
     }
 
 
+ROLES = ("baseline", "pruned", "recovered")
+
+
+def item_scores(run: Path, role: str, task: str = "arith_1dc") -> dict[int, float]:
+    """doc_id -> exact_match of one model's per-item records (eval/<role>/samples)."""
+    rows = map(json.loads, (run / "eval" / role / "samples" / f"{task}.jsonl").read_text().splitlines())
+    return {row["doc_id"]: row["exact_match"] for row in rows}
+
+
+def table_row(report: str, task: str) -> list[str]:
+    line = next(line for line in report.splitlines() if line.startswith(f"| {task} |"))
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def assert_figures_are_the_records(run: Path, report: str) -> None:
+    """The evaluation table's cells recomputed from the run folder: each model's mean from its per-item records
+    (and the summary's value equal to it), the paired differences, their SE and b/c counts from the items paired by
+    doc_id, retention and the recovered share (where the drop is clear) from the per-item means."""
+    scores = {role: item_scores(run, role) for role in ROLES}
+    results = {role: json.loads((run / "eval" / role / "summary.json").read_text())["results"][0] for role in ROLES}
+    means = {role: statistics.fmean(scores[role].values()) for role in ROLES}
+    row, n = table_row(report, "arith_1dc"), len(scores["baseline"])
+    assert row[2] == str(n) and all(len(scores[role]) == results[role]["n"] == n for role in ROLES)
+    for cell, role in zip(row[3:6], ROLES, strict=True):
+        assert results[role]["value"] == pytest.approx(means[role])
+        assert cell == f"{means[role]:.4f} ± {results[role]['stderr']:.4f}"
+    for cell, (high, low) in zip(row[6:8], [("pruned", "baseline"), ("recovered", "pruned")], strict=True):
+        diffs = [scores[high][doc] - scores[low][doc] for doc in scores[low]]
+        b = sum(scores[low][doc] == 1 and scores[high][doc] == 0 for doc in scores[low])
+        c = sum(scores[low][doc] == 0 and scores[high][doc] == 1 for doc in scores[low])
+        se = statistics.stdev(diffs) / math.sqrt(n)
+        assert cell.startswith(f"{statistics.fmean(diffs):+.4f} ± {se:.4f} [") and f"; b/c {b}/{c}, " in cell
+    base, pruned, recovered = (means[role] for role in ROLES)
+    if "(within noise)" in row[6]:
+        assert row[8] == row[10] == row[12] == "n/a (no clear drop)"
+    else:
+        assert row[8].startswith(f"{100 * pruned / base:.1f}% [")
+        assert row[10].startswith(f"{100 * recovered / base:.1f}% [")
+        assert row[12].startswith(f"{100 * (recovered - pruned) / (base - pruned):.1f}% [")
+
+
+def assert_stage_figures_are_the_reports(run: Path, report: str) -> None:
+    """The report's blocks, parameters, calibration size, speed and recovery figures equal the stages' own files."""
+    prune = json.loads((run / "pruned" / "prune_report.json").read_text())
+    assert f"Dropped (original numbering): {prune['dropped']}; protected: {prune['method']['protect']}." in report
+    assert (f"- Blocks {prune['num_blocks_before']} -> {prune['num_blocks_after']}; parameters "
+            f"{prune['params_before'] / 1e6:.1f}M -> {prune['params_after'] / 1e6:.1f}M;") in report
+    assert f"seed 0; no evaluation probe among them), {len(prune['calibration']['items'])} items." in report
+    speed = json.loads((run / "speed.json").read_text())
+    before, after = speed["original"]["prefill_tokens_per_s"], speed["pruned"]["prefill_tokens_per_s"]
+    assert f"prefill {before:.0f} -> {after:.0f} tokens/s ({after / before:.2f}x)" in report
+    recover = json.loads((run / "recovered" / "recover_report.json").read_text())
+    loss = recover["held_out_loss"]
+    assert loss["before"] == recover["held_out_metrics"]["pruned"]["ce"]
+    assert (f"held-out loss on teacher responses {loss['before']:.3f} -> {loss['after']:.3f}; "
+            f"{recover['tokens_seen']} tokens seen;") in report
+
+
+def rescore(run: Path, scores: dict[str, list[float]]) -> None:
+    """Give each model's records (and its summary, as evaluate would write it) these per-item exact_match scores."""
+    for role, values in scores.items():
+        path = run / "eval" / role / "samples" / "arith_1dc.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps(row | {"exact_match": v}) + "\n"
+                                for row, v in zip(rows, values, strict=True)))
+        summary = json.loads((run / "eval" / role / "summary.json").read_text())
+        summary["results"][0] |= {"value": statistics.fmean(values),
+                                  "stderr": statistics.stdev(values) / math.sqrt(len(values))}
+        (run / "eval" / role / "summary.json").write_text(json.dumps(summary))
+
+
 @pytest.fixture
 def tiny_run(tiny_llama, tmp_path, shared_data, monkeypatch):
     monkeypatch.setenv("LAYERPRUNE_DATA_DIR", str(shared_data))
@@ -70,6 +143,8 @@ def test_tiny_pipeline_runs_resumes_and_reruns_from_a_stage(capsys, tiny_run, ca
     assert "## Evaluation: baseline / pruned / recovered" in report and "arith_1dc" in report
     assert "tokens/s" in report and "Dropped (original numbering)" in report
     assert "## Run it" in report and "No GGUF: export --gguf carries the tokenizer from the model's source" in report
+    assert_figures_are_the_records(run, report)
+    assert_stage_figures_are_the_reports(run, report)
 
     caplog.clear()
     with caplog.at_level("INFO"):
@@ -77,10 +152,17 @@ def test_tiny_pipeline_runs_resumes_and_reruns_from_a_stage(capsys, tiny_run, ca
     assert code == 0, err
     assert caplog.text.count("complete, skipped") == 7
 
+    # the tiny models score 0 everywhere: rescored records (a clear drop, half of it recovered) give the report's
+    # arithmetic something to get wrong, and --from report redraws it from them
+    rescore(run, {"baseline": [1.0, 1.0, 1.0, 1.0], "pruned": [0.0, 1.0, 0.0, 0.0], "recovered": [1.0, 1.0, 0.0, 0.0]})
     before = json.loads((run / "recovered" / "recover_report.json").read_text())
     code, _, err = run_cli(capsys, ["run", str(recipe), "--from", "report"])
     assert code == 0, err
     assert json.loads((run / "recovered" / "recover_report.json").read_text()) == before
+    report = (run / "report.md").read_text()
+    assert "(within noise)" not in table_row(report, "arith_1dc")[6]
+    assert_figures_are_the_records(run, report)
+    assert_stage_figures_are_the_reports(run, report)
 
 
 def test_run_directory_of_another_recipe_is_refused(capsys, tiny_run, tiny_llama, tmp_path):

@@ -57,7 +57,7 @@ def test_opd_trains_on_policy_with_trl_distillation_trainer(pruned, prompts_file
     assert data["generation"]["prompts"] == data["held_out_examples"] == 2 and data["train_prompts"] == 6
     assert report["tokens_seen"] > 0 and report["curve" if "curve" in report else "loss_curve"]["held_out_kl"]
     metrics = data["held_out_metrics"]
-    assert metrics["pruned"]["kl"] > 0 and metrics["after"]["kl"] != metrics["pruned"]["kl"]
+    assert metrics["pruned"]["kl"] > 0 and metrics["after"]["kl"] < metrics["pruned"]["kl"] / 1.5  # 8.5e-5 -> 3.1e-5
     assert (tmp_path / "opd" / "adapter" / "adapter_config.json").is_file()
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "opd").config.num_hidden_layers == 3
 
@@ -161,11 +161,16 @@ def test_least_squares_map_beats_plain_pruning_on_calibration_tokens(tiny_llama)
     assert float(((a + m - y) ** 2).sum()) < fits[0]["residual_identity"] / len(seqs) * 2
 
 
-def test_replace_end_to_end_lowers_held_out_loss_and_keeps_the_architecture(pruned, prompts_file, tmp_path):
-    report = run_recover(pruned, prompts_file, tmp_path / "rep", "--method", "replace")
+def test_replace_end_to_end_lowers_held_out_kl_and_keeps_the_architecture(pruned, prompts_file, tmp_path):
+    """The fold, fitted on 9 answers of 24 tokens (818 calibration tokens for d = 64; on the 6 answers of 6 tokens
+    of FAST it overfits and the held-out KL rises), brings the 3 held-out answers' KL to the teacher down 4-fold."""
+    report = run_recover(pruned, prompts_file, tmp_path / "rep", "--method", "replace", "--samples", "12",
+                         "--max-new-tokens", "24")
     data = report["data"]
     assert [f["dropped"] for f in data["replace"]] == [[2, 3], [5, 5]] and data["steps"] == 0
-    assert data["held_out_metrics"]["replaced"] == data["held_out_metrics"]["after"]
+    metrics = data["held_out_metrics"]
+    assert metrics["replaced"] == metrics["after"] and metrics["pruned"]["tokens"] == metrics["after"]["tokens"] > 0
+    assert metrics["after"]["kl"] < metrics["pruned"]["kl"] / 2  # 8.6e-5 -> 2.0e-5
     config = json.loads((tmp_path / "rep" / "config.json").read_text())
     assert config["num_hidden_layers"] == 3 and config["architectures"] == ["LlamaForCausalLM"]
     assert not (tmp_path / "rep" / "adapter").exists()

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import os
@@ -24,6 +25,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -40,180 +42,16 @@ ORACLE_VERSION = "3"  # part of the cache key: bump when the way expected output
 STATUSES = ("passed", "failed", "timeout", "memory", "blocked", "killed", "error")
 INLINE_BYTES = 64 << 10  # an expected output larger than this (pickled) is carried as a digest, not its value
 
-# A digest under which equal outputs (as `==` sees them for these types: 1 == 1.0 == True, dict and set order
-# ignored) agree. Large outputs (HumanEval/15 and /130 return megabytes) are compared by it, as embedding them
-# made 100-200 MB programs. The same source runs in the reference runner and in the check program.
-DIGEST_SOURCE = r"""
-import hashlib as _hashlib, math as _dmath
+
+@functools.cache
+def programs_source() -> str:
+    """The text of humaneval_programs.py: both subprocess programs are it plus a tail that calls one entry point."""
+    return resources.files("layerprune.evaluate").joinpath("humaneval_programs.py").read_text(encoding="utf-8")
 
 
-def _canon(x, h):
-    t = type(x)
-    if x is None:
-        h.update(b"N")
-    elif t in (bool, int) or (t is float and _dmath.isfinite(x) and x == int(x)):
-        n = int(x)
-        h.update(b"n" + n.to_bytes((n.bit_length() + 8) // 8, "little", signed=True) + b";")
-    elif t is float:
-        h.update(b"f" + repr(x).encode() + b";")
-    elif t is str:
-        data = x.encode("utf-8", "surrogatepass")
-        h.update(b"s%d:" % len(data) + data)
-    elif t in (list, tuple):
-        h.update((b"l" if t is list else b"t") + b"%d[" % len(x))
-        for item in x:
-            _canon(item, h)
-        h.update(b"]")
-    elif t in (set, frozenset):
-        h.update(b"S" + b"".join(sorted(_digest(item).encode() for item in x)))
-    elif t is dict:
-        h.update(b"d" + b"".join(sorted((_digest(k) + _digest(v)).encode() for k, v in x.items())))
-    else:
-        h.update(b"o" + t.__name__.encode() + b":" + repr(x).encode("utf-8", "replace"))
-
-
-def _digest(x):
-    h = _hashlib.sha256()
-    _canon(x, h)
-    return h.hexdigest()
-"""
-
-REFERENCE_RUNNER = DIGEST_SOURCE + r'''
-import copy, json, pickle, sys, time
-job = json.loads(sys.stdin.read())
-out = sys.stdout.buffer
-sys.stdout = sys.stderr
-namespace = {}
-exec(compile(job["code"], "reference.py", "exec"), namespace)
-fn = namespace[job["entry_point"]]
-outputs, seconds = [], []
-for args in job["inputs"]:
-    args = copy.deepcopy(args)
-    start = time.time()
-    outputs.append(fn(*args))
-    seconds.append(time.time() - start)
-digests = []
-for i, value in enumerate(outputs):
-    big = len(pickle.dumps(value, protocol=4)) > job["inline_bytes"]
-    digests.append(_digest(value) if big else None)
-    outputs[i] = None if big else value
-out.write(pickle.dumps((outputs, seconds, digests), protocol=4))
-'''
-
-CHECK_PROGRAM = DIGEST_SOURCE.replace("{", "{{").replace("}", "}}") + r'''
-import base64 as _b64, cmath as _cmath, io as _io, json as _json, math as _math, os as _os, pickle as _pickle
-import signal as _signal
-import sys as _sys
-
-_NONCE = {nonce!r}
-_ENTRY = {entry_point!r}
-_ATOL = {atol!r}
-_LIMITS = {limits!r}
-_INPUTS = _json.loads({inputs!r})
-_EXPECTED = _pickle.loads(_b64.b64decode({expected!r}))
-_DIGESTS = {digests!r}
-_CANDIDATE = {candidate!r}
-
-
-def _say(line):
-    data = (_NONCE + " " + line + "\n").encode("utf-8", "replace")
-    for fd in (1, 2):
-        try:
-            _os.write(fd, data)
-        except OSError:
-            pass
-
-
-class _Timeout(BaseException):
-    pass
-
-
-def _alarm(signum, frame):
-    raise _Timeout()
-
-
-def _poly(xs, x):
-    return sum([coeff * _math.pow(x, i) for i, coeff in enumerate(xs)])
-
-
-def _is_floats(x):
-    if isinstance(x, float):
-        return True
-    if isinstance(x, (list, tuple)):
-        return all(isinstance(i, float) for i in x)
-    return False
-
-
-def _same(out, exp, inp, atol):
-    exact = out == exp
-    if _ENTRY == "find_zero":
-        return abs(_poly(*inp, out)) <= atol
-    if atol == 0 and _is_floats(exp):
-        atol = 1e-6
-    if not exact and atol != 0:
-        if type(out) != type(exp) or (isinstance(exp, (list, tuple)) and len(out) != len(exp)):
-            return False
-        return _allclose(out, exp, atol)
-    return bool(exact)
-
-
-def _allclose(out, exp, atol, rtol=1e-07):
-    # numpy.allclose(out, exp, rtol, atol) for numbers and equal-shaped nested sequences, in plain Python (the
-    # sandbox may not import numpy): |out - exp| <= atol + rtol * |exp|, NaN never close, infinities only to themselves
-    if isinstance(exp, (list, tuple)) or isinstance(out, (list, tuple)):
-        if not (isinstance(exp, (list, tuple)) and isinstance(out, (list, tuple))) or len(out) != len(exp):
-            return False
-        return all(_allclose(o, e, atol, rtol) for o, e in zip(out, exp))
-    if isinstance(out, str) or isinstance(exp, str):
-        raise TypeError("not numbers")
-    if _cmath.isinf(out) or _cmath.isinf(exp):
-        return out == exp
-    return abs(out - exp) <= atol + rtol * abs(exp)
-
-
-def _main():
-    sink = _io.StringIO()
-    _sys.stdout = _sys.stderr = sink
-    _sys.stdin = _io.StringIO()
-    _signal.signal(_signal.SIGALRM, _alarm)
-    namespace = {{}}
-    try:
-        exec(compile(_CANDIDATE, "candidate.py", "exec"), namespace)
-        fn = namespace[_ENTRY]
-    except BaseException as exc:
-        _say("failed load " + type(exc).__name__ + ": " + str(exc)[:300].replace("\n", " "))
-        _os._exit(1)
-    for i, inp in enumerate(_INPUTS):
-        try:
-            _signal.setitimer(_signal.ITIMER_REAL, _LIMITS[i])
-            try:
-                out = fn(*inp)
-            finally:
-                _signal.setitimer(_signal.ITIMER_REAL, 0)
-        except _Timeout:
-            _say("timeout %d over %.2fs" % (i, _LIMITS[i]))
-            _os._exit(3)
-        except MemoryError:
-            _say("memory %d" % i)
-            _os._exit(4)
-        except BaseException as exc:
-            _say("failed %d raised %s: %s" % (i, type(exc).__name__, str(exc)[:300].replace("\n", " ")))
-            _os._exit(1)
-        try:
-            if _DIGESTS[i] is not None:
-                same = _digest(out) == _DIGESTS[i]
-            else:
-                same = _same(out, _EXPECTED[i], inp, _ATOL)
-        except BaseException:
-            same = False
-        if not same:
-            _say("failed %d wrong output" % i)
-            _os._exit(1)
-    _say("passed %d" % len(_INPUTS))  # then return: the sandbox's own pass needs the program to end normally
-
-
-_main()
-'''
+def reference_program() -> str:
+    """The trusted oracle run: reads the job (code, entry point, inputs) as JSON on stdin, writes a pickle."""
+    return programs_source() + "\n_reference()\n"
 
 
 @dataclass(frozen=True)
@@ -270,7 +108,7 @@ def run_reference(row: dict[str, Any]) -> Oracle:
     job = json.dumps({"code": reference_code(row), "entry_point": row["entry_point"], "inputs": problem_inputs(row),
                       "inline_bytes": INLINE_BYTES})
     try:
-        proc = subprocess.run([sys.executable, "-I", "-B", "-c", REFERENCE_RUNNER], input=job.encode(),
+        proc = subprocess.run([sys.executable, "-I", "-B", "-c", reference_program()], input=job.encode(),
                               capture_output=True, timeout=REFERENCE_TIMEOUT, env=_reference_env())
     except subprocess.TimeoutExpired as exc:
         raise LayerpruneError(f"the reference solution of {row['task_id']} ran over {REFERENCE_TIMEOUT:g}s") from exc
@@ -318,11 +156,12 @@ def check_program(row: dict[str, Any], completion: str, oracle: Oracle, nonce: s
     if len(inputs) != len(oracle.outputs):
         raise LayerpruneError(f"{row['task_id']}: {len(inputs)} inputs but {len(oracle.outputs)} expected outputs")
     expected = base64.b64encode(pickle.dumps(oracle.outputs, protocol=4)).decode()
-    return CHECK_PROGRAM.format(
-        nonce=nonce, entry_point=row["entry_point"], atol=float(row.get("atol") or 0),
-        limits=[round(x, 4) for x in time_limits(oracle)], inputs=json.dumps(inputs), expected=expected,
-        candidate=row["prompt"] + completion, digests=oracle.digests,
-    )
+    values = {"_NONCE": nonce, "_ENTRY": row["entry_point"], "_ATOL": float(row.get("atol") or 0),
+              "_LIMITS": [round(x, 4) for x in time_limits(oracle)], "_DIGESTS": oracle.digests,
+              "_CANDIDATE": row["prompt"] + completion}
+    tail = [f"{name} = {value!r}" for name, value in values.items()]
+    tail += [f"_INPUTS, _EXPECTED = _decode({json.dumps(inputs)!r}, {expected!r})", "_main()"]
+    return programs_source() + "\n" + "\n".join(tail) + "\n"
 
 
 def _verdict_line(result: Any, nonce: str) -> str | None:
