@@ -67,20 +67,26 @@ def assert_one_line_error(code: int, err: str, *needles: str) -> None:
         assert needle.lower() in lines[0].lower(), lines[0]
 
 
-def make_pruned_student(teacher: Path, out: Path) -> Path:
-    """`teacher` minus blocks 2 and 3, with the prune_report.json naming it, and prompts.jsonl next to it."""
-    import json
-
+def pruned_copy(teacher: Path, out: Path, dropped: list[int]) -> Path:
+    """`teacher` minus the `dropped` blocks saved to `out`, with the prune_report.json that names `teacher`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from layerprune.models import drop_blocks
 
     model = AutoModelForCausalLM.from_pretrained(teacher)
     before = model.config.num_hidden_layers
-    kept = drop_blocks(model, [2, 3])
+    kept = drop_blocks(model, dropped)
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(teacher).save_pretrained(out)
-    write_lineage(out, teacher, [2, 3], list(kept), before)
+    write_lineage(out, teacher, dropped, list(kept), before)
+    return out
+
+
+def make_pruned_student(teacher: Path, out: Path) -> Path:
+    """`teacher` minus blocks 2 and 3, with the prune_report.json naming it, and prompts.jsonl next to it."""
+    import json
+
+    pruned_copy(teacher, out, [2, 3])
     rows = [{"prompt": f"what is {i} + 7?", "answer": str(i + 7)} for i in range(12)]
     (out.parent / "prompts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     return out

@@ -10,10 +10,9 @@ import torch
 from huggingface_hub import ModelCard
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
 
-from helpers import write_lineage
+from helpers import pruned_copy
 from layerprune.cli import build_parser, main
 from layerprune.cli.recover import build_recipe
-from layerprune.models import drop_blocks
 from layerprune.recover import runner, selfgen, train
 from layerprune.recover.report import RecoverReport
 from layerprune.recover.schema import GenerationSection, PromptSource, RecoverRecipe
@@ -35,14 +34,7 @@ def prompts_file(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def pruned(tiny_models, tmp_path_factory) -> Path:
     """A tiny model minus two blocks, with the prune_report.json that names its teacher."""
-    teacher = tiny_models("llama", 6)
-    model = AutoModelForCausalLM.from_pretrained(teacher)
-    kept = drop_blocks(model, [2, 3])
-    out = tmp_path_factory.mktemp("pruned") / "p2"
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(teacher).save_pretrained(out)
-    write_lineage(out, teacher, [2, 3], list(kept), 6)
-    return out
+    return pruned_copy(tiny_models("llama", 6), tmp_path_factory.mktemp("pruned") / "p2", [2, 3])
 
 
 def recover_cli(*extra: str) -> int:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerControl, TrainerState
 
-from helpers import write_lineage
+from helpers import pruned_copy
 from layerprune.cli import main
 from layerprune.models import drop_blocks
 from layerprune.recover import budget, heldout, local, selfgen
@@ -34,14 +34,7 @@ def prompts_file(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def pruned(tiny_models, tmp_path_factory) -> Path:
     """A tiny model minus blocks 2 and 3 (one span), with a prune_report.json naming its teacher."""
-    teacher = tiny_models("llama", 6)
-    model = AutoModelForCausalLM.from_pretrained(teacher)
-    kept = drop_blocks(model, [2, 3])
-    out = tmp_path_factory.mktemp("pruned") / "p2"
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(teacher).save_pretrained(out)
-    write_lineage(out, teacher, [2, 3], list(kept), 6)
-    return out
+    return pruned_copy(tiny_models("llama", 6), tmp_path_factory.mktemp("pruned") / "p2", [2, 3])
 
 
 def run(pruned: Path, prompts_file: Path, out: Path, *extra: str) -> dict:

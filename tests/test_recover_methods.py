@@ -11,7 +11,7 @@ import torch
 from pydantic import ValidationError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from helpers import write_lineage
+from helpers import pruned_copy
 from layerprune.cli import main
 from layerprune.models import drop_blocks
 from layerprune.recover import heldout, kd, prompts, replace, train
@@ -34,14 +34,7 @@ def prompts_file(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def pruned(tiny_models, tmp_path_factory) -> Path:
     """A tiny model minus blocks 2, 3 and 5 (two runs), with a prune_report.json naming its teacher and the drops."""
-    teacher = tiny_models("llama", 6)
-    model = AutoModelForCausalLM.from_pretrained(teacher)
-    kept = drop_blocks(model, [2, 3, 5])
-    out = tmp_path_factory.mktemp("pruned") / "p3"
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(teacher).save_pretrained(out)
-    write_lineage(out, teacher, [2, 3, 5], list(kept), 6)
-    return out
+    return pruned_copy(tiny_models("llama", 6), tmp_path_factory.mktemp("pruned") / "p3", [2, 3, 5])
 
 
 def run_recover(pruned: Path, prompts_file: Path, out: Path, *extra: str) -> dict:
