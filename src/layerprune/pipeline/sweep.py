@@ -29,7 +29,7 @@ from layerprune.evaluate.calibrated import ProbeCalibration
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.recipe import PipelineRecipe, RecoverStage
-from layerprune.pipeline.study import Arm, RecoveryStudy
+from layerprune.pipeline.study import Arm, RecoveryStudy, replicate_label, replicate_settings, split_label
 from layerprune.recipe_loading import validation_message
 from layerprune.recover.schema import RecoverRecipe
 from layerprune.settings import RunSettings
@@ -100,17 +100,6 @@ class SweepStudy(PipelineRecipe):
 
     def eval_settings(self, tasks: list[str]) -> EvalSettings:
         return self.evaluate.model_copy(update={"only": tasks})
-
-
-def replicate_label(label: str, replicate: int) -> str:
-    """The folder (and stage suffix) of one replicate: `label` itself for replicate 0, `label@rR` after."""
-    return label if replicate == 0 else f"{label}@r{replicate}"
-
-
-def replicate_of(label: str) -> tuple[str, int]:
-    """(logical label, replicate) of a physical label: "recovered-k3@r2" -> ("recovered-k3", 2)."""
-    base, _, replicate = label.partition("@r")
-    return base, int(replicate) if replicate else 0
 
 
 def arm_names(study: SweepStudy) -> list[str | None]:
@@ -284,12 +273,12 @@ def recover_at(study: SweepStudy, settings: RunSettings, root: Path, label: str)
     from layerprune.pipeline.study import recover_sharing_answers
     from layerprune.recover.runner import RecoverJob
 
-    logical, replicate = replicate_of(label)
+    logical, replicate = split_label(label)
     arm, _, point = logical.rpartition("-")
     student = original_copy(study, settings, root) if point == "k0" else root / f"pruned-{point}"
     recipe = study.arm_recipe(arm or None, str(student))
     job = RecoverJob(output=stage_output(root, f"recover-{label}").parent, resume=True,
-                     settings=settings.model_copy(update={"seed": settings.seed + replicate}),
+                     settings=replicate_settings(settings, replicate),
                      data_dir=study.evaluate.data_dir or study.prune.data_dir)
     recover_sharing_answers(recipe, job, root / teacher_answers(recipe, replicate))
 

@@ -456,12 +456,12 @@ def evaluated(study: Any, root: Path) -> dict[str, Path]:
 def sweep_figures(folders: dict[str, Path]) -> tuple[Figures, dict[str, np.ndarray], dict[str, str]]:
     """Figures over the logical labels (a recovered point's replicates are one label: their mean, the interval with
     the run-to-run variance), the per-task matrices and the tasks' kinds."""
-    from layerprune.pipeline.sweep import replicate_of
+    from layerprune.pipeline.study import split_label
 
     labels, matrices, chance, kinds = load_matrix(folders)
     replicates: dict[str, list[str]] = {}
     for label in labels:
-        replicates.setdefault(replicate_of(label)[0], []).append(label)
+        replicates.setdefault(split_label(label)[0], []).append(label)
     groups = {kind: [t for t in matrices if kinds[t] == kind] for kind in KINDS}
     return Figures(labels, matrices, chance, groups, replicates=replicates), matrices, kinds
 

@@ -120,12 +120,6 @@ def attach(trainer: Any, max_tokens: int | None) -> TargetTokens:
     return counter
 
 
-def limit(trainer: Any, max_tokens: int | None) -> Any:
-    """Add the token budget to a trainer (`attach`; no budget: counting only); the trainer."""
-    attach(trainer, max_tokens)
-    return trainer
-
-
 def counter_of(trainer: Any) -> TargetTokens | None:
     """The TargetTokens callback `attach` added to `trainer` (None: none)."""
     return next((cb for cb in trainer.callback_handler.callbacks if isinstance(cb, TargetTokens)), None)
