@@ -55,7 +55,8 @@ def test_export_is_read_back_by_transformers_with_the_models_logits(gguf_sourced
     assert reader.fields["tokenizer.ggml.pre"].contents() == "smollm"  # carried from the source GGUF
     assert reader.fields["tokenizer.chat_template"].contents() == AutoTokenizer.from_pretrained(
         gguf_sourced).chat_template
-    assert report.per_layer == {"attention.head_count": 4, "attention.head_count_kv": 2, "block_count": 3}
+    assert report.per_layer == {"attention.head_count": 4, "attention.head_count_kv": 2, "feed_forward_length": 128,
+                                "block_count": 3}
     assert json.loads((tmp_path / "m.export.json").read_text())["outtype"] == outtype
     if outtype == "f32":  # lossless: converted back (as an embedded GGUF is), the same weights, from one parse
         assert_converted_from_one_parse(tmp_path / "m.gguf", gguf_sourced, tmp_path / "converted", parses)
@@ -108,7 +109,7 @@ def test_a_family_that_cannot_be_exported_is_refused_in_one_line(tiny_models, tm
     capsys.readouterr()
     code, _, err = run_cli(capsys, ["export", str(model), "--gguf", str(out)])
     assert code == 2 and err.strip() == "error: export --gguf does not support model_type 'qwen3' yet; supported: " \
-        "gemma3_text, llama"
+        "gemma3_text, llama, nemotron-nas"
     assert not out.exists() and not list(tmp_path.glob(".q.gguf*"))
 
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoConfig, AutoTokenizer
 
 from layerprune.errors import LayerpruneError
-from layerprune.export.families import family_for
+from layerprune.export.catalog import family_for
 from layerprune.export.tokenizer import copy_tokenizer, source_gguf
 from layerprune.export.writer import OUTTYPES, add_tensors
 from layerprune.models.gguf_once import parsed_once
@@ -111,10 +111,11 @@ def _atomic_file(path: Path):  # type: ignore[no-untyped-def]
 
 
 def per_layer_fields(path: Path) -> dict[str, Any]:
-    """The per-layer fields as written: head counts and the sliding-window pattern (scalars when uniform)."""
+    """The per-layer fields as written: head counts, feed-forward lengths, the sliding-window pattern (scalars when
+    uniform)."""
     reader = gguf.GGUFReader(path)
     arch = reader.fields["general.architecture"].contents()
-    wanted = ("attention.head_count", "attention.head_count_kv", "attention.sliding_window",
+    wanted = ("attention.head_count", "attention.head_count_kv", "feed_forward_length", "attention.sliding_window",
               "attention.sliding_window_pattern", "block_count")
     found = {key: reader.fields.get(f"{arch}.{key}") for key in wanted}
     return {key: _plain(field.contents()) for key, field in found.items() if field is not None}

@@ -1,12 +1,12 @@
 """What each exportable family writes: the llama.cpp architecture, per-layer metadata and tensor fixes.
 
-Only what llama.cpp's converter does for these families, written with the gguf package's names; a family missing
-here is refused in one line (`family_for`).
+Only what llama.cpp's converter does for these families, written with the gguf package's names; the table of
+exportable families is `export/catalog.py`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ class Family:
     arch: gguf.MODEL_ARCH
     metadata: Callable[[gguf.GGUFWriter, Any], None]
     fix: Callable[[str, np.ndarray, Any], np.ndarray]
+    extra: Callable[[Any], Iterable[tuple[str, np.ndarray]]] = lambda config: ()
 
 
 def per_layer(values: list[Any]) -> Any:
@@ -101,20 +102,3 @@ def gemma3_metadata(writer: gguf.GGUFWriter, config: Any) -> None:
 def gemma3_fix(name: str, data: np.ndarray, config: Any) -> np.ndarray:
     """Gemma's RMSNorm scales by (1 + weight); llama.cpp's by weight: store weight + 1, as its converter does."""
     return data + 1.0 if name.endswith("norm.weight") else data
-
-
-FAMILIES: dict[str, Family] = {
-    "llama": Family(gguf.MODEL_ARCH.LLAMA, llama_metadata, llama_fix),
-    "gemma3_text": Family(gguf.MODEL_ARCH.GEMMA3, gemma3_metadata, gemma3_fix),
-}
-
-
-def family_for(config: Any) -> Family:
-    """The family of a config, or one line naming those that export."""
-    model_type = getattr(config, "model_type", None)
-    if model_type not in FAMILIES:
-        raise LayerpruneError(f"export --gguf does not support model_type '{model_type}' yet; "
-                              f"supported: {', '.join(sorted(FAMILIES))}")
-    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
-        raise LayerpruneError(f"export --gguf: {model_type} with bias tensors is not exported yet")
-    return FAMILIES[model_type]

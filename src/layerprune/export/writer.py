@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,19 +46,20 @@ def encode(data: np.ndarray, qtype: gguf.GGMLQuantizationType) -> tuple[np.ndarr
 
 
 def add_tensors(writer: gguf.GGUFWriter, directory: Path, family: Family, config: Any, outtype: str) -> int:
-    """Map, fix and encode every tensor; returns how many were written. A tensor gguf cannot name is an error."""
+    """Map, fix and encode every tensor and the family's extra ones; returns how many were written. A tensor gguf
+    cannot name is an error."""
     names = gguf.get_tensor_name_map(family.arch, config.num_hidden_layers)
     qtype = OUTTYPES[outtype][0]
     written = 0
     tied = getattr(config, "tie_word_embeddings", False)
-    for name, tensor in checkpoint_tensors(directory):
+    arrays = ((name, tensor.float().numpy()) for name, tensor in checkpoint_tensors(directory))
+    for name, array in itertools.chain(arrays, family.extra(config)):
         if name == "lm_head.weight" and tied:
             continue
         target = names.get_name(name, try_suffixes=(".weight", ".bias"))
         if target is None:
             raise LayerpruneError(f"export --gguf: no llama.cpp name for tensor {name} ({family.arch.name})")
-        data = family.fix(name, tensor.float().numpy(), config)
-        encoded, used = encode(data, qtype)
+        encoded, used = encode(family.fix(name, array, config), qtype)
         writer.add_tensor(target, encoded, raw_dtype=used)
         written += 1
     return written
