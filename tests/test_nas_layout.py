@@ -152,6 +152,27 @@ def test_to_nas_shares_the_kept_weights_and_leaves_the_model_running():
     assert torch.equal(model(IDS).logits, before)
 
 
+def test_any_save_of_a_layout_model_carries_the_modeling_files(saved, tmp_path):
+    """A recovered or merged model saved with plain save_pretrained stays loadable with trust_remote_code."""
+    loaded = load_model(str(saved["llama", "mixed"][0]))
+    loaded.model.save_pretrained(tmp_path / "again")
+    config = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert config["auto_map"]["AutoConfig"] == "configuration_decilm.DeciLMConfig"
+    assert all((tmp_path / "again" / name).is_file() for name in LAYOUT_FILES)
+
+
+def test_save_runs_finish_inside_the_folder_before_it_appears(tmp_path):
+    seen = []
+
+    def finish(tmp: Path, record: dict) -> None:
+        seen.append(not (tmp_path / "out").exists())
+        (tmp / "report.json").write_text(json.dumps(record))
+
+    save_nas(tiny_source("llama"), tiny_tokenizer(), ATTENTION, tmp_path / "out", torch.float32, finish=finish)
+    assert seen == [True]
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["removed"] == ["1.attn", "3.attn"]
+
+
 def test_tied_embeddings_are_written_once_and_qwen2_gets_a_zero_output_bias(saved):
     folder = saved["qwen2", "mixed"][0]
     with safe_open(folder / "model.safetensors", "pt") as handle:

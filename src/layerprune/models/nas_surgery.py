@@ -10,7 +10,7 @@ is proved: the reloaded model gives the original's logits with the removed subla
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -193,17 +193,21 @@ def save_nas(
     max_shard_size: str = "5GB",
     overwrite: bool = False,
     probe: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+    finish: Callable[[Path, dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Write `model` without the `removed` sublayers to `output` in the Nemotron-NAS layout, in `dtype`, and verify it.
 
     The folder (config with block_configs and auto_map, safetensors, the two modeling files, the tokenizer) appears
     whole or not at all: written in a temporary sibling, reloaded with layerprune's DeciLM class, its logits on
     `probe` (input ids and attention mask; by default the verification prompts) compared with the original's with
-    the removed sublayers skipped, and only then renamed. `model` is left as it was. Returns what was removed and
-    the verification record (max_abs_diff, tolerance, ...).
+    the removed sublayers skipped, and only then renamed. `finish(tmp, record)` runs last inside the temporary
+    folder (a caller's report and lineage files). `model` is left as it was. Returns what was removed and the
+    verification record (max_abs_diff, tolerance, ...).
     """
     removed = sorted(set(removed))
     check_expressible(model.config, removed)
+    if len(set((getattr(model, "hf_device_map", None) or {}).values())) > 1:
+        raise LayerpruneError("sublayer surgery needs the model on one device; load it without a device map")
     check_output_dir(Path(output), overwrite)
     compute = next(model.parameters()).dtype
     input_ids, attention_mask = probe if probe is not None else probe_batch(tokenizer, model.device)
@@ -217,11 +221,14 @@ def save_nas(
         tokenizer.save_pretrained(tmp)
         lossless = dtype in (compute, torch.float32)
         verified = verify_surgery(nas, tmp, input_ids, attention_mask, reference, lossless)
-    return {
-        "layout": "nemotron-nas",
-        "removed": [str(sub) for sub in removed],
-        "dropped_blocks": whole_blocks(removed),
-        "blocks": nas.config.num_hidden_layers,
-        "dtype": dtype_name(dtype),
-        "verification": {**verified, "seconds": round(time.perf_counter() - start, 2)},
-    }
+        record = {
+            "layout": "nemotron-nas",
+            "removed": [str(sub) for sub in removed],
+            "dropped_blocks": whole_blocks(removed),
+            "blocks": nas.config.num_hidden_layers,
+            "dtype": dtype_name(dtype),
+            "verification": {**verified, "seconds": round(time.perf_counter() - start, 2)},
+        }
+        if finish is not None:
+            finish(tmp, record)
+    return record

@@ -3,7 +3,8 @@
 The configuration and modeling files here are self-contained (torch and transformers only): a saved model carries
 copies of them (`write_layout_files`), named in its config's `auto_map`, so plain transformers loads it with
 `trust_remote_code=True` as it loads NVIDIA's published Nemotron-NAS models. Importing this package registers the
-classes with transformers' Auto classes, so layerprune reads such checkpoints without remote code.
+classes with transformers' Auto classes, so layerprune reads such checkpoints without remote code, and any
+`save_pretrained` of such a model writes the files and the `auto_map` beside its weights.
 """
 
 from __future__ import annotations
@@ -31,9 +32,12 @@ AUTO_MAP = {
 
 
 def register() -> None:
-    """Let AutoConfig and AutoModelForCausalLM build the layout from `model_type: nemotron-nas` (idempotent)."""
+    """Let AutoConfig and AutoModelForCausalLM build the layout from `model_type: nemotron-nas` (idempotent), and
+    let every save_pretrained of such a model (a recovered one too) copy the modeling files and write `auto_map`."""
     AutoConfig.register(MODEL_TYPE, DeciLMConfig, exist_ok=True)
     AutoModelForCausalLM.register(DeciLMConfig, DeciLMForCausalLM, exist_ok=True)
+    DeciLMConfig.register_for_auto_class()
+    DeciLMForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 
 
 def write_layout_files(directory: Path) -> None:
