@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from layerprune.errors import LayerpruneError, one_line
-from layerprune.models import embedded
+from layerprune.models import embedded, nemotron_nas  # noqa: F401  (importing it registers the Nemotron-NAS layout)
 from layerprune.models.gguf_once import parsed_once
 from layerprune.models.hub import resolve_revision
 from layerprune.models.identity import quick_digest
