@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from layerprune.errors import LayerpruneError
+from layerprune.export import export_gguf
 from layerprune.export.deci import ZERO_FFN, DeciLayer, deci_extra, deci_fix, deci_layers
 from layerprune.export.families import permute_rope
+from layerprune.models.nas_surgery import save_nas
+from layerprune.models.sublayers import Sublayer
+from test_export import smollm_gguf
 
 
 def block(attention: bool = True, ffn: bool = True, group: int = 2, mult: float = 4.0) -> dict:
@@ -50,3 +59,45 @@ def test_layouts_llama_cpp_cannot_run_are_refused():
     linear["attention"]["replace_with_linear"] = True
     with pytest.raises(LayerpruneError, match="replaced with linear"):
         deci_layers(config(linear))
+
+
+@pytest.fixture(scope="module")
+def nas_sourced(tmp_path_factory) -> Path:
+    """A tiny random llama with SmolLM2's vocabulary minus 1.attn and 2.mlp, saved in the Nemotron-NAS layout and
+    recorded as converted from SmolLM2's GGUF (the export carries the tokenizer from there)."""
+    source = smollm_gguf()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=256, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    directory = tmp_path_factory.mktemp("nas-gguf") / "tiny"
+    save_nas(model, tokenizer, [Sublayer(1, "attn"), Sublayer(2, "mlp")], directory, torch.float32)
+    (directory / "source.json").write_text(json.dumps({"gguf": str(source)}))
+    return directory
+
+
+def test_a_sublayer_pruned_model_exports_as_deci_and_reads_back_tensor_by_tensor(nas_sourced, tmp_path):
+    report = export_gguf(nas_sourced, tmp_path / "m.gguf", "f32")
+    assert report.architecture == "DECI"
+    assert report.per_layer["attention.head_count"] == [4, 0, 4, 4]
+    assert report.per_layer["attention.head_count_kv"] == [2, 0, 2, 2]
+    assert report.per_layer["feed_forward_length"] == [256, 256, ZERO_FFN, 256]
+    back = report.readback
+    assert back["missing"] == [] and back["unexpected"] == [] and back["tokens_equal"]
+    assert back["tensors_compared"] == 2 + 9 + 4 + (5 + 4) + 9  # embeddings and norm; per block, 2.mlp zero-FFN
+    assert back["max_relative_error"] == 0.0
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama.cpp check needs llama-cpp-python (make bench-engines builds it)")
+    from layerprune.export.llamacpp import compare_with_transformers
+
+    ran = compare_with_transformers(tmp_path / "m.gguf", nas_sourced)
+    assert ran["top1_agreement"].split("/")[0] == ran["top1_agreement"].split("/")[1]
+    assert ran["continuations"]["equal"] == ran["continuations"]["of"]
+
+
+def test_a_q8_export_reads_back_within_its_rounding(nas_sourced, tmp_path):
+    back = export_gguf(nas_sourced, tmp_path / "q.gguf", "q8_0").readback
+    assert back["missing"] == [] and back["unexpected"] == []
+    assert 0 < back["max_relative_error"] < 0.02

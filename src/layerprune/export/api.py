@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoConfig, AutoTokenizer
 
 from layerprune.errors import LayerpruneError
-from layerprune.export.catalog import family_for
+from layerprune.export.catalog import TRANSFORMERS_READS, family_for
 from layerprune.export.tokenizer import copy_tokenizer, source_gguf
 from layerprune.export.writer import OUTTYPES, add_tensors
 from layerprune.models.gguf_once import parsed_once
@@ -40,7 +40,9 @@ class ExportReport(BaseModel):
     tokenizer_from: str = Field(description="The GGUF whose tokenizer fields were carried")
     per_layer: dict[str, Any] = Field(description="Per-layer metadata written (head counts, sliding-window pattern)")
     seconds: float
-    readback: dict[str, Any] | None = Field(None, description="transformers' GGUF loader against the model directory")
+    readback: dict[str, Any] | None = Field(
+        None, description="transformers' GGUF loader against the model directory (logits), or for architectures it "
+                          "does not read (deci) the file's tensors decoded against the directory's")
 
 
 def export_gguf(model_dir: Path, output: Path, outtype: str = "q8_0", overwrite: bool = False,
@@ -65,11 +67,20 @@ def export_gguf(model_dir: Path, output: Path, outtype: str = "q8_0", overwrite:
                               tokenizer_from=str(tokenizer_gguf), per_layer=per_layer_fields(output),
                               seconds=round(time.perf_counter() - start, 1))
         if verify:
-            from layerprune.export.readback import read_back
-
-            report.readback = read_back(model_dir, output)
+            report.readback = _read_back(model_dir, output, family, config)
     output.with_suffix(".export.json").write_text(report.model_dump_json(indent=2))
     return report
+
+
+def _read_back(model_dir: Path, output: Path, family: Any, config: Any) -> dict[str, Any]:
+    """transformers' GGUF loader where it reads the architecture (logits); else the file's tensors, decoded."""
+    if family.arch in TRANSFORMERS_READS:
+        from layerprune.export.readback import read_back
+
+        return read_back(model_dir, output)
+    from layerprune.export.readback_weights import read_back_weights
+
+    return read_back_weights(model_dir, output, family, config)
 
 
 def _config(model_dir: Path) -> Any:

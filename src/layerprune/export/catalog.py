@@ -15,6 +15,7 @@ FAMILIES: dict[str, Family] = {
     "gemma3_text": Family(gguf.MODEL_ARCH.GEMMA3, gemma3_metadata, gemma3_fix),
     "nemotron-nas": Family(gguf.MODEL_ARCH.DECI, deci_metadata, deci_fix, deci_extra),
 }
+TRANSFORMERS_READS = (gguf.MODEL_ARCH.LLAMA, gguf.MODEL_ARCH.GEMMA3)  # architectures its GGUF loader reads
 
 
 def family_for(config: Any) -> Family:

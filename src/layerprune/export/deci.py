@@ -18,6 +18,7 @@ import numpy as np
 
 from layerprune.errors import LayerpruneError
 from layerprune.export.families import head_dim, permute_rope, rope_theta
+from layerprune.models.nemotron_nas.configuration_decilm import ffn_mult_to_intermediate_size
 
 ZERO_FFN = 256  # a multiple of every quantizer's block, so the zero FFN encodes as the others do
 
@@ -34,12 +35,6 @@ class DeciLayer:
 
 def _field(node: Any, name: str) -> Any:
     return node.get(name) if isinstance(node, dict) else getattr(node, name, None)
-
-
-def ffn_mult_to_intermediate_size(ffn_mult: float, hidden: int) -> int:
-    """The layout's intermediate size: int(2 * ffn_mult * hidden / 3), rounded up to a multiple of 256."""
-    size = int(2 * ffn_mult * hidden / 3)
-    return size if size % 256 == 0 else size + 256 - size % 256
 
 
 def deci_layers(config: Any) -> list[DeciLayer]:
