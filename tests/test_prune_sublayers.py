@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import random
 import sys
 import types
 
@@ -16,10 +17,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from helpers import assert_one_line_error, run_cli
 from layerprune.models import find_decoder_stack
+from layerprune.models.generate import generate_greedy
 from layerprune.models.sublayers import Sublayer, all_sublayers, skipped_sublayers
-from layerprune.models.walker import capture_block_inputs, greedy_match
 from layerprune.prune import in_memory_sublayers
-from layerprune.prune.calib import arithmetic_calib, tokenize_calibration
+from layerprune.prune.calib import CalibItem, CalibSet, arithmetic_calib, tokenize_calibration
 from layerprune.prune.metrics import (
     angular_distance,
     kv_cache_kept,
@@ -29,7 +30,8 @@ from layerprune.prune.metrics import (
 )
 from layerprune.prune.recipe import PruneRecipe
 from layerprune.prune.scores import ScoreContext
-from layerprune.prune.sublayer_scores import _answer_group, score_sublayers
+from layerprune.prune.sublayer_scores import _generated_correct, score_sublayers
+from test_teacher_forced import MAX_NEW, STOP, WORDS, digits_only_model
 
 BOTH = ("attn", "mlp")
 
@@ -113,28 +115,27 @@ def _sub(name: str) -> Sublayer:
     return Sublayer(int(block), part)  # type: ignore[arg-type]
 
 
-def test_sublayer_accuracy_equals_brute_force(llama_ctx):
-    """Teacher-forced exact match from the shared prefix = the same check on the whole model's forward with the
-    sublayer skipped."""
-    ctx = llama_ctx
-    ctx.metric = "accuracy"
-    result = score_sublayers("ablation", ctx, ("attn",))
-    items = [item for item in ctx.calib.items if item.expected is not None]
-    groups = [_answer_group(ctx, items, stop) for stop in sorted({item.stop for item in items})]
+@pytest.fixture(scope="module")
+def digits_ctx(tiny_models) -> ScoreContext:
+    """A model that answers in digits only, scored on its own greedy answers (right for the full model)."""
+    model, tokenizer = digits_only_model(tiny_models("llama", 4))
+    rng = random.Random(1)
+    prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) for _ in range(16)]
+    texts = generate_greedy(model, tokenizer, prompts, MAX_NEW)
+    items = [CalibItem(p, t.split(STOP)[0], t.split(STOP)[0], STOP) for p, t in zip(prompts, texts, strict=True)
+             if t.split(STOP)[0]]
+    return ScoreContext(model=model, tokenizer=tokenizer, stack=find_decoder_stack(model), batches=[],
+                        calib=CalibSet(items, "own answers"), drop=1, protected=[0], metric="accuracy",
+                        batch_size=16, max_new_tokens=MAX_NEW)
 
-    def error_rate(skip: list[Sublayer]) -> float:
-        wrong = 0
-        with torch.no_grad(), skipped_sublayers(ctx.model, skip):
-            for group in groups:
-                for answers in group.batches:
-                    final = capture_block_inputs(ctx.stack, answers.batch).output
-                    hits = greedy_match(ctx.stack, final, answers.batch, group.stops, answers.needs_stop)
-                    wrong += sum(not (bool(h) and bool(f)) for h, f in zip(hits, answers.fits, strict=True))
-        return wrong / len(items)
 
-    base = error_rate([])
+def test_sublayer_accuracy_equals_generation(digits_ctx):
+    """Teacher-forced exact match from the shared prefix = generating each answer with the sublayer skipped."""
+    result = score_sublayers("ablation", digits_ctx, ("attn",))
+    items = digits_ctx.calib.items
+    assert result.details["base"] == 0.0 and any(score for score in result.scores.values())  # not all alike
     for sub, score in result.scores.items():
-        assert score == pytest.approx(error_rate([sub]) - base), sub
+        assert score == pytest.approx(_generated_correct(digits_ctx, items, [sub]).count(False) / len(items)), sub
 
 
 def residual_updates(model, batch):  # noqa: ANN001, ANN202
