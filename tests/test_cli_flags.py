@@ -36,7 +36,8 @@ def test_lists_take_spaces_and_commas_and_choices_are_checked():
     assert typed_layer(parse("--layers", "3,1", "--metric", "accuracy"), PruneRecipe) == {"layers": [3, 1],
                                                                                           "metric": "accuracy"}
     assert typed_layer(parse("--layers", "3", "1,5"), PruneRecipe) == {"layers": [3, 1, 5]}
-    for bad in (["--metric", "f1"], ["--layers", "two"]):
+    assert typed_layer(parse("--layers", "3,12.attn"), PruneRecipe) == {"layers": [3, "12.attn"]}  # the recipe checks
+    for bad in (["--metric", "f1"], ["--protect", "two"]):
         with pytest.raises(SystemExit):
             parse(*bad)
 

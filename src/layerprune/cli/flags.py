@@ -44,6 +44,14 @@ def _recipe_only(annotation: Any) -> bool:
     return _mapping(annotation) and typing.get_args(_strip_optional(annotation))[1] not in SCALARS
 
 
+def int_or_str(text: str) -> int | str:
+    """The integer where the text is one (a block index), else the text (a name such as 12.attn)."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
 class ListAction(argparse.Action):
     """`--x a b`, `--x a,b` and `--x a,b c` all give [a, b(, c)], each item converted to the list's item type."""
 
@@ -87,6 +95,8 @@ def flag_kwargs(annotation: Any) -> dict[str, Any]:
         return {"action": MappingAction}
     if origin in (list, tuple):
         item = typing.get_args(annotation)[0]
+        if set(typing.get_args(item)) == {int, str}:
+            return {"action": ListAction, "item_type": int_or_str}
         return {"action": ListAction, "item_type": item if item in (int, float) else str}
     return {"type": annotation if annotation in SCALARS else str}
 

@@ -30,7 +30,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def default_output(model: str | None, recipe: PruneRecipe) -> Path:
     name = re.sub(r"[^\w.-]+", "-", Path(model).name if model else "smollm2-135m-instruct").strip("-") or "model"
-    return Path("runs") / f"{name}-{recipe.method_name}-drop{recipe.n_drop}"
+    grain = "" if recipe.granularity == "block" else f"-{recipe.granularity}"
+    return Path("runs") / f"{name}-{recipe.method_name}{grain}-drop{recipe.n_drop}"
 
 
 def build_recipe(args: argparse.Namespace) -> PruneRecipe:
@@ -55,6 +56,10 @@ def print_summary(report: dict, output: Path | None) -> None:
     if report.get("plan_only"):  # --dry-run on a config without weights
         print("\n".join(report["plan_lines"]))
         return
+    if report.get("removed_sublayers") is not None:
+        print_sublayer_plan(report)
+        print(f"output: {output}" if output else "dry run: nothing written")
+        return
     scores = report["scores"]
     if any(s is not None for s in scores):
         print("block scores (higher = more important):")
@@ -72,3 +77,20 @@ def print_summary(report: dict, output: Path | None) -> None:
     elif output:
         print(f"not verified (--no-verify); saved in {report['dtype']['saved']}")
     print(f"output: {output}" if output else "dry run: nothing written")
+
+
+def print_sublayer_plan(report: dict) -> None:
+    """Scores per sublayer, the ones removed, parameters before/after and the KV cache kept."""
+    scores = report["sublayer_scores"]
+    if any(s is not None for s in scores.values()):
+        print("sublayer scores (higher = more important):")
+        print("  " + "  ".join(f"{name}:{'-' if s is None else f'{s:.4g}'}" for name, s in scores.items()))
+    removed, depth = report["removed_sublayers"], report["num_blocks_before"]
+    attention = depth - sum(name.endswith(".attn") for name in removed)
+    print(f"removed sublayers (original numbering): {', '.join(removed)}")
+    if report["dropped"]:
+        print(f"blocks with both sublayers removed (dropped whole): {report['dropped']}")
+    print(f"blocks {depth} -> {report['num_blocks_after']}, parameters {report['params_before'] / 1e6:.1f}M -> "
+          f"{report['params_after'] / 1e6:.1f}M ({(report['params_before'] - report['params_after']) / 1e6:.2f}M "
+          f"removed)")
+    print(f"KV cache kept: {attention}/{depth} attention sublayers ({report['kv_cache_kept']:.3g}x)")

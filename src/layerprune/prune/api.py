@@ -1,7 +1,8 @@
-"""`prune_model`: score decoder blocks, drop the least important, save a smaller HF model.
+"""`prune_model`: score decoder blocks (or their sublayers), drop the least important, save a smaller HF model.
 
-Two routes, one module each: `in_memory` loads the model; `from_files` streams the checkpoint (blocks chosen by
-index, or scored block-major) and never loads it whole. This module picks the route.
+Three routes, one module each: `in_memory` loads the model; `from_files` streams the checkpoint (blocks chosen by
+index, or scored block-major) and never loads it whole; `in_memory_sublayers` takes attention and MLP sublayers at a
+finer --granularity. This module picks the route.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from layerprune.outputs import check_output_dir
 from layerprune.prune.common import DATA_FREE_SCORES, read_calibration
 from layerprune.prune.from_files import config_only, plan_only, prune_from_files
 from layerprune.prune.in_memory import prune_in_memory
+from layerprune.prune.in_memory_sublayers import prune_sublayers_in_memory
 from layerprune.prune.recipe import PruneRecipe
 from layerprune.prune.scores import SCORES
 from layerprune.prune.streaming import checkpoint_dir
@@ -43,9 +45,12 @@ def prune_model(
     overwrite: bool = False,
     dry_run: bool = False,
 ) -> PruneResult:
-    """Load `model`, choose `recipe.n_drop` blocks, drop them and (unless dry_run) save to `output`."""
+    """Load `model`, choose `recipe.n_drop` blocks (sublayers at a finer granularity), drop them and (unless dry_run)
+    save to `output`."""
     settings = settings or RunSettings()
     started = time.perf_counter()
+    if recipe.granularity != "block" and settings.block_major:
+        raise LayerpruneError(f"--block-major ranks whole blocks; --granularity {recipe.granularity} runs in memory")
     if recipe.layers is None:
         SCORES.get(recipe.score)  # an unknown name fails before any loading
         if settings.block_major:
@@ -58,6 +63,9 @@ def prune_model(
     if output is not None and not dry_run:
         check_output_dir(output, overwrite, (Path(source.location),) if source.is_local else ())
     saved = None if dry_run else output
+    if recipe.granularity != "block":
+        loaded, report = prune_sublayers_in_memory(source, recipe, settings, output, dry_run, started)
+        return PruneResult(loaded, report, saved)
     by_index = recipe.layers is not None or recipe.score in DATA_FREE_SCORES
     if (by_index and settings.dtype == "auto") or settings.block_major:  # --dtype asks for a cast: load and save
         source_dir = checkpoint_dir(source)

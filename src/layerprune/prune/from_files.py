@@ -50,6 +50,7 @@ def prune_from_files(
     started: float,
 ) -> dict[str, Any]:
     """Choose blocks by index (explicit, last, random) and stream the checkpoint: the model is never loaded."""
+    refuse_sublayers(recipe)
     add_weights_hash(source, settings)
     _, config, depth, params_before = describe_source(source, settings)
     check_layer_fields(config.get_text_config() if hasattr(config, "get_text_config") else config, depth, recipe.force)
@@ -233,12 +234,19 @@ def check_max_memory(peak_bytes: int, lines: list[str], settings: RunSettings) -
         )
 
 
+def refuse_sublayers(recipe: PruneRecipe) -> None:
+    if recipe.granularity != "block":
+        raise LayerpruneError(f"the streamed route drops whole blocks only; --granularity {recipe.granularity} "
+                              "needs the model's weights, loaded in memory")
+
+
 def config_only(path: Path) -> bool:
     return (path / "config.json").is_file() and not any(path.glob("*.safetensors")) and not any(path.glob("*.bin"))
 
 
 def plan_only(directory: Path, recipe: PruneRecipe, settings: RunSettings) -> dict[str, Any]:
     """`--dry-run` on a directory holding only a config.json: the block-major memory plan, from the config alone."""
+    refuse_sublayers(recipe)
     from transformers import AutoConfig
 
     from layerprune.models.blockwise import memory_plan

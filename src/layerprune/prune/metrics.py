@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import TypeVar
 
 import torch
+
+K = TypeVar("K", bound=Hashable)  # a sortable key: a block index, a Sublayer
 
 
 def token_cosine(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -34,6 +37,16 @@ def angular_distance(h_a: torch.Tensor, h_b: torch.Tensor, mask: torch.Tensor) -
     return float((torch.arccos(cos) / math.pi).sum()), int(cos.numel())
 
 
+def update_influence(x: torch.Tensor, update: torch.Tensor, mask: torch.Tensor) -> tuple[float, int]:
+    """Block influence of a sublayer adding `update` to the residual stream `x`: sum of 1 - cos(x, x + update)."""
+    return block_influence(x, x + update, mask)
+
+
+def kv_cache_kept(depth: int, attention_removed: int) -> float:
+    """The fraction of the KV cache left: kept attention sublayers over all of them."""
+    return (depth - attention_removed) / depth
+
+
 def taylor_importance(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> float:
     """First-order Taylor importance: sum of |gradient x weight| over a block's parameters."""
     with torch.no_grad():
@@ -49,6 +62,12 @@ def select_lowest(scores: Sequence[float | None], n: int, protected: Iterable[in
     fixed = set(protected)
     pool = [(s, -i, i) for i, s in enumerate(scores) if i not in fixed and s is not None and not math.isnan(s)]
     return sorted(i for _, _, i in sorted(pool)[:n])
+
+
+def lowest_keys(scores: Mapping[K, float | None], n: int) -> list[K]:
+    """The `n` keys with the lowest scores, sorted (ties broken by the later key first; None and NaN never chosen)."""
+    pool = sorted((k for k, s in scores.items() if s is not None and not math.isnan(s)), reverse=True)
+    return sorted(sorted(pool, key=lambda k: float(scores[k]))[:n])
 
 
 def best_contiguous_run(distances: Sequence[float | None], n: int, protected: Iterable[int]) -> list[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -11,17 +12,33 @@ from layerprune.errors import LayerpruneError
 from layerprune.registry import check_name
 
 Metric = Literal["nll", "accuracy"]
+Granularity = Literal["block", "attention", "mlp", "sublayer"]
+INDEX = re.compile(r"^\s*-?\d+\s*$")
+SUBLAYER_SCORES = ("ablation", "block-influence", "angular", "last", "random")
 
 
 class PruneRecipe(BaseModel):
-    """How to choose the blocks to drop."""
+    """How to choose the blocks (or attention / MLP sublayers) to drop."""
 
     model_config = ConfigDict(extra="forbid")
 
-    drop: int | None = Field(None, ge=1, description="Number of decoder blocks to drop")
-    layers: list[int] | None = Field(None, description="Explicit blocks to drop, comma-separated (original numbering)")
+    granularity: Granularity = Field(
+        "block",
+        description="What one removal is: a whole decoder block, an attention or an MLP sublayer, or either "
+        "(sublayer: attention and MLP sublayers ranked together); --drop and --layers count these",
+    )
+    drop: int | None = Field(
+        None, ge=1, description="Number of decoder blocks to drop (of sublayers, at a finer --granularity)"
+    )
+    layers: list[int | str] | None = Field(
+        None,
+        description="Explicit blocks to drop, comma-separated (original numbering); at a finer --granularity, "
+        "sublayers named BLOCK.attn or BLOCK.mlp, e.g. 12.attn,12.mlp",
+    )
     score: str = Field(
-        "ablation", description="Importance score: ablation, block-influence, angular, taylor, last, random"
+        "ablation",
+        description="Importance score: ablation, block-influence, angular, taylor, last, random (at a finer "
+        "--granularity all but taylor, each sublayer scored on its own)",
     )
     metric: Metric = Field(
         "nll", description="Ablation metric: teacher-forced NLL, or greedy exact-match accuracy on items with answers"
@@ -83,9 +100,10 @@ class PruneRecipe(BaseModel):
 
     @field_validator("layers")
     @classmethod
-    def _no_duplicates(cls, layers: list[int] | None) -> list[int] | None:
+    def _no_duplicates(cls, layers: list[int | str] | None) -> list[int | str] | None:
         if layers is not None:
-            dupes = sorted({i for i in layers if layers.count(i) > 1})
+            layers = [_layer_name(item) for item in layers]
+            dupes = sorted({i for i in layers if layers.count(i) > 1}, key=str)
             if dupes:
                 raise ValueError(f"lists block(s) {dupes} more than once")
             if not layers:
@@ -97,8 +115,34 @@ class PruneRecipe(BaseModel):
         if self.drop is None and self.layers is None:
             raise ValueError("give --drop N or --layers LIST")
         if self.drop is not None and self.layers is not None and self.drop != len(self.layers):
-            raise ValueError(f"--drop {self.drop} disagrees with --layers ({len(self.layers)} blocks)")
+            raise ValueError(f"--drop {self.drop} disagrees with --layers ({len(self.layers)} {self.unit}s)")
         return self
+
+    @model_validator(mode="after")
+    def _names_fit_granularity(self) -> PruneRecipe:
+        names = [str(item) for item in self.layers or []]
+        if self.granularity == "block":
+            sub = [name for name in names if "." in name]
+            if sub:
+                raise ValueError(f"names sublayer(s) {', '.join(sub)}: add --granularity attention, mlp or sublayer")
+            return self
+        wrong = [name for name in names if not name.endswith(tuple(f".{part}" for part in self.parts))]
+        if wrong:
+            form = " or ".join(f"BLOCK.{part}" for part in self.parts)
+            raise ValueError(f"at --granularity {self.granularity} name sublayers as {form}, not {', '.join(wrong)}")
+        if self.layers is None and self.score not in SUBLAYER_SCORES:
+            raise ValueError(f"score '{self.score}' ranks whole blocks only; at --granularity {self.granularity} "
+                             f"use {', '.join(SUBLAYER_SCORES)}")
+        return self
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The sublayer parts one removal may take ("attn", "mlp"); empty at block granularity."""
+        return {"block": (), "attention": ("attn",), "mlp": ("mlp",), "sublayer": ("attn", "mlp")}[self.granularity]
+
+    @property
+    def unit(self) -> str:
+        return "block" if self.granularity == "block" else "sublayer"
 
     @property
     def n_drop(self) -> int:
@@ -114,3 +158,15 @@ class PruneRecipe(BaseModel):
         if bad:
             raise LayerpruneError(f"--protect has block index(es) {bad} outside a {depth}-block model")
         return sorted({i % depth for i in self.protect})
+
+
+def _layer_name(item: int | str) -> int | str:
+    """A block index as an int, a sublayer name as `12.attn`; ValueError on anything else."""
+    from layerprune.models.sublayers import PATTERN
+
+    if isinstance(item, int) or INDEX.match(item):
+        return int(item)
+    match = PATTERN.match(item)
+    if not match:
+        raise ValueError(f"cannot read {item!r}: name a block (12) or a sublayer (12.attn, 12.mlp)")
+    return f"{int(match.group(1))}.{match.group(2)}"

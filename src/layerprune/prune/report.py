@@ -32,6 +32,17 @@ class PruneReport(PrunedLineage):
     saved: dict[str, Any] | None = Field(None, description="How the weights were written")
     verification: dict[str, Any] | None = Field(None, description="The checks of the written model")
     scores_png: str | None = Field(None, description="The score chart beside the report")
+    removed_sublayers: list[str] | None = Field(
+        None,
+        description="Attention/MLP sublayers removed (BLOCK.attn, BLOCK.mlp; original numbering); None when whole "
+        "blocks were dropped. A block that lost both is in `dropped` too",
+    )
+    sublayer_scores: dict[str, float | None] | None = Field(
+        None, description="Per sublayer of the granularity, its score; None where not scored"
+    )
+    kv_cache_kept: float | None = Field(
+        None, description="Attention sublayers kept over all of them: the fraction of the KV cache left"
+    )
 
 
 def write_prune_report(directory: Path, report: dict[str, Any]) -> PruneReport:
@@ -92,6 +103,8 @@ def model_card(report: PruneReport) -> ModelCard:
                                         if method.score == "ablation" else ""),
         f"- calibration: {report.calibration.description if report.calibration else 'none'}",
         f"- dropped blocks (original numbering): {report.dropped}",
+        *([f"- removed sublayers: {', '.join(report.removed_sublayers)}; KV cache kept: {report.kv_cache_kept:.3g}x"]
+          if report.removed_sublayers is not None and report.kv_cache_kept is not None else []),
         f"- protected blocks: {method.protect}", "",
         "Pruned models lose generative reasoning first (math, code) even when classification benchmarks hold up; "
         "evaluate with `layerprune evaluate` before use. See `prune_report.json` for every block's score.",

@@ -1,0 +1,166 @@
+"""The in-memory route at a finer grain: load the model, score its attention and/or MLP sublayers, choose the
+cheapest (or the named ones), report the plan, and save in the Nemotron-NAS layout (models/nas_surgery.py).
+
+Whole-block pruning never comes here; its outputs stay standard configs of the source family.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from layerprune.errors import LayerpruneError
+from layerprune.models import LoadedModel, ModelSource, find_decoder_stack, load_model
+from layerprune.models.blocks import DecoderStack
+from layerprune.models.sublayers import Sublayer, all_sublayers, parse_sublayers, sublayer_module, whole_blocks
+from layerprune.prune.calib import CalibSet, tokenize_calibration
+from layerprune.prune.common import (
+    add_weights_hash,
+    build_report,
+    progress_bar,
+    read_calibration,
+    write_report_files,
+)
+from layerprune.prune.in_memory import _context, _dtypes, _per_layer_config, _save_dtype
+from layerprune.prune.metrics import kv_cache_kept
+from layerprune.prune.recipe import PruneRecipe
+from layerprune.prune.scores import ScoreResult
+from layerprune.prune.sublayer_scores import SublayerResult, candidates, score_sublayers
+from layerprune.settings import RunSettings
+
+log = logging.getLogger(__name__)
+NAS_MODULE = "layerprune.models.nas_surgery"
+NAS_MISSING = "saving sublayer-pruned models needs the Nemotron-NAS layout (models/nas_surgery.py)"
+
+
+def prune_sublayers_in_memory(
+    source: ModelSource,
+    recipe: PruneRecipe,
+    settings: RunSettings,
+    output: Path | None,
+    dry_run: bool,
+    started: float,
+) -> tuple[LoadedModel, dict[str, Any]]:
+    """Load, score the sublayers of `recipe.granularity`, choose `recipe.n_drop` and (unless dry_run) save to
+    `output` (checked by the caller); the model in memory (unchanged: the layout's surgery happens on save) and the
+    report."""
+    saving = not dry_run and output is not None
+    if saving and not nas_layout_available():
+        raise LayerpruneError(NAS_MISSING)  # before anything loads or is scored
+    calib = read_calibration(recipe, settings)
+    loaded = load_model(source, settings)
+    add_weights_hash(source, settings)
+    stack = find_decoder_stack(loaded.model)
+    protected = recipe.protected_blocks(len(stack))
+    named = check_sublayer_request(recipe, len(stack), protected)
+    calib, result, score_seconds = choose_sublayers(loaded, recipe, settings, protected, named, calib)
+    report = sublayer_report(loaded, recipe, settings, protected, calib, result)
+    report["timings"] = {"load_s": round(loaded.load_seconds, 2), "score_s": round(score_seconds, 2)}
+    log.info("plan: %s, removes %s", source.spec, ", ".join(report["removed_sublayers"]))
+    if saving:
+        assert output is not None
+        _save_sublayers(loaded, report, output, settings)
+    report["timings"]["total_s"] = round(time.perf_counter() - started, 2)
+    return loaded, report
+
+
+def check_sublayer_request(recipe: PruneRecipe, depth: int, protected: list[int]) -> list[Sublayer] | None:
+    """Depth-dependent checks of --layers / --drop at a sublayer grain; the named sublayers (None: score them)."""
+    named = None if recipe.layers is None else parse_sublayers([str(name) for name in recipe.layers], depth)
+    clash = [str(sub) for sub in named or [] if sub.block in protected]
+    if clash:
+        raise LayerpruneError(f"--layers removes {', '.join(clash)} of a protected block; change --protect to allow it")
+    pool = candidates(depth, recipe.parts, protected)
+    if recipe.n_drop > len(pool):
+        raise LayerpruneError(
+            f"removing {recipe.n_drop} sublayers at --granularity {recipe.granularity}: only {len(pool)} are "
+            f"unprotected in {depth} blocks ({len(protected)} protected)"
+        )
+    return named
+
+
+def choose_sublayers(
+    loaded: LoadedModel,
+    recipe: PruneRecipe,
+    settings: RunSettings,
+    protected: list[int],
+    named: list[Sublayer] | None,
+    calib: CalibSet | None,
+) -> tuple[CalibSet | None, SublayerResult, float]:
+    """The named sublayers, or the recipe's score over calibration data."""
+    if named is not None:
+        return None, SublayerResult({}, named), 0.0
+    batches = []
+    if calib is not None:
+        encoded = tokenize_calibration(calib, loaded.tokenizer, recipe.calib_seq_len, recipe.batch_size)
+        batches = [batch.to(loaded.model.device) for batch in encoded]
+    ctx = _context(loaded, recipe, settings, protected, calib, batches)
+    start = time.perf_counter()
+    if batches and recipe.score == "ablation" and recipe.metric == "nll":
+        ctx.stack.check_logits(batches[0].input_ids[:2], batches[0].attention_mask[:2])
+    what = "sublayers" if recipe.granularity == "sublayer" else f"{recipe.granularity} sublayers"
+    with progress_bar(f"scoring {what} ({recipe.score})") as progress:
+        ctx.progress = progress
+        result = score_sublayers(recipe.score, ctx, recipe.parts)
+    if len(result.drop) != recipe.n_drop:
+        raise LayerpruneError(
+            f"score '{recipe.score}' found only {len(result.drop)} removable sublayers, not {recipe.n_drop}"
+        )
+    return calib, result, time.perf_counter() - start
+
+
+def sublayer_report(
+    loaded: LoadedModel,
+    recipe: PruneRecipe,
+    settings: RunSettings,
+    protected: list[int],
+    calib: CalibSet | None,
+    result: SublayerResult,
+) -> dict[str, Any]:
+    """The prune report of a sublayer plan: `dropped` holds the blocks that lose both sublayers (the layout removes
+    them), `removed_sublayers` every sublayer, `sublayer_scores` each one scored, `kv_cache_kept` the attention
+    sublayers kept over all of them."""
+    stack = find_decoder_stack(loaded.model)
+    depth, removed = len(stack), sorted(result.drop)
+    gone = whole_blocks(removed)
+    before = loaded.model.num_parameters()
+    after = before - removed_parameters(stack, removed)
+    blocks = ScoreResult([None] * depth, gone, result.steps, result.details)
+    kept = [block for block in range(depth) if block not in gone]
+    report = build_report(loaded.source, recipe, settings, protected, calib, blocks, kept, depth, before, after)
+    report["removed_sublayers"] = [str(sub) for sub in removed]
+    report["sublayer_scores"] = {str(sub): result.scores.get(sub) for sub in all_sublayers(depth, recipe.parts)}
+    report["kv_cache_kept"] = kv_cache_kept(depth, sum(sub.part == "attn" for sub in removed))
+    report["config_per_layer"] = {"before": _per_layer_config(loaded.model)}
+    report["dtype"] = _dtypes(loaded, settings)
+    return report
+
+
+def removed_parameters(stack: DecoderStack, removed: list[Sublayer]) -> int:
+    """Parameters the removal takes: the whole block where both sublayers go, else the sublayer module's own (its
+    norm is not counted)."""
+    gone = set(whole_blocks(removed))
+    modules = [stack.layers[block] for block in sorted(gone)]
+    modules += [sublayer_module(stack.layers[sub.block], sub.part) for sub in removed if sub.block not in gone]
+    return sum(param.numel() for module in modules for param in module.parameters())
+
+
+def nas_layout_available() -> bool:
+    return importlib.util.find_spec(NAS_MODULE) is not None
+
+
+def _save_sublayers(loaded: LoadedModel, report: dict[str, Any], output: Path, settings: RunSettings) -> None:
+    """Save the model with `report["removed_sublayers"]` removed in the Nemotron-NAS layout, then the report files
+    beside it; one line when the layout's module is not there yet."""
+    if not nas_layout_available():
+        raise LayerpruneError(NAS_MISSING)
+    save_nas = importlib.import_module(NAS_MODULE).save_nas  # by name until the lead merges the layout
+    removed = parse_sublayers(report["removed_sublayers"], report["num_blocks_before"])
+    start = time.perf_counter()
+    save_nas(loaded.model, loaded.tokenizer, removed, output, _save_dtype(loaded, settings))
+    report["timings"]["save_s"] = round(time.perf_counter() - start, 2)
+    write_report_files(output, report)
