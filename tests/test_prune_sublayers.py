@@ -7,8 +7,7 @@ import functools
 import json
 import math
 import random
-import sys
-import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +18,6 @@ from helpers import assert_one_line_error, run_cli
 from layerprune.models import find_decoder_stack
 from layerprune.models.generate import generate_greedy
 from layerprune.models.sublayers import Sublayer, all_sublayers, skipped_sublayers
-from layerprune.prune import in_memory_sublayers
 from layerprune.prune.calib import CalibItem, CalibSet, arithmetic_calib, tokenize_calibration
 from layerprune.prune.metrics import (
     angular_distance,
@@ -32,6 +30,7 @@ from layerprune.prune.recipe import PruneRecipe
 from layerprune.prune.scores import ScoreContext
 from layerprune.prune.sublayer_scores import _generated_correct, score_sublayers
 from test_teacher_forced import MAX_NEW, STOP, WORDS, digits_only_model
+from tiny import tiny_config, tiny_tokenizer
 
 BOTH = ("attn", "mlp")
 
@@ -236,7 +235,8 @@ def test_dry_run_plan(capsys, tiny_llama, tmp_path):
     report = json.loads(dumped)
     assert report["removed_sublayers"] == ["2.attn", "3.mlp"] and report["dropped"] == []
     layers = find_decoder_stack(AutoModelForCausalLM.from_pretrained(tiny_llama)).layers
-    removed = sum(p.numel() for m in (layers[2].self_attn, layers[3].mlp) for p in m.parameters())
+    gone = (layers[2].self_attn, layers[2].input_layernorm, layers[3].mlp, layers[3].post_attention_layernorm)
+    removed = sum(p.numel() for m in gone for p in m.parameters())  # the layout keeps no norm of a removed sublayer
     assert report["params_before"] - report["params_after"] == removed
     assert report["kv_cache_kept"] == pytest.approx(5 / 6)
     assert "removed sublayers (original numbering): 2.attn, 3.mlp" in text
@@ -254,34 +254,46 @@ def test_scored_dry_run_counts_a_whole_block(capsys, tiny_llama):
     assert report["sublayer_scores"]["5.mlp"] == 0.0 and len(report["sublayer_scores"]) == 12
 
 
-def test_save_without_the_layout_is_refused(capsys, tiny_llama, tmp_path, monkeypatch):
-    monkeypatch.setattr(in_memory_sublayers, "nas_layout_available", lambda: False)
+@pytest.fixture(scope="module")
+def expressible_llama(tmp_path_factory) -> Path:
+    """A tiny llama the Nemotron-NAS layout carries (intermediate 256: the layout's widths are multiples of 256)."""
+    directory = tmp_path_factory.mktemp("expressible") / "llama"
+    config = tiny_config("llama", 6)
+    config.intermediate_size = 256
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.08)
+    model.save_pretrained(directory)
+    tiny_tokenizer().save_pretrained(directory)
+    return directory
+
+
+def test_a_layout_that_cannot_carry_the_model_is_refused_before_scoring(capsys, tiny_llama, tmp_path):
     out = tmp_path / "out"
     code, _, err = run_cli(capsys, [*prune_args(tiny_llama, "--granularity", "attention", "--layers", "2.attn"),
                                     "--output", str(out)])
-    assert_one_line_error(code, err, "Nemotron-NAS layout")
+    assert_one_line_error(code, err, "multiple of 256")
     assert not out.exists()
 
 
-def test_save_calls_save_nas(capsys, tiny_llama, tmp_path, monkeypatch):
-    calls = []
-
-    def save_nas(model, tokenizer, removed, output, dtype):  # noqa: ANN001, ANN202
-        output.mkdir()
-        calls.append((removed, output, dtype))
-
-    fake = types.ModuleType("layerprune.models.nas_surgery")
-    fake.save_nas = save_nas  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "layerprune.models.nas_surgery", fake)
-    monkeypatch.setattr(in_memory_sublayers, "nas_layout_available", lambda: True)
+def test_a_sublayer_prune_saves_the_layout_verified_with_its_report(capsys, expressible_llama, tmp_path):
     out = tmp_path / "out"
-    code, stdout, err = run_cli(capsys, [*prune_args(tiny_llama, "--granularity", "mlp", "--drop", "2",
+    code, stdout, err = run_cli(capsys, [*prune_args(expressible_llama, "--granularity", "sublayer", "--drop", "3",
                                                      "--score", "block-influence"), "--output", str(out)])
     assert code == 0, err
     report = json.loads((out / "prune_report.json").read_text())
-    assert [(list(map(str, removed)), path, dtype) for removed, path, dtype in calls] == [
-        (report["removed_sublayers"], out, torch.float32)]
-    assert report["recipe"]["granularity"] == "mlp" and len(report["removed_sublayers"]) == 2
-    assert all(name.endswith(".mlp") for name in report["removed_sublayers"])
-    assert set(report["sublayer_scores"]) == {f"{b}.mlp" for b in range(6)}
+    config = json.loads((out / "config.json").read_text())
+    assert report["recipe"]["granularity"] == "sublayer" and len(report["removed_sublayers"]) == 3
+    assert set(report["sublayer_scores"]) == {f"{b}.{p}" for b in range(6) for p in ("attn", "mlp")}
+    removed = {tuple(name.split(".")) for name in report["removed_sublayers"]}
+    blocks = [b for b in range(6) if (str(b), "attn") not in removed or (str(b), "mlp") not in removed]
+    assert config["model_type"] == "nemotron-nas" and len(config["block_configs"]) == len(blocks)
+    for index, block in enumerate(blocks):
+        assert config["block_configs"][index]["attention"]["no_op"] == ((str(block), "attn") in removed)
+        assert config["block_configs"][index]["ffn"]["no_op"] == ((str(block), "mlp") in removed)
+    assert report["verification"]["max_abs_diff"] <= report["verification"]["tolerance"]
+    reloaded = AutoModelForCausalLM.from_pretrained(out)
+    assert reloaded.num_parameters() == report["params_after"]
     assert f"output: {out}" in stdout

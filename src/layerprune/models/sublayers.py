@@ -25,6 +25,10 @@ MODULE_NAMES: dict[Part, tuple[str, ...]] = {
     "attn": ("self_attn", "attn", "attention", "self_attention"),
     "mlp": ("mlp", "feed_forward", "ffn"),
 }
+NORM_NAMES: dict[Part, tuple[str, ...]] = {  # the pre-norm that goes with the sublayer (llama-style blocks)
+    "attn": ("input_layernorm",),
+    "mlp": ("post_attention_layernorm",),
+}
 PATTERN = re.compile(r"^\s*(\d+)\.(attn|mlp)\s*$")
 
 
@@ -78,6 +82,15 @@ def sublayer_module(block: nn.Module, part: Part) -> nn.Module:
             return module
     raise LayerpruneError(f"cannot find the {part} sublayer of {type(block).__name__} "
                           f"(looked for {', '.join(MODULE_NAMES[part])})")
+
+
+def sublayer_norm(block: nn.Module, part: Part) -> nn.Module | None:
+    """The pre-norm feeding the sublayer in a llama-style block (a layout that removes the sublayer removes it)."""
+    for name in NORM_NAMES[part]:
+        module = getattr(block, name, None)
+        if isinstance(module, nn.Module):
+            return module
+    return None
 
 
 def _zero_output(module: nn.Module, args: tuple, output: Any) -> Any:

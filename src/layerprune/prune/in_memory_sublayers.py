@@ -6,8 +6,6 @@ Whole-block pruning never comes here; its outputs stay standard configs of the s
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import logging
 import time
 from pathlib import Path
@@ -16,7 +14,15 @@ from typing import Any
 from layerprune.errors import LayerpruneError
 from layerprune.models import LoadedModel, ModelSource, find_decoder_stack, load_model
 from layerprune.models.blocks import DecoderStack
-from layerprune.models.sublayers import Sublayer, all_sublayers, parse_sublayers, sublayer_module, whole_blocks
+from layerprune.models.nas_surgery import check_expressible, save_nas
+from layerprune.models.sublayers import (
+    Sublayer,
+    all_sublayers,
+    parse_sublayers,
+    sublayer_module,
+    sublayer_norm,
+    whole_blocks,
+)
 from layerprune.prune.calib import CalibSet, tokenize_calibration
 from layerprune.prune.common import (
     add_weights_hash,
@@ -33,8 +39,6 @@ from layerprune.prune.sublayer_scores import SublayerResult, candidates, score_s
 from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
-NAS_MODULE = "layerprune.models.nas_surgery"
-NAS_MISSING = "saving sublayer-pruned models needs the Nemotron-NAS layout (models/nas_surgery.py)"
 
 
 def prune_sublayers_in_memory(
@@ -49,15 +53,17 @@ def prune_sublayers_in_memory(
     `output` (checked by the caller); the model in memory (unchanged: the layout's surgery happens on save) and the
     report."""
     saving = not dry_run and output is not None
-    if saving and not nas_layout_available():
-        raise LayerpruneError(NAS_MISSING)  # before anything loads or is scored
     calib = read_calibration(recipe, settings)
     loaded = load_model(source, settings)
     add_weights_hash(source, settings)
     stack = find_decoder_stack(loaded.model)
+    if saving:
+        check_expressible(loaded.model.config, [])  # the family and its config, before any scoring
     protected = recipe.protected_blocks(len(stack))
     named = check_sublayer_request(recipe, len(stack), protected)
     calib, result, score_seconds = choose_sublayers(loaded, recipe, settings, protected, named, calib)
+    if saving:
+        check_expressible(loaded.model.config, result.drop)
     report = sublayer_report(loaded, recipe, settings, protected, calib, result)
     report["timings"] = {"load_s": round(loaded.load_seconds, 2), "score_s": round(score_seconds, 2)}
     log.info("plan: %s, removes %s", source.spec, ", ".join(report["removed_sublayers"]))
@@ -141,26 +147,28 @@ def sublayer_report(
 
 
 def removed_parameters(stack: DecoderStack, removed: list[Sublayer]) -> int:
-    """Parameters the removal takes: the whole block where both sublayers go, else the sublayer module's own (its
-    norm is not counted)."""
+    """Parameters the removal takes: the whole block where both sublayers go, else the sublayer module's own and the
+    pre-norm feeding it (the Nemotron-NAS layout keeps neither)."""
     gone = set(whole_blocks(removed))
     modules = [stack.layers[block] for block in sorted(gone)]
-    modules += [sublayer_module(stack.layers[sub.block], sub.part) for sub in removed if sub.block not in gone]
+    for sub in removed:
+        if sub.block not in gone:
+            block = stack.layers[sub.block]
+            modules += [module for module in (sublayer_module(block, sub.part), sublayer_norm(block, sub.part))
+                        if module is not None]
     return sum(param.numel() for module in modules for param in module.parameters())
 
 
-def nas_layout_available() -> bool:
-    return importlib.util.find_spec(NAS_MODULE) is not None
-
-
 def _save_sublayers(loaded: LoadedModel, report: dict[str, Any], output: Path, settings: RunSettings) -> None:
-    """Save the model with `report["removed_sublayers"]` removed in the Nemotron-NAS layout, then the report files
-    beside it; one line when the layout's module is not there yet."""
-    if not nas_layout_available():
-        raise LayerpruneError(NAS_MISSING)
-    save_nas = importlib.import_module(NAS_MODULE).save_nas  # by name until the lead merges the layout
+    """Save the model with `report["removed_sublayers"]` removed in the Nemotron-NAS layout; the report files are
+    written inside the folder before it appears, with the layout's verification in them."""
     removed = parse_sublayers(report["removed_sublayers"], report["num_blocks_before"])
     start = time.perf_counter()
-    save_nas(loaded.model, loaded.tokenizer, removed, output, _save_dtype(loaded, settings))
-    report["timings"]["save_s"] = round(time.perf_counter() - start, 2)
-    write_report_files(output, report)
+
+    def finish(tmp: Path, record: dict[str, Any]) -> None:
+        report["verification"] = record["verification"]
+        report["timings"]["save_s"] = round(time.perf_counter() - start, 2)
+        write_report_files(tmp, report)
+
+    save_nas(loaded.model, loaded.tokenizer, removed, output, _save_dtype(loaded, settings),
+             max_shard_size=settings.max_shard_size, overwrite=True, finish=finish)  # output checked by prune_model
