@@ -46,19 +46,22 @@ def prune_model(
     """Load `model`, choose `recipe.n_drop` blocks, drop them and (unless dry_run) save to `output`."""
     settings = settings or RunSettings()
     started = time.perf_counter()
+    config_dir = model is not None and config_only(Path(str(model)).expanduser())
+    if recipe.target is not None and (settings.block_major or config_dir):
+        raise LayerpruneError("--target needs the model in memory: not with --block-major or a config-only directory")
     if recipe.layers is None:
         SCORES.get(recipe.score)  # an unknown name fails before any loading
         if settings.block_major:
             from layerprune.prune.blockwise import check_blockwise
 
             check_blockwise(recipe.score, recipe.metric, recipe.iterative)
-    if dry_run and model is not None and config_only(Path(str(model)).expanduser()):
+    if dry_run and config_dir:
         return PruneResult(None, plan_only(Path(str(model)).expanduser(), recipe, settings), None)
     source = resolve_model(model, settings)
     if output is not None and not dry_run:
         check_output_dir(output, overwrite, (Path(source.location),) if source.is_local else ())
     saved = None if dry_run else output
-    by_index = recipe.layers is not None or recipe.score in DATA_FREE_SCORES
+    by_index = recipe.target is None and (recipe.layers is not None or recipe.score in DATA_FREE_SCORES)
     if (by_index and settings.dtype == "auto") or settings.block_major:  # --dtype asks for a cast: load and save
         source_dir = checkpoint_dir(source)
         if source_dir is not None:
