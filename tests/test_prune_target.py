@@ -189,10 +189,12 @@ def test_speed_search_refuses_an_unreachable_speedup(tiny_llama):
                        lambda removals: {"speedup": 1.0 + 0.1 * len(removals)})
 
 
-def test_measured_speedup_is_a_sane_ratio(tiny_llama):
+@pytest.mark.parametrize("clock", ["wall", "cpu"])
+def test_measured_speedup_is_a_sane_ratio(tiny_llama, clock):
     model = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
     depth = len(model.model.layers)
-    result = measured_speedup(model, [1, 2, 3], SpeedBench(prompt_len=16, batch=2, new_tokens=4, repeats=1))
+    result = measured_speedup(model, [1, 2, 3], SpeedBench(prompt_len=16, batch=2, new_tokens=4, repeats=1,
+                                                            clock=clock))
     for key in ("prefill_speedup", "decode_speedup", "speedup", "prefill_tokens_per_s", "decode_tokens_per_s_pruned"):
         assert math.isfinite(result[key]) and result[key] > 0, key
     assert result["speedup"] == min(result["prefill_speedup"], result["decode_speedup"])
