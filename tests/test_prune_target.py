@@ -199,3 +199,26 @@ def test_measured_speedup_is_a_sane_ratio(tiny_llama, clock):
         assert math.isfinite(result[key]) and result[key] > 0, key
     assert result["speedup"] == min(result["prefill_speedup"], result["decode_speedup"])
     assert len(model.model.layers) == depth  # the model is whole again
+
+
+def test_speedup_target_dry_run_prints_predicted_and_measured(capsys, tiny_llama, monkeypatch):
+    import layerprune.prune.target as target_module
+
+    seen: list[list[int]] = []
+
+    def fake(model, drop, bench):  # noqa: ANN001, ANN202
+        seen.append(list(drop))
+        assert len(model.model.layers) == 6  # measured on the whole model, which the real one prunes in place
+        ratio = 1.0 + 0.1 * len(drop)
+        return {"prefill_speedup": ratio + 0.05, "decode_speedup": ratio, "speedup": ratio}
+
+    monkeypatch.setattr(target_module, "measured_speedup", fake)
+    code, stdout, err = run_cli(capsys, prune_args(tiny_llama, "--dry-run", "--json", "--target", "speedup=1.25x"))
+    assert code == 0, err
+    report = json.loads(stdout[stdout.index("\n{") + 1:])
+    record = report["target"]
+    assert [m["removals"] for m in record["measurements"]] == sorted({len(d) for d in seen})
+    assert record["measured_speedup"]["removals"] == len(report["dropped"]) == 3
+    assert record["measured_speedup"]["predicted"] == record["predicted"]["after"]["speedup"]
+    assert "measured: speedup 1.30x (prefill 1.35x, decode 1.30x; predicted" in stdout
+    assert "dry run: nothing written" in stdout
