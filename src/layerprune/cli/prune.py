@@ -31,7 +31,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def default_output(model: str | None, recipe: PruneRecipe) -> Path:
     name = re.sub(r"[^\w.-]+", "-", Path(model).name if model else "smollm2-135m-instruct").strip("-") or "model"
     grain = "" if recipe.granularity == "block" else f"-{recipe.granularity}"
-    return Path("runs") / f"{name}-{recipe.method_name}{grain}-drop{recipe.n_drop}"
+    amount = f"drop{recipe.n_drop}" if recipe.target is None else re.sub(r"[^\w.-]+", "-", recipe.target)
+    return Path("runs") / f"{name}-{recipe.method_name}{grain}-{amount}"
 
 
 def build_recipe(args: argparse.Namespace) -> PruneRecipe:
@@ -67,6 +68,10 @@ def print_summary(report: dict, output: Path | None) -> None:
     print(f"blocks {report['num_blocks_before']} -> {report['num_blocks_after']}, "
           f"parameters {report['params_before'] / 1e6:.1f}M -> {report['params_after'] / 1e6:.1f}M")
     print(f"dropped blocks (original numbering): {report['dropped']}")
+    if report.get("target"):
+        from layerprune.prune.target import plan_lines
+
+        print("\n".join(plan_lines(report["target"])))
     check = report.get("verification") or {}
     if output and check.get("checked") is True:
         print(f"verified: the reloaded model gives the skipped original's logits (max |diff| "

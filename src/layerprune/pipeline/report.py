@@ -41,7 +41,7 @@ def measure_speed(paths: Any, model: str | None) -> dict[str, Any]:
     import torch
 
     from layerprune.models import load_model
-    from layerprune.pipeline.speed import measure_throughput
+    from layerprune.models.speed import measure_throughput
 
     result: dict[str, Any] = {"machine": f"{platform.machine()}, {torch.get_num_threads()} threads"}
     for role, spec in (("original", model), ("pruned", str(paths.pruned))):

@@ -51,13 +51,16 @@ def prune_model(
     started = time.perf_counter()
     if recipe.granularity != "block" and settings.block_major:
         raise LayerpruneError(f"--block-major ranks whole blocks; --granularity {recipe.granularity} runs in memory")
+    config_dir = model is not None and config_only(Path(str(model)).expanduser())
+    if recipe.target is not None and (settings.block_major or config_dir):
+        raise LayerpruneError("--target needs the model in memory: not with --block-major or a config-only directory")
     if recipe.layers is None:
         SCORES.get(recipe.score)  # an unknown name fails before any loading
         if settings.block_major:
             from layerprune.prune.blockwise import check_blockwise
 
             check_blockwise(recipe.score, recipe.metric, recipe.iterative)
-    if dry_run and model is not None and config_only(Path(str(model)).expanduser()):
+    if dry_run and config_dir:
         return PruneResult(None, plan_only(Path(str(model)).expanduser(), recipe, settings), None)
     source = resolve_model(model, settings)
     if output is not None and not dry_run:
@@ -66,7 +69,7 @@ def prune_model(
     if recipe.granularity != "block":
         loaded, report = prune_sublayers_in_memory(source, recipe, settings, output, dry_run, started)
         return PruneResult(loaded, report, saved)
-    by_index = recipe.layers is not None or recipe.score in DATA_FREE_SCORES
+    by_index = recipe.target is None and (recipe.layers is not None or recipe.score in DATA_FREE_SCORES)
     if (by_index and settings.dtype == "auto") or settings.block_major:  # --dtype asks for a cast: load and save
         source_dir = checkpoint_dir(source)
         if source_dir is not None:

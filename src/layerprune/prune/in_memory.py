@@ -57,16 +57,9 @@ def prune_in_memory(
     protected = recipe.protected_blocks(depth)
     check_request(recipe, depth, protected)
     params_before = loaded.model.num_parameters()
-    log.info(
-        "plan: %s, %d -> %d blocks, %.1fM -> ~%.1fM parameters, score %s",
-        source.spec,
-        depth,
-        depth - recipe.n_drop,
-        params_before / 1e6,
-        _estimate_params_after(loaded, recipe.n_drop) / 1e6,
-        recipe.method_name,
-    )
+    _log_plan(source, recipe, loaded, depth, params_before)
     calib, result, score_seconds = choose_blocks(loaded, recipe, settings, protected, calib)
+    planned = _to_target(loaded, recipe, settings, protected, result)
     config_before = _per_layer_config(loaded.model)
     verify = recipe.verify and not dry_run and output is not None
     probe = reference_probe(loaded, calib, result.drop) if verify else None
@@ -74,6 +67,8 @@ def prune_in_memory(
     report = build_report(
         source, recipe, settings, protected, calib, result, kept, depth, params_before, loaded.model.num_parameters()
     )
+    if planned is not None:
+        report["target"] = planned
     report["config_per_layer"] = {"before": config_before, "after": _per_layer_config(loaded.model)}
     report["dtype"] = _dtypes(loaded, settings)
     report["timings"] = {"load_s": round(loaded.load_seconds, 2), "score_s": round(score_seconds, 2)}
@@ -102,17 +97,46 @@ def choose_blocks(
             for b in tokenize_calibration(calib, loaded.tokenizer, recipe.calib_seq_len, recipe.batch_size)
         ]
     ctx = _context(loaded, recipe, settings, protected, calib, batches)
+    if recipe.target is not None:  # every block scored; the plan takes as many as the target needs
+        ctx.drop = max(depth - len(protected) - 1, 0)
     start = time.perf_counter()
     if batches and (recipe.score == "taylor" or (recipe.score == "ablation" and recipe.metric == "nll")):
         ctx.stack.check_logits(batches[0].input_ids[:2], batches[0].attention_mask[:2])  # once per run
     with progress_bar(f"scoring {depth} blocks ({recipe.score})") as progress:
         ctx.progress = progress
         result = run_importance_score(recipe.score, ctx)
-    if len(result.drop) != recipe.n_drop:
+    if recipe.target is None and len(result.drop) != recipe.n_drop:
         raise LayerpruneError(
             f"score '{recipe.score}' found only {len(result.drop)} droppable blocks, not {recipe.n_drop}"
         )
     return calib, result, time.perf_counter() - start
+
+
+def _log_plan(source: ModelSource, recipe: PruneRecipe, loaded: LoadedModel, depth: int, params: int) -> None:
+    if recipe.target is not None:
+        log.info("plan: %s, %d blocks, %.1fM parameters, score %s, to the target %s", source.spec, depth, params / 1e6,
+                 recipe.method_name, recipe.target)
+        return
+    after = _estimate_params_after(loaded, recipe.n_drop)
+    log.info("plan: %s, %d -> %d blocks, %.1fM -> ~%.1fM parameters, score %s", source.spec, depth,
+             depth - recipe.n_drop, params / 1e6, after / 1e6, recipe.method_name)
+
+
+def _to_target(
+    loaded: LoadedModel, recipe: PruneRecipe, settings: RunSettings, protected: list[int], result: ScoreResult
+) -> dict[str, Any] | None:
+    """With --target: the blocks its plan takes replace the score's choice; the plan's record (else None)."""
+    if recipe.target is None:
+        return None
+    from layerprune.prune.target import parse_target, plan_blocks, plan_lines
+
+    plan = plan_blocks(loaded.model, parse_target(recipe.target), result.scores, protected,
+                       _save_dtype(loaded, settings))
+    result.drop = sorted(int(r) for r in plan.removals)
+    record = plan.record()
+    for line in plan_lines(record):
+        log.info(line)
+    return record
 
 
 def _context(loaded, recipe, settings, protected, calib, batches) -> ScoreContext:  # noqa: ANN001

@@ -35,6 +35,13 @@ class PruneRecipe(BaseModel):
         description="Explicit blocks to drop, comma-separated (original numbering); at a finer --granularity, "
         "sublayers named BLOCK.attn or BLOCK.mlp, e.g. 12.attn,12.mlp",
     )
+    target: str | None = Field(
+        None,
+        description="Prune to a target instead of --drop/--layers: params=6.5B or params=0.8x (parameters left), "
+        "memory=12GiB or memory=0.7x (weight bytes at the saved dtype; the KV cache is not counted), kv-cache=0.5x "
+        "(KV-cache bytes per token left), speedup=1.4x (measured on this device: prefill and decode tokens/s both "
+        "that much faster); the lowest-scored blocks go until it is met",
+    )
     score: str = Field(
         "ablation",
         description="Importance score: ablation, block-influence, angular, taylor, last, random (at a finer "
@@ -110,10 +117,31 @@ class PruneRecipe(BaseModel):
                 raise ValueError("is empty")
         return layers
 
+    @field_validator("target")
+    @classmethod
+    def _readable_target(cls, target: str | None) -> str | None:
+        from layerprune.prune.target import parse_target
+
+        if target is not None:
+            try:
+                return parse_target(target).text
+            except LayerpruneError as exc:
+                raise ValueError(str(exc)) from None
+        return target
+
     @model_validator(mode="after")
     def _drop_or_layers(self) -> PruneRecipe:
+        if self.target is not None:
+            if self.drop is not None or self.layers is not None:
+                raise ValueError("--target chooses how many blocks to drop: give it without --drop or --layers")
+            if self.iterative or self.score == "angular":
+                raise ValueError("--target ranks blocks by one score each: not with --iterative or --score angular")
+            if self.granularity != "block":
+                raise ValueError(f"--target removes whole blocks (not yet --granularity {self.granularity}): "
+                                 "give --drop N sublayers")
+            return self
         if self.drop is None and self.layers is None:
-            raise ValueError("give --drop N or --layers LIST")
+            raise ValueError("give --drop N, --layers LIST or --target")
         if self.drop is not None and self.layers is not None and self.drop != len(self.layers):
             raise ValueError(f"--drop {self.drop} disagrees with --layers ({len(self.layers)} {self.unit}s)")
         return self

@@ -31,6 +31,7 @@ class PruneReport(PrunedLineage):
     timings: dict[str, float] = Field(description="Seconds per phase")
     saved: dict[str, Any] | None = Field(None, description="How the weights were written")
     verification: dict[str, Any] | None = Field(None, description="The checks of the written model")
+    target: dict[str, Any] | None = Field(None, description="--target: the plan, predicted and measured values")
     scores_png: str | None = Field(None, description="The score chart beside the report")
     removed_sublayers: list[str] | None = Field(
         None,

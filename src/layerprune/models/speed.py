@@ -1,0 +1,147 @@
+"""Tokens per second of a model on this machine: a forward pass over a fixed batch, and greedy decoding.
+
+`measure_throughput` times `generate` (what a user of the pruned model sees, per-step overhead included);
+`measure_speed` and `measured_speedup` are the short fixed benchmark of pruning to a speed target: the model's
+own prefill and KV-cached decode steps, the candidate (the blocks actually dropped, `skipped_blocks`) timed
+alternately with the original so that a machine whose load drifts slows both alike.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from layerprune.models.blocks import skipped_blocks
+from layerprune.models.generate import generate_new_tokens
+
+
+def measure_throughput(model: Any, tokenizer: Any, seq_len: int = 256, batch: int = 4, new_tokens: int = 32,
+                       repeats: int = 3) -> dict[str, float]:
+    """Median-of-`repeats` prefill tokens/s and decode tokens/s (batch 1, KV cache)."""
+    ids = torch.randint(
+        10, min(tokenizer.vocab_size, 30000), (batch, seq_len), generator=torch.Generator().manual_seed(0)
+    )
+    ids = ids.to(model.device)
+    prompt = ids[:1, :32]
+    with torch.inference_mode():
+        model(input_ids=ids[:, :16])  # warm-up
+        prefill = _median([_timed(lambda: model(input_ids=ids, use_cache=False)) for _ in range(repeats)])
+        decode = _median(
+            [
+                _timed(
+                    lambda: generate_new_tokens(
+                        model, tokenizer, {"input_ids": prompt}, new_tokens, min_new_tokens=new_tokens
+                    )
+                )
+                for _ in range(repeats)
+            ]
+        )
+    return {"prefill_tokens_per_s": batch * seq_len / prefill, "decode_tokens_per_s": new_tokens / decode}
+
+
+@dataclass(frozen=True)
+class SpeedBench:
+    """The fixed benchmark: prefill of `batch` random prompts of `prompt_len` tokens (no cache, the last position's
+    logits), then `new_tokens` greedy decode steps of one row with the KV cache; each timed `repeats` times, the
+    fastest kept. `clock="cpu"` times this process's CPU seconds instead of the wall clock: a fair count of the
+    work on a CPU shared with other loads (never on an accelerator, whose work it does not see)."""
+
+    prompt_len: int = 128
+    batch: int = 1
+    new_tokens: int = 16
+    repeats: int = 3
+    clock: Literal["wall", "cpu"] = "wall"
+
+
+DEFAULT_BENCH = SpeedBench()
+
+
+@dataclass(frozen=True)
+class Speed:
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+
+
+def measure_speed(model: Any, bench: SpeedBench = DEFAULT_BENCH) -> Speed:
+    """Prefill and decode tokens/s of `model` as it is now, on its own device and dtype."""
+    ids = _prompt_ids(model, bench)
+    with torch.inference_mode():
+        _prefill(model, ids[:, :8], bench.clock)  # warm-up
+        prefill = min(_prefill(model, ids, bench.clock) for _ in range(bench.repeats))
+        decode = min(_decode(model, ids[:1], bench.new_tokens, bench.clock) for _ in range(bench.repeats))
+    return Speed(ids.numel() / prefill, bench.new_tokens / decode)
+
+
+def measured_speedup(model: Any, drop: Sequence[int], bench: SpeedBench = DEFAULT_BENCH) -> dict[str, float]:
+    """The model with `drop` removed against the model whole: tokens/s of each (prefill and decode) and the
+    ratios; `speedup` is the smaller ratio (a target is met when both phases are that much faster)."""
+    ids = _prompt_ids(model, bench)
+    times: dict[str, list[float]] = {key: [] for key in ("prefill", "decode", "prefill_new", "decode_new")}
+    with torch.inference_mode():
+        _prefill(model, ids[:, :8], bench.clock)  # warm-up
+        for _ in range(bench.repeats):
+            for suffix, skip in (("", ()), ("_new", drop)):
+                with skipped_blocks(model, list(skip)):
+                    times["prefill" + suffix].append(_prefill(model, ids, bench.clock))
+                    times["decode" + suffix].append(_decode(model, ids[:1], bench.new_tokens, bench.clock))
+    best = {key: min(values) for key, values in times.items()}
+    result = {
+        "prefill_tokens_per_s": ids.numel() / best["prefill"],
+        "decode_tokens_per_s": bench.new_tokens / best["decode"],
+        "prefill_tokens_per_s_pruned": ids.numel() / best["prefill_new"],
+        "decode_tokens_per_s_pruned": bench.new_tokens / best["decode_new"],
+        "prefill_speedup": best["prefill"] / best["prefill_new"],
+        "decode_speedup": best["decode"] / best["decode_new"],
+    }
+    return {**result, "speedup": min(result["prefill_speedup"], result["decode_speedup"])}
+
+
+def _prompt_ids(model: Any, bench: SpeedBench) -> torch.Tensor:
+    vocab = model.get_input_embeddings().num_embeddings
+    generator = torch.Generator().manual_seed(0)
+    return torch.randint(10, max(11, min(vocab, 30000)), (bench.batch, bench.prompt_len), generator=generator).to(
+        model.device
+    )
+
+
+def _prefill(model: Any, ids: torch.Tensor, clock: str = "wall") -> float:
+    """Seconds for one forward over the prompts, logits of the last position only (as generation's prefill)."""
+    last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    return _timed(lambda: model(input_ids=ids, use_cache=False, **last), ids.device, clock)
+
+
+def _decode(model: Any, prompt: torch.Tensor, steps: int, clock: str = "wall") -> float:
+    """Seconds for `steps` greedy steps after the prompt, each one token through the KV cache."""
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    out = model(input_ids=prompt, use_cache=True)
+    state = {"cache": out[name], "next": out.logits[:, -1:].argmax(-1)}
+
+    def run() -> None:
+        for _ in range(steps):
+            out = model(input_ids=state["next"], use_cache=True, **{name: state["cache"]})
+            state["cache"], state["next"] = out[name], out.logits[:, -1:].argmax(-1)
+
+    return _timed(run, prompt.device, clock)
+
+
+def _timed(fn: Callable[[], Any], device: Any = None, clock: str = "wall") -> float:
+    now = time.process_time if clock == "cpu" else time.perf_counter
+    _sync(device)
+    start = now()
+    fn()
+    _sync(device)
+    return now() - start
+
+
+def _sync(device: Any) -> None:
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]

@@ -1,0 +1,320 @@
+"""Prune to a target: parse `params=6.5B | memory=12GiB | kv-cache=0.5x | speedup=1.4x`, price each removal from
+the model's actual parameters, and take the lowest-scored removals until the target is met.
+
+A removal is a whole block (its index, an `int`) or one sublayer (`Sublayer(12, "attn")`). Its `Cost` is what it
+takes away: parameters; weight bytes at the save dtype; KV-cache bytes per token (the K and V projections' output
+widths, so GQA counts its KV heads, not its query heads); matmul FLOPs per token (2 x the block's 2-D weights; the
+LM head stays and counts in the total). Sizes come from the parameters themselves: tied embeddings count once,
+biases and norms count where they live, a sublayer owns its module and (Llama-style blocks) the norm in front of it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from layerprune.errors import LayerpruneError
+from layerprune.models.blocks import find_decoder_stack, text_config
+from layerprune.models.speed import DEFAULT_BENCH, SpeedBench, measured_speedup
+from layerprune.models.sublayers import PARTS, Sublayer, sublayer_module
+
+Removal = int | Sublayer
+Quantity = Literal["params", "memory", "kv-cache", "speedup"]
+Measure = Callable[[list[Removal]], Mapping[str, float]]
+
+PATTERN = re.compile(r"^\s*([a-z-]+)\s*=\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
+PARAM_UNITS = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
+BYTE_UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+              "tib": 2**40}
+FORMS = {"params": "params=6.5B (B/M/K) or params=0.8x", "memory": "memory=12GiB (GiB/GB/MiB/MB) or memory=0.7x",
+         "kv-cache": "kv-cache=0.5x", "speedup": "speedup=1.4x"}
+NORMS = {"attn": "input_layernorm", "mlp": "post_attention_layernorm"}  # the norm in front of each sublayer
+
+
+@dataclass(frozen=True)
+class Target:
+    """One parsed target: `relative` values are fractions of the original (a speedup is always relative)."""
+
+    quantity: Quantity
+    value: float
+    relative: bool
+    text: str
+
+    def limit(self, before: float) -> float:
+        """The most the quantity may be after pruning (params, memory, kv-cache)."""
+        return self.value * before if self.relative else self.value
+
+
+def parse_target(text: str) -> Target:
+    """`"params=6.5B"` -> Target("params", 6.5e9, False, ...); a one-line error naming the forms otherwise."""
+    match = PATTERN.match(str(text))
+    if not match:
+        raise LayerpruneError(f"cannot read target {text!r}: write one of {'; '.join(FORMS.values())}")
+    name, number, unit = match.group(1).lower(), float(match.group(2)), match.group(3).lower()
+    if name not in FORMS:
+        raise LayerpruneError(f"unknown target {name!r} in {text!r}: one of {', '.join(FORMS)}")
+    if unit == "x":
+        if name == "speedup" and number <= 1:
+            raise LayerpruneError(f"target {text!r}: a speedup must be above 1x")
+        if name != "speedup" and not 0 < number < 1:
+            raise LayerpruneError(f"target {text!r}: a fraction of the original must be between 0x and 1x")
+        return Target(name, number, True, f"{name}={match.group(2)}x")  # type: ignore[arg-type]
+    units = PARAM_UNITS if name == "params" else BYTE_UNITS if name == "memory" else {}
+    if unit not in units or number <= 0:
+        raise LayerpruneError(f"cannot read target {text!r}: write {FORMS[name]}")
+    return Target(name, number * units[unit], False, f"{name}={match.group(2)}{match.group(3)}")  # type: ignore
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What a removal takes away (or, as a model's total, what it has)."""
+
+    params: int = 0
+    bytes: int = 0
+    kv_bytes_per_token: int = 0
+    flops_per_token: int = 0
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(*(a + b for a, b in zip(self.values(), other.values(), strict=True)))
+
+    def __sub__(self, other: Cost) -> Cost:
+        return Cost(*(a - b for a, b in zip(self.values(), other.values(), strict=True)))
+
+    def values(self) -> tuple[int, int, int, int]:
+        return self.params, self.bytes, self.kv_bytes_per_token, self.flops_per_token
+
+
+@dataclass
+class ModelSizes:
+    """A model's totals and the cost of each possible removal: every block, every attention and MLP sublayer."""
+
+    total: Cost
+    costs: dict[Removal, Cost]
+    dtype: str
+
+    def removed(self, removals: Iterable[Removal]) -> Cost:
+        """The cost of a set of removals; a block and its own sublayers are not counted twice."""
+        parts: dict[int, set[str]] = {}
+        for removal in removals:
+            block, named = (removal, set(PARTS)) if isinstance(removal, int) else (removal.block, {removal.part})
+            parts.setdefault(block, set()).update(named)
+        total = Cost()
+        for block, named in parts.items():
+            whole = named == set(PARTS)
+            total += self.costs[block] if whole else sum((self.costs[Sublayer(block, p)] for p in named), Cost())
+        return total
+
+    def predicted(self, removals: Iterable[Removal]) -> dict[str, Any]:
+        """Params, weight bytes, KV-cache bytes per token and compute share after the removals, and the speedup the
+        compute share predicts (1 / the share of per-token matmul FLOPs left)."""
+        after = self.total - self.removed(removals)
+        return {
+            "params": after.params,
+            "memory_bytes": after.bytes,
+            "kv_bytes_per_token": after.kv_bytes_per_token,
+            "flops_per_token": after.flops_per_token,
+            "speedup": self.total.flops_per_token / max(after.flops_per_token, 1),
+        }
+
+
+def model_sizes(model: nn.Module, dtype: torch.dtype) -> ModelSizes:
+    """Totals and per-removal costs of `model`, weight bytes at `dtype` (the dtype it is saved in)."""
+    stack = find_decoder_stack(model)
+    width = torch.empty((), dtype=dtype).element_size()
+    unique = {id(p): p for p in model.parameters()}
+    head = stack.lm_head().weight
+    costs: dict[Removal, Cost] = {}
+    for index, block in enumerate(stack.layers):
+        costs[index] = _cost(block.parameters(), width, _kv_elements(model, block))
+        for part, params in _sublayer_params(block).items():
+            costs[Sublayer(index, part)] = _cost(params, width, _kv_elements(model, block) if part == "attn" else 0)
+    blocks = sum((costs[i] for i in range(len(stack))), Cost())
+    params = sum(p.numel() for p in unique.values())
+    total = Cost(params, params * width, blocks.kv_bytes_per_token, blocks.flops_per_token + 2 * head.numel())
+    return ModelSizes(total, costs, str(dtype).removeprefix("torch."))
+
+
+def _cost(params: Iterable[nn.Parameter], width: int, kv_elements: int) -> Cost:
+    params = list({id(p): p for p in params}.values())
+    count = sum(p.numel() for p in params)
+    flops = 2 * sum(p.numel() for p in params if p.dim() >= 2)
+    return Cost(count, count * width, kv_elements * width, flops)
+
+
+def _sublayer_params(block: nn.Module) -> dict[str, list[nn.Parameter]]:
+    """Each sublayer's parameters: its module's and the norm in front of it (empty when the block has no such
+    sublayer, e.g. a Mamba block)."""
+    found: dict[str, list[nn.Parameter]] = {}
+    for part in PARTS:
+        try:
+            module = sublayer_module(block, part)  # type: ignore[arg-type]
+        except LayerpruneError:
+            continue
+        norm = getattr(block, NORMS[part], None)
+        found[part] = [*module.parameters(), *(norm.parameters() if isinstance(norm, nn.Module) else ())]
+    return found
+
+
+def _kv_elements(model: nn.Module, block: nn.Module) -> int:
+    """K and V values one token adds to this block's cache: the K and V projections' output widths, else (fused
+    projections) 2 x KV heads x head_dim from the config; 0 for a block without attention."""
+    try:
+        attn = sublayer_module(block, "attn")
+    except LayerpruneError:
+        return 0
+    k, v = getattr(attn, "k_proj", None), getattr(attn, "v_proj", None)
+    if isinstance(k, nn.Linear) and isinstance(v, nn.Linear):
+        return k.out_features + v.out_features
+    config = text_config(model)
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * heads * head_dim
+
+
+@dataclass
+class TargetPlan:
+    """The removals chosen for a target, what they leave (predicted), and each speed measurement taken."""
+
+    target: Target
+    removals: list[Removal]
+    before: dict[str, Any]
+    after: dict[str, Any]
+    measured: list[dict[str, Any]] = field(default_factory=list)
+
+    def record(self) -> dict[str, Any]:
+        """The report's `target` section."""
+        chosen = next((m for m in self.measured if m["removals"] == len(self.removals)), None)
+        return {
+            "target": self.target.text,
+            "removals": [str(r) for r in self.removals],
+            "predicted": {"before": self.before, "after": self.after},
+            "measured_speedup": chosen,
+            "measurements": self.measured,
+        }
+
+
+def rank_removals(scores: Sequence[float | None], removals: Sequence[Removal],
+                  protected: Iterable[Removal] = ()) -> list[Removal]:
+    """Unprotected, scored removals, least important first; ties go to the later block first, as `--drop N` does."""
+    fixed = set(protected)
+    pool = [(s, _tie(r), r) for s, r in zip(scores, removals, strict=True)
+            if r not in fixed and s is not None and not math.isnan(s)]
+    return [r for _, _, r in sorted(pool, key=lambda t: (t[0], t[1]))]
+
+
+def _tie(removal: Removal) -> tuple[int, str]:
+    return (-removal, "") if isinstance(removal, int) else (-removal.block, removal.part)
+
+
+def plan_to_target(
+    scores: Sequence[float | None],
+    removals: Sequence[Removal],
+    target: Target,
+    sizes: ModelSizes,
+    protected: Iterable[Removal] = (),
+    max_removals: int | None = None,
+    measure: Measure | None = None,
+) -> TargetPlan:
+    """The shortest prefix of the ranking (`rank_removals`) that meets `target`; at most `max_removals` long.
+
+    params, memory and kv-cache are computed from `sizes`. speedup is measured by `measure(removals)` (a mapping
+    with a `speedup` ratio): first where the predicted speedup crosses the target, then one removal more while
+    the measurement falls short, or one fewer while the shorter prefix still meets it. One line naming the best
+    reachable value when even the longest allowed prefix does not meet it.
+    """
+    ranked = rank_removals(scores, removals, protected)[:max_removals]
+    before = sizes.predicted([])
+    if target.quantity == "speedup":
+        if measure is None:
+            raise LayerpruneError("a speedup target needs a measurement of the candidates")
+        return _plan_speedup(ranked, target, sizes, measure, before)
+    key = {"params": "params", "memory": "memory_bytes", "kv-cache": "kv_bytes_per_token"}[target.quantity]
+    limit = target.limit(before[key])
+    for count in range(len(ranked) + 1):
+        after = sizes.predicted(ranked[:count])
+        if after[key] <= limit:
+            return TargetPlan(target, ranked[:count], before, after)
+    best = sizes.predicted(ranked)[key]
+    raise LayerpruneError(
+        f"--target {target.text} cannot be reached: removing all {len(ranked)} removable (unprotected, scored; one "
+        f"block kept) leaves {_format(target.quantity, best, before[key])}"
+    )
+
+
+def _plan_speedup(ranked: list[Removal], target: Target, sizes: ModelSizes, measure: Measure,
+                  before: dict[str, Any]) -> TargetPlan:
+    measured: dict[int, dict[str, Any]] = {}
+
+    def meets(count: int) -> bool:
+        if count not in measured:
+            ratios = dict(measure(ranked[:count]))
+            measured[count] = {"removals": count, "predicted": sizes.predicted(ranked[:count])["speedup"], **ratios}
+        return measured[count]["speedup"] >= target.value
+
+    if not ranked:
+        raise LayerpruneError(f"--target {target.text} cannot be reached: nothing is removable")
+    count = next((n for n in range(1, len(ranked) + 1) if sizes.predicted(ranked[:n])["speedup"] >= target.value),
+                 len(ranked))
+    if meets(count):
+        while count > 1 and meets(count - 1):
+            count -= 1
+    else:
+        while not meets(count):
+            if count == len(ranked):
+                raise LayerpruneError(
+                    f"--target {target.text} cannot be reached: removing all {count} removable (unprotected, scored; "
+                    f"one block kept) measured {measured[count]['speedup']:.2f}x"
+                )
+            count += 1
+    plan = TargetPlan(target, ranked[:count], before, sizes.predicted(ranked[:count]))
+    plan.measured = [measured[n] for n in sorted(measured)]
+    return plan
+
+
+def _format(quantity: str, value: float, before: float) -> str:
+    share = f"{value / before:.3f}x of the original" if before else ""
+    if quantity == "params":
+        return f"{value / 1e6:.2f}M parameters ({share})"
+    if quantity == "memory":
+        unit, size = ("GiB", 2**30) if value >= 2**30 else ("MiB", 2**20)
+        return f"{value / size:.3f} {unit} of weights ({share})"
+    return f"{value:.0f} KV-cache bytes per token ({share})"
+
+
+def plan_lines(record: Mapping[str, Any]) -> list[str]:
+    """The plan as printed: target, removals, predicted values before -> after, measured speedup."""
+    before, after = record["predicted"]["before"], record["predicted"]["after"]
+    lines = [
+        f"target {record['target']}: remove {', '.join(record['removals']) or 'nothing'}",
+        f"  predicted: parameters {before['params'] / 1e6:.2f}M -> {after['params'] / 1e6:.2f}M, weights "
+        f"{before['memory_bytes'] / 2**20:.1f} MiB -> {after['memory_bytes'] / 2**20:.1f} MiB, KV cache "
+        f"{before['kv_bytes_per_token']} -> {after['kv_bytes_per_token']} bytes/token, speedup {after['speedup']:.2f}x",
+    ]
+    chosen = record.get("measured_speedup")
+    if chosen:
+        phases = ", ".join(f"{phase} {chosen[phase + '_speedup']:.2f}x" for phase in ("prefill", "decode")
+                           if phase + "_speedup" in chosen)
+        lines.append(f"  measured: speedup {chosen['speedup']:.2f}x ({phases + '; ' if phases else ''}"
+                     f"predicted {chosen['predicted']:.2f}x)")
+    return lines
+
+
+def plan_blocks(model: nn.Module, target: Target, scores: Sequence[float | None], protected: Sequence[int],
+                dtype: torch.dtype, bench: SpeedBench = DEFAULT_BENCH) -> TargetPlan:
+    """Whole-block removals for `target`: sizes from `model` (weights at `dtype`), a speedup measured on the model
+    as it runs here (`measured_speedup`: the blocks actually dropped, timed against the whole model)."""
+    depth = len(find_decoder_stack(model))
+
+    def measure(removals: list[Removal]) -> Mapping[str, float]:
+        if any(isinstance(r, Sublayer) for r in removals):
+            raise LayerpruneError("a speedup target measures whole-block removals only")
+        return measured_speedup(model, [int(r) for r in removals], bench)
+
+    return plan_to_target(scores, list(range(depth)), target, model_sizes(model, dtype), protected,
+                          max(depth - len(protected) - 1, 0), measure if target.quantity == "speedup" else None)

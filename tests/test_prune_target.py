@@ -1,0 +1,224 @@
+"""`prune --target`: parsing and refusals, the size arithmetic against saved models, the same blocks as `--drop N`,
+and the speed search's stopping rule (a fake measurement; no wall-clock assertions)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM
+
+from helpers import assert_one_line_error, run_cli
+from layerprune.errors import LayerpruneError
+from layerprune.models import drop_blocks
+from layerprune.models.speed import SpeedBench, measured_speedup
+from layerprune.models.sublayers import Sublayer
+from layerprune.prune.api import prune_model
+from layerprune.prune.recipe import PruneRecipe
+from layerprune.prune.target import model_sizes, parse_target, plan_to_target, rank_removals
+from tiny import tiny_config, tiny_tokenizer
+
+CHEAP = ["--calib", "arithmetic", "--calib-samples", "4", "--batch-size", "4", "--score", "block-influence"]
+
+
+def prune_args(model: Path, *extra: str) -> list[str]:
+    return ["prune", "--model", str(model), *CHEAP, *extra]
+
+
+@pytest.mark.parametrize(("text", "quantity", "value", "relative"), [
+    ("params=6.5B", "params", 6.5e9, False), ("params=800M", "params", 8e8, False),
+    ("params=0.8x", "params", 0.8, True), ("memory=12GiB", "memory", 12 * 2**30, False),
+    ("memory=1.5GB", "memory", 1.5e9, False), ("memory=300MiB", "memory", 300 * 2**20, False),
+    ("memory=0.7x", "memory", 0.7, True), ("kv-cache=0.5x", "kv-cache", 0.5, True),
+    (" speedup = 1.4X ", "speedup", 1.4, True),
+])
+def test_parse_target(text, quantity, value, relative):
+    target = parse_target(text)
+    assert (target.quantity, target.relative) == (quantity, relative)
+    assert math.isclose(target.value, value)
+
+
+@pytest.mark.parametrize(("target", "needle"), [
+    ("params", "cannot read target"), ("params=lots", "cannot read target"), ("size=1B", "unknown target"),
+    ("params=12GiB", "params=6.5B"), ("memory=3T", "memory=12GiB"), ("kv-cache=1GB", "kv-cache=0.5x"),
+    ("params=1.5x", "between 0x and 1x"), ("speedup=0.9x", "above 1x"), ("speedup=2", "speedup=1.4x"),
+])
+def test_bad_target_is_one_line(capsys, tiny_llama, target, needle):
+    code, _, err = run_cli(capsys, prune_args(tiny_llama, "--dry-run", "--target", target))
+    assert_one_line_error(code, err, "target", needle)
+
+
+@pytest.mark.parametrize(("extra", "needle"), [
+    (["--drop", "2"], "without --drop or --layers"), (["--layers", "2"], "without --drop or --layers"),
+    (["--iterative"], "not with --iterative"), (["--score", "angular"], "not with --iterative or --score angular"),
+    (["--block-major"], "--block-major"), (["--granularity", "attention"], "not yet --granularity attention"),
+])
+def test_target_refuses_what_it_cannot_combine(capsys, tiny_llama, extra, needle):
+    code, _, err = run_cli(capsys, prune_args(tiny_llama, "--dry-run", "--target", "params=0.8x", *extra))
+    assert_one_line_error(code, err, needle)
+
+
+@pytest.mark.parametrize(("target", "needle"), [
+    ("params=0.2x", "0.12M parameters (0.454x of the original)"), ("memory=1KiB", "MiB of weights (0.454x"),
+    ("kv-cache=0.1x", "512 KV-cache bytes per token (0.333x"),
+])
+def test_unreachable_target_names_the_best_reachable(capsys, tiny_llama, tmp_path, target, needle):
+    out = tmp_path / "pruned"
+    code, _, err = run_cli(capsys, prune_args(tiny_llama, "--output", str(out), "--target", target))
+    assert_one_line_error(code, err, f"--target {target} cannot be reached", "removing all 4 removable", needle)
+    assert not out.exists()
+
+
+def _tensor_bytes(directory: Path) -> int:
+    total = 0
+    for path in directory.glob("*.safetensors"):
+        with safe_open(path, "pt") as files:
+            for name in files.keys():  # noqa: SIM118
+                tensor = files.get_tensor(name)
+                total += tensor.numel() * tensor.element_size()
+    return total
+
+
+@pytest.mark.parametrize(("target", "dtype"), [("params=0.7x", "auto"), ("memory=0.4MiB", "bfloat16"),
+                                               ("kv-cache=0.5x", "auto")])
+def test_saved_model_meets_the_target_as_predicted(capsys, tiny_llama, tmp_path, target, dtype):
+    out = tmp_path / "pruned"
+    code, stdout, err = run_cli(capsys, prune_args(tiny_llama, "--output", str(out), "--dtype", dtype,
+                                                   "--target", target))
+    assert code == 0, err
+    report = json.loads((out / "prune_report.json").read_text())
+    before, after = report["target"]["predicted"]["before"], report["target"]["predicted"]["after"]
+    saved = AutoModelForCausalLM.from_pretrained(out)
+    config = saved.config
+    kv = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * (2 if dtype == "bfloat16" else 4)
+    assert after["params"] == saved.num_parameters() == report["params_after"]
+    assert after["memory_bytes"] == _tensor_bytes(out)
+    assert after["kv_bytes_per_token"] == kv
+    quantity, value = target.split("=")
+    key = {"params": "params", "memory": "memory_bytes", "kv-cache": "kv_bytes_per_token"}[quantity]
+    limit = 0.4 * 2**20 if value.endswith("MiB") else float(value.rstrip("x")) * before[key]
+    assert after[key] <= limit < before[key]
+    assert sorted(int(r) for r in report["target"]["removals"]) == report["dropped"]
+    assert f"target {target}: remove" in stdout
+
+
+@pytest.mark.parametrize("score", ["block-influence", "last"])
+def test_target_picks_the_blocks_drop_n_would(tiny_llama, score):
+    common = {"score": score, "calib": "arithmetic", "calib_samples": 4, "batch_size": 4}
+    by_target = prune_model(str(tiny_llama), PruneRecipe(target="params=0.6x", **common), dry_run=True).report
+    n = len(by_target["dropped"])
+    assert 1 < n < 5
+    by_drop = prune_model(str(tiny_llama), PruneRecipe(drop=n, **common), dry_run=True).report
+    assert by_target["dropped"] == by_drop["dropped"]
+    fewer = prune_model(str(tiny_llama), PruneRecipe(drop=n - 1, **common), dry_run=True).report
+    assert fewer["params_after"] > 0.6 * by_target["params_before"] >= by_target["params_after"]
+
+
+def _tied_qwen2(directory: Path) -> Path:
+    """Qwen2 (q/k/v biases, GQA) with tied embeddings: the cases a formula of the config gets wrong."""
+    config = tiny_config("qwen2")
+    config.tie_word_embeddings = True
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(directory)
+    tiny_tokenizer().save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.parametrize("arch", ["llama", "tied-qwen2"])
+def test_sizes_are_the_models_own(tiny_models, tmp_path, arch):
+    path = _tied_qwen2(tmp_path / "qwen2") if arch == "tied-qwen2" else tiny_models("llama")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    sizes = model_sizes(model, torch.bfloat16)
+    assert sizes.total.params == model.num_parameters() == sum(p.numel() for p in model.parameters())
+    assert sizes.total.bytes == 2 * sizes.total.params
+    for block in range(len(model.model.layers)):
+        layer = model.model.layers[block]
+        attn, mlp = sizes.costs[Sublayer(block, "attn")], sizes.costs[Sublayer(block, "mlp")]
+        assert attn.params == sum(p.numel() for p in [*layer.self_attn.parameters(), layer.input_layernorm.weight])
+        assert attn.kv_bytes_per_token == 2 * 2 * 16 * 2 and mlp.kv_bytes_per_token == 0  # K, V: 2 heads x 16, bf16
+        assert sizes.removed([Sublayer(block, "attn"), Sublayer(block, "mlp")]) == sizes.costs[block]
+        assert sizes.removed([block, Sublayer(block, "mlp")]) == sizes.costs[block]
+    predicted = sizes.predicted([1, 3, Sublayer(4, "attn")])
+    removed = sizes.costs[1].params + sizes.costs[3].params + sizes.costs[Sublayer(4, "attn")].params
+    assert predicted["params"] == sizes.total.params - removed
+    drop_blocks(model, [1, 3])
+    assert sizes.predicted([1, 3])["params"] == model.num_parameters()
+
+
+def _fake_sizes(tiny_llama):
+    return model_sizes(AutoModelForCausalLM.from_pretrained(tiny_llama), torch.float32)
+
+
+def test_ranking_protects_and_breaks_ties_like_drop(tiny_llama):
+    removals = [*range(4), Sublayer(4, "attn"), Sublayer(4, "mlp")]
+    ranked = rank_removals([0.5, 0.1, 0.1, None, 0.0, float("nan")], removals, protected=[0])
+    assert ranked == [Sublayer(4, "attn"), 2, 1]
+
+
+@pytest.mark.parametrize(("measured", "expected_count", "measured_counts"), [
+    (lambda n: 1.0 + 0.1 * n, 3, [3]),  # measured below predicted: one more removal at a time
+    (lambda n: 1.0 + 0.5 * n, 1, [1]),  # measured above predicted where it crossed: one fewer while it holds
+])
+def test_speed_search_stops_when_measured_meets_the_target(tiny_llama, measured, expected_count, measured_counts):
+    sizes = _fake_sizes(tiny_llama)
+    calls: list[list] = []
+
+    def measure(removals):
+        calls.append(list(removals))
+        return {"speedup": measured(len(removals))}
+
+    scores = [6.0, 5.0, 4.0, 3.0, 2.0, 1.0]
+    crossing = next(n for n in range(1, 6) if sizes.predicted([5, 4, 3, 2, 1][:n])["speedup"] >= 1.25)
+    assert crossing == 2  # the first measurement is where the prediction crosses
+    plan = plan_to_target(scores, list(range(6)), parse_target("speedup=1.25x"), sizes, [0], 4, measure)
+    assert len(plan.removals) == expected_count and plan.removals == [5, 4, 3, 2][:expected_count]
+    assert sorted({len(c) for c in calls}) == sorted({*measured_counts, crossing, expected_count})
+    assert len(calls) == len({len(c) for c in calls})  # each candidate measured once
+    assert plan.record()["measured_speedup"]["speedup"] >= 1.25
+    assert all(m["predicted"] > 1 for m in plan.record()["measurements"])
+
+
+def test_speed_search_refuses_an_unreachable_speedup(tiny_llama):
+    with pytest.raises(LayerpruneError, match=r"speedup=3x cannot be reached: .* measured 1\.40x"):
+        plan_to_target([1.0] * 6, list(range(6)), parse_target("speedup=3x"), _fake_sizes(tiny_llama), [0], 4,
+                       lambda removals: {"speedup": 1.0 + 0.1 * len(removals)})
+
+
+@pytest.mark.parametrize("clock", ["wall", "cpu"])
+def test_measured_speedup_is_a_sane_ratio(tiny_llama, clock):
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    depth = len(model.model.layers)
+    result = measured_speedup(model, [1, 2, 3], SpeedBench(prompt_len=16, batch=2, new_tokens=4, repeats=1,
+                                                            clock=clock))
+    for key in ("prefill_speedup", "decode_speedup", "speedup", "prefill_tokens_per_s", "decode_tokens_per_s_pruned"):
+        assert math.isfinite(result[key]) and result[key] > 0, key
+    assert result["speedup"] == min(result["prefill_speedup"], result["decode_speedup"])
+    assert len(model.model.layers) == depth  # the model is whole again
+
+
+def test_speedup_target_dry_run_prints_predicted_and_measured(capsys, tiny_llama, monkeypatch):
+    import layerprune.prune.target as target_module
+
+    seen: list[list[int]] = []
+
+    def fake(model, drop, bench):  # noqa: ANN001, ANN202
+        seen.append(list(drop))
+        assert len(model.model.layers) == 6  # measured on the whole model, which the real one prunes in place
+        ratio = 1.0 + 0.1 * len(drop)
+        return {"prefill_speedup": ratio + 0.05, "decode_speedup": ratio, "speedup": ratio}
+
+    monkeypatch.setattr(target_module, "measured_speedup", fake)
+    code, stdout, err = run_cli(capsys, prune_args(tiny_llama, "--dry-run", "--json", "--target", "speedup=1.25x"))
+    assert code == 0, err
+    report = json.loads(stdout[stdout.index("\n{") + 1:])
+    record = report["target"]
+    assert [m["removals"] for m in record["measurements"]] == sorted({len(d) for d in seen})
+    assert record["measured_speedup"]["removals"] == len(report["dropped"]) == 3
+    assert record["measured_speedup"]["predicted"] == record["predicted"]["after"]["speedup"]
+    assert "measured: speedup 1.30x (prefill 1.35x, decode 1.30x; predicted" in stdout
+    assert "dry run: nothing written" in stdout
