@@ -101,3 +101,27 @@ def test_a_q8_export_reads_back_within_its_rounding(nas_sourced, tmp_path):
     back = export_gguf(nas_sourced, tmp_path / "q.gguf", "q8_0").readback
     assert back["missing"] == [] and back["unexpected"] == []
     assert 0 < back["max_relative_error"] < 0.02
+
+
+@pytest.mark.slow
+def test_a_sublayer_pruned_smollm2_exports_and_llama_cpp_continues_it_as_transformers(tmp_path, capsys):
+    """The embedded SmolLM2-135M minus five attention and two MLP sublayers (one block whole), F16 GGUF: read back
+    tensor by tensor, and run by llama.cpp with transformers' greedy tokens where llama-cpp-python is installed."""
+    from layerprune.cli import main
+
+    pruned = tmp_path / "pruned"
+    removed = "20.attn,22.attn,24.attn,25.mlp,27.attn,27.mlp,28.attn"
+    assert main(["-q", "prune", "--model", "embedded", "--granularity", "sublayer", "--layers", removed,
+                 "--dtype", "float32", "-o", str(pruned)]) == 0
+    report = export_gguf(pruned, tmp_path / "m.gguf", "f16")
+    assert report.per_layer["block_count"] == 29 and report.per_layer["attention.head_count"].count(0) == 4
+    assert report.readback["missing"] == [] and report.readback["unexpected"] == []
+    assert report.readback["max_relative_error"] < 1e-3 and report.readback["tokens_equal"]
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama.cpp check needs llama-cpp-python (make bench-engines builds it)")
+    from layerprune.export.llamacpp import compare_with_transformers
+
+    ran = compare_with_transformers(tmp_path / "m.gguf", pruned)
+    assert ran["tokenization_equal"] == "4/4"
+    same, total = map(int, ran["top1_agreement"].split("/"))
+    assert same >= 0.95 * total and ran["continuations"]["equal"] >= 3

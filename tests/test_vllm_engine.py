@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 
@@ -32,3 +33,17 @@ def test_check_serve_without_vllm_is_one_line_naming_the_install(tiny_llama, cap
     code, _, err = run_cli(capsys, ["check-serve", str(tiny_llama)])
     assert code == 2 and err.startswith("error: check-serve needs vLLM: pip install 'layerprune[vllm]'")
     assert len(err.strip().splitlines()) == 1
+
+
+def test_vllm_trusts_the_configuration_code_of_our_layout_only(tmp_path):
+    """vLLM has no config class for nemotron-nas: it must run the folder's configuration file; it is told to trust
+    it only when the file is layerprune's own, byte for byte."""
+    from layerprune.models.nemotron_nas import write_layout_files
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    write_layout_files(tmp_path)
+    assert llm_kwargs(str(tmp_path), EngineSettings(), cpu=True)["trust_remote_code"] is True
+    with (tmp_path / "configuration_decilm.py").open("a") as handle:
+        handle.write("\nimport os  # someone else's code\n")
+    assert "trust_remote_code" not in llm_kwargs(str(tmp_path), EngineSettings(), cpu=True)
+    assert "trust_remote_code" not in llm_kwargs("m", EngineSettings(), cpu=True)

