@@ -19,7 +19,7 @@ from layerprune.evaluate.schema import EvalSettings
 from layerprune.pipeline.recipe import RunRecipe
 from layerprune.pipeline.studies.recovery import RecoveryStudy
 from layerprune.pipeline.studies.sweep import SweepStudy
-from layerprune.pipeline.variant import VariantStudy
+from layerprune.pipeline.studies.variant import VariantStudy
 from layerprune.posttrain.schema import VariantRecipe
 from layerprune.prune.recipe import PruneRecipe
 from layerprune.recipe_loading import read_recipe_dict, validation_message
