@@ -11,7 +11,7 @@ from layerprune.analyze import metrics
 from layerprune.data import read_jsonl
 from layerprune.errors import LayerpruneError
 from layerprune.pipeline import audit
-from layerprune.pipeline.study import RecoveryStudy
+from layerprune.pipeline.studies.recovery import RecoveryStudy
 from layerprune.probes import EVAL_SEED, generate_probes, probe_tasks
 from layerprune.recipe_loading import shipped_recipes
 

@@ -99,7 +99,7 @@ def test_analyze_without_its_extra_is_one_line(capsys, monkeypatch, tmp_path, ti
 
 
 def test_variant_study_without_the_analyze_extra_stops_before_training(monkeypatch):
-    from layerprune.pipeline import variant
+    from layerprune.pipeline.studies import variant
 
     monkeypatch.setitem(sys.modules, "scipy", None)
     monkeypatch.setattr(variant, "make_variant", lambda *a: pytest.fail("trained without the analyze extra"))

@@ -2,8 +2,9 @@
 
 The stages (prune, evaluate, recover, analyze) are siblings that never import each other. Every import statement in
 src/layerprune is read with ast, at module level and inside functions alike, and so is every string that names a class
-for a later `importlib` look-up ('layerprune.pipeline.sweep:SweepStudy'): an arrow all the same. Inside the package
-nothing takes a name from the package face (`from layerprune import __version__`); the face imports the floors.
+for a later `importlib` look-up ('layerprune.pipeline.studies.sweep:SweepStudy'): an arrow all the same. Inside the
+package nothing takes a name from the package face (`from layerprune import __version__`); the face imports the
+floors.
 """
 
 from __future__ import annotations
@@ -91,8 +92,8 @@ def test_the_rule_sees_function_level_and_relative_imports_and_judges_arrows():
     source = "from . import recipe\n\ndef f():\n    from layerprune.cli import main\n    import layerprune.errors\n"
     assert {t for _, t in imports_of(source, "layerprune.prune.api", False)} == {
         "layerprune.prune.recipe", "layerprune.cli", "layerprune.errors"}
-    named = 'KINDS = {"sweep": "layerprune.pipeline.sweep:SweepStudy", "note": "see layerprune.cli:main"}\n'
-    assert imports_of(named, "layerprune.recipe_loading", False) == [(1, "layerprune.pipeline.sweep")]
+    named = 'KINDS = {"sweep": "layerprune.pipeline.studies.sweep:SweepStudy", "note": "see layerprune.cli:main"}\n'
+    assert imports_of(named, "layerprune.recipe_loading", False) == [(1, "layerprune.pipeline.studies.sweep")]
     assert imports_of("from layerprune import __version__\n", "layerprune.provenance", False) == [(1, FACADE)]
     assert goes_up_or_sideways("layerprune.prune.api", "layerprune.cli")
     assert goes_up_or_sideways("layerprune.analyze.walk", "layerprune.prune.forward")

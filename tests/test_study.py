@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from helpers import run_cli
-from layerprune.pipeline import study_report
-from layerprune.pipeline.study import RecoveryStudy
+from layerprune.pipeline.studies import recovery_report
+from layerprune.pipeline.studies.recovery import RecoveryStudy
 from layerprune.recipe_loading import shipped_recipes
 
 STUDIES = sorted(p for (kind, _), p in shipped_recipes("recovery-study").items())
@@ -73,9 +73,9 @@ def test_tiny_study_prunes_once_recovers_each_arm_and_writes_one_table(capsys, t
 
 
 def test_recovered_share_says_no_clear_drop_within_two_standard_errors():
-    assert study_report.recovered_share((0.30, 0.02), (0.10, 0.02), (0.20, 0.02)) == pytest.approx(0.5)
-    assert study_report.recovered_share((0.30, 0.05), (0.25, 0.05), (0.30, 0.05)) == "n/a (no clear drop)"
-    assert study_report.mean_with_se([]) is None
+    assert recovery_report.recovered_share((0.30, 0.02), (0.10, 0.02), (0.20, 0.02)) == pytest.approx(0.5)
+    assert recovery_report.recovered_share((0.30, 0.05), (0.25, 0.05), (0.30, 0.05)) == "n/a (no clear drop)"
+    assert recovery_report.mean_with_se([]) is None
 
 
 def test_study_schema_demands_a_matched_budget_and_known_arm_fields(tiny_llama):
@@ -123,18 +123,18 @@ def _summary(root: Path, label: str, scores: dict[str, float], evals: str = "eva
 
 
 def test_each_arm_is_reported_on_trained_and_on_unseen_skills(tmp_path):
-    trained = study_report.trained_tasks("probes:arith_2d_add+arith_2d_mul+brackets_d6")
+    trained = recovery_report.trained_tasks("probes:arith_2d_add+arith_2d_mul+brackets_d6")
     assert trained == {"arith_2d_add", "arith_2d_mul", "brackets_d6"}  # by task: brackets_d5 stays unseen
-    assert study_report.trained_tasks("gsm8k") == {"gsm8k"} and study_report.trained_tasks("dolly") == frozenset()
-    assert study_report.trained_tasks("hf:openai/gsm8k:main") == {"gsm8k"}  # by its hub id too
-    assert study_report.trained_tasks("hf:someone/gsm8k-like") == frozenset()
+    assert recovery_report.trained_tasks("gsm8k") == {"gsm8k"} and recovery_report.trained_tasks("dolly") == frozenset()
+    assert recovery_report.trained_tasks("hf:openai/gsm8k:main") == {"gsm8k"}  # by its hub id too
+    assert recovery_report.trained_tasks("hf:someone/gsm8k-like") == frozenset()
     _summary(tmp_path, "baseline", {"arith_2d_add": 0.8, "arith_2d_mul": 0.6, "brackets_d5": 0.5, "gsm8k": 0.2,
                                     "piqa": 0.6})
     _summary(tmp_path, "pruned", {"arith_2d_add": 0.2, "arith_2d_mul": 0.2, "brackets_d5": 0.1, "gsm8k": 0.1,
                                   "piqa": 0.5})
     _summary(tmp_path, "sft", {"arith_2d_add": 0.7, "arith_2d_mul": 0.5, "brackets_d5": 0.1, "gsm8k": 0.1,
                                "piqa": 0.5})
-    rows = {r["model"]: r for r in study_report.study_rows(tmp_path, ["sft"], trained)}
+    rows = {r["model"]: r for r in recovery_report.study_rows(tmp_path, ["sft"], trained)}
     sft = rows["sft"]
     assert sft["probes_trained"][0] == pytest.approx(0.6) and sft["probes_unseen"][0] == pytest.approx(0.1)
     assert sft["probes_trained"][1] == pytest.approx(0.01 * 2 ** 0.5 / 2)  # sqrt(sum se^2) / k
@@ -143,11 +143,11 @@ def test_each_arm_is_reported_on_trained_and_on_unseen_skills(tmp_path):
     assert sft["recovered_share"] == pytest.approx((0.6 * 2 + 0.1 - 0.5) / (1.9 - 0.5))
     assert sft["trained_tasks"] == ["arith_2d_add", "arith_2d_mul"] and sft["unseen_tasks"] == ["brackets_d5"]
     assert sft["probe_items"] == {"arith_2d_add": 100, "arith_2d_mul": 100, "brackets_d5": 100}
-    items = study_report.probe_items_text({"arith_2d_add": 100, "brackets_d2": 9, "brackets_d3": 20})
+    items = recovery_report.probe_items_text({"arith_2d_add": 100, "brackets_d2": 9, "brackets_d3": 20})
     assert items == "arith_2d_add 100, brackets_d2 9 (all there are), brackets_d3 20"  # 20 < 27: not all
-    table = study_report.format_table(list(rows.values()))
+    table = recovery_report.format_table(list(rows.values()))
     assert "trained probes (%)" in table and "GSM8K, unseen (%)" in table and "57% / 80% / 0%" in table
-    note = " ".join(study_report.closing_note(list(rows.values())))
+    note = " ".join(recovery_report.closing_note(list(rows.values())))
     assert ("trained probe tasks: sft (-), 80% of the drop recovered; judged by its point estimate (no interval), it "
             "reaches three quarters") in note  # no per-item samples here: the unpaired figures
     assert "unseen probe tasks: sft" in note and "0% of the drop recovered; judged by its point" in note
@@ -172,11 +172,11 @@ def test_paired_study_verdict_needs_the_share_interval_to_clear_the_threshold(tm
     sft = [1] * 21 + [0] * 19  # 11 of the 20 lost items back: 55%
     for label, vector in (("baseline", base), ("pruned", pruned), ("sft", sft)):
         _with_samples(tmp_path, label, {"arith_2d_add": vector, "piqa": [1, 0] * (n // 2)})
-    rows = {r["model"]: r for r in study_report.study_rows(tmp_path, ["sft"], frozenset({"arith_2d_add"}))}
+    rows = {r["model"]: r for r in recovery_report.study_rows(tmp_path, ["sft"], frozenset({"arith_2d_add"}))}
     share = rows["sft"]["recovered_share_trained"]
     assert rows["sft"]["pairing"] == "paired" and share["value"] == pytest.approx(0.55)
     assert share["low"] < 0.5 < share["value"] < share["high"]
-    note = " ".join(study_report.closing_note(list(rows.values())))
+    note = " ".join(recovery_report.closing_note(list(rows.values())))
     assert "judged by its interval's lower end, it does NOT reach half" in note
     assert rows["sft"]["intervals"]["classification"]["value"] == pytest.approx(0.5)
 
@@ -185,7 +185,7 @@ def test_embedded_study_recovers_on_plain_arithmetic_prompts_only():
     path = next(p for p in STUDIES if p.stem == "recovery-methods-embedded")
     shared = RecoveryStudy.load(path).shared_recipe("<pruned>")
     assert shared.generate.chat_template is False and shared.prompts.samples == 160
-    trained = study_report.trained_tasks(shared.prompts.source)
+    trained = recovery_report.trained_tasks(shared.prompts.source)
     assert trained == {"arith_1dc", "arith_2d_add", "arith_2d_sub", "arith_2d_mul", "arith_3d_add", "arith_3d_sub"}
 
 
@@ -196,8 +196,8 @@ def test_trained_skills_come_from_the_prompts_kept():
 
     source = "probes:arith_2d_add+brackets_d2"
     kept, _ = load_prompts(PromptSource(source=source, samples=16), None)
-    assert study_report.trained_tasks(source) == {"arith_2d_add", "brackets_d2"}  # by name
-    assert study_report.trained_tasks(source, [p.text for p in kept]) == {"arith_2d_add"}  # by what was kept
+    assert recovery_report.trained_tasks(source) == {"arith_2d_add", "brackets_d2"}  # by name
+    assert recovery_report.trained_tasks(source, [p.text for p in kept]) == {"arith_2d_add"}  # by what was kept
 
 
 def test_paired_report_gives_the_classification_share_the_goal_and_flags_an_arm_that_loses_a_skill(tmp_path):
@@ -211,18 +211,18 @@ def test_paired_report_gives_the_classification_share_the_goal_and_flags_an_arm_
            "local": [1] * 34 + [0] * 26, "merge": [1] * 12 + [0] * 48}
     for label in copy:
         _with_samples(tmp_path, label, {"copy_l7": copy[label], "piqa": cls[label]})
-    rows = {r["model"]: r for r in study_report.study_rows(tmp_path, ["sft", "local", "merge"], frozenset())}
+    rows = {r["model"]: r for r in recovery_report.study_rows(tmp_path, ["sft", "local", "merge"], frozenset())}
     local, merge = rows["local"], rows["merge"]
     assert local["recovered_share_unseen"]["value"] == pytest.approx(30 / 40)
     assert local["recovered_share_classification"]["value"] == pytest.approx(4 / 15)
     assert local["classification_vs_sft"]["value"] == pytest.approx(1 / 60)
     assert local["skills_lost"] == [] and [s["task"] for s in merge["skills_lost"]] == ["copy_l7", "piqa"]
-    note = "\n".join(study_report.closing_note(list(rows.values())))
+    note = "\n".join(recovery_report.closing_note(list(rows.values())))
     goal = next(line for line in note.splitlines() if line.startswith("Goal"))
     assert "sft falls short" in goal and "local meets it (75%" in goal and "merge falls short" in goal
     assert "FLAG: merge loses skills the pruned model had: copy_l7 -16.7 [" in note and "piqa -30.0 [" in note
     assert "FLAG: local" not in note and "FLAG: sft" not in note
-    table = study_report.format_table(list(rows.values()))
+    table = recovery_report.format_table(list(rows.values()))
     assert "recovered share of the classification drop" in table
 
 
@@ -320,18 +320,18 @@ def test_control_change_and_net_share_from_the_paired_bootstrap(tmp_path):
                "control-sft": [1] * 26 + [0] * 14}  # the recipe alone costs the original 4 items
     for label, vector in vectors.items():
         _with_samples(tmp_path, label, {"arith_2d_add": vector, "piqa": [1, 0] * (n // 2)})
-    rows = {r["model"]: r for r in study_report.study_rows(tmp_path, ["sft", "control-sft"], frozenset())}
+    rows = {r["model"]: r for r in recovery_report.study_rows(tmp_path, ["sft", "control-sft"], frozenset())}
     sft = rows["sft"]
     assert sft["control_change"]["probes"]["value"] == pytest.approx(-4 / n)
     assert sft["recovered_share_unseen"]["value"] == pytest.approx(14 / 20)
     assert sft["recovered_share_unseen_net"]["value"] == pytest.approx((14 + 4) / 20)  # (arm-pruned-(ctl-base))/drop
     assert sft["recovered_share_classification_net"] == "n/a (no clear drop)"
     assert "recovered_share" not in rows["control-sft"] or rows["control-sft"]["recovered_share"] is None
-    lines = "\n".join(study_report.control_lines(list(rows.values()), True, ["replace"]))
+    lines = "\n".join(recovery_report.control_lines(list(rows.values()), True, ["replace"]))
     assert "- sft: control change probes -10.0 [" in lines and "unseen 90% [" in lines
-    closing = " ".join(study_report.closing_note(list(rows.values())))
+    closing = " ".join(recovery_report.closing_note(list(rows.values())))
     assert "control-sft" not in closing  # a control is no arm
-    assert "not measured" in study_report.replicate_line(list(rows.values()))
+    assert "not measured" in recovery_report.replicate_line(list(rows.values()))
 
 
 def test_an_arm_with_replicates_is_reported_as_their_mean_with_the_run_sd(tmp_path):
@@ -343,20 +343,20 @@ def test_an_arm_with_replicates_is_reported_as_their_mean_with_the_run_sd(tmp_pa
     for label, vector in vectors.items():
         _with_samples(tmp_path, label, {"arith_2d_add": vector, "piqa": [1, 0] * (n // 2)})
     runs = {"sft": ["sft", "sft@r1"], "kd": ["kd"]}
-    rows = {r["model"]: r for r in study_report.study_rows(tmp_path, ["sft", "kd"], frozenset(), runs)}
+    rows = {r["model"]: r for r in recovery_report.study_rows(tmp_path, ["sft", "kd"], frozenset(), runs)}
     sft, kd = rows["sft"], rows["kd"]
     assert sft["replicates"] == 2 and sft["probes"][0] == pytest.approx(23 / 40)  # mean of 20/40 and 26/40
     assert sft["intervals"]["probes"]["value"] == pytest.approx(23 / 40)
     assert sft["recovered_share_unseen"]["value"] == pytest.approx((23 - 10) / 20)
     assert sft["spread"]["probes"]["replicates"] == 2 and sft["spread"]["probes"]["run_sd"] > 0.05
     assert kd["spread"]["probes"]["run_sd"] is None
-    one = {r["model"]: r for r in study_report.study_rows(tmp_path, ["sft"], frozenset())}["sft"]
+    one = {r["model"]: r for r in recovery_report.study_rows(tmp_path, ["sft"], frozenset())}["sft"]
     width = sft["intervals"]["probes"]["high"] - sft["intervals"]["probes"]["low"]
     assert width > one["intervals"]["probes"]["high"] - one["intervals"]["probes"]["low"]  # run noise included
-    table = study_report.format_table(list(rows.values()))
+    table = recovery_report.format_table(list(rows.values()))
     assert "| sft | - |" in table and " | 2 | 10.6 / " in table and " | 1 | not measured / " in table
     assert "| baseline |" in table and " | 1 | - / " in table  # no training, no run variance
-    assert "two-level bootstrap" in study_report.replicate_line(list(rows.values()))
+    assert "two-level bootstrap" in recovery_report.replicate_line(list(rows.values()))
 
 
 def test_each_arm_shows_its_budget_and_learning_rate_or_a_dash_from_older_reports(tmp_path):
@@ -366,11 +366,11 @@ def test_each_arm_shows_its_budget_and_learning_rate_or_a_dash_from_older_report
     old.write_text(json.dumps({"recipe": recipe, "data": {}}))
     new.write_text(json.dumps({"recipe": {"method": "lora", "train": {"learning_rate": 2e-4}}, "data": {},
                                "tokens_unpadded": 5000, "sequences": 40, "optimizer_steps": 10}))
-    assert study_report.budget_spent(old) == {"learning_rate": 1e-3, "tokens_unpadded": None, "sequences": None,
+    assert recovery_report.budget_spent(old) == {"learning_rate": 1e-3, "tokens_unpadded": None, "sequences": None,
                                               "optimizer_steps": None}  # local's own rate
-    spent = study_report.budget_spent(new)
+    spent = recovery_report.budget_spent(new)
     assert spent == {"learning_rate": 2e-4, "tokens_unpadded": 5000, "sequences": 40, "optimizer_steps": 10}
-    table = study_report.format_table([{"model": "sft", "probes": None, "gsm8k": None, "classification": None,
+    table = recovery_report.format_table([{"model": "sft", "probes": None, "gsm8k": None, "classification": None,
                                         "retention_probes": None, "retention_classification": None, **spent}])
     assert table.endswith("| 5000 | 40 | 10 | 0.0002 |")
 
@@ -414,7 +414,7 @@ def test_study_dry_run_lists_the_gate_and_both_probe_formats_or_refuses_a_model_
 
 
 def test_study_schema_checks_the_gate_and_keeps_its_fingerprint_without_one(tiny_llama):
-    from layerprune.pipeline.study import _Owner, both_formats, stage_names
+    from layerprune.pipeline.studies.recovery import _Owner, both_formats, stage_names
 
     data = tiny_study(tiny_llama, Path("x"))
     study = RecoveryStudy.model_validate(data)
@@ -437,7 +437,7 @@ def test_study_schema_checks_the_gate_and_keeps_its_fingerprint_without_one(tiny
 
 def test_a_gated_study_scores_its_fixed_tasks_plus_the_kept_levels_and_the_probes_alone_in_chat(tiny_llama,
                                                                                                tmp_path):
-    from layerprune.pipeline.study import chat_eval_settings, eval_settings
+    from layerprune.pipeline.studies.recovery import chat_eval_settings, eval_settings
 
     data = tiny_study(tiny_llama, tmp_path)
     data.update(evaluate={"suite": "sweep-cpu", "only": ["arc_easy", "piqa", "copy_l7"]},
@@ -477,13 +477,13 @@ def test_gate_levels_are_listed_by_family_and_the_probes_reported_in_both_format
     record = calibrate_probes(None, None, settings, scorer=lambda task, items: [
         i < rates[task] * len(items) for i in range(len(items))])
     (tmp_path / "probes_calibrated.json").write_text(json.dumps(record))
-    lines = "\n".join(study_report.gate_lines(tmp_path, ["piqa", "copy_l7"]))
+    lines = "\n".join(recovery_report.gate_lines(tmp_path, ["piqa", "copy_l7"]))
     assert "Kept: arith_2d_add, brackets_d3, copy_l3." in lines
     assert "- [arithmetic] arith_2d_add: kept - 50% (95% CI 30-70%, 20 items) is in the band" in lines
     assert "- [arithmetic] arith_2d_sub: left out - 100% (95% CI 84-100%, 20 items) is above the band 30-90%" in lines
     assert "- [brackets] brackets_d3: kept" in lines and "- [retrieval (copy)] copy_l3: kept" in lines
     assert "Fixed probe tasks, scored whatever the gate keeps: copy_l7 (retrieval (copy))" in lines
-    assert study_report.gate_lines(tmp_path / "none", ["copy_l7"]) == []
+    assert recovery_report.gate_lines(tmp_path / "none", ["copy_l7"]) == []
     n = 40
     plain = {"baseline": [1] * 30 + [0] * 10, "pruned": [1] * 10 + [0] * 30, "sft": [1] * 20 + [0] * 20,
              "control-sft": [1] * 30 + [0] * 10}
@@ -492,14 +492,14 @@ def test_gate_levels_are_listed_by_family_and_the_probes_reported_in_both_format
     for label in plain:
         _with_samples(tmp_path, label, {"arith_2d_add": plain[label], "piqa": [1, 0] * (n // 2)})
         _with_samples(tmp_path, label, {"arith_2d_add": chat[label]}, evals="eval-chat")
-    rows = study_report.study_rows(tmp_path, ["sft", "control-sft"], frozenset())
-    chat_rows = study_report.study_rows(tmp_path, ["sft", "control-sft"], frozenset(), evals="eval-chat")
+    rows = recovery_report.study_rows(tmp_path, ["sft", "control-sft"], frozenset())
+    chat_rows = recovery_report.study_rows(tmp_path, ["sft", "control-sft"], frozenset(), evals="eval-chat")
     sft = {r["model"]: r for r in chat_rows}["sft"]
     assert sft["recovered_share"]["value"] == pytest.approx(16 / 20) and sft["classification"] is None
     assert sft["control_change"]["probes"]["value"] == pytest.approx(4 / n)
-    text = "\n".join(study_report.format_lines(rows, chat_rows))
+    text = "\n".join(recovery_report.format_lines(rows, chat_rows))
     plain_part, chat_part = text.split("Probe format: plain")[1].split("Probe format: chat")
     assert "| sft | 50.0 ± 1.0 | [35.0, 65.0] | - | 50.0 ± 1.0 | 50% [" in plain_part and "| +0.0 [" in plain_part
     assert "| sft | 70.0 ± 1.0 | [55.0, 85.0] | - | 70.0 ± 1.0 | 80% [" in chat_part
     assert "| +10.0 [" in chat_part and "| 60% [" in chat_part  # net: (70 - 30 - 10) / 50
-    assert study_report.format_lines(rows, []) == []
+    assert recovery_report.format_lines(rows, []) == []

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from helpers import assert_one_line_error, run_cli
-from layerprune.pipeline.sweep import SweepStudy
+from layerprune.pipeline.studies.sweep import SweepStudy
 from layerprune.recipe_loading import find_recipe, shipped_recipes
 
 SWEEPS = sorted(p for (kind, _), p in shipped_recipes("sweep-study").items())
@@ -182,7 +182,7 @@ def _figures(shares: dict[int, int], n: int = 200, control: int | None = None, l
 
 def test_sweep_verdicts_come_from_the_intervals():
 
-    from layerprune.pipeline import sweep_report
+    from layerprune.pipeline.studies import sweep_report
 
     study = SimpleNamespace(ratios=[1, 4])
     _, figures = _figures({1: 60, 4: 10})
@@ -207,7 +207,7 @@ def test_sweep_verdicts_come_from_the_intervals():
 
 def test_verdict_a_is_said_per_k_shown_not_shown_or_contradicted():
 
-    from layerprune.pipeline import sweep_report
+    from layerprune.pipeline.studies import sweep_report
 
     study = SimpleNamespace(ratios=[1, 2, 4])
     # k=1: generative wins back all (gap holds 0), k=2: classification keeps 95% (gap above 0), k=4: classification
@@ -229,7 +229,7 @@ def test_verdict_a_is_said_per_k_shown_not_shown_or_contradicted():
 
 def test_the_k0_control_nets_the_recovered_share_and_every_share_says_how_often_it_is_undefined():
 
-    from layerprune.pipeline import sweep_report
+    from layerprune.pipeline.studies import sweep_report
 
     study = SimpleNamespace(ratios=[1, 4])
     # the recovery alone wins 20 of the original's 50 wrong items: +10 points that are no recovery of the cut
@@ -262,7 +262,7 @@ def _tiny_study(tiny_llama, tmp_path, **fields):  # noqa: ANN001, ANN202 (a Swee
 
 
 def test_replicates_and_the_control_add_stages_and_leave_replicate_0_as_it_was(tiny_llama, tmp_path):
-    from layerprune.pipeline import sweep
+    from layerprune.pipeline.studies import sweep
 
     plain = _tiny_study(tiny_llama, tmp_path)
     assert sweep.stage_names(plain) == [
@@ -292,8 +292,7 @@ def test_replicates_and_the_control_add_stages_and_leave_replicate_0_as_it_was(t
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 def test_replicate_r_recovers_with_seed_plus_r_and_shares_answers_only_when_greedy(tiny_llama, tmp_path, monkeypatch,
                                                                                    temperature):
-    from layerprune.pipeline import study as recovery
-    from layerprune.pipeline import sweep
+    from layerprune.pipeline.studies import recovery, sweep
     from layerprune.settings import RunSettings
 
     calls = []
@@ -350,7 +349,7 @@ def _eval_folder(folder: Path, rows: dict[str, tuple[str, list[float]]]) -> None
 def test_replicates_are_one_point_their_mean_with_the_run_sd_beside_the_item_se(tmp_path):
     import numpy as np
 
-    from layerprune.pipeline import sweep_report
+    from layerprune.pipeline.studies import sweep_report
 
     rng = np.random.default_rng(1)
     n = 120
@@ -378,7 +377,7 @@ def test_replicates_are_one_point_their_mean_with_the_run_sd_beside_the_item_se(
 
 
 def test_records_list_every_models_samples_and_say_when_they_are_gone(tmp_path):
-    from layerprune.pipeline import sweep_report
+    from layerprune.pipeline.studies import sweep_report
 
     folders = {}
     for label in ("baseline", "pruned-k1", "recovered-k1"):
@@ -398,8 +397,8 @@ ARMS = {"lora": {"method": "lora"}, "local": {"method": "local", "local": {"step
 
 
 def test_arms_recover_every_k_with_every_arm_and_a_sweep_without_arms_is_as_it_was(tiny_llama, tmp_path):
-    from layerprune.pipeline import sweep
     from layerprune.pipeline.stages import recipe_fingerprint
+    from layerprune.pipeline.studies import sweep
 
     study = _tiny_study(tiny_llama, tmp_path, arms=ARMS, replicates=2, controls=True)
     assert sweep.models(study) == ["baseline", "lora-k0", "lora-k0@r1", "pruned-k1", "lora-k1", "lora-k1@r1",
@@ -431,8 +430,7 @@ def test_arms_recover_every_k_with_every_arm_and_a_sweep_without_arms_is_as_it_w
 
 
 def test_every_arm_recovers_with_its_recipe_and_shares_the_teacher_answers(tiny_llama, tmp_path, monkeypatch):
-    from layerprune.pipeline import study as recovery
-    from layerprune.pipeline import sweep
+    from layerprune.pipeline.studies import recovery, sweep
     from layerprune.settings import RunSettings
 
     calls = []
@@ -472,7 +470,7 @@ def test_the_dry_run_plans_every_arm_at_its_own_rate(capsys, tmp_path, monkeypat
 def test_arms_are_compared_pairwise_at_every_k_with_the_two_level_interval(tmp_path):
     import numpy as np
 
-    from layerprune.pipeline import sweep_report
+    from layerprune.pipeline.studies import sweep_report
 
     rng = np.random.default_rng(2)
     n = 200

@@ -141,7 +141,7 @@ def test_posttrain_variant_is_made_once_through_the_cache(capsys, tiny_llama, tm
 
 def test_the_critical_control_block_is_the_largest_drop_on_the_target():
     from layerprune.errors import LayerpruneError
-    from layerprune.pipeline.variant import VariantStudy, control_block
+    from layerprune.pipeline.studies.variant import VariantStudy, control_block
 
     study = VariantStudy.model_validate({"name": "s", "variant": {"recipe": "variant-sft-gsm8k"}, "target": "factual",
                                          "importance": {"tasks": ["arithmetic", "factual"]}, "control": {}})
@@ -165,7 +165,7 @@ def synthetic(base: list[bool], ablated: list[list[bool]]) -> dict:
 
 
 def test_the_study_verdict_needs_a_move_an_agreement_near_its_ceiling_and_a_control_that_fails():
-    from layerprune.pipeline.variant import VariantStudy, compare, variant_table
+    from layerprune.pipeline.studies.variant import VariantStudy, compare, variant_table
 
     n = 40
 

@@ -17,9 +17,9 @@ from layerprune.analyze.schemas import ImportanceAnalysis
 from layerprune.errors import LayerpruneError
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.pipeline.recipe import RunRecipe
-from layerprune.pipeline.study import RecoveryStudy
-from layerprune.pipeline.sweep import SweepStudy
-from layerprune.pipeline.variant import VariantStudy
+from layerprune.pipeline.studies.recovery import RecoveryStudy
+from layerprune.pipeline.studies.sweep import SweepStudy
+from layerprune.pipeline.studies.variant import VariantStudy
 from layerprune.posttrain.schema import VariantRecipe
 from layerprune.prune.recipe import PruneRecipe
 from layerprune.recipe_loading import read_recipe_dict, validation_message

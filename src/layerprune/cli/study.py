@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from layerprune.cli.flags import add_schema_flags, typed_layer
-from layerprune.pipeline.study import RecoveryStudy
+from layerprune.pipeline.studies.recovery import RecoveryStudy
 from layerprune.recipe_loading import build_from_recipe, build_schema
 from layerprune.settings import RunSettings
 
@@ -25,8 +25,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from layerprune.pipeline import study as recovery
-    from layerprune.pipeline import sweep
+    from layerprune.pipeline.studies import recovery, sweep
 
     settings = build_schema(RunSettings, typed_layer(args, RunSettings))
     if is_sweep(args.recipe):

@@ -8,7 +8,7 @@ from typing import Any
 
 from layerprune.data import local_split, resolve_data_dir
 from layerprune.errors import one_line
-from layerprune.pipeline.recipe import RunRecipe
+from layerprune.pipeline.recipe import PipelineRecipe, RunRecipe
 from layerprune.settings import RunSettings
 
 # Public config values of the study models, used by --dry-run's memory plan only when the hub is unreachable.
@@ -54,7 +54,7 @@ def check_model(spec: str | None, settings: RunSettings) -> str:
         return f"{source.spec} (hub; not checked from here: {type(exc).__name__})"
 
 
-def check_data(recipe: RunRecipe) -> list[str]:
+def check_data(recipe: PipelineRecipe) -> list[str]:
     from layerprune.evaluate.suites import plan_tasks
 
     data_dir = resolve_data_dir(recipe.evaluate.data_dir or recipe.prune.data_dir)
@@ -72,7 +72,7 @@ def check_data(recipe: RunRecipe) -> list[str]:
     return lines
 
 
-def validate_data(recipe: RunRecipe, settings: RunSettings, prune_pending: bool = True) -> None:
+def validate_data(recipe: PipelineRecipe, settings: RunSettings, prune_pending: bool = True) -> None:
     """Every data file the run reads, checked before any stage starts: the evaluation plan's files (empty files,
     bad JSONL lines, few-shot pools) and, while the prune stage is still to run, its calibration items."""
     from layerprune.evaluate.suites import plan_tasks

@@ -6,18 +6,16 @@ import hashlib
 import logging
 import os
 import shutil
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from layerprune import errors
 from layerprune.errors import LayerpruneError
 from layerprune.evaluate.summary import SUMMARY_FILE
-from layerprune.pipeline.recipe import RunRecipe
+from layerprune.pipeline.recipe import PipelineRecipe, RunRecipe
+from layerprune.pipeline.runner import Stage, run_stages
 from layerprune.pipeline.serving import run_export
 from layerprune.provenance import Provenance, collect_provenance
 from layerprune.registry import unknown_name_message
@@ -69,7 +67,17 @@ class RunPaths:
                 "export": self.gguf / "export.json", "report": self.report}[stage]
 
 
-def recipe_fingerprint(recipe: RunRecipe) -> str:
+class Owner(Protocol):
+    """What claims a run directory: a recipe, or a study's view of itself that hashes fewer fields."""
+
+    name: str
+
+    def model_dump_json(self, *, exclude: Any) -> str: ...
+
+    def model_dump(self, **kwargs: Any) -> dict[str, Any]: ...
+
+
+def recipe_fingerprint(recipe: Owner) -> str:
     """What makes a run directory this recipe's: all but the prose, where it is written and settings that change
     no result."""
     exclude = {
@@ -111,7 +119,7 @@ def _read_state(path: Path, overwrite: bool) -> RunState | None:
         raise LayerpruneError(f"{exc}; pass --overwrite to start the run over") from exc
 
 
-def claim_run_dir(paths: RunPaths, recipe: RunRecipe, overwrite: bool) -> None:
+def claim_run_dir(paths: RunPaths, recipe: Owner, overwrite: bool) -> None:
     """A run directory belongs to one recipe: refuse another recipe's outputs unless --overwrite."""
     fingerprint = recipe_fingerprint(recipe)
     if paths.state.is_file():
@@ -178,7 +186,13 @@ def run_pipeline(
     claim_run_dir(paths, recipe, overwrite)
     if from_stage:
         reset_from(paths, recipe, from_stage)
-    actions: dict[str, Callable[[], Any]] = {
+    run_stages(stages_of_run(recipe, settings, paths), paths.root)
+    return paths.report
+
+
+def stages_of_run(recipe: RunRecipe, settings: RunSettings, paths: RunPaths) -> list[Stage]:
+    """The run's stages (stages_for), each complete when its stage_output exists."""
+    actions = {
         "prune": lambda: run_prune(recipe, settings, paths),
         "eval-baseline": lambda: run_eval(recipe, settings, paths, "baseline", recipe.model),
         "eval-pruned": lambda: run_eval(recipe, settings, paths, "pruned", str(paths.pruned)),
@@ -187,26 +201,16 @@ def run_pipeline(
         "export": lambda: run_export(paths.root, paths.gguf, settings),
         "report": lambda: write_run_report(recipe, settings, paths),
     }
-    stages = stages_for(recipe)
-    for number, stage in enumerate(stages, 1):
-        if paths.stage_output(stage).exists():
-            log.info("[%d/%d] %s: complete, skipped", number, len(stages), stage)
-            continue
-        log.info("[%d/%d] %s ...", number, len(stages), stage)
-        start = time.perf_counter()
-        with errors.stage(stage, paths.root):
-            actions[stage]()
-        log.info("[%d/%d] %s done in %.0f s", number, len(stages), stage, time.perf_counter() - start)
-    return paths.report
+    return [Stage(stage, paths.stage_output(stage), actions[stage]) for stage in stages_for(recipe)]
 
 
-def run_prune(recipe: RunRecipe, settings: RunSettings, paths: RunPaths) -> None:
+def run_prune(recipe: PipelineRecipe, settings: RunSettings, paths: RunPaths) -> None:
     from layerprune.prune.api import prune_model
 
     prune_model(recipe.model, recipe.prune, settings, paths.pruned, overwrite=True)
 
 
-def run_eval(recipe: RunRecipe, settings: RunSettings, paths: RunPaths, role: str, model: str | None) -> None:
+def run_eval(recipe: PipelineRecipe, settings: RunSettings, paths: RunPaths, role: str, model: str | None) -> None:
     from layerprune.evaluate.runner import evaluate_model
 
     evaluate_model(

@@ -10,16 +10,16 @@ once per replicate (replicate r > 0: recover-kK@rR with seed settings.seed + r);
 paired intervals over the same items for every model, across-run spread over the replicates).
 
 With `arms` (recovery methods by label, as a recovery study's: each arm's recipe is the shared `recover` recipe with
-the arm's method and section, pipeline/study.py), every k (and the control, for the arms that can have one) is
-recovered by every arm: model ARM-kK (replicate r > 0: ARM-kK@rR), its folder and eval folder of that name, stages
-recover-ARM-kK and eval-ARM-kK. The teacher answers are shared by every arm and k, as by every k without arms.
+the arm's method and section, pipeline/studies/recovery.py), every k (and the control, for the arms that can have
+one) is recovered by every arm: model ARM-kK (replicate r > 0: ARM-kK@rR), its folder and eval folder of that name,
+stages recover-ARM-kK and eval-ARM-kK. The teacher answers are shared by every arm and k, as by every k without arms.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -29,7 +29,14 @@ from layerprune.evaluate.calibrated import ProbeCalibration
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.recipe import PipelineRecipe, RecoverStage
-from layerprune.pipeline.study import Arm, RecoveryStudy, replicate_label, replicate_settings, split_label
+from layerprune.pipeline.runner import Stage, run_stages
+from layerprune.pipeline.studies.recovery import (
+    Arm,
+    derive_arm_recipe,
+    replicate_label,
+    replicate_settings,
+    split_label,
+)
 from layerprune.recipe_loading import validation_message
 from layerprune.recover.schema import RecoverRecipe
 from layerprune.settings import RunSettings
@@ -93,10 +100,12 @@ class SweepStudy(PipelineRecipe):
 
     def arm_recipe(self, arm: str | None, student: str) -> RecoverRecipe:
         """The recover recipe of one arm (None: the sweep without arms, the shared recipe itself), derived from the
-        shared one exactly as a recovery study derives its arms' (RecoveryStudy.arm_recipe)."""
+        shared one exactly as a recovery study derives its arms (derive_arm_recipe)."""
         if arm is None:
             return self.shared_recipe(student)
-        return RecoveryStudy.arm_recipe(self, arm, student)  # type: ignore[arg-type]  # the same fields, duck-typed
+        assert self.arms is not None
+        return derive_arm_recipe(self.shared_recipe(student), self.arms[arm], f"{self.name}-{arm}",
+                                 self.evaluate.probe_seed)
 
     def eval_settings(self, tasks: list[str]) -> EvalSettings:
         return self.evaluate.model_copy(update={"only": tasks})
@@ -184,18 +193,16 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
     from layerprune.pipeline.stages import RunPaths, claim_run_dir
 
     root = study.run_dir()
-    validate_data(study, settings, prune_pending=overwrite or not stage_output(root, "score").exists())  # type: ignore[arg-type]
-    claim_run_dir(RunPaths(root), _Protocol(study), overwrite)  # type: ignore[arg-type]
-    stages, ran = stage_names(study), False
-    for number, stage in enumerate(stages, 1):
-        if stage_output(root, stage).exists() and not (stage == "report" and ran):
-            log.info("[%d/%d] %s: complete, skipped", number, len(stages), stage)
-            continue
-        log.info("[%d/%d] %s ...", number, len(stages), stage)
-        start, ran = time.perf_counter(), True
-        run_stage(study, settings, root, stage)
-        log.info("[%d/%d] %s done in %.0f s", number, len(stages), stage, time.perf_counter() - start)
+    validate_data(study, settings, prune_pending=overwrite or not stage_output(root, "score").exists())
+    claim_run_dir(RunPaths(root), _Protocol(study), overwrite)
+    run_stages(sweep_stages(study, settings, root), root)
     return stage_output(root, "report")
+
+
+def sweep_stages(study: SweepStudy, settings: RunSettings, root: Path) -> list[Stage]:
+    """stage_names as stages, each complete when its stage_output exists; the report is redrawn after any work."""
+    return [Stage(name, stage_output(root, name), functools.partial(run_stage, study, settings, root, name),
+                  refresh=name == "report") for name in stage_names(study)]
 
 
 class _Protocol:
@@ -216,7 +223,7 @@ class _Protocol:
 def run_stage(study: SweepStudy, settings: RunSettings, root: Path, stage: str) -> None:
     kind, _, label = stage.partition("-")
     if stage == "calibrate-probes":
-        calibrate(study, settings, root)
+        calibrate(study.model, study.probes, settings, root)
     elif stage == "gate-gsm8k":
         gate = study.evaluate.model_copy(update={"only": [GSM8K], "limit": study.gsm8k_gate.limit})
         evaluate(study, settings, root, "gate-gsm8k", study.model, gate)
@@ -232,18 +239,20 @@ def run_stage(study: SweepStudy, settings: RunSettings, root: Path, stage: str) 
     elif kind == "recover":
         recover_at(study, settings, root, label)
     else:
-        from layerprune.pipeline.sweep_report import write_sweep_report
+        from layerprune.pipeline.studies.sweep_report import write_sweep_report
 
         write_sweep_report(study, root)
 
 
-def calibrate(study: SweepStudy, settings: RunSettings, root: Path) -> None:
+def calibrate(model: str | None, probes: ProbeCalibration, settings: RunSettings, root: Path) -> None:
+    """The probe gate (the sweep's stage, a recovery study's too): which candidate levels the original `model` can
+    do, on the calibration stream, in root/probes_calibrated.json."""
     from layerprune.evaluate.calibrated import calibrate_probes
     from layerprune.models import load_model
     from layerprune.outputs import write_atomic
 
-    loaded = load_model(study.model, settings)
-    record = calibrate_probes(loaded.model, loaded.tokenizer, study.probes, lambda m: log.info("  %s", m))
+    loaded = load_model(model, settings)
+    record = calibrate_probes(loaded.model, loaded.tokenizer, probes, lambda m: log.info("  %s", m))
     write_atomic(root / CALIBRATION_FILE, json.dumps(record, indent=1))
 
 
@@ -270,7 +279,7 @@ def recover_at(study: SweepStudy, settings: RunSettings, root: Path, label: str)
     and shared by the others. `label` is kK[@rR], or ARM-kK[@rR] with arms (that arm's recipe). Replicate r runs with
     seed settings.seed + r; its teacher answers are replicate 0's at temperature 0 (greedy: the same), its own at a
     temperature above 0."""
-    from layerprune.pipeline.study import recover_sharing_answers
+    from layerprune.pipeline.studies.recovery import recover_sharing_answers
     from layerprune.recover.runner import RecoverJob
 
     logical, replicate = split_label(label)
@@ -330,7 +339,7 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
                "evaluation": n_models * per_model}
     lines = [f"pruning-ratio sweep '{study.name}' -> {study.run_dir()}",
              f"model: {check_model(study.model, settings)}",
-             *[f"data: {line}" for line in check_data(study)],  # type: ignore[arg-type]
+             *[f"data: {line}" for line in check_data(study)],
              f"score once: {study.prune.score} ({study.prune.metric}, one-shot) on {study.prune.calib} "
              f"({study.prune.calib_samples} items); cut at k = {', '.join(map(str, study.ratios))} blocks",
              f"probes-calibrated: {len(study.probes.candidates)} candidate levels x {study.probes.items} "

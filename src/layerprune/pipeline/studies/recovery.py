@@ -3,7 +3,7 @@
 Every arm shares the recover recipe's prompts, generation settings and optimisation budget (train section: the same
 optimizer steps, batch size and grad_accum); an arm may change only the method and that method's own section. The
 teacher answers the prompts once; later arms reuse the answers. Each arm is evaluated on the same tasks, and
-study.md holds one table (study_report.py) and a chart. Stages are skipped when their output is complete.
+study.md holds one table (recovery_report.py) and a chart. Stages are skipped when their output is complete.
 
 Replicates: replicate r of an arm runs with the run seed + r (held-out split, data order, adapter initialisation,
 the trainer's and the teacher's sampling); replicate 0 keeps the run seed and the folders arms/<label>/ and
@@ -25,16 +25,15 @@ eval-chat/<label>), and study.md gives the probe figures in both formats.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import shutil
-import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from layerprune import errors
 from layerprune.data import iter_jsonl
 from layerprune.errors import LayerpruneError
 from layerprune.evaluate.calibrated import ProbeCalibration
@@ -42,9 +41,13 @@ from layerprune.evaluate.schema import EvalSettings
 from layerprune.evaluate.suites import DEFAULT_SUITE
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.recipe import PipelineRecipe, RecoverStage
+from layerprune.pipeline.runner import Stage, run_stages
 from layerprune.recipe_loading import merge_layers, validation_message
 from layerprune.recover.schema import RecoverRecipe
 from layerprune.settings import RunSettings
+
+if TYPE_CHECKING:
+    from layerprune.pipeline.stages import RunPaths
 
 log = logging.getLogger(__name__)
 BUDGET_KEYS = ("max_steps", "batch_size", "grad_accum", "max_length", "epochs")
@@ -154,17 +157,23 @@ class RecoveryStudy(PipelineRecipe):
             section = "local" if "local" in recipe.surgery_steps() else "train"
             return RecoverRecipe.model_validate(merge_layers(recipe.model_dump(mode="json"),
                                                              {section: {"learning_rate": learning_rate}}))
-        arm = self.arms[label]
-        base = self.shared_recipe(student).model_dump(mode="json")
-        layer: dict[str, Any] = {"name": f"{self.name}-{label}", "method": arm.method,
-                                 **{k: v for k, v in (("lora", arm.lora), ("kd", arm.kd), ("opd", arm.opd),
-                                                      ("replace", arm.replace), ("merge", arm.merge),
-                                                      ("local", arm.local)) if v}}
-        if arm.learning_rate is not None:
-            layer["train"] = {"learning_rate": arm.learning_rate}
-        seeds = sorted({*base["prompts"]["exclude_probe_seeds"], self.evaluate.probe_seed})
-        layer["prompts"] = {"exclude_probe_seeds": seeds}  # never a prompt the evaluation will ask
-        return RecoverRecipe.model_validate(merge_layers(base, layer))
+        return derive_arm_recipe(self.shared_recipe(student), self.arms[label], f"{self.name}-{label}",
+                                 self.evaluate.probe_seed)
+
+
+def derive_arm_recipe(shared: RecoverRecipe, arm: Arm, name: str, probe_seed: int) -> RecoverRecipe:
+    """The shared recover recipe with an arm's method, its own section and learning rate, named `name`, and never a
+    prompt of the evaluation's probe seed (a recovery study's arms and a sweep's alike)."""
+    base = shared.model_dump(mode="json")
+    layer: dict[str, Any] = {"name": name, "method": arm.method,
+                             **{k: v for k, v in (("lora", arm.lora), ("kd", arm.kd), ("opd", arm.opd),
+                                                  ("replace", arm.replace), ("merge", arm.merge),
+                                                  ("local", arm.local)) if v}}
+    if arm.learning_rate is not None:
+        layer["train"] = {"learning_rate": arm.learning_rate}
+    seeds = sorted({*base["prompts"]["exclude_probe_seeds"], probe_seed})
+    layer["prompts"] = {"exclude_probe_seeds": seeds}  # never a prompt the evaluation will ask
+    return RecoverRecipe.model_validate(merge_layers(base, layer))
 
 
 def suite_tasks(suite: str) -> list[str]:
@@ -201,7 +210,7 @@ def eval_settings(study: RecoveryStudy, root: Path) -> EvalSettings:
 
 
 def calibration_file(root: Path) -> Path:
-    from layerprune.pipeline.sweep import CALIBRATION_FILE
+    from layerprune.pipeline.studies.sweep import CALIBRATION_FILE
 
     return root / CALIBRATION_FILE
 
@@ -285,21 +294,18 @@ def run_study(study: RecoveryStudy, settings: RunSettings, overwrite: bool = Fal
 
     paths = RunPaths(study.run_dir())
     pending = overwrite or not stage_output(paths.root, "prune").exists()
-    validate_data(study, settings, prune_pending=pending)  # type: ignore[arg-type]  # data checked before any work
+    validate_data(study, settings, prune_pending=pending)  # data checked before any work
     if both_formats(study):
         check_chat_template(study, settings)
-    claim_run_dir(paths, _Owner(study), overwrite)  # type: ignore[arg-type]  # any recipe model with a name
-    stages, ran = stage_names(study), False
-    for number, stage in enumerate(stages, 1):
-        if stage_output(paths.root, stage).exists() and not (stage == "report" and ran):
-            log.info("[%d/%d] %s: complete, skipped", number, len(stages), stage)
-            continue
-        log.info("[%d/%d] %s ...", number, len(stages), stage)
-        start, ran = time.perf_counter(), True
-        with errors.stage(stage, paths.root):
-            run_stage(study, settings, paths, stage)
-        log.info("[%d/%d] %s done in %.0f s", number, len(stages), stage, time.perf_counter() - start)
+    claim_run_dir(paths, _Owner(study), overwrite)
+    run_stages(study_stages(study, settings, paths), paths.root)
     return paths.root / "study.md"
+
+
+def study_stages(study: RecoveryStudy, settings: RunSettings, paths: RunPaths) -> list[Stage]:
+    """stage_names as stages, each complete when its stage_output exists; the report is redrawn after any work."""
+    return [Stage(name, stage_output(paths.root, name), functools.partial(run_stage, study, settings, paths, name),
+                  refresh=name == "report") for name in stage_names(study)]
 
 
 class _Owner:
@@ -344,23 +350,24 @@ def model_of(study: RecoveryStudy, root: Path, role: str) -> str | None:
     return str(root / "controls" / role.removeprefix(CONTROL) if role.startswith(CONTROL) else root / "arms" / role)
 
 
-def run_stage(study: RecoveryStudy, settings: RunSettings, paths: Any, stage: str) -> None:
+def run_stage(study: RecoveryStudy, settings: RunSettings, paths: RunPaths, stage: str) -> None:
     """One stage of the study: the gate, prune, an evaluation (plain, or the probes in chat format), an lr search, a
     recovery (arm or control), or the report."""
     from layerprune.pipeline.stages import run_eval, run_prune
 
     if stage == "calibrate-probes":
-        from layerprune.pipeline.sweep import calibrate
+        from layerprune.pipeline.studies.sweep import calibrate
 
-        calibrate(study, settings, paths.root)  # type: ignore[arg-type]  # the sweep's gate: model and probes
+        assert study.probes is not None
+        calibrate(study.model, study.probes, settings, paths.root)  # the sweep's gate
     elif stage == "prune":
-        run_prune(study, settings, paths)  # type: ignore[arg-type]
+        run_prune(study, settings, paths)
     elif stage.startswith(CHAT_EVAL):
         run_chat_eval(study, settings, paths.root, stage.removeprefix(CHAT_EVAL))
     elif stage.startswith("eval-"):
         role = stage.removeprefix("eval-")
         gated = study.model_copy(update={"evaluate": eval_settings(study, paths.root)})
-        run_eval(gated, settings, paths, role, model_of(study, paths.root, role))  # type: ignore[arg-type]
+        run_eval(gated, settings, paths, role, model_of(study, paths.root, role))
     elif stage.startswith("recover-"):
         run_arm(study, settings, paths.root, stage.removeprefix("recover-"))
     elif stage.startswith(CONTROL):
@@ -368,7 +375,7 @@ def run_stage(study: RecoveryStudy, settings: RunSettings, paths: Any, stage: st
     elif stage.startswith("lr-"):
         run_lr_search(study, settings, paths.root, stage.removeprefix("lr-"))
     else:
-        from layerprune.pipeline.study_report import write_study_report
+        from layerprune.pipeline.studies.recovery_report import write_study_report
 
         write_study_report(study, paths.root)
 
@@ -517,7 +524,7 @@ def dry_run(study: RecoveryStudy, settings: RunSettings) -> str:
     shared = study.shared_recipe("<pruned>")
     lines = [f"recovery study '{study.name}' -> {study.run_dir()}",
              f"model: {check_model(study.model, settings)}",
-             *[f"data: {line}" for line in check_data(study)],  # type: ignore[arg-type]
+             *[f"data: {line}" for line in check_data(study)],
              f"budget (every arm): {shared.train.max_steps} optimizer steps of {shared.train.batch_size} x "
              f"{shared.train.grad_accum} sequences (<= {shared.train.max_length} tokens)"
              + (f", or {shared.train.max_tokens} target (answer) tokens, whichever comes first"

@@ -6,10 +6,10 @@ The verdict has teeth: the agreement is read against the split-half reliability 
 disjoint halves of the items), the variant must have moved its target score, and a positive control (the original
 with a critical block dropped, compared on the remaining blocks) must fall below the bar the variant passes.
 
-Stages, each skipped when its output is complete: variant/ (recover, the unpruned model learning from its own
-answers; or a posttrain variant recipe, made once in the cache), importance/ (analyze importance on [original,
-variant]), with a control: control-b<N>/ (the original without block N) and importance-control-b<N>/, then
-variant.json, variant.md.
+Stages (pipeline/runner.py), each reusing what it finds when it was made by the same recipe and settings: variant
+(variant/: recover, the unpruned model learning from its own answers; or a posttrain variant recipe, made once in the
+cache), importance (importance/: analyze importance on [original, variant]), with a control: control (control-b<N>/,
+the original without block N, and importance-control-b<N>/), then report (variant.json, variant.md, always redrawn).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from layerprune.analyze.schemas import ImportanceAnalysis
 from layerprune.errors import LayerpruneError
 from layerprune.pipeline.recipe import RecoverStage
+from layerprune.pipeline.runner import Stage, run_stages
 from layerprune.posttrain.schema import VariantRecipe
 from layerprune.recipe_loading import build_from_recipe, merge_layers, validation_message
 from layerprune.settings import RunSettings
@@ -245,27 +246,44 @@ def compare(study: VariantStudy, report: dict[str, Any], seed: int, control: tup
 
 
 def run_variant_study(study: VariantStudy, settings: RunSettings) -> Path:
-    """Every incomplete stage; returns variant.md."""
-    from layerprune.analyze.records import write_json
+    """Every stage in order; returns variant.md."""
     from layerprune.extras import require_extra
 
     require_extra("analyze", "the variant study")  # before the variant is trained
-
     root = study.run_dir()
     root.mkdir(parents=True, exist_ok=True)
-    log.info("variant study %s: making the variant", study.name)
-    variant = make_variant(study, settings, root)
-    log.info("variant study %s: importance of the original and the variant", study.name)
-    report = score_both(study, settings, root, variant)
-    control = None
-    if study.control is not None:
-        log.info("variant study %s: the positive control", study.name)
-        control = score_control(study, settings, root, report)
-    result = compare(study, report, settings.seed, control)
-    write_json(root / "variant.json", {"study": study.model_dump(mode="json"), "variant_dir": str(variant),
-                                       **result})
-    (root / "variant.md").write_text(variant_table(study, result), encoding="utf-8")
+    run_stages(variant_stages(study, settings, root), root)
     return root / "variant.md"
+
+
+def variant_stages(study: VariantStudy, settings: RunSettings, root: Path) -> list[Stage]:
+    """variant, importance, control (with one), report: none has a completion marker (each reuses the variant, the
+    importance reports and the control it finds when they were made the same way); each hands the next its result."""
+    made: dict[str, Any] = {}
+
+    def variant() -> None:
+        made["variant"] = make_variant(study, settings, root)
+
+    def importance() -> None:
+        made["report"] = score_both(study, settings, root, made["variant"])
+
+    def control() -> None:
+        made["control"] = score_control(study, settings, root, made["report"])
+
+    def report() -> None:
+        write_variant_report(study, root, made["variant"], compare(study, made["report"], settings.seed,
+                                                                   made.get("control")))
+
+    return [Stage("variant", None, variant), Stage("importance", None, importance),
+            *([Stage("control", None, control)] if study.control is not None else []), Stage("report", None, report)]
+
+
+def write_variant_report(study: VariantStudy, root: Path, variant: Path, result: dict[str, Any]) -> None:
+    """variant.json (the study, the variant's folder and the comparison) and variant.md."""
+    from layerprune.analyze.records import write_json
+
+    write_json(root / "variant.json", {"study": study.model_dump(mode="json"), "variant_dir": str(variant), **result})
+    (root / "variant.md").write_text(variant_table(study, result), encoding="utf-8")
 
 
 def _fmt(value: float | None, interval: list[float] | None = None) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 from layerprune import paired
 from layerprune.evaluate.summary import SUMMARY_FILE, read_summary
 from layerprune.paired import format_interval
-from layerprune.pipeline.study import CHAT_EVAL, CONTROL, NO_CONTROL, calibration_file, lr_search_file
+from layerprune.pipeline.studies.recovery import CHAT_EVAL, CONTROL, NO_CONTROL, calibration_file, lr_search_file
 from layerprune.probes import distinct_items, family_of, probe_tasks
 
 GSM8K = "gsm8k"
@@ -596,7 +596,7 @@ def write_study_report(study: Any, root: Path) -> Path:
     source = study.shared_recipe(str(root / "pruned")).prompts.source
     trained = trained_tasks(source, kept_prompts(root, list(study.arms)))
     from layerprune.pipeline.audit import audit_section
-    from layerprune.pipeline.study import fixed_tasks, physical_labels
+    from layerprune.pipeline.studies.recovery import fixed_tasks, physical_labels
 
     controlled = [CONTROL + label for label in study.controlled()]
     runs = {label: physical_labels(study, label) for label in [*study.arms, *controlled]}

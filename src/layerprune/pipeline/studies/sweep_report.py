@@ -23,7 +23,7 @@ from layerprune import paired
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.paired import format_interval
 from layerprune.pipeline.paired_table import Figures, load_matrix
-from layerprune.pipeline.sweep import recovered_label
+from layerprune.pipeline.studies.sweep import recovered_label
 
 KINDS = ("classification", "generative")
 NO_CLEAR_DROP = "n/a (no clear drop)"  # the drop's interval holds 0: no share of it to speak of
@@ -339,7 +339,7 @@ def plot_retention(points: list[dict[str, Any]], depth: int | None, path: Path) 
 def loss_curves(study: Any, root: Path) -> dict[int | str, dict[str, Any]]:
     """Per k (with arms: per ARM-kK), replicate 0: the held-out loss curve, tokens trained and optimizer steps from
     its recover report."""
-    from layerprune.pipeline.sweep import arm_names, stage_output
+    from layerprune.pipeline.studies.sweep import arm_names, stage_output
     from layerprune.recover.report import RECOVER_REPORT, read_recover_report
 
     out: dict[int | str, dict[str, Any]] = {}
@@ -395,7 +395,7 @@ def plot_losses(curves: dict[int | str, dict[str, Any]], path: Path) -> None:
 def write_sweep_report(study: Any, root: Path) -> Path:
     """sweep.md, sweep.json, sweep.png (retention against k) and sweep_loss.png in the sweep directory."""
     from layerprune.pipeline.audit import audit_section
-    from layerprune.pipeline.sweep import CALIBRATION_FILE, arm_names, ranking
+    from layerprune.pipeline.studies.sweep import CALIBRATION_FILE, arm_names, ranking
 
     folders = evaluated(study, root)
     figures, matrices, kinds = sweep_figures(folders)
@@ -434,7 +434,7 @@ def write_sweep_report(study: Any, root: Path) -> Path:
 def _recovery_sections(study: Any, points: list[dict[str, Any]], controls: dict[str | None, dict[str, Any] | None],
                        pairs: list[dict[str, Any]]) -> list[str]:
     """The k = 0 control(s), the run-to-run spread and, with arms, the arms compared pairwise at every k."""
-    from layerprune.pipeline.sweep import arm_names, has_control
+    from layerprune.pipeline.studies.sweep import arm_names, has_control
 
     chains = {arm: study.arm_recipe(arm, "<pruned>").chain_name() for arm in arm_names(study)}
     text = [line for arm in chains for line in (
@@ -448,7 +448,7 @@ def _recovery_sections(study: Any, points: list[dict[str, Any]], controls: dict[
 
 def evaluated(study: Any, root: Path) -> dict[str, Path]:
     """The eval folder of every model the sweep scored (physical labels: replicates apart)."""
-    from layerprune.pipeline.sweep import models
+    from layerprune.pipeline.studies.sweep import models
 
     return {m: root / "eval" / m for m in models(study) if (root / "eval" / m / SUMMARY_FILE).is_file()}
 
@@ -456,7 +456,7 @@ def evaluated(study: Any, root: Path) -> dict[str, Path]:
 def sweep_figures(folders: dict[str, Path]) -> tuple[Figures, dict[str, np.ndarray], dict[str, str]]:
     """Figures over the logical labels (a recovered point's replicates are one label: their mean, the interval with
     the run-to-run variance), the per-task matrices and the tasks' kinds."""
-    from layerprune.pipeline.study import split_label
+    from layerprune.pipeline.studies.recovery import split_label
 
     labels, matrices, chance, kinds = load_matrix(folders)
     replicates: dict[str, list[str]] = {}
@@ -494,7 +494,7 @@ def _depth(root: Path) -> int | None:
 def _method_lines(study: Any, root: Path, figures: Figures, items: dict[str, int], calibration: dict[str, Any],
                   curves: dict[int | str, dict[str, Any]], unpaired: dict[str, str],
                   depth: int | None) -> list[str]:
-    from layerprune.pipeline.sweep import ranking
+    from layerprune.pipeline.studies.sweep import ranking
 
     cuts = ranking(root, study.ratios)
     kept = ", ".join(f"{t} ({100 * r['score']:.0f}%)" for t, r in calibration["levels"].items() if r["kept"])

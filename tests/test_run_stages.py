@@ -1,0 +1,66 @@
+"""The one stage loop (pipeline/runner.py): order, resume, dry run, errors, the report's refresh."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from layerprune.pipeline.runner import Stage, run_stages
+
+
+def writer(calls: list[str], name: str, output: Path, fail: bool = False) -> Stage:
+    """A stage that records its call and writes its output last (as every stage does), or raises before it."""
+
+    def action() -> None:
+        calls.append(name)
+        if fail:
+            raise RuntimeError(f"{name} broke")
+        output.write_text(name)
+
+    return Stage(name, output, action)
+
+
+def test_stages_run_in_order_and_a_rerun_resumes_at_the_first_incomplete_one(tmp_path, caplog):
+    calls: list[str] = []
+    broken = [writer(calls, "a", tmp_path / "a"), writer(calls, "b", tmp_path / "b"),
+              writer(calls, "c", tmp_path / "c", fail=True), writer(calls, "d", tmp_path / "d")]
+    with pytest.raises(RuntimeError, match="c broke") as caught:
+        run_stages(broken, tmp_path)
+    assert calls == ["a", "b", "c"]
+    assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()  # no completion marker of the failure
+    assert caught.value.layerprune_stage == "c" and caught.value.layerprune_folder == tmp_path
+
+    calls.clear()
+    fixed = [writer(calls, s.name, s.output) for s in broken]
+    with caplog.at_level("INFO"):
+        assert run_stages(fixed, tmp_path) == ["c", "d"]
+    assert calls == ["c", "d"]
+    assert "[1/4] a: complete, skipped" in caplog.text and "[2/4] b: complete, skipped" in caplog.text
+    assert "[3/4] c ..." in caplog.text and "[4/4] d done in" in caplog.text
+
+    calls.clear()
+    assert run_stages(fixed, tmp_path) == [] and calls == []
+
+
+def test_dry_run_runs_no_action_and_names_what_would_run(tmp_path, caplog):
+    calls: list[str] = []
+    (tmp_path / "a").write_text("done")
+    stages = [writer(calls, "a", tmp_path / "a"), writer(calls, "b", tmp_path / "b")]
+    with caplog.at_level("INFO"):
+        assert run_stages(stages, tmp_path, dry_run=True) == ["b"]
+    assert calls == [] and not (tmp_path / "b").exists()
+    assert "[1/2] a: complete, skipped" in caplog.text and "[2/2] b: would run" in caplog.text
+
+
+def test_a_refresh_stage_reruns_after_work_and_a_stage_without_output_always_runs(tmp_path):
+    calls: list[str] = []
+    report = Stage("report", tmp_path / "report", lambda: calls.append("report"), refresh=True)
+    (tmp_path / "report").write_text("old")
+    (tmp_path / "a").write_text("done")
+    assert run_stages([writer(calls, "a", tmp_path / "a"), report]) == [] and calls == []
+    (tmp_path / "a").unlink()
+    assert run_stages([writer(calls, "a", tmp_path / "a"), report]) == ["a", "report"]
+    calls.clear()
+    always = Stage("always", None, lambda: calls.append("always"))
+    assert run_stages([always, always]) == ["always", "always"] and calls == ["always", "always"]
