@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from layerprune.models import drop_blocks, resolve_model
-from layerprune.recover import heldout, runner, train
+from layerprune.recover import heldout, train
+from layerprune.recover.methods.sft import load_student
 from layerprune.recover.schema import RecoverRecipe
 from layerprune.settings import RunSettings
 
@@ -35,7 +36,7 @@ def arm(model: str, pure: bool, train_rows: list[dict], held: list[dict], args: 
                   "learning_rate": args.lr, "gradient_checkpointing": False, "max_length": 256,
                   "logging_steps": 5, "pure_bf16": pure}})
     settings = RunSettings(device="cpu", dtype="bfloat16")
-    loaded = runner.load_student(recipe, resolve_model(model, settings), settings)
+    loaded = load_student(recipe, resolve_model(model, settings), settings)
     drop_blocks(loaded.model, list(range(args.drop_from, args.drop_from + args.drop)))
     encoded = heldout.encode_rows(loaded.tokenizer, held, recipe.generate, 256)
     before_ce = heldout.held_out_metrics(loaded.model, loaded.model, encoded)["ce"]

@@ -49,10 +49,11 @@ def _recorded(make):  # type: ignore[no-untyped-def]
 
 def main() -> int:
     from layerprune.cli import main as cli_main
-    from layerprune.recover import methods, train
+    from layerprune.recover import train
+    from layerprune.recover.methods import distill
 
     AcceleratorState.__init__ = _fsdp_on_cpu
-    for module in (train, methods):  # SFT's trainer and the distillation family's (kd, opd, replace)
+    for module in (train, distill):  # SFT's trainer and the distillation family's (kd, opd, replace)
         module.make_trainer = _recorded(module.make_trainer)
     return cli_main(["recover", *sys.argv[1:]])
 

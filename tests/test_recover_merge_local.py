@@ -17,7 +17,8 @@ from helpers import pruned_copy
 from layerprune.cli import main
 from layerprune.errors import LayerpruneError
 from layerprune.models import drop_blocks
-from layerprune.recover import chain, local, memory, merge, methods
+from layerprune.recover import chain, local, memory, merge
+from layerprune.recover.methods import METHODS, distill
 from layerprune.recover.schema import RecoverRecipe
 from layerprune.settings import RunSettings
 
@@ -125,7 +126,7 @@ def test_kd_on_broad_text_loss_equals_a_hand_computed_kl(tiny_llama, tmp_path):
             for i, w in enumerate(["rivers", "bread", "stars"])]
     job = SimpleNamespace(settings=RunSettings(device="cpu"))
     loaded = SimpleNamespace(model=student, tokenizer=tokenizer)
-    trainer = methods.make_trainer(recipe, "kd", loaded, teacher, rows, [], job, "adamw_torch", tmp_path,
+    trainer = distill.make_trainer(recipe, "kd", loaded, teacher, rows, [], job, "adamw_torch", tmp_path,
                                    TrainerCallback())
     assert type(trainer).__name__ == "GKDTrainer"
     batch = next(iter(trainer.get_train_dataloader()))
@@ -178,7 +179,7 @@ def test_merge_then_local_chain_trains_the_merged_blocks(pruned, prompts_file, t
 def test_replace_then_local_and_local_then_kd_chains():
     recipe = RecoverRecipe(method="replace", replace={"then": "local"})
     assert recipe.surgery_steps() == ["replace", "local"] and recipe.trainer_method() is None
-    assert recipe.chain_name() == "replace+local" and recipe.needs_teacher_model()
+    assert recipe.chain_name() == "replace+local" and METHODS.get(recipe.method).needs_teacher
     then_kd = RecoverRecipe(method="local", local={"then": "kd"})
     assert then_kd.chain_name() == "local+kd" and then_kd.uses_lora()
     assert RecoverRecipe(method="lora").chain_name() == "lora"

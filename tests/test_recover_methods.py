@@ -15,6 +15,7 @@ from helpers import pruned_copy
 from layerprune.cli import main
 from layerprune.models import drop_blocks
 from layerprune.recover import heldout, kd, prompts, replace, train
+from layerprune.recover.methods import METHODS
 from layerprune.recover.schema import GenerationSection, KdSection, PromptSource, RecoverRecipe
 
 FAST = ["--max-new-tokens", "6", "--no-generate-drop-truncated", "--samples", "8", "--train-max-length", "64",
@@ -258,7 +259,7 @@ def test_held_out_metrics_are_zero_kl_for_the_teacher_itself(tiny_llama):
 
 def test_recipe_validates_the_new_sections():
     recipe = RecoverRecipe(method="replace", replace={"then": "opd"}, opd={"adapter": "full"})
-    assert recipe.trainer_method() == "opd" and not recipe.uses_lora() and recipe.needs_teacher_model()
+    assert recipe.trainer_method() == "opd" and not recipe.uses_lora() and METHODS.get(recipe.method).needs_teacher
     with pytest.raises(ValidationError):
         RecoverRecipe(opd={"beta": 1.5})
 

@@ -16,7 +16,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 from helpers import assert_one_line_error, make_pruned_student, run_cli
 from layerprune.models import vllm_engine
 from layerprune.models.vllm_engine import EngineSettings, llm_kwargs
-from layerprune.recover import memory, runner, selfgen, train
+from layerprune.recover import memory, methods, runner, selfgen, train
+from layerprune.recover.job import RecoverJob
 from layerprune.recover.schema import GenerationSection, PromptSource, RecoverRecipe
 from layerprune.recover.student_teacher import plan_recover
 from layerprune.settings import RunSettings
@@ -80,8 +81,8 @@ def test_plan_uses_the_longest_tokenized_example_the_trainer_sees(pruned):
                                  train.to_dataset(rows, recipe.generate, tokenizer, 512), None)
     seen = max(len(ids) for ids in trainer.train_dataset["input_ids"])
     assert train.longest_example(tokenizer, rows, recipe.generate) == seen
-    job = runner.RecoverJob(output=Path("/tmp/unused"))
-    _, plan = runner.plan_for(recipe, AutoModelForCausalLM.from_pretrained(pruned).config, job, cuda=True,
+    job = RecoverJob(output=Path("/tmp/unused"))
+    _, plan = methods.plan_for(recipe, AutoModelForCausalLM.from_pretrained(pruned).config, job, cuda=True,
                               seq_len=seen)
     assert plan.seq_len == seen < recipe.train.max_length
 
@@ -116,7 +117,7 @@ def test_switch_reasons_name_what_is_trained_and_8bit_is_never_chosen_when_shard
     with pytest.raises(Exception, match="does not work under FSDP"):
         memory.choose_optimizer(shape, "full", "adamw_8bit", cuda=True, sharded=True, **kwargs)
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
-    assert runner.sharded_training()
+    assert methods.sharded_training()
 
 
 def test_study_full_sft_arms_use_a_full_fine_tuning_learning_rate():

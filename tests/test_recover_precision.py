@@ -10,7 +10,9 @@ import torch
 from transformers import LlamaConfig
 
 from layerprune.models import resolve_model
-from layerprune.recover import memory, runner, train
+from layerprune.recover import memory, methods, train
+from layerprune.recover.job import RecoverJob
+from layerprune.recover.methods.sft import load_student
 from layerprune.recover.schema import RecoverRecipe
 from layerprune.settings import RunSettings
 
@@ -30,7 +32,7 @@ def fraction_changed(model_dir: Path, tmp_path: Path, recipe: RecoverRecipe) -> 
     """Share of the decoder blocks' weight elements that 5 AdamW steps at lr 1e-5 changed, loaded as recover loads
     the student with --dtype bfloat16."""
     settings = RunSettings(device="cpu", dtype="bfloat16")
-    loaded = runner.load_student(recipe, resolve_model(str(model_dir), settings), settings)
+    loaded = load_student(recipe, resolve_model(str(model_dir), settings), settings)
     args = train.sft_config(recipe, tmp_path / "trainer", torch.device("cpu"), "adamw_torch", 0, has_eval=False)
     dataset = train.to_dataset(_rows(), recipe.generate, loaded.tokenizer, 64)
     trainer = train.make_trainer(recipe, loaded.model, loaded.tokenizer, args, dataset, None)
@@ -65,12 +67,12 @@ LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
 def test_full_sft_of_an_8b_model_minus_8_blocks_plans_float32_master_weights_inside_80_gb(tmp_path):
     config = LlamaConfig(**{**LLAMA_8B, "num_hidden_layers": 24})
     recipe = _recipe(learning_rate=1e-5, batch_size=4, grad_accum=2, gradient_checkpointing=True)
-    job = runner.RecoverJob(output=tmp_path / "out", settings=RunSettings(dtype="auto"), memory_budget=80.0)
-    optimizer, plan = runner.plan_for(recipe, config, job, cuda=True, seq_len=1024)
+    job = RecoverJob(output=tmp_path / "out", settings=RunSettings(dtype="auto"), memory_budget=80.0)
+    optimizer, plan = methods.plan_for(recipe, config, job, cuda=True, seq_len=1024)
     assert plan.weight_bytes == 4 and plan.gradients == pytest.approx(plan.weights)  # float32 weights and grads
     assert optimizer == "adamw_8bit" and plan.fits, memory.format_plan(plan, "8b-8")  # 8-bit states where they fit
     assert any("master" in note for note in plan.notes)
     pure = _recipe(pure_bf16=True, batch_size=4, gradient_checkpointing=True)
-    _, bf16 = runner.plan_for(pure, config, job, cuda=True, seq_len=1024)
+    _, bf16 = methods.plan_for(pure, config, job, cuda=True, seq_len=1024)
     assert bf16.weight_bytes == 2 and any("pure bf16" in note for note in bf16.notes)
 

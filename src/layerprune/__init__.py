@@ -19,7 +19,7 @@ _EXPORTS = {
     "run_pipeline": "layerprune.pipeline.stages",
     "PruneRecipe": "layerprune.prune.recipe",
     "RecoverRecipe": "layerprune.recover.schema",
-    "RecoverJob": "layerprune.recover.runner",
+    "RecoverJob": "layerprune.recover.job",
     "EvalSettings": "layerprune.evaluate.schema",
     "load_run_recipe": "layerprune.pipeline.plan",
     "RunSettings": "layerprune.settings",
@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from layerprune.pipeline.stages import run_pipeline
     from layerprune.prune.api import prune_model
     from layerprune.prune.recipe import PruneRecipe
-    from layerprune.recover.runner import RecoverJob, recover_model
+    from layerprune.recover.job import RecoverJob
+    from layerprune.recover.runner import recover_model
     from layerprune.recover.schema import RecoverRecipe
     from layerprune.settings import RunSettings
 

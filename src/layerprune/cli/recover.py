@@ -57,7 +57,8 @@ def quiet_progress_bars() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from layerprune.recover.runner import RecoverJob, distributed_state, dry_run, recover_model
+    from layerprune.recover.job import RecoverJob
+    from layerprune.recover.runner import distributed_state, dry_run, recover_model
 
     recipe = build_recipe(args)
     if getattr(args, "quiet", False):

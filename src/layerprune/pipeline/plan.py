@@ -88,7 +88,9 @@ def memory_plan(recipe: RunRecipe, settings: RunSettings) -> str:
     """Recover's memory estimate for the pruned model on one GPU."""
     from layerprune.models import resolve_model
     from layerprune.recover import memory
-    from layerprune.recover.runner import RecoverJob, dry_run_length, plan_for
+    from layerprune.recover.job import RecoverJob
+    from layerprune.recover.methods import plan_for
+    from layerprune.recover.runner import dry_run_length
 
     assert recipe.recover is not None
     config, note = model_config(recipe.model, settings)

@@ -225,7 +225,8 @@ def run_eval(recipe: PipelineRecipe, settings: RunSettings, paths: RunPaths, rol
 
 
 def run_recover(recipe: RunRecipe, settings: RunSettings, paths: RunPaths) -> None:
-    from layerprune.recover.runner import RecoverJob, recover_model
+    from layerprune.recover.job import RecoverJob
+    from layerprune.recover.runner import recover_model
 
     assert recipe.recover is not None
     recover_recipe = recipe.recover.resolve(str(paths.pruned), recipe.model)

@@ -1,5 +1,6 @@
-"""The block-changing steps of a method chain after replace's fold: merge and local (replace+local, merge+local,
-local), their memory plan, and the check that the saved model reloads as the in-memory one."""
+"""What merge and local share in a method chain (replace+local, merge+local, local): the dropped blocks, local's
+budget and what it did, the chain's memory plan without a trainer, and the check that the saved model reloads as the
+in-memory one. The steps themselves are methods/merge.py and methods/local.py."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ import torch
 
 from layerprune.errors import LayerpruneError
 from layerprune.models.lineage import PRUNE_REPORT, read_lineage
-from layerprune.recover import heldout, local, memory, merge
+from layerprune.recover import local, memory
 from layerprune.recover.replace import decoder_layers
 from layerprune.recover.schema import RecoverRecipe
 
-NEW_STEPS = ("merge", "local")  # the steps this module runs (replace's fold runs in methods.py)
+NEW_STEPS = ("merge", "local")  # the steps whose weights are reloaded and checked after saving
 PLANNED_SEQUENCES = 1000  # sequences cached per span in the plan when prompts.samples does not say
 
 
@@ -42,29 +43,6 @@ def local_budget(recipe: RecoverRecipe, sequences: int) -> local.LocalBudget:
                              learning_rate=recipe.local.learning_rate or train.learning_rate,
                              weight_decay=train.weight_decay, max_grad_norm=train.max_grad_norm,
                              betas=(train.adam_beta1, train.adam_beta2), max_tokens=train.max_tokens)
-
-
-def run_steps(recipe: RecoverRecipe, loaded: Any, teacher: Any, student: Any,
-              rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Run the recipe's merge and local steps on the loaded student, in chain order; what each did."""
-    steps = [s for s in recipe.surgery_steps() if s in NEW_STEPS]
-    if not steps:
-        return {}
-    dropped = dropped_of(student, teacher, recipe.method)
-    done: dict[str, Any] = {"chain": recipe.chain_name()}
-    for step in steps:
-        if step == "merge":
-            calib = heldout.encode_rows(loaded.tokenizer, rows[: recipe.merge.calib_samples], recipe.generate,
-                                        recipe.merge.max_length)
-            done["merge"] = merge.merge_blocks(loaded.model, teacher, dropped, [ids for ids, _ in calib],
-                                               recipe.merge.threshold, recipe.merge.weight, recipe.merge.span_weights)
-        else:
-            encoded = heldout.encode_rows(loaded.tokenizer, rows, recipe.generate, recipe.local.max_length)
-            budget = local_budget(recipe, len(encoded))
-            fits = local.train_spans(loaded.model, teacher, dropped, [ids for ids, _ in encoded], recipe.local.block,
-                                     budget, [len(ids) - start for ids, start in encoded])
-            done["local"] = [{**fit, "learning_rate": budget.learning_rate} for fit in fits]
-    return done
 
 
 def local_tokens(data: dict[str, Any]) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -11,7 +11,6 @@ from layerprune.errors import LayerpruneError
 from layerprune.probes import probe_tasks
 from layerprune.registry import check_name
 
-Method = Literal["lora", "qlora", "full", "kd", "opd", "replace", "merge", "local"]
 Optimizer = Literal["auto", "adamw_torch", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit"]
 SURGERY_METHODS = ("replace", "merge", "local")  # methods that change blocks from the teacher's weights or states
 MIRROR_ONLY_PROMPT_SETS = ("alpaca_seed",)  # read by name from the data mirror alone (no hub copy is known)
@@ -227,7 +226,7 @@ class RecoverRecipe(Section):
     drop_blocks: list[int] | None = Field(
         None, description="Drop these blocks from --model before recovering (teacher = --model unpruned)"
     )
-    method: Method = Field("lora", description="lora, qlora (4-bit, CUDA), full, kd or opd (distil the teacher), "
+    method: str = Field("lora", description="lora, qlora (4-bit, CUDA), full, kd or opd (distil the teacher), "
                            "replace (least-squares maps), merge (LaCo: fold each dropped span into the kept block "
                            "before it, kept where the outputs stay similar) or local "
                            "(train the block next to each cut on the teacher's hidden states)")
@@ -241,10 +240,12 @@ class RecoverRecipe(Section):
     merge: MergeSection = Field(default_factory=MergeSection)
     local: LocalSection = Field(default_factory=LocalSection)
 
-    @field_validator("method", mode="before")
+    @field_validator("method")
     @classmethod
-    def _known_method(cls, method: Any) -> Any:
-        return check_name("method", method, get_args(Method)) if isinstance(method, str) else method
+    def _known_method(cls, method: str) -> str:
+        from layerprune.recover.methods import METHODS
+
+        return check_name(METHODS.kind, method, METHODS.names())
 
     @model_validator(mode="after")
     def _check(self) -> RecoverRecipe:
@@ -288,10 +289,6 @@ class RecoverRecipe(Section):
 
     def adapter_of(self, method: str | None) -> str | None:
         return {"kd": self.kd.adapter, "opd": self.opd.adapter}.get(method or "")
-
-    def needs_teacher_model(self) -> bool:
-        """Whether training holds the teacher in memory next to the student."""
-        return self.method in ("kd", "opd", *SURGERY_METHODS)
 
 
 def _has_answers(source: str) -> bool:

@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -310,6 +311,20 @@ def last_checkpoint(directory: Path) -> Path | None:
         else []
     )
     return max(found, key=lambda p: int(p.name.split("-")[-1]), default=None)
+
+
+def prepare_trainer_dir(directory: Path, resume: bool) -> Path | None:
+    """The checkpoint to resume from (with --resume), else a clean trainer directory."""
+    last = last_checkpoint(directory)
+    if resume:
+        if last is None:
+            log.warning("--resume: no checkpoint in %s; training from the start", directory)
+        else:
+            log.info("resuming from %s", last)
+        return last
+    if directory.exists():
+        shutil.rmtree(directory)
+    return None
 
 
 def _complete(state: Path) -> bool:

@@ -427,7 +427,7 @@ def control_student(study: RecoveryStudy, settings: RunSettings, root: Path) -> 
 def recover_replicate(study: RecoveryStudy, settings: RunSettings, recipe: RecoverRecipe, output: Path, root: Path,
                       replicate: int) -> None:
     """One recovery run under replicate `replicate`'s seed (the run seed + replicate), sharing its teacher answers."""
-    from layerprune.recover.runner import RecoverJob
+    from layerprune.recover.job import RecoverJob
 
     job = RecoverJob(output=output, settings=replicate_settings(settings, replicate), overwrite=True,
                      data_dir=study.evaluate.data_dir or study.prune.data_dir)
@@ -519,7 +519,8 @@ def dry_run(study: RecoveryStudy, settings: RunSettings) -> str:
     """The plan: model access, data, and each arm's recipe and memory plan; no work."""
     from layerprune.pipeline.plan import check_data, check_model, model_config
     from layerprune.recover import memory
-    from layerprune.recover.runner import RecoverJob, plan_for
+    from layerprune.recover.job import RecoverJob
+    from layerprune.recover.methods import plan_for
 
     shared = study.shared_recipe("<pruned>")
     lines = [f"recovery study '{study.name}' -> {study.run_dir()}",

@@ -280,7 +280,7 @@ def recover_at(study: SweepStudy, settings: RunSettings, root: Path, label: str)
     seed settings.seed + r; its teacher answers are replicate 0's at temperature 0 (greedy: the same), its own at a
     temperature above 0."""
     from layerprune.pipeline.studies.recovery import recover_sharing_answers
-    from layerprune.recover.runner import RecoverJob
+    from layerprune.recover.job import RecoverJob
 
     logical, replicate = split_label(label)
     arm, _, point = logical.rpartition("-")
@@ -429,7 +429,8 @@ def _memory_lines(study: SweepStudy, settings: RunSettings, arm: str | None) -> 
 
     from layerprune.pipeline.plan import model_config
     from layerprune.recover import memory
-    from layerprune.recover.runner import RecoverJob, plan_for
+    from layerprune.recover.job import RecoverJob
+    from layerprune.recover.methods import plan_for
 
     config, note = model_config(study.model, settings)
     if config is None:

@@ -126,8 +126,9 @@ def load_variant_study(name_or_path: str, output: Path | None = None) -> Variant
 def make_variant(study: VariantStudy, settings: RunSettings, root: Path) -> Path:
     """The variant's directory: a posttrain variant from the cache (made once), or root/variant made by recover."""
     from layerprune.pipeline.student import original_as_student
+    from layerprune.recover.job import RecoverJob
     from layerprune.recover.report import read_recover_report
-    from layerprune.recover.runner import RecoverJob, recover_model
+    from layerprune.recover.runner import recover_model
 
     data_dir = study.importance.get("data_dir")
     if isinstance(study.variant, PosttrainVariant):

@@ -1,0 +1,58 @@
+"""What a recover run is given (RecoverJob) and what a method's training hands back to it (TrainResult)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from layerprune.recover.memory import MemoryPlan
+from layerprune.settings import RunSettings
+
+
+@dataclass
+class RecoverJob:
+    """Everything one recover run needs besides the recipe."""
+
+    output: Path
+    settings: RunSettings = field(default_factory=RunSettings)
+    overwrite: bool = False
+    resume: bool = False
+    data_dir: Path | None = None
+    memory_budget: float = 80.0
+
+    @property
+    def work(self) -> Path:
+        """Responses and checkpoints live here until the output is complete (kept for resuming)."""
+        return self.output.parent / f"{self.output.name}.work"
+
+
+@dataclass
+class TrainResult:
+    """What fine-tuning produced: the trained weights as the trainer saved them (gathered from every rank)."""
+
+    saved: Path
+    loss_before: float | None
+    loss_after: float | None
+    curve: dict[str, list[list[float]]]
+    plan: MemoryPlan
+    optimizer: str
+    data: dict[str, Any]
+    seconds: float
+    tokens_seen: int
+    held_out: dict[str, Any] | None = None  # heldout.report_metrics (None: measured on the saved weights when saving)
+    base: Path | None = None  # what a trained adapter merges into (None: the student; replace: the folded weights)
+    eval_rows: list[dict[str, Any]] = field(default_factory=list)  # the held-out teacher answers
+    held_ids: set[str] = field(default_factory=set)
+    training: dict[str, Any] = field(default_factory=dict)  # the report's tokens_unpadded ... learning_rate
+
+
+def release_memory() -> None:
+    """Free what a model or trainer held before the next one loads."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
