@@ -148,7 +148,7 @@ def main() -> None:
                 for tree, src in trees:
                     cp = time_cp(source, root / "cp")
                     out = root / "out"
-                    cache_dir = root / f"memo-{tree}" if cache else root / f"fresh-{tree}-{label[:20]}-{index}"
+                    cache_dir = root / (f"memo-{tree}" if cache else f"fresh-{tree}-{mode}-{index}")
                     result = run_child(mode, source, out, cache_dir, src)
                     rss = result["hwm"] - idle["hwm"]
                     out_largest = max(f.stat().st_size for f in out.glob("*.safetensors"))

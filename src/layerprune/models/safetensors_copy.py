@@ -3,14 +3,16 @@
 A safetensors file is an 8-byte little-endian header length, a JSON header (name -> dtype, shape, byte range of
 the data section; `__metadata__`) padded with spaces to a multiple of 8, then the raw data. A pruned checkpoint
 holds the source's tensors under new names, so each output file is its new header followed by byte ranges of the
-source files, read into one fixed buffer and written at their planned offsets: nothing is deserialised, memory is
-one chunk, and the layout is the one `safetensors.torch.save_file` writes (its dtype order, then names), so the
-files are byte for byte what `save_file` would have made of the same tensors. A source file whose sha256 is wanted
-is read whole, in order, and hashed in the same pass that copies its kept ranges.
+source files, written at their planned offsets: nothing is deserialised, and the layout is the one
+`safetensors.torch.save_file` writes (its dtype order, then names), so the files are byte for byte what `save_file`
+would have made of the same tensors. The ranges are copied by the kernel (`copy_file_range`, as `cp` does) where
+it can, else through one CHUNK buffer. A source file whose sha256 is wanted is read whole through that buffer and
+hashed just before its kept ranges are copied (from the page cache that read filled).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -127,9 +129,10 @@ def copy_tensors(source_dir: Path, layouts: Mapping[str, Layout], target: Path,
             jobs[tensor.file].append((tensor, out, offset))
     result = CopyResult()
     buffer = memoryview(bytearray(CHUNK))
-    fds = {out: os.open(target / out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for out in layouts}
+    fds: dict[str, int] = {}
     try:
         for out, layout in layouts.items():
+            fds[out] = os.open(target / out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             _write_all(fds[out], memoryview(layout.header), 0)
         for file in sorted(set(jobs) | set(hash_files)):
             digest = _copy_file(source_dir / file, sorted(jobs[file], key=lambda job: job[0].start), fds, buffer,
@@ -147,27 +150,47 @@ def copy_tensors(source_dir: Path, layouts: Mapping[str, Layout], target: Path,
 
 def _copy_file(path: Path, jobs: list[tuple[Stored, str, int]], fds: dict[str, int], buffer: memoryview,
                whole: bool) -> tuple[int, int, str] | None:
-    """Copy the ranges of `jobs` out of `path` (in offset order); with `whole`, read every byte and hash it."""
+    """Copy the ranges of `jobs` out of `path` (in offset order) by the kernel (`copy_file_range`: no bytes pass
+    through this process) or, where it cannot, through `buffer`; with `whole`, every byte of the file is first read
+    through `buffer` and hashed (the kept ranges are then copied from the page cache)."""
     before = path.stat()
     digest = hashlib.sha256() if whole else None
     with path.open("rb", buffering=0) as handle:
-        position = 0
-        for tensor, out, offset in jobs:
-            if whole:
-                for _ in _chunks(handle, path, position, tensor.start, buffer, digest, seek=False):
-                    pass
-            for start, chunk in _chunks(handle, path, tensor.start, tensor.end, buffer, digest, seek=not whole):
-                _write_all(fds[out], chunk, offset + start - tensor.start)
-            position = tensor.end
-        if whole:
-            for _ in _chunks(handle, path, position, before.st_size, buffer, digest, seek=False):
+        if digest is not None:
+            for _ in _chunks(handle, path, 0, before.st_size, buffer, digest, seek=True):
                 pass
+        for tensor, out, offset in jobs:
+            if not _kernel_copy(handle, path, tensor, fds[out], offset):
+                for start, chunk in _chunks(handle, path, tensor.start, tensor.end, buffer, None, seek=True):
+                    _write_all(fds[out], chunk, offset + start - tensor.start)
     if digest is None:
         return None
     after = path.stat()
     if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
         raise LayerpruneError(f"{path} changed while it was read; nothing was written")
     return before.st_size, before.st_mtime_ns, digest.hexdigest()
+
+
+def _kernel_copy(handle: Any, path: Path, tensor: Stored, fd: int, offset: int) -> bool:
+    """Copy `tensor`'s bytes to `offset` of `fd` with `os.copy_file_range`, CHUNK at a time; False when the system
+    cannot (then nothing was copied by it)."""
+    copy = getattr(os, "copy_file_range", None)
+    position = tensor.start
+    while position < tensor.end:
+        try:
+            done = copy(handle.fileno(), fd, min(CHUNK, tensor.end - position), position,  # type: ignore[misc]
+                        offset + position - tensor.start) if copy else None
+        except OSError as exc:
+            if position == tensor.start and exc.errno in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                return False
+            raise
+        if done is None:
+            return False
+        if not done:
+            raise LayerpruneError(f"{path} ends at byte {position}, its header says {tensor.end}: truncated while "
+                                  "read; nothing was written")
+        position += done
+    return True
 
 
 def _chunks(handle: Any, path: Path, start: int, end: int, buffer: memoryview, digest: Any,
@@ -234,7 +257,8 @@ class _Files:
     """`files(tensor)` -> the open file holding it, opened on first use, all closed on exit."""
 
     def __init__(self, directory: Path) -> None:
-        self.directory, self.handles = directory, {}  # type: ignore[var-annotated]
+        self.directory = directory
+        self.handles: dict[str, Any] = {}
 
     def __call__(self, tensor: Stored) -> Any:
         if tensor.file not in self.handles:
