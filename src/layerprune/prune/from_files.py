@@ -51,8 +51,9 @@ def prune_from_files(
 ) -> dict[str, Any]:
     """Choose blocks by index (explicit, last, random) and stream the checkpoint: the model is never loaded.
 
-    When blocks are chosen without data and the output is written, the source's weights are hashed by the copy's
-    own read (one read of the source, not two) and the hash is in the report before it is written."""
+    When blocks are chosen without data and the output is written, the weights the hash memo does not know are
+    hashed by the copy (each file read once, just before its kept ranges are copied from the page cache), not by a
+    pass of its own; the hash is in the report before it is written."""
     writes = not dry_run and output is not None
     hash_in_copy = writes and source.kind == "local" and (recipe.layers is not None or recipe.score in DATA_FREE_SCORES)
     if not hash_in_copy:

@@ -54,7 +54,7 @@ def stream_pruned(source_dir: Path, drop: list[int], target: Path, settings: Run
                   force: bool = False, label: Path | str | None = None,
                   hash_files: Collection[str] = ()) -> dict[str, Any]:
     """Write the weights of the model without `drop`, plus its config, into `target`; return what was written
-    (with `file_sha256`: the sha256 of each source file in `hash_files`, read whole by the same pass).
+    (with `file_sha256`: the sha256 of each source file in `hash_files`, read whole by the copy).
 
     The new config is checked before it is kept: the model class built from it on the meta device expects exactly
     the written tensors (names and shapes)."""
