@@ -1,12 +1,14 @@
 """Streaming prune vs `cp -r` vs the in-memory path, on a random bf16 Llama-shaped checkpoint in 256 MB shards.
 
-    nice -n 10 python bench/bench_stream_prune.py [--gb 1.1] [--skip-in-memory]
+    python bench/bench_stream_prune.py [--gb 1.1] [--repeats 3] [--skip-in-memory] [--baseline-src OTHER/src]
 
 Each variant runs in a fresh interpreter; its peak RSS (VmHWM) is reported over an idle interpreter that made
-the same imports, and its work time excludes interpreter start and imports. Targets (issue 14): streamed peak
-RSS <= 1.5x the largest shard, streamed time <= 2x `cp -r`, every tensor bit-identical and in bf16; (issue 27) with
-verification on (the default, block-major: logits of the written model against the original with the blocks
-skipped, one block loaded at a time) peak RSS <= 1.5x the largest shard plus one block.
+the same imports, and its work time excludes interpreter start and imports. Each run of a variant is paired with a
+`cp -r` of the checkpoint just before it (same load, same page cache) and the median ratio is printed. "first run"
+variants get a fresh cache, so the source's sha256 (the report's weights hash) is computed; "memoized" ones reuse
+it. `--baseline-src` runs the same variants with another checkout's `src` too, interleaved (before/after in one
+run). Targets (issue 39): streamed time <= 2x `cp -r` with verification on, peak RSS <= 1.5x the larger of the
+largest input and output shard, every tensor bit-identical and in bf16.
 """
 
 from __future__ import annotations
@@ -78,8 +80,8 @@ def make_checkpoint(directory: Path, gb: float) -> int:
     return per_layer
 
 
-def run_child(mode: str, source: Path, out: Path, cache: Path) -> dict:
-    env = {"PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+def run_child(mode: str, source: Path, out: Path, cache: Path, src: Path = ROOT / "src") -> dict:
+    env = {"PYTHONPATH": str(src), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
     done = subprocess.run([sys.executable, "-c", CHILD, mode, str(source), str(out), str(cache)], env=env,
                           capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -119,7 +121,9 @@ def main() -> None:
     parser.add_argument("--gb", type=float, default=1.1, help="checkpoint size in GB (>= 1)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per variant (the median is printed)")
     parser.add_argument("--skip-in-memory", action="store_true", help="skip the load + save_pretrained reference")
+    parser.add_argument("--baseline-src", type=Path, help="another checkout's src/, run side by side (before/after)")
     args = parser.parse_args()
+    trees = [("this tree", ROOT / "src")] + ([("baseline", args.baseline_src.resolve())] if args.baseline_src else [])
     with tempfile.TemporaryDirectory(prefix="bench-stream-") as tmp:
         root = Path(tmp)
         source = root / "source"
@@ -127,33 +131,39 @@ def main() -> None:
         block = make_checkpoint(source, args.gb)
         shards = sorted(source.glob("*.safetensors"))
         total, largest = sum(s.stat().st_size for s in shards), max(s.stat().st_size for s in shards)
-        print(f"checkpoint: {total / 1e9:.2f} GB bf16 in {len(shards)} shards, largest {largest / 2**20:.0f} MiB")
+        depth = json.loads((source / "config.json").read_text())["num_hidden_layers"]
+        print(f"checkpoint: {total / 1e9:.2f} GB bf16 in {len(shards)} shards, largest {largest / 2**20:.0f} MiB, "
+              f"{depth} blocks of {block / 2**20:.0f} MiB; drop blocks 2 and 5")
         time_cp(source, root / "warm")  # page cache warm for everyone
         idle = run_child("idle", source, root / "none", root / "cache")
-        variants = [("prune --layers, streamed, first run (sha256 of the source for the report)", "stream", "c1", 1),
-                    ("prune --layers, streamed (hash memoized), verification on", "stream", "c1", args.repeats),
-                    ("prune --layers, streamed (hash memoized), --no-verify", "stream-no-verify", "c1", args.repeats)]
+        variants = [("streamed, first run (hashes the source), verification on", "stream", None),
+                    ("streamed, first run (hashes the source), --no-verify", "stream-no-verify", None),
+                    ("streamed, hash memoized, verification on", "stream", "memo"),
+                    ("streamed, hash memoized, --no-verify", "stream-no-verify", "memo")]
         if not args.skip_in_memory:
-            variants.append(("load + drop_blocks + save_pretrained (old path, bf16)", "memory", "c2", args.repeats))
-        rows = []
-        for label, mode, cache, repeats in variants:
-            pairs = []
-            for _ in range(repeats):  # cp and the variant alternate, so both see the same disk load
-                cp = time_cp(source, root / "cp")
-                out = root / "out"
-                result = run_child(mode, source, out, root / cache)
-                rss = result["hwm"] - idle["hwm"]
-                pairs.append((result["seconds"] / cp, result["seconds"], cp, rss, result["check"]))
-                if mode.startswith("stream"):
-                    count, dtypes = check_bits(source, out)
-                shutil.rmtree(out)
-            rows.append((label, *sorted(pairs)[len(pairs) // 2]))
-        print(f"one block {block / 2**20:.0f} MiB")
-        print(f"{'variant (median of runs by ratio to cp)':76s} {'work s':>7s} {'cp -r s':>7s} {'/cp':>6s} "
-              f"{'peak RSS over idle':>18s} {'/largest shard':>14s} {'/(shard+block)':>14s}  logits check")
-        for label, ratio, seconds, cp, rss, check in rows:
-            print(f"{label:76s} {seconds:7.2f} {cp:7.2f} {ratio:6.2f} {rss / 2**20:14.0f} MiB {rss / largest:14.2f} "
-                  f"{rss / (largest + block):14.2f}  {check}")
+            variants.append(("load + drop_blocks + save_pretrained (old path, bf16)", "memory", "memo"))
+        pairs: dict[tuple[str, str], list[tuple]] = {}
+        for index in range(args.repeats):  # every variant once per round, cp -r just before each
+            for label, mode, cache in variants:
+                for tree, src in trees:
+                    cp = time_cp(source, root / "cp")
+                    out = root / "out"
+                    cache_dir = root / (f"memo-{tree}" if cache else f"fresh-{tree}-{mode}-{index}")
+                    result = run_child(mode, source, out, cache_dir, src)
+                    rss = result["hwm"] - idle["hwm"]
+                    out_largest = max(f.stat().st_size for f in out.glob("*.safetensors"))
+                    pairs.setdefault((tree, label), []).append(
+                        (result["seconds"] / cp, result["seconds"], cp, rss, max(largest, out_largest),
+                         result["check"]))
+                    if mode.startswith("stream"):
+                        count, dtypes = check_bits(source, out)
+                    shutil.rmtree(out)
+        print(f"{'tree':9s} {'variant (median of runs by ratio to the cp -r just before)':58s} {'work s':>7s} "
+              f"{'cp -r s':>7s} {'/cp':>6s} {'peak RSS over idle':>18s} {'/largest shard':>14s}  logits check")
+        for (tree, label), runs in pairs.items():
+            ratio, seconds, cp, rss, shard, check = sorted(runs)[len(runs) // 2]
+            print(f"{tree:9s} {label:58s} {seconds:7.2f} {cp:7.2f} {ratio:6.2f} {rss / 2**20:14.0f} MiB "
+                  f"{rss / shard:14.2f}  {check}")
         print(f"bit-identical: {count} tensors, dtypes {sorted(dtypes)}")
 
 

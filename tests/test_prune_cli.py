@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -188,10 +189,14 @@ def test_full_disk_during_save_leaves_nothing(capsys, model_copy, tmp_path, monk
         Path(filename).write_bytes(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    import safetensors.torch
+    import layerprune.models.safetensors_copy as safetensors_copy
+
+    def no_space_left(fd, data, offset):  # noqa: ANN001, ANN202
+        os.pwrite(fd, data[:7], offset)
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(modeling_utils, "safe_save_file", no_space)
-    monkeypatch.setattr(safetensors.torch, "save_file", no_space)  # the streamed save
+    monkeypatch.setattr(safetensors_copy, "_write_all", no_space_left)  # the streamed save: byte copies
     code, _, err = run_cli(capsys, prune_args(model_copy, tmp_path / "out", "--drop", "1"))
     assert_one_line_error(code, err, "no space left")
     assert not (tmp_path / "out").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 
 import pytest
@@ -235,8 +236,11 @@ def test_disk_full_during_save_is_one_line(tiny_llama, tmp_path, capsys, monkeyp
             'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
         )
 
+    def full_disk(fd, data, offset):  # noqa: ANN001, ANN202
+        raise OSError(errno.ENOSPC, "No space left on device")
+
     monkeypatch.setattr("transformers.modeling_utils.safe_save_file", full)
-    monkeypatch.setattr("safetensors.torch.save_file", full)  # the streamed save
+    monkeypatch.setattr("layerprune.models.safetensors_copy._write_all", full_disk)  # the streamed save
     code, _, err = run_cli(
         capsys, ["prune", "--model", str(tiny_llama), "--layers", "1,3", "--output", str(tmp_path / "out")]
     )

@@ -104,6 +104,30 @@ def weight_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix in WEIGHT_SUFFIXES or p.name == "config.json")
 
 
+def unhashed_files(folder: Path, cache_dir: Path) -> list[Path]:
+    """The weight files of `folder` whose sha256 the memo in `cache_dir` does not hold for their present size and
+    modification time: the ones `model_hash` would read."""
+    memo = read_memo(cache_dir / MEMO_FILE)
+    stale = []
+    for path in weight_files(folder):
+        stat, known = path.stat(), memo.get(str(path.resolve()))
+        if known is None or (known.size, known.mtime_ns) != (stat.st_size, stat.st_mtime_ns):
+            stale.append(path)
+    return stale
+
+
+def remember_hashes(folder: Path, cache_dir: Path, hashes: dict[str, tuple[int, int, str]]) -> None:
+    """Add sha256s computed elsewhere (file name in `folder` -> size, mtime_ns and sha256 of the bytes read) to the
+    memo, so that `model_hash` does not read those files again while they keep that size and time."""
+    if not hashes:
+        return
+    memo_path = cache_dir / MEMO_FILE
+    memo = read_memo(memo_path)
+    for name, (size, mtime_ns, sha256) in hashes.items():
+        memo[str((folder / name).resolve())] = FileHash(size=size, mtime_ns=mtime_ns, sha256=sha256)
+    write_memo(memo_path, memo)
+
+
 def model_hash(source: ModelSource, cache_dir: Path) -> str:
     """What identifies the exact weights: file hashes for local models (memo in `cache_dir`), id and revision
     for the hub."""

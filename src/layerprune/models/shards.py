@@ -1,8 +1,8 @@
 """Drop decoder blocks from a safetensors checkpoint without loading the model: stream it shard by shard.
 
-Tensors come from safetensors' lazy `safe_open` (memory-mapped, so a tensor costs memory only while it is
-written), shards are planned by huggingface_hub's `split_torch_state_dict_into_shards` and written with
-`save_file`; one output shard is in memory at a time, in its own dtype, bit for bit.
+Shards are planned by huggingface_hub's `split_torch_state_dict_into_shards` from the headers (tensors mapped by
+safetensors' lazy `safe_open`, never read) and written as byte copies of the source's data ranges under the new
+names (`safetensors_copy`): one chunk in memory, in each tensor's own dtype, bit for bit.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 import re
 import shutil
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,13 @@ import torch
 from layerprune.errors import LayerpruneError
 from layerprune.models.blocks import STACK_PATHS, check_block_indices, drop_blocks, find_decoder_stack
 from layerprune.models.safetensors_check import open_safetensors
+from layerprune.models.safetensors_copy import (
+    CopyResult,
+    compare_copied,
+    copy_tensors,
+    plan_layout,
+    read_headers,
+)
 
 INDEX_NAME = "model.safetensors.index.json"
 SIDE_FILES = ("generation_config.json",)
@@ -130,16 +137,14 @@ def plan_stream(checkpoint: Checkpoint, drop: Sequence[int], depth: int, max_sha
                       dict(split.metadata), split.is_sharded, dict(dtypes), kept, prefix)
 
 
-def write_stream(plan: StreamPlan, target: Path) -> None:
-    """Write the planned shards (and index) into `target`, one output shard in memory at a time."""
-    from safetensors.torch import save_file
-
+def write_stream(plan: StreamPlan, target: Path, hash_files: Collection[str] = ()) -> CopyResult:
+    """Write the planned shards (and index) into `target` as byte copies of the source's tensor data (one chunk in
+    memory); the source files in `hash_files` are read whole, just before their ranges are copied, and their sha256
+    returned."""
+    stored = read_headers(plan.checkpoint.directory, plan.checkpoint.files)
     old_name = {new: old for old, new in plan.renamed.items()}
-    for filename, names in plan.shards.items():
-        with _open_lazy(plan.checkpoint) as tensors:
-            shard = {name: tensors(old_name[name]) for name in names}
-            save_file(shard, target / filename, metadata={"format": "pt"})
-            del shard
+    layouts = {f: plan_layout({name: stored[old_name[name]] for name in names}) for f, names in plan.shards.items()}
+    result = copy_tensors(plan.checkpoint.directory, layouts, target, hash_files)
     if plan.sharded:
         weight_map = {name: f for f, names in plan.shards.items() for name in names}
         index = {
@@ -147,6 +152,7 @@ def write_stream(plan: StreamPlan, target: Path) -> None:
             "weight_map": weight_map,
         }
         (target / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return result
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -228,6 +234,15 @@ def verify_stream(plan: StreamPlan, target: Path, config: Any) -> None:
             suffixes[int(match["index"])].add(match["rest"])
     if any(suffixes[new] != _block_suffixes(plan, old) for new, old in enumerate(plan.kept)):
         raise LayerpruneError("streamed blocks are not renumbered 0..N-1 with their original tensors")
+
+
+def check_copied(plan: StreamPlan, target: Path) -> int:
+    """Every written tensor equals the source tensor it was copied from, byte for byte, with the same dtype and
+    shape: both files' headers as written (each file accepted by safetensors' own reader first), both byte ranges
+    read and compared a chunk at a time. Returns the bytes compared; raises on the first difference."""
+    written = read_checkpoint(target)
+    return compare_copied(plan.checkpoint.directory, read_headers(plan.checkpoint.directory, plan.checkpoint.files),
+                          target, read_headers(target, written.files), plan.renamed)
 
 
 def _block_suffixes(plan: StreamPlan, index: int) -> set[str]:

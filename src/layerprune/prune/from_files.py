@@ -16,7 +16,7 @@ from layerprune.errors import LayerpruneError
 from layerprune.models import ModelSource, load_model
 from layerprune.models.layer_fields import check_layer_fields
 from layerprune.models.loading import load_tokenizer
-from layerprune.models.shards import count_parameters, plan_stream, read_checkpoint
+from layerprune.models.shards import StreamPlan, check_copied, count_parameters, plan_stream, read_checkpoint
 from layerprune.models.surgery import checkpoint_dtype, compare_reloaded_logits, dtype_name
 from layerprune.models.verify_blockwise import BlockMajorUnsupported, fits_whole, verify_block_major
 from layerprune.prune.calib import CalibSet, load_calibration, tokenize_calibration
@@ -49,9 +49,16 @@ def prune_from_files(
     dry_run: bool,
     started: float,
 ) -> dict[str, Any]:
-    """Choose blocks by index (explicit, last, random) and stream the checkpoint: the model is never loaded."""
+    """Choose blocks by index (explicit, last, random) and stream the checkpoint: the model is never loaded.
+
+    When blocks are chosen without data and the output is written, the weights the hash memo does not know are
+    hashed by the copy (each file read once, just before its kept ranges are copied from the page cache), not by a
+    pass of its own; the hash is in the report before it is written."""
+    writes = not dry_run and output is not None
+    hash_in_copy = writes and source.kind == "local" and (recipe.layers is not None or recipe.score in DATA_FREE_SCORES)
     refuse_sublayers(recipe)
-    add_weights_hash(source, settings)
+    if not hash_in_copy:
+        add_weights_hash(source, settings)
     _, config, depth, params_before = describe_source(source, settings)
     check_layer_fields(config.get_text_config() if hasattr(config, "get_text_config") else config, depth, recipe.force)
     protected = recipe.protected_blocks(depth)
@@ -101,15 +108,17 @@ def prune_from_files(
     )
     report["config_per_layer"] = {"before": per_layer_config(config), "after": per_layer_config(config, plan.kept)}
     report["timings"] = {"load_s": 0.0, "score_s": round(score_seconds, 2)}
-    if not dry_run and output is not None:
+    if writes:
+        assert output is not None
 
         def finish(tmp: Path, report: dict[str, Any]) -> None:
             if recipe.verify:
-                _verify_streamed(source, source_dir, config, settings, tmp, report, result.drop, calib)
+                _verify_streamed(source, source_dir, config, settings, tmp, report, result.drop, calib, plan)
             write_report_files(tmp, report)
 
         report["dtype"] = _streamed_dtypes(config, source_dir, settings)
-        save_streamed(source, source_dir, result.drop, report, output, overwrite, settings, finish, recipe.force)
+        save_streamed(source, source_dir, result.drop, report, output, overwrite, settings, finish, recipe.force,
+                      hash_weights=hash_in_copy)
     report["timings"]["total_s"] = round(time.perf_counter() - started, 2)
     return report
 
@@ -134,12 +143,15 @@ def _verify_streamed(
     report: dict[str, Any],
     drop: list[int],
     calib: CalibSet | None,
+    plan: StreamPlan,
 ) -> None:
-    """Logits of the written model against the original with `drop` skipped, block-major (one block in memory at a
-    time); for a family whose files the block-major way cannot read, both reloaded whole one after the other when
-    that fits. The streamed files were already checked tensor by tensor and against the new config on the meta
-    device."""
+    """Every written tensor byte for byte the source tensor it was copied from (both files' headers and data read
+    back), then the logits of the written model against the original with `drop` skipped, block-major (one block
+    in memory at a time); for a family whose files the block-major way cannot read, both reloaded whole one after
+    the other when that fits. The streamed files were already checked by name and against the new config on the
+    meta device."""
     start = time.perf_counter()
+    report["verification"]["bytes_compared"] = check_copied(plan, tmp)
     device = settings.resolved_device()
     stored = checkpoint_dtype(config, source_dir)  # not float32 on the CPU: one block of the stored size at a time
     compute = stored if settings.dtype == "auto" and stored is not None else settings.resolved_dtype()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import torch
 
 from layerprune.errors import LayerpruneError
 from layerprune.models.blocks import slice_layer_config
+from layerprune.models.identity import remember_hashes, unhashed_files
 from layerprune.models.loading import (
     ModelSource,
     _load_config,
@@ -30,6 +32,7 @@ from layerprune.models.shards import (
 )
 from layerprune.models.surgery import NO_SPACE, check_config_builds, check_config_matches_weights, check_free_space
 from layerprune.outputs import atomic_output_dir
+from layerprune.prune.common import add_weights_hash
 from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
@@ -48,8 +51,10 @@ def checkpoint_dir(source: ModelSource) -> Path | None:
 
 
 def stream_pruned(source_dir: Path, drop: list[int], target: Path, settings: RunSettings, config: Any = None,
-                  force: bool = False, label: Path | str | None = None) -> dict[str, Any]:
-    """Write the weights of the model without `drop`, plus its config, into `target`; return what was written.
+                  force: bool = False, label: Path | str | None = None,
+                  hash_files: Collection[str] = ()) -> dict[str, Any]:
+    """Write the weights of the model without `drop`, plus its config, into `target`; return what was written
+    (with `file_sha256`: the sha256 of each source file in `hash_files`, read whole by the copy).
 
     The new config is checked before it is kept: the model class built from it on the meta device expects exactly
     the written tensors (names and shapes)."""
@@ -61,7 +66,7 @@ def stream_pruned(source_dir: Path, drop: list[int], target: Path, settings: Run
     label = label or target
     check_free_space(target, plan.total_bytes, label)
     try:
-        write_stream(plan, target)
+        copied = write_stream(plan, target, hash_files)
     except Exception as exc:
         if NO_SPACE.search(str(exc)) or getattr(exc, "errno", None) == 28:
             raise LayerpruneError(f"no space left on device while writing {label}: it needs about "
@@ -77,7 +82,7 @@ def stream_pruned(source_dir: Path, drop: list[int], target: Path, settings: Run
     verify_stream(plan, target, meta.config)
     copy_side_files(source_dir, target)
     return {"shards": len(plan.shards), "bytes": plan.total_bytes, "dtypes": plan.dtypes, "kept": plan.kept,
-            "seconds": round(time.perf_counter() - start, 2),
+            "seconds": round(time.perf_counter() - start, 2), "file_sha256": copied.file_sha256,
             "meta_check": {"keys": keys, "seconds": round(time.perf_counter() - verify_start, 2)}}
 
 
@@ -122,11 +127,21 @@ def per_layer_config(config: Any, kept: list[int] | None = None) -> dict[str, An
 
 
 def save_streamed(source: ModelSource, source_dir: Path, drop: list[int], report: dict[str, Any], output: Path,
-                  overwrite: bool, settings: RunSettings, finish: Any, force: bool = False) -> None:
-    """Stream the weights into a temp dir, add tokenizer and report files (`finish(tmp)`), rename into place."""
+                  overwrite: bool, settings: RunSettings, finish: Any, force: bool = False,
+                  hash_weights: bool = False) -> None:
+    """Stream the weights into a temp dir, add tokenizer and report files (`finish(tmp)`), rename into place.
+
+    With `hash_weights` (a local source whose hash the caller left for now), the weight files the hash memo does
+    not know are hashed by the copy's own read, and `source.identity["weights_sha256"]` is set before `finish`."""
     start = time.perf_counter()
+    cache = settings.resolved_cache_dir()
+    pending = unhashed_files(source_dir, cache) if hash_weights else []
     with atomic_output_dir(output, overwrite) as tmp:
-        written = stream_pruned(source_dir, drop, tmp, settings, force=force, label=output)
+        written = stream_pruned(source_dir, drop, tmp, settings, force=force, label=output,
+                                hash_files={path.name for path in pending if path.suffix == ".safetensors"})
+        if hash_weights:
+            remember_hashes(source_dir, cache, written["file_sha256"])
+            add_weights_hash(source, settings)
         copy_tokenizer_files(source, tmp, load_tokenizer(source, settings))
         report["saved"] = {"how": "streamed from the source safetensors files", "shards": written["shards"],
                            "bytes": written["bytes"], "dtypes": written["dtypes"]}

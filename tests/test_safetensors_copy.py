@@ -1,0 +1,169 @@
+"""The streamed prune's byte copies: files as `save_file` writes them, one chunk of memory, the source read once,
+and verification that refuses any written byte that is not the source's."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tracemalloc
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+import layerprune.models.identity as identity
+import layerprune.models.safetensors_copy as safetensors_copy
+import layerprune.prune.streaming as streaming
+from helpers import assert_one_line_error, run_cli
+from layerprune.errors import LayerpruneError
+from layerprune.models.identity import model_hash
+from layerprune.models.loading import ModelSource
+from layerprune.models.safetensors_copy import copy_tensors, plan_layout, read_header
+from layerprune.prune.api import prune_model
+from layerprune.prune.recipe import PruneRecipe
+from layerprune.settings import RunSettings
+from test_shards import bf16_model
+
+DROP = [1, 3]
+
+
+def mixed_tensors() -> dict[str, torch.Tensor]:
+    """Every dtype size, odd element counts (alignment), a 0-d and an empty tensor."""
+    gen = torch.Generator().manual_seed(0)
+    return {
+        "z.f32": torch.randn(3, 5, generator=gen),
+        "a.bf16": torch.randn(7, generator=gen).to(torch.bfloat16),
+        "m.f16": torch.randn(2, 3, generator=gen).to(torch.float16),
+        "b.i64": torch.arange(5),
+        "c.bool": torch.tensor([True, False, True]),
+        "d.u8": torch.arange(9, dtype=torch.uint8),
+        "e.scalar": torch.tensor(2.5),
+        "f.empty": torch.zeros(0, 4),
+        "g.f64": torch.randn(2, generator=gen, dtype=torch.float64),
+    }
+
+
+def test_copied_file_is_byte_for_byte_what_save_file_writes(tmp_path):
+    tensors = mixed_tensors()
+    save_file(dict(list(tensors.items())[:4]), tmp_path / "one.safetensors", metadata={"format": "pt"})
+    save_file(dict(list(tensors.items())[4:]), tmp_path / "two.safetensors", metadata={"format": "pt"})
+    stored = {**read_header(tmp_path / "one.safetensors"), **read_header(tmp_path / "two.safetensors")}
+    new = {f"renamed.{name}": stored[name] for name in stored}
+    target = tmp_path / "out"
+    target.mkdir()
+    copy_tensors(tmp_path, {"out.safetensors": plan_layout(new)}, target)
+    save_file({f"renamed.{k}": v for k, v in tensors.items()}, tmp_path / "reference.safetensors",
+              metadata={"format": "pt"})
+    assert (target / "out.safetensors").read_bytes() == (tmp_path / "reference.safetensors").read_bytes()
+    with safe_open(target / "out.safetensors", "pt") as handle:
+        assert handle.metadata() == {"format": "pt"}
+        for name, tensor in tensors.items():
+            got = handle.get_tensor(f"renamed.{name}")
+            assert got.dtype == tensor.dtype and got.shape == tensor.shape
+            assert torch.equal(got.reshape(-1).view(torch.uint8), tensor.reshape(-1).view(torch.uint8)), name
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_copy_holds_one_chunk_whatever_the_tensor_size(tmp_path, monkeypatch, kernel):
+    big = torch.randn(1024, 1024, generator=torch.Generator().manual_seed(0))  # 4 MiB
+    save_file({"big": big, "small": torch.ones(3)}, tmp_path / "src.safetensors")
+    stored = read_header(tmp_path / "src.safetensors")
+    chunk = 64 << 10
+    writes: list[int] = []
+    real = safetensors_copy._write_all
+
+    def counted(fd, data, offset):  # noqa: ANN001, ANN202
+        writes.append(len(data))
+        real(fd, data, offset)
+
+    monkeypatch.setattr(safetensors_copy, "CHUNK", chunk)
+    monkeypatch.setattr(safetensors_copy, "_write_all", counted)
+    if not kernel:  # a system without copy_file_range: the bytes pass through the buffer
+        monkeypatch.delattr(safetensors_copy.os, "copy_file_range")
+    target = tmp_path / "out"
+    target.mkdir()
+    layout = plan_layout({"renamed.big": stored["big"], "small": stored["small"]})
+    tracemalloc.start()
+    try:
+        copy_tensors(tmp_path, {"out.safetensors": layout}, target)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    if not kernel:
+        assert max(writes[1:]) == chunk and sum(writes) == layout.size  # writes[0]: the header
+    assert (target / "out.safetensors").stat().st_size == layout.size
+    assert peak < 2 * chunk < big.numel() * 4 / 16
+    with safe_open(target / "out.safetensors", "pt") as handle:
+        assert torch.equal(handle.get_tensor("renamed.big"), big)
+
+
+def _tensors(directory: Path) -> dict[str, torch.Tensor]:
+    found = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(path, "pt") as handle:
+            found.update({name: handle.get_tensor(name) for name in handle.keys()})
+    return found
+
+
+def test_first_run_hashes_the_source_in_the_copys_own_read(tiny_llama, tmp_path, monkeypatch):
+    hashed: list[str] = []
+    real = identity.sha256_of
+    monkeypatch.setattr(identity, "sha256_of", lambda path: hashed.append(Path(path).name) or real(path))
+    settings = RunSettings(max_shard_size="60KB", cache_dir=tmp_path / "cache")
+    result = prune_model(str(tiny_llama), PruneRecipe(layers=DROP), settings, output=tmp_path / "out")
+    assert hashed == ["config.json"]  # the weights' sha256 came from the copy's read
+    monkeypatch.undo()
+    fresh = model_hash(ModelSource(spec=str(tiny_llama), kind="local", location=str(tiny_llama)), tmp_path / "c2")
+    report = json.loads((tmp_path / "out" / "prune_report.json").read_text())
+    assert report["source"]["identity"]["weights_sha256"] == fresh
+    assert result.report["source"]["identity"]["weights_sha256"] == fresh
+    out = tmp_path / "out"
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    for shard in sorted(out.glob("model-*.safetensors")):
+        with safe_open(shard, "pt") as handle:
+            assert sorted(handle.keys()) == sorted(n for n, f in index["weight_map"].items() if f == shard.name)
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in _tensors(out).values())
+
+
+def test_verification_refuses_a_written_byte_the_logits_cannot_see(tmp_path, monkeypatch):
+    source = bf16_model(tmp_path / "src", "llama")
+    real = streaming.write_stream
+
+    def one_bit_off(plan, target, *args):  # noqa: ANN001, ANN002, ANN202
+        copied = real(plan, target, *args)
+        shard = sorted(target.glob("*.safetensors"))[0]
+        data = bytearray(shard.read_bytes())
+        data[-2] ^= 1  # the lowest mantissa bit of the last bf16 element
+        shard.write_bytes(bytes(data))
+        return copied
+
+    monkeypatch.setattr(streaming, "write_stream", one_bit_off)
+    with pytest.raises(LayerpruneError, match="is not a copy of"):
+        prune_model(str(source), PruneRecipe(layers=DROP), RunSettings(), output=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    monkeypatch.undo()
+    result = prune_model(str(source), PruneRecipe(layers=DROP), RunSettings(), output=tmp_path / "out")
+    written = sum(t.numel() * t.element_size() for t in _tensors(tmp_path / "out").values())
+    assert result.report["verification"]["bytes_compared"] == written
+
+
+def test_a_source_cut_short_during_the_copy_is_one_line_and_leaves_nothing(capsys, tiny_llama, tmp_path,
+                                                                             monkeypatch):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama, model)
+    real = safetensors_copy.read_headers
+
+    def then_cut(directory, files):  # noqa: ANN001, ANN202
+        stored = real(directory, files)
+        path = directory / files[0]
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        return stored
+
+    monkeypatch.setattr("layerprune.models.shards.read_headers", then_cut)
+    code, _, err = run_cli(capsys, ["prune", "--model", str(model), "--output", str(tmp_path / "out"),
+                                    "--layers", "1,3"])
+    assert_one_line_error(code, err, "truncated while read")
+    assert not (tmp_path / "out").exists()
+    assert not list(tmp_path.glob(".out.tmp-*"))
