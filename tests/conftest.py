@@ -65,6 +65,27 @@ def pytest_unconfigure(config):
         shutil.rmtree(_SESSION_ROOT, ignore_errors=True)  # removes the links, never what they point at
 
 
+# seconds per test module (setup, call and teardown of its tests), printed with --durations' list: under xdist the
+# controller gets every worker's reports, so a module's total is its time on the worker that ran it
+_MODULE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    module = report.nodeid.split("::", 1)[0]
+    _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    shown = config.option.durations
+    if not shown or not _MODULE_SECONDS:
+        return
+    ranked = sorted(_MODULE_SECONDS.items(), key=lambda item: -item[1])
+    terminalreporter.write_sep("=", f"slowest {min(shown, len(ranked))} modules (setup + call + teardown)")
+    for module, seconds in ranked[:shown]:
+        terminalreporter.write_line(f"{seconds:8.2f}s {module}")
+    terminalreporter.write_line(f"{sum(_MODULE_SECONDS.values()):8.2f}s in all {len(ranked)} modules")
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
