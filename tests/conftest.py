@@ -6,6 +6,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+import json  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -100,6 +101,26 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip("../shared/data is not present")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def pruned_embedded():
+    """(name, layers) -> (directory, its prune report): embedded:NAME minus `layers`, pruned once per test run (the
+    default prune: streamed from the cached safetensors, block-major logits check). xdist's workers share it through
+    the session's folder, under a lock; tests read it and never write into it."""
+    from layerprune.outputs import cache_lock
+    from layerprune.prune.api import prune_model
+    from layerprune.prune.recipe import PruneRecipe
+
+    def get(name: str, layers: list[int]) -> tuple[Path, dict]:
+        target = _SESSION_ROOT / "pruned" / f"{name}-{'-'.join(map(str, layers))}"
+        report = target / "prune_report.json"
+        with cache_lock(_SESSION_ROOT, f"pruned-{target.name}"):
+            if not report.is_file():
+                prune_model(f"embedded:{name}", PruneRecipe(layers=layers), output=target)
+        return target, json.loads(report.read_text())
+
+    return get
 
 
 @pytest.fixture(scope="session")
