@@ -34,8 +34,8 @@ def test_gemma3_drop_2_5_9_keeps_interleaved_layer_types_and_matches_skip_refere
 def test_default_prune_command_makes_a_22_block_smollm2_that_generates(capsys, tmp_path, shared_data, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("LAYERPRUNE_DATA_DIR", str(shared_data))
-    code, out, err = run_cli(capsys, ["prune", "--drop", "8", "--score", "ablation", "--calib-samples", "4",
-                                      "--output", "p8"])
+    code, out, err = run_cli(capsys, ["prune", "--drop", "8", "--score", "ablation", "--calib-samples", "2",
+                                      "--calib-seq-len", "96", "--output", "p8"])
     assert code == 0, err
     report = json.loads((tmp_path / "p8" / "prune_report.json").read_text())
     assert report["num_blocks_after"] == 22 and report["source"]["kind"] == "embedded"
