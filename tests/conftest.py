@@ -6,6 +6,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+import json  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -65,6 +66,27 @@ def pytest_unconfigure(config):
         shutil.rmtree(_SESSION_ROOT, ignore_errors=True)  # removes the links, never what they point at
 
 
+# seconds per test module (setup, call and teardown of its tests), printed with --durations' list: under xdist the
+# controller gets every worker's reports, so a module's total is its time on the worker that ran it
+_MODULE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    module = report.nodeid.split("::", 1)[0]
+    _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    shown = config.option.durations
+    if not shown or not _MODULE_SECONDS:
+        return
+    ranked = sorted(_MODULE_SECONDS.items(), key=lambda item: -item[1])
+    terminalreporter.write_sep("=", f"slowest {min(shown, len(ranked))} modules (setup + call + teardown)")
+    for module, seconds in ranked[:shown]:
+        terminalreporter.write_line(f"{seconds:8.2f}s {module}")
+    terminalreporter.write_line(f"{sum(_MODULE_SECONDS.values()):8.2f}s in all {len(ranked)} modules")
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
@@ -79,6 +101,26 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip("../shared/data is not present")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def pruned_embedded():
+    """(name, layers) -> (directory, its prune report): embedded:NAME minus `layers`, pruned once per test run (the
+    default prune: streamed from the cached safetensors, block-major logits check). xdist's workers share it through
+    the session's folder, under a lock; tests read it and never write into it."""
+    from layerprune.outputs import cache_lock
+    from layerprune.prune.api import prune_model
+    from layerprune.prune.recipe import PruneRecipe
+
+    def get(name: str, layers: list[int]) -> tuple[Path, dict]:
+        target = _SESSION_ROOT / "pruned" / f"{name}-{'-'.join(map(str, layers))}"
+        report = target / "prune_report.json"
+        with cache_lock(_SESSION_ROOT, f"pruned-{target.name}"):
+            if not report.is_file():
+                prune_model(f"embedded:{name}", PruneRecipe(layers=layers), output=target)
+        return target, json.loads(report.read_text())
+
+    return get
 
 
 @pytest.fixture(scope="session")

@@ -255,16 +255,22 @@ def test_existing_output_needs_overwrite(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_embedded_models_importance_and_nmi(tmp_path, capsys):
-    code, _, err = run_cli(
-        capsys, "importance", "--tasks", "arithmetic", "--samples", "4", "--output", str(tmp_path / "imp")
-    )
+    """Both embedded models end to end at small sizes (the tiny-model tests above check the numbers); the NMI takes
+    its critical blocks from this importance report instead of skipping each of the 30 blocks again (its calibration
+    ablation is test_nmi_end_to_end's)."""
+    imp = tmp_path / "imp" / "importance.json"
+    code, _, err = run_cli(capsys, "importance", "--tasks", "arithmetic", "--samples", "2", "--shots", "0",
+                           "--resamples", "100", "--output", str(imp.parent))
     assert code == 0, err
-    report = json.loads((tmp_path / "imp" / "importance.json").read_text())
+    report = json.loads(imp.read_text())
     assert report["models"]["smollm2-135m-instruct"]["depth"] == 30 and report["models"]["gemma3-270m"]["depth"] == 18
     assert report["across_models"]["arithmetic"]["aligned_by"] == "relative depth"
-    code, _, err = run_cli(capsys, "nmi", "--samples", "4", "--k", "8", "--output", str(tmp_path / "nmi"))
+    code, _, err = run_cli(capsys, "nmi", "--samples", "2", "--k", "8", "--seeds", "2", "--critical-from", str(imp),
+                           "--output", str(tmp_path / "nmi"))
     assert code == 0, err
-    assert len(json.loads((tmp_path / "nmi" / "nmi.json").read_text())["nmi"]) == 31
+    nmi = json.loads((tmp_path / "nmi" / "nmi.json").read_text())
+    assert len(nmi["nmi"]) == 31
+    assert nmi["critical"] == report["tasks"]["arithmetic"]["smollm2-135m-instruct"]["critical"]
 
 
 @pytest.mark.parametrize("recipe", ["importance-qwen25-7b", "importance-llama31-8b"])

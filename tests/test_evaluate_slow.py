@@ -18,9 +18,10 @@ from layerprune.settings import RunSettings
 
 pytestmark = pytest.mark.slow
 # every document's loglikelihoods are compared, not only the accuracy: a few documents are a sharper check than
-# many documents' mean (the five-shot prompts are ~6x longer, so fewer of them)
+# many documents' mean (the five-shot prompts are ~6x longer, so fewer of them: with lm-eval's CLI at 4 shots against
+# our 5, the accuracies of a few documents agree and document 0's loglikelihoods do not)
 LIMIT = 10
-FEWSHOT_LIMIT = 4
+FEWSHOT_LIMIT = 2
 
 
 def lm_eval_cli(model_dir: str, task: str, data_dir: Path, folder: Path, limit: int = LIMIT, shots: int | None = None,

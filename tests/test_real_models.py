@@ -10,21 +10,19 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from helpers import run_cli, skip_reference_logits
 from layerprune.models import load_model, resolve_model
-from layerprune.prune.api import prune_model
-from layerprune.prune.recipe import PruneRecipe
 
 pytestmark = pytest.mark.slow
 
 
-def test_gemma3_drop_2_5_9_keeps_interleaved_layer_types_and_matches_skip_reference(tmp_path):
+def test_gemma3_drop_2_5_9_keeps_interleaved_layer_types_and_matches_skip_reference(pruned_embedded):
     source = resolve_model("embedded:gemma3-270m")
     original = load_model(source).model
     before = list(original.config.layer_types)
     ids = AutoTokenizer.from_pretrained(source.location)("The capital of France is Paris. The capital of Italy is",
                                                          return_tensors="pt")["input_ids"]
     reference = skip_reference_logits(original, ids, [2, 5, 9])
-    prune_model("embedded:gemma3-270m", PruneRecipe(layers=[2, 5, 9]), output=tmp_path / "g")
-    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "g").eval()
+    pruned, _ = pruned_embedded("gemma3-270m", [2, 5, 9])  # the prune test_verify_blockwise checks block-major
+    reloaded = AutoModelForCausalLM.from_pretrained(pruned).eval()
     assert reloaded.config.num_hidden_layers == 15
     assert reloaded.config.layer_types == [t for i, t in enumerate(before) if i not in (2, 5, 9)]
     with torch.no_grad():
@@ -36,8 +34,8 @@ def test_gemma3_drop_2_5_9_keeps_interleaved_layer_types_and_matches_skip_refere
 def test_default_prune_command_makes_a_22_block_smollm2_that_generates(capsys, tmp_path, shared_data, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("LAYERPRUNE_DATA_DIR", str(shared_data))
-    code, out, err = run_cli(capsys, ["prune", "--drop", "8", "--score", "ablation", "--calib-samples", "4",
-                                      "--output", "p8"])
+    code, out, err = run_cli(capsys, ["prune", "--drop", "8", "--score", "ablation", "--calib-samples", "2",
+                                      "--calib-seq-len", "96", "--output", "p8"])
     assert code == 0, err
     report = json.loads((tmp_path / "p8" / "prune_report.json").read_text())
     assert report["num_blocks_after"] == 22 and report["source"]["kind"] == "embedded"

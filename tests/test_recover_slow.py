@@ -50,6 +50,8 @@ def test_demo_recipe_as_two_cpu_processes_over_gloo(shared_data, tmp_path):
         "8",
         "--max-steps",
         "2",
+        "--max-new-tokens",
+        "16",
         "--data-dir",
         str(shared_data),
         "-o",

@@ -145,14 +145,14 @@ def test_max_memory_bounds_the_block_major_plan_before_loading(tiny_llama, tmp_p
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,drop", [("smollm2-135m-instruct", [3, 4, 25]), ("gemma3-270m", [2, 5, 9])])
-def test_block_major_equals_the_whole_model_check_on_the_embedded_models(name, drop, tmp_path):
+def test_block_major_equals_the_whole_model_check_on_the_embedded_models(name, drop, pruned_embedded):
     from layerprune.models import resolve_model
 
     source = resolve_model(f"embedded:{name}")
-    report = prune_model(f"embedded:{name}", PruneRecipe(layers=drop), output=tmp_path / "out").report
+    out, report = pruned_embedded(name, drop)  # the default prune, shared with test_real_models
     assert report["verification"]["logits_check"] == "block-major"
     ids = torch.randint(3, 1000, (2, 24), generator=torch.Generator().manual_seed(0))
-    written = float((_block_major(tmp_path / "out", ids) - _whole_logits(tmp_path / "out", ids)).abs().max())
+    written = float((_block_major(out, ids) - _whole_logits(out, ids)).abs().max())
     original = AutoModelForCausalLM.from_pretrained(source.location, dtype=torch.float32).eval()
     skipped = float((_block_major(Path(source.location), ids, drop)
                      - surgery.skip_reference_logits(original, ids, None, drop)).abs().max())
