@@ -186,7 +186,8 @@ def test_pruned_embedded_models_export_and_both_readers_agree_with_transformers(
         pytest.skip("llama.cpp check needs llama-cpp-python (make bench-engines builds it)")
     from layerprune.export.llamacpp import compare_with_transformers
 
-    ran = compare_with_transformers(tmp_path / "m.gguf", pruned)
+    export_gguf(pruned, tmp_path / "f16.gguf", "f16", verify=False)  # llama.cpp's graph, apart from Q8_0's rounding
+    ran = compare_with_transformers(tmp_path / "f16.gguf", pruned)  # (Gemma-3 Q8_0: 34/44, docs/benchmarks.md)
     assert ran["tokenization_equal"] == "4/4"
     same, total = map(int, ran["top1_agreement"].split("/"))
-    assert same >= 0.85 * total
+    assert same >= 0.95 * total
