@@ -7,7 +7,6 @@ Taylor and the contiguous-run angular of Gromov et al. rank whole blocks only (t
 
 from __future__ import annotations
 
-import functools
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -15,19 +14,18 @@ from typing import Any
 
 import torch
 
-from layerprune import grading
 from layerprune.errors import LayerpruneError
-from layerprune.models.generate import end_token_ids, generate_greedy
 from layerprune.models.sublayer_walker import (
     residual_around_sublayers,
     sublayer_candidate_measures,
     sublayer_prefix_states,
 )
 from layerprune.models.sublayers import Part, Sublayer, all_sublayers, skipped_sublayers
-from layerprune.models.walker import BlockInputs, capture_block_inputs, greedy_match, masked_nll
-from layerprune.prune.calib import AnswerBatch, CalibItem, answer_batches, is_short_answer, stop_token_mask
+from layerprune.models.walker import BlockInputs, capture_block_inputs, masked_nll
+from layerprune.prune.calib import CalibItem, is_short_answer
 from layerprune.prune.metrics import angular_distance, block_influence, last_token_mask, lowest_keys, mean
 from layerprune.prune.scores import ScoreContext
+from layerprune.prune.scores.ablation import correct_per_key, greedy_correct
 from layerprune.registry import Registry
 
 BASE = None  # the key of the model without a further removal, beside the candidates'
@@ -142,67 +140,23 @@ def _accuracy_losses(
     return rates.pop(BASE), rates  # type: ignore[return-value]
 
 
-@dataclass
-class _AnswerGroup:
-    """Per stop string: the answer batches, the stop-token mask and (iterative runs) the captured block inputs."""
-
-    stop: str
-    batches: list[AnswerBatch]
-    stops: torch.Tensor
-    inputs: list[BlockInputs] = field(default_factory=list)
-
-
 def _teacher_forced_correct(
     ctx: ScoreContext, items: list[CalibItem], removed: Sequence[Sublayer], pool: Sequence[Sublayer], cache: list
 ) -> dict[Sublayer | None, list[bool]]:
     """Per item, would greedy decoding give exactly its answer (then a stop), without and with each candidate."""
-    if not cache:
-        cache.extend(_answer_group(ctx, items, stop) for stop in sorted({item.stop for item in items}))
-    position = {id(item): n for n, item in enumerate(items)}
-    correct: dict[Sublayer | None, list[bool]] = {key: [False] * len(items) for key in [BASE, *pool]}
-    full = not removed
-    with torch.inference_mode():
-        for group in cache:
-            members = [item for item in items if item.stop == group.stop]
-            for number, answers in enumerate(group.batches):
-                batch = answers.batch.to(ctx.model.device)
-                inputs = group.inputs[number] if number < len(group.inputs) else capture_block_inputs(
-                    ctx.stack, batch, keep_hidden=full)
-                if not full and number >= len(group.inputs):
-                    group.inputs.append(inputs)
-                measure = functools.partial(greedy_match, stops=group.stops, needs_stop=answers.needs_stop)
-                states = sublayer_prefix_states(ctx.stack, inputs, removed)
-                results = {BASE: measure(ctx.stack, states[-1], batch),
-                           **sublayer_candidate_measures(ctx.stack, inputs, removed, pool, states, measure)}
-                for key, hits in results.items():
-                    for row, index in enumerate(answers.items):
-                        correct[key][position[id(members[index])]] = bool(hits[row]) and bool(answers.fits[row])
-    return correct
 
+    def measures(inputs: BlockInputs, batch: Any, measure: Any) -> dict[Sublayer | None, Any]:
+        states = sublayer_prefix_states(ctx.stack, inputs, removed)
+        return {BASE: measure(ctx.stack, states[-1], batch),
+                **sublayer_candidate_measures(ctx.stack, inputs, removed, pool, states, measure)}
 
-def _answer_group(ctx: ScoreContext, items: list[CalibItem], stop: str) -> _AnswerGroup:
-    members = [item for item in items if item.stop == stop]
-    size = ctx.stack.lm_head().weight.shape[0]
-    return _AnswerGroup(
-        stop,
-        answer_batches(members, ctx.tokenizer, ctx.batch_size, ctx.max_new_tokens),
-        stop_token_mask(ctx.tokenizer, stop, size, end_token_ids(ctx.model, ctx.tokenizer)),
-    )
+    return correct_per_key(ctx, items, [BASE, *pool], not removed, cache, measures)
 
 
 def _generated_correct(ctx: ScoreContext, items: list[CalibItem], skip: list[Sublayer]) -> list[bool]:
     """Per item, is the greedy answer (generated until its stop string) right, with the `skip` sublayers skipped."""
-    correct: dict[int, bool] = {}
     with skipped_sublayers(ctx.model, skip):
-        for stop in sorted({item.stop for item in items}):
-            group = [n for n, item in enumerate(items) if item.stop == stop]
-            texts = generate_greedy(
-                ctx.model, ctx.tokenizer, [items[n].prompt for n in group], ctx.max_new_tokens, [stop], ctx.batch_size
-            )
-            correct.update(
-                {n: grading.final_number(text) == items[n].expected for n, text in zip(group, texts, strict=False)}
-            )
-    return [correct[n] for n in range(len(items))]
+        return greedy_correct(ctx, items)
 
 
 def residual_sums(ctx: ScoreContext, parts: Sequence[Part], pair_fn, tokens: str = "all") -> dict[Sublayer, float]:  # noqa: ANN001

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
 
@@ -24,6 +25,8 @@ from layerprune.models.walker import (
 )
 from layerprune.prune.calib import AnswerBatch, CalibItem, answer_batches, is_short_answer, stop_token_mask
 from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult
+
+K = TypeVar("K")
 
 
 @SCORES.register("ablation")
@@ -132,33 +135,45 @@ def teacher_forced_correct(
 ) -> dict[int, list[bool]]:
     """Per item, would greedy decoding give exactly its answer (then a stop): for the `kept` model (key -1)
     and for it with each candidate skipped. One forward per batch, then each candidate from its prefix."""
+
+    def measures(inputs: BlockInputs, batch: Any, measure: Any) -> dict[int, Any]:
+        states = prefix_states(ctx.stack, inputs, kept)
+        return {-1: measure(ctx.stack, states[FINAL], batch),
+                **candidate_losses(ctx.stack, inputs, kept, candidates, states, ctx.stack_candidates, measure)}
+
+    return correct_per_key(ctx, items, [-1, *candidates], len(kept) == ctx.depth, cache, measures)
+
+
+def correct_per_key(
+    ctx: ScoreContext,
+    items: list[CalibItem],
+    keys: Sequence[K],
+    full: bool,
+    cache: list | None,
+    measures: Callable[[BlockInputs, Any, Any], dict[K, Any]],
+) -> dict[K, list[bool]]:
+    """The teacher-forced exact-match loop of every accuracy ablation (blocks and sublayers): per stop string and
+    answer batch, capture the block inputs once (kept in `cache` for iterative runs unless `full`), then
+    `measures(inputs, batch, measure)` gives each key's per-row hits; an item is right when its row hit and its
+    answer fit."""
     cache = cache if cache is not None else []
     if not cache:
         cache.extend(_prepare(ctx, items, stop) for stop in sorted({item.stop for item in items}))
     position = {id(item): n for n, item in enumerate(items)}
-    correct = {c: [False] * len(items) for c in [-1, *candidates]}
-    full = len(kept) == ctx.depth
+    correct = {key: [False] * len(items) for key in keys}
     with torch.inference_mode():
         for group in cache:
             members = [item for item in items if item.stop == group.stop]
             for number, answers in enumerate(group.batches):
                 batch = answers.batch.to(ctx.model.device)
-                inputs = (
-                    group.inputs[number]
-                    if number < len(group.inputs)
-                    else capture_block_inputs(ctx.stack, batch, keep_hidden=full)
-                )
+                inputs = (group.inputs[number] if number < len(group.inputs)
+                          else capture_block_inputs(ctx.stack, batch, keep_hidden=full))
                 if not full and number >= len(group.inputs):
                     group.inputs.append(inputs)
                 measure = functools.partial(greedy_match, stops=group.stops, needs_stop=answers.needs_stop)
-                states = prefix_states(ctx.stack, inputs, kept)
-                results = {
-                    -1: measure(ctx.stack, states[FINAL], batch),
-                    **candidate_losses(ctx.stack, inputs, kept, candidates, states, ctx.stack_candidates, measure),
-                }
-                for candidate, hits in results.items():
+                for key, hits in measures(inputs, batch, measure).items():
                     for row, index in enumerate(answers.items):
-                        correct[candidate][position[id(members[index])]] = bool(hits[row]) and bool(answers.fits[row])
+                        correct[key][position[id(members[index])]] = bool(hits[row]) and bool(answers.fits[row])
     return correct
 
 
@@ -207,14 +222,19 @@ def generated_correct_per_candidate(
 
 def generated_correct(ctx: ScoreContext, items: list[CalibItem], skip: list[int]) -> list[bool]:
     """Per item, is the greedy answer (generated until its stop string) right, with `skip` blocks removed."""
-    correct: dict[int, bool] = {}
     with skipped_blocks(ctx.model, skip):
-        for stop in sorted({item.stop for item in items}):
-            group = [n for n, item in enumerate(items) if item.stop == stop]
-            texts = generate_greedy(
-                ctx.model, ctx.tokenizer, [items[n].prompt for n in group], ctx.max_new_tokens, [stop], ctx.batch_size
-            )
-            correct.update(
-                {n: grading.final_number(text) == items[n].expected for n, text in zip(group, texts, strict=False)}
-            )
+        return greedy_correct(ctx, items)
+
+
+def greedy_correct(ctx: ScoreContext, items: list[CalibItem]) -> list[bool]:
+    """Per item, is the model's greedy answer (generated until its stop string) right, as the model stands now."""
+    correct: dict[int, bool] = {}
+    for stop in sorted({item.stop for item in items}):
+        group = [n for n, item in enumerate(items) if item.stop == stop]
+        texts = generate_greedy(
+            ctx.model, ctx.tokenizer, [items[n].prompt for n in group], ctx.max_new_tokens, [stop], ctx.batch_size
+        )
+        correct.update(
+            {n: grading.final_number(text) == items[n].expected for n, text in zip(group, texts, strict=False)}
+        )
     return [correct[n] for n in range(len(items))]
