@@ -239,3 +239,23 @@ def test_a_refused_save_writes_nothing(tmp_path):
     with pytest.raises(LayerpruneError, match="sliding-window"):
         save_nas(model, tiny_tokenizer(), [Sublayer(1, "attn")], tmp_path / "out", torch.float32)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_token_ids_that_are_none_stay_none_in_the_layout():
+    """A source without a BOS token must not come out with LlamaConfig's default 1 (or EOS 2)."""
+    model = tiny_source("llama", bos_token_id=None, eos_token_id=None)
+    config = to_nas(model, [Sublayer(1, "attn")]).config
+    assert config.bos_token_id is None and config.eos_token_id is None
+
+
+def test_whole_block_surgery_and_timing_of_a_layout_model_are_refused(tmp_path):
+    """Its KV slots count attention blocks only: block surgery would renumber them by block and break the cache."""
+    from layerprune.models.blocks import drop_blocks
+    from layerprune.models.speed import SpeedBench, measure_speed
+
+    nas = to_nas(tiny_source("llama"), [Sublayer(1, "attn")])
+    with pytest.raises(LayerpruneError, match="Nemotron-NAS"):
+        drop_blocks(nas, [3])
+    assert len(nas.model.layers) == 6
+    speed = measure_speed(nas, SpeedBench(prompt_len=8, new_tokens=2, repeats=1))  # the decode timer reads its cache
+    assert speed.decode_tokens_per_s > 0

@@ -139,6 +139,9 @@ def drop_blocks(model: nn.Module, drop: Sequence[int], force: bool = False) -> l
     A config that cannot describe the kept blocks is refused before anything changes; `force` lets unknown
     layer-looking fields through (lists with one entry per block are sliced, the rest left as they are).
     """
+    if getattr(text_config(model), "model_type", None) == "nemotron-nas":  # its KV slots count attention blocks only
+        raise LayerpruneError("dropping whole blocks of a Nemotron-NAS (DeciLM) model is not supported; prune its "
+                              "source with --granularity sublayer instead")
     stack = find_decoder_stack(model)
     depth = len(stack)
     drop = check_block_indices(drop, depth, "blocks to drop")

@@ -35,6 +35,7 @@ ROPE_TYPES = ("default", "llama3")  # llama.cpp's deci converter writes rope_the
 CARRIED = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
            "hidden_act", "max_position_embeddings", "initializer_range", "rms_norm_eps", "use_cache", "pad_token_id",
            "bos_token_id", "eos_token_id", "tie_word_embeddings", "rope_parameters", "attention_dropout", "head_dim")
+TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")  # carried as they are, None included
 PART_KEYS = {"attn": ("input_layernorm.", "self_attn."), "mlp": ("post_attention_layernorm.", "mlp.")}
 
 
@@ -105,7 +106,8 @@ def nas_config(config: Any, removed: Sequence[Sublayer]) -> DeciLMConfig:
     mult = ffn_mult(config.intermediate_size, config.hidden_size)
     blocks = [_block((block, "attn") in gone, (block, "mlp") in gone, group, mult)
               for block in range(config.num_hidden_layers) if block not in dropped]
-    values = {key: getattr(config, key) for key in CARRIED if getattr(config, key, None) is not None}
+    values = {key: getattr(config, key) for key in CARRIED
+              if getattr(config, key, None) is not None or (key in TOKEN_IDS and hasattr(config, key))}
     out = DeciLMConfig(**values, num_hidden_layers=len(blocks), block_configs=blocks,
                        attention_bias=config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
                        mlp_bias=bool(getattr(config, "mlp_bias", False)), architectures=["DeciLMForCausalLM"])

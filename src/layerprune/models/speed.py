@@ -119,7 +119,8 @@ def _decode(model: Any, prompt: torch.Tensor, steps: int, clock: str = "wall") -
     """Seconds for `steps` greedy steps after the prompt, each one token through the KV cache."""
     name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     out = model(input_ids=prompt, use_cache=True)
-    state = {"cache": out[name], "next": out.logits[:, -1:].argmax(-1)}
+    cache = out.get("cache", out.get("past_key_values"))  # the output's name follows transformers' version
+    state = {"cache": cache, "next": out.logits[:, -1:].argmax(-1)}
 
     def run() -> None:
         for _ in range(steps):
