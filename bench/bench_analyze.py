@@ -16,8 +16,8 @@ import torch
 
 from layerprune.analyze.tasks import task_items
 from layerprune.analyze.walk import ablate_blocks, ablate_blocks_naive, build_batches
-from layerprune.data import resolve_data_dir
 from layerprune.models import find_decoder_stack, load_model
+from layerprune.tasks.data import resolve_data_dir
 
 
 def timed(fn, *args):  # type: ignore[no-untyped-def]

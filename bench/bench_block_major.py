@@ -28,7 +28,7 @@ from pathlib import Path
 import torch, transformers, accelerate, safetensors.torch
 from layerprune.prune.api import prune_model
 from layerprune.prune.recipe import PruneRecipe
-from layerprune.settings import RunSettings
+from layerprune.core.settings import RunSettings
 import layerprune.models.identity, layerprune.models.blockwise, layerprune.prune.blockwise
 torch.set_num_threads(2)
 mode, model, score, samples = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -58,7 +58,7 @@ def make_deep_model(depth: int, root: Path) -> str:
     code = f"""
 import torch, transformers
 from layerprune.models.loading import load_tokenizer, resolve_model
-from layerprune.settings import RunSettings
+from layerprune.core.settings import RunSettings
 tokenizer = load_tokenizer(resolve_model("embedded", RunSettings()))
 config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=1024, intermediate_size=2816,
     num_hidden_layers={depth}, num_attention_heads=16, num_key_value_heads=4, tie_word_embeddings=True,

@@ -17,12 +17,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
-from layerprune.data import resolve_data_dir  # noqa: E402
+from layerprune.core.settings import RunSettings  # noqa: E402
 from layerprune.models import find_decoder_stack, load_model  # noqa: E402
 from layerprune.prune.calib import gsm8k_calib  # noqa: E402
 from layerprune.prune.scores import ScoreContext  # noqa: E402
 from layerprune.prune.scores.ablation import generated_correct, generated_correct_per_candidate  # noqa: E402
-from layerprune.settings import RunSettings  # noqa: E402
+from layerprune.tasks.data import resolve_data_dir  # noqa: E402
 
 
 def main() -> None:

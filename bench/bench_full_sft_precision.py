@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
+from layerprune.core.settings import RunSettings
 from layerprune.models import drop_blocks, resolve_model
 from layerprune.recover import heldout, train
 from layerprune.recover.methods.sft import load_student
 from layerprune.recover.schema import RecoverRecipe
-from layerprune.settings import RunSettings
 
 
 def rows(path: Path, n: int) -> list[dict]:

@@ -32,9 +32,9 @@ def rss_mb() -> float:
 def setup(args):  # noqa: ANN001, ANN201
     import torch
 
-    from layerprune.data import resolve_data_dir
     from layerprune.models import find_decoder_stack, load_model
     from layerprune.prune.calib import load_calibration, tokenize_calibration
+    from layerprune.tasks.data import resolve_data_dir
 
     torch.manual_seed(0)
     loaded = load_model(args.model)

@@ -31,7 +31,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from layerprune.prune.api import prune_model
 from layerprune.prune.recipe import PruneRecipe
-from layerprune.settings import RunSettings
+from layerprune.core.settings import RunSettings
 from layerprune.models import drop_blocks
 import layerprune.models.identity, transformers.models.llama.modeling_llama, safetensors.torch  # imports are not work
 mode, source, out, cache = sys.argv[1:5]

@@ -17,12 +17,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
+from layerprune.core.settings import RunSettings  # noqa: E402
 from layerprune.models import find_decoder_stack, load_model  # noqa: E402
-from layerprune.probes import arithmetic_probes  # noqa: E402
 from layerprune.prune.calib import CalibItem, CalibSet  # noqa: E402
 from layerprune.prune.scores import ScoreContext  # noqa: E402
 from layerprune.prune.scores.ablation import generated_correct, teacher_forced_correct  # noqa: E402
-from layerprune.settings import RunSettings  # noqa: E402
+from layerprune.tasks.probes import arithmetic_probes  # noqa: E402
 
 
 def main() -> None:

@@ -28,10 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def selfgen(model: str, count: int, tokens: int, data_dir: Path) -> dict[str, Any]:
+    from layerprune.core.settings import RunSettings
     from layerprune.models import load_model
     from layerprune.recover import selfgen as sg
     from layerprune.recover.schema import GenerationSection, PromptSource
-    from layerprune.settings import RunSettings
 
     prompts = sg.load_prompts(PromptSource(source="gsm8k", samples=count), data_dir)
     run, out, rows = RunSettings(), Path(tempfile.mkdtemp()), {}
@@ -55,11 +55,11 @@ def selfgen(model: str, count: int, tokens: int, data_dir: Path) -> dict[str, An
 
 
 def evaluate(model: str, tasks: list[str], limit: int, data_dir: Path) -> dict[str, Any]:
+    from layerprune.core.settings import RunSettings
     from layerprune.evaluate.handle import handle_for, has_chat_template
     from layerprune.evaluate.runner import evaluate_planned
     from layerprune.evaluate.schema import EvalSettings
     from layerprune.evaluate.suites import plan_tasks
-    from layerprune.settings import RunSettings
 
     found: dict[str, Any] = {}
     for backend in ("hf", "vllm"):

@@ -19,12 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from layerprune.data import resolve_data_dir
+from layerprune.core.settings import RunSettings
 from layerprune.evaluate import EvalSettings, evaluate_model, plan_tasks
 from layerprune.evaluate.offline import write_task_yaml
 from layerprune.evaluate.task_specs import TASKS
 from layerprune.models import resolve_model
-from layerprune.settings import RunSettings
+from layerprune.tasks.data import resolve_data_dir
 
 CLASSIFICATION = ["arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "boolq", "openbookqa"]
 FEWSHOT = ["arc_easy", "arc_challenge", "openbookqa"]

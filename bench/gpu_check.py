@@ -41,7 +41,7 @@ import json, sys, time
 from pathlib import Path
 from layerprune.prune.api import prune_model
 from layerprune.prune.recipe import PruneRecipe
-from layerprune.settings import RunSettings
+from layerprune.core.settings import RunSettings
 source, out, device, drop = sys.argv[1], Path(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
 start = time.perf_counter()
 settings = RunSettings(device=device, max_shard_size="5GB")
@@ -150,8 +150,8 @@ def _numel(shape: list[int]) -> int:
 
 
 def load(path: Path, device: str) -> Any:
+    from layerprune.core.settings import RunSettings
     from layerprune.models import load_model
-    from layerprune.settings import RunSettings
 
     return load_model(str(path), RunSettings(device=device, dtype="bfloat16"))
 
@@ -202,11 +202,11 @@ def teacher_forced_speed(model_dir: Path, device: str, samples: int, batch: int)
 
 def candidates_speed(model_dir: Path, device: str, items: int, candidates: int, max_new_tokens: int) -> dict:
     """Free-form answers for the full model and `candidates` skipped blocks: one generate call vs one call each."""
-    from layerprune.data import resolve_data_dir
     from layerprune.models import find_decoder_stack
     from layerprune.prune.calib import arithmetic_calib, gsm8k_calib
     from layerprune.prune.scores import ScoreContext
     from layerprune.prune.scores.ablation import generated_correct, generated_correct_per_candidate
+    from layerprune.tasks.data import resolve_data_dir
 
     try:
         calib, source = gsm8k_calib(items, 0, resolve_data_dir(None)), "gsm8k train"

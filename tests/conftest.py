@@ -108,7 +108,7 @@ def pruned_embedded():
     """(name, layers) -> (directory, its prune report): embedded:NAME minus `layers`, pruned once per test run (the
     default prune: streamed from the cached safetensors, block-major logits check). xdist's workers share it through
     the session's folder, under a lock; tests read it and never write into it."""
-    from layerprune.outputs import cache_lock
+    from layerprune.core.outputs import cache_lock
     from layerprune.prune.api import prune_model
     from layerprune.prune.recipe import PruneRecipe
 

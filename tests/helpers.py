@@ -94,9 +94,9 @@ def make_pruned_student(teacher: Path, out: Path) -> Path:
 
 def write_lineage(out: Path, teacher: Path, dropped: list[int], kept: list[int], before: int) -> None:
     """The prune_report.json a pruned directory needs for recover: `teacher` as its source, `dropped` by index."""
+    from layerprune.core.provenance import collect_provenance
+    from layerprune.core.reports import write_report
     from layerprune.models.lineage import PRUNE_REPORT, PrunedLineage, PruneMethod, SourceRecord
-    from layerprune.provenance import collect_provenance
-    from layerprune.reports import write_report
 
     source = SourceRecord(spec=str(teacher), location=str(teacher), kind="local", identity={})
     write_report(

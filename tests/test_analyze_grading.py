@@ -1,4 +1,4 @@
-"""Graders of `analyze` generations (layerprune.grading) and the per-item statistics of ablation drops."""
+"""Graders of `analyze` generations (layerprune.tasks.grading) and the per-item statistics of ablation drops."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from layerprune.analyze import stats
 from layerprune.analyze.tasks import ANALYSIS_TASKS, TaskItem, triviaqa_answer
-from layerprune.grading import final_number, grade_number, grade_short_answer, numbers_equal, triviaqa_cut
+from layerprune.tasks.grading import final_number, grade_number, grade_short_answer, numbers_equal, triviaqa_cut
 
 
 def gsm8k(answer: str) -> TaskItem:

@@ -8,7 +8,7 @@ import pytest
 
 from layerprune.analyze import metrics
 from layerprune.analyze.tasks import clean_gsm8k_solution, task_items
-from layerprune.grading import final_number
+from layerprune.tasks.grading import final_number
 
 
 def test_rep_n_counts_repeated_ngrams():

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from layerprune.analyze import metrics
-from layerprune.data import read_jsonl
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.recipe_loading import shipped_recipes
 from layerprune.pipeline import audit
 from layerprune.pipeline.studies.recovery import RecoveryStudy
-from layerprune.probes import EVAL_SEED, generate_probes, probe_tasks
-from layerprune.recipe_loading import shipped_recipes
+from layerprune.tasks.data import read_jsonl
+from layerprune.tasks.probes import EVAL_SEED, generate_probes, probe_tasks
 
 PLAIN = [{"prompt": "Tell me about the history of the bicycle and who invented the first one.",
           "response": "The first bicycle, the draisine, was built by Karl Drais in 1817 in Mannheim."},

@@ -9,6 +9,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from helpers import assert_one_line_error, run_cli
+from layerprune.core.settings import RunSettings
 from layerprune.models import find_decoder_stack
 from layerprune.models.blockwise import load_skeleton, loaded_block, memory_plan
 from layerprune.prune.api import prune_model
@@ -16,7 +17,6 @@ from layerprune.prune.blockwise import score_blockwise
 from layerprune.prune.calib import arithmetic_calib, tokenize_calibration
 from layerprune.prune.recipe import PruneRecipe
 from layerprune.prune.scores import ScoreContext, run_importance_score
-from layerprune.settings import RunSettings
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3_text", "qwen2"])

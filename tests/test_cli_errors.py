@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from layerprune import errors
 from layerprune.cli import main
 from layerprune.cli import prune as prune_cli
+from layerprune.core import errors
 
 
 def _raise_inside_a_library(args):  # as transformers' padded-batch attention rejected a DeepSeek-V3 config

@@ -13,9 +13,9 @@ import types
 import pytest
 
 from helpers import assert_one_line_error, run_cli
-from layerprune.data import OFFLINE_ENVS, hub_offline, load_rows
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.evaluate import EvalSettings, plan_tasks
+from layerprune.tasks.data import OFFLINE_ENVS, hub_offline, load_rows
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def test_hf_hub_offline_true_refuses_hub_data_at_planning_and_loading(online):
 
 def test_tests_never_write_to_the_users_cache():
     from conftest import USER_CACHE
-    from layerprune.settings import RunSettings
+    from layerprune.core.settings import RunSettings
 
     cache = RunSettings().resolved_cache_dir()
     assert not cache.resolve().is_relative_to(USER_CACHE.resolve())
@@ -58,8 +58,8 @@ def test_tests_never_write_to_the_users_cache():
 
 def test_two_loaders_sharing_a_cache_convert_a_gguf_once(tmp_path, monkeypatch):
     """Parallel runs (or test workers) on one cache: the second waits for the first's conversion and reuses it."""
+    from layerprune.core.settings import RunSettings
     from layerprune.models import loading
-    from layerprune.settings import RunSettings
 
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF" + bytes(64))
@@ -110,9 +110,9 @@ def test_variant_study_without_the_analyze_extra_stops_before_training(monkeypat
 def test_qlora_and_8bit_optimizers_without_bitsandbytes_name_the_qlora_extra(monkeypatch):
     import torch
 
+    from layerprune.core.settings import RunSettings
     from layerprune.recover.runner import check_runnable
     from layerprune.recover.schema import RecoverRecipe
-    from layerprune.settings import RunSettings
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # past the CUDA check, to the package check
     cuda = RunSettings(device="cuda")

@@ -171,11 +171,11 @@ def test_roles_evaluated_with_different_settings_are_marked_and_left_out_of_aver
 
 
 def test_cache_key_follows_data_content_and_layerprune_version(tmp_path, monkeypatch):
+    from layerprune.core.settings import RunSettings
     from layerprune.evaluate import cache
     from layerprune.evaluate.cache import task_settings
     from layerprune.evaluate.schema import EvalSettings
     from layerprune.evaluate.suites import PlannedTask
-    from layerprune.settings import RunSettings
 
     write_rows(tmp_path, "gsm8k", "test", GSM_TEST)
     task, settings = PlannedTask(TASKS.get("gsm8k"), 4, 0, 8), EvalSettings(data_dir=tmp_path)
@@ -328,7 +328,7 @@ def test_safetensors_header_that_is_json_but_not_an_object(capsys, tiny_llama, t
 
 
 def test_triviaqa_needs_only_the_split_it_scores(tmp_path, monkeypatch):
-    from layerprune.errors import LayerpruneError
+    from layerprune.core.errors import LayerpruneError
     from layerprune.evaluate.offline import lm_eval_config
     from layerprune.evaluate.schema import EvalSettings
     from layerprune.evaluate.suites import plan_tasks

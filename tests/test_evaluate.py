@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from helpers import evaluate_cli, write_rows
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.settings import RunSettings
 from layerprune.evaluate import EvalSettings, Summary, TaskResult, compare, load_suites, plan_tasks
 from layerprune.evaluate.handle import ModelHandle, applies_chat
 from layerprune.evaluate.offline import lm_eval_config, write_task_yaml
@@ -16,7 +17,6 @@ from layerprune.evaluate.project_tasks import probe_config, score_exact
 from layerprune.evaluate.runner import evaluate_task
 from layerprune.evaluate.suites import PlannedTask
 from layerprune.evaluate.task_specs import TASKS
-from layerprune.settings import RunSettings
 
 ARC_ROWS = [{"id": f"q{i}", "question": f"What is {i} plus one?",
              "choices": {"text": [str(i + 1), str(i + 5), "blue", "seven"], "label": ["A", "B", "C", "D"]},
@@ -42,7 +42,7 @@ def known_to_lm_eval_or_runnable(planned: PlannedTask, data_dir: Path) -> None:
     protocol over files that are in the mirror; every file the plan reads is there."""
     from layerprune.evaluate.lm_eval_index import index_entry
     from layerprune.evaluate.offline import lm_eval_tasks_dir, needed_splits
-    from layerprune.probes import generate_probes
+    from layerprune.tasks.probes import generate_probes
 
     spec = planned.spec
     if spec.source == "lm_eval":
@@ -198,7 +198,7 @@ def test_probe_tasks_are_deterministic():
 
 
 def test_distinct_items_is_what_a_bracket_task_can_give():
-    from layerprune.probes import distinct_items, generate_probes, probe_tasks
+    from layerprune.tasks.probes import distinct_items, generate_probes, probe_tasks
 
     for task in ("brackets_d2", "brackets_d3"):
         assert len(generate_probes(probe_tasks()[task], 100, 0)) == distinct_items(task) < 100

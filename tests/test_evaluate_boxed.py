@@ -6,11 +6,11 @@ import json
 
 import pytest
 
+from layerprune.core.settings import RunSettings
 from layerprune.evaluate.project_tasks import BOXED_INSTRUCTION, score_boxed
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.evaluate.suites import plan_tasks
-from layerprune.grading import last_boxed
-from layerprune.settings import RunSettings
+from layerprune.tasks.grading import last_boxed
 
 DOC = {"question": "Q?", "answer": "She has 3 + 4 = 7 apples.\n#### 1,200"}
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from helpers import evaluate_cli, write_rows
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.settings import RunSettings
 from layerprune.evaluate import EvalSettings, evaluate_model, plan_tasks
 from layerprune.evaluate.offline import SPLIT_KEYS, lm_eval_config, lm_eval_tasks_dir
 from layerprune.evaluate.task_specs import TASKS
-from layerprune.settings import RunSettings
 
 ARC = [{"id": f"q{i}", "question": f"Test question {i}?",
         "choices": {"text": [str(i + 1), str(i + 5), "blue", "seven"], "label": ["A", "B", "C", "D"]},

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from layerprune.cli import main
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.settings import RunSettings
 from layerprune.evaluate import EvalSettings, evaluate_model, plan_tasks
-from layerprune.settings import RunSettings
 
 ROWS = [{"q": f"Is {i} even?", "options": ["yes", "no"], "gold": i % 2} for i in range(6)]
 TASK_YAML = """\

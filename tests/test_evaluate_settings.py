@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from layerprune.core.settings import RunSettings
 from layerprune.evaluate.handle import ModelHandle
 from layerprune.evaluate.report import role_row
 from layerprune.evaluate.summary import TaskResult
 from layerprune.models import LoadedModel, ModelSource
-from layerprune.settings import RunSettings
 
 
 def result(**settings) -> TaskResult:

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from layerprune.core.settings import RunSettings
 from layerprune.evaluate import EvalSettings, evaluate_model, plan_tasks
 from layerprune.evaluate.items import SAMPLES_DIR
 from layerprune.evaluate.offline import write_task_yaml
 from layerprune.evaluate.task_specs import TASKS
 from layerprune.models import resolve_model
-from layerprune.settings import RunSettings
 
 pytestmark = pytest.mark.slow
 # every document's loglikelihoods are compared, not only the accuracy: a few documents are a sharper check than

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.provenance import collect_provenance
 from layerprune.evaluate.summary import SUMMARY_FILE, Summary, TaskResult, read_summary, write_summary
-from layerprune.provenance import collect_provenance
 
 
 def a_summary() -> Summary:

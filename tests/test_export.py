@@ -12,10 +12,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from helpers import run_cli
+from layerprune.core.settings import RunSettings
 from layerprune.export import export_gguf
 from layerprune.export.families import gemma3_metadata
 from layerprune.models import embedded
-from layerprune.settings import RunSettings
 from tiny import tiny_config
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.export import export_gguf
 from layerprune.export.deci import ZERO_FFN, DeciLayer, deci_extra, deci_fix, deci_layers
 from layerprune.export.families import permute_rope

@@ -1,4 +1,4 @@
-"""One final-number extractor (layerprune.grading.final_number) for every stage; the cases where the three
+"""One final-number extractor (layerprune.tasks.grading.final_number) for every stage; the cases where the three
 extractors it replaced disagreed (prune.calib.extract_last_number, recover.selfgen.final_number)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import json
 import pytest
 
 from layerprune.analyze.tasks import clean_gsm8k_solution
-from layerprune.grading import final_number, grade_number
 from layerprune.prune.calib import jsonl_calib
 from layerprune.recover import selfgen
 from layerprune.recover.schema import PromptSource
+from layerprune.tasks.grading import final_number, grade_number
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -1,4 +1,5 @@
-"""The floors of the house (STYLE.md): base < models/ < stages < pipeline/ < cli/; a floor imports only floors below.
+"""The floors of the house (STYLE.md): core/ < tasks/ < models/ < stages < pipeline/ < cli/; a floor imports only floors
+below, and no module sits loose at the package root.
 
 The stages (prune, evaluate, recover, analyze) are siblings that never import each other. Every import statement in
 src/layerprune is read with ast, at module level and inside functions alike, and so is every string that names a class
@@ -15,7 +16,8 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 STAGES = ("prune", "evaluate", "recover", "analyze", "export", "posttrain")
-FLOORS = {"models": 1, **dict.fromkeys(STAGES, 2), "pipeline": 3, "cli": 4}  # any other module is base (0)
+FLOORS = {"core": 0, "tasks": 1, "models": 2, **dict.fromkeys(STAGES, 3), "pipeline": 4, "cli": 5}
+LOOSE = -1  # a module at the package root other than the face: it has no floor, and the test below refuses it
 FACADE = "layerprune"  # the package's own __init__ may export the stages' entry functions
 NAMED_CLASS = re.compile(r"layerprune(?:\.\w+)*:\w+")  # 'module:Class', imported by name later
 
@@ -32,7 +34,7 @@ def is_module(name: str) -> bool:
 
 def room(module: str) -> str:
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 and parts[1] in FLOORS else "base"
+    return parts[1] if len(parts) > 1 and parts[1] in FLOORS else "loose"
 
 
 def imports_of(source: str, module: str, is_package: bool) -> list[tuple[int, str]]:
@@ -66,13 +68,19 @@ def arrows() -> list[tuple[str, int, str]]:
 
 def goes_up_or_sideways(importer: str, target: str) -> bool:
     here, there = room(importer), room(target)
-    return importer != FACADE and here != there and FLOORS.get(there, 0) >= FLOORS.get(here, 0)
+    return importer != FACADE and here != there and FLOORS.get(there, LOOSE) >= FLOORS.get(here, LOOSE)
 
 
 def test_no_module_imports_a_floor_above_it_or_a_sibling_stage():
     bad = [f"{importer}:{line} imports {target}" for importer, line, target in arrows()
            if goes_up_or_sideways(importer, target)]
     assert not bad, "\n".join(bad)
+
+
+def test_no_module_sits_loose_at_the_package_root():
+    """Everything but the face lives on a floor (core/, tasks/, models/, ...); a newcomer finds a thing by its floor."""
+    loose = sorted(path.name for path in (SRC / "layerprune").glob("*.py") if path.name != "__init__.py")
+    assert not loose, f"modules at the package root, move each to its floor: {loose}"
 
 
 def test_no_module_takes_a_name_from_the_package_face():
@@ -89,16 +97,20 @@ def test_every_layerprune_import_names_a_module_that_exists():
 
 
 def test_the_rule_sees_function_level_and_relative_imports_and_judges_arrows():
-    source = "from . import recipe\n\ndef f():\n    from layerprune.cli import main\n    import layerprune.errors\n"
+    source = ("from . import recipe\n\ndef f():\n    from layerprune.cli import main\n"
+              "    import layerprune.core.errors\n")
     assert {t for _, t in imports_of(source, "layerprune.prune.api", False)} == {
-        "layerprune.prune.recipe", "layerprune.cli", "layerprune.errors"}
+        "layerprune.prune.recipe", "layerprune.cli", "layerprune.core.errors"}
     named = 'KINDS = {"sweep": "layerprune.pipeline.studies.sweep:SweepStudy", "note": "see layerprune.cli:main"}\n'
-    assert imports_of(named, "layerprune.recipe_loading", False) == [(1, "layerprune.pipeline.studies.sweep")]
-    assert imports_of("from layerprune import __version__\n", "layerprune.provenance", False) == [(1, FACADE)]
+    assert imports_of(named, "layerprune.core.recipe_loading", False) == [(1, "layerprune.pipeline.studies.sweep")]
+    assert imports_of("from layerprune import __version__\n", "layerprune.core.provenance", False) == [(1, FACADE)]
     assert goes_up_or_sideways("layerprune.prune.api", "layerprune.cli")
     assert goes_up_or_sideways("layerprune.analyze.walk", "layerprune.prune.forward")
     assert goes_up_or_sideways("layerprune.models.loading", "layerprune.recover.schema")
-    assert goes_up_or_sideways("layerprune.recipe_loading", "layerprune.models")
+    assert goes_up_or_sideways("layerprune.core.recipe_loading", "layerprune.models")
+    assert goes_up_or_sideways("layerprune.core.errors", "layerprune.tasks.probes")
+    assert goes_up_or_sideways("layerprune.tasks.probes", "layerprune.models.loading")
+    assert not goes_up_or_sideways("layerprune.models.loading", "layerprune.tasks.data")
     assert not goes_up_or_sideways("layerprune.pipeline.stages", "layerprune.prune.api")
-    assert not goes_up_or_sideways("layerprune.cli.prune", "layerprune.recipe_loading")
+    assert not goes_up_or_sideways("layerprune.cli.prune", "layerprune.core.recipe_loading")
     assert not goes_up_or_sideways("layerprune.prune.api", "layerprune.prune.scores")

@@ -13,7 +13,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.models.loading import load_model
 from layerprune.models.nas_surgery import check_expressible, ffn_mult, save_nas, skip_reference, to_nas
 from layerprune.models.nemotron_nas import LAYOUT_FILES, DeciLMConfig, DeciLMForCausalLM

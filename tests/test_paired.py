@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from layerprune import paired
+from layerprune.core import paired
 
 BEFORE = np.array([1, 1, 1, 1, 1, 0, 0, 0, 0, 0], dtype=float)
 AFTER = np.array([1, 0, 1, 1, 1, 1, 1, 0, 0, 0], dtype=float)

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from layerprune import paired
-from layerprune.errors import LayerpruneError
+from layerprune.core import paired
+from layerprune.core.errors import LayerpruneError
 
 
 def _item_only(tasks: list[np.ndarray], resamples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from helpers import assert_one_line_error, fingerprint, run_cli
-from layerprune.provenance import collect_provenance
-from layerprune.recipe_loading import shipped_recipes
+from layerprune.core.provenance import collect_provenance
+from layerprune.core.recipe_loading import shipped_recipes
 
 RUN_RECIPES = sorted(p for (kind, _), p in shipped_recipes().items() if kind in ("run", "study"))
 
@@ -226,7 +226,7 @@ def test_importance_study_recipes_load_and_flags_override_them(name):
 
 
 def test_run_directory_is_claimed_by_recipe_not_by_path_or_execution_settings(tiny_llama, tmp_path):
-    from layerprune.errors import LayerpruneError
+    from layerprune.core.errors import LayerpruneError
     from layerprune.pipeline.recipe import RunRecipe
     from layerprune.pipeline.stages import RunPaths, claim_run_dir
 

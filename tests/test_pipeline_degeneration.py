@@ -9,7 +9,7 @@ import yaml
 
 from helpers import run_cli
 from layerprune.analyze import metrics
-from layerprune.data import read_jsonl
+from layerprune.tasks.data import read_jsonl
 from test_pipeline import tiny_recipe
 
 ANSWERS = {
@@ -42,9 +42,9 @@ def fake_run(tmp_path, task: str = "gsm8k"):
 
 @pytest.mark.parametrize("task", ["gsm8k", "gsm8k_boxed_chat"])
 def test_degeneration_from_evaluate_samples_equals_the_metrics(tmp_path, tiny_llama, task):
+    from layerprune.core.settings import RunSettings
     from layerprune.pipeline.degeneration import degeneration_lines, measure_degeneration
     from layerprune.pipeline.recipe import RunRecipe
-    from layerprune.settings import RunSettings
 
     paths = fake_run(tmp_path, task)
     recipe = RunRecipe.model_validate(tiny_recipe(tiny_llama, paths.root))  # degeneration.samples 0: nothing generated
@@ -64,9 +64,9 @@ def test_degeneration_from_evaluate_samples_equals_the_metrics(tmp_path, tiny_ll
 
 
 def test_no_gsm8k_and_no_samples_says_not_measured(tmp_path, tiny_llama):
+    from layerprune.core.settings import RunSettings
     from layerprune.pipeline.degeneration import degeneration_lines, measure_degeneration
     from layerprune.pipeline.recipe import RunRecipe
-    from layerprune.settings import RunSettings
 
     paths = fake_run(tmp_path, "arith_1dc")
     recipe = RunRecipe.model_validate(tiny_recipe(tiny_llama, paths.root))

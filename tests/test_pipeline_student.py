@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from layerprune.core.settings import RunSettings
 from layerprune.pipeline.student import original_as_student
-from layerprune.settings import RunSettings
 
 
 def test_the_original_is_linked_file_by_file_once(tiny_llama, tmp_path):

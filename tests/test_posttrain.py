@@ -11,8 +11,8 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from helpers import assert_one_line_error, run_cli, write_rows
-from layerprune import probes
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.settings import RunSettings
 from layerprune.posttrain import VariantRecipe, make_variant
 from layerprune.posttrain import methods as variant_methods
 from layerprune.posttrain.api import REPORT
@@ -20,7 +20,7 @@ from layerprune.posttrain.items import Item, gsm8k_items, load_items
 from layerprune.posttrain.methods import METHODS, Job
 from layerprune.posttrain.schema import KINDS, DataSection
 from layerprune.posttrain.train import Row, TrainResult, plain_ids
-from layerprune.settings import RunSettings
+from layerprune.tasks import probes
 
 FAST = {"batch_size": 4, "grad_accum": 1, "max_steps": 2, "learning_rate": 1e-3, "logging_steps": 1}
 

@@ -9,14 +9,14 @@ import json
 import pytest
 
 from helpers import assert_one_line_error
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.evaluate import calibrated
 from layerprune.evaluate.calibrated import ProbeCalibration, calibrate_probes, wilson
 from layerprune.evaluate.project_tasks import chat_prompt, probe_config, probe_messages, probe_rows
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.evaluate.suites import plan_tasks
 from layerprune.evaluate.task_specs import TASKS
-from layerprune.probes import BRACKETS, PROBE_DOCS, evaluation_questions, generate_probes, probe_tasks
+from layerprune.tasks.probes import BRACKETS, PROBE_DOCS, evaluation_questions, generate_probes, probe_tasks
 from tiny import tiny_tokenizer
 
 SHALLOW = {2: 9, 3: 27, 4: 81, 5: 243}  # 3 bracket pairs, one chosen per level of nesting: 3**depth sequences

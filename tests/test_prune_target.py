@@ -13,7 +13,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 from helpers import assert_one_line_error, run_cli
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.models import drop_blocks
 from layerprune.models.speed import SpeedBench, measured_speedup
 from layerprune.models.sublayers import Sublayer

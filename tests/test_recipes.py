@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
-from layerprune import recipe_loading as recipes
 from layerprune.cli import main
 from layerprune.cli.recipe_kinds import RECIPE_SCHEMAS, validate_recipe
-from layerprune.errors import LayerpruneError
-from layerprune.recipe_loading import RECIPE_FILES, RecipeFiles, find_recipe, shipped_recipes
+from layerprune.core import recipe_loading as recipes
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.recipe_loading import RECIPE_FILES, RecipeFiles, find_recipe, shipped_recipes
 from layerprune.recover.schema import LoraSection, RecoverRecipe
 
 EXPECTED = {"selfgen-gsm8k", "selfgen-dolly", "selfgen-alpaca", "kd-gsm8k", "demo"}

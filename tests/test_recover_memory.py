@@ -150,7 +150,7 @@ def test_qlora_weights_are_about_a_quarter_of_bf16():
 
 
 def test_max_memory_is_a_bound_the_plan_enforces_before_loading():
-    from layerprune.errors import LayerpruneError
+    from layerprune.core.errors import LayerpruneError
 
     shape = model_shape(LlamaConfig(**SMALL))
     kwargs = dict(seq_len=256, batch_size=1, weight_bytes=2, gradient_checkpointing=True, budget_gb=80)

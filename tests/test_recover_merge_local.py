@@ -15,12 +15,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from helpers import pruned_copy
 from layerprune.cli import main
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.settings import RunSettings
 from layerprune.models import drop_blocks
 from layerprune.recover import chain, local, memory, merge
 from layerprune.recover.methods import METHODS, distill
 from layerprune.recover.schema import RecoverRecipe
-from layerprune.settings import RunSettings
 
 FAST = ["--max-new-tokens", "6", "--no-generate-drop-truncated", "--samples", "8", "--train-max-length", "128",
         "--train-batch-size", "2", "--train-grad-accum", "2", "--max-steps", "2", "--held-out", "0.25",

@@ -205,7 +205,7 @@ def test_probe_prompts_never_include_evaluation_items():
 def test_hub_dataset_prompts_come_through_datasets_minus_the_evaluation_items(monkeypatch):
     import datasets
 
-    from layerprune.data import OFFLINE_ENVS
+    from layerprune.tasks.data import OFFLINE_ENVS
 
     for name in OFFLINE_ENVS:
         monkeypatch.delenv(name, raising=False)
@@ -227,7 +227,7 @@ def test_hub_dataset_prompts_come_through_datasets_minus_the_evaluation_items(mo
 
 
 def test_recovery_excludes_the_items_of_every_probe_task_evaluate_knows(monkeypatch):
-    from layerprune import probes
+    from layerprune.tasks import probes
 
     known = probes.probe_tasks()
     monkeypatch.setattr(probes, "probe_tasks", lambda: {**known, "brackets_d9": {"family": "brackets", "depth": 9}})

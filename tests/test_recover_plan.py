@@ -14,13 +14,13 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig
 
 from helpers import assert_one_line_error, make_pruned_student, run_cli
+from layerprune.core.settings import RunSettings
 from layerprune.models import vllm_engine
 from layerprune.models.vllm_engine import EngineSettings, llm_kwargs
 from layerprune.recover import memory, methods, runner, selfgen, train
 from layerprune.recover.job import RecoverJob
 from layerprune.recover.schema import GenerationSection, PromptSource, RecoverRecipe
 from layerprune.recover.student_teacher import plan_recover
-from layerprune.settings import RunSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = dict(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=6, num_attention_heads=8,

@@ -9,12 +9,12 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
+from layerprune.core.settings import RunSettings
 from layerprune.models import resolve_model
 from layerprune.recover import memory, methods, train
 from layerprune.recover.job import RecoverJob
 from layerprune.recover.methods.sft import load_student
 from layerprune.recover.schema import RecoverRecipe
-from layerprune.settings import RunSettings
 
 
 def _rows(n: int = 8) -> list[dict]:

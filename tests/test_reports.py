@@ -13,18 +13,18 @@ import transformers
 from huggingface_hub import ModelCard
 
 from helpers import assert_one_line_error, run_cli
-from layerprune.errors import LayerpruneError
-from layerprune.provenance import checkout_root, collect_provenance, git_state
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.provenance import checkout_root, collect_provenance, git_state
 
 
 def test_drop_blocks_record_reads_back_in_the_run_report(tiny_llama, tmp_path):
     """recover's drop_blocks writes the lineage the run report reads (it wrote method.name, the report read
     method.score)."""
+    from layerprune.core.settings import RunSettings
     from layerprune.models import resolve_model
     from layerprune.models.lineage import read_lineage
     from layerprune.pipeline.report import _prune_lines
     from layerprune.recover.student_teacher import save_dropped
-    from layerprune.settings import RunSettings
 
     save_dropped(resolve_model(str(tiny_llama)), [2, 3], RunSettings(seed=7), tmp_path / "student")
     lineage = read_lineage(tmp_path / "student")

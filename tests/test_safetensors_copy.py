@@ -17,13 +17,13 @@ import layerprune.models.identity as identity
 import layerprune.models.safetensors_copy as safetensors_copy
 import layerprune.prune.streaming as streaming
 from helpers import assert_one_line_error, run_cli
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.settings import RunSettings
 from layerprune.models.identity import model_hash
 from layerprune.models.loading import ModelSource
 from layerprune.models.safetensors_copy import copy_tensors, plan_layout, read_header
 from layerprune.prune.api import prune_model
 from layerprune.prune.recipe import PruneRecipe
-from layerprune.settings import RunSettings
 from test_shards import bf16_model
 
 DROP = [1, 3]

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(SYSTEM_P
 
 PROBE = r'''
 import json, os, sys
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.evaluate.sandbox import SandboxLimits, available_isolation, run_program
 out = {"uid": os.getuid(), "available": list(available_isolation())}
 programs = {"good": "assert sum([1, 2]) == 3\n", "early-exit": "import sys\nsys.exit(0)\n",
@@ -53,7 +53,7 @@ def readable_copy():
     """The sandbox modules (standard library only) in a directory nobody can read."""
     root = Path(tempfile.mkdtemp(prefix="layerprune-nonroot-"))
     package = Path(layerprune.__file__).parent
-    for rel in ("__init__.py", "errors.py", "evaluate/__init__.py", "evaluate/sandbox.py",
+    for rel in ("__init__.py", "core/__init__.py", "core/errors.py", "evaluate/__init__.py", "evaluate/sandbox.py",
                 "evaluate/sandbox_launcher.py"):
         (root / "layerprune" / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(package / rel, root / "layerprune" / rel)

@@ -61,7 +61,7 @@ def test_best_contiguous_run():
 
 
 def test_registry_suggests_close_names():
-    from layerprune.errors import LayerpruneError
+    from layerprune.core.errors import LayerpruneError
 
     with pytest.raises(LayerpruneError, match="did you mean: block-influence"):
         SCORES.get("block-influnce")

@@ -11,12 +11,12 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from helpers import skip_reference_logits
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.settings import RunSettings
 from layerprune.models import drop_blocks
 from layerprune.models.shards import block_prefix, read_checkpoint, rename_map
 from layerprune.prune.api import prune_model
 from layerprune.prune.recipe import PruneRecipe
-from layerprune.settings import RunSettings
 from tiny import make_tiny_model
 
 DROP = [1, 3]

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from helpers import run_cli
+from layerprune.core.recipe_loading import shipped_recipes
 from layerprune.pipeline.studies import recovery_report
 from layerprune.pipeline.studies.recovery import RecoveryStudy
-from layerprune.recipe_loading import shipped_recipes
 
 STUDIES = sorted(p for (kind, _), p in shipped_recipes("recovery-study").items())
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.models.blocks import skipped_blocks
 from layerprune.models.sublayers import Sublayer, parse_sublayers, skipped_sublayers, whole_blocks
 

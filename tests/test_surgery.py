@@ -11,7 +11,7 @@ from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM
 
 from helpers import assert_one_line_error, run_cli, skip_reference_logits
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.models import drop_blocks, find_decoder_stack, layer_fields, surgery
 from layerprune.prune.api import prune_model
 from layerprune.prune.metrics import last_token_mask
@@ -214,7 +214,7 @@ def test_checkpoint_dtype_is_kept_on_save(dtype, name, tag, tiny_models, tmp_pat
 
 
 def test_dtype_flag_overrides_the_checkpoint(tiny_models, tmp_path):
-    from layerprune.settings import RunSettings
+    from layerprune.core.settings import RunSettings
 
     source = str(_tiny_in(torch.bfloat16, tiny_models, tmp_path))
     result = prune_model(source, PruneRecipe(layers=DROP), RunSettings(dtype="float32"), output=tmp_path / "out")
@@ -264,7 +264,7 @@ def test_angular_tokens_default_last_and_recorded(tiny_llama, shared_data, tmp_p
 
 @pytest.mark.gpu
 def test_gpu_run_keeps_an_fp16_checkpoint_in_fp16(tiny_models, tmp_path):
-    from layerprune.settings import RunSettings
+    from layerprune.core.settings import RunSettings
 
     source = str(_tiny_in(torch.float16, tiny_models, tmp_path))
     result = prune_model(source, PruneRecipe(layers=DROP), RunSettings(device="cuda"), output=tmp_path / "out")

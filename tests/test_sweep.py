@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from helpers import assert_one_line_error, run_cli
+from layerprune.core.recipe_loading import find_recipe, shipped_recipes
 from layerprune.pipeline.studies.sweep import SweepStudy
-from layerprune.recipe_loading import find_recipe, shipped_recipes
 
 SWEEPS = sorted(p for (kind, _), p in shipped_recipes("sweep-study").items())
 
@@ -292,8 +292,8 @@ def test_replicates_and_the_control_add_stages_and_leave_replicate_0_as_it_was(t
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 def test_replicate_r_recovers_with_seed_plus_r_and_shares_answers_only_when_greedy(tiny_llama, tmp_path, monkeypatch,
                                                                                    temperature):
+    from layerprune.core.settings import RunSettings
     from layerprune.pipeline.studies import recovery, sweep
-    from layerprune.settings import RunSettings
 
     calls = []
     monkeypatch.setattr(recovery, "recover_sharing_answers",
@@ -430,8 +430,8 @@ def test_arms_recover_every_k_with_every_arm_and_a_sweep_without_arms_is_as_it_w
 
 
 def test_every_arm_recovers_with_its_recipe_and_shares_the_teacher_answers(tiny_llama, tmp_path, monkeypatch):
+    from layerprune.core.settings import RunSettings
     from layerprune.pipeline.studies import recovery, sweep
-    from layerprune.settings import RunSettings
 
     calls = []
     monkeypatch.setattr(recovery, "recover_sharing_answers",

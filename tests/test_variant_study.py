@@ -41,7 +41,7 @@ def test_bad_variant_study_recipes(capsys, tmp_path):
 
 
 def _shipped():
-    from layerprune.recipe_loading import shipped_recipes
+    from layerprune.core.recipe_loading import shipped_recipes
 
     return shipped_recipes("variant-study")[("variant-study", "variant-embedded")]
 
@@ -140,7 +140,7 @@ def test_posttrain_variant_is_made_once_through_the_cache(capsys, tiny_llama, tm
 
 
 def test_the_critical_control_block_is_the_largest_drop_on_the_target():
-    from layerprune.errors import LayerpruneError
+    from layerprune.core.errors import LayerpruneError
     from layerprune.pipeline.studies.variant import VariantStudy, control_block
 
     study = VariantStudy.model_validate({"name": "s", "variant": {"recipe": "variant-sft-gsm8k"}, "target": "factual",
@@ -209,7 +209,7 @@ def test_shipped_math_variant_study_dry_runs_offline(capsys, shared_data, tmp_pa
 
 def test_probe_levels_are_importance_tasks_with_the_probe_gates_items():
     from layerprune.analyze.tasks import task_items
-    from layerprune.probes import generate_probes, probe_tasks
+    from layerprune.tasks.probes import generate_probes, probe_tasks
 
     items = task_items("arith_3d_sub", 5, 0, 1, None)
     probes = generate_probes(probe_tasks()["arith_3d_sub"], 5, 0)

@@ -11,7 +11,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.settings import RunSettings
 from layerprune.models import surgery
 from layerprune.models.blocks import DecoderStack
 from layerprune.models.blockwise import load_skeleton
@@ -20,7 +21,6 @@ from layerprune.models.verify_blockwise import block_major_logits, verify_block_
 from layerprune.prune import from_files
 from layerprune.prune.api import prune_model
 from layerprune.prune.recipe import PruneRecipe
-from layerprune.settings import RunSettings
 from tiny import ARCHS
 
 DROP = [1, 3]

@@ -1,4 +1,4 @@
-"""layerprune's version comes from below (layerprune.version): the package face, provenance, the cache and
+"""layerprune's version comes from below (layerprune.core.version): the package face, provenance, the cache and
 `layerprune --version` all say the same, installed or run from a source tree."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import importlib.metadata
 import pytest
 
 import layerprune
-from layerprune import version
 from layerprune.cli import main
+from layerprune.core import version
+from layerprune.core.provenance import collect_provenance
+from layerprune.core.version import package_version, pyproject_version
 from layerprune.evaluate import cache
-from layerprune.provenance import collect_provenance
-from layerprune.version import package_version, pyproject_version
 
 SOURCE_PYPROJECT = version.PYPROJECT  # this checkout's own, found from the module's place
 

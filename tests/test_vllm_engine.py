@@ -8,8 +8,8 @@ import json
 import pytest
 
 from helpers import run_cli
+from layerprune.core.settings import RunSettings
 from layerprune.models.vllm_engine import EngineSettings, engine_settings, llm_kwargs, lm_eval_kwargs
-from layerprune.settings import RunSettings
 
 
 def test_engine_arguments_on_a_cpu_and_on_a_gpu():

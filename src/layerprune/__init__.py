@@ -22,13 +22,14 @@ _EXPORTS = {
     "RecoverJob": "layerprune.recover.job",
     "EvalSettings": "layerprune.evaluate.schema",
     "load_run_recipe": "layerprune.pipeline.plan",
-    "RunSettings": "layerprune.settings",
+    "RunSettings": "layerprune.core.settings",
 }
 __all__ = ["EvalSettings", "PruneRecipe", "RecoverJob", "RecoverRecipe", "RunSettings", "__version__", "evaluate_model",
            "load_run_recipe", "prune_model", "recover_model", "run_pipeline"]
 
 if TYPE_CHECKING:
     __version__: str
+    from layerprune.core.settings import RunSettings
     from layerprune.evaluate.runner import evaluate_model
     from layerprune.evaluate.schema import EvalSettings
     from layerprune.pipeline.plan import load_run_recipe
@@ -38,12 +39,11 @@ if TYPE_CHECKING:
     from layerprune.recover.job import RecoverJob
     from layerprune.recover.runner import recover_model
     from layerprune.recover.schema import RecoverRecipe
-    from layerprune.settings import RunSettings
 
 
 def __getattr__(name: str) -> Any:
-    if name == "__version__":  # from the distribution's metadata, asked on first use (layerprune.version)
-        from layerprune.version import package_version
+    if name == "__version__":  # from the distribution's metadata, asked on first use (layerprune.core.version)
+        from layerprune.core.version import package_version
 
         return package_version()
     if name not in _EXPORTS:

@@ -11,10 +11,10 @@ from typing import Any
 from layerprune.analyze import charts, metrics
 from layerprune.analyze.records import Timer, loaded_models, resolve_models, run_record, unique_labels, write_json
 from layerprune.analyze.schemas import DegenerationAnalysis
-from layerprune.data import read_jsonl, resolve_data_dir
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.settings import RunSettings
 from layerprune.models.generate import generate_greedy
-from layerprune.settings import RunSettings
+from layerprune.tasks.data import read_jsonl, resolve_data_dir
 
 log = logging.getLogger(__name__)
 PROMPT_FIELDS = ("instruction", "question", "prompt", "goal")

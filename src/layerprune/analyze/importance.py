@@ -12,9 +12,9 @@ from layerprune.analyze.records import Timer, loaded_models, resolve_models, run
 from layerprune.analyze.schemas import ImportanceAnalysis
 from layerprune.analyze.tasks import ANALYSIS_TASKS, Task, TaskItem, task_items
 from layerprune.analyze.walk import GenerationPlan, ablate_blocks, ablate_generation, build_batches
-from layerprune.data import resolve_data_dir
+from layerprune.core.settings import RunSettings
 from layerprune.models import LoadedModel, find_decoder_stack
-from layerprune.settings import RunSettings
+from layerprune.tasks.data import resolve_data_dir
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ def collect_scores(config: ImportanceAnalysis, settings: RunSettings, timer: Tim
 
 def analyze_importance(config: ImportanceAnalysis, settings: RunSettings, out: Path) -> dict[str, Any]:
     """Compute everything and write importance.json, heatmap.png, drops.png and summary.md into `out`."""
-    from layerprune.extras import require_extra
+    from layerprune.core.extras import require_extra
 
     require_extra("analyze", "analyze importance")  # before any model loads
     timer = Timer()
@@ -135,7 +135,7 @@ def analyze_importance(config: ImportanceAnalysis, settings: RunSettings, out: P
 def score_description(config: ImportanceAnalysis) -> str:
     score = {"nll": "exp(-mean answer-token NLL), the geometric-mean probability of the answer tokens",
              "accuracy": "teacher-forced exact match (every answer token is the model's argmax)",
-             "generate": "greedy generation graded by layerprune.grading (numeric equivalence for numbers, "
+             "generate": "greedy generation graded by layerprune.tasks.grading (numeric equivalence for numbers, "
                          "lm-eval's triviaqa normalisation over every alias for short answers)"}[config.metric]
     return (f"score = {score}; drop = (score_full - score_skipped) / score_full, with a paired bootstrap "
             f"{1 - config.alpha:.0%} interval over items ({config.resamples} resamples); critical = drop > "

@@ -20,12 +20,12 @@ from layerprune.analyze.records import Timer, model_label, run_record, write_jso
 from layerprune.analyze.schemas import NmiAnalysis
 from layerprune.analyze.tasks import TaskItem, task_items
 from layerprune.analyze.walk import ablate_blocks, build_batches, token_states
-from layerprune.data import resolve_data_dir
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.settings import RunSettings
 from layerprune.models import load_model, resolve_model
 from layerprune.models.loading import load_tokenizer
 from layerprune.models.walker import CalibBatch
-from layerprune.settings import RunSettings
+from layerprune.tasks.data import resolve_data_dir
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ def pos_elbow_report(series: dict[str, list[float]], critical: list[int]) -> dic
 def analyze_nmi(config: NmiAnalysis, settings: RunSettings, out: Path) -> dict[str, Any]:
     """Compute NMI/AMI over depth with the clustering noise, and the critical blocks; write nmi.json, nmi.png,
     summary.md."""
-    from layerprune.extras import require_extra
+    from layerprune.core.extras import require_extra
 
     require_extra("analyze", "analyze nmi")  # before any model loads
     timer = Timer()

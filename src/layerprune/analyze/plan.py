@@ -17,9 +17,9 @@ from layerprune.analyze.importance import generation_plan
 from layerprune.analyze.schemas import ImportanceAnalysis
 from layerprune.analyze.tasks import ANALYSIS_TASKS, TaskItem, task_items
 from layerprune.analyze.walk import render_prompt, with_instruction
-from layerprune.data import resolve_data_dir
-from layerprune.errors import LayerpruneError, one_line
-from layerprune.settings import RunSettings
+from layerprune.core.errors import LayerpruneError, one_line
+from layerprune.core.settings import RunSettings
+from layerprune.tasks.data import resolve_data_dir
 
 
 @dataclass

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from layerprune.analyze.tasks import TaskItem
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 
 TAGGER_MODULE = "textblob"
 TAGGER = "TextBlob's pattern.en tagger (Brill lexicon and rules, Penn tags -> universal groups)"

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from layerprune.core.provenance import collect_provenance
+from layerprune.core.settings import RunSettings
 from layerprune.models import LoadedModel, ModelSource, load_model, resolve_model
-from layerprune.provenance import collect_provenance
-from layerprune.settings import RunSettings
 
 
 def clean_json(value: Any) -> Any:

@@ -8,7 +8,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from layerprune.analyze.tasks import ANALYSIS_TASKS
-from layerprune.registry import check_name
+from layerprune.core.registry import check_name
 
 DEFAULT_MODELS = ["embedded", "embedded:gemma3-270m"]
 

@@ -1,6 +1,6 @@
 """Tasks for block ablation and calibration: (prompt, scored target, short answer) items, by name.
 
-- arithmetic: few-shot composite arithmetic probes (layerprune.probes), answer = the number.
+- arithmetic: few-shot composite arithmetic probes (layerprune.tasks.probes), answer = the number.
 - arith_2d_add, arith_3d_sub, ..., arith_2d_add_nc, arith_1d_sum3: each arithmetic level of the probes as the probe
   gate scores it (evaluation stream, the probes' own few-shot prefix: `shots` does not apply), so a variant trained on
   the levels' calibration streams is measured on what it learned.
@@ -9,7 +9,7 @@
 - triviaqa: few-shot closed-book questions from <data-dir>/triviaqa/train.jsonl (the rc.nocontext *train*
   split: `evaluate` scores validation; not in the default mirror: a clear error says where to put it).
 
-Generations are graded by layerprune.grading: numbers by numeric equivalence (gsm8k, arithmetic), short
+Generations are graded by layerprune.tasks.grading: numbers by numeric equivalence (gsm8k, arithmetic), short
 answers by lm-eval's triviaqa normalisation over every alias (factual, triviaqa).
 """
 
@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from layerprune import grading
 from layerprune.analyze.facts import CAPITALS
-from layerprune.data import load_rows
-from layerprune.errors import LayerpruneError
-from layerprune.probes import arithmetic_probes, generate_probes, probe_tasks
-from layerprune.registry import Registry
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.registry import Registry
+from layerprune.tasks import grading
+from layerprune.tasks.data import load_rows
+from layerprune.tasks.probes import arithmetic_probes, generate_probes, probe_tasks
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class TaskItem:
 
 @dataclass(frozen=True)
 class Task:
-    """How to build a task's items and how to grade a generation (layerprune.grading)."""
+    """How to build a task's items and how to grade a generation (layerprune.tasks.grading)."""
 
     build: Callable[[int, int, int, Path | None], list[TaskItem]]
     grade: Callable[[str, TaskItem], bool]

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from layerprune.errors import LayerpruneError, one_line
-from layerprune.recipe_loading import validation_message
-from layerprune.version import package_version
+from layerprune.core.errors import LayerpruneError, one_line
+from layerprune.core.recipe_loading import validation_message
+from layerprune.core.version import package_version
 
 # subcommand -> module exposing `configure(parser)` and `run(args) -> int` (heavy imports inside `run`)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -98,7 +98,7 @@ def traceback_folder(exc: BaseException, args: argparse.Namespace) -> Path:
     existing = next((Path(c) for c in candidates if Path(c).is_dir()), None)
     if existing is not None:
         return existing
-    from layerprune.settings import RunSettings
+    from layerprune.core.settings import RunSettings
 
     return RunSettings().resolved_cache_dir() / "errors"
 

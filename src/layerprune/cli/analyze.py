@@ -12,8 +12,8 @@ from pydantic import BaseModel
 
 from layerprune.analyze.schemas import DegenerationAnalysis, ImportanceAnalysis, NmiAnalysis
 from layerprune.cli.flags import add_schema_flags, typed_layer
-from layerprune.recipe_loading import RECIPE_FILES, build_from_recipe, build_schema
-from layerprune.settings import RunSettings
+from layerprune.core.recipe_loading import RECIPE_FILES, build_from_recipe, build_schema
+from layerprune.core.settings import RunSettings
 
 SUBCOMMANDS: dict[str, tuple[type[BaseModel], str]] = {
     "importance": (ImportanceAnalysis, "per-block ablation drops across models and tasks (heatmap, rank "
@@ -58,7 +58,7 @@ def analysis_function(name: str) -> Callable[[Any, RunSettings, Path], dict[str,
 
 def run(args: argparse.Namespace) -> int:
     """Validate, refuse an existing output, compute into a temporary directory, then move it in place."""
-    from layerprune.outputs import atomic_output_dir, check_output_dir
+    from layerprune.core.outputs import atomic_output_dir, check_output_dir
 
     config, settings = build_config(args)
     if getattr(config, "dry_run", False):

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from layerprune.cli.flags import add_schema_flags, typed_layer
-from layerprune.recipe_loading import build_schema
-from layerprune.settings import RunSettings
+from layerprune.core.recipe_loading import build_schema
+from layerprune.core.settings import RunSettings
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from layerprune.cli.flags import add_schema_flags, typed_layer
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.recipe_loading import build_from_recipe, build_schema
+from layerprune.core.settings import RunSettings
 from layerprune.evaluate.schema import EvalSettings, parse_task_list
-from layerprune.recipe_loading import build_from_recipe, build_schema
-from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
 DEFAULT_OUTPUT = Path("runs/evaluate")

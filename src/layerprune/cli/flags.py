@@ -4,7 +4,7 @@ Every subcommand builds its flags here. A field becomes `--kebab-name` (a sectio
 'section.name'); bools get `--x/--no-x`, Literals their choices, lists take space- and/or comma-separated values,
 mappings of plain values take KEY=VALUE entries, mappings of settings are recipe-only (no flag). Unset flags stay
 absent from the namespace, so `typed_layer` holds only what the user typed: the top layer of defaults < recipe file
-< explicit CLI flag (`layerprune.recipe_loading`).
+< explicit CLI flag (`layerprune.core.recipe_loading`).
 """
 
 from __future__ import annotations

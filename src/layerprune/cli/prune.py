@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 
 from layerprune.cli.flags import add_schema_flags, typed_layer
+from layerprune.core.recipe_loading import build_from_recipe, build_schema
+from layerprune.core.settings import RunSettings
 from layerprune.prune.recipe import PruneRecipe
-from layerprune.recipe_loading import build_from_recipe, build_schema
-from layerprune.settings import RunSettings
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -1,7 +1,7 @@
 """Recipe kind -> the schema its files follow: the top floor's table, the one floor that may name every stage's
 and the pipeline's schemas.
 
-Where a kind's files live is the base floor's `layerprune.recipe_loading.RECIPE_FILES`; that floor finds and reads
+Where a kind's files live is the base floor's `layerprune.core.recipe_loading.RECIPE_FILES`; that floor finds and reads
 recipes by kind and names no schema (a pipeline or stage caller passes its own schema class to
 `build_from_recipe`). The two tables list the same kinds in the same order (tests/test_recipes.py); the first is
 tried first for a file of unknown kind.
@@ -14,7 +14,8 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from layerprune.analyze.schemas import ImportanceAnalysis
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.recipe_loading import read_recipe_dict, validation_message
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.pipeline.recipe import RunRecipe
 from layerprune.pipeline.studies.recovery import RecoveryStudy
@@ -22,7 +23,6 @@ from layerprune.pipeline.studies.sweep import SweepStudy
 from layerprune.pipeline.studies.variant import VariantStudy
 from layerprune.posttrain.schema import VariantRecipe
 from layerprune.prune.recipe import PruneRecipe
-from layerprune.recipe_loading import read_recipe_dict, validation_message
 from layerprune.recover.schema import RecoverRecipe
 
 RECIPE_SCHEMAS: dict[str, type[BaseModel]] = {

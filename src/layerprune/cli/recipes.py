@@ -1,4 +1,4 @@
-"""`layerprune recipes list|show|validate|cp`: the shipped recipes (loading them is `layerprune.recipe_loading`)."""
+"""`layerprune recipes list|show|validate|cp`: the shipped recipes (loading them: `layerprune.core.recipe_loading`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 
 from layerprune.cli.recipe_kinds import RECIPE_SCHEMAS, validate_recipe
-from layerprune.errors import LayerpruneError
-from layerprune.recipe_loading import RECIPE_FILES, find_recipe, first_comment, shipped_recipes
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.recipe_loading import RECIPE_FILES, find_recipe, first_comment, shipped_recipes
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

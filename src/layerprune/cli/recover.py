@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 
 from layerprune.cli.flags import add_schema_flags, typed_layer
-from layerprune.recipe_loading import build_from_recipe, build_schema
+from layerprune.core.recipe_loading import build_from_recipe, build_schema
+from layerprune.core.settings import RunSettings
 from layerprune.recover.schema import RecoverRecipe
-from layerprune.settings import RunSettings
 
 RECIPE_ONLY = ("name", "description")  # the recipe's own label: no flag
 # short flags for the section fields people change most (the long form --section-field always works)

@@ -7,9 +7,9 @@ import argparse
 from pathlib import Path
 
 from layerprune.cli.flags import add_schema_flags, typed_layer
+from layerprune.core.recipe_loading import build_from_recipe, build_schema
+from layerprune.core.settings import RunSettings
 from layerprune.pipeline.studies.recovery import RecoveryStudy
-from layerprune.recipe_loading import build_from_recipe, build_schema
-from layerprune.settings import RunSettings
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
 def is_sweep(recipe: str) -> bool:
     """A pruning-ratio sweep (a shipped limits-sweep-* recipe, or a file with `ratios`), else a recovery study."""
-    from layerprune.recipe_loading import find_recipe, read_recipe_dict
+    from layerprune.core.recipe_loading import find_recipe, read_recipe_dict
 
     kind, path = find_recipe(recipe)
     return kind == "sweep-study" or (kind is None and "ratios" in read_recipe_dict(path))

@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 
 from layerprune.cli.flags import add_schema_flags, typed_layer
+from layerprune.core.recipe_loading import build_from_recipe, build_schema
+from layerprune.core.settings import RunSettings
 from layerprune.posttrain.schema import VariantRecipe
-from layerprune.recipe_loading import build_from_recipe, build_schema
-from layerprune.settings import RunSettings
 
 ALIASES: dict[str, list[str]] = {"train.learning_rate": ["--learning-rate"], "train.max_steps": ["--max-steps"],
                                  "train.epochs": ["--epochs"], "sample.k": ["--k"],

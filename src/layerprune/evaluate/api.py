@@ -6,7 +6,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from layerprune.data import resolve_data_dir
+from layerprune.core.outputs import atomic_output_dir, check_output_dir
+from layerprune.core.settings import RunSettings
 from layerprune.evaluate.overlap import calibration_overlap
 from layerprune.evaluate.report import compare, format_table
 from layerprune.evaluate.runner import evaluate_model
@@ -15,8 +16,7 @@ from layerprune.evaluate.suites import plan_tasks
 from layerprune.evaluate.summary import Summary
 from layerprune.models import resolve_model
 from layerprune.models.loading import load_tokenizer
-from layerprune.outputs import atomic_output_dir, check_output_dir
-from layerprune.settings import RunSettings
+from layerprune.tasks.data import resolve_data_dir
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from layerprune.data import resolve_data_dir
+from layerprune.core.outputs import write_atomic
+from layerprune.core.settings import RunSettings
+from layerprune.core.version import package_version
 from layerprune.evaluate.humaneval import GT_TIME_LIMIT_FACTOR, MIN_TIME_LIMIT
 from layerprune.evaluate.project_tasks import Sampling
 from layerprune.evaluate.sandbox import isolation_level
@@ -19,10 +21,8 @@ from layerprune.evaluate.schema import EvalSettings
 from layerprune.evaluate.suites import PlannedTask
 from layerprune.evaluate.task_specs import TASKS, TaskSpec
 from layerprune.models.identity import Memo, file_sha256
-from layerprune.outputs import write_atomic
-from layerprune.probes import PROBE_VERSION
-from layerprune.settings import RunSettings
-from layerprune.version import package_version
+from layerprune.tasks.data import resolve_data_dir
+from layerprune.tasks.probes import PROBE_VERSION
 
 __version__ = package_version()  # in every cache key: a new release invalidates cached scores
 

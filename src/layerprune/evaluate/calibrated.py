@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from layerprune.probes import (
+from layerprune.tasks.probes import (
     EVAL_SEED,
     PROBE_DOCS,
     Probe,

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.settings import RunSettings
 from layerprune.evaluate.humaneval import reference_lm
 from layerprune.evaluate.project_tasks import humaneval_rows
 from layerprune.evaluate.schema import EvalSettings
@@ -17,7 +18,6 @@ from layerprune.evaluate.suites import PlannedTask
 from layerprune.models import LoadedModel, ModelSource, load_model, resolve_model
 from layerprune.models.loading import load_tokenizer
 from layerprune.models.vllm_engine import engine_settings, lm_eval_kwargs, prepare_cpu, require_vllm
-from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
 CPU_BATCH = 32

@@ -29,7 +29,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.evaluate.sandbox import SandboxLimits, run_program
 
 # EvalPlus's defaults (evalplus/config.py; untrusted_check)

@@ -13,7 +13,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from layerprune.errors import LayerpruneError, one_line
+from layerprune.core.errors import LayerpruneError, one_line
 from layerprune.evaluate.task_specs import TASKS, Kind, TaskSpec
 
 SPLIT_KEYS = ("training_split", "validation_split", "test_split", "fewshot_split")
@@ -146,7 +146,7 @@ def require_reachable(spec: TaskSpec, include_path: Path | None) -> None:
     """With the hub offline, refuse at planning (before any model loads) a task of lm-eval's that reads the hub."""
     from lm_eval.tasks._yaml_loader import load_yaml
 
-    from layerprune.data import hub_offline
+    from layerprune.tasks.data import hub_offline
 
     if not hub_offline() or user_entry(spec.name, include_path) is not None:
         return  # the user's own tasks may read local files; lm-eval reports what it cannot load

@@ -12,9 +12,9 @@ from typing import Any
 
 import yaml
 
-from layerprune.data import DATA_ENV, hub_offline
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.evaluate.task_specs import TaskSpec
+from layerprune.tasks.data import DATA_ENV, hub_offline
 
 log = logging.getLogger(__name__)
 SPLIT_KEYS = ("training_split", "validation_split", "test_split", "fewshot_split")

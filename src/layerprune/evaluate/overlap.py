@@ -8,11 +8,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from layerprune.data import load_rows
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.evaluate.suites import PlannedTask
 from layerprune.models.lineage import PRUNE_REPORT, read_lineage
+from layerprune.tasks.data import load_rows
 
 log = logging.getLogger(__name__)
 MIN_FIELD_CHARS = 25  # a data row's text fields this long or longer identify it; shorter ones (labels, ids) do not

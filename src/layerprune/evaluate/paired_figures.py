@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from layerprune import paired
+from layerprune.core import paired
 
 PAIRS = (("pruned_vs_baseline", "baseline", "pruned"), ("recovered_vs_pruned", "pruned", "recovered"),
          ("recovered_vs_baseline", "baseline", "recovered"))

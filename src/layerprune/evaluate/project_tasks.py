@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from layerprune.data import load_rows
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.evaluate.humaneval import (
     GT_TIME_LIMIT_FACTOR,
     MIN_TIME_LIMIT,
@@ -25,8 +24,9 @@ from layerprune.evaluate.humaneval import (
 )
 from layerprune.evaluate.sandbox import SandboxLimits
 from layerprune.evaluate.task_specs import TaskSpec
-from layerprune.grading import last_boxed, numbers_equal
-from layerprune.probes import PROBE_DOCS, PROBE_SHOTS, PROBE_VERSION, Probe, generate_probes
+from layerprune.tasks.data import load_rows
+from layerprune.tasks.grading import last_boxed, numbers_equal
+from layerprune.tasks.probes import PROBE_DOCS, PROBE_SHOTS, PROBE_VERSION, Probe, generate_probes
 
 PROBE_MAX_TOKENS = 32
 # lm-eval's humaneval.yaml, with its hub-loaded code_eval metric replaced by our sandbox

@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from layerprune.core.outputs import write_atomic
 from layerprune.evaluate.summary import Summary, TaskResult, write_summary
-from layerprune.outputs import write_atomic
 
 ROLES = ("baseline", "pruned", "recovered")
 
@@ -235,7 +235,7 @@ def _share_cell(row: dict[str, Any], column: str) -> str:
 
 
 def _interval_pct(ci: dict[str, Any] | None) -> str:
-    from layerprune.paired import format_interval
+    from layerprune.core.paired import format_interval
 
     return format_interval(ci)
 

@@ -10,9 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from layerprune import errors
-from layerprune.data import resolve_data_dir
-from layerprune.errors import LayerpruneError, one_line
+from layerprune.core import errors
+from layerprune.core.errors import LayerpruneError, one_line
+from layerprune.core.outputs import atomic_output_dir, check_output_dir
+from layerprune.core.provenance import collect_provenance
+from layerprune.core.settings import RunSettings
 from layerprune.evaluate.cache import cache_path, read_cached, task_settings, write_cached
 from layerprune.evaluate.handle import (
     ModelHandle,
@@ -40,9 +42,7 @@ from layerprune.evaluate.suites import PlannedTask, plan_tasks
 from layerprune.evaluate.summary import EvaluatedModel, Summary, TaskResult
 from layerprune.models import LoadedModel, ModelSource
 from layerprune.models.identity import model_fingerprint
-from layerprune.outputs import atomic_output_dir, check_output_dir
-from layerprune.provenance import collect_provenance
-from layerprune.settings import RunSettings
+from layerprune.tasks.data import resolve_data_dir
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from layerprune.errors import LayerpruneError, one_line
+from layerprune.core.errors import LayerpruneError, one_line
 from layerprune.evaluate import sandbox_launcher
 
 # The launcher is imported (not run as a script) so that its cached bytecode is used: compiling it costs ms.

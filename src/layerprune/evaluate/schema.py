@@ -8,8 +8,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from layerprune.errors import LayerpruneError
-from layerprune.registry import check_name
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.registry import check_name
 
 
 class TaskSettings(BaseModel):

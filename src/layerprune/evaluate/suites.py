@@ -10,8 +10,9 @@ from pathlib import Path
 
 import yaml
 
-from layerprune.data import check_jsonl, hub_offline
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.recipe_loading import build_schema
+from layerprune.core.registry import unknown_name_message
 from layerprune.evaluate.offline import (
     check_fewshot_pool,
     default_fewshot,
@@ -22,9 +23,8 @@ from layerprune.evaluate.offline import (
 )
 from layerprune.evaluate.schema import EvalSettings, Suite, TaskSettings
 from layerprune.evaluate.task_specs import TASKS, TaskSpec
-from layerprune.probes import PROBE_SHOTS
-from layerprune.recipe_loading import build_schema
-from layerprune.registry import unknown_name_message
+from layerprune.tasks.data import check_jsonl, hub_offline
+from layerprune.tasks.probes import PROBE_SHOTS
 
 log = logging.getLogger(__name__)
 DEFAULT_SUITE = "quick"

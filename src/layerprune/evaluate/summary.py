@@ -11,10 +11,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from layerprune.errors import LayerpruneError
-from layerprune.outputs import write_atomic
-from layerprune.provenance import Provenance
-from layerprune.recipe_loading import validation_message
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.outputs import write_atomic
+from layerprune.core.provenance import Provenance
+from layerprune.core.recipe_loading import validation_message
 
 SUMMARY_FILE = "summary.json"
 

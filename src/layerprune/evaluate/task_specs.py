@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from layerprune.probes import probe_tasks
-from layerprune.registry import Registry
+from layerprune.core.registry import Registry
+from layerprune.tasks.probes import probe_tasks
 
 Kind = Literal["classification", "generative"]
 # lm_eval_index: a name run by lm-eval's manager; boxed: the study's own GSM8K protocol (gsm8k_boxed_chat)
@@ -28,7 +28,7 @@ class TaskSpec:
     chat_protocol: bool = False  # --chat-template auto applies the template to this task
     optional: bool = False  # suites skip it when a data mirror is set up without it, or the hub is offline
     subtask_field: str | None = None  # a group (mmlu): lm-eval_yaml is a folder of subtasks, split by this column
-    probe: dict[str, object] = field(default_factory=dict)  # arguments for layerprune.probes
+    probe: dict[str, object] = field(default_factory=dict)  # arguments for layerprune.tasks.probes
     fixed_shots: bool = False  # the config lists its few-shot examples (fewshot_config.samples): no pool file
 
     @property

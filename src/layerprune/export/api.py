@@ -18,12 +18,12 @@ import gguf
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoConfig, AutoTokenizer
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.settings import RunSettings
 from layerprune.export.catalog import TRANSFORMERS_READS, family_for
 from layerprune.export.tokenizer import copy_tokenizer, source_gguf
 from layerprune.export.writer import OUTTYPES, add_tensors
 from layerprune.models.gguf_once import parsed_once
-from layerprune.settings import RunSettings
 
 
 class ExportReport(BaseModel):

@@ -6,7 +6,7 @@ from typing import Any
 
 import gguf
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.export.deci import deci_extra, deci_fix, deci_metadata
 from layerprune.export.families import Family, gemma3_fix, gemma3_metadata, llama_fix, llama_metadata
 

@@ -16,7 +16,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.export.families import head_dim, permute_rope, rope_theta
 from layerprune.models.nemotron_nas.configuration_decilm import ffn_mult_to_intermediate_size
 

@@ -13,7 +13,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 
 
 @dataclass(frozen=True)

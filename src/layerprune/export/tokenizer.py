@@ -13,10 +13,10 @@ from typing import Any
 
 import gguf
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.settings import RunSettings
 from layerprune.models import embedded
 from layerprune.models.lineage import read_lineage
-from layerprune.settings import RunSettings
 
 RECOVER_REPORT = "recover_report.json"
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.export.families import Family
 
 OUTTYPES: dict[str, tuple[gguf.GGMLQuantizationType, gguf.LlamaFileType]] = {

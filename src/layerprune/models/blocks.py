@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.models.layer_fields import slice_layer_config
 
 STACK_PATHS = ("model.layers", "model.decoder.layers", "transformer.h", "gpt_neox.layers",

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.models.blocks import DecoderStack, find_decoder_stack, text_config
 from layerprune.models.shards import Checkpoint, _open_lazy, block_prefix, read_checkpoint
 

@@ -8,8 +8,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from layerprune.errors import LayerpruneError
-from layerprune.outputs import cache_lock
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.outputs import cache_lock
 
 DEFAULT_EMBEDDED = "smollm2-135m-instruct"
 
@@ -51,7 +51,7 @@ def embedded_name(spec: str | None) -> str | None:
         return None
     name = ALIASES.get(spec.split(":", 1)[1], spec.split(":", 1)[1])
     if name not in EMBEDDED_MODELS:
-        from layerprune.registry import unknown_name_message
+        from layerprune.core.registry import unknown_name_message
 
         raise LayerpruneError(unknown_name_message("embedded model", name, EMBEDDED_MODELS))
     return name

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from layerprune.outputs import write_atomic
+from layerprune.core.outputs import write_atomic
 
 if TYPE_CHECKING:
     from layerprune.models.loading import LoadedModel, ModelSource

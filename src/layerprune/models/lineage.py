@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from layerprune.provenance import Provenance
-from layerprune.reports import read_report
+from layerprune.core.provenance import Provenance
+from layerprune.core.reports import read_report
 
 if TYPE_CHECKING:
     from layerprune.models.loading import ModelSource

@@ -16,7 +16,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from layerprune.errors import LayerpruneError, one_line
+from layerprune.core.errors import LayerpruneError, one_line
+from layerprune.core.outputs import atomic_output_dir, cache_lock
+from layerprune.core.settings import RunSettings
 from layerprune.models import embedded, nemotron_nas  # noqa: F401  (importing it registers the Nemotron-NAS layout)
 from layerprune.models.gguf_once import parsed_once
 from layerprune.models.hub import resolve_revision
@@ -24,8 +26,6 @@ from layerprune.models.identity import quick_digest
 from layerprune.models.lineage import read_lineage
 from layerprune.models.safetensors_check import check_model_dir_weights
 from layerprune.models.surgery import checkpoint_dtype
-from layerprune.outputs import atomic_output_dir, cache_lock
-from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,8 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.outputs import atomic_output_dir, check_output_dir
 from layerprune.models.nemotron_nas import (
     DeciLMConfig,
     DeciLMForCausalLM,
@@ -28,7 +29,6 @@ from layerprune.models.nemotron_nas import (
 from layerprune.models.sublayers import Sublayer, skipped_sublayers, whole_blocks
 from layerprune.models.surgery import check_config_matches_weights, dtype_name, verify_surgery, write_pretrained
 from layerprune.models.verification import VERIFY_PROMPTS
-from layerprune.outputs import atomic_output_dir, check_output_dir
 
 FAMILIES = ("llama", "qwen2", "mistral")
 ROPE_TYPES = ("default", "llama3")  # llama.cpp's deci converter writes rope_theta and llama3's factors, nothing else

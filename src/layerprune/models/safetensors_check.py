@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from layerprune.errors import LayerpruneError, one_line
+from layerprune.core.errors import LayerpruneError, one_line
 
 NOT_AN_OBJECT = re.compile(r"invalid type: (.+?), expected struct HashMetadata")
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.models.safetensors_check import check_safetensors_file
 
 CHUNK = 8 << 20  # bytes read and written at a time: the copy's whole working memory

@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.settings import RunSettings
 from layerprune.models.loading import load_model, resolve_model
 from layerprune.models.verification import VERIFY_PROMPTS, VERIFY_TOKENS, agreement, reference
 from layerprune.models.vllm_engine import engine_settings, require_vllm, shutdown_llm, start_llm
-from layerprune.settings import RunSettings
 
 SERVE_CHECK = "serve_check.json"
 

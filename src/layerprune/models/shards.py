@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.models.blocks import STACK_PATHS, check_block_indices, drop_blocks, find_decoder_stack
 from layerprune.models.safetensors_check import open_safetensors
 from layerprune.models.safetensors_copy import (

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.models.blocks import find_decoder_stack
 
 Part = Literal["attn", "mlp"]

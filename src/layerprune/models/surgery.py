@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from layerprune.errors import LayerpruneError, one_line
+from layerprune.core.errors import LayerpruneError, one_line
 from layerprune.models.blocks import find_decoder_stack
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

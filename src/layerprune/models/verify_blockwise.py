@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.models.blocks import find_decoder_stack
 from layerprune.models.blockwise import BlockwiseModel, empty_block, empty_model, fill_block, load_skeleton
 from layerprune.models.shards import block_prefix, read_checkpoint

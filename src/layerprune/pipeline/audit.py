@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from layerprune.analyze.metrics import mean_or_none, rep_n, words
-from layerprune.data import iter_jsonl
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.outputs import write_atomic
 from layerprune.evaluate.items import SAMPLES_DIR
 from layerprune.evaluate.overlap import MIN_FIELD_CHARS, normalize
-from layerprune.outputs import write_atomic
-from layerprune.probes import EVAL_SEED, LIST_FAMILIES, generate_probes, probe_tasks
+from layerprune.tasks.data import iter_jsonl
+from layerprune.tasks.probes import EVAL_SEED, LIST_FAMILIES, generate_probes, probe_tasks
 
 NGRAM = 8  # GPT-3's smallest N (it used 8-13 by item length); probe items are shorter, matched whole
 FLAG_SHARE = 0.01  # flag a task when this share of its items overlaps: at most a point of accuracy below it

@@ -16,10 +16,10 @@ from typing import Any
 from layerprune.analyze import metrics
 from layerprune.analyze.degeneration import generate, load_prompts, text_of
 from layerprune.analyze.records import write_json
-from layerprune.data import read_jsonl, resolve_data_dir
+from layerprune.core.settings import RunSettings
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.recipe import RunRecipe
-from layerprune.settings import RunSettings
+from layerprune.tasks.data import read_jsonl, resolve_data_dir
 
 log = logging.getLogger(__name__)
 ROLES = {"baseline": "original", "pruned": "pruned", "recovered": "recovered"}

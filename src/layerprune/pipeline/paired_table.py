@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from layerprune import paired
-from layerprune.errors import LayerpruneError
+from layerprune.core import paired
+from layerprune.core.errors import LayerpruneError
 from layerprune.evaluate.summary import SUMMARY_FILE, read_summary
 
 

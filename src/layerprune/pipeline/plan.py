@@ -6,10 +6,10 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from layerprune.data import local_split, resolve_data_dir
-from layerprune.errors import one_line
+from layerprune.core.errors import one_line
+from layerprune.core.settings import RunSettings
 from layerprune.pipeline.recipe import PipelineRecipe, RunRecipe
-from layerprune.settings import RunSettings
+from layerprune.tasks.data import local_split, resolve_data_dir
 
 # Public config values of the study models, used by --dry-run's memory plan only when the hub is unreachable.
 KNOWN_SHAPES: dict[str, dict[str, Any]] = {

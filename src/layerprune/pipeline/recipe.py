@@ -7,9 +7,9 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from layerprune.core.recipe_loading import build_from_recipe, load_recipe, merge_layers, validation_message
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.prune.recipe import PruneRecipe
-from layerprune.recipe_loading import build_from_recipe, load_recipe, merge_layers, validation_message
 from layerprune.recover.schema import RecoverRecipe
 
 Recipe = TypeVar("Recipe", bound="PipelineRecipe")
@@ -51,7 +51,7 @@ class PipelineRecipe(BaseModel):
     """What every pipeline recipe names: one model, its prune stage, the evaluation, and a run directory."""
 
     model_config = ConfigDict(extra="forbid")
-    kind: ClassVar[str] = "run"  # where its shipped recipes are found by name (layerprune.recipe_loading.RECIPE_FILES)
+    kind: ClassVar[str] = "run"  # its shipped recipes by name: core.recipe_loading.RECIPE_FILES
 
     name: str = Field(description="Run name (default output: runs/<name>)")
     description: str = Field("", description="What this run shows")

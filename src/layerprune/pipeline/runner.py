@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from layerprune import errors
+from layerprune.core import errors
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from layerprune.errors import one_line
+from layerprune.core.errors import one_line
+from layerprune.core.settings import RunSettings
 from layerprune.models.serving import SERVE_CHECK
-from layerprune.settings import RunSettings
 
 TIMEOUT_S = 1800  # engine start took ~150 s on a loaded 2-core machine; a hung engine must not hang the run
 

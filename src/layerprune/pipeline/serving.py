@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from layerprune.errors import LayerpruneError, one_line
-from layerprune.settings import RunSettings
+from layerprune.core.errors import LayerpruneError, one_line
+from layerprune.core.settings import RunSettings
 
 GGUF_TYPE = "q8_0"
 

@@ -12,15 +12,15 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.provenance import Provenance, collect_provenance
+from layerprune.core.registry import unknown_name_message
+from layerprune.core.reports import read_report, write_report
+from layerprune.core.settings import RunSettings
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.recipe import PipelineRecipe, RunRecipe
 from layerprune.pipeline.runner import Stage, run_stages
 from layerprune.pipeline.serving import run_export
-from layerprune.provenance import Provenance, collect_provenance
-from layerprune.registry import unknown_name_message
-from layerprune.reports import read_report, write_report
-from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
 STAGES = ("prune", "eval-baseline", "eval-pruned", "recover", "eval-recovered", "export", "report")

@@ -13,7 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
-from layerprune.settings import RunSettings
+from layerprune.core.settings import RunSettings
 
 
 def original_as_student(model: str | None, settings: RunSettings, target: Path) -> Path:

@@ -15,17 +15,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from layerprune.data import resolve_data_dir
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.outputs import atomic_output_dir, cache_lock, write_atomic
+from layerprune.core.provenance import collect_provenance
+from layerprune.core.settings import RunSettings
 from layerprune.models.identity import model_hash
 from layerprune.models.loading import load_model, load_tokenizer, resolve_model
-from layerprune.outputs import atomic_output_dir, cache_lock, write_atomic
 from layerprune.posttrain.items import Item, load_items
 from layerprune.posttrain.methods import METHODS, Job
 from layerprune.posttrain.schema import VariantRecipe
 from layerprune.posttrain.train import Row, TrainResult, planned_steps, token_counts
-from layerprune.provenance import collect_provenance
-from layerprune.settings import RunSettings
+from layerprune.tasks.data import resolve_data_dir
 
 log = logging.getLogger(__name__)
 REPORT = "variant_report.json"

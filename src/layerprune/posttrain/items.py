@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from layerprune import probes
-from layerprune.data import load_rows, local_split, read_jsonl
-from layerprune.errors import LayerpruneError
-from layerprune.grading import final_number, grade_number
+from layerprune.core.errors import LayerpruneError
 from layerprune.posttrain.schema import DataSection
+from layerprune.tasks import probes
+from layerprune.tasks.data import load_rows, local_split, read_jsonl
+from layerprune.tasks.grading import final_number, grade_number
 
 PROBE_STOP = "\n"  # the probe evaluation's stop: the first generated line is the answer
 GSM8K_STOP = "\n\n"  # a solution ends with its '#### N' line

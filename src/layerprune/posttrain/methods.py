@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
+from layerprune.core.registry import Registry
 from layerprune.models.generate import generate_greedy
 from layerprune.posttrain.items import Item
 from layerprune.posttrain.schema import VariantRecipe
 from layerprune.posttrain.train import Row, TrainResult, chat_messages, run_sft
-from layerprune.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def rft(job: Job) -> tuple[Any, TrainResult]:
     job.card.update(sampled=sum(map(len, answers)), kept_right=len(rows),
                     problems_solved=sum(any(i.grade(t) for t in a) for i, a in zip(job.items, answers, strict=True)))
     if not rows:
-        from layerprune.errors import LayerpruneError
+        from layerprune.core.errors import LayerpruneError
 
         raise LayerpruneError(f"rft: none of the {job.card['sampled']} samples is right; nothing to train on")
     log.info("rft: %d of %d samples right", len(rows), job.card["sampled"])
@@ -113,7 +113,7 @@ def distill(job: Job) -> tuple[Any, TrainResult]:
     job.card.update(teacher_answers=len(rows), teacher_right=len(right))
     rows = right if job.recipe.sample.keep_correct else rows
     if not rows:
-        from layerprune.errors import LayerpruneError
+        from layerprune.core.errors import LayerpruneError
 
         raise LayerpruneError("distill: the teacher answered no problem right; nothing to train on")
     return run_sft(job.model, job.tokenizer, rows, job.recipe, job.work, job.seed)

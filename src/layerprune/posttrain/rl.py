@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.posttrain.items import grade_answer
 from layerprune.posttrain.methods import Job, prompt_text
 from layerprune.posttrain.train import TrainResult, common_arguments, lora_config

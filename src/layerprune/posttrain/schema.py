@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from layerprune.probes import probe_tasks
-from layerprune.registry import check_name
+from layerprune.core.registry import check_name
+from layerprune.tasks.probes import probe_tasks
 
 KINDS = ("sft", "rft", "grpo", "distill")  # each registered by name in posttrain.methods
 

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.outputs import check_output_dir
+from layerprune.core.settings import RunSettings
 from layerprune.models import LoadedModel, resolve_model
-from layerprune.outputs import check_output_dir
 from layerprune.prune.common import DATA_FREE_SCORES, read_calibration
 from layerprune.prune.from_files import config_only, plan_only, prune_from_files
 from layerprune.prune.in_memory import prune_in_memory
@@ -22,7 +23,6 @@ from layerprune.prune.in_memory_sublayers import prune_sublayers_in_memory
 from layerprune.prune.recipe import PruneRecipe
 from layerprune.prune.scores import SCORES
 from layerprune.prune.streaming import checkpoint_dir
-from layerprune.settings import RunSettings
 
 __all__ = ["DATA_FREE_SCORES", "PruneResult", "prune_model", "read_calibration"]
 

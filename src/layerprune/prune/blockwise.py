@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.models.blockwise import BlockwiseModel, MemoryPlan, block_call_args, loaded_block, memory_plan
 from layerprune.models.verify_blockwise import check_blockwise_head
 from layerprune.models.walker import CalibBatch, block_output, masked_nll

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import torch
 
-from layerprune.data import load_rows, local_split, read_jsonl
-from layerprune.errors import LayerpruneError
-from layerprune.grading import final_number
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.registry import Registry, check_name
 from layerprune.models.walker import CalibBatch
-from layerprune.probes import arithmetic_probes
-from layerprune.registry import Registry, check_name
+from layerprune.tasks.data import load_rows, local_split, read_jsonl
+from layerprune.tasks.grading import final_number
+from layerprune.tasks.probes import arithmetic_probes
 
 log = logging.getLogger(__name__)
 

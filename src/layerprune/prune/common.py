@@ -10,17 +10,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from layerprune.data import resolve_data_dir
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.provenance import collect_provenance
+from layerprune.core.settings import RunSettings
 from layerprune.models import LoadedModel, ModelSource
 from layerprune.models.blocks import check_block_indices
 from layerprune.models.identity import model_hash
 from layerprune.models.surgery import skip_reference_logits
-from layerprune.provenance import collect_provenance
 from layerprune.prune.calib import CalibSet, load_calibration, tokenize_calibration
 from layerprune.prune.recipe import PruneRecipe
 from layerprune.prune.report import model_card, plot_scores, write_prune_report
-from layerprune.settings import RunSettings
+from layerprune.tasks.data import resolve_data_dir
 
 DATA_FREE_SCORES = {"last", "random"}
 log = logging.getLogger(__name__)

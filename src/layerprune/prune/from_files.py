@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from layerprune.data import resolve_data_dir
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.settings import RunSettings
 from layerprune.models import ModelSource, load_model
 from layerprune.models.layer_fields import check_layer_fields
 from layerprune.models.loading import load_tokenizer
@@ -34,7 +34,7 @@ from layerprune.prune.common import (
 from layerprune.prune.recipe import PruneRecipe
 from layerprune.prune.scores import ScoreContext, ScoreResult, run_importance_score
 from layerprune.prune.streaming import describe_source, per_layer_config, save_streamed
-from layerprune.settings import RunSettings
+from layerprune.tasks.data import resolve_data_dir
 
 log = logging.getLogger(__name__)
 

@@ -9,14 +9,15 @@ from typing import Any
 
 import torch
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.outputs import atomic_output_dir
+from layerprune.core.settings import RunSettings
 from layerprune.models import LoadedModel, ModelSource, drop_blocks, find_decoder_stack, load_model
 from layerprune.models.blocks import text_config
 from layerprune.models.layer_fields import FIELD_RULES, check_layer_fields
 from layerprune.models.loading import copy_tokenizer_files
 from layerprune.models.surgery import check_config_matches_weights, dtype_name, verify_surgery, write_pretrained
 from layerprune.models.verify_blockwise import BlockMajorUnsupported, fits_whole, verify_block_major
-from layerprune.outputs import atomic_output_dir
 from layerprune.prune.calib import CalibSet, tokenize_calibration
 from layerprune.prune.common import (
     Probe,
@@ -33,7 +34,6 @@ from layerprune.prune.common import (
 from layerprune.prune.recipe import PruneRecipe
 from layerprune.prune.scores import ScoreContext, ScoreResult, run_importance_score
 from layerprune.prune.streaming import checkpoint_dir, save_streamed
-from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.settings import RunSettings
 from layerprune.models import LoadedModel, ModelSource, find_decoder_stack, load_model
 from layerprune.models.blocks import DecoderStack
 from layerprune.models.nas_surgery import check_expressible, save_nas
@@ -36,7 +37,6 @@ from layerprune.prune.metrics import kv_cache_kept
 from layerprune.prune.recipe import PruneRecipe
 from layerprune.prune.scores import ScoreResult
 from layerprune.prune.sublayer_scores import SublayerResult, candidates, score_sublayers
-from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from layerprune.errors import LayerpruneError
-from layerprune.registry import check_name
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.registry import check_name
 
 Metric = Literal["nll", "accuracy"]
 Granularity = Literal["block", "attention", "mlp", "sublayer"]

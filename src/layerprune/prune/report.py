@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ConfigDict, Field
 
+from layerprune.core.reports import read_report, write_report
 from layerprune.models.lineage import PRUNE_REPORT, PrunedLineage
 from layerprune.prune.recipe import PruneRecipe
-from layerprune.reports import read_report, write_report
 
 if TYPE_CHECKING:
     from huggingface_hub import ModelCard

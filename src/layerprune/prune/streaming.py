@@ -10,7 +10,9 @@ from typing import Any
 
 import torch
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.outputs import atomic_output_dir
+from layerprune.core.settings import RunSettings
 from layerprune.models.blocks import slice_layer_config
 from layerprune.models.identity import remember_hashes, unhashed_files
 from layerprune.models.loading import (
@@ -31,9 +33,7 @@ from layerprune.models.shards import (
     written_shapes,
 )
 from layerprune.models.surgery import NO_SPACE, check_config_builds, check_config_matches_weights, check_free_space
-from layerprune.outputs import atomic_output_dir
 from layerprune.prune.common import add_weights_hash
-from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
 

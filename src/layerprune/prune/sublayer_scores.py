@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.registry import Registry
 from layerprune.models.sublayer_walker import (
     residual_around_sublayers,
     sublayer_candidate_measures,
@@ -26,7 +27,6 @@ from layerprune.prune.calib import CalibItem, is_short_answer
 from layerprune.prune.metrics import angular_distance, block_influence, last_token_mask, lowest_keys, mean
 from layerprune.prune.scores import ScoreContext
 from layerprune.prune.scores.ablation import correct_per_key, greedy_correct
-from layerprune.registry import Registry
 
 BASE = None  # the key of the model without a further removal, beside the candidates'
 

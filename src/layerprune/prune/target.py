@@ -19,7 +19,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.models.blocks import find_decoder_stack, text_config
 from layerprune.models.speed import DEFAULT_BENCH, SpeedBench, measured_speedup
 from layerprune.models.sublayers import PARTS, Sublayer, sublayer_module

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.models.lineage import PRUNE_REPORT, read_lineage
 from layerprune.recover import local, memory
 from layerprune.recover.replace import decoder_layers

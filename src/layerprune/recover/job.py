@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from layerprune.core.settings import RunSettings
 from layerprune.recover.memory import MemoryPlan
-from layerprune.settings import RunSettings
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.recover.replace import _first, _Stop, decoder_layers, dropped_runs
 
 log = logging.getLogger(__name__)

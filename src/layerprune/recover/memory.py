@@ -178,7 +178,7 @@ def memory_bound_gb(max_memory: dict[int | str, str] | None, cuda: bool) -> floa
 def enforce_bound(plan: MemoryPlan, bound_gb: float | None) -> MemoryPlan:
     """Refuse, before anything is loaded, a plan whose peak exceeds the --max-memory bound (with its numbers)."""
     if bound_gb is not None and plan.total > bound_gb:
-        from layerprune.errors import LayerpruneError
+        from layerprune.core.errors import LayerpruneError
 
         parts = ", ".join(f"{name} {getattr(plan, name):.2f}" for name in
                           ("weights", "adapters", "gradients", "optimizer_states", "activations", "teacher")
@@ -209,7 +209,7 @@ def _choose_optimizer(shape: ModelShape, method: str, requested: str, cuda: bool
                       **kwargs: Any) -> tuple[str, MemoryPlan]:
     if requested != "auto":
         if sharded and requested in EIGHT_BIT:
-            from layerprune.errors import LayerpruneError
+            from layerprune.core.errors import LayerpruneError
 
             raise LayerpruneError(f"train.optimizer {requested} (bitsandbytes) does not work under FSDP or DeepSpeed "
                                   "ZeRO; use adamw_torch or auto")

@@ -4,7 +4,7 @@
 the generators on this module's own seed stream ('recover-<shuffle_seed>'), which the evaluation never uses. Then,
 whatever the source, any prompt whose question is one of the first EVAL_ITEMS items of a probe task (under the
 evaluation seeds in `prompts.exclude_probe_seeds`) or a GSM8K test question is dropped, and the count is reported.
-The probe tasks and their generators are those of `layerprune.probes`, which evaluate uses too: one list, so a new
+The probe tasks and their generators are those of `layerprune.tasks.probes`, which evaluate uses too: one list, so a new
 probe task is excluded here as soon as it is evaluated.
 """
 
@@ -14,13 +14,13 @@ import functools
 import logging
 from pathlib import Path
 
-from layerprune import probes
-from layerprune.data import HUB_DATASETS, HUB_SOURCE, local_split, parse_hub_source, read_jsonl
-from layerprune.errors import LayerpruneError
-from layerprune.probes import PROBE_DOCS, Probe
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.registry import unknown_name_message
 from layerprune.recover import selfgen
 from layerprune.recover.schema import PromptSource
-from layerprune.registry import unknown_name_message
+from layerprune.tasks import probes
+from layerprune.tasks.data import HUB_DATASETS, HUB_SOURCE, local_split, parse_hub_source, read_jsonl
+from layerprune.tasks.probes import PROBE_DOCS, Probe
 
 log = logging.getLogger(__name__)
 GSM8K_HUB = HUB_DATASETS["gsm8k"][0]  # the hub repo whose test split evaluate scores

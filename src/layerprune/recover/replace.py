@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.models.blocks import find_decoder_stack
 
 log = logging.getLogger(__name__)

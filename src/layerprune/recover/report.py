@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from layerprune.core.provenance import Provenance
+from layerprune.core.reports import read_report
+from layerprune.core.settings import RunSettings
 from layerprune.models.lineage import PrunedLineage, SourceRecord
-from layerprune.provenance import Provenance
 from layerprune.recover.schema import RecoverRecipe
-from layerprune.reports import read_report
-from layerprune.settings import RunSettings
 
 if TYPE_CHECKING:
     from huggingface_hub import ModelCard

@@ -11,15 +11,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from layerprune import errors
-from layerprune.data import resolve_data_dir
-from layerprune.errors import LayerpruneError
+from layerprune.core import errors
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.outputs import atomic_output_dir, check_output_dir
+from layerprune.core.provenance import collect_provenance
+from layerprune.core.reports import write_report
+from layerprune.core.settings import RunSettings
 from layerprune.models import ModelSource, load_model, resolve_model
 from layerprune.models.lineage import PRUNE_REPORT, SourceRecord, read_lineage
 from layerprune.models.loading import copy_tokenizer_files, load_tokenizer
 from layerprune.models.vllm_engine import engine_settings
-from layerprune.outputs import atomic_output_dir, check_output_dir
-from layerprune.provenance import collect_provenance
 from layerprune.recover import budget, heldout, memory, selfgen, train
 from layerprune.recover import prompts as prompt_sources
 from layerprune.recover.job import RecoverJob, TrainResult, release_memory
@@ -27,8 +28,7 @@ from layerprune.recover.methods import METHODS, MethodRun, plan_for, prompts_to_
 from layerprune.recover.report import RECOVER_REPORT, HeldOutLoss, RecoverReport, model_card
 from layerprune.recover.schema import RecoverRecipe
 from layerprune.recover.student_teacher import materialize_student, plan_recover
-from layerprune.reports import write_report
-from layerprune.settings import RunSettings
+from layerprune.tasks.data import resolve_data_dir
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def check_runnable(recipe: RecoverRecipe, settings: RunSettings) -> None:
     if check is not None:
         check(recipe, settings)
     if recipe.train.optimizer in memory.EIGHT_BIT:
-        from layerprune.extras import require_extra
+        from layerprune.core.extras import require_extra
 
         require_extra("qlora", f"train.optimizer {recipe.train.optimizer}")
     if recipe.generate.backend == "vllm":

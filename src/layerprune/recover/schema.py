@@ -6,10 +6,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from layerprune.data import HUB_DATASETS, HUB_SOURCE, parse_hub_source
-from layerprune.errors import LayerpruneError
-from layerprune.probes import probe_tasks
-from layerprune.registry import check_name
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.registry import check_name
+from layerprune.tasks.data import HUB_DATASETS, HUB_SOURCE, parse_hub_source
+from layerprune.tasks.probes import probe_tasks
 
 Optimizer = Literal["auto", "adamw_torch", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit"]
 SURGERY_METHODS = ("replace", "merge", "local")  # methods that change blocks from the teacher's weights or states

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from layerprune.data import HUB_SOURCE, hub_dataset_rows, iter_jsonl, load_rows, parse_hub_source, read_jsonl
-from layerprune.errors import LayerpruneError
-from layerprune.grading import final_number, grade_number
+from layerprune.core.errors import LayerpruneError
 from layerprune.models.vllm_engine import EngineSettings, require_vllm, shutdown_llm, start_llm
 from layerprune.recover.schema import GenerationSection, PromptSource
+from layerprune.tasks.data import HUB_SOURCE, hub_dataset_rows, iter_jsonl, load_rows, parse_hub_source, read_jsonl
+from layerprune.tasks.grading import final_number, grade_number
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def _to_prompt(row: dict[str, Any], source: PromptSource) -> Prompt | None:
 
 
 def is_correct(response: str, answer: str | None) -> bool:
-    """Whether the response's final number (layerprune.grading) equals the known answer's, as numbers."""
+    """Whether the response's final number (layerprune.tasks.grading) equals the known answer's, as numbers."""
     return answer is not None and grade_number(response, final_number(answer))
 
 

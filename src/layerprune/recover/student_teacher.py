@@ -6,14 +6,14 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.provenance import collect_provenance
+from layerprune.core.reports import write_report
+from layerprune.core.settings import RunSettings
 from layerprune.models import ModelSource, drop_blocks, load_model, resolve_model
 from layerprune.models.lineage import PRUNE_REPORT, PrunedLineage, PruneMethod, SourceRecord, read_lineage
 from layerprune.models.loading import copy_tokenizer_files
-from layerprune.provenance import collect_provenance
 from layerprune.recover.schema import RecoverRecipe
-from layerprune.reports import write_report
-from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def _saved_drops(target: Path) -> list[int] | None:
 
 def save_dropped(source: ModelSource, indices: list[int], settings: RunSettings, target: Path) -> PrunedLineage:
     """`source` minus the blocks `indices`, saved to `target` with the lineage a prune output records."""
-    from layerprune.outputs import atomic_output_dir
+    from layerprune.core.outputs import atomic_output_dir
 
     loaded = load_model(source, settings.model_copy(update={"device": "cpu", "dtype": "float32"}))
     before = loaded.model.config.num_hidden_layers

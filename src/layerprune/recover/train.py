@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.settings import RunSettings
 from layerprune.recover.schema import GenerationSection, KdSection, LoraSection, RecoverRecipe
 from layerprune.recover.selfgen import chat_messages, plain_example
-from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
 

@@ -34,17 +34,17 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from layerprune.data import iter_jsonl
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.recipe_loading import merge_layers, validation_message
+from layerprune.core.settings import RunSettings
 from layerprune.evaluate.calibrated import ProbeCalibration
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.evaluate.suites import DEFAULT_SUITE
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.recipe import PipelineRecipe, RecoverStage
 from layerprune.pipeline.runner import Stage, run_stages
-from layerprune.recipe_loading import merge_layers, validation_message
 from layerprune.recover.schema import RecoverRecipe
-from layerprune.settings import RunSettings
+from layerprune.tasks.data import iter_jsonl
 
 if TYPE_CHECKING:
     from layerprune.pipeline.stages import RunPaths
@@ -217,7 +217,7 @@ def calibration_file(root: Path) -> Path:
 
 def scored_probes(study: RecoveryStudy, root: Path) -> list[str]:
     """The probe tasks every model is scored on (the fixed ones and the kept levels)."""
-    from layerprune.probes import probe_tasks
+    from layerprune.tasks.probes import probe_tasks
 
     settings = eval_settings(study, root)
     return [t for t in (settings.tasks or settings.only or fixed_tasks(study)) if t in probe_tasks()]
@@ -226,7 +226,7 @@ def scored_probes(study: RecoveryStudy, root: Path) -> list[str]:
 def both_formats(study: RecoveryStudy) -> bool:
     """Whether the probes are scored in both formats: the recovery data is chat-formatted (generate.chat_template)
     and probes are scored (a fixed probe task, or a gate)."""
-    from layerprune.probes import probe_tasks
+    from layerprune.tasks.probes import probe_tasks
 
     chat = study.shared_recipe("<pruned>").generate.chat_template
     return chat and (study.probes is not None or any(t in probe_tasks() for t in fixed_tasks(study)))
@@ -558,7 +558,7 @@ def dry_run(study: RecoveryStudy, settings: RunSettings) -> str:
 def probe_lines(study: RecoveryStudy, settings: RunSettings) -> list[str]:
     """The gate (candidates, band, per family) and the probe formats (both where the recovery data is
     chat-formatted: the model's chat template checked here)."""
-    from layerprune.probes import family_of, probe_tasks
+    from layerprune.tasks.probes import family_of, probe_tasks
 
     fixed = fixed_tasks(study)
     lines = []

@@ -22,11 +22,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from layerprune import paired
+from layerprune.core import paired
+from layerprune.core.paired import format_interval
 from layerprune.evaluate.summary import SUMMARY_FILE, read_summary
-from layerprune.paired import format_interval
 from layerprune.pipeline.studies.recovery import CHAT_EVAL, CONTROL, NO_CONTROL, calibration_file, lr_search_file
-from layerprune.probes import distinct_items, family_of, probe_tasks
+from layerprune.tasks.probes import distinct_items, family_of, probe_tasks
 
 GSM8K = "gsm8k"
 
@@ -59,7 +59,7 @@ def trained_tasks(source: str, kept: list[str] | None = None) -> frozenset[str]:
 
 def kept_prompts(root: Path, labels: list[str]) -> list[str] | None:
     """The prompts of the teacher answers the first trained arm learned from (None before any arm ran)."""
-    from layerprune.data import iter_jsonl
+    from layerprune.tasks.data import iter_jsonl
 
     for label in labels:
         path = root / "arms" / label / "data" / "responses.jsonl"

@@ -25,6 +25,8 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from layerprune.core.recipe_loading import validation_message
+from layerprune.core.settings import RunSettings
 from layerprune.evaluate.calibrated import ProbeCalibration
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.evaluate.summary import SUMMARY_FILE
@@ -37,9 +39,7 @@ from layerprune.pipeline.studies.recovery import (
     replicate_settings,
     split_label,
 )
-from layerprune.recipe_loading import validation_message
 from layerprune.recover.schema import RecoverRecipe
-from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
 GSM8K = "gsm8k"
@@ -247,9 +247,9 @@ def run_stage(study: SweepStudy, settings: RunSettings, root: Path, stage: str) 
 def calibrate(model: str | None, probes: ProbeCalibration, settings: RunSettings, root: Path) -> None:
     """The probe gate (the sweep's stage, a recovery study's too): which candidate levels the original `model` can
     do, on the calibration stream, in root/probes_calibrated.json."""
+    from layerprune.core.outputs import write_atomic
     from layerprune.evaluate.calibrated import calibrate_probes
     from layerprune.models import load_model
-    from layerprune.outputs import write_atomic
 
     loaded = load_model(model, settings)
     record = calibrate_probes(loaded.model, loaded.tokenizer, probes, lambda m: log.info("  %s", m))
@@ -313,10 +313,10 @@ RATES = {"classification docs/s": 3.4, "probe items/s": 8.0, "trained tokens/s":
 def dry_run(study: SweepStudy, settings: RunSettings) -> str:
     """The plan: model and data, the sweep's points, what each model is scored on, the budget and a time estimate
     from the measured CPU rates; no work."""
-    from layerprune.data import resolve_data_dir
     from layerprune.evaluate.suites import plan_tasks
     from layerprune.pipeline.plan import check_data, check_model
-    from layerprune.probes import family_of
+    from layerprune.tasks.data import resolve_data_dir
+    from layerprune.tasks.probes import family_of
 
     shared = study.shared_recipe("<pruned>")
     planned, _ = plan_tasks(study.evaluate.model_copy(update={"only": None}), resolve_data_dir(study.evaluate.data_dir))

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from layerprune import paired
+from layerprune.core import paired
+from layerprune.core.paired import format_interval
 from layerprune.evaluate.summary import SUMMARY_FILE
-from layerprune.paired import format_interval
 from layerprune.pipeline.paired_table import Figures, load_matrix
 from layerprune.pipeline.studies.sweep import recovered_label
 

@@ -21,12 +21,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from layerprune.analyze.schemas import ImportanceAnalysis
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.recipe_loading import build_from_recipe, merge_layers, validation_message
+from layerprune.core.settings import RunSettings
 from layerprune.pipeline.recipe import RecoverStage
 from layerprune.pipeline.runner import Stage, run_stages
 from layerprune.posttrain.schema import VariantRecipe
-from layerprune.recipe_loading import build_from_recipe, merge_layers, validation_message
-from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
 STUDY_OWNED = ("models", "output", "overwrite", "dry_run", "tokenizers")  # importance fields the study sets itself
@@ -152,7 +152,7 @@ def score_models(config: ImportanceAnalysis, settings: RunSettings, target: Path
     import json
 
     from layerprune.analyze.importance import analyze_importance
-    from layerprune.outputs import atomic_output_dir
+    from layerprune.core.outputs import atomic_output_dir
 
     done = target / "importance.json"
     if not done.is_file() or json.loads(done.read_text())["config"] != config.model_dump(mode="json") \
@@ -248,7 +248,7 @@ def compare(study: VariantStudy, report: dict[str, Any], seed: int, control: tup
 
 def run_variant_study(study: VariantStudy, settings: RunSettings) -> Path:
     """Every stage in order; returns variant.md."""
-    from layerprune.extras import require_extra
+    from layerprune.core.extras import require_extra
 
     require_extra("analyze", "the variant study")  # before the variant is trained
     root = study.run_dir()

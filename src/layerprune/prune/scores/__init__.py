@@ -8,10 +8,10 @@ from typing import Any
 
 from torch import nn
 
+from layerprune.core.registry import Registry
 from layerprune.models.blocks import DecoderStack
 from layerprune.models.walker import CalibBatch
 from layerprune.prune.calib import CalibSet
-from layerprune.registry import Registry
 
 
 @dataclass

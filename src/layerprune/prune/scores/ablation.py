@@ -9,8 +9,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from layerprune import grading
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.models.blocks import skipped_blocks
 from layerprune.models.generate import end_token_ids, generate_greedy
 from layerprune.models.row_skips import row_skipped_blocks
@@ -25,6 +24,7 @@ from layerprune.models.walker import (
 )
 from layerprune.prune.calib import AnswerBatch, CalibItem, answer_batches, is_short_answer, stop_token_mask
 from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult
+from layerprune.tasks import grading
 
 K = TypeVar("K")
 

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.registry import Registry
+from layerprune.core.settings import RunSettings
 from layerprune.models import ModelSource, resolve_model
 from layerprune.recover import heldout, memory, train
 from layerprune.recover.job import RecoverJob, TrainResult
 from layerprune.recover.schema import RecoverRecipe
 from layerprune.recover.selfgen import Prompt
-from layerprune.registry import Registry
-from layerprune.settings import RunSettings
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 from layerprune.models import ModelSource
 from layerprune.models.lineage import PRUNE_REPORT, read_lineage
 from layerprune.recover import heldout, memory

@@ -10,14 +10,14 @@ import logging
 import time
 from typing import Any
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.settings import RunSettings
 from layerprune.models import ModelSource, load_model
 from layerprune.models.loading import load_tokenizer
 from layerprune.recover import budget, memory, train
 from layerprune.recover.job import TrainResult, release_memory
 from layerprune.recover.methods import MethodRun, PlanRequest, held_out_ids, plan_for, plan_training, recovery_method
 from layerprune.recover.schema import RecoverRecipe
-from layerprune.settings import RunSettings
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ def check_qlora(recipe: RecoverRecipe, settings: RunSettings) -> None:
 
     if settings.resolved_device().type != "cuda" or not torch.cuda.is_available():
         raise LayerpruneError("method qlora needs a CUDA GPU (bitsandbytes 4-bit); on this machine use --method lora")
-    from layerprune.extras import require_extra
+    from layerprune.core.extras import require_extra
 
     require_extra("qlora", "method qlora")
 
@@ -64,7 +64,7 @@ def train_sft(run: MethodRun) -> TrainResult:
     for note in plan.notes:
         log.warning("memory plan: %s", note)
     if optimizer in memory.EIGHT_BIT:  # the plan switched to it
-        from layerprune.extras import require_extra
+        from layerprune.core.extras import require_extra
 
         require_extra("qlora", f"the memory plan's optimizer {optimizer}")
     trainer_dir = job.work / "trainer"

@@ -15,10 +15,10 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from layerprune.errors import LayerpruneError
-from layerprune.registry import unknown_name_message
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.registry import unknown_name_message
 
-RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 Model = TypeVar("Model", bound=BaseModel)
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 
 DATA_ENV = "LAYERPRUNE_DATA_DIR"
 DEFAULT_MIRROR = Path("../shared/data")

@@ -8,7 +8,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 
 Report = TypeVar("Report", bound=BaseModel)
 

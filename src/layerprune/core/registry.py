@@ -6,7 +6,7 @@ import difflib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 
 T = TypeVar("T")
 

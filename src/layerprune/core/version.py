@@ -15,7 +15,7 @@ from pathlib import Path
 
 DISTRIBUTION = "layerprune"
 UNKNOWN = "unknown"
-PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"  # src/layerprune/version.py -> the checkout
+PYPROJECT = Path(__file__).resolve().parents[3] / "pyproject.toml"  # src/layerprune/core/version.py -> the checkout
 
 
 @lru_cache(maxsize=1)

@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 
 
 def check_output_dir(output: Path, overwrite: bool, inputs: tuple[Path, ...] = ()) -> None:

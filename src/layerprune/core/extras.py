@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 
 # extra -> {distribution: the module it installs}; pyproject.toml's [project.optional-dependencies] lists the same
 EXTRAS: dict[str, dict[str, str]] = {

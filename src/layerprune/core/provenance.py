@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from layerprune.version import package_version
+from layerprune.core.version import package_version
 
 PACKAGES = ("torch", "transformers", "safetensors", "accelerate", "peft", "trl", "lm_eval", "datasets",
             "huggingface_hub", "scikit-learn", "scipy", "sacrebleu", "nltk", "bitsandbytes")
@@ -57,7 +57,7 @@ def package_versions() -> dict[str, str]:
 
 def source_checkout() -> GitState | None:
     """Commit and dirty flag when layerprune runs from its own git checkout, else None."""
-    root = checkout_root(Path(__file__).resolve().parent)
+    root = checkout_root(Path(__file__).resolve().parents[1])  # core/ -> src/layerprune
     return git_state(root) if root is not None else None
 
 

@@ -22,7 +22,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from layerprune.errors import LayerpruneError
+from layerprune.core.errors import LayerpruneError
 
 RESAMPLES = 2000
 SEED = 0

@@ -78,7 +78,7 @@ class RunSettings(BaseModel):
         """--max-memory as accelerate wants it: {0: '70GiB', 'cpu': '200GiB'}."""
         if not self.max_memory:
             return None
-        from layerprune.errors import LayerpruneError
+        from layerprune.core.errors import LayerpruneError
 
         memory: dict[int | str, str] = {}
         for entry in self.max_memory:
