@@ -60,8 +60,9 @@ def item_scores(run: Path, role: str, task: str = "arith_1dc") -> dict[int, floa
     return {row["doc_id"]: row["exact_match"] for row in rows}
 
 
-def table_row(report: str, task: str) -> list[str]:
-    line = next(line for line in report.splitlines() if line.startswith(f"| {task} |"))
+def table_row(report: str, task: str, after: str = "## Evaluation") -> list[str]:
+    """The cells of a task's row in the first table after the heading `after` (the lead table has no heading)."""
+    line = next(line for line in report.partition(after)[2].splitlines() if line.startswith(f"| {task} |"))
     return [cell.strip() for cell in line.strip().strip("|").split("|")]
 
 
@@ -84,6 +85,9 @@ def assert_figures_are_the_records(run: Path, report: str) -> None:
         se = statistics.stdev(diffs) / math.sqrt(n)
         assert cell.startswith(f"{statistics.fmean(diffs):+.4f} ± {se:.4f} [") and f"; b/c {b}/{c}, " in cell
     base, pruned, recovered = (means[role] for role in ROLES)
+    glance = table_row(report, "arith_1dc", after="## Outcome at a glance")
+    assert glance[:6] == ["arith_1dc", "arithmetic", str(n), *(f"{100 * means[role]:.1f}" for role in ROLES)]
+    assert glance[6] == ("no clear drop" if "(within noise)" in row[6] else row[12])
     if "(within noise)" in row[6]:
         assert row[8] == row[10] == row[12] == "n/a (no clear drop)"
     else:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from layerprune.evaluate.summary import SUMMARY_FILE, Summary, read_summary
 from layerprune.pipeline.degeneration import degeneration_lines
 from layerprune.pipeline.recipe import RunRecipe
+from layerprune.pipeline.report_glance import glance_table
 from layerprune.pipeline.serving import serving_lines
 
 if TYPE_CHECKING:
@@ -93,12 +94,12 @@ def verdict(averages: list[dict[str, Any]]) -> list[str]:
     if gen.get("clear_drop") is None:
         return []
     if not gen["clear_drop"]:
-        outcome = "generative reasoning did NOT drop clearly; the study pattern does not show on this run"
+        outcome = "generative tasks did NOT drop clearly; the study pattern does not show on this run"
     elif not cls.get("clear_drop") or _kept(gen) < _kept(cls):
-        outcome = "generative reasoning suffered more, as the study describes"
+        outcome = "generative tasks suffered more, as the study describes"
     else:
-        outcome = "generative reasoning did NOT suffer more here; the study pattern does not show on this run"
-    drops = f"{_drop_phrase('classification', cls)}; {_drop_phrase('generative reasoning', gen)}"
+        outcome = "generative tasks did NOT suffer more here; the study pattern does not show on this run"
+    drops = f"{_drop_phrase('classification', cls)}; {_drop_phrase('generative tasks', gen)}"
     lines = [f"Pruning: {drops} -> {outcome}."]
     if gen.get("recovered_vs_pruned") is not None:
         lines.append(f"Recovery: {_recovery_phrase('classification', cls)}; {_recovery_phrase('generative', gen)}.")
@@ -138,6 +139,13 @@ def overlap_note(summaries: dict[str, Any]) -> list[str]:
             for role, s in summaries.items() if s.calibration_overlap and s.calibration_overlap["tasks"]]
 
 
+def recipe_yaml(recipe: RunRecipe) -> str:
+    """The run's recipe as YAML (what was set, defaults left out where unset), in the order the schema declares."""
+    import yaml
+
+    return yaml.safe_dump(recipe.model_dump(mode="json", exclude_none=True), sort_keys=False, width=120)
+
+
 def write_report(recipe: RunRecipe, paths: Any) -> Path:
     from layerprune.evaluate.report import compare
     from layerprune.models.lineage import PRUNE_REPORT
@@ -154,7 +162,9 @@ def write_report(recipe: RunRecipe, paths: Any) -> Path:
     lines += [f"- {line}" for line in verdict(comparison["averages"] if comparison else []) + noise_note(summaries)
               + overlap_note(summaries)]
     lines += _model_lines(prune, paths, speed)
-    lines += ["", "## Evaluation: baseline / pruned / recovered", ""]
+    if comparison:
+        lines += ["", glance_table(comparison["rows"], comparison["averages"], list(summaries))]
+    lines += ["", "## Evaluation: baseline / pruned / recovered, every paired figure", ""]
     if comparison:
         lines += [comparison["table"], ""]
         lines += [f"![{name}](eval/{name})" for name in comparison["paths"] if name.endswith(".png")]
@@ -162,8 +172,9 @@ def write_report(recipe: RunRecipe, paths: Any) -> Path:
     lines += _prune_lines(prune, prune.scores_png if prune else None)
     lines += _recover_lines(recover)
     lines += serving_lines(paths.root / "gguf")
-    lines += ["", "## How it was made", "", f"- recipe: `{recipe.model_dump_json(exclude_none=True)}`",
-              f"- rerun: `layerprune run <recipe> --output {paths.root}` (complete stages are skipped)"]
+    lines += ["", "## How it was made", "",
+              f"- rerun: `layerprune run <recipe> --output {paths.root}` (complete stages are skipped)",
+              "- recipe:", "", "```yaml", recipe_yaml(recipe).rstrip(), "```"]
     paths.report.write_text("\n".join(lines) + "\n")
     return paths.report
 
