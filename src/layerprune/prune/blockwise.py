@@ -18,6 +18,7 @@ from layerprune.models.blockwise import BlockwiseModel, MemoryPlan, block_call_a
 from layerprune.models.verify_blockwise import check_blockwise_head
 from layerprune.models.walker import CalibBatch, block_output, masked_nll
 from layerprune.prune.metrics import (
+    accumulate,
     angular_distance,
     best_contiguous_run,
     block_influence,
@@ -67,7 +68,7 @@ def sweep(bw: BlockwiseModel, batches: Sequence[CalibBatch], candidates: Sequenc
                     if pair_fn:
                         window[n] = [*window[n], base[n]][-(offset + 1):]
                         if index + 1 >= offset:
-                            _add(result.pairs[index + 1 - offset], pair_fn(window[n][0], window[n][-1], masks[n]))
+                            accumulate(result.pairs[index + 1 - offset], pair_fn(window[n][0], window[n][-1], masks[n]))
             if index in result.candidates:
                 active[index] = skipped
             if progress:
@@ -75,15 +76,10 @@ def sweep(bw: BlockwiseModel, batches: Sequence[CalibBatch], candidates: Sequenc
         result.final = base[0] if base else None
         for n, batch in enumerate(batches):
             if result.candidates:
-                _add(result.base, masked_nll(bw.stack, base[n], batch))
+                accumulate(result.base, masked_nll(bw.stack, base[n], batch))
             for candidate, states in active.items():
-                _add(result.candidates[candidate], masked_nll(bw.stack, states[n], batch))
+                accumulate(result.candidates[candidate], masked_nll(bw.stack, states[n], batch))
     return result
-
-
-def _add(total: list[float], value: tuple[float, int]) -> None:
-    total[0] += value[0]
-    total[1] += value[1]
 
 
 def check_blockwise(name: str, metric: str = "nll", iterative: bool = False) -> None:

@@ -23,6 +23,7 @@ from layerprune.models.walker import (
     prefix_states,
 )
 from layerprune.prune.calib import AnswerBatch, CalibItem, answer_batches, is_short_answer, stop_token_mask
+from layerprune.prune.metrics import accumulate
 from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult
 from layerprune.tasks import grading
 
@@ -78,19 +79,14 @@ def _nll_losses(
             if not full and number >= len(cache):
                 cache.append(inputs)
             states = prefix_states(ctx.stack, inputs, kept)  # one pass gives every prefix and the base loss
-            _add(totals[-1], masked_nll(ctx.stack, states[FINAL], batch))
+            accumulate(totals[-1], masked_nll(ctx.stack, states[FINAL], batch))
             losses = candidate_losses(ctx.stack, inputs, kept, candidates, states, ctx.stack_candidates)
             for candidate, loss in losses.items():
-                _add(totals[candidate], loss)
+                accumulate(totals[candidate], loss)
             if ctx.progress:
                 ctx.progress("ablation", 1)
     means = {c: s / max(n, 1) for c, (s, n) in totals.items()}
     return means.pop(-1), means
-
-
-def _add(total: list, loss: tuple[float, int]) -> None:
-    total[0] += loss[0]
-    total[1] += loss[1]
 
 
 def _accuracy_losses(

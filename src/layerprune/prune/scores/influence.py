@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from layerprune.models.walker import capture_block_inputs
-from layerprune.prune.metrics import block_influence, last_token_mask, mean, select_lowest
+from layerprune.prune.metrics import accumulate, block_influence, last_token_mask, mean, select_lowest
 from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult
 
 
@@ -17,9 +17,7 @@ def hidden_state_sums(ctx: ScoreContext, pair_fn, offset: int, tokens: str = "al
             states = capture_block_inputs(ctx.stack, batch).states()
             mask = last_token_mask(batch.attention_mask) if tokens == "last" else batch.attention_mask
             for start, total in enumerate(totals):
-                value, count = pair_fn(states[start], states[start + offset], mask)
-                total[0] += value
-                total[1] += count
+                accumulate(total, pair_fn(states[start], states[start + offset], mask))
             if ctx.progress:
                 ctx.progress("hidden states", 1)
     return [mean(s, n) for s, n in totals]
