@@ -13,15 +13,7 @@ from layerprune.core.errors import LayerpruneError
 from layerprune.models.blocks import skipped_blocks
 from layerprune.models.generate import end_token_ids, generate_greedy
 from layerprune.models.row_skips import row_skipped_blocks
-from layerprune.models.walker import (
-    FINAL,
-    BlockInputs,
-    candidate_losses,
-    capture_block_inputs,
-    greedy_match,
-    masked_nll,
-    prefix_states,
-)
+from layerprune.models.walker import BASE, BlockInputs, ablation_measures, capture_block_inputs, greedy_match
 from layerprune.prune.calib import AnswerBatch, CalibItem, answer_batches, is_short_answer, stop_token_mask
 from layerprune.prune.metrics import accumulate
 from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult
@@ -72,21 +64,18 @@ def _nll_losses(
 ) -> tuple[float, dict[int, float]]:
     """Mean NLL of the `kept` model, and of it with each candidate skipped (prefix reused)."""
     full = len(kept) == ctx.depth
-    totals = {c: [0.0, 0] for c in [-1, *candidates]}
+    totals = {c: [0.0, 0] for c in [BASE, *candidates]}
     with torch.inference_mode():
         for number, batch in enumerate(ctx.batches):
             inputs = cache[number] if number < len(cache) else capture_block_inputs(ctx.stack, batch, keep_hidden=full)
             if not full and number >= len(cache):
                 cache.append(inputs)
-            states = prefix_states(ctx.stack, inputs, kept)  # one pass gives every prefix and the base loss
-            accumulate(totals[-1], masked_nll(ctx.stack, states[FINAL], batch))
-            losses = candidate_losses(ctx.stack, inputs, kept, candidates, states, ctx.stack_candidates)
-            for candidate, loss in losses.items():
-                accumulate(totals[candidate], loss)
+            for key, loss in ablation_measures(ctx.stack, inputs, kept, candidates, ctx.stack_candidates).items():
+                accumulate(totals[key], loss)
             if ctx.progress:
                 ctx.progress("ablation", 1)
     means = {c: s / max(n, 1) for c, (s, n) in totals.items()}
-    return means.pop(-1), means
+    return means.pop(BASE), means
 
 
 def _accuracy_losses(
@@ -101,19 +90,19 @@ def _accuracy_losses(
         )
     short = [item for item in items if is_short_answer(item)]
     free = [item for item in items if not is_short_answer(item)]
-    wrong = {c: 0 for c in [-1, *candidates]}
+    wrong = {c: 0 for c in [BASE, *candidates]}
     if short:
         for candidate, correct in teacher_forced_correct(ctx, short, kept, candidates, cache).items():
             wrong[candidate] += correct.count(False)
     dropped = [i for i in range(ctx.depth) if i not in kept]
     if free:
-        skips = {c: dropped if c == -1 else sorted([*dropped, c]) for c in wrong}
+        skips = {c: dropped if c == BASE else sorted([*dropped, c]) for c in wrong}
         for candidate, correct in free_form_correct(ctx, free, skips).items():
             wrong[candidate] += correct.count(False)
     if ctx.progress:
         ctx.progress("ablation", len(candidates))
     rates = {c: count / len(items) for c, count in wrong.items()}
-    return rates.pop(-1), rates
+    return rates.pop(BASE), rates
 
 
 @dataclass
@@ -129,15 +118,13 @@ class _TeacherForced:
 def teacher_forced_correct(
     ctx: ScoreContext, items: list[CalibItem], kept: Sequence[int], candidates: Sequence[int], cache: list | None = None
 ) -> dict[int, list[bool]]:
-    """Per item, would greedy decoding give exactly its answer (then a stop): for the `kept` model (key -1)
+    """Per item, would greedy decoding give exactly its answer (then a stop): for the `kept` model (key BASE)
     and for it with each candidate skipped. One forward per batch, then each candidate from its prefix."""
 
     def measures(inputs: BlockInputs, batch: Any, measure: Any) -> dict[int, Any]:
-        states = prefix_states(ctx.stack, inputs, kept)
-        return {-1: measure(ctx.stack, states[FINAL], batch),
-                **candidate_losses(ctx.stack, inputs, kept, candidates, states, ctx.stack_candidates, measure)}
+        return ablation_measures(ctx.stack, inputs, kept, candidates, ctx.stack_candidates, measure)
 
-    return correct_per_key(ctx, items, [-1, *candidates], len(kept) == ctx.depth, cache, measures)
+    return correct_per_key(ctx, items, [BASE, *candidates], len(kept) == ctx.depth, cache, measures)
 
 
 def correct_per_key(
