@@ -78,6 +78,7 @@ def prune_from_files(
                 drop=recipe.n_drop,
                 protected=protected,
                 seed=settings.seed,
+                params=recipe.score_params,
                 num_blocks=depth,
             ),
         )
@@ -221,7 +222,7 @@ def _score_block_major(
             recipe.metric,
             recipe.iterative,
             progress,
-            recipe.angular_tokens,
+            recipe.score_params,
         )
     result.details["memory_plan"] = {**vars(plan), "peak_bytes": plan.peak_bytes}
     return calib, result, time.perf_counter() - start

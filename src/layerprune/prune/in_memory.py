@@ -154,8 +154,7 @@ def _context(loaded, recipe, settings, protected, calib, batches) -> ScoreContex
         seed=settings.seed,
         batch_size=recipe.batch_size,
         max_new_tokens=recipe.max_new_tokens or (8 if only_short else 256),
-        stack_candidates=recipe.stack_candidates,
-        angular_tokens=recipe.angular_tokens,
+        params=recipe.score_params,
     )
 
 

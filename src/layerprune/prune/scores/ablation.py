@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
+from pydantic import Field
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.models.blocks import skipped_blocks
@@ -15,14 +16,52 @@ from layerprune.models.generate import end_token_ids, generate_greedy
 from layerprune.models.row_skips import row_skipped_blocks
 from layerprune.models.walker import BASE, BlockInputs, ablation_measures, capture_block_inputs, greedy_match
 from layerprune.prune.calib import AnswerBatch, CalibItem, answer_batches, is_short_answer, stop_token_mask
-from layerprune.prune.metrics import accumulate
-from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult
+from layerprune.prune.metrics import accumulate, mean, select_lowest
+from layerprune.prune.scores import (
+    BlockMajor,
+    BlockMajorContext,
+    ScoreContext,
+    ScoreParams,
+    ScoreResult,
+    register_score,
+)
 from layerprune.tasks import grading
 
 K = TypeVar("K")
 
 
-@SCORES.register("ablation")
+class AblationParams(ScoreParams):
+    after = "batch_size"
+    stack_candidates: int = Field(
+        1,
+        ge=0,
+        description="Ablation candidates that advance together as one stacked batch (0 = all); 1, one at "
+        "a time, used the least memory and was also the fastest on a CPU",
+    )
+
+
+def ablation_block_major(ctx: BlockMajorContext) -> ScoreResult:
+    """One-shot NLL ablation, one block in memory at a time: every candidate's state advances through each block."""
+    from layerprune.prune.blockwise import check_head, sweep
+
+    depth = len(ctx.bw)
+    result = sweep(ctx.bw, ctx.batches, list(range(depth)), progress=ctx.progress)
+    check = check_head(ctx.bw, ctx.batches[0], result.final) if ctx.batches and result.final is not None else None
+    base = mean(*result.base)
+    scores = [mean(*result.candidates[i]) - base for i in range(depth)]
+    details = {"base": base, "metric": ctx.metric, "check_logits_max_abs_diff": check}
+    return ScoreResult(scores, select_lowest(scores, ctx.drop, ctx.protected), details=details)
+
+
+BLOCK_MAJOR = BlockMajor(
+    ablation_block_major,
+    live_states=lambda depth, drop: depth + 2,  # every candidate's state, the full model's and the one being skipped
+    what="one-shot ablation with --metric nll",
+    supports=lambda metric, iterative: metric == "nll" and not iterative,
+)
+
+
+@register_score("ablation", AblationParams, BLOCK_MAJOR)
 def ablation(ctx: ScoreContext) -> ScoreResult:
     """One-shot: score all blocks once; iterative: drop the cheapest block, re-score the rest, repeat."""
     measure = _nll_losses if ctx.metric == "nll" else _accuracy_losses
@@ -70,12 +109,16 @@ def _nll_losses(
             inputs = cache[number] if number < len(cache) else capture_block_inputs(ctx.stack, batch, keep_hidden=full)
             if not full and number >= len(cache):
                 cache.append(inputs)
-            for key, loss in ablation_measures(ctx.stack, inputs, kept, candidates, ctx.stack_candidates).items():
+            for key, loss in ablation_measures(ctx.stack, inputs, kept, candidates, _group(ctx)).items():
                 accumulate(totals[key], loss)
             if ctx.progress:
                 ctx.progress("ablation", 1)
     means = {c: s / max(n, 1) for c, (s, n) in totals.items()}
     return means.pop(BASE), means
+
+
+def _group(ctx: ScoreContext) -> int:
+    return ctx.params_of(AblationParams).stack_candidates
 
 
 def _accuracy_losses(
@@ -122,7 +165,7 @@ def teacher_forced_correct(
     and for it with each candidate skipped. One forward per batch, then each candidate from its prefix."""
 
     def measures(inputs: BlockInputs, batch: Any, measure: Any) -> dict[int, Any]:
-        return ablation_measures(ctx.stack, inputs, kept, candidates, ctx.stack_candidates, measure)
+        return ablation_measures(ctx.stack, inputs, kept, candidates, _group(ctx), measure)
 
     return correct_per_key(ctx, items, [BASE, *candidates], len(kept) == ctx.depth, cache, measures)
 

@@ -6,7 +6,7 @@ import torch
 
 from layerprune.models.walker import capture_block_inputs
 from layerprune.prune.metrics import accumulate, block_influence, last_token_mask, mean, select_lowest
-from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult
+from layerprune.prune.scores import BlockMajor, BlockMajorContext, ScoreContext, ScoreResult, register_score
 
 
 def hidden_state_sums(ctx: ScoreContext, pair_fn, offset: int, tokens: str = "all") -> list[float | None]:  # noqa: ANN001
@@ -23,7 +23,18 @@ def hidden_state_sums(ctx: ScoreContext, pair_fn, offset: int, tokens: str = "al
     return [mean(s, n) for s, n in totals]
 
 
-@SCORES.register("block-influence")
+def influence_block_major(ctx: BlockMajorContext) -> ScoreResult:
+    """The same scores, one block in memory at a time."""
+    from layerprune.prune.blockwise import sweep
+
+    scores = [mean(*p) for p in sweep(ctx.bw, ctx.batches, [], 1, block_influence, ctx.progress).pairs]
+    return ScoreResult(scores, select_lowest(scores, ctx.drop, ctx.protected))
+
+
+BLOCK_MAJOR = BlockMajor(influence_block_major, live_states=lambda depth, drop: 3, what="block-influence")
+
+
+@register_score("block-influence", block_major=BLOCK_MAJOR)
 def influence(ctx: ScoreContext) -> ScoreResult:
     scores = hidden_state_sums(ctx, block_influence, 1)
     return ScoreResult(scores, select_lowest(scores, ctx.drop, ctx.protected))
