@@ -83,7 +83,7 @@ def context(loaded, stack, calib, batches, drop, iterative, stacked=1):  # noqa:
     from layerprune.prune.scores import ScoreContext
 
     return ScoreContext(model=loaded.model, tokenizer=loaded.tokenizer, stack=stack, batches=batches, calib=calib,
-                        drop=drop, protected=[0], iterative=iterative, stack_candidates=stacked)
+                        drop=drop, protected=[0], iterative=iterative, params={"stack_candidates": stacked})
 
 
 def run_arm(arm: str, args) -> dict:  # noqa: ANN001

@@ -16,7 +16,7 @@ from layerprune.analyze.tasks import Task, TaskItem
 from layerprune.models import find_decoder_stack, skipped_blocks
 from layerprune.models.blocks import DecoderStack
 from layerprune.models.generate import generate_greedy
-from layerprune.models.walker import CalibBatch, capture_block_inputs, prefix_states, run_blocks
+from layerprune.models.walker import BASE, CalibBatch, ablation_measures, capture_block_inputs
 
 
 def encode_item(tokenizer: Any, item: TaskItem, max_length: int) -> tuple[list[int], int]:
@@ -84,6 +84,11 @@ class _Totals:
             self.item_tokens.append(int(mask[row].sum()))
             self.item_correct.append(bool(wrong[row] == 0))
 
+    def extend(self, other: _Totals) -> None:
+        self.item_nll += other.item_nll
+        self.item_tokens += other.item_tokens
+        self.item_correct += other.item_correct
+
     @property
     def tokens(self) -> int:
         return sum(self.item_tokens)
@@ -100,6 +105,13 @@ def scored_logits(stack: DecoderStack, hidden: torch.Tensor, batch: CalibBatch) 
     return stack.logits(hidden[:, :-1][batch.loss_mask[:, 1:].bool()])
 
 
+def item_totals(stack: DecoderStack, hidden: torch.Tensor, batch: CalibBatch) -> _Totals:
+    """The per-item sums of one batch, from the last block's output (a `measure` of models.walker's ablation)."""
+    totals = _Totals()
+    totals.add(scored_logits(stack, hidden, batch), batch)
+    return totals
+
+
 def collect(base: _Totals, ablated: list[_Totals]) -> AblationResult:
     return AblationResult(base.mean_nll(), [t.mean_nll() for t in ablated], base.accuracy(),
                           [t.accuracy() for t in ablated], base.tokens, len(base.item_tokens), base.item_tokens,
@@ -110,19 +122,17 @@ def collect(base: _Totals, ablated: list[_Totals]) -> AblationResult:
 @torch.no_grad()
 def ablate_blocks(model: Any, batches: Sequence[CalibBatch]) -> AblationResult:
     """Skip each block in turn; every candidate starts from the full model's hidden state before it
-    (models.walker's cached block inputs), so block i costs only the blocks after it."""
+    (models.walker's `ablation_measures`), so block i costs only the blocks after it."""
     stack = find_decoder_stack(model)
     blocks = list(range(len(stack)))
     device = next(model.parameters()).device
     base, ablated = _Totals(), [_Totals() for _ in blocks]
     for batch in batches:
         batch = batch.to(device)
-        inputs = capture_block_inputs(stack, batch)
-        base.add(scored_logits(stack, inputs.output, batch), batch)
-        states = prefix_states(stack, inputs, blocks)
-        for block in blocks:
-            hidden = run_blocks(stack, inputs, states[block], blocks[block + 1 :])
-            ablated[block].add(scored_logits(stack, hidden, batch), batch)
+        measures = ablation_measures(stack, capture_block_inputs(stack, batch), blocks, blocks, measure=item_totals)
+        base.extend(measures.pop(BASE))
+        for block, totals in measures.items():
+            ablated[block].extend(totals)
     return collect(base, ablated)
 
 

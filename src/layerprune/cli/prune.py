@@ -6,11 +6,15 @@ import argparse
 import json
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from layerprune.cli.flags import add_schema_flags, typed_layer
 from layerprune.core.recipe_loading import build_from_recipe, build_schema
 from layerprune.core.settings import RunSettings
 from layerprune.prune.recipe import PruneRecipe
+
+if TYPE_CHECKING:
+    from layerprune.prune.scores import Score
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +29,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "with only a config.json: print the block-major memory plan)")
     parser.add_argument("--json", action="store_true", help="Print the report as JSON at the end")
     add_schema_flags(parser, PruneRecipe, group="what to prune")
+    for score in score_schemas():
+        add_schema_flags(parser, score.params, group=f"score '{score.name}'")
     add_schema_flags(parser, RunSettings, group="how to run")
+
+
+def score_schemas() -> list[Score]:
+    """The registered scores that declare parameters of their own (each a flag group)."""
+    from layerprune.prune.scores import SCORES
+
+    return [score for score in map(SCORES.get, SCORES.names()) if score.params.model_fields]
 
 
 def default_output(model: str | None, recipe: PruneRecipe) -> Path:
@@ -37,7 +50,10 @@ def default_output(model: str | None, recipe: PruneRecipe) -> Path:
 
 def build_recipe(args: argparse.Namespace) -> PruneRecipe:
     """Schema defaults < --recipe < explicit flags."""
-    return build_from_recipe(PruneRecipe, "prune", args.recipe, typed_layer(args, PruneRecipe))
+    typed = typed_layer(args, PruneRecipe)
+    for score in score_schemas():
+        typed.update(typed_layer(args, score.params))
+    return build_from_recipe(PruneRecipe, "prune", args.recipe, typed)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -140,6 +140,16 @@ def clear_gguf_quantizer(model: PreTrainedModel) -> None:
         config._name_or_path = ""
 
 
+def device_map_kwargs(settings: RunSettings, whole: bool = False) -> dict[str, Any]:
+    """`from_pretrained` keywords that place the model: --device-map and --max-memory (accelerate spreads the blocks
+    over the devices), none without --device-map; `whole`: all of it on --device (a 4-bit QLoRA base)."""
+    if whole:
+        return {"device_map": {"": settings.resolved_device()}}
+    if not settings.device_map:
+        return {}
+    return {"device_map": settings.device_map, "max_memory": settings.resolved_max_memory()}
+
+
 def load_model(
     spec: str | os.PathLike[str] | ModelSource | None = None,
     settings: RunSettings | None = None,
@@ -156,8 +166,8 @@ def load_model(
     check_decoder_only(config, source.spec)
     stored = checkpoint_dtype(config, Path(source.location) if source.is_local else None)
     tokenizer = load_tokenizer(source, settings)
-    if settings.device_map and "device_map" not in kwargs:  # accelerate places the blocks over the devices
-        kwargs.update(device_map=settings.device_map, max_memory=settings.resolved_max_memory())
+    if "device_map" not in kwargs:
+        kwargs.update(device_map_kwargs(settings))
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source.location,

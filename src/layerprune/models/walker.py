@@ -139,6 +139,26 @@ def prefix_states(stack: DecoderStack, inputs: BlockInputs, kept: Sequence[int])
     return states
 
 
+BASE = -1  # key of the kept model itself in `ablation_measures`, beside the candidates' block indices
+
+
+def ablation_measures(
+    stack: DecoderStack,
+    inputs: BlockInputs,
+    kept: Sequence[int],
+    candidates: Sequence[int],
+    group: int = 1,
+    measure: Measure | None = None,
+) -> dict[int, Any]:
+    """The ablation of one batch (prune's scores and analyze's per-block numbers): `measure(stack, final_hidden,
+    batch)` (default: NLL sum and count) of the `kept` model (key BASE) and of it with each candidate skipped. One
+    pass gives every prefix; each candidate starts from the state entering it (`candidate_losses`, `group` stacked)."""
+    measure = measure or masked_nll
+    states = prefix_states(stack, inputs, kept)
+    base = measure(stack, states[FINAL], inputs.batch)
+    return {BASE: base, **candidate_losses(stack, inputs, kept, candidates, states, group, measure)}
+
+
 def candidate_losses(
     stack: DecoderStack,
     inputs: BlockInputs,

@@ -1,13 +1,14 @@
 """Block-major scoring: advance every candidate's hidden states through one loaded block at a time.
 
-For ablation (one-shot NLL), block-influence and angular, the model never needs to be in memory whole: the
-full model's states and one state per candidate (the model with that block skipped) go through block i
-together, then block i is freed. Scores equal the in-memory scorer's.
+The model never needs to be in memory whole: the full model's states and one state per candidate (the model with
+that block skipped) go through block i together, then block i is freed. `sweep` is the walk; each score that has a
+block-major form (ablation with one-shot NLL, block-influence, angular) registers it with itself (prune.scores) and
+reads the sums it needs from one sweep. Scores equal the in-memory scorer's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,17 +18,8 @@ from layerprune.core.errors import LayerpruneError
 from layerprune.models.blockwise import BlockwiseModel, MemoryPlan, block_call_args, loaded_block, memory_plan
 from layerprune.models.verify_blockwise import check_blockwise_head
 from layerprune.models.walker import CalibBatch, block_output, masked_nll
-from layerprune.prune.metrics import (
-    angular_distance,
-    best_contiguous_run,
-    block_influence,
-    last_token_mask,
-    mean,
-    select_lowest,
-)
-from layerprune.prune.scores import ScoreResult
-
-BLOCKWISE_SCORES = ("ablation", "block-influence", "angular")
+from layerprune.prune.metrics import accumulate, last_token_mask
+from layerprune.prune.scores import SCORES, BlockMajorContext, ScoreResult
 
 
 @dataclass
@@ -67,7 +59,7 @@ def sweep(bw: BlockwiseModel, batches: Sequence[CalibBatch], candidates: Sequenc
                     if pair_fn:
                         window[n] = [*window[n], base[n]][-(offset + 1):]
                         if index + 1 >= offset:
-                            _add(result.pairs[index + 1 - offset], pair_fn(window[n][0], window[n][-1], masks[n]))
+                            accumulate(result.pairs[index + 1 - offset], pair_fn(window[n][0], window[n][-1], masks[n]))
             if index in result.candidates:
                 active[index] = skipped
             if progress:
@@ -75,24 +67,21 @@ def sweep(bw: BlockwiseModel, batches: Sequence[CalibBatch], candidates: Sequenc
         result.final = base[0] if base else None
         for n, batch in enumerate(batches):
             if result.candidates:
-                _add(result.base, masked_nll(bw.stack, base[n], batch))
+                accumulate(result.base, masked_nll(bw.stack, base[n], batch))
             for candidate, states in active.items():
-                _add(result.candidates[candidate], masked_nll(bw.stack, states[n], batch))
+                accumulate(result.candidates[candidate], masked_nll(bw.stack, states[n], batch))
     return result
 
 
-def _add(total: list[float], value: tuple[float, int]) -> None:
-    total[0] += value[0]
-    total[1] += value[1]
-
-
 def check_blockwise(name: str, metric: str = "nll", iterative: bool = False) -> None:
-    """Block-major scoring exists for one-shot NLL ablation, block-influence and angular."""
-    if name not in BLOCKWISE_SCORES or (name == "ablation" and (metric != "nll" or iterative)):
-        what = f"{name} ({metric}{', iterative' if iterative else ''})" if name == "ablation" else name
-        raise LayerpruneError(
-            f"--block-major supports one-shot ablation with --metric nll, block-influence and angular, not {what}"
-        )
+    """Refuse a score (or request) without a block-major form, naming the ones there are."""
+    score = SCORES.get(name)
+    if score.block_major is None or not score.block_major.supports(metric, iterative):
+        forms = [SCORES.get(n).block_major for n in SCORES.names()]
+        known = [form.what for form in forms if form is not None]
+        what = name if score.block_major is None else f"{name} ({metric}{', iterative' if iterative else ''})"
+        said = f"{', '.join(known[:-1])} and {known[-1]}" if len(known) > 1 else "".join(known)
+        raise LayerpruneError(f"--block-major supports {said}, not {what}")
 
 
 def score_blockwise(
@@ -104,32 +93,16 @@ def score_blockwise(
     metric: str = "nll",
     iterative: bool = False,
     progress: Callable[[str, int], Any] | None = None,
-    angular_tokens: str = "last",
+    params: Mapping[str, Any] | None = None,
 ) -> ScoreResult:
-    """The named score, block-major (ablation: one-shot NLL only)."""
+    """The named score's block-major form (registered with the score), its parameters from `params`."""
     check_blockwise(name, metric, iterative)
-    depth = len(bw)
-    if name == "ablation":
-        result = sweep(bw, batches, list(range(depth)), progress=progress)
-        check = _check_head(bw, batches[0], result.final) if batches and result.final is not None else None
-        base = mean(*result.base)
-        scores = [mean(*result.candidates[i]) - base for i in range(depth)]
-        details = {"base": base, "metric": metric, "check_logits_max_abs_diff": check}
-        return ScoreResult(scores, select_lowest(scores, drop, protected), details=details)
-    if name == "block-influence":
-        pairs = sweep(bw, batches, [], 1, block_influence, progress).pairs
-        scores = [mean(*p) for p in pairs]
-        return ScoreResult(scores, select_lowest(scores, drop, protected))
-    pairs = sweep(bw, batches, [], drop, angular_distance, progress, angular_tokens).pairs
-    distances: list[float | None] = [*(mean(*p) for p in pairs), *[None] * (depth - len(pairs))]
-    return ScoreResult(
-        distances,
-        best_contiguous_run(distances, drop, protected),
-        details={"run_length": drop, "tokens": angular_tokens},
-    )
+    form = SCORES.get(name).block_major
+    assert form is not None
+    return form.score(BlockMajorContext(bw, list(batches), drop, protected, metric, dict(params or {}), progress))
 
 
-def _check_head(bw: BlockwiseModel, batch: CalibBatch, final: torch.Tensor) -> float:
+def check_head(bw: BlockwiseModel, batch: CalibBatch, final: torch.Tensor) -> float:
     """Once per run, on the first two sequences: the NLLs came from norm + head on the last block's output, which
     must be what the model's own forward gives (run block-major too)."""
     ids, mask = batch.input_ids[:2], batch.attention_mask[:2]
@@ -137,8 +110,9 @@ def _check_head(bw: BlockwiseModel, batch: CalibBatch, final: torch.Tensor) -> f
 
 
 def live_states(name: str, depth: int, drop: int) -> int:
-    """Hidden states alive at once: ablation holds every candidate's, the others a short window."""
-    return depth + 2 if name == "ablation" else (drop if name == "angular" else 1) + 2
+    """Hidden states alive at once, as the score's block-major form says (a short window, 3, without one)."""
+    form = SCORES.get(name).block_major
+    return form.live_states(depth, drop) if form is not None else 3
 
 
 def plan_for(config: Any, name: str, batches: Sequence[CalibBatch], dtype: torch.dtype, drop: int) -> MemoryPlan:

@@ -15,7 +15,7 @@ from layerprune.core.errors import LayerpruneError
 from layerprune.core.settings import RunSettings
 from layerprune.models import ModelSource, load_model
 from layerprune.models.layer_fields import check_layer_fields
-from layerprune.models.loading import load_tokenizer
+from layerprune.models.loading import device_map_kwargs, load_tokenizer
 from layerprune.models.shards import StreamPlan, check_copied, count_parameters, plan_stream, read_checkpoint
 from layerprune.models.surgery import checkpoint_dtype, compare_reloaded_logits, dtype_name
 from layerprune.models.verify_blockwise import BlockMajorUnsupported, fits_whole, verify_block_major
@@ -78,6 +78,7 @@ def prune_from_files(
                 drop=recipe.n_drop,
                 protected=protected,
                 seed=settings.seed,
+                params=recipe.score_params,
                 num_blocks=depth,
             ),
         )
@@ -190,9 +191,8 @@ def _verify_whole(
     compute, device = torch_dtype(loaded), probe.input_ids.device
     del loaded
     gc.collect()
-    load = {"device_map": settings.device_map, "max_memory": settings.resolved_max_memory()}
     record = compare_reloaded_logits(tmp, probe.input_ids, probe.attention_mask, probe.logits, compute, device, rtol,
-                                     load if settings.device_map else None)
+                                     device_map_kwargs(settings))
     return {**record, "logits_check": "whole-model", "block_major": f"not possible: {why}",
             "tokens": int(probe.input_ids.numel())}
 
@@ -222,7 +222,7 @@ def _score_block_major(
             recipe.metric,
             recipe.iterative,
             progress,
-            recipe.angular_tokens,
+            recipe.score_params,
         )
     result.details["memory_plan"] = {**vars(plan), "peak_bytes": plan.peak_bytes}
     return calib, result, time.perf_counter() - start

@@ -15,7 +15,7 @@ from layerprune.core.settings import RunSettings
 from layerprune.models import LoadedModel, ModelSource, drop_blocks, find_decoder_stack, load_model
 from layerprune.models.blocks import text_config
 from layerprune.models.layer_fields import FIELD_RULES, check_layer_fields
-from layerprune.models.loading import copy_tokenizer_files
+from layerprune.models.loading import copy_tokenizer_files, device_map_kwargs
 from layerprune.models.surgery import check_config_matches_weights, dtype_name, verify_surgery, write_pretrained
 from layerprune.models.verify_blockwise import BlockMajorUnsupported, fits_whole, verify_block_major
 from layerprune.prune.calib import CalibSet, tokenize_calibration
@@ -154,8 +154,7 @@ def _context(loaded, recipe, settings, protected, calib, batches) -> ScoreContex
         seed=settings.seed,
         batch_size=recipe.batch_size,
         max_new_tokens=recipe.max_new_tokens or (8 if only_short else 256),
-        stack_candidates=recipe.stack_candidates,
-        angular_tokens=recipe.angular_tokens,
+        params=recipe.score_params,
     )
 
 
@@ -239,10 +238,8 @@ def _verify(
         except BlockMajorUnsupported as exc:
             log.warning("verification: block-major is not possible (%s); reloading the written model whole", exc)
     if record is None:
-        mapped = {"device_map": settings.device_map, "max_memory": settings.resolved_max_memory()}
-        load = mapped if settings.device_map else None
         ids, mask = probe.input_ids, probe.attention_mask
-        verified = verify_surgery(loaded.model, tmp, ids, mask, probe.logits, lossless, load)
+        verified = verify_surgery(loaded.model, tmp, ids, mask, probe.logits, lossless, device_map_kwargs(settings))
         record = {**verified, "logits_check": "whole-model"}
     report["verification"] = {**record, "seconds": round(record["seconds"] + probe.seconds, 2)}
     report["timings"]["verify_s"] = report["verification"]["seconds"]

@@ -53,6 +53,12 @@ def taylor_importance(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> flo
         return float(sum((grad.float() * weight.float()).abs().sum() for grad, weight in pairs))
 
 
+def accumulate(total: list[float], value: tuple[float, int]) -> None:
+    """Add a (sum, count) pair to a running [sum, count] total, in place (`mean(*total)` reads it)."""
+    total[0] += value[0]
+    total[1] += value[1]
+
+
 def mean(total: float, count: int) -> float:
     return total / count if count else float("nan")
 

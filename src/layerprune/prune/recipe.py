@@ -6,7 +6,16 @@ import re
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.registry import check_name
@@ -59,20 +68,10 @@ class PruneRecipe(BaseModel):
     calib_samples: int = Field(32, ge=1, description="Number of calibration items")
     calib_seq_len: int = Field(256, ge=8, description="Longest calibration sequence in tokens")
     batch_size: int = Field(8, ge=1, description="Calibration batch size")
-    stack_candidates: int = Field(
-        1,
-        ge=0,
-        description="Ablation candidates that advance together as one stacked batch (0 = all); 1, one at "
-        "a time, used the least memory and was also the fastest on a CPU",
-    )
     max_new_tokens: int | None = Field(
         None,
         ge=1,
         description="Tokens generated per item for --metric accuracy (default: 8 for arithmetic, 256 otherwise)",
-    )
-    angular_tokens: Literal["last", "all"] = Field(
-        "last",
-        description="Angular score: distance at each sequence's last token (Gromov et al.) or averaged over all tokens",
     )
     verify: bool = Field(
         True,
@@ -85,6 +84,55 @@ class PruneRecipe(BaseModel):
     )
     protect: list[int] = Field([0], description="Blocks never dropped, comma-separated; negative counts from the end")
     data_dir: Path | None = Field(None, description="Local data mirror laid out as DIR/<dataset>/<split>.jsonl")
+    score_params: dict[str, Any] = Field(
+        default_factory=dict,
+        validate_default=True,
+        description="The scores' own parameters (declared by each score in prune.scores), written as flat keys "
+        "of the recipe (angular_tokens: all) and typed as flags (--angular-tokens all)",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_score_params(cls, data: Any) -> Any:
+        """A score's parameters are flat keys of the recipe: gathered here, checked by the score's own schema."""
+        from layerprune.prune.scores import score_parameters
+
+        if not isinstance(data, dict):
+            return data
+        keys = score_parameters()
+        flat = {key: value for key, value in data.items() if key in keys}
+        if not flat:
+            return data
+        rest = {key: value for key, value in data.items() if key not in keys}
+        return {**rest, "score_params": {**(rest.get("score_params") or {}), **flat}}
+
+    @field_validator("score_params")
+    @classmethod
+    def _typed_score_params(cls, values: dict[str, Any]) -> dict[str, Any]:
+        from layerprune.prune.scores import all_score_params, check_score_params
+
+        return all_score_params(check_score_params(values))
+
+    @model_serializer(mode="wrap")
+    def _flat_score_params(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        """Every score's parameters written back as flat keys (the defaults too) where the score places them, as
+        recipes, reports and run fingerprints had them; include, exclude and exclude_defaults apply to them."""
+        from layerprune.prune.scores import all_score_params, score_parameters
+
+        data = handler(self)
+        if not isinstance(data, dict):
+            return data
+        data.pop("score_params", None)
+        params = all_score_params(self.score_params, info.mode)
+        defaults = all_score_params({}, info.mode) if info.exclude_defaults else {}
+        wanted = {key: value for key, value in params.items() if _wanted(key, info)
+                  and not (key in defaults and defaults[key] == value)}
+        owners = score_parameters()
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out[key] = value
+            out.update({k: v for k, v in wanted.items() if owners[k].params.after == key})
+        return {**out, **{k: v for k, v in wanted.items() if k not in out}}
 
     @field_validator("score")
     @classmethod
@@ -186,6 +234,13 @@ class PruneRecipe(BaseModel):
         if bad:
             raise LayerpruneError(f"--protect has block index(es) {bad} outside a {depth}-block model")
         return sorted({i % depth for i in self.protect})
+
+
+def _wanted(key: str, info: SerializationInfo) -> bool:
+    """Is `key` in the dump that `info`'s include and exclude ask for."""
+    if info.include is not None and key not in info.include:
+        return False
+    return not (info.exclude is not None and key in info.exclude)
 
 
 def _layer_name(item: int | str) -> int | str:

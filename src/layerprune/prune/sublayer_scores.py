@@ -24,7 +24,7 @@ from layerprune.models.sublayer_walker import (
 from layerprune.models.sublayers import Part, Sublayer, all_sublayers, skipped_sublayers
 from layerprune.models.walker import BlockInputs, capture_block_inputs, masked_nll
 from layerprune.prune.calib import CalibItem, is_short_answer
-from layerprune.prune.metrics import angular_distance, block_influence, last_token_mask, lowest_keys, mean
+from layerprune.prune.metrics import accumulate, angular_distance, block_influence, last_token_mask, lowest_keys, mean
 from layerprune.prune.scores import ScoreContext
 from layerprune.prune.scores.ablation import correct_per_key, greedy_correct
 
@@ -101,18 +101,13 @@ def _nll_losses(
             if not full and number >= len(cache):
                 cache.append(inputs)  # only the first block's input is kept: the rest depends on `removed`
             states = sublayer_prefix_states(ctx.stack, inputs, removed)
-            _add(totals[BASE], masked_nll(ctx.stack, states[-1], batch))
+            accumulate(totals[BASE], masked_nll(ctx.stack, states[-1], batch))
             for sub, loss in sublayer_candidate_measures(ctx.stack, inputs, removed, pool, states).items():
-                _add(totals[sub], loss)
+                accumulate(totals[sub], loss)
             if ctx.progress:
                 ctx.progress("ablation", 1)
     means = {key: total / max(count, 1) for key, (total, count) in totals.items()}
     return means.pop(BASE), means  # type: ignore[return-value]
-
-
-def _add(total: list, loss: tuple[float, int]) -> None:
-    total[0] += loss[0]
-    total[1] += loss[1]
 
 
 def _accuracy_losses(
@@ -171,7 +166,7 @@ def residual_sums(ctx: ScoreContext, parts: Sequence[Part], pair_fn, tokens: str
                 before, middle, after = residual_around_sublayers(ctx.stack, inputs, block)
                 pairs = {"attn": (before, middle), "mlp": (middle, after)}
                 for part in parts:
-                    _add(totals[Sublayer(block, part)], pair_fn(*pairs[part], mask))
+                    accumulate(totals[Sublayer(block, part)], pair_fn(*pairs[part], mask))
             if ctx.progress:
                 ctx.progress("residual stream", 1)
     return {sub: mean(total, count) for sub, (total, count) in totals.items()}

@@ -8,28 +8,60 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
+from pydantic import Field
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.models.blocks import skipped_blocks
 from layerprune.models.generate import end_token_ids, generate_greedy
 from layerprune.models.row_skips import row_skipped_blocks
-from layerprune.models.walker import (
-    FINAL,
-    BlockInputs,
-    candidate_losses,
-    capture_block_inputs,
-    greedy_match,
-    masked_nll,
-    prefix_states,
-)
+from layerprune.models.walker import BASE, BlockInputs, ablation_measures, capture_block_inputs, greedy_match
 from layerprune.prune.calib import AnswerBatch, CalibItem, answer_batches, is_short_answer, stop_token_mask
-from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult
+from layerprune.prune.metrics import accumulate, mean, select_lowest
+from layerprune.prune.scores import (
+    BlockMajor,
+    BlockMajorContext,
+    ScoreContext,
+    ScoreParams,
+    ScoreResult,
+    register_score,
+)
 from layerprune.tasks import grading
 
 K = TypeVar("K")
 
 
-@SCORES.register("ablation")
+class AblationParams(ScoreParams):
+    after = "batch_size"
+    stack_candidates: int = Field(
+        1,
+        ge=0,
+        description="Ablation candidates that advance together as one stacked batch (0 = all); 1, one at "
+        "a time, used the least memory and was also the fastest on a CPU",
+    )
+
+
+def ablation_block_major(ctx: BlockMajorContext) -> ScoreResult:
+    """One-shot NLL ablation, one block in memory at a time: every candidate's state advances through each block."""
+    from layerprune.prune.blockwise import check_head, sweep
+
+    depth = len(ctx.bw)
+    result = sweep(ctx.bw, ctx.batches, list(range(depth)), progress=ctx.progress)
+    check = check_head(ctx.bw, ctx.batches[0], result.final) if ctx.batches and result.final is not None else None
+    base = mean(*result.base)
+    scores = [mean(*result.candidates[i]) - base for i in range(depth)]
+    details = {"base": base, "metric": ctx.metric, "check_logits_max_abs_diff": check}
+    return ScoreResult(scores, select_lowest(scores, ctx.drop, ctx.protected), details=details)
+
+
+BLOCK_MAJOR = BlockMajor(
+    ablation_block_major,
+    live_states=lambda depth, drop: depth + 2,  # every candidate's state, the full model's and the one being skipped
+    what="one-shot ablation with --metric nll",
+    supports=lambda metric, iterative: metric == "nll" and not iterative,
+)
+
+
+@register_score("ablation", AblationParams, BLOCK_MAJOR)
 def ablation(ctx: ScoreContext) -> ScoreResult:
     """One-shot: score all blocks once; iterative: drop the cheapest block, re-score the rest, repeat."""
     measure = _nll_losses if ctx.metric == "nll" else _accuracy_losses
@@ -71,26 +103,22 @@ def _nll_losses(
 ) -> tuple[float, dict[int, float]]:
     """Mean NLL of the `kept` model, and of it with each candidate skipped (prefix reused)."""
     full = len(kept) == ctx.depth
-    totals = {c: [0.0, 0] for c in [-1, *candidates]}
+    totals = {c: [0.0, 0] for c in [BASE, *candidates]}
     with torch.inference_mode():
         for number, batch in enumerate(ctx.batches):
             inputs = cache[number] if number < len(cache) else capture_block_inputs(ctx.stack, batch, keep_hidden=full)
             if not full and number >= len(cache):
                 cache.append(inputs)
-            states = prefix_states(ctx.stack, inputs, kept)  # one pass gives every prefix and the base loss
-            _add(totals[-1], masked_nll(ctx.stack, states[FINAL], batch))
-            losses = candidate_losses(ctx.stack, inputs, kept, candidates, states, ctx.stack_candidates)
-            for candidate, loss in losses.items():
-                _add(totals[candidate], loss)
+            for key, loss in ablation_measures(ctx.stack, inputs, kept, candidates, _group(ctx)).items():
+                accumulate(totals[key], loss)
             if ctx.progress:
                 ctx.progress("ablation", 1)
     means = {c: s / max(n, 1) for c, (s, n) in totals.items()}
-    return means.pop(-1), means
+    return means.pop(BASE), means
 
 
-def _add(total: list, loss: tuple[float, int]) -> None:
-    total[0] += loss[0]
-    total[1] += loss[1]
+def _group(ctx: ScoreContext) -> int:
+    return ctx.params_of(AblationParams).stack_candidates
 
 
 def _accuracy_losses(
@@ -105,19 +133,19 @@ def _accuracy_losses(
         )
     short = [item for item in items if is_short_answer(item)]
     free = [item for item in items if not is_short_answer(item)]
-    wrong = {c: 0 for c in [-1, *candidates]}
+    wrong = {c: 0 for c in [BASE, *candidates]}
     if short:
         for candidate, correct in teacher_forced_correct(ctx, short, kept, candidates, cache).items():
             wrong[candidate] += correct.count(False)
     dropped = [i for i in range(ctx.depth) if i not in kept]
     if free:
-        skips = {c: dropped if c == -1 else sorted([*dropped, c]) for c in wrong}
+        skips = {c: dropped if c == BASE else sorted([*dropped, c]) for c in wrong}
         for candidate, correct in free_form_correct(ctx, free, skips).items():
             wrong[candidate] += correct.count(False)
     if ctx.progress:
         ctx.progress("ablation", len(candidates))
     rates = {c: count / len(items) for c, count in wrong.items()}
-    return rates.pop(-1), rates
+    return rates.pop(BASE), rates
 
 
 @dataclass
@@ -133,15 +161,13 @@ class _TeacherForced:
 def teacher_forced_correct(
     ctx: ScoreContext, items: list[CalibItem], kept: Sequence[int], candidates: Sequence[int], cache: list | None = None
 ) -> dict[int, list[bool]]:
-    """Per item, would greedy decoding give exactly its answer (then a stop): for the `kept` model (key -1)
+    """Per item, would greedy decoding give exactly its answer (then a stop): for the `kept` model (key BASE)
     and for it with each candidate skipped. One forward per batch, then each candidate from its prefix."""
 
     def measures(inputs: BlockInputs, batch: Any, measure: Any) -> dict[int, Any]:
-        states = prefix_states(ctx.stack, inputs, kept)
-        return {-1: measure(ctx.stack, states[FINAL], batch),
-                **candidate_losses(ctx.stack, inputs, kept, candidates, states, ctx.stack_candidates, measure)}
+        return ablation_measures(ctx.stack, inputs, kept, candidates, _group(ctx), measure)
 
-    return correct_per_key(ctx, items, [-1, *candidates], len(kept) == ctx.depth, cache, measures)
+    return correct_per_key(ctx, items, [BASE, *candidates], len(kept) == ctx.depth, cache, measures)
 
 
 def correct_per_key(

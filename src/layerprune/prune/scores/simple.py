@@ -5,16 +5,16 @@ from __future__ import annotations
 import random
 
 from layerprune.prune.metrics import select_lowest
-from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult
+from layerprune.prune.scores import ScoreContext, ScoreResult, register_score
 
 
-@SCORES.register("last")
+@register_score("last")
 def last(ctx: ScoreContext) -> ScoreResult:
     scores = [float(ctx.depth - 1 - i) for i in range(ctx.depth)]
     return ScoreResult(scores, select_lowest(scores, ctx.drop, ctx.protected))
 
 
-@SCORES.register("random")
+@register_score("random")
 def random_blocks(ctx: ScoreContext) -> ScoreResult:
     rng = random.Random(f"layerprune-random-{ctx.seed}")
     scores = [rng.random() for _ in range(ctx.depth)]

@@ -6,10 +6,10 @@ import torch
 
 from layerprune.models.walker import capture_block_inputs, nll_sum
 from layerprune.prune.metrics import select_lowest, taylor_importance
-from layerprune.prune.scores import SCORES, ScoreContext, ScoreResult
+from layerprune.prune.scores import ScoreContext, ScoreResult, register_score
 
 
-@SCORES.register("taylor")
+@register_score("taylor")
 def taylor(ctx: ScoreContext) -> ScoreResult:
     params = list(ctx.model.parameters())
     flags = [p.requires_grad for p in params]

@@ -13,7 +13,7 @@ from typing import Any
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.settings import RunSettings
 from layerprune.models import ModelSource, load_model
-from layerprune.models.loading import load_tokenizer
+from layerprune.models.loading import device_map_kwargs, load_tokenizer
 from layerprune.recover import budget, memory, train
 from layerprune.recover.job import TrainResult, release_memory
 from layerprune.recover.methods import MethodRun, PlanRequest, held_out_ids, plan_for, plan_training, recovery_method
@@ -116,7 +116,7 @@ def load_student(recipe: RecoverRecipe, student: ModelSource, settings: RunSetti
         student,
         settings.model_copy(update={"dtype": "bfloat16"}),
         quantization_config=train.quantization_config(),
-        device_map={"": settings.resolved_device()},
+        **device_map_kwargs(settings, whole=True),
     )
     loaded.model = prepare_model_for_kbit_training(
         loaded.model, use_gradient_checkpointing=recipe.train.gradient_checkpointing
