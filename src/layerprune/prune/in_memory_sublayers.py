@@ -15,7 +15,7 @@ from layerprune.core.errors import LayerpruneError
 from layerprune.core.settings import RunSettings
 from layerprune.models import LoadedModel, ModelSource, find_decoder_stack, load_model
 from layerprune.models.blocks import DecoderStack
-from layerprune.models.nas_surgery import check_expressible, save_nas
+from layerprune.models.nas_surgery import check_expressible, most_removable, removal_refusal, save_nas
 from layerprune.models.sublayers import (
     Sublayer,
     all_sublayers,
@@ -85,6 +85,16 @@ def check_sublayer_request(recipe: PruneRecipe, depth: int, protected: list[int]
         raise LayerpruneError(
             f"removing {recipe.n_drop} sublayers at --granularity {recipe.granularity}: only {len(pool)} are "
             f"unprotected in {depth} blocks ({len(protected)} protected)"
+        )
+    refusal = removal_refusal(depth, named) if named is not None else None
+    if refusal is not None:
+        raise LayerpruneError(f"--layers {','.join(map(str, named or []))}: {refusal}")
+    most = most_removable(depth, pool)
+    if recipe.n_drop > most:
+        raise LayerpruneError(
+            f"removing {recipe.n_drop} sublayers at --granularity {recipe.granularity}: at most {most} of the "
+            f"{len(pool)} unprotected can go, as the Nemotron-NAS layout keeps the attention of the first block it "
+            "keeps; drop fewer or change --protect"
         )
     return named
 
