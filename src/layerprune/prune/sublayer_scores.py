@@ -63,19 +63,29 @@ def candidates(
 def servable_lowest(
     scores: Mapping[Sublayer, float | None], n: int, depth: int, removed: Sequence[Sublayer] = ()
 ) -> list[Sublayer]:
-    """The `n` lowest-scored sublayers (sorted) that the Nemotron-NAS layout serves removed together with `removed`:
-    each next one the lowest whose removal the layout takes (`removal_refusal`); ties go to the later sublayer,
-    None and NaN are never chosen. Fewer than `n` only when no more can go."""
+    """The `n` lowest-scored sublayers (sorted) that the Nemotron-NAS layout serves removed together with `removed`
+    (`servable_order`); fewer only when no more can go."""
+    return sorted(servable_order(scores, depth, removed, n))
+
+
+def servable_order(
+    scores: Mapping[Sublayer, float | None], depth: int, removed: Sequence[Sublayer] = (), n: int | None = None
+) -> list[Sublayer]:
+    """The scored sublayers, least important first, each next one the lowest whose removal with `removed` and those
+    before it the layout takes (`removal_refusal`): every prefix is servable, and none longer is (at most `n`).
+    Ties go to the later sublayer; None and NaN are never taken."""
     pool = sorted((sub for sub, s in scores.items() if s is not None and not math.isnan(s)), reverse=True)
-    ranked = sorted(pool, key=lambda sub: float(scores[sub]))  # type: ignore[arg-type]
-    chosen = list(removed)
-    for _ in range(n):
-        nxt = next((sub for sub in ranked if sub not in chosen and removal_refusal(depth, [*chosen, sub]) is None),
-                   None)
+    skip = set(removed)
+    ranked = [sub for sub in sorted(pool, key=lambda sub: float(scores[sub])) if sub not in skip]  # type: ignore[arg-type]
+    chosen, order = list(removed), []
+    while ranked and (n is None or len(order) < n):
+        nxt = next((sub for sub in ranked if removal_refusal(depth, [*chosen, sub]) is None), None)
         if nxt is None:
             break
+        ranked.remove(nxt)
         chosen.append(nxt)
-    return sorted(chosen[len(removed):])
+        order.append(nxt)
+    return order
 
 
 def _chosen(ctx: ScoreContext, scores: dict[Sublayer, float | None]) -> list[Sublayer]:
