@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.export import export_gguf
-from layerprune.export.deci import ZERO_FFN, DeciLayer, deci_extra, deci_fix, deci_layers
+from layerprune.export.deci import ZERO_FFN, DeciLayer, deci_extra, deci_fix, deci_layers, rope_factors
 from layerprune.export.families import permute_rope
 from layerprune.models.nas_surgery import save_nas
 from layerprune.models.sublayers import Sublayer
@@ -125,3 +125,72 @@ def test_a_sublayer_pruned_smollm2_exports_and_llama_cpp_continues_it_as_transfo
     assert ran["tokenization_equal"] == "4/4"
     same, total = map(int, ran["top1_agreement"].split("/"))
     assert same >= 0.95 * total and ran["continuations"]["equal"] >= 3
+
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}  # a short original context: the scaling bites within 60 tokens
+
+
+def llama3_config(**fields) -> LlamaConfig:
+    values = {"vocab_size": 49152, "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 4,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256,
+              "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2, "tie_word_embeddings": True,
+              "rope_scaling": dict(LLAMA3), "rope_theta": 10000.0, **fields}
+    return LlamaConfig(**values)
+
+
+def test_llama3_rope_factors_are_transformers_own_frequency_divisors():
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config = llama3_config()
+    plain = LlamaRotaryEmbedding(config=llama3_config(rope_scaling=None)).inv_freq
+    scaled = LlamaRotaryEmbedding(config=config).inv_freq
+    factors = rope_factors(config)
+    np.testing.assert_allclose(factors, (plain / scaled).numpy(), rtol=1e-6)
+    assert factors[0] == 1.0 and factors[-1] == 8.0 and 1.0 < factors[1] < 8.0  # high, low and smoothed between
+    assert rope_factors(llama3_config(rope_scaling=None)) is None
+    with pytest.raises(LayerpruneError, match="rope type 'yarn' is not exported"):
+        rope_factors(SimpleNamespace(rope_parameters={"rope_type": "yarn", "factor": 4.0}))
+
+
+@pytest.fixture(scope="module")
+def nas_llama3(tmp_path_factory) -> Path:
+    """`nas_sourced`'s tiny llama with llama3 RoPE (weights larger, so positions matter), minus 1.attn and 2.mlp."""
+    source = smollm_gguf()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(llama3_config()).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, 0.15)
+    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    directory = tmp_path_factory.mktemp("nas-llama3") / "tiny"
+    save_nas(model, tokenizer, [Sublayer(1, "attn"), Sublayer(2, "mlp")], directory, torch.float32)
+    (directory / "source.json").write_text(json.dumps({"gguf": str(source)}))
+    return directory
+
+
+def test_llama3_rope_exports_its_rope_freqs_and_llama_cpp_gives_transformers_logits(nas_llama3, tmp_path):
+    import gguf
+
+    report = export_gguf(nas_llama3, tmp_path / "m.gguf", "f32")
+    back = report.readback
+    assert back["missing"] == [] and back["unexpected"] == [] and back["max_relative_error"] == 0.0
+    stored = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(tmp_path / "m.gguf").tensors}
+    model = AutoModelForCausalLM.from_pretrained(nas_llama3, dtype=torch.float32).eval()
+    np.testing.assert_array_equal(stored["rope_freqs.weight"], rope_factors(model.config))
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama.cpp check needs llama-cpp-python (make bench-engines builds it)")
+    from llama_cpp import Llama
+
+    ids = torch.randint(10, 49152, (60,), generator=torch.Generator().manual_seed(0)).tolist()
+    llm = Llama(model_path=str(tmp_path / "m.gguf"), n_ctx=128, logits_all=True, verbose=False, n_threads=1)
+    llm.eval(ids)
+    got = np.asarray(llm.scores[: len(ids)])
+    with torch.inference_mode():
+        want = model(input_ids=torch.tensor([ids])).logits[0].numpy()
+        model.model.rotary_emb = type(model.model.rotary_emb)(config=llama3_config(rope_scaling=None))
+        unscaled = model(input_ids=torch.tensor([ids])).logits[0].numpy()
+    scale = np.abs(want).max()  # llama.cpp keeps its KV cache in f16: about 1e-3 of the largest logit apart
+    assert np.abs(got - want).max() < 5e-3 * scale and (got.argmax(-1) == want.argmax(-1)).all()
+    assert np.abs(unscaled - got).max() > 0.05 * scale  # without the factors llama.cpp could not match

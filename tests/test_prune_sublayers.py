@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from helpers import assert_one_line_error, run_cli
 from layerprune.models import find_decoder_stack
 from layerprune.models.generate import generate_greedy
+from layerprune.models.nas_surgery import most_removable
 from layerprune.models.sublayers import Sublayer, all_sublayers, skipped_sublayers
 from layerprune.prune.calib import CalibItem, CalibSet, arithmetic_calib, tokenize_calibration
 from layerprune.prune.metrics import (
@@ -28,7 +29,7 @@ from layerprune.prune.metrics import (
 )
 from layerprune.prune.recipe import PruneRecipe
 from layerprune.prune.scores import ScoreContext
-from layerprune.prune.sublayer_scores import _generated_correct, score_sublayers
+from layerprune.prune.sublayer_scores import _generated_correct, score_sublayers, servable_lowest
 from test_teacher_forced import MAX_NEW, STOP, WORDS, digits_only_model
 from tiny import tiny_config, tiny_tokenizer
 
@@ -297,3 +298,61 @@ def test_a_sublayer_prune_saves_the_layout_verified_with_its_report(capsys, expr
     reloaded = AutoModelForCausalLM.from_pretrained(out)
     assert reloaded.num_parameters() == report["params_after"]
     assert f"output: {out}" in stdout
+
+
+def test_servable_lowest_skips_what_the_layout_refuses():
+    scores = {_sub("0.attn"): 0.0, _sub("1.attn"): 0.3, _sub("0.mlp"): 0.5, _sub("1.mlp"): 0.2, _sub("2.attn"): 0.1}
+    assert servable_lowest(scores, 1, 3) == [_sub("2.attn")]  # 0.attn alone would leave block 0 first, attention-less
+    assert servable_lowest(scores, 4, 3) == [_sub("0.mlp"), _sub("1.attn"), _sub("1.mlp"), _sub("2.attn")]
+    assert servable_lowest(scores, 1, 3, [_sub("0.mlp")]) == [_sub("0.attn")]  # then block 0 goes whole
+    assert servable_lowest({_sub("0.attn"): 0.0, _sub("1.attn"): 0.1}, 2, 2) == [_sub("1.attn")]  # one attention kept
+    assert most_removable(3, scores) == 4 and most_removable(2, [_sub("1.attn")]) == 1
+    assert most_removable(2, all_sublayers(2)) == 3 and most_removable(3, all_sublayers(2)) == 4
+
+
+def _without_first_attention(source: Path, directory: Path) -> Path:
+    """`source` with block 0's attention writing nothing (o_proj zero): the cheapest sublayer by any score."""
+    model = AutoModelForCausalLM.from_pretrained(source)
+    with torch.no_grad():
+        find_decoder_stack(model).layers[0].self_attn.o_proj.weight.zero_()
+    model.save_pretrained(directory)
+    AutoTokenizer.from_pretrained(source).save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.parametrize("parts", [("attn",), BOTH])
+def test_scores_never_pick_what_the_layout_refuses(tiny_models, tmp_path, parts):
+    path = _without_first_attention(tiny_models("llama", 4), tmp_path / "model")
+    ctx = tiny_context(path, protected=[3], drop=1)
+    result = score_sublayers("block-influence", ctx, parts)
+    assert min(result.scores, key=lambda sub: result.scores[sub]) == _sub("0.attn")
+    assert result.drop == servable_lowest({s: v for s, v in result.scores.items() if s.block != 3}, 1, 4)
+    assert _sub("0.attn") not in result.drop
+
+
+def test_a_layout_refused_removal_is_not_scored_into_a_save(capsys, expressible_llama, tmp_path):
+    path = _without_first_attention(expressible_llama, tmp_path / "model")
+    out = tmp_path / "out"
+    code, _, err = run_cli(capsys, [*prune_args(path, "--granularity", "attention", "--drop", "2", "--score",
+                                                "block-influence", "--protect", "5"), "--output", str(out)])
+    assert code == 0, err
+    report = json.loads((out / "prune_report.json").read_text())
+    assert "0.attn" not in report["removed_sublayers"] and len(report["removed_sublayers"]) == 2
+    assert min(report["sublayer_scores"], key=lambda name: report["sublayer_scores"][name] or 1e9) == "0.attn"
+
+
+LAYOUT_REFUSED = [
+    (["--granularity", "attention", "--drop", "5", "--protect", "5"], "at most 4 of the 5 unprotected"),
+    (["--granularity", "sublayer", "--drop", "10", "--protect", "5", "--score", "last"], None),  # block 5 stays
+    (["--granularity", "sublayer", "--layers", "0.attn", "--protect", "5"], "first kept block (0)"),
+    (["--granularity", "attention", "--layers", "1.attn,2.attn", "--protect", "0"], None),
+]
+
+
+@pytest.mark.parametrize(("flags", "needle"), LAYOUT_REFUSED)
+def test_a_removal_no_selection_can_serve_is_refused_before_scoring(capsys, tiny_llama, flags, needle):
+    code, _, err = run_cli(capsys, [*prune_args(tiny_llama, *flags), "--dry-run"])
+    if needle is None:
+        assert code == 0, err
+    else:
+        assert_one_line_error(code, err, needle)

@@ -55,7 +55,8 @@ def test_bad_target_is_one_line(capsys, tiny_llama, target, needle):
 @pytest.mark.parametrize(("extra", "needle"), [
     (["--drop", "2"], "without --drop or --layers"), (["--layers", "2"], "without --drop or --layers"),
     (["--iterative"], "not with --iterative"), (["--score", "angular"], "not with --iterative or --score angular"),
-    (["--block-major"], "--block-major"), (["--granularity", "attention"], "not yet --granularity attention"),
+    (["--block-major"], "--block-major"),
+    (["--granularity", "attention", "--target", "speedup=1.2x"], "measures whole-block removals only"),
 ])
 def test_target_refuses_what_it_cannot_combine(capsys, tiny_llama, extra, needle):
     code, _, err = run_cli(capsys, prune_args(tiny_llama, "--dry-run", "--target", "params=0.8x", *extra))
@@ -222,3 +223,61 @@ def test_speedup_target_dry_run_prints_predicted_and_measured(capsys, tiny_llama
     assert record["measured_speedup"]["predicted"] == record["predicted"]["after"]["speedup"]
     assert "measured: speedup 1.30x (prefill 1.35x, decode 1.30x; predicted" in stdout
     assert "dry run: nothing written" in stdout
+
+
+@pytest.fixture(scope="module")
+def expressible_llama(tmp_path_factory) -> Path:
+    """A tiny 6-block llama the Nemotron-NAS layout carries (intermediate 256, a multiple of 256)."""
+    directory = tmp_path_factory.mktemp("expressible") / "llama"
+    config = tiny_config("llama", 6)
+    config.intermediate_size = 256
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(directory)
+    tiny_tokenizer().save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.parametrize(("granularity", "target", "dtype"), [
+    ("attention", "kv-cache=0.5x", "auto"), ("mlp", "params=0.7x", "auto"), ("sublayer", "memory=0.6x", "bfloat16"),
+])
+def test_a_sublayer_target_is_met_by_the_saved_layout_as_predicted(capsys, expressible_llama, tmp_path, granularity,
+                                                                   target, dtype):
+    out = tmp_path / "pruned"
+    code, stdout, err = run_cli(capsys, prune_args(expressible_llama, "--output", str(out), "--dtype", dtype,
+                                                   "--granularity", granularity, "--target", target))
+    assert code == 0, err
+    report = json.loads((out / "prune_report.json").read_text())
+    record = report["target"]
+    before, after = record["predicted"]["before"], record["predicted"]["after"]
+    saved = AutoModelForCausalLM.from_pretrained(out)
+    attention = sum(not block["attention"]["no_op"] for block in json.loads((out / "config.json").read_text())
+                    ["block_configs"])
+    config = saved.config
+    kv = 2 * attention * config.num_key_value_heads * config.head_dim * (2 if dtype == "bfloat16" else 4)
+    assert after["params"] == saved.num_parameters() == report["params_after"]
+    assert after["memory_bytes"] == _tensor_bytes(out) and after["kv_bytes_per_token"] == kv
+    quantity, value = target.split("=")
+    key = {"params": "params", "memory": "memory_bytes", "kv-cache": "kv_bytes_per_token"}[quantity]
+    assert after[key] <= float(value.rstrip("x")) * before[key] < before[key]
+    assert sorted(record["removals"]) == sorted(report["removed_sublayers"]) and record["removals"]
+    assert f"target {target}: remove" in stdout
+
+
+@pytest.mark.parametrize("granularity", ["attention", "sublayer"])
+def test_a_sublayer_target_takes_the_fewest_that_drop_n_would(tiny_llama, granularity):
+    common = {"score": "block-influence", "calib": "arithmetic", "calib_samples": 4, "batch_size": 4,
+              "granularity": granularity}
+    by_target = prune_model(str(tiny_llama), PruneRecipe(target="params=0.85x", **common), dry_run=True).report
+    n = len(by_target["removed_sublayers"])
+    assert 1 < n
+    by_drop = prune_model(str(tiny_llama), PruneRecipe(drop=n, **common), dry_run=True).report
+    assert by_target["removed_sublayers"] == by_drop["removed_sublayers"]
+    fewer = prune_model(str(tiny_llama), PruneRecipe(drop=n - 1, **common), dry_run=True).report
+    assert fewer["params_after"] > 0.85 * by_target["params_before"] >= by_target["params_after"]
+
+
+def test_a_sublayer_target_stops_where_the_layout_does(capsys, tiny_llama):
+    code, _, err = run_cli(capsys, prune_args(tiny_llama, "--dry-run", "--granularity", "attention", "--protect", "5",
+                                              "--target", "kv-cache=0.1x"))
+    assert_one_line_error(code, err, "cannot be reached", "removing all 4 removable",
+                          "the first kept block keeps its attention", "0.333x of the original")

@@ -75,6 +75,7 @@ def print_summary(report: dict, output: Path | None) -> None:
         return
     if report.get("removed_sublayers") is not None:
         print_sublayer_plan(report)
+        print_target(report)
         print(f"output: {output}" if output else "dry run: nothing written")
         return
     scores = report["scores"]
@@ -84,10 +85,7 @@ def print_summary(report: dict, output: Path | None) -> None:
     print(f"blocks {report['num_blocks_before']} -> {report['num_blocks_after']}, "
           f"parameters {report['params_before'] / 1e6:.1f}M -> {report['params_after'] / 1e6:.1f}M")
     print(f"dropped blocks (original numbering): {report['dropped']}")
-    if report.get("target"):
-        from layerprune.prune.target import plan_lines
-
-        print("\n".join(plan_lines(report["target"])))
+    print_target(report)
     check = report.get("verification") or {}
     if output and check.get("checked") is True:
         print(f"verified: the reloaded model gives the skipped original's logits (max |diff| "
@@ -98,6 +96,14 @@ def print_summary(report: dict, output: Path | None) -> None:
     elif output:
         print(f"not verified (--no-verify); saved in {report['dtype']['saved']}")
     print(f"output: {output}" if output else "dry run: nothing written")
+
+
+def print_target(report: dict) -> None:
+    """The --target plan: predicted values before -> after, and the measured speedup."""
+    if report.get("target"):
+        from layerprune.prune.target import plan_lines
+
+        print("\n".join(plan_lines(report["target"])))
 
 
 def print_sublayer_plan(report: dict) -> None:

@@ -5,10 +5,12 @@ is `no_op` gets 0 heads (llama.cpp passes the residual stream through, no norm);
 get feed-forward length 0 while its attention is kept: llama.cpp's deci graph `continue`s before the attention's
 residual add when `n_ff == 0` (the attention output is dropped), and aborts when that layer is the last. Such a block
 gets a zero FFN instead (`ZERO_FFN` wide, down projection all zeros: it adds exactly nothing, in every encoding).
+llama3 RoPE travels as llama.cpp's converter writes it: a `rope_freqs` tensor of per-frequency divisors.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -71,9 +73,42 @@ def deci_metadata(writer: gguf.GGUFWriter, config: Any) -> None:
     writer.add_value_length(head_dim(config))
     writer.add_rope_freq_base(rope_theta(config))
     writer.add_rope_dimension_count(head_dim(config))
-    scaling = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    if scaling.get("rope_type", "default") != "default":
-        raise LayerpruneError("export --gguf: rope scaling is not exported yet (rope_type other than default)")
+    rope_factors(config)  # a rope type llama.cpp's deci cannot carry fails before any tensor is written
+
+
+def _rope_parameters(config: Any) -> dict[str, Any]:
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    return params.get("full_attention", params)
+
+
+def rope_factors(config: Any) -> np.ndarray | None:
+    """llama.cpp's `rope_freqs` for llama3 RoPE (None for default RoPE): per rotary frequency the divisor
+    transformers applies to it, 1 above the high-frequency cut, `factor` below the low one, smoothed between, as
+    llama.cpp's llama and deci converters compute it. Any other rope type is refused in one line."""
+    params = _rope_parameters(config)
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        return None
+    if kind != "llama3":
+        raise LayerpruneError(f"export --gguf: rope type '{kind}' is not exported (llama.cpp's deci converter "
+                              "writes default and llama3 RoPE only)")
+    dim = head_dim(config)
+    freqs = 1.0 / (rope_theta(config) ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    factor = float(params.get("factor", 8.0))
+    low, high = float(params.get("low_freq_factor", 1.0)), float(params.get("high_freq_factor", 4.0))
+    old_context = float(params.get("original_max_position_embeddings",
+                                   getattr(config, "original_max_position_embeddings", None) or 8192))
+    factors = []
+    for freq in freqs.astype(np.float32):
+        wavelen = 2 * math.pi / float(freq)
+        if wavelen < old_context / high:
+            factors.append(1.0)
+        elif wavelen > old_context / low:
+            factors.append(factor)
+        else:
+            smooth = (old_context / wavelen - low) / (high - low)
+            factors.append(1.0 / ((1.0 - smooth) / factor + smooth))
+    return np.asarray(factors, dtype=np.float32)
 
 
 def _block(name: str) -> int | None:
@@ -91,7 +126,11 @@ def deci_fix(name: str, data: np.ndarray, config: Any) -> np.ndarray:
 
 
 def deci_extra(config: Any) -> Iterator[tuple[str, np.ndarray]]:
-    """The zero FFN (and its norm) of each block whose MLP is removed and whose attention is kept."""
+    """llama3 RoPE's frequency factors (`rope_freqs`, as llama.cpp's converter writes them), and the zero FFN (and its
+    norm) of each block whose MLP is removed and whose attention is kept."""
+    factors = rope_factors(config)
+    if factors is not None:
+        yield "rope.freqs.weight", factors
     hidden = config.hidden_size
     for index, layer in enumerate(deci_layers(config)):
         if layer.zero_ffn:

@@ -10,7 +10,7 @@ is proved: the reloaded model gives the original's logits with the removed subla
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,15 +86,36 @@ def _check_attention(config: Any) -> None:
 def _check_removal(depth: int, removed: Sequence[Sublayer]) -> None:
     if any(not 0 <= sub.block < depth for sub in removed):
         raise LayerpruneError(f"a removed sublayer is out of range: the model has {depth} blocks (0-{depth - 1})")
+    refusal = removal_refusal(depth, removed)
+    if refusal is not None:
+        raise LayerpruneError(refusal)
+
+
+def removal_refusal(depth: int, removed: Sequence[Sublayer]) -> str | None:
+    """Why the layout cannot serve a `depth`-block model without the `removed` sublayers (None when it can): the
+    first block kept (not wholly removed) must keep its attention, which also keeps one attention sublayer."""
     kept = [block for block in range(depth) if block not in set(whole_blocks(removed))]
     gone = {(sub.block, sub.part) for sub in removed}
     if not kept or all((block, "attn") in gone for block in kept):
-        raise LayerpruneError("removing every attention sublayer leaves a model the Nemotron-NAS layout cannot "
-                              "serve (vLLM reads its KV heads from an attention block); keep at least one")
+        return ("removing every attention sublayer leaves a model the Nemotron-NAS layout cannot serve (vLLM reads "
+                "its KV heads from an attention block); keep at least one")
     if (kept[0], "attn") in gone:
-        raise LayerpruneError(f"the first kept block ({kept[0]}) cannot lose its attention alone: vLLM's DeciLM "
-                              f"starts its residual stream in an attention sublayer; keep {kept[0]}.attn or "
-                              f"remove {kept[0]}.mlp too")
+        return (f"the first kept block ({kept[0]}) cannot lose its attention alone: vLLM's DeciLM starts its residual "
+                f"stream in an attention sublayer; keep {kept[0]}.attn or remove {kept[0]}.mlp too")
+    return None
+
+
+def most_removable(depth: int, pool: Iterable[Sublayer]) -> int:
+    """The most sublayers of `pool` the layout lets go together: all of them when some block whose attention is not
+    in the pool has every block before it wholly in the pool (it stays first, with its attention), else all but one
+    attention sublayer."""
+    pool = set(pool)
+    for block in range(depth):
+        if Sublayer(block, "attn") not in pool:
+            return len(pool)
+        if Sublayer(block, "mlp") not in pool:
+            break
+    return max(len(pool) - 1, 0)
 
 
 def nas_config(config: Any, removed: Sequence[Sublayer]) -> DeciLMConfig:

@@ -15,7 +15,7 @@ from layerprune.core.errors import LayerpruneError
 from layerprune.core.settings import RunSettings
 from layerprune.models import LoadedModel, ModelSource, find_decoder_stack, load_model
 from layerprune.models.blocks import DecoderStack
-from layerprune.models.nas_surgery import check_expressible, save_nas
+from layerprune.models.nas_surgery import check_expressible, most_removable, removal_refusal, save_nas
 from layerprune.models.sublayers import (
     Sublayer,
     all_sublayers,
@@ -36,7 +36,8 @@ from layerprune.prune.in_memory import _context, _dtypes, _per_layer_config, _sa
 from layerprune.prune.metrics import kv_cache_kept
 from layerprune.prune.recipe import PruneRecipe
 from layerprune.prune.scores import ScoreResult
-from layerprune.prune.sublayer_scores import SublayerResult, candidates, score_sublayers
+from layerprune.prune.sublayer_scores import SublayerResult, candidates, score_sublayers, servable_order
+from layerprune.prune.target import parse_target, plan_lines, plan_sublayers
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +63,12 @@ def prune_sublayers_in_memory(
     protected = recipe.protected_blocks(len(stack))
     named = check_sublayer_request(recipe, len(stack), protected)
     calib, result, score_seconds = choose_sublayers(loaded, recipe, settings, protected, named, calib)
+    planned = _to_target(loaded, recipe, settings, protected, result)
     if saving:
         check_expressible(loaded.model.config, result.drop)
     report = sublayer_report(loaded, recipe, settings, protected, calib, result)
+    if planned is not None:
+        report["target"] = planned
     report["timings"] = {"load_s": round(loaded.load_seconds, 2), "score_s": round(score_seconds, 2)}
     log.info("plan: %s, removes %s", source.spec, ", ".join(report["removed_sublayers"]))
     if saving:
@@ -86,6 +90,16 @@ def check_sublayer_request(recipe: PruneRecipe, depth: int, protected: list[int]
             f"removing {recipe.n_drop} sublayers at --granularity {recipe.granularity}: only {len(pool)} are "
             f"unprotected in {depth} blocks ({len(protected)} protected)"
         )
+    refusal = removal_refusal(depth, named) if named is not None else None
+    if refusal is not None:
+        raise LayerpruneError(f"--layers {','.join(map(str, named or []))}: {refusal}")
+    most = most_removable(depth, pool)
+    if recipe.n_drop > most:
+        raise LayerpruneError(
+            f"removing {recipe.n_drop} sublayers at --granularity {recipe.granularity}: at most {most} of the "
+            f"{len(pool)} unprotected can go, as the Nemotron-NAS layout keeps the attention of the first block it "
+            "keeps; drop fewer or change --protect"
+        )
     return named
 
 
@@ -105,6 +119,8 @@ def choose_sublayers(
         encoded = tokenize_calibration(calib, loaded.tokenizer, recipe.calib_seq_len, recipe.batch_size)
         batches = [batch.to(loaded.model.device) for batch in encoded]
     ctx = _context(loaded, recipe, settings, protected, calib, batches)
+    if recipe.target is not None:  # every sublayer scored; the plan takes as many as the target needs
+        ctx.drop = len(candidates(ctx.depth, recipe.parts, protected))
     start = time.perf_counter()
     if batches and recipe.score == "ablation" and recipe.metric == "nll":
         ctx.stack.check_logits(batches[0].input_ids[:2], batches[0].attention_mask[:2])
@@ -112,11 +128,29 @@ def choose_sublayers(
     with progress_bar(f"scoring {what} ({recipe.score})") as progress:
         ctx.progress = progress
         result = score_sublayers(recipe.score, ctx, recipe.parts)
-    if len(result.drop) != recipe.n_drop:
+    if recipe.target is None and len(result.drop) != recipe.n_drop:
         raise LayerpruneError(
             f"score '{recipe.score}' found only {len(result.drop)} removable sublayers, not {recipe.n_drop}"
         )
     return calib, result, time.perf_counter() - start
+
+
+def _to_target(
+    loaded: LoadedModel, recipe: PruneRecipe, settings: RunSettings, protected: list[int], result: SublayerResult
+) -> dict[str, Any] | None:
+    """With --target: the sublayers its plan takes (the shortest servable prefix of the ranking) replace the score's
+    choice; the plan's record (else None)."""
+    if recipe.target is None:
+        return None
+    depth = len(find_decoder_stack(loaded.model))
+    scores = {sub: score for sub, score in result.scores.items() if sub.block not in protected}
+    plan = plan_sublayers(loaded.model, parse_target(recipe.target), servable_order(scores, depth),
+                          _save_dtype(loaded, settings))
+    result.drop = sorted(sub for sub in plan.removals if isinstance(sub, Sublayer))
+    record = plan.record()
+    for line in plan_lines(record):
+        log.info(line)
+    return record
 
 
 def sublayer_report(

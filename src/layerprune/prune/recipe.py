@@ -49,7 +49,8 @@ class PruneRecipe(BaseModel):
         description="Prune to a target instead of --drop/--layers: params=6.5B or params=0.8x (parameters left), "
         "memory=12GiB or memory=0.7x (weight bytes at the saved dtype; the KV cache is not counted), kv-cache=0.5x "
         "(KV-cache bytes per token left), speedup=1.4x (measured on this device: prefill and decode tokens/s both "
-        "that much faster); the lowest-scored blocks go until it is met",
+        "that much faster; whole blocks only); the lowest-scored blocks (sublayers at a finer --granularity) go "
+        "until it is met",
     )
     score: str = Field(
         "ablation",
@@ -182,11 +183,11 @@ class PruneRecipe(BaseModel):
         if self.target is not None:
             if self.drop is not None or self.layers is not None:
                 raise ValueError("--target chooses how many blocks to drop: give it without --drop or --layers")
-            if self.iterative or self.score == "angular":
+            if self.iterative or (self.score == "angular" and self.granularity == "block"):
                 raise ValueError("--target ranks blocks by one score each: not with --iterative or --score angular")
-            if self.granularity != "block":
-                raise ValueError(f"--target removes whole blocks (not yet --granularity {self.granularity}): "
-                                 "give --drop N sublayers")
+            if self.granularity != "block" and self.target.startswith("speedup"):
+                raise ValueError(f"--target {self.target} measures whole-block removals only; at --granularity "
+                                 f"{self.granularity} give params=, memory= or kv-cache=")
             return self
         if self.drop is None and self.layers is None:
             raise ValueError("give --drop N, --layers LIST or --target")

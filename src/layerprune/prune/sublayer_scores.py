@@ -7,8 +7,9 @@ Taylor and the contiguous-run angular of Gromov et al. rank whole blocks only (t
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,7 @@ import torch
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.registry import Registry
+from layerprune.models.nas_surgery import removal_refusal
 from layerprune.models.sublayer_walker import (
     residual_around_sublayers,
     sublayer_candidate_measures,
@@ -24,7 +26,7 @@ from layerprune.models.sublayer_walker import (
 from layerprune.models.sublayers import Part, Sublayer, all_sublayers, skipped_sublayers
 from layerprune.models.walker import BlockInputs, capture_block_inputs, masked_nll
 from layerprune.prune.calib import CalibItem, is_short_answer
-from layerprune.prune.metrics import accumulate, angular_distance, block_influence, last_token_mask, lowest_keys, mean
+from layerprune.prune.metrics import accumulate, angular_distance, block_influence, last_token_mask, mean
 from layerprune.prune.scores import ScoreContext
 from layerprune.prune.scores.ablation import correct_per_key, greedy_correct
 
@@ -46,7 +48,8 @@ SUBLAYER_SCORES: Registry[SublayerScoreFn] = Registry("sublayer score")
 
 
 def score_sublayers(name: str, ctx: ScoreContext, parts: Sequence[Part]) -> SublayerResult:
-    """Run the named score over the `parts` ("attn", "mlp") of every block; choose `ctx.drop` unprotected ones."""
+    """Run the named score over the `parts` ("attn", "mlp") of every block; choose `ctx.drop` unprotected ones whose
+    removal the Nemotron-NAS layout serves (`servable_lowest`)."""
     return SUBLAYER_SCORES.get(name)(ctx, parts)
 
 
@@ -57,8 +60,37 @@ def candidates(
     return [sub for sub in all_sublayers(depth, parts) if sub.block not in protected and sub not in removed]
 
 
+def servable_lowest(
+    scores: Mapping[Sublayer, float | None], n: int, depth: int, removed: Sequence[Sublayer] = ()
+) -> list[Sublayer]:
+    """The `n` lowest-scored sublayers (sorted) that the Nemotron-NAS layout serves removed together with `removed`
+    (`servable_order`); fewer only when no more can go."""
+    return sorted(servable_order(scores, depth, removed, n))
+
+
+def servable_order(
+    scores: Mapping[Sublayer, float | None], depth: int, removed: Sequence[Sublayer] = (), n: int | None = None
+) -> list[Sublayer]:
+    """The scored sublayers, least important first, each next one the lowest whose removal with `removed` and those
+    before it the layout takes (`removal_refusal`): every prefix is servable, and none longer is (at most `n`).
+    Ties go to the later sublayer; None and NaN are never taken."""
+    pool = sorted((sub for sub, s in scores.items() if s is not None and not math.isnan(s)), reverse=True)
+    skip = set(removed)
+    ranked = [sub for sub in sorted(pool, key=lambda sub: float(scores[sub])) if sub not in skip]  # type: ignore[arg-type]
+    chosen, order = list(removed), []
+    while ranked and (n is None or len(order) < n):
+        nxt = next((sub for sub in ranked if removal_refusal(depth, [*chosen, sub]) is None), None)
+        if nxt is None:
+            break
+        ranked.remove(nxt)
+        chosen.append(nxt)
+        order.append(nxt)
+    return order
+
+
 def _chosen(ctx: ScoreContext, scores: dict[Sublayer, float | None]) -> list[Sublayer]:
-    return lowest_keys({sub: s for sub, s in scores.items() if sub.block not in ctx.protected}, ctx.drop)
+    return servable_lowest({sub: s for sub, s in scores.items() if sub.block not in ctx.protected}, ctx.drop,
+                           ctx.depth)
 
 
 @SUBLAYER_SCORES.register("ablation")
@@ -70,7 +102,7 @@ def ablation(ctx: ScoreContext, parts: Sequence[Part]) -> SublayerResult:
         pool = candidates(ctx.depth, parts, ctx.protected)
         base, losses = measure(ctx, [], pool, cache)
         scores: dict[Sublayer, float | None] = {sub: losses[sub] - base for sub in pool}
-        return SublayerResult(scores, lowest_keys(scores, ctx.drop), details={"base": base, "metric": ctx.metric})
+        return SublayerResult(scores, _chosen(ctx, scores), details={"base": base, "metric": ctx.metric})
     removed: list[Sublayer] = []
     steps: list[dict[str, Any]] = []
     first: dict[Sublayer, float | None] = {}
@@ -78,7 +110,10 @@ def ablation(ctx: ScoreContext, parts: Sequence[Part]) -> SublayerResult:
         pool = candidates(ctx.depth, parts, ctx.protected, removed)
         base, losses = measure(ctx, removed, pool, cache)
         deltas = {sub: losses[sub] - base for sub in pool}
-        chosen = lowest_keys(deltas, 1)[0]
+        next_one = servable_lowest(deltas, 1, ctx.depth, removed)
+        if not next_one:
+            break
+        chosen = next_one[0]
         steps.append({"step": step + 1, "base": base, "deltas": {str(s): d for s, d in deltas.items()},
                       "dropped": str(chosen)})
         first = first or dict(deltas)

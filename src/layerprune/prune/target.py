@@ -228,7 +228,13 @@ def plan_to_target(
     the measurement falls short, or one fewer while the shorter prefix still meets it. One line naming the best
     reachable value when even the longest allowed prefix does not meet it.
     """
-    ranked = rank_removals(scores, removals, protected)[:max_removals]
+    return plan_ranked(rank_removals(scores, removals, protected)[:max_removals], target, sizes, measure)
+
+
+def plan_ranked(ranked: Sequence[Removal], target: Target, sizes: ModelSizes,
+                measure: Measure | None = None) -> TargetPlan:
+    """The shortest prefix of `ranked` (least important first) that meets `target`, as `plan_to_target` plans it."""
+    ranked = list(ranked)
     before = sizes.predicted([])
     if target.quantity == "speedup":
         if measure is None:
@@ -241,9 +247,11 @@ def plan_to_target(
         if after[key] <= limit:
             return TargetPlan(target, ranked[:count], before, after)
     best = sizes.predicted(ranked)[key]
+    kept = ("one block kept" if all(isinstance(r, int) for r in ranked)
+            else "the first kept block keeps its attention")
     raise LayerpruneError(
-        f"--target {target.text} cannot be reached: removing all {len(ranked)} removable (unprotected, scored; one "
-        f"block kept) leaves {_format(target.quantity, best, before[key])}"
+        f"--target {target.text} cannot be reached: removing all {len(ranked)} removable (unprotected, scored; "
+        f"{kept}) leaves {_format(target.quantity, best, before[key])}"
     )
 
 
@@ -303,6 +311,16 @@ def plan_lines(record: Mapping[str, Any]) -> list[str]:
         lines.append(f"  measured: speedup {chosen['speedup']:.2f}x ({phases + '; ' if phases else ''}"
                      f"predicted {chosen['predicted']:.2f}x)")
     return lines
+
+
+def plan_sublayers(model: nn.Module, target: Target, order: Sequence[Sublayer], dtype: torch.dtype) -> TargetPlan:
+    """Sublayer removals for `target`: the shortest prefix of `order` (least important first, each prefix one the
+    layout serves) that meets it, sizes from `model` (weights at `dtype`; a block losing both sublayers counts
+    whole). A speedup is refused in one line: the speed benchmark times whole blocks only."""
+    if target.quantity == "speedup":
+        raise LayerpruneError(f"--target {target.text} measures whole-block removals only; at a sublayer "
+                              "--granularity give params=, memory= or kv-cache=")
+    return plan_ranked(order, target, model_sizes(model, dtype))
 
 
 def plan_blocks(model: nn.Module, target: Target, scores: Sequence[float | None], protected: Sequence[int],
