@@ -53,7 +53,7 @@ def prune_from_files(
     """Choose blocks by index (explicit, last, random) and stream the checkpoint: the model is never loaded.
 
     When blocks are chosen without data and the output is written, the weights the hash memo does not know are
-    hashed by the copy (each file read once, just before its kept ranges are copied from the page cache), not by a
+    hashed beside the copy (a thread reads each file while its kept ranges are copied; one page cache), not by a
     pass of its own; the hash is in the report before it is written."""
     writes = not dry_run and output is not None
     hash_in_copy = writes and source.kind == "local" and (recipe.layers is not None or recipe.score in DATA_FREE_SCORES)
@@ -158,7 +158,7 @@ def _verify_streamed(
     stored = checkpoint_dtype(config, source_dir)  # not float32 on the CPU: one block of the stored size at a time
     compute = stored if settings.dtype == "auto" and stored is not None else settings.resolved_dtype()
     ids, mask = probe_positions(*probe_inputs(tokenizer := load_tokenizer(source, settings), calib, device),
-                                tokenizer.padding_side)
+                                getattr(tokenizer, "padding_side", "right"))
     rtol = 1e-3 if compute == torch.float32 else 2e-2  # the streamed files are the source's tensors, bit for bit
     try:
         record = verify_block_major(config, tmp, drop, ids, mask, device, compute, rtol, source_dir=source_dir)
@@ -180,7 +180,7 @@ def probe_positions(ids: torch.Tensor, mask: torch.Tensor | None, padding_side: 
     a real token. Enough for what the streamed check is there to see beyond the byte comparison (blocks in the
     wrong order, a config the model code reads by block index, a head or embedding mapped wrong, rotary against
     no-rope layers); attention windows are longer than any probe of a real model. On a CPU each forward's cost
-    grows with the positions: with 2 x 27 of the fixed text, the two were most of the prune's time."""
+    grows with the positions: with 2 x 27 of the fixed text, the two were most of a CPU prune's time."""
     if ids.shape[-1] <= positions:
         return ids, mask
     cut = slice(-positions, None) if padding_side == "left" else slice(0, positions)
