@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.settings import RunSettings
-from layerprune.models import surgery
+from layerprune.models import shards, surgery
 from layerprune.models.blocks import DecoderStack
 from layerprune.models.blockwise import load_skeleton
 from layerprune.models.shards import written_shapes
@@ -110,6 +110,43 @@ def test_streamed_prune_verifies_without_loading_the_model(tiny_llama, tmp_path,
         verification = prune_model(str(tiny_llama), recipe, settings, output=out).report["verification"]
         assert verification["checked"] is True and verification["logits_check"] == "block-major"
         assert verification["max_abs_diff"] <= verification["tolerance"]
+
+
+def test_streamed_verification_refuses_kept_blocks_written_in_the_wrong_order(tiny_llama, tmp_path, monkeypatch):
+    """A wrong block mapping copies every tensor faithfully and the byte comparison follows the same map: only the
+    logits (the original run with its own blocks skipped) can see it."""
+    real = shards.rename_map
+
+    def swapped(names, prefix, kept, depth):  # noqa: ANN001, ANN202
+        first, second = f"{prefix}.0.", f"{prefix}.1."
+        swap = {first: second, second: first}
+        renamed = real(names, prefix, kept, depth)
+        return {old: next((swap[h] + new[len(h):] for h in swap if new.startswith(h)), new)
+                for old, new in renamed.items()}
+
+    monkeypatch.setattr(shards, "rename_map", swapped)
+    with pytest.raises(LayerpruneError, match="logits differ"):
+        prune_model(str(tiny_llama), PruneRecipe(layers=DROP), output=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_streamed_verification_reports_where_its_time_went(tiny_llama, tmp_path):
+    report = prune_model(str(tiny_llama), PruneRecipe(layers=DROP), output=tmp_path / "out").report
+    verification = report["verification"]
+    phases = verification["phase_seconds"]
+    assert list(phases) == ["bytes", "settings", "reference", "written"]
+    assert verification["tokens"] == 2 * from_files.PROBE_POSITIONS  # the fixed text's two rows, cut
+    assert all(seconds >= 0 for seconds in phases.values()) and sum(phases.values()) <= verification["seconds"] + 0.01
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_the_streamed_probe_is_cut_so_every_row_keeps_its_real_tokens(side):
+    ids = torch.arange(60).reshape(2, 30)
+    short = [1] * 3 + [0] * 27 if side == "right" else [0] * 27 + [1] * 3
+    cut_ids, cut_mask = from_files.probe_positions(ids, torch.tensor([[1] * 30, short]), side, positions=16)
+    assert cut_ids.shape == cut_mask.shape == (2, 16) and cut_mask.sum(-1).tolist() == [16, 3]
+    assert cut_ids[0].tolist() == (list(range(16)) if side == "right" else list(range(14, 30)))
+    assert from_files.probe_positions(ids[:, :8], None, side)[0].shape == (2, 8)
 
 
 def test_device_mapped_prune_is_verified_block_major(tiny_llama, tmp_path, monkeypatch):

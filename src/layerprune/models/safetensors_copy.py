@@ -6,8 +6,9 @@ holds the source's tensors under new names, so each output file is its new heade
 source files, written at their planned offsets: nothing is deserialised, and the layout is the one
 `safetensors.torch.save_file` writes (its dtype order, then names), so the files are byte for byte what `save_file`
 would have made of the same tensors. The ranges are copied by the kernel (`copy_file_range`, as `cp` does) where
-it can, else through one CHUNK buffer. A source file whose sha256 is wanted is read whole through that buffer and
-hashed just before its kept ranges are copied (from the page cache that read filled).
+it can, else through one CHUNK buffer. A source file whose sha256 is wanted is read whole through a second buffer
+and hashed by a thread while its kept ranges are copied (both reads fill and share one page cache; `hashlib` and
+the copy release the GIL, so on a machine with a free core the hash costs no wall time).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import hashlib
 import json
 import os
 import struct
+import threading
 from collections import defaultdict
 from collections.abc import Collection, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,21 +124,22 @@ class CopyResult:
 def copy_tensors(source_dir: Path, layouts: Mapping[str, Layout], target: Path,
                  hash_files: Collection[str] = ()) -> CopyResult:
     """Write each output file of `layouts` into `target`: its header, then every tensor's bytes copied from its
-    source file. Source files are read in turn, each range once, one CHUNK in memory; a file in `hash_files` is read
-    whole and its sha256 returned. A source shorter than its header says is a one-line error."""
+    source file. Source files are read in turn, each range once, one CHUNK in memory (two while a file is hashed);
+    a file in `hash_files` is read whole, by a thread beside the copy, and its sha256 returned. A source shorter
+    than its header says is a one-line error."""
     jobs: dict[str, list[tuple[Stored, str, int]]] = defaultdict(list)
     for out, layout in layouts.items():
         for _, tensor, offset in layout.places:
             jobs[tensor.file].append((tensor, out, offset))
     result = CopyResult()
-    buffer = memoryview(bytearray(CHUNK))
+    buffers = (memoryview(bytearray(CHUNK)), memoryview(bytearray(CHUNK)) if hash_files else None)
     fds: dict[str, int] = {}
     try:
         for out, layout in layouts.items():
             fds[out] = os.open(target / out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             _write_all(fds[out], memoryview(layout.header), 0)
         for file in sorted(set(jobs) | set(hash_files)):
-            digest = _copy_file(source_dir / file, sorted(jobs[file], key=lambda job: job[0].start), fds, buffer,
+            digest = _copy_file(source_dir / file, sorted(jobs[file], key=lambda job: job[0].start), fds, buffers,
                                 file in hash_files)
             if digest is not None:
                 result.file_sha256[file] = digest
@@ -148,27 +152,49 @@ def copy_tensors(source_dir: Path, layouts: Mapping[str, Layout], target: Path,
     return result
 
 
-def _copy_file(path: Path, jobs: list[tuple[Stored, str, int]], fds: dict[str, int], buffer: memoryview,
-               whole: bool) -> tuple[int, int, str] | None:
+def _copy_file(path: Path, jobs: list[tuple[Stored, str, int]], fds: dict[str, int],
+               buffers: tuple[memoryview, memoryview | None], whole: bool) -> tuple[int, int, str] | None:
     """Copy the ranges of `jobs` out of `path` (in offset order) by the kernel (`copy_file_range`: no bytes pass
-    through this process) or, where it cannot, through `buffer`; with `whole`, every byte of the file is first read
-    through `buffer` and hashed (the kept ranges are then copied from the page cache)."""
+    through this process) or, where it cannot, through the first buffer; with `whole`, a thread reads every byte
+    of the file through the second buffer meanwhile and hashes it."""
     before = path.stat()
-    digest = hashlib.sha256() if whole else None
-    with path.open("rb", buffering=0) as handle:
-        if digest is not None:
-            for _ in _chunks(handle, path, 0, before.st_size, buffer, digest, seek=True):
-                pass
-        for tensor, out, offset in jobs:
-            if not _kernel_copy(handle, path, tensor, fds[out], offset):
-                for start, chunk in _chunks(handle, path, tensor.start, tensor.end, buffer, None, seek=True):
-                    _write_all(fds[out], chunk, offset + start - tensor.start)
+    stop = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        hashing: Future[str] | None = None
+        if whole:
+            assert buffers[1] is not None
+            hashing = pool.submit(_sha256, path, before.st_size, buffers[1], stop)
+        try:
+            _copy_ranges(path, jobs, fds, buffers[0])
+        except BaseException:
+            stop.set()  # the hash is not wanted any more: the thread ends at its next chunk
+            raise
+        digest = hashing.result() if hashing is not None else None
     if digest is None:
         return None
     after = path.stat()
     if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
         raise LayerpruneError(f"{path} changed while it was read; nothing was written")
-    return before.st_size, before.st_mtime_ns, digest.hexdigest()
+    return before.st_size, before.st_mtime_ns, digest
+
+
+def _copy_ranges(path: Path, jobs: list[tuple[Stored, str, int]], fds: dict[str, int], buffer: memoryview) -> None:
+    with path.open("rb", buffering=0) as handle:
+        for tensor, out, offset in jobs:
+            if not _kernel_copy(handle, path, tensor, fds[out], offset):
+                for start, chunk in _chunks(handle, path, tensor.start, tensor.end, buffer, None, seek=True):
+                    _write_all(fds[out], chunk, offset + start - tensor.start)
+
+
+def _sha256(path: Path, size: int, buffer: memoryview, stop: threading.Event) -> str:
+    """The sha256 of `path`'s first `size` bytes (its whole length when the copy began); stops early, with a
+    meaningless digest, once `stop` is set (the copy failed)."""
+    digest = hashlib.sha256()
+    with path.open("rb", buffering=0) as handle:
+        for _ in _chunks(handle, path, 0, size, buffer, digest, seek=True):
+            if stop.is_set():
+                break
+    return digest.hexdigest()
 
 
 def _kernel_copy(handle: Any, path: Path, tensor: Stored, fd: int, offset: int) -> bool:

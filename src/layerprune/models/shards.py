@@ -139,8 +139,7 @@ def plan_stream(checkpoint: Checkpoint, drop: Sequence[int], depth: int, max_sha
 
 def write_stream(plan: StreamPlan, target: Path, hash_files: Collection[str] = ()) -> CopyResult:
     """Write the planned shards (and index) into `target` as byte copies of the source's tensor data (one chunk in
-    memory); the source files in `hash_files` are read whole, just before their ranges are copied, and their sha256
-    returned."""
+    memory); the source files in `hash_files` are read whole by a thread beside the copy and their sha256 returned."""
     stored = read_headers(plan.checkpoint.directory, plan.checkpoint.files)
     old_name = {new: old for old, new in plan.renamed.items()}
     layouts = {f: plan_layout({name: stored[old_name[name]] for name in names}) for f, names in plan.shards.items()}
