@@ -72,11 +72,30 @@ def test_expected_outputs_are_cached_by_content(tmp_path, monkeypatch):
     from layerprune.evaluate import humaneval
 
     scorer(tmp_path, [ADD])
-    monkeypatch.setattr(humaneval, "run_reference", lambda row: pytest.fail("recomputed a cached oracle"))
+    monkeypatch.setattr(humaneval, "run_references", lambda rows: pytest.fail("recomputed a cached oracle"))
     scorer(tmp_path, [ADD])
     changed = {**ADD, "plus_input": [[7, 8]]}
     with pytest.raises(pytest.fail.Exception):
         scorer(tmp_path, [changed])
+
+
+def test_references_run_in_one_process_and_a_failure_names_its_problem(monkeypatch):
+    from layerprune.core.errors import LayerpruneError
+    from layerprune.evaluate import humaneval
+
+    pid = {**ADD, "task_id": "Toy/5", "canonical_solution": "    import os\n    return os.getpid()\n"}
+    oracles = humaneval.run_references([ADD, pid, {**pid, "task_id": "Toy/6"}])
+    assert oracles["Toy/0"].outputs == [3, 7, 7, 0.75] and len(oracles["Toy/0"].seconds) == 4
+    assert len({*oracles["Toy/5"].outputs, *oracles["Toy/6"].outputs}) == 1  # one interpreter for the dataset
+    broken = [{**ADD, "task_id": f"Toy/{i}", "canonical_solution": body} for i, body in
+              enumerate(["    return a + b\n", "    return a + c\n", "    import os\n    os._exit(0)\n"])]
+    with pytest.raises(LayerpruneError, match=r"of Toy/1 failed: NameError: name 'c' is not defined"):
+        humaneval.run_references(broken)
+    with pytest.raises(LayerpruneError, match=r"of Toy/2 failed: the oracle run ended early \(exit 0\)"):
+        humaneval.run_references([broken[0], broken[2]])
+    monkeypatch.setattr(humaneval, "REFERENCE_TIMEOUT", 0.3)
+    with pytest.raises(LayerpruneError, match=r"of Toy/1 ran over 0.3s"):
+        humaneval.run_references([SLOW])
 
 
 def test_large_outputs_compare_by_digest(tmp_path):

@@ -1,7 +1,8 @@
 """HumanEval+ scored as EvalPlus scores it.
 
-- Expected outputs come from the dataset's canonical solution, run once per problem in a trusted subprocess
-  (outside any candidate's budget) and cached by the dataset's content hash, with the time each input took.
+- Expected outputs come from the dataset's canonical solutions, run in one trusted subprocess for the whole
+  dataset (outside any candidate's budget; 164 interpreter starts were a quarter of the oracle's CPU time) and
+  cached by the dataset's content hash, with the time each input took.
 - Each input of a candidate gets max(MIN_TIME_LIMIT, GT_TIME_LIMIT_FACTOR x the reference's time); the whole
   program gets the sum of those, capped (EvalPlus's EVALPLUS_TIMEOUT_PER_TASK, our `sandbox_timeout`).
 - Outputs are compared as EvalPlus's `untrusted_check` does: exact, else (floats or atol) `np.allclose` with
@@ -38,9 +39,10 @@ MIN_TIME_LIMIT = 1.0
 TASK_TIMEOUT_CAP = 60.0
 STARTUP_SLACK = 2.0  # interpreter start and loading the inputs, on top of the inputs' limits
 REFERENCE_TIMEOUT = 600.0
-ORACLE_VERSION = "3"  # part of the cache key: bump when the way expected outputs are computed changes
+ORACLE_VERSION = "4"  # part of the cache key: bump when the way expected outputs are computed changes
 STATUSES = ("passed", "failed", "timeout", "memory", "blocked", "killed", "error")
 INLINE_BYTES = 64 << 10  # an expected output larger than this (pickled) is carried as a digest, not its value
+REFERENCE_MARK = "layerprune-reference-start "  # the oracle run writes it and a task id to stderr before each problem
 
 
 @functools.cache
@@ -50,8 +52,9 @@ def programs_source() -> str:
 
 
 def reference_program() -> str:
-    """The trusted oracle run: reads the job (code, entry point, inputs) as JSON on stdin, writes a pickle."""
-    return programs_source() + "\n_reference()\n"
+    """The trusted oracle run: reads the job (every problem's code, entry point and inputs) as JSON on stdin, writes
+    a pickle of (done, failure)."""
+    return programs_source() + "\n_references()\n"
 
 
 @dataclass(frozen=True)
@@ -103,20 +106,39 @@ def _reference_env() -> dict[str, str]:
             "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-def run_reference(row: dict[str, Any]) -> Oracle:
-    """Run the canonical solution on every input in a trusted subprocess; its outputs and per-input seconds."""
-    job = json.dumps({"code": reference_code(row), "entry_point": row["entry_point"], "inputs": problem_inputs(row),
-                      "inline_bytes": INLINE_BYTES})
+def _started_last(stderr: bytes | None) -> str:
+    """The task the oracle run announced last on stderr (the one it died in), or "a problem" if none."""
+    lines = (stderr or b"").decode("utf-8", "replace").splitlines()
+    marks = [line[len(REFERENCE_MARK):] for line in lines if line.startswith(REFERENCE_MARK)]
+    return marks[-1] if marks else "a problem"
+
+
+def run_references(rows: Sequence[dict[str, Any]]) -> dict[str, Oracle]:
+    """task_id -> Oracle: every canonical solution on its inputs in one trusted subprocess (one interpreter start for
+    the dataset, as EvalPlus computes its ground truth in one process), each under REFERENCE_TIMEOUT."""
+    problems = [{"task_id": row["task_id"], "code": reference_code(row), "entry_point": row["entry_point"],
+                 "inputs": problem_inputs(row)} for row in rows]
+    job = json.dumps({"problems": problems, "inline_bytes": INLINE_BYTES, "timeout_s": REFERENCE_TIMEOUT,
+                      "mark": REFERENCE_MARK})
     try:
         proc = subprocess.run([sys.executable, "-I", "-B", "-c", reference_program()], input=job.encode(),
-                              capture_output=True, timeout=REFERENCE_TIMEOUT, env=_reference_env())
+                              capture_output=True, timeout=REFERENCE_TIMEOUT * max(1, len(rows)),
+                              env=_reference_env())
     except subprocess.TimeoutExpired as exc:
-        raise LayerpruneError(f"the reference solution of {row['task_id']} ran over {REFERENCE_TIMEOUT:g}s") from exc
-    if proc.returncode != 0:
-        tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no message"]
-        raise LayerpruneError(f"the reference solution of {row['task_id']} failed: {tail[0][:200]}")
-    outputs, seconds, digests = pickle.loads(proc.stdout)
-    return Oracle(outputs, seconds, digests)
+        task = _started_last(exc.stderr)
+        raise LayerpruneError(f"the reference solution of {task} ran over {REFERENCE_TIMEOUT:g}s") from exc
+    if proc.returncode != 0 or not proc.stdout:
+        lines = [line for line in proc.stderr.decode("utf-8", "replace").strip().splitlines()
+                 if not line.startswith(REFERENCE_MARK)]
+        why = lines[-1][:200] if lines else f"the oracle run ended early (exit {proc.returncode})"
+        raise LayerpruneError(f"the reference solution of {_started_last(proc.stderr)} failed: {why}")
+    done, failure = pickle.loads(proc.stdout)
+    if failure is not None:
+        task, kind, message = failure
+        if kind == "timeout":
+            raise LayerpruneError(f"the reference solution of {task} ran over {REFERENCE_TIMEOUT:g}s")
+        raise LayerpruneError(f"the reference solution of {task} failed: {message}")
+    return {task: Oracle(outputs, seconds, digests) for task, outputs, seconds, digests in done}
 
 
 def expected_outputs(rows: Sequence[dict[str, Any]], cache_dir: Path | None) -> dict[str, Oracle]:
@@ -128,7 +150,7 @@ def expected_outputs(rows: Sequence[dict[str, Any]], cache_dir: Path | None) -> 
         except Exception:  # a torn or foreign file: compute again
             pass
     start = time.perf_counter()
-    oracles = {row["task_id"]: run_reference(row) for row in rows}
+    oracles = run_references(rows)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

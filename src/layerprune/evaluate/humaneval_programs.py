@@ -1,6 +1,7 @@
 """The source of the two programs humaneval.py runs in subprocesses, read as text (never imported by them):
-`reference_program()` appends `_reference()` (the trusted oracle run), `check_program()` appends the candidate's
-parameters (the `_NONCE` ... `_CANDIDATE` assignments below, filled in) and `_main()` (the sandboxed check).
+`reference_program()` appends `_references()` (the trusted oracle run of every problem, in one process),
+`check_program()` appends the candidate's parameters (the `_NONCE` ... `_CANDIDATE` assignments below, filled in)
+and `_main()` (the sandboxed check).
 
 Standard library only, no import of layerprune, and nothing runs at import: the sandbox executes this text as
 program.py. `_digest` is shared: a digest under which equal outputs (as `==` sees them for these types:
@@ -165,28 +166,53 @@ def _main():
     _say(f"passed {len(_INPUTS)}")  # then return: the sandbox's own pass needs the program to end normally
 
 
-def _reference():
+def _reference_outputs(problem, inline_bytes):
+    # one problem's expected outputs, the seconds each input took, and the digest of each output too large to inline
     import copy
+    import pickle
+    import time
+
+    namespace = {}
+    exec(compile(problem["code"], "reference.py", "exec"), namespace)
+    fn = namespace[problem["entry_point"]]
+    outputs, seconds, digests = [], [], []
+    for args in problem["inputs"]:
+        args = copy.deepcopy(args)
+        start = time.time()
+        value = fn(*args)
+        seconds.append(time.time() - start)
+        big = len(pickle.dumps(value, protocol=4)) > inline_bytes
+        digests.append(_digest(value) if big else None)
+        outputs.append(None if big else value)
+    return outputs, seconds, digests
+
+
+def _references():
+    # every problem of the job in this one trusted process, as EvalPlus computes its ground truth; each problem
+    # announced on stderr before it runs, so that a crash is laid at its door; stops at the first that fails
     import json
     import pickle
     import sys
-    import time
 
     job = json.loads(sys.stdin.read())
     out = sys.stdout.buffer
     sys.stdout = sys.stderr
-    namespace = {}
-    exec(compile(job["code"], "reference.py", "exec"), namespace)
-    fn = namespace[job["entry_point"]]
-    outputs, seconds = [], []
-    for args in job["inputs"]:
-        args = copy.deepcopy(args)
-        start = time.time()
-        outputs.append(fn(*args))
-        seconds.append(time.time() - start)
-    digests = []
-    for i, value in enumerate(outputs):
-        big = len(pickle.dumps(value, protocol=4)) > job["inline_bytes"]
-        digests.append(_digest(value) if big else None)
-        outputs[i] = None if big else value
-    out.write(pickle.dumps((outputs, seconds, digests), protocol=4))
+    _signal.signal(_signal.SIGALRM, _alarm)
+    done, failure = [], None
+    for problem in job["problems"]:
+        sys.stderr.write(job["mark"] + problem["task_id"] + "\n")
+        sys.stderr.flush()
+        try:
+            _signal.setitimer(_signal.ITIMER_REAL, job["timeout_s"])
+            try:
+                result = _reference_outputs(problem, job["inline_bytes"])
+            finally:
+                _signal.setitimer(_signal.ITIMER_REAL, 0)
+        except _Timeout:
+            failure = (problem["task_id"], "timeout", "")
+            break
+        except BaseException as exc:
+            failure = (problem["task_id"], "failed", type(exc).__name__ + ": " + str(exc)[:200].replace("\n", " "))
+            break
+        done.append((problem["task_id"], *result))
+    out.write(pickle.dumps((done, failure), protocol=4))
