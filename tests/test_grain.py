@@ -183,3 +183,18 @@ def test_a_tiny_grain_study_runs_end_to_end_with_two_replicates(capsys, nas_sour
     later = json.loads((root / "recovered" / "attention-k1@r1" / "recover_report.json").read_text())
     assert later["data"]["generation"]["generated"] == 0  # the teacher answered once for every recovery
     assert (root / "grain.png").is_file() and "## k = 0 control" in (root / "grain.md").read_text()
+
+
+def test_the_shipped_protocol_dry_runs_matched_and_sized(capsys, monkeypatch, tmp_path):
+    from layerprune.core.recipe_loading import find_recipe
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    kind, path = find_recipe("grain-embedded")
+    assert kind == "grain-study" and path.read_text().startswith("# layerprune study grain-embedded ")
+    code, out, err = run_cli(capsys, ["study", "grain-embedded", "--dry-run", "--output", str(tmp_path / "s")])
+    assert code == 0, err
+    for level, attention, mlp in ((3, 12, 4), (6, 24, 8)):  # one block = 4 attention = 4/3 MLP sublayers
+        assert f"attention-k{level}: {attention} removals" in out and f"mlp-k{level}: {mlp} removals" in out
+    assert "28 evaluations, 21 recoveries" in out and not (tmp_path / "s").exists()
+    minutes = int(out.rsplit("total about ", 1)[1].split()[0])
+    assert minutes <= 90  # sized for the 2-core CPU

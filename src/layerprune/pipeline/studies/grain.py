@@ -391,12 +391,12 @@ def dry_run(study: GrainStudy, settings: RunSettings) -> str:
              f"gates: control shift {100 * study.gates.control_shift:g} points; margin "
              f"{100 * study.gates.margin:g} points; a level is read only where the block arm's drop is clear",
              f"stages ({len(stages)}): {', '.join(s.name for s in stages)}",
-             estimate(study, settings, recipe)]
+             estimate(study, recipe, depth)]
     return "\n".join(lines)
 
 
-def estimate(study: GrainStudy, settings: RunSettings, recipe: RecoverRecipe) -> str:
-    """Minutes per phase at the embedded model's measured 2-core rates."""
+def estimate(study: GrainStudy, recipe: RecoverRecipe, depth: int) -> str:
+    """Minutes per phase at the embedded model's measured 2-core rates (`depth`: the model's blocks)."""
     from layerprune.evaluate.suites import plan_tasks
     from layerprune.pipeline.studies.sweep import RATES
     from layerprune.tasks.data import resolve_data_dir
@@ -411,7 +411,8 @@ def estimate(study: GrainStudy, settings: RunSettings, recipe: RecoverRecipe) ->
     runs = (len(cells(study)) + study.controls) * study.replicates
     train = recipe.train
     trained = train.max_tokens or train.max_steps * train.batch_size * train.grad_accum * recipe.generate.max_new_tokens
-    candidates = sum(len(order_rankings(study, 30, [0])[g]) for g in study.grains)  # 29 a grain in 30 blocks
+    rankings = order_rankings(study, depth, study.prune.protected_blocks(depth))
+    candidates = sum(len(rankings[g]) for g in study.grains)  # every unprotected block or sublayer, one grain each
     seconds = {"scoring": candidates * study.prune.calib_samples / SCORE_RATE,
                "teacher answers": (recipe.prompts.samples or 256) * recipe.generate.max_new_tokens
                / RATES["teacher tokens/s"],
