@@ -177,6 +177,8 @@ def test_a_tiny_grain_study_runs_end_to_end_with_two_replicates(capsys, nas_sour
             score = c[stage]["score"]
             assert score["low"] <= score["value"] <= score["high"], (c["cell"], stage)
         assert c["recovered"]["spread"]["replicates"] == 2
+        assert len(c["budget"]) == 2 and all(0 < b["optimizer_steps"] <= 2 and b["learning_rate"] == 1e-2
+                                             for b in c["budget"])  # every recovery within the stated budget
     assert {(c["grain"], c["stage"]) for c in record["comparisons"]} == {("attention", "pruned"),
                                                                         ("attention", "recovered")}
     assert record["control"]["spread"]["replicates"] == 2
@@ -198,3 +200,16 @@ def test_the_shipped_protocol_dry_runs_matched_and_sized(capsys, monkeypatch, tm
     assert "28 evaluations, 21 recoveries" in out and not (tmp_path / "s").exists()
     minutes = int(out.rsplit("total about ", 1)[1].split()[0])
     assert minutes <= 90  # sized for the 2-core CPU
+
+
+def test_more_replicates_resume_the_directory_and_another_protocol_is_refused(tmp_path):
+    from layerprune.pipeline.stages import RunPaths, claim_run_dir
+
+    paths = RunPaths(tmp_path / "study")
+    study = grain.GrainStudy.model_validate(tiny_grain("x", paths.root))
+    claim_run_dir(paths, grain._Protocol(study), overwrite=False)
+    more = study.model_copy(update={"replicates": 5, "controls": False})
+    claim_run_dir(paths, grain._Protocol(more), overwrite=False)  # only adds stages: the same directory
+    other = study.model_copy(update={"tolerance": 0.5})
+    with pytest.raises(LayerpruneError, match="holds outputs of another recipe"):
+        claim_run_dir(paths, grain._Protocol(other), overwrite=False)

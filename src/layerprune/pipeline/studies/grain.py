@@ -348,9 +348,23 @@ def run_study(study: GrainStudy, settings: RunSettings, overwrite: bool = False)
 
     root = study.run_dir()
     validate_data(study, settings, prune_pending=overwrite or not (root / PLAN_FILE).exists())
-    claim_run_dir(RunPaths(root), study, overwrite)
+    claim_run_dir(RunPaths(root), _Protocol(study), overwrite)
     run_stages(study_stages(study, settings, root), root)
     return root / "grain.md"
+
+
+class _Protocol:
+    """The study as its run directory's owner: replicates and controls only add stages, so a study given more of them
+    resumes where it stands instead of being refused as another recipe."""
+
+    def __init__(self, study: GrainStudy) -> None:
+        self.study, self.name = study, study.name
+
+    def model_dump_json(self, exclude: dict[str, Any]) -> str:
+        return self.study.model_dump_json(exclude={**exclude, "replicates": True, "controls": True})
+
+    def model_dump(self, **kwargs: Any) -> dict[str, Any]:
+        return self.study.model_dump(**kwargs)
 
 
 # --- the dry run -----------------------------------------------------------------------------------------------------

@@ -100,16 +100,38 @@ def control_gate(study: GrainStudy, figures: Figures) -> dict[str, Any] | None:
     return {"change": change, "limit": limit, "passed": not failed, "spread": figures.spread(CONTROL, GROUP)}
 
 
+def spent(study: GrainStudy, root: Path, label: str) -> list[dict[str, Any]]:
+    """What each replicate's recovery of a cell (or of the control) spent: unpadded target tokens, sequences,
+    optimizer steps and learning rate (recovery_report.budget_spent), replicate by replicate."""
+    from layerprune.pipeline.studies.recovery_report import budget_spent
+
+    folder = root / ("controls" if label == CONTROL else "recovered")
+    return [budget_spent(folder / name / "recover_report.json") for name in logical_models(study)[label]
+            if (folder / name / "recover_report.json").is_file()]
+
+
 def grain_record(study: GrainStudy, root: Path) -> dict[str, Any]:
     """Everything grain.md shows, as data."""
     figures = grain_figures(study, root)
     plan = json.loads((root / PLAN_FILE).read_text())
+    control = control_gate(study, figures)
+    if control is not None:
+        control["budget"] = spent(study, root, CONTROL)
     return {"name": study.name, "match": study.match, "tolerance": study.tolerance, "tasks": figures.tasks,
-            "replicates": study.replicates, "baseline": figures.score("baseline", GROUP),
-            "control": control_gate(study, figures),
-            "cells": [cell_figures(figures, name, c) for name, c in plan["cells"].items()
-                      if f"pruned-{name}" in figures.labels],
+            "replicates": study.replicates, "baseline": figures.score("baseline", GROUP), "control": control,
+            "cells": [{**cell_figures(figures, name, c), "budget": spent(study, root, name)}
+                      for name, c in plan["cells"].items() if f"pruned-{name}" in figures.labels],
             "comparisons": comparisons(study, figures)}
+
+
+def _budget(runs: list[dict[str, Any]]) -> str:
+    """'7,980-8,012 / 31-32 / 0.0005': the spread of unpadded target tokens, optimizer steps and learning rates."""
+    def span(key: str, form: str) -> str:
+        values = sorted({r[key] for r in runs if r.get(key) is not None})
+        return "-" if not values else format(values[0], form) + ("" if len(values) == 1 else
+                                                                 "-" + format(values[-1], form))
+    return "-" if not runs else f"{span('tokens_unpadded', ',')} / {span('optimizer_steps', 'd')} / " \
+                                f"{span('learning_rate', 'g')}"
 
 
 def _pct(ci: dict[str, Any] | None) -> str:
@@ -126,7 +148,8 @@ def _points(ci: dict[str, Any]) -> str:
 def format_report(study: GrainStudy, record: dict[str, Any]) -> str:
     """grain.md: the cells table, the comparisons with their verdicts, the control and how to read them."""
     head = ["cell", "removals", "params removed", "KV cache removed", "gap", "pruned score", "pruned retention",
-            "recovered score", "recovered retention", "recovered share of the drop", "run SD / item SE (points)"]
+            "recovered score", "recovered retention", "recovered share of the drop", "run SD / item SE (points)",
+            "spent: unpadded target tokens / steps / lr"]
     lines = [f"# Grain study: {study.name}", "", study.description, "",
              f"Original on the instrument ({', '.join(record['tasks'])}; unweighted mean of task means): "
              f"{_pct(record['baseline'])}. Savings matched on {study.match} within {100 * study.tolerance:g}% of the "
@@ -143,7 +166,7 @@ def format_report(study: GrainStudy, record: dict[str, Any]) -> str:
             c["cell"], ", ".join(map(str, c["removals"])), f"{100 * c['params_fraction']:.1f}%",
             f"{100 * c['kv_fraction']:.1f}%", f"{100 * c['gap']:+.2f}%", _pct(before.get("score")),
             _pct(before.get("retention")), _pct(after.get("score")), _pct(after.get("retention")),
-            _pct(after.get("share")), sd]) + " |")
+            _pct(after.get("share")), sd, _budget(c.get("budget") or [])]) + " |")
     lines += ["", "## Finer grain against the block arm at matched savings", "",
               f"Difference = finer - block on the instrument (points, paired 95%); margin "
               f"{100 * study.gates.margin:g} points. 'costs more' falsifies \"finer grain costs less at matched "
@@ -157,7 +180,8 @@ def format_report(study: GrainStudy, record: dict[str, Any]) -> str:
     if control is None:
         lines.append("No k = 0 control ran: what the recovery recipe does to the unpruned model is not separated.")
     else:
-        lines.append(f"The recovery applied to the original: change {_points(control['change'])} points; gate "
+        lines.append(f"The recovery applied to the original (spent {_budget(control.get('budget') or [])}): change "
+                     f"{_points(control['change'])} points; gate "
                      f"(wholly beyond ±{100 * control['limit']:g} points) "
                      + ("passed." if control["passed"] else "FAILED: the recipe itself moves the instrument, so "
                         "after-recovery retention is not recovery alone (grain differences share the recipe)."))
