@@ -188,11 +188,16 @@ def plan_cells(study: GrainStudy, sizes: ModelSizes, rankings: dict[str, list[Re
                                                                     study.tolerance)
             removed = sizes.removed(chosen)
             out[cell(grain, level)] = {
-                "grain": grain, "level": level, "removals": [r if isinstance(r, int) else str(r) for r in chosen],
+                "grain": grain, "level": level,
+                "removals": [r if isinstance(r, int) else str(r) for r in sorted(chosen, key=_order)],
                 "params_removed": removed.params, "params_fraction": removed.params / total.params,
                 "kv_fraction": removed.kv_bytes_per_token / max(total.kv_bytes_per_token, 1),
                 "gap": (quantity(removed, study.match) - goal) / goal}
     return out
+
+
+def _order(removal: Removal) -> tuple[int, str]:
+    return (removal, "") if isinstance(removal, int) else (removal.block, removal.part)
 
 
 def order_rankings(study: GrainStudy, depth: int, protected: Sequence[int]) -> dict[str, list[Removal]]:

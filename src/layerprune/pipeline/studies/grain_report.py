@@ -147,10 +147,11 @@ def _points(ci: dict[str, Any]) -> str:
 
 def format_report(study: GrainStudy, record: dict[str, Any]) -> str:
     """grain.md: the cells table, the comparisons with their verdicts, the control and how to read them."""
-    head = ["cell", "removals", "params removed", "KV cache removed", "gap", "pruned score", "pruned retention",
+    head = ["cell", "removed (blocks, or BLOCK.attn / BLOCK.mlp)", "params removed", "KV cache removed", "gap",
+            "pruned score", "pruned retention",
             "recovered score", "recovered retention", "recovered share of the drop", "run SD / item SE (points)",
             "spent: unpadded target tokens / steps / lr"]
-    lines = [f"# Grain study: {study.name}", "", study.description, "",
+    lines = [f"# Grain study: {study.name}", "", *([study.description, ""] if study.description else []),
              f"Original on the instrument ({', '.join(record['tasks'])}; unweighted mean of task means): "
              f"{_pct(record['baseline'])}. Savings matched on {study.match} within {100 * study.tolerance:g}% of the "
              f"block arm's; {study.replicates} recoveries per cell ({study.arm.method}); 95% intervals from one paired "
