@@ -18,6 +18,7 @@ from layerprune.core.errors import LayerpruneError
 from layerprune.core.recipe_loading import read_recipe_dict, validation_message
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.pipeline.recipe import RunRecipe
+from layerprune.pipeline.studies.grain import GrainStudy
 from layerprune.pipeline.studies.recovery import RecoveryStudy
 from layerprune.pipeline.studies.sweep import SweepStudy
 from layerprune.pipeline.studies.variant import VariantStudy
@@ -35,6 +36,7 @@ RECIPE_SCHEMAS: dict[str, type[BaseModel]] = {
     "importance": ImportanceAnalysis,
     "recovery-study": RecoveryStudy,
     "variant-study": VariantStudy,
+    "grain-study": GrainStudy,
     "variant": VariantRecipe,
 }
 

@@ -1,5 +1,6 @@
-"""`layerprune study RECIPE`: the recovery study (prune once, recover with each arm at one budget, compare), or the
-pruning-ratio sweep (one ranking cut at several k, each recovered the same way)."""
+"""`layerprune study RECIPE`: the recovery study (prune once, recover with each arm at one budget, compare), the
+pruning-ratio sweep (one ranking cut at several k, each recovered the same way), or the grain study (blocks, attention
+or MLP sublayers removed at matched savings, before and after one recovery)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from layerprune.pipeline.studies.recovery import RecoveryStudy
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recipe", help="Recovery-study or sweep recipe: a YAML path or a shipped name "
-                                       "(layerprune recipes list --kind recovery-study | sweep-study)")
+                                       "(layerprune recipes list --kind recovery-study | sweep-study | grain-study)")
     parser.add_argument("-o", "--output", type=Path, default=None, help="Study directory (default: the recipe's)")
     parser.add_argument("--overwrite", action="store_true", help="Start over in a directory holding other outputs")
     parser.add_argument("--dry-run", action="store_true", help="Validate the recipe, model, data and memory; no work")
@@ -37,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"sweep: {sweep.run_sweep(ratios, settings, args.overwrite)}")
         return 0
+    if is_grain(args.recipe):
+        return run_grain(args, settings)
     top = {key: value for key, value in (("output", args.output and str(args.output)),
                                          ("replicates", args.replicates)) if value is not None}
     study = build_from_recipe(RecoveryStudy, RecoveryStudy.kind, args.recipe, top)  # defaults < recipe < flags
@@ -45,6 +48,28 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"study: {recovery.run_study(study, settings, args.overwrite)}")
     return 0
+
+
+def run_grain(args: argparse.Namespace, settings: RunSettings) -> int:
+    """The grain study: defaults < recipe < flags (--output, --replicates)."""
+    from layerprune.pipeline.studies import grain
+
+    top = {key: value for key, value in (("output", args.output and str(args.output)),
+                                         ("replicates", args.replicates)) if value is not None}
+    study = build_from_recipe(grain.GrainStudy, grain.GrainStudy.kind, args.recipe, top)
+    if args.dry_run:
+        print(grain.dry_run(study, settings))
+    else:
+        print(f"grain study: {grain.run_study(study, settings, args.overwrite)}")
+    return 0
+
+
+def is_grain(recipe: str) -> bool:
+    """A grain study: a shipped grain-* recipe, or a file with `grains` or `levels`."""
+    from layerprune.core.recipe_loading import find_recipe, read_recipe_dict
+
+    kind, path = find_recipe(recipe)
+    return kind == "grain-study" or (kind is None and bool({"grains", "levels"} & set(read_recipe_dict(path))))
 
 
 def is_sweep(recipe: str) -> bool:

@@ -49,6 +49,7 @@ RECIPE_FILES: dict[str, RecipeFiles] = {
     "importance": RecipeFiles("studies", "importance-*.yaml"),
     "recovery-study": RecipeFiles("studies", "recovery-*.yaml"),
     "variant-study": RecipeFiles("studies", "variant-*.yaml"),
+    "grain-study": RecipeFiles("studies", "grain-*.yaml"),
     "variant": RecipeFiles("variant"),
 }
 

@@ -1,0 +1,444 @@
+"""The grain study: whole blocks, attention sublayers or MLP sublayers removed at matched savings, before and after one
+recovery, every model scored on the same items.
+
+Matched savings: at each level k the block arm removes the k lowest-ranked blocks (its own one-shot ranking); each finer
+grain removes the shortest prefix of its own ranking (attention sublayers only, or MLP sublayers only) whose removed
+parameters (or KV-cache bytes per token, `match: kv-cache`) come closest to the block arm's, and the cell is refused
+in one line when even that prefix is more than `tolerance` of the block arm's savings away. Costs are the model's own
+parameters (prune/target.py's `model_sizes`: a sublayer owns its module and the norm in front of it).
+
+Stages (each skipped when its output is complete): score-GRAIN (one scoring pass per grain, nothing saved:
+scored/GRAIN.json), plan (grain_plan.json: every cell's removals and savings), prune-GRAIN-kK (pruned/GRAIN-kK/: whole
+blocks cut from the files, sublayers saved in the Nemotron-NAS layout), eval-baseline, the k = 0 controls
+(recover-control[@rR], eval-control[@rR]: the recovery applied to the original itself), per cell eval-pruned-GRAIN-kK
+and, per replicate, recover-GRAIN-kK[@rR] and eval-GRAIN-kK[@rR] (recovered/GRAIN-kK[@rR]/), and the report
+(grain_report.py: grain.md, grain.json, grain.png). Replicate r trains with the run seed + r; greedy teacher answers
+are generated once and shared by every recovery.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.outputs import write_atomic
+from layerprune.core.recipe_loading import validation_message
+from layerprune.core.settings import RunSettings
+from layerprune.evaluate.summary import SUMMARY_FILE
+from layerprune.pipeline.recipe import PipelineRecipe, RecoverStage
+from layerprune.pipeline.runner import Stage, run_stages
+from layerprune.pipeline.studies.recovery import (
+    Arm,
+    derive_arm_recipe,
+    recover_sharing_answers,
+    replicate_label,
+    replicate_settings,
+)
+from layerprune.recover.schema import RecoverRecipe
+
+if TYPE_CHECKING:
+    from layerprune.prune.target import ModelSizes, Removal
+
+log = logging.getLogger(__name__)
+Grain = Literal["block", "attention", "mlp"]
+Match = Literal["params", "kv-cache"]
+PARTS = {"attention": "attn", "mlp": "mlp"}
+CONTROL = "control"  # the k = 0 control's label: control[@rR]
+PLAN_FILE = "grain_plan.json"
+RANKED_SCORES = ("ablation", "block-influence", "last", "random")  # one-shot scores that rank every candidate
+
+
+class GrainGates(BaseModel):
+    """What the report checks before it reads a difference, fixed in the recipe before any result."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    control_shift: float = Field(0.03, ge=0, le=1, description="The k = 0 control fails when its paired 95% interval "
+                                 "of (control - original) on the instrument lies wholly beyond this many points "
+                                 "(fraction) either way: the recovery recipe itself moves the instrument, and "
+                                 "after-recovery retention is flagged (grain differences share the recipe and stand)")
+    margin: float = Field(0.0, ge=0, le=1, description="Finer grain costs less (or more) only where the paired 95% "
+                          "interval of (finer - block) on the instrument lies wholly above +margin (below -margin)")
+
+
+class GrainStudy(PipelineRecipe):
+    """score each grain -> matched cells -> prune, evaluate, recover (replicated), evaluate -> one report."""
+
+    kind: ClassVar[str] = "grain-study"
+    grains: list[Grain] = Field(["block", "attention", "mlp"], min_length=2,
+                                description="The grains compared; block first (the reference every cell matches)")
+    levels: list[int] = Field(min_length=1, description="Savings levels as the blocks the block arm removes (k); each "
+                                                        "finer grain is matched to the block arm's savings at k")
+    match: Match = Field("params", description="The matched saving: parameters removed, or KV-cache bytes per token")
+    tolerance: float = Field(0.05, gt=0, le=0.5, description="Largest relative gap between a finer grain's savings "
+                                                             "and the block arm's at the same k; beyond it the cell "
+                                                             "is refused")
+    recover: dict[str, Any] = Field(description="Shared recover recipe: {recipe: NAME, overrides: {...}}")
+    arm: Arm = Field(description="The one recovery every cell and control gets (lora, full, qlora or kd: methods "
+                                 "that train the kept weights of any layout)")
+    replicates: int = Field(3, ge=1, description="Recoveries per cell and control, replicate r with the run seed + r")
+    controls: bool = Field(True, description="k = 0 controls: the recovery applied to the original itself, one per "
+                                             "replicate, scored on the same items")
+    gates: GrainGates = Field(default_factory=GrainGates, description="The report's gates")
+
+    @model_validator(mode="after")
+    def _cells_resolve(self) -> GrainStudy:
+        if self.grains[0] != "block" or len(set(self.grains)) != len(self.grains):
+            raise ValueError(f"grains: block first, then attention and/or mlp, each once (not {self.grains})")
+        if sorted(set(self.levels)) != self.levels or self.levels[0] < 1:
+            raise ValueError(f"levels must be distinct block counts >= 1 in increasing order, not {self.levels}")
+        if self.match == "kv-cache" and "mlp" in self.grains:
+            raise ValueError("match kv-cache: an MLP sublayer saves no KV cache; match params, or leave mlp out")
+        prune = self.prune
+        if prune.layers is not None or prune.target is not None or prune.iterative or prune.granularity != "block":
+            raise ValueError("prune: give score, metric and calibration only (drop: the largest level); each grain is "
+                             "ranked by one one-shot pass and cut here (no layers, target, iterative or granularity)")
+        if prune.drop != self.levels[-1]:
+            raise ValueError(f"prune.drop must be the largest level ({self.levels[-1]})")
+        if prune.score not in RANKED_SCORES:
+            raise ValueError(f"prune.score '{prune.score}' ranks no sublayers one by one; use "
+                             f"{', '.join(RANKED_SCORES)}")
+        try:
+            recipe = self.arm_recipe("<pruned>")
+        except ValidationError as exc:
+            raise ValueError(validation_message(exc, "arm")) from None
+        if recipe.surgery_steps() or recipe.trainer_method() is None:
+            raise ValueError(f"arm: {recipe.chain_name()} does not train the kept weights of every layout; use lora, "
+                             "full, qlora or kd")
+        if recipe.train.max_steps is None:
+            raise ValueError("recover: set train.max_steps so that every cell runs the same optimizer steps at most")
+        return self
+
+    def arm_recipe(self, student: str) -> RecoverRecipe:
+        """The recovery of every cell and control: the shared recipe with the arm's method and section."""
+        shared = RecoverStage.model_validate(self.recover).resolve(student, self.model)
+        return derive_arm_recipe(shared, self.arm, f"{self.name}-{self.arm.method}", self.evaluate.probe_seed)
+
+
+def cell(grain: str, level: int) -> str:
+    """A cell's label: GRAIN-kK (its recovered model; pruned-GRAIN-kK before recovery)."""
+    return f"{grain}-k{level}"
+
+
+def cells(study: GrainStudy) -> list[str]:
+    return [cell(grain, level) for level in study.levels for grain in study.grains]
+
+
+def replicas(study: GrainStudy, label: str) -> list[str]:
+    """Every replicate's label of a recovered cell or of the control."""
+    return [replicate_label(label, r) for r in range(study.replicates)]
+
+
+def logical_models(study: GrainStudy) -> dict[str, list[str]]:
+    """Each evaluated logical model and its physical labels (replicates), in report order."""
+    out: dict[str, list[str]] = {"baseline": ["baseline"]}
+    if study.controls:
+        out[CONTROL] = replicas(study, CONTROL)
+    for name in cells(study):
+        out[f"pruned-{name}"] = [f"pruned-{name}"]
+        out[name] = replicas(study, name)
+    return out
+
+
+# --- matched savings -------------------------------------------------------------------------------------------------
+
+def quantity(cost: Any, match: str) -> int:
+    """The matched quantity of a Cost: parameters, or KV-cache bytes per token."""
+    return int(cost.params if match == "params" else cost.kv_bytes_per_token)
+
+
+def matched_prefix(ranked: Sequence[Removal], sizes: ModelSizes, goal: int, match: str,
+                   tolerance: float) -> list[Removal]:
+    """The prefix of `ranked` (least important first) whose removed quantity is closest to `goal` (the shorter on a
+    tie); a one-line error when its gap is above `tolerance` x goal."""
+    best: list[Removal] = []
+    gap = goal
+    for n in range(1, len(ranked) + 1):
+        got = quantity(sizes.removed(ranked[:n]), match)
+        if abs(got - goal) < gap:
+            best, gap = list(ranked[:n]), abs(got - goal)
+        if got >= goal:
+            break
+    if goal <= 0 or gap > tolerance * goal:
+        near = quantity(sizes.removed(best), match)
+        raise LayerpruneError(f"cannot match {goal:,} {match} removed within {100 * tolerance:g}%: the nearest of "
+                              f"{len(ranked)} candidates, {len(best)} removals, takes {near:,}; change levels or "
+                              "tolerance")
+    return best
+
+
+def plan_cells(study: GrainStudy, sizes: ModelSizes, rankings: dict[str, list[Removal]]) -> dict[str, Any]:
+    """Every cell's removals and savings: the block arm's k lowest-ranked blocks, each finer grain's matched prefix."""
+    total = sizes.total
+    out: dict[str, Any] = {}
+    for level in study.levels:
+        blocks = rankings["block"][:level]
+        if len(blocks) < level:
+            raise LayerpruneError(f"level {level}: only {len(blocks)} blocks can be removed")
+        goal = quantity(sizes.removed(blocks), study.match)
+        for grain in study.grains:
+            chosen = blocks if grain == "block" else matched_prefix(rankings[grain], sizes, goal, study.match,
+                                                                    study.tolerance)
+            removed = sizes.removed(chosen)
+            out[cell(grain, level)] = {
+                "grain": grain, "level": level,
+                "removals": [r if isinstance(r, int) else str(r) for r in sorted(chosen, key=_order)],
+                "params_removed": removed.params, "params_fraction": removed.params / total.params,
+                "kv_fraction": removed.kv_bytes_per_token / max(total.kv_bytes_per_token, 1),
+                "gap": (quantity(removed, study.match) - goal) / goal}
+    return out
+
+
+def _order(removal: Removal) -> tuple[int, str]:
+    return (removal, "") if isinstance(removal, int) else (removal.block, removal.part)
+
+
+def order_rankings(study: GrainStudy, depth: int, protected: Sequence[int]) -> dict[str, list[Removal]]:
+    """Every grain's candidates in the order a tie leaves them (later block first): the dry run's stand-in for the
+    scores, exact in count wherever the blocks are alike."""
+    from layerprune.models.sublayers import Sublayer
+
+    order = [b for b in reversed(range(depth)) if b not in protected]
+    return {grain: list(order) if grain == "block" else [Sublayer(b, PARTS[grain]) for b in order]  # type: ignore
+            for grain in study.grains}
+
+
+def study_sizes(study: GrainStudy, settings: RunSettings) -> ModelSizes:
+    """Per-removal costs of the original, from its config on the meta device (no weights read)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from layerprune.pipeline.plan import model_config
+    from layerprune.prune.target import model_sizes
+
+    config, note = model_config(study.model, settings)
+    if config is None:
+        raise LayerpruneError(f"the grain study prices removals from the config: {note}")
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return model_sizes(model, torch.bfloat16)
+
+
+# --- stages ----------------------------------------------------------------------------------------------------------
+
+def score_file(root: Path, grain: str) -> Path:
+    return root / "scored" / f"{grain}.json"
+
+
+def score_grain(study: GrainStudy, settings: RunSettings, root: Path, grain: str) -> None:
+    """One one-shot scoring pass of every candidate at `grain` (nothing saved): scored/GRAIN.json."""
+    from layerprune.prune.api import prune_model
+
+    fields = study.prune.model_dump(exclude={"drop", "layers", "granularity"})
+    recipe = study.prune.model_validate({**fields, "granularity": grain, "drop": 1})
+    report = prune_model(study.model, recipe, settings, None, dry_run=True).report
+    scores = report["scores"] if grain == "block" else report["sublayer_scores"]
+    named = {str(i): s for i, s in enumerate(scores)} if grain == "block" else dict(scores)
+    record = {"grain": grain, "score": study.prune.score, "scores": named,
+              "protect": report["method"]["protect"], "depth": report["num_blocks_before"]}
+    write_atomic(score_file(root, grain), json.dumps(record, indent=1))
+
+
+def read_ranking(root: Path, grain: str) -> list[Removal]:
+    """A grain's candidates least important first (ties: the later block first), protected blocks left out."""
+    from layerprune.models.sublayers import parse_sublayer
+    from layerprune.prune.target import rank_removals
+
+    record = json.loads(score_file(root, grain).read_text())
+    removals = [int(k) if grain == "block" else parse_sublayer(k) for k in record["scores"]]
+    protected = set(record["protect"])
+    kept = [(s, r) for s, r in zip(record["scores"].values(), removals, strict=True)
+            if (r if isinstance(r, int) else r.block) not in protected]
+    return rank_removals([s for s, _ in kept], [r for _, r in kept])
+
+
+def make_plan(study: GrainStudy, settings: RunSettings, root: Path) -> None:
+    """grain_plan.json: every cell's removals and savings from the rankings."""
+    plan = plan_cells(study, study_sizes(study, settings), {g: read_ranking(root, g) for g in study.grains})
+    write_atomic(root / PLAN_FILE, json.dumps({"match": study.match, "tolerance": study.tolerance, "cells": plan},
+                                              indent=1))
+
+
+def read_plan(root: Path) -> dict[str, Any]:
+    return json.loads((root / PLAN_FILE).read_text())
+
+
+def prune_cell(study: GrainStudy, settings: RunSettings, root: Path, name: str) -> None:
+    """The cell's planned removals cut from the original (whole blocks, or sublayers in the Nemotron-NAS layout)."""
+    from layerprune.prune.api import prune_model
+
+    planned = read_plan(root)["cells"][name]
+    fields = study.prune.model_dump(exclude={"drop", "layers", "granularity"})
+    recipe = study.prune.model_validate({**fields, "granularity": planned["grain"], "layers": planned["removals"]})
+    prune_model(study.model, recipe, settings, root / "pruned" / name, overwrite=True)
+
+
+def model_path(study: GrainStudy, root: Path, label: str) -> str | None:
+    """The model behind an evaluated label."""
+    if label == "baseline":
+        return study.model
+    if label.startswith("pruned-"):
+        return str(root / "pruned" / label.removeprefix("pruned-"))
+    return str(root / ("controls" if label.split("@")[0] == CONTROL else "recovered") / label)
+
+
+def evaluate_label(study: GrainStudy, settings: RunSettings, root: Path, label: str) -> None:
+    from layerprune.evaluate.runner import evaluate_model
+
+    first = root / "pruned" / cells(study)[0]  # the calibration items every pruned model records
+    name = label.removeprefix("pruned-").split("@")[0]
+    folder = root / "pruned" / name if (root / "pruned" / name).is_dir() else first
+    evaluate_model(model_path(study, root, label), study.evaluate, settings, root / "eval" / label, overwrite=True,
+                   progress=lambda message: log.info("  %s: %s", label, message), calibration_from=folder)
+
+
+def recover_label(study: GrainStudy, settings: RunSettings, root: Path, label: str, replicate: int) -> None:
+    """One replicate of the recovery of a cell (or, for the control, of the original), sharing the teacher answers."""
+    from layerprune.recover.job import RecoverJob
+
+    logical = label.split("@")[0]
+    if logical == CONTROL:
+        from layerprune.pipeline.student import original_as_student
+
+        student, output = original_as_student(study.model, settings, root / "control-student"), root / "controls"
+    else:
+        student, output = root / "pruned" / logical, root / "recovered"
+    recipe = study.arm_recipe(str(student))
+    job = RecoverJob(output=output / label, settings=replicate_settings(settings, replicate), overwrite=True,
+                     data_dir=study.evaluate.data_dir or study.prune.data_dir)
+    greedy = recipe.generate.temperature == 0
+    recover_sharing_answers(recipe, job, root / (replicate_label("selfgen", 0 if greedy else replicate) + ".jsonl"))
+
+
+def study_stages(study: GrainStudy, settings: RunSettings, root: Path) -> list[Stage]:
+    """Every stage in order, each complete when its output exists; the report is redrawn after any work."""
+    def stage(name: str, output: Path, action: Any, *args: Any) -> Stage:
+        return Stage(name, output, functools.partial(action, study, settings, root, *args), refresh=name == "report")
+
+    def evaluation(label: str) -> Stage:
+        return stage(f"eval-{label}", root / "eval" / label / SUMMARY_FILE, evaluate_label, label)
+
+    def recoveries(logical: str, folder: str) -> list[Stage]:
+        return [s for r, label in enumerate(replicas(study, logical)) for s in (
+            stage(f"recover-{label}", root / folder / label / "recover_report.json", recover_label, label, r),
+            evaluation(label))]
+
+    return [*(stage(f"score-{g}", score_file(root, g), score_grain, g) for g in study.grains),
+            stage("plan", root / PLAN_FILE, make_plan),
+            *(stage(f"prune-{name}", root / "pruned" / name / "prune_report.json", prune_cell, name)
+              for name in cells(study)),
+            evaluation("baseline"),
+            *(recoveries(CONTROL, "controls") if study.controls else []),
+            *(s for name in cells(study) for s in (evaluation(f"pruned-{name}"), *recoveries(name, "recovered"))),
+            stage("report", root / "grain.md", write_report)]
+
+
+def write_report(study: GrainStudy, settings: RunSettings, root: Path) -> None:
+    from layerprune.pipeline.studies.grain_report import write_grain_report
+
+    write_grain_report(study, root)
+
+
+def run_study(study: GrainStudy, settings: RunSettings, overwrite: bool = False) -> Path:
+    """Run every incomplete stage in order; return grain.md."""
+    from layerprune.pipeline.plan import validate_data
+    from layerprune.pipeline.stages import RunPaths, claim_run_dir
+
+    root = study.run_dir()
+    validate_data(study, settings, prune_pending=overwrite or not (root / PLAN_FILE).exists())
+    claim_run_dir(RunPaths(root), _Protocol(study), overwrite)
+    run_stages(study_stages(study, settings, root), root)
+    return root / "grain.md"
+
+
+class _Protocol:
+    """The study as its run directory's owner: replicates and controls only add stages, so a study given more of them
+    resumes where it stands instead of being refused as another recipe."""
+
+    def __init__(self, study: GrainStudy) -> None:
+        self.study, self.name = study, study.name
+
+    def model_dump_json(self, exclude: dict[str, Any]) -> str:
+        return self.study.model_dump_json(exclude={**exclude, "replicates": True, "controls": True})
+
+    def model_dump(self, **kwargs: Any) -> dict[str, Any]:
+        return self.study.model_dump(**kwargs)
+
+
+# --- the dry run -----------------------------------------------------------------------------------------------------
+
+SCORE_RATE = 7.6  # ablation candidate-items/s: the demo's one-shot pass, 30 blocks x 32 items in 126 s (2 idle cores)
+TARGET_RATE = 76.0  # unpadded target tokens/s of LoRA SFT or kd (recovery-transfer-replicated: 16k in 205-215 s)
+PRUNE_SECONDS = 20.0  # one cell's cut, verification and save (assumed, not measured)
+
+
+def dry_run(study: GrainStudy, settings: RunSettings) -> str:
+    """The plan: model and data, every cell's removals and savings (from the block order: the scores choose which),
+    the recovery's budget, replicates, controls, gates, the stages and a time estimate; no work."""
+    from layerprune.pipeline.plan import check_data, check_model
+
+    sizes = study_sizes(study, settings)
+    depth = len({r for r in sizes.costs if isinstance(r, int)})
+    plan = plan_cells(study, sizes, order_rankings(study, depth, study.prune.protected_blocks(depth)))
+    recipe, stages = study.arm_recipe("<pruned>"), study_stages(study, settings, study.run_dir())
+    train = recipe.train
+    lines = [f"grain study '{study.name}' -> {study.run_dir()}", f"model: {check_model(study.model, settings)}",
+             *[f"data: {line}" for line in check_data(study)],
+             f"rank: one one-shot {study.prune.score} ({study.prune.metric}) pass per grain on {study.prune.calib} "
+             f"({study.prune.calib_samples} items); matched on {study.match} within {100 * study.tolerance:g}% of the "
+             "block arm's savings",
+             "cells (planned from the block order; the scores choose which, the counts hold where blocks are alike):",
+             *[f"  {name}: {len(c['removals'])} removals, {c['params_removed'] / 1e6:.2f}M parameters "
+               f"({100 * c['params_fraction']:.1f}%), KV cache -{100 * c['kv_fraction']:.1f}%, gap "
+               f"{100 * c['gap']:+.2f}%" for name, c in plan.items()],
+             f"recovery of every cell and control: {recipe.chain_name()} on {recipe.prompts.samples or 'all'} "
+             f"{recipe.prompts.source} prompts' teacher answers (temperature {recipe.generate.temperature:g}, "
+             f"{recipe.generate.max_new_tokens} new tokens); budget {train.max_tokens or 'no'} unpadded target tokens "
+             f"or {train.max_steps} steps of {train.batch_size} x {train.grad_accum} (whichever first), lr "
+             f"{train.learning_rate:g}",
+             f"replicates: {study.replicates} per cell" + (" (run-to-run variance not measured)"
+                                                          if study.replicates == 1 else ", seeds run seed + r")
+             + ("; k = 0 controls: the recovery of the original, one per replicate" if study.controls
+                else "; no k = 0 control"),
+             f"gates: control shift {100 * study.gates.control_shift:g} points; margin "
+             f"{100 * study.gates.margin:g} points; a level is read only where the block arm's drop is clear",
+             f"stages ({len(stages)}): {', '.join(s.name for s in stages)}",
+             estimate(study, recipe, depth)]
+    return "\n".join(lines)
+
+
+def estimate(study: GrainStudy, recipe: RecoverRecipe, depth: int) -> str:
+    """Minutes per phase at the embedded model's measured 2-core rates (`depth`: the model's blocks)."""
+    from layerprune.evaluate.suites import plan_tasks
+    from layerprune.pipeline.studies.sweep import RATES
+    from layerprune.tasks.data import resolve_data_dir
+    from layerprune.tasks.probes import probe_tasks
+
+    if not str(study.model or "embedded").startswith("embedded"):
+        return "time: no estimate (the rates were measured for the embedded model on 2 CPU cores)"
+    planned, _ = plan_tasks(study.evaluate, resolve_data_dir(study.evaluate.data_dir))
+    per_model = sum((t.limit if (t.limit or 0) >= 1 else 100) / (RATES["probe items/s"] if t.spec.name in probe_tasks()
+                                                                  else RATES["classification docs/s"]) for t in planned)
+    models = sum(len(labels) for labels in logical_models(study).values())
+    runs = (len(cells(study)) + study.controls) * study.replicates
+    train = recipe.train
+    trained = train.max_tokens or train.max_steps * train.batch_size * train.grad_accum * recipe.generate.max_new_tokens
+    rankings = order_rankings(study, depth, study.prune.protected_blocks(depth))
+    candidates = sum(len(rankings[g]) for g in study.grains)  # every unprotected block or sublayer, one grain each
+    seconds = {"scoring": candidates * study.prune.calib_samples / SCORE_RATE,
+               "teacher answers": (recipe.prompts.samples or 256) * recipe.generate.max_new_tokens
+               / RATES["teacher tokens/s"],
+               "pruning": len(cells(study)) * PRUNE_SECONDS, "training": runs * trained / TARGET_RATE,
+               "evaluation": models * per_model}
+    return (f"time estimate ({models} evaluations, {runs} recoveries; rates: scoring {SCORE_RATE} candidate-items/s, "
+            f"training {TARGET_RATE:g} target tokens/s, classification {RATES['classification docs/s']} docs/s, "
+            f"probes {RATES['probe items/s']} items/s, teacher {RATES['teacher tokens/s']:g} tokens/s; pruning "
+            f"{PRUNE_SECONDS:g} s a cell, assumed): " + ", ".join(f"{k} {v / 60:.0f} min" for k, v in seconds.items())
+            + f"; total about {sum(seconds.values()) / 60:.0f} min")

@@ -1,0 +1,226 @@
+"""grain.md, grain.json and grain.png of a grain study: every cell before and after recovery with paired intervals,
+each finer grain against the block arm at the same level, and the verdicts the recipe's gates give.
+
+One clustered paired bootstrap (pipeline/paired_table.py: items drawn within each task, the same draw for every
+model; two-level over the replicates where a model has several, replicate r of every cell paired by seed) gives every
+figure its 95% interval. The instrument is the unweighted mean of the evaluated tasks' means; retention is
+chance-normalised, (model - chance) / (original - chance).
+
+The verdicts (fixed by the recipe's gates before any result): at a level whose block-arm drop (original - pruned
+block arm) has an interval above 0, a finer grain "costs less" where the interval of (finer - block) lies above
++margin, "costs more" where it lies below -margin (this falsifies "finer grain costs less at matched savings" for that
+grain and stage), and "not distinguished" otherwise; a level without a clear drop is "uninformative". The k = 0
+control fails its gate where its (control - original) interval lies wholly beyond the control shift.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from layerprune.core.outputs import write_atomic
+from layerprune.core.paired import format_interval
+from layerprune.pipeline.paired_table import Figures, load_matrix
+from layerprune.pipeline.studies.grain import CONTROL, PLAN_FILE, GrainStudy, cell, logical_models
+
+GROUP = "instrument"
+
+
+def grain_figures(study: GrainStudy, root: Path) -> Figures:
+    """The paired figures of every evaluated model (the logical labels of `logical_models`)."""
+    runs = {label: names for label, names in logical_models(study).items()
+            if all((root / "eval" / n / "summary.json").is_file() for n in names)}
+    names, matrices, chance, kinds = load_matrix({n: root / "eval" / n for names in runs.values() for n in names})
+    unpaired = {t: why for t, why in kinds.items() if why.startswith("unpaired")}
+    if unpaired:
+        from layerprune.core.errors import LayerpruneError
+
+        raise LayerpruneError("the grain study's models did not answer the same items: "
+                              + "; ".join(f"{t}: {w}" for t, w in unpaired.items()))
+    groups = {GROUP: list(matrices), **{f"task:{t}": [t] for t in matrices}}
+    return Figures(names, matrices, chance, groups, replicates=runs)
+
+
+def verdict(diff: dict[str, Any], margin: float, informative: bool) -> str:
+    """'costs less', 'costs more', 'not distinguished' or 'uninformative' from the interval of (finer - block)."""
+    if not informative:
+        return "uninformative (no clear drop at this level)"
+    if diff.get("low") is not None and diff["low"] > margin:
+        return "costs less"
+    if diff.get("high") is not None and diff["high"] < -margin:
+        return "costs more"
+    return "not distinguished"
+
+
+def cell_figures(figures: Figures, name: str, plan: dict[str, Any]) -> dict[str, Any]:
+    """One cell's savings and, before (pruned-NAME) and after recovery (NAME), its score, retention and change from
+    the original; after recovery also the recovered share of the drop."""
+    out: dict[str, Any] = {"cell": name, **{k: plan[k] for k in ("grain", "level", "removals", "params_fraction",
+                                                                  "kv_fraction", "gap")}}
+    for stage, label in (("pruned", f"pruned-{name}"), ("recovered", name)):
+        if label not in figures.labels:
+            continue
+        out[stage] = {"score": figures.score(label, GROUP),
+                      "retention": figures.interval(lambda m, a=label: figures.retention(a, GROUP, m)),
+                      "change": figures.difference(label, "baseline", GROUP),
+                      "tasks": {t: figures.score(label, f"task:{t}") for t in figures.tasks}}
+    if "recovered" in out and "pruned" in out:
+        out["recovered"]["share"] = figures.interval(lambda m: figures.share_of(name, f"pruned-{name}", GROUP, m))
+        out["recovered"]["spread"] = figures.spread(name, GROUP)
+    return out
+
+
+def comparisons(study: GrainStudy, figures: Figures) -> list[dict[str, Any]]:
+    """Each finer grain against the block arm at each level, before and after recovery, with its verdict."""
+    rows = []
+    for level in study.levels:
+        block = cell("block", level)
+        if f"pruned-{block}" not in figures.labels:
+            continue
+        drop = figures.difference("baseline", f"pruned-{block}", GROUP)
+        clear = drop["low"] is not None and drop["low"] > 0
+        for grain in study.grains[1:]:
+            for stage, prefix in (("pruned", "pruned-"), ("recovered", "")):
+                finer, ref = f"{prefix}{cell(grain, level)}", f"{prefix}{block}"
+                if finer in figures.labels and ref in figures.labels:
+                    diff = figures.difference(finer, ref, GROUP)
+                    rows.append({"level": level, "grain": grain, "stage": stage, "difference": diff,
+                                 "block_drop": drop, "verdict": verdict(diff, study.gates.margin, clear)})
+    return rows
+
+
+def control_gate(study: GrainStudy, figures: Figures) -> dict[str, Any] | None:
+    """The k = 0 control's change of the instrument and whether it passes the gate."""
+    if CONTROL not in figures.labels:
+        return None
+    change = figures.difference(CONTROL, "baseline", GROUP)
+    limit = study.gates.control_shift
+    failed = change["low"] is not None and (change["low"] > limit or change["high"] < -limit)
+    return {"change": change, "limit": limit, "passed": not failed, "spread": figures.spread(CONTROL, GROUP)}
+
+
+def spent(study: GrainStudy, root: Path, label: str) -> list[dict[str, Any]]:
+    """What each replicate's recovery of a cell (or of the control) spent: unpadded target tokens, sequences,
+    optimizer steps and learning rate (recovery_report.budget_spent), replicate by replicate."""
+    from layerprune.pipeline.studies.recovery_report import budget_spent
+
+    folder = root / ("controls" if label == CONTROL else "recovered")
+    return [budget_spent(folder / name / "recover_report.json") for name in logical_models(study)[label]
+            if (folder / name / "recover_report.json").is_file()]
+
+
+def grain_record(study: GrainStudy, root: Path) -> dict[str, Any]:
+    """Everything grain.md shows, as data."""
+    figures = grain_figures(study, root)
+    plan = json.loads((root / PLAN_FILE).read_text())
+    control = control_gate(study, figures)
+    if control is not None:
+        control["budget"] = spent(study, root, CONTROL)
+    return {"name": study.name, "match": study.match, "tolerance": study.tolerance, "tasks": figures.tasks,
+            "replicates": study.replicates, "baseline": figures.score("baseline", GROUP), "control": control,
+            "cells": [{**cell_figures(figures, name, c), "budget": spent(study, root, name)}
+                      for name, c in plan["cells"].items() if f"pruned-{name}" in figures.labels],
+            "comparisons": comparisons(study, figures)}
+
+
+def _budget(runs: list[dict[str, Any]]) -> str:
+    """'7,980-8,012 / 31-32 / 0.0005': the spread of unpadded target tokens, optimizer steps and learning rates."""
+    def span(key: str, form: str) -> str:
+        values = sorted({r[key] for r in runs if r.get(key) is not None})
+        return "-" if not values else format(values[0], form) + ("" if len(values) == 1 else
+                                                                 "-" + format(values[-1], form))
+    return "-" if not runs else f"{span('tokens_unpadded', ',')} / {span('optimizer_steps', 'd')} / " \
+                                f"{span('learning_rate', 'g')}"
+
+
+def _pct(ci: dict[str, Any] | None) -> str:
+    return format_interval(ci, digits=1)
+
+
+def _points(ci: dict[str, Any]) -> str:
+    if ci.get("value") is None:
+        return "-"
+    text = f"{100 * ci['value']:+.1f}"
+    return text if ci.get("low") is None else f"{text} [{100 * ci['low']:+.1f}, {100 * ci['high']:+.1f}]"
+
+
+def format_report(study: GrainStudy, record: dict[str, Any]) -> str:
+    """grain.md: the cells table, the comparisons with their verdicts, the control and how to read them."""
+    head = ["cell", "removed (blocks, or BLOCK.attn / BLOCK.mlp)", "params removed", "KV cache removed", "gap",
+            "pruned score", "pruned retention",
+            "recovered score", "recovered retention", "recovered share of the drop", "run SD / item SE (points)",
+            "spent: unpadded target tokens / steps / lr"]
+    lines = [f"# Grain study: {study.name}", "", *([study.description, ""] if study.description else []),
+             f"Original on the instrument ({', '.join(record['tasks'])}; unweighted mean of task means): "
+             f"{_pct(record['baseline'])}. Savings matched on {study.match} within {100 * study.tolerance:g}% of the "
+             f"block arm's; {study.replicates} recoveries per cell ({study.arm.method}); 95% intervals from one paired "
+             "bootstrap over items" + (" and runs." if study.replicates > 1 else " (one run: training variance not "
+                                       "measured)."), "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in record["cells"]:
+        before, after = c.get("pruned", {}), c.get("recovered", {})
+        spread = after.get("spread") or {}
+        sd = "-" if not spread else ("not measured" if spread.get("run_sd") is None else
+                                     f"{100 * spread['run_sd']:.1f}") + f" / {100 * spread['item_se']:.1f}"
+        lines.append("| " + " | ".join([
+            c["cell"], ", ".join(map(str, c["removals"])), f"{100 * c['params_fraction']:.1f}%",
+            f"{100 * c['kv_fraction']:.1f}%", f"{100 * c['gap']:+.2f}%", _pct(before.get("score")),
+            _pct(before.get("retention")), _pct(after.get("score")), _pct(after.get("retention")),
+            _pct(after.get("share")), sd, _budget(c.get("budget") or [])]) + " |")
+    lines += ["", "## Finer grain against the block arm at matched savings", "",
+              f"Difference = finer - block on the instrument (points, paired 95%); margin "
+              f"{100 * study.gates.margin:g} points. 'costs more' falsifies \"finer grain costs less at matched "
+              "savings\" for that grain and stage.", "",
+              "| level (blocks) | grain | stage | block arm's drop | finer - block | verdict |",
+              "|---|---|---|---|---|---|"]
+    lines += [f"| {r['level']} | {r['grain']} | {r['stage']} | {_points(r['block_drop'])} | "
+              f"{_points(r['difference'])} | {r['verdict']} |" for r in record["comparisons"]]
+    control = record["control"]
+    lines += ["", "## k = 0 control", ""]
+    if control is None:
+        lines.append("No k = 0 control ran: what the recovery recipe does to the unpruned model is not separated.")
+    else:
+        lines.append(f"The recovery applied to the original (spent {_budget(control.get('budget') or [])}): change "
+                     f"{_points(control['change'])} points; gate "
+                     f"(wholly beyond ±{100 * control['limit']:g} points) "
+                     + ("passed." if control["passed"] else "FAILED: the recipe itself moves the instrument, so "
+                        "after-recovery retention is not recovery alone (grain differences share the recipe)."))
+    return "\n".join(lines) + "\n"
+
+
+def plot_grains(record: dict[str, Any], path: Path) -> None:
+    """Retention against the parameters removed, one line per grain, dashed before recovery, solid after."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for grain, color in (("block", "#d62728"), ("attention", "#1f77b4"), ("mlp", "#2ca02c")):
+        points = sorted((c["params_fraction"], c) for c in record["cells"] if c["grain"] == grain)
+        for stage, style in (("pruned", "--"), ("recovered", "-")):
+            xs = [0.0] + [x for x, c in points if stage in c]
+            ci = [c[stage]["retention"] for x, c in points if stage in c]
+            if not ci:
+                continue
+            ys = [1.0] + [r["value"] or 0.0 for r in ci]
+            ax.plot([100 * x for x in xs], ys, style, marker="o", color=color, label=f"{grain}, {stage}")
+            for x, r in zip(xs[1:], ci, strict=True):
+                if r.get("low") is not None:
+                    ax.vlines(100 * x, r["low"], r["high"], color=color, alpha=0.5)
+    ax.set_xlabel("parameters removed (%)")
+    ax.set_ylabel("retention (chance-normalised)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_grain_report(study: GrainStudy, root: Path) -> Path:
+    """grain.json, grain.png and grain.md (last: the report stage's output)."""
+    record = grain_record(study, root)
+    write_atomic(root / "grain.json", json.dumps(record, indent=1))
+    plot_grains(record, root / "grain.png")
+    write_atomic(root / "grain.md", format_report(study, record))
+    return root / "grain.md"

@@ -1,0 +1,215 @@
+"""`layerprune study grain-*`: blocks, attention or MLP sublayers removed at matched savings, before and after one
+replicated recovery: the matching rule, the schema, the verdicts (the study can fail), and a tiny study end to end."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from pydantic import ValidationError
+from transformers import AutoModelForCausalLM
+
+from helpers import run_cli
+from layerprune.core.errors import LayerpruneError
+from layerprune.models.sublayers import Sublayer
+from layerprune.pipeline.studies import grain, grain_report
+from test_sweep import _eval_folder
+from tiny import tiny_config, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def nas_source(tmp_path_factory) -> Path:
+    """A tiny 6-block Llama whose MLP width the Nemotron-NAS layout can carry (a multiple of 256)."""
+    root = tmp_path_factory.mktemp("grain") / "source"
+    config = tiny_config("llama", 6)
+    config.intermediate_size = 256
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(root)
+    tiny_tokenizer().save_pretrained(root)
+    return root
+
+
+def tiny_grain(model: Path | str, output: Path, **fields) -> dict:
+    recipe = {
+        "name": "tiny-grain", "model": str(model), "output": str(output), "levels": [1], "tolerance": 0.25,
+        "prune": {"drop": 1, "score": "ablation", "calib": "arithmetic", "calib_samples": 4, "calib_seq_len": 64},
+        "recover": {"recipe": "demo", "overrides": {
+            "prompts": {"source": "dolly", "samples": 8},
+            "generate": {"max_new_tokens": 6, "batch_size": 4, "temperature": 0.0, "drop_truncated": False},
+            "train": {"max_steps": 2, "max_tokens": 40, "max_length": 64, "batch_size": 4, "eval_steps": 1,
+                      "logging_steps": 1, "save_steps": 4, "held_out": 0.25, "warmup_steps": 0,
+                      "gradient_checkpointing": False, "learning_rate": 1e-2},
+            "lora": {"r": 4, "alpha": 8}}},
+        "arm": {"method": "kd"}, "replicates": 2,
+        "evaluate": {"suite": "sweep-cpu", "only": ["arc_easy", "copy_l3"], "batch_size": "4", "limit": 6,
+                     "max_gen_toks": 4},
+    }
+    return {**recipe, **fields}
+
+
+def test_the_plan_matches_every_grain_to_the_block_arms_savings(nas_source, tmp_path):
+    from layerprune.core.settings import RunSettings
+
+    study = grain.GrainStudy.model_validate(tiny_grain(nas_source, tmp_path / "g"))
+    sizes = grain.study_sizes(study, RunSettings(device="cpu"))
+    order = grain.order_rankings(study, 6, [0])
+    plan = grain.plan_cells(study, sizes, order)
+    # a block: attention 2 x 64^2 + 2 x 64 x 32 + norm = 12,352 parameters; MLP 3 x 64 x 256 + norm = 49,216
+    assert plan["block-k1"]["removals"] == [5] and plan["block-k1"]["params_removed"] == 12_352 + 49_216
+    assert plan["attention-k1"]["removals"] == [f"{b}.attn" for b in (1, 2, 3, 4, 5)]  # 5 x 12,352: +0.3%
+    assert plan["mlp-k1"]["removals"] == ["5.mlp"]  # 49,216: -20%, the nearest
+    assert [plan[n]["kv_fraction"] for n in ("block-k1", "attention-k1", "mlp-k1")] == [1 / 6, 5 / 6, 0]
+    for name, c in plan.items():
+        assert abs(c["gap"]) <= study.tolerance, name
+    wider = study.model_copy(update={"levels": [1, 2], "grains": ["block", "mlp"]})
+    wide = grain.plan_cells(wider, sizes, order)
+    assert wide["mlp-k2"]["removals"] == ["3.mlp", "4.mlp", "5.mlp"]  # +19.9% beats -20.1%
+    with pytest.raises(LayerpruneError, match=r"cannot match 61,568 params removed within 5%: .* 1 removals"):
+        grain.plan_cells(study.model_copy(update={"tolerance": 0.05}), sizes, order)
+    with pytest.raises(LayerpruneError, match=r"within 25%: the nearest of 5 candidates, 5 removals"):
+        grain.plan_cells(study.model_copy(update={"levels": [2]}), sizes, order)  # 10 attention: only 5 unprotected
+
+
+def test_the_matched_prefix_is_the_nearest_and_the_shorter_on_a_tie():
+    from layerprune.prune.target import Cost, ModelSizes
+
+    costs = {Sublayer(b, "attn"): Cost(params=10) for b in range(4)}
+    sizes = ModelSizes(Cost(params=100), costs, "float32")
+    ranked = [Sublayer(b, "attn") for b in (3, 2, 1, 0)]
+    assert grain.matched_prefix(ranked, sizes, 24, "params", 0.5) == ranked[:2]  # 20 beats 30
+    assert grain.matched_prefix(ranked, sizes, 25, "params", 0.5) == ranked[:2]  # a tie: the shorter
+    assert grain.matched_prefix(ranked, sizes, 29, "params", 0.5) == ranked[:3]
+    with pytest.raises(LayerpruneError, match="within 10%"):
+        grain.matched_prefix(ranked, sizes, 25, "params", 0.1)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"grains": ["attention", "block"]}, "block first"),
+    ({"match": "kv-cache"}, "an MLP sublayer saves no KV cache"),
+    ({"arm": {"method": "local"}}, "does not train the kept weights"),
+    ({"levels": [2, 1]}, "increasing order"),
+    ({"prune": {"drop": 2, "calib": "arithmetic"}}, "largest level"),
+    ({"prune": {"drop": 1, "score": "angular"}}, "ranks no sublayers"),
+    ({"prune": {"drop": 1, "iterative": True}}, "one one-shot pass"),
+])
+def test_the_schema_refuses_what_the_study_cannot_compare(tmp_path, fields, message):
+    with pytest.raises(ValidationError, match=message):
+        grain.GrainStudy.model_validate(tiny_grain("x", tmp_path, **fields))
+
+
+def _synthetic(root: Path, finer: float, study: grain.GrainStudy) -> dict:
+    """Eval folders where the original gets 90 of 120 copy items, the pruned block arm 40 and its recoveries 60; the
+    attention arm gets `finer` x those scores; the plan and the controls alongside."""
+    n, rng = 120, np.random.default_rng(0)
+    cls = (rng.random(n) < 0.7).astype(float).tolist()
+
+    def scores(right: int) -> list[float]:
+        return [1.0] * right + [0.0] * (n - right)
+
+    rows = {"baseline": 90, "control": 89, "control@r1": 91, "pruned-block-k1": 40, "block-k1": 60,
+            "block-k1@r1": 62, "pruned-attention-k1": int(40 * finer), "attention-k1": int(60 * finer),
+            "attention-k1@r1": int(62 * finer)}
+    for label, right in rows.items():
+        _eval_folder(root / "eval" / label, {"arc_easy": ("classification", cls),
+                                             "copy_l3": ("generative", scores(right))})
+    plan = {f"{g}-k1": {"grain": g, "level": 1, "removals": [5] if g == "block" else ["5.attn"],
+                        "params_fraction": 0.1, "kv_fraction": 0.2, "gap": 0.0} for g in ("block", "attention")}
+    (root / grain.PLAN_FILE).write_text(json.dumps({"cells": plan}))
+    return grain_report.grain_record(study, root)
+
+
+@pytest.mark.parametrize(("finer", "verdict"), [(1.5, "costs less"), (0.5, "costs more"), (1.0, "not distinguished")])
+def test_the_verdicts_come_from_the_paired_intervals_and_can_falsify_the_claim(tmp_path, finer, verdict):
+    study = grain.GrainStudy.model_validate(tiny_grain("x", tmp_path, grains=["block", "attention"]))
+    record = _synthetic(tmp_path, finer, study)
+    assert {(c["stage"], c["verdict"]) for c in record["comparisons"]} == {("pruned", verdict),
+                                                                         ("recovered", verdict)}
+    attention = next(c for c in record["cells"] if c["cell"] == "attention-k1")
+    for stage in ("pruned", "recovered"):
+        score = attention[stage]["score"]
+        assert score["low"] <= score["value"] <= score["high"]
+    assert attention["recovered"]["spread"]["replicates"] == 2
+    assert record["control"]["passed"]
+    text = grain_report.format_report(study, record)
+    assert "| 1 | attention | recovered |" in text and verdict in text
+
+
+def test_a_level_without_a_clear_drop_is_uninformative_and_a_moving_control_fails_its_gate(tmp_path):
+    study = grain.GrainStudy.model_validate(tiny_grain("x", tmp_path, grains=["block", "attention"],
+                                                       gates={"control_shift": 0.0}))
+    record = _synthetic(tmp_path, 1.5, study)
+    assert record["control"]["passed"]  # 89 and 91 of 120 against 90: no shift shown
+    for label in ("control", "control@r1"):
+        folder = tmp_path / "eval" / label
+        shutil.rmtree(folder)
+        _eval_folder(folder, {"arc_easy": ("classification", [1.0] * 120), "copy_l3": ("generative", [1.0] * 120)})
+    record = grain_report.grain_record(study, tmp_path)
+    assert not record["control"]["passed"]
+    assert "FAILED" in grain_report.format_report(study, record)
+    flat = {"uninformative (no clear drop at this level)"}
+    assert grain_report.verdict({"low": 0.1, "high": 0.2}, 0.0, informative=False) in flat
+
+
+def test_a_tiny_grain_study_runs_end_to_end_with_two_replicates(capsys, nas_source, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))
+    recipe = tmp_path / "grain.yaml"
+    fields = tiny_grain(nas_source, tmp_path / "study", grains=["block", "attention"])  # mlp: planned above
+    recipe.write_text(yaml.safe_dump(fields, sort_keys=False))
+    code, out, err = run_cli(capsys, ["study", str(recipe), "--dry-run", "--device", "cpu"])
+    assert code == 0, err
+    assert "attention-k1: 5 removals" in out and "stages (21)" in out
+    code, out, err = run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])
+    assert code == 0, err
+    root = tmp_path / "study"
+    plan = json.loads((root / grain.PLAN_FILE).read_text())["cells"]
+    assert {name: len(c["removals"]) for name, c in plan.items()} == {"block-k1": 1, "attention-k1": 5}
+    config = json.loads((root / "pruned" / "attention-k1" / "config.json").read_text())
+    assert sum(b["attention"].get("no_op", False) for b in config["block_configs"]) == 5
+    record = json.loads((root / "grain.json").read_text())
+    assert [c["cell"] for c in record["cells"]] == ["block-k1", "attention-k1"]
+    for c in record["cells"]:
+        for stage in ("pruned", "recovered"):
+            score = c[stage]["score"]
+            assert score["low"] <= score["value"] <= score["high"], (c["cell"], stage)
+        assert c["recovered"]["spread"]["replicates"] == 2
+        assert len(c["budget"]) == 2 and all(0 < b["optimizer_steps"] <= 2 and b["learning_rate"] == 1e-2
+                                             for b in c["budget"])  # every recovery within the stated budget
+    assert {(c["grain"], c["stage"]) for c in record["comparisons"]} == {("attention", "pruned"),
+                                                                        ("attention", "recovered")}
+    assert record["control"]["spread"]["replicates"] == 2
+    later = json.loads((root / "recovered" / "attention-k1@r1" / "recover_report.json").read_text())
+    assert later["data"]["generation"]["generated"] == 0  # the teacher answered once for every recovery
+    assert (root / "grain.png").is_file() and "## k = 0 control" in (root / "grain.md").read_text()
+
+
+def test_the_shipped_protocol_dry_runs_matched_and_sized(capsys, monkeypatch, tmp_path):
+    from layerprune.core.recipe_loading import find_recipe
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    kind, path = find_recipe("grain-embedded")
+    assert kind == "grain-study" and path.read_text().startswith("# layerprune study grain-embedded ")
+    code, out, err = run_cli(capsys, ["study", "grain-embedded", "--dry-run", "--output", str(tmp_path / "s")])
+    assert code == 0, err
+    for level, attention, mlp in ((3, 12, 4), (6, 24, 8)):  # one block = 4 attention = 4/3 MLP sublayers
+        assert f"attention-k{level}: {attention} removals" in out and f"mlp-k{level}: {mlp} removals" in out
+    assert "28 evaluations, 21 recoveries" in out and not (tmp_path / "s").exists()
+    minutes = int(out.rsplit("total about ", 1)[1].split()[0])
+    assert minutes <= 90  # sized for the 2-core CPU
+
+
+def test_more_replicates_resume_the_directory_and_another_protocol_is_refused(tmp_path):
+    from layerprune.pipeline.stages import RunPaths, claim_run_dir
+
+    paths = RunPaths(tmp_path / "study")
+    study = grain.GrainStudy.model_validate(tiny_grain("x", paths.root))
+    claim_run_dir(paths, grain._Protocol(study), overwrite=False)
+    more = study.model_copy(update={"replicates": 5, "controls": False})
+    claim_run_dir(paths, grain._Protocol(more), overwrite=False)  # only adds stages: the same directory
+    other = study.model_copy(update={"tolerance": 0.5})
+    with pytest.raises(LayerpruneError, match="holds outputs of another recipe"):
+        claim_run_dir(paths, grain._Protocol(other), overwrite=False)
