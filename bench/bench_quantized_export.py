@@ -64,7 +64,7 @@ def _measure(model: Path, path: Path, outtype: str) -> dict:
     report = export_gguf(model, path, outtype, overwrite=True, verify=False)
     logits = logit_agreement(path, model)
     ran = compare_with_transformers(path, model)
-    types = (report.quantized or {}).get("tensor_types") or {outtype.upper(): report.tensors}
+    types = (report.quantized or {}).get("tensor_types") or {f"{outtype.upper()} (2-D; gguf package)": report.tensors}
     return {"mb": round(report.bytes / 1e6, 1), "tensor_types": " ".join(f"{k}:{v}" for k, v in types.items()),
             "mean_kl": logits["mean_kl"], "top1": logits["top1_agreement"], "tokenization": ran["tokenization_equal"],
             "greedy": f"{ran['continuations']['equal']}/{ran['continuations']['of']}",
