@@ -3,8 +3,9 @@ this package writes, quantized by llama.cpp itself (llama-cpp-python's `llama_mo
 llama.cpp on the verification prompts against transformers before it takes its final name.
 
 The check is the mean KL divergence of llama.cpp's next-token distribution from transformers' over every prompt
-position, bounded per type (SmolLM2-135M, docs/benchmarks.md: F16 0.00001, Q6_K 0.03, Q4_K_M 0.09, Q2_K 0.56
-nats; a file whose graph or weights are wrong is nats off); top-1 agreement is reported beside it. A k-quant
+position, bounded per type; top-1 agreement is reported beside it. The bounds are loose on purpose: they catch a
+broken file, not a lossy one (bench/bench_quantized_export.py, SmolLM2-135M: F16 0.00001 nats; Q6_K 0.03 and
+Q4_K_M 0.09 unpruned, 0.12 and 0.42 with 7 sublayers removed; Q2_K 0.56; a file missing 4 blocks 1.29). A k-quant
 needs rows that are multiples of 256: llama.cpp gives a narrower tensor a fallback type (SmolLM2's 576-wide rows get
 Q5_0 in Q4_K_M), and the report counts the types it chose.
 """
@@ -30,8 +31,8 @@ QUANTS: dict[str, gguf.LlamaFileType] = {name.lower(): gguf.LlamaFileType[f"MOST
     "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S",
     "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS")}  # the IQ1-IQ3 types need an importance matrix
 TOLERANCE: dict[str, float] = {  # mean KL, nats
-    "q6_k": 0.2, "q5_k_m": 0.4, "q5_k_s": 0.4, "q5_0": 0.4, "q5_1": 0.4, "q4_k_m": 0.5, "q4_k_s": 0.5,
-    "iq4_nl": 0.5, "iq4_xs": 0.5, "q4_0": 1.0, "q4_1": 1.0, "q3_k_l": 1.0, "q3_k_m": 1.0, "q3_k_s": 1.0,
+    "q6_k": 0.3, "q5_k_m": 0.6, "q5_k_s": 0.6, "q5_0": 0.6, "q5_1": 0.6, "q4_k_m": 0.6, "q4_k_s": 0.6,
+    "iq4_nl": 0.6, "iq4_xs": 0.6, "q4_0": 1.2, "q4_1": 1.2, "q3_k_l": 1.2, "q3_k_m": 1.2, "q3_k_s": 1.2,
     "q2_k": 2.0, "q2_k_s": 2.0}
 
 
@@ -46,6 +47,7 @@ def check_quant_name(name: str, known: tuple[str, ...]) -> None:
 
 
 def require_quantizer(name: str) -> None:
+    """One line naming the extra when llama-cpp-python is not installed."""
     require_extra("gguf-run", f"export --outtype {name} (llama.cpp's quantizer)")
 
 
