@@ -9,6 +9,7 @@ from layerprune.core.errors import LayerpruneError
 # extra -> {distribution: the module it installs}; pyproject.toml's [project.optional-dependencies] lists the same
 EXTRAS: dict[str, dict[str, str]] = {
     "analyze": {"scikit-learn": "sklearn", "scipy": "scipy"},
+    "gguf-run": {"llama-cpp-python": "llama_cpp"},
     "qlora": {"bitsandbytes": "bitsandbytes"},
 }
 

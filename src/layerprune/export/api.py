@@ -21,6 +21,7 @@ from transformers import AutoConfig, AutoTokenizer
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.settings import RunSettings
 from layerprune.export.catalog import TRANSFORMERS_READS, family_for
+from layerprune.export.quantize import QUANTS, check_quant_name, check_quantized, quantize_in_place, require_quantizer
 from layerprune.export.tokenizer import copy_tokenizer, source_gguf
 from layerprune.export.writer import OUTTYPES, add_tensors
 from layerprune.models.gguf_once import parsed_once
@@ -42,32 +43,44 @@ class ExportReport(BaseModel):
     seconds: float
     readback: dict[str, Any] | None = Field(
         None, description="transformers' GGUF loader against the model directory (logits), or for architectures it "
-                          "does not read (deci) the file's tensors decoded against the directory's")
+                          "does not read (deci) the file's tensors decoded against the directory's; for a type "
+                          "llama.cpp's quantizer made, llama.cpp's logits against transformers'")
+    quantized: dict[str, Any] | None = Field(
+        None, description="llama.cpp's quantizer: the file type and the tensor types it chose (a k-quant falls back "
+                          "to another type where a row is not a multiple of 256)")
 
 
 def export_gguf(model_dir: Path, output: Path, outtype: str = "q8_0", overwrite: bool = False,
                 verify: bool = True, settings: RunSettings | None = None) -> ExportReport:
-    """Write `model_dir` as `output` (.gguf) in `outtype`; refuse unknown families and outtypes in one line."""
-    model_dir, output = Path(model_dir), Path(output)
+    """Write `model_dir` as `output` (.gguf) in `outtype`; refuse unknown families and outtypes in one line.
+
+    A type of llama.cpp's quantizer (q4_k_m, q6_k, ...) is made from the F16 file and, with `verify`, run by
+    llama.cpp against transformers before it takes its name (export/quantize.py)."""
+    model_dir, output, outtype = Path(model_dir), Path(output), outtype.lower()
+    check_quant_name(outtype, tuple(OUTTYPES))
+    if outtype in QUANTS:
+        require_quantizer(outtype)
     config = _config(model_dir)
     family = family_for(config)
-    if outtype not in OUTTYPES:
-        raise LayerpruneError(f"unknown GGUF type '{outtype}'; choose one of {', '.join(OUTTYPES)}")
     if output.suffix != ".gguf":
         raise LayerpruneError(f"the GGUF output must end in .gguf: {output}")
     if output.exists() and not overwrite:
         raise LayerpruneError(f"{output} already exists; pass --overwrite")
     tokenizer_gguf = source_gguf(model_dir, settings)
     start = time.perf_counter()
+    quantized, checked = None, None
     with _atomic_file(output) as tmp:
-        tensors = _write(tmp, model_dir, family, config, outtype, tokenizer_gguf)
+        tensors = _write(tmp, model_dir, family, config, "f16" if outtype in QUANTS else outtype, tokenizer_gguf)
+        if outtype in QUANTS:
+            quantized = quantize_in_place(tmp, outtype)
+            checked = check_quantized(tmp, model_dir, outtype) if verify else None
     with parsed_once():  # the per-layer fields and the read-back's three loads: one parse of the file
         report = ExportReport(model=str(model_dir), output=str(output), outtype=outtype,
                               architecture=family.arch.name, tensors=tensors, bytes=output.stat().st_size,
                               tokenizer_from=str(tokenizer_gguf), per_layer=per_layer_fields(output),
-                              seconds=round(time.perf_counter() - start, 1))
+                              seconds=round(time.perf_counter() - start, 1), quantized=quantized)
         if verify:
-            report.readback = _read_back(model_dir, output, family, config)
+            report.readback = checked or _read_back(model_dir, output, family, config)
     output.with_suffix(".export.json").write_text(report.model_dump_json(indent=2))
     return report
 
