@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,6 +98,45 @@ def test_references_run_in_one_process_and_a_failure_names_its_problem(monkeypat
     monkeypatch.setattr(humaneval, "REFERENCE_TIMEOUT", 0.3)
     with pytest.raises(LayerpruneError, match=r"of Toy/1 ran over 0.3s"):
         humaneval.run_references([SLOW])
+
+
+def test_a_reference_stuck_in_c_code_is_stopped_and_named(monkeypatch, tmp_path):
+    from layerprune.core.errors import LayerpruneError
+    from layerprune.evaluate import humaneval
+
+    # pbkdf2 runs in C for ~2 s of CPU: SIGALRM would wait for it to return, the watchdog (0.3 s) does not
+    stuck = {**SLOW, "task_id": "Toy/7", "base_input": [[1]], "canonical_solution":
+             "    import hashlib\n    hashlib.pbkdf2_hmac('sha256', b'x', b'y', 10_000_000)\n    return 2 * x\n"}
+    monkeypatch.setattr(humaneval, "REFERENCE_TIMEOUT", 0.3)
+    with pytest.raises(LayerpruneError, match=r"of Toy/7 ran over 0.3s, at reference.py line \d in twice$"):
+        humaneval.run_references([ADD, stuck, SLOW])
+    # where the watchdog fails too (here switched off), the parent kills the run: no new problem announced in time
+    pid_file = tmp_path / "pid"
+    silenced = {**SLOW, "task_id": "Toy/8", "canonical_solution":
+                f"    import faulthandler, os, pathlib, time\n    faulthandler.cancel_dump_traceback_later()\n"
+                f"    pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()))\n    time.sleep(60)\n"}
+    monkeypatch.setattr(humaneval, "REFERENCE_MARGIN", 1.0)
+    with pytest.raises(LayerpruneError, match=r"of Toy/8 ran over 0.3s$"):
+        humaneval.run_references([ADD, silenced])
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)
+
+
+def test_a_slow_interpreter_start_is_not_counted_against_the_first_problem(monkeypatch, tmp_path):
+    from layerprune.core.errors import LayerpruneError
+    from layerprune.evaluate import humaneval
+
+    slow_start = tmp_path / "python"
+    slow_start.write_text(f"#!{sys.executable}\nimport os, sys, time\ntime.sleep(1)\n"  # one process, so a kill ends it
+                          f"os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])\n")
+    slow_start.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(slow_start))
+    monkeypatch.setattr(humaneval, "REFERENCE_TIMEOUT", 0.3)
+    with pytest.raises(LayerpruneError, match=r"of Toy/1 ran over 0.3s"):
+        humaneval.run_references([SLOW])
+    monkeypatch.setattr(humaneval, "REFERENCE_STARTUP", 0.2)
+    with pytest.raises(LayerpruneError, match=r"announced no problem within 0.2s"):
+        humaneval.run_references([ADD])
 
 
 def test_large_outputs_compare_by_digest(tmp_path):

@@ -2,7 +2,9 @@
 
 - Expected outputs come from the dataset's canonical solutions, run in one trusted subprocess for the whole
   dataset (outside any candidate's budget; 164 interpreter starts were a quarter of the oracle's CPU time) and
-  cached by the dataset's content hash, with the time each input took.
+  cached by the dataset's content hash, with the time each input took. Each problem gets REFERENCE_TIMEOUT, kept
+  by a watchdog thread in that process (faulthandler's, so a reference stuck inside C code is stopped too); the
+  parent kills a run that announces no new problem within REFERENCE_TIMEOUT + REFERENCE_MARGIN.
 - Each input of a candidate gets max(MIN_TIME_LIMIT, GT_TIME_LIMIT_FACTOR x the reference's time); the whole
   program gets the sum of those, capped (EvalPlus's EVALPLUS_TIMEOUT_PER_TASK, our `sandbox_timeout`).
 - Outputs are compared as EvalPlus's `untrusted_check` does: exact, else (floats or atol) `np.allclose` with
@@ -20,9 +22,11 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import secrets
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
@@ -38,11 +42,15 @@ GT_TIME_LIMIT_FACTOR = 4.0
 MIN_TIME_LIMIT = 1.0
 TASK_TIMEOUT_CAP = 60.0
 STARTUP_SLACK = 2.0  # interpreter start and loading the inputs, on top of the inputs' limits
-REFERENCE_TIMEOUT = 600.0
+REFERENCE_TIMEOUT = 600.0  # per problem, kept by the oracle run's own watchdog
+REFERENCE_MARGIN = 30.0  # then the parent kills an oracle run that announced no new problem (its watchdog failed)
+REFERENCE_STARTUP = 60.0  # the parent's allowance for the oracle run to start and announce its first problem
 ORACLE_VERSION = "4"  # part of the cache key: bump when the way expected outputs are computed changes
 STATUSES = ("passed", "failed", "timeout", "memory", "blocked", "killed", "error")
 INLINE_BYTES = 64 << 10  # an expected output larger than this (pickled) is carried as a digest, not its value
 REFERENCE_MARK = "layerprune-reference-start "  # the oracle run writes it and a task id to stderr before each problem
+WATCHDOG_HEADER = re.compile(r"Timeout \(\d+:\d\d:\d\d(\.\d+)?\)!")  # faulthandler's first line when it fires
+WATCHDOG_FRAME = re.compile(r'File "reference\.py", line (\d+) in (\S+)')
 
 
 @functools.cache
@@ -106,11 +114,80 @@ def _reference_env() -> dict[str, str]:
             "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-def _started_last(stderr: bytes | None) -> str:
-    """The task the oracle run announced last on stderr (the one it died in), or "a problem" if none."""
-    lines = (stderr or b"").decode("utf-8", "replace").splitlines()
+def _run_oracle(job: bytes) -> tuple[int | None, bytes, bytes]:
+    """Run the oracle program on the job: (exit status, or None where it stalled and was killed; stdout; stderr).
+    Its own watchdog ends a problem that runs over; this one kills it when no problem was announced within
+    REFERENCE_TIMEOUT + REFERENCE_MARGIN of the last (REFERENCE_STARTUP before the first)."""
+    command = [sys.executable, "-I", "-B", "-c", reference_program()]
+    with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env=_reference_env()) as proc:
+        out: list[bytes] = []
+        err: list[bytes] = []
+        marks: list[float] = []
+
+        def feed() -> None:
+            try:
+                proc.stdin.write(job)  # type: ignore[union-attr]
+                proc.stdin.close()
+            except OSError:  # it died before reading the whole job: its stderr says why
+                pass
+
+        def read_stdout() -> None:
+            out.append(proc.stdout.read() if proc.stdout else b"")
+
+        def read_stderr() -> None:
+            for line in proc.stderr or ():
+                if line.startswith(REFERENCE_MARK.encode()):
+                    marks.append(time.monotonic())
+                err.append(line)
+
+        threads = [threading.Thread(target=f, daemon=True) for f in (feed, read_stdout, read_stderr)]
+        for thread in threads:
+            thread.start()
+        started = time.monotonic()
+
+        def left() -> float:  # seconds until the run counts as stalled
+            since = marks[-1] + REFERENCE_TIMEOUT + REFERENCE_MARGIN if marks else started + REFERENCE_STARTUP
+            return since - time.monotonic()
+
+        stalled = False
+        try:
+            while proc.poll() is None and not stalled:
+                try:
+                    proc.wait(timeout=min(0.5, max(0.01, left())))  # short: a new mark moves the deadline
+                except subprocess.TimeoutExpired:
+                    stalled = left() <= 0 and proc.poll() is None
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            for thread in threads:
+                thread.join()
+    return None if stalled else proc.returncode, b"".join(out), b"".join(err)
+
+
+def _failure_of(stderr: bytes, status: int) -> str:
+    """Why the oracle run ended early: the problem it announced last, and its watchdog's verdict (with the line of
+    the reference it was in) or the last line it wrote."""
+    lines = stderr.decode("utf-8", "replace").splitlines()
+    marks = [i for i, line in enumerate(lines) if line.startswith(REFERENCE_MARK)]
+    if not marks:
+        return f"the oracle run failed before its first problem: {lines[-1][:200] if lines else f'exit {status}'}"
+    task, after = lines[marks[-1]][len(REFERENCE_MARK):], lines[marks[-1] + 1:]
+    if any(WATCHDOG_HEADER.fullmatch(line) for line in after):
+        frames = [m for line in after if (m := WATCHDOG_FRAME.search(line))]
+        at = f", at reference.py line {frames[0][1]} in {frames[0][2]}" if frames else ""
+        return f"the reference solution of {task} ran over {REFERENCE_TIMEOUT:g}s{at}"
+    why = after[-1][:200] if after else f"the oracle run ended early (exit {status})"
+    return f"the reference solution of {task} failed: {why}"
+
+
+def _stalled(stderr: bytes) -> str:
+    lines = stderr.decode("utf-8", "replace").splitlines()
     marks = [line[len(REFERENCE_MARK):] for line in lines if line.startswith(REFERENCE_MARK)]
-    return marks[-1] if marks else "a problem"
+    if not marks:
+        return f"the oracle run announced no problem within {REFERENCE_STARTUP:g}s of its start"
+    return f"the reference solution of {marks[-1]} ran over {REFERENCE_TIMEOUT:g}s"
 
 
 def run_references(rows: Sequence[dict[str, Any]]) -> dict[str, Oracle]:
@@ -120,24 +197,14 @@ def run_references(rows: Sequence[dict[str, Any]]) -> dict[str, Oracle]:
                  "inputs": problem_inputs(row)} for row in rows]
     job = json.dumps({"problems": problems, "inline_bytes": INLINE_BYTES, "timeout_s": REFERENCE_TIMEOUT,
                       "mark": REFERENCE_MARK})
-    try:
-        proc = subprocess.run([sys.executable, "-I", "-B", "-c", reference_program()], input=job.encode(),
-                              capture_output=True, timeout=REFERENCE_TIMEOUT * max(1, len(rows)),
-                              env=_reference_env())
-    except subprocess.TimeoutExpired as exc:
-        task = _started_last(exc.stderr)
-        raise LayerpruneError(f"the reference solution of {task} ran over {REFERENCE_TIMEOUT:g}s") from exc
-    if proc.returncode != 0 or not proc.stdout:
-        lines = [line for line in proc.stderr.decode("utf-8", "replace").strip().splitlines()
-                 if not line.startswith(REFERENCE_MARK)]
-        why = lines[-1][:200] if lines else f"the oracle run ended early (exit {proc.returncode})"
-        raise LayerpruneError(f"the reference solution of {_started_last(proc.stderr)} failed: {why}")
-    done, failure = pickle.loads(proc.stdout)
+    status, stdout, stderr = _run_oracle(job.encode())
+    if status is None:
+        raise LayerpruneError(_stalled(stderr))
+    if status != 0 or not stdout:
+        raise LayerpruneError(_failure_of(stderr, status))
+    done, failure = pickle.loads(stdout)
     if failure is not None:
-        task, kind, message = failure
-        if kind == "timeout":
-            raise LayerpruneError(f"the reference solution of {task} ran over {REFERENCE_TIMEOUT:g}s")
-        raise LayerpruneError(f"the reference solution of {task} failed: {message}")
+        raise LayerpruneError(f"the reference solution of {failure[0]} failed: {failure[1]}")
     return {task: Oracle(outputs, seconds, digests) for task, outputs, seconds, digests in done}
 
 

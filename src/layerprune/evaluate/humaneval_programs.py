@@ -189,7 +189,10 @@ def _reference_outputs(problem, inline_bytes):
 
 def _references():
     # every problem of the job in this one trusted process, as EvalPlus computes its ground truth; each problem
-    # announced on stderr before it runs, so that a crash is laid at its door; stops at the first that fails
+    # announced on stderr before it runs, so that a crash is laid at its door; stops at the first that fails. The
+    # watchdog is faulthandler's C thread: it ends the process (traceback on stderr, exit 1) when a problem runs
+    # over, even one stuck inside C code (a huge bigint, a regex) where SIGALRM would wait for the next bytecode
+    import faulthandler
     import json
     import pickle
     import sys
@@ -197,22 +200,17 @@ def _references():
     job = json.loads(sys.stdin.read())
     out = sys.stdout.buffer
     sys.stdout = sys.stderr
-    _signal.signal(_signal.SIGALRM, _alarm)
     done, failure = [], None
     for problem in job["problems"]:
         sys.stderr.write(job["mark"] + problem["task_id"] + "\n")
         sys.stderr.flush()
+        faulthandler.dump_traceback_later(job["timeout_s"], exit=True, file=sys.__stderr__)
         try:
-            _signal.setitimer(_signal.ITIMER_REAL, job["timeout_s"])
-            try:
-                result = _reference_outputs(problem, job["inline_bytes"])
-            finally:
-                _signal.setitimer(_signal.ITIMER_REAL, 0)
-        except _Timeout:
-            failure = (problem["task_id"], "timeout", "")
-            break
+            result = _reference_outputs(problem, job["inline_bytes"])
         except BaseException as exc:
-            failure = (problem["task_id"], "failed", type(exc).__name__ + ": " + str(exc)[:200].replace("\n", " "))
+            failure = (problem["task_id"], type(exc).__name__ + ": " + str(exc)[:200].replace("\n", " "))
             break
+        finally:
+            faulthandler.cancel_dump_traceback_later()
         done.append((problem["task_id"], *result))
     out.write(pickle.dumps((done, failure), protocol=4))
