@@ -2,9 +2,11 @@
 recovery, every model scored on the same items.
 
 Matched savings: at each level k the block arm removes the k lowest-ranked blocks (its own one-shot ranking); each finer
-grain removes the shortest prefix of its own ranking (attention sublayers only, or MLP sublayers only) whose removed
-parameters (or KV-cache bytes per token, `match: kv-cache`) come closest to the block arm's, and the cell is refused
-in one line when even that prefix is more than `tolerance` of the block arm's savings away. Costs are the model's own
+grain removes the shortest prefix of its own ranking (attention sublayers only, or MLP sublayers only, in
+`servable_order`: every prefix one the Nemotron-NAS layout serves) whose removed parameters (or KV-cache bytes per
+token, `match: kv-cache`) come closest to the block arm's, and the cell is refused in one line when even that prefix
+is more than `tolerance` of the block arm's savings away; a level no servable prefix can reach is refused before any
+scoring (`check_reachable`, from the block order). Costs are the model's own
 parameters (prune/target.py's `model_sizes`: a sublayer owns its module and the norm in front of it).
 
 Stages (each skipped when its output is complete): score-GRAIN (one scoring pass per grain, nothing saved:
@@ -201,13 +203,24 @@ def _order(removal: Removal) -> tuple[int, str]:
 
 
 def order_rankings(study: GrainStudy, depth: int, protected: Sequence[int]) -> dict[str, list[Removal]]:
-    """Every grain's candidates in the order a tie leaves them (later block first): the dry run's stand-in for the
-    scores, exact in count wherever the blocks are alike."""
+    """Every grain's candidates in the order a tie leaves them (later block first), each sublayer grain cut where the
+    Nemotron-NAS layout stops serving its prefix (`servable_order`): the dry run's stand-in for the scores, exact in
+    count wherever the blocks are alike."""
     from layerprune.models.sublayers import Sublayer
+    from layerprune.prune.sublayer_scores import servable_order
 
     order = [b for b in reversed(range(depth)) if b not in protected]
-    return {grain: list(order) if grain == "block" else [Sublayer(b, PARTS[grain]) for b in order]  # type: ignore
+    return {grain: list(order) if grain == "block"  # type: ignore[misc]
+            else servable_order({Sublayer(b, PARTS[grain]): 0.0 for b in order}, depth)  # type: ignore[arg-type]
             for grain in study.grains}
+
+
+def check_reachable(study: GrainStudy, settings: RunSettings) -> None:
+    """Refuse, before any scoring or pruning, a level that no servable prefix of a finer grain matches: the plan from
+    the block order (`order_rankings`), one line from `matched_prefix` where it fails."""
+    sizes = study_sizes(study, settings)
+    depth = len({r for r in sizes.costs if isinstance(r, int)})
+    plan_cells(study, sizes, order_rankings(study, depth, study.prune.protected_blocks(depth)))
 
 
 def study_sizes(study: GrainStudy, settings: RunSettings) -> ModelSizes:
@@ -247,8 +260,10 @@ def score_grain(study: GrainStudy, settings: RunSettings, root: Path, grain: str
 
 
 def read_ranking(root: Path, grain: str) -> list[Removal]:
-    """A grain's candidates least important first (ties: the later block first), protected blocks left out."""
+    """A grain's candidates least important first, protected blocks left out: blocks by score (ties: the later block
+    first); sublayers in `servable_order`, so that every prefix is one the Nemotron-NAS layout serves (none longer)."""
     from layerprune.models.sublayers import parse_sublayer
+    from layerprune.prune.sublayer_scores import servable_order
     from layerprune.prune.target import rank_removals
 
     record = json.loads(score_file(root, grain).read_text())
@@ -256,7 +271,9 @@ def read_ranking(root: Path, grain: str) -> list[Removal]:
     protected = set(record["protect"])
     kept = [(s, r) for s, r in zip(record["scores"].values(), removals, strict=True)
             if (r if isinstance(r, int) else r.block) not in protected]
-    return rank_removals([s for s, _ in kept], [r for _, r in kept])
+    if grain == "block":
+        return rank_removals([s for s, _ in kept], [r for _, r in kept])
+    return servable_order({r: s for s, r in kept}, record["depth"])  # type: ignore[misc]
 
 
 def make_plan(study: GrainStudy, settings: RunSettings, root: Path) -> None:
@@ -352,7 +369,10 @@ def run_study(study: GrainStudy, settings: RunSettings, overwrite: bool = False)
     from layerprune.pipeline.stages import RunPaths, claim_run_dir
 
     root = study.run_dir()
-    validate_data(study, settings, prune_pending=overwrite or not (root / PLAN_FILE).exists())
+    pending = overwrite or not (root / PLAN_FILE).exists()
+    if pending:
+        check_reachable(study, settings)
+    validate_data(study, settings, prune_pending=pending)
     claim_run_dir(RunPaths(root), _Protocol(study), overwrite)
     run_stages(study_stages(study, settings, root), root)
     return root / "grain.md"
@@ -430,8 +450,7 @@ def estimate(study: GrainStudy, recipe: RecoverRecipe, depth: int) -> str:
     runs = (len(cells(study)) + study.controls) * study.replicates
     train = recipe.train
     trained = train.max_tokens or train.max_steps * train.batch_size * train.grad_accum * recipe.generate.max_new_tokens
-    rankings = order_rankings(study, depth, study.prune.protected_blocks(depth))
-    candidates = sum(len(rankings[g]) for g in study.grains)  # every unprotected block or sublayer, one grain each
+    candidates = (depth - len(study.prune.protected_blocks(depth))) * len(study.grains)  # every unprotected one
     seconds = {"scoring": candidates * study.prune.calib_samples / SCORE_RATE,
                "teacher answers": (recipe.prompts.samples or 256) * recipe.generate.max_new_tokens
                / RATES["teacher tokens/s"],

@@ -7,20 +7,27 @@ figure its 95% interval. The instrument is the unweighted mean of the evaluated 
 chance-normalised, (model - chance) / (original - chance).
 
 The verdicts (fixed by the recipe's gates before any result): at a level whose block-arm drop (original - pruned
-block arm) has an interval above 0, a finer grain "costs less" where the interval of (finer - block) lies above
-+margin, "costs more" where it lies below -margin (this falsifies "finer grain costs less at matched savings" for that
-grain and stage), and "not distinguished" otherwise; a level without a clear drop is "uninformative". The k = 0
-control fails its gate where its (control - original) interval lies wholly beyond the control shift.
+block arm) has an interval above 0, a finer grain "costs less" where (finer - block) lies above +margin, "costs more"
+where it lies below -margin (this falsifies "finer grain costs less at matched savings" for that grain and stage), and
+"not distinguished" otherwise; a level without a clear drop is "uninformative". Each call is tested at family-wise
+level 5% by Holm's step-down over the family of every planned comparison (levels x finer grains x the two stages,
+before and after recovery: 8 in grain-embedded), each with its two-sided bootstrap p-value against the margin from the
+same resamples that give its interval (`tail_p`); an uninformative or missing comparison stays in the family with p =
+1, so the family's size is fixed by the recipe. The k = 0 control fails its gate where its (control - original)
+interval lies wholly beyond the control shift.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from layerprune.core.outputs import write_atomic
-from layerprune.core.paired import format_interval
+from layerprune.core.paired import ALPHA, format_interval
 from layerprune.pipeline.paired_table import Figures, load_matrix
 from layerprune.pipeline.studies.grain import CONTROL, PLAN_FILE, GrainStudy, cell, logical_models
 
@@ -42,15 +49,41 @@ def grain_figures(study: GrainStudy, root: Path) -> Figures:
     return Figures(names, matrices, chance, groups, replicates=runs)
 
 
-def verdict(diff: dict[str, Any], margin: float, informative: bool) -> str:
-    """'costs less', 'costs more', 'not distinguished' or 'uninformative' from the interval of (finer - block)."""
+def tail_p(draws: np.ndarray, margin: float) -> tuple[float, str]:
+    """The two-sided bootstrap p-value of (finer - block) against the margin from its resampled values, and the side
+    it points to: twice the share of resamples at or below +margin ('costs less') or at or above -margin ('costs
+    more'), whichever is smaller, at most 1 (the share at or below +margin is under alpha / 2 about where the
+    percentile interval at level 1 - alpha lies above +margin)."""
+    finite = np.asarray(draws, dtype=np.float64).reshape(-1)
+    finite = finite[np.isfinite(finite)]
+    if not len(finite):
+        return 1.0, "not distinguished"
+    less, more = float(np.mean(finite <= margin)), float(np.mean(finite >= -margin))
+    return min(1.0, 2 * min(less, more)), "costs less" if less <= more else "costs more"
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the given order: the i-th smallest p times (m - i + 1), made
+    non-decreasing along that order, at most 1; a hypothesis is rejected at family-wise level alpha where its adjusted
+    p is below alpha."""
+    m, adjusted, running = len(pvalues), [1.0] * len(pvalues), 0.0
+    for rank, index in enumerate(sorted(range(m), key=lambda i: pvalues[i])):
+        running = max(running, min(1.0, (m - rank) * pvalues[index]))
+        adjusted[index] = running
+    return adjusted
+
+
+def verdict(p_holm: float, side: str, informative: bool, alpha: float = ALPHA) -> str:
+    """'costs less', 'costs more', 'not distinguished' or 'uninformative' from the Holm-adjusted p-value of (finer -
+    block) against the margin and the side its tail points to (`tail_p`)."""
     if not informative:
         return "uninformative (no clear drop at this level)"
-    if diff.get("low") is not None and diff["low"] > margin:
-        return "costs less"
-    if diff.get("high") is not None and diff["high"] < -margin:
-        return "costs more"
-    return "not distinguished"
+    return side if p_holm < alpha else "not distinguished"
+
+
+def family_size(study: GrainStudy) -> int:
+    """The comparisons of the Holm family, fixed by the recipe: levels x finer grains x 2 stages."""
+    return len(study.levels) * (len(study.grains) - 1) * 2
 
 
 def cell_figures(figures: Figures, name: str, plan: dict[str, Any]) -> dict[str, Any]:
@@ -72,7 +105,9 @@ def cell_figures(figures: Figures, name: str, plan: dict[str, Any]) -> dict[str,
 
 
 def comparisons(study: GrainStudy, figures: Figures) -> list[dict[str, Any]]:
-    """Each finer grain against the block arm at each level, before and after recovery, with its verdict."""
+    """Each finer grain against the block arm at each level, before and after recovery, with its unadjusted 95%
+    interval, its bootstrap p-value against the margin, the Holm-adjusted p over the recipe's family
+    (`family_size`: a comparison not shown counts p = 1) and its verdict."""
     rows = []
     for level in study.levels:
         block = cell("block", level)
@@ -84,9 +119,17 @@ def comparisons(study: GrainStudy, figures: Figures) -> list[dict[str, Any]]:
             for stage, prefix in (("pruned", "pruned-"), ("recovered", "")):
                 finer, ref = f"{prefix}{cell(grain, level)}", f"{prefix}{block}"
                 if finer in figures.labels and ref in figures.labels:
-                    diff = figures.difference(finer, ref, GROUP)
-                    rows.append({"level": level, "grain": grain, "stage": stage, "difference": diff,
-                                 "block_drop": drop, "verdict": verdict(diff, study.gates.margin, clear)})
+                    def gap(m: np.ndarray, a: str = finer, b: str = ref) -> np.ndarray:
+                        return figures.mean(m, a, GROUP) - figures.mean(m, b, GROUP)
+
+                    p, side = tail_p(gap(figures.boot.resampled), study.gates.margin)
+                    rows.append({"level": level, "grain": grain, "stage": stage, "difference": figures.interval(gap),
+                                 "block_drop": drop, "informative": clear, "p": p, "side": side})
+    called = [r["p"] if r["informative"] else 1.0 for r in rows]
+    adjusted = holm(called + [1.0] * (family_size(study) - len(rows)))
+    for row, p_holm in zip(rows, adjusted, strict=False):
+        row["p_holm"] = p_holm
+        row["verdict"] = verdict(p_holm, row.pop("side"), row.pop("informative"))
     return rows
 
 
@@ -121,6 +164,7 @@ def grain_record(study: GrainStudy, root: Path) -> dict[str, Any]:
             "replicates": study.replicates, "baseline": figures.score("baseline", GROUP), "control": control,
             "cells": [{**cell_figures(figures, name, c), "budget": spent(study, root, name)}
                       for name, c in plan["cells"].items() if f"pruned-{name}" in figures.labels],
+            "family": {"method": "holm", "comparisons": family_size(study), "alpha": ALPHA},
             "comparisons": comparisons(study, figures)}
 
 
@@ -169,13 +213,18 @@ def format_report(study: GrainStudy, record: dict[str, Any]) -> str:
             _pct(before.get("retention")), _pct(after.get("score")), _pct(after.get("retention")),
             _pct(after.get("share")), sd, _budget(c.get("budget") or [])]) + " |")
     lines += ["", "## Finer grain against the block arm at matched savings", "",
-              f"Difference = finer - block on the instrument (points, paired 95%); margin "
-              f"{100 * study.gates.margin:g} points. 'costs more' falsifies \"finer grain costs less at matched "
-              "savings\" for that grain and stage.", "",
-              "| level (blocks) | grain | stage | block arm's drop | finer - block | verdict |",
-              "|---|---|---|---|---|---|"]
+              f"Difference = finer - block on the instrument (points, paired 95%, unadjusted); margin "
+              f"{100 * study.gates.margin:g} points. Each verdict is tested at family-wise level "
+              f"{100 * record['family']['alpha']:g}% by Holm's step-down over the family of the "
+              f"{record['family']['comparisons']} planned comparisons (levels x finer grains x before/after "
+              "recovery), from each one's two-sided bootstrap p-value against the margin (an uninformative or "
+              "missing one counts p = 1). 'costs more' falsifies \"finer grain costs less at matched savings\" for "
+              "that grain and stage.", "",
+              "| level (blocks) | grain | stage | block arm's drop | finer - block | p (Holm-adjusted p) | verdict |",
+              "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['level']} | {r['grain']} | {r['stage']} | {_points(r['block_drop'])} | "
-              f"{_points(r['difference'])} | {r['verdict']} |" for r in record["comparisons"]]
+              f"{_points(r['difference'])} | {r['p']:.3f} ({r['p_holm']:.3f}) | {r['verdict']} |"
+              for r in record["comparisons"]]
     control = record["control"]
     lines += ["", "## k = 0 control", ""]
     if control is None:
@@ -190,7 +239,8 @@ def format_report(study: GrainStudy, record: dict[str, Any]) -> str:
 
 
 def plot_grains(record: dict[str, Any], path: Path) -> None:
-    """Retention against the parameters removed, one line per grain, dashed before recovery, solid after."""
+    """Retention against the parameters removed, one line per grain, dashed before recovery, solid after; a cell
+    without a retention value (an undefined ratio) is left out, not drawn at 0."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -198,13 +248,14 @@ def plot_grains(record: dict[str, Any], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for grain, color in (("block", "#d62728"), ("attention", "#1f77b4"), ("mlp", "#2ca02c")):
-        points = sorted((c["params_fraction"], c) for c in record["cells"] if c["grain"] == grain)
+        points = sorted((c for c in record["cells"] if c["grain"] == grain), key=lambda c: c["params_fraction"])
         for stage, style in (("pruned", "--"), ("recovered", "-")):
-            xs = [0.0] + [x for x, c in points if stage in c]
-            ci = [c[stage]["retention"] for x, c in points if stage in c]
+            shown = [c for c in points if c.get(stage, {}).get("retention", {}).get("value") is not None]
+            xs = [0.0] + [c["params_fraction"] for c in shown]
+            ci = [c[stage]["retention"] for c in shown]
             if not ci:
                 continue
-            ys = [1.0] + [r["value"] or 0.0 for r in ci]
+            ys = [1.0] + [r["value"] for r in ci]
             ax.plot([100 * x for x in xs], ys, style, marker="o", color=color, label=f"{grain}, {stage}")
             for x, r in zip(xs[1:], ci, strict=True):
                 if r.get("low") is not None:
