@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
+import types
 from pathlib import Path
 
 import gguf
@@ -85,3 +87,33 @@ def test_a_quantizer_type_without_llama_cpp_python_is_refused_in_one_line(tiny_l
                                               r"gguf-run\]'$"):
         export_gguf(tiny_llama, tmp_path / "q.gguf", "q5_k_m")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_vocabulary_llama_cpp_reads_otherwise_than_transformers_is_one_line():
+    with pytest.raises(LayerpruneError, match=r"^export: llama.cpp's logits are 12 wide, transformers' 10 "):
+        quantize._kl(torch.zeros(3, 10), torch.zeros(3, 12))
+    assert quantize._kl(torch.zeros(3, 10), torch.zeros(3, 10)).tolist() == [0.0] * 3
+
+
+def test_llama_cpp_is_closed_when_its_evaluation_fails(monkeypatch, tmp_path):
+    closed = []
+
+    class Llama:
+        scores: list = []
+
+        def __init__(self, **kwargs) -> None:  # noqa: ANN003
+            pass
+
+        def reset(self) -> None:
+            pass
+
+        def eval(self, ids: list[int]) -> None:
+            raise RuntimeError("llama_decode returned -1")
+
+        def close(self) -> None:
+            closed.append(True)
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=Llama))
+    with pytest.raises(RuntimeError, match="llama_decode"):
+        quantize.llama_cpp_logits(tmp_path / "q.gguf", [[1, 2, 3]])
+    assert closed == [True]

@@ -19,7 +19,7 @@ from layerprune.models.speed import SpeedBench, measured_speedup
 from layerprune.models.sublayers import Sublayer
 from layerprune.prune.api import prune_model
 from layerprune.prune.recipe import PruneRecipe
-from layerprune.prune.target import model_sizes, parse_target, plan_to_target, rank_removals
+from layerprune.prune.target import model_sizes, parse_target, plan_sublayers, plan_to_target, rank_removals
 from tiny import tiny_config, tiny_tokenizer
 
 CHEAP = ["--calib", "arithmetic", "--calib-samples", "4", "--batch-size", "4", "--score", "block-influence"]
@@ -281,3 +281,12 @@ def test_a_sublayer_target_stops_where_the_layout_does(capsys, tiny_llama):
                                               "--target", "kv-cache=0.1x"))
     assert_one_line_error(code, err, "cannot be reached", "removing all 4 removable",
                           "the first kept block keeps its attention", "0.333x of the original")
+
+
+def test_an_unreachable_target_with_nothing_removable_names_the_grain(tiny_llama):
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    with pytest.raises(LayerpruneError, match=r"removing all 0 removable \(unprotected, scored; the first kept block "
+                                              r"keeps its attention\)"):
+        plan_sublayers(model, parse_target("params=0.5x"), [], torch.float32)
+    with pytest.raises(LayerpruneError, match=r"removing all 0 removable \(unprotected, scored; one block kept\)"):
+        plan_to_target([None] * 6, list(range(6)), parse_target("params=0.5x"), model_sizes(model, torch.float32))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -165,5 +166,36 @@ def test_a_source_cut_short_during_the_copy_is_one_line_and_leaves_nothing(capsy
     code, _, err = run_cli(capsys, ["prune", "--model", str(model), "--output", str(tmp_path / "out"),
                                     "--layers", "1,3"])
     assert_one_line_error(code, err, "truncated while read")
+    assert not (tmp_path / "out").exists()
+    assert not list(tmp_path.glob(".out.tmp-*"))
+
+
+def test_a_failed_hash_stops_the_copy_at_once_and_leaves_nothing(capsys, tiny_llama, tmp_path, monkeypatch):
+    """The hash thread's error surfaces in the copy loop (not after the whole shard), as one line."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama, model)
+    futures, copied = [], []
+
+    class Pool(ThreadPoolExecutor):
+        def submit(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            futures.append(super().submit(*args, **kwargs))
+            return futures[-1]
+
+    def failing_hash(path, *args):  # noqa: ANN001, ANN002, ANN202
+        raise LayerpruneError(f"{path} could not be read whole")
+
+    def copy_after_the_hash_failed(*args):  # noqa: ANN002, ANN202
+        assert futures[0].exception(timeout=60) is not None
+        copied.append(args[2])
+        return real_copy(*args)
+
+    real_copy = safetensors_copy._kernel_copy
+    monkeypatch.setattr(safetensors_copy, "ThreadPoolExecutor", Pool)
+    monkeypatch.setattr(safetensors_copy, "_sha256", failing_hash)
+    monkeypatch.setattr(safetensors_copy, "_kernel_copy", copy_after_the_hash_failed)
+    code, _, err = run_cli(capsys, ["prune", "--model", str(model), "--output", str(tmp_path / "out"),
+                                    "--layers", "1,3"])
+    assert_one_line_error(code, err, "could not be read whole")
+    assert len(futures) == 1 and len(copied) <= 1
     assert not (tmp_path / "out").exists()
     assert not list(tmp_path.glob(".out.tmp-*"))

@@ -88,4 +88,6 @@ def test_shipped_score_parameters_stay_flat_keys_and_context_attributes():
     assert ctx.angular_tokens == "all"
     ctx.angular_tokens = "last"
     assert ctx.params["angular_tokens"] == "last"
+    assert recipe.score_params["angular_tokens"] == "all"  # the context's own copy: the recorded recipe unchanged
+    assert recipe.model_dump()["angular_tokens"] == "all"
     assert ScoreContext(None, None, None, [], None, 1, []).stack_candidates == 1  # the score's default

@@ -20,6 +20,7 @@ from layerprune.models.shards import written_shapes
 from layerprune.models.verify_blockwise import block_major_logits, verify_block_major
 from layerprune.prune import from_files
 from layerprune.prune.api import prune_model
+from layerprune.prune.calib import CalibItem, CalibSet
 from layerprune.prune.recipe import PruneRecipe
 from tiny import ARCHS
 
@@ -143,10 +144,33 @@ def test_streamed_verification_reports_where_its_time_went(tiny_llama, tmp_path)
 def test_the_streamed_probe_is_cut_so_every_row_keeps_its_real_tokens(side):
     ids = torch.arange(60).reshape(2, 30)
     short = [1] * 3 + [0] * 27 if side == "right" else [0] * 27 + [1] * 3
-    cut_ids, cut_mask = from_files.probe_positions(ids, torch.tensor([[1] * 30, short]), side, positions=16)
+    cut_ids, cut_mask = from_files.probe_positions(ids, torch.tensor([[1] * 30, short]), positions=16)
     assert cut_ids.shape == cut_mask.shape == (2, 16) and cut_mask.sum(-1).tolist() == [16, 3]
     assert cut_ids[0].tolist() == (list(range(16)) if side == "right" else list(range(14, 30)))
-    assert from_files.probe_positions(ids[:, :8], None, side)[0].shape == (2, 8)
+    assert from_files.probe_positions(ids[:, :8], None)[0].shape == (2, 8)
+    assert from_files.probe_positions(ids, None, positions=16)[0].tolist() == ids[:, :16].tolist()
+
+
+def test_a_left_padding_tokenizer_does_not_cut_the_right_padded_calibration_probe(tiny_llama, tmp_path, monkeypatch):
+    """The probe comes from the calibration batch, padded on the right whatever the tokenizer says: cutting its last
+    columns would leave the short row nothing but padding (NaN logits, a correct prune refused)."""
+    source = tmp_path / "left"
+    shutil.copytree(tiny_llama, source)
+    tokenizer_config = source / "tokenizer_config.json"
+    tokenizer_config.write_text(json.dumps({**json.loads(tokenizer_config.read_text()), "padding_side": "left"}))
+    items = [CalibItem("the cat sat on the mat and the dog sat on the log " * 3), CalibItem("a cat")]
+    monkeypatch.setattr(from_files, "load_calibration", lambda *a, **k: CalibSet(items, "two texts"))
+    masks = []
+
+    def verify(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        masks.append(args[4])
+        return verify_block_major(*args, **kwargs)
+
+    monkeypatch.setattr(from_files, "verify_block_major", verify)
+    recipe = PruneRecipe(drop=2, score="angular", calib="arithmetic", calib_samples=2)
+    report = prune_model(str(source), recipe, RunSettings(block_major=True), output=tmp_path / "out").report
+    assert report["verification"]["checked"] is True
+    assert masks[0].shape[-1] == from_files.PROBE_POSITIONS and masks[0].sum(-1).min() > 0  # every row a real token
 
 
 def test_device_mapped_prune_is_verified_block_major(tiny_llama, tmp_path, monkeypatch):

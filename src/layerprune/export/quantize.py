@@ -114,7 +114,12 @@ def logit_agreement(path: Path, model_dir: Path) -> dict[str, Any]:
 
 
 def _kl(expected: torch.Tensor, found: torch.Tensor) -> torch.Tensor:
-    """KL(transformers || llama.cpp) of the next-token distributions, per position."""
+    """KL(transformers || llama.cpp) of the next-token distributions, per position; a one-line error when the two
+    vocabularies differ in width."""
+    if expected.shape[-1] != found.shape[-1]:
+        raise LayerpruneError(f"export: llama.cpp's logits are {found.shape[-1]} wide, transformers' "
+                              f"{expected.shape[-1]} (the GGUF's vocabulary is not the model's); the quantized file "
+                              "cannot be checked; nothing written (--no-verify keeps it)")
     log_p, log_q = expected.log_softmax(-1), found.log_softmax(-1)
     return (log_p.exp() * (log_p - log_q)).sum(-1)
 
@@ -129,9 +134,11 @@ def llama_cpp_logits(path: Path, prompt_ids: list[list[int]]) -> list[torch.Tens
     except ValueError as exc:  # llama-cpp-python's "Failed to load model from file"
         raise LayerpruneError(f"llama.cpp cannot load the quantized {path.name}: {exc}") from exc
     rows = []
-    for ids in prompt_ids:
-        llm.reset()
-        llm.eval(ids)
-        rows.append(torch.tensor(llm.scores[: len(ids)]).float())
-    llm.close()
+    try:
+        for ids in prompt_ids:
+            llm.reset()
+            llm.eval(ids)
+            rows.append(torch.tensor(llm.scores[: len(ids)]).float())
+    finally:
+        llm.close()
     return rows

@@ -165,11 +165,11 @@ def _copy_file(path: Path, jobs: list[tuple[Stored, str, int]], fds: dict[str, i
             assert buffers[1] is not None
             hashing = pool.submit(_sha256, path, before.st_size, buffers[1], stop)
         try:
-            _copy_ranges(path, jobs, fds, buffers[0])
+            _copy_ranges(path, jobs, fds, buffers[0], hashing)
+            digest = hashing.result() if hashing is not None else None
         except BaseException:
             stop.set()  # the hash is not wanted any more: the thread ends at its next chunk
             raise
-        digest = hashing.result() if hashing is not None else None
     if digest is None:
         return None
     after = path.stat()
@@ -178,9 +178,13 @@ def _copy_file(path: Path, jobs: list[tuple[Stored, str, int]], fds: dict[str, i
     return before.st_size, before.st_mtime_ns, digest
 
 
-def _copy_ranges(path: Path, jobs: list[tuple[Stored, str, int]], fds: dict[str, int], buffer: memoryview) -> None:
+def _copy_ranges(path: Path, jobs: list[tuple[Stored, str, int]], fds: dict[str, int], buffer: memoryview,
+                 hashing: Future[str] | None) -> None:
+    """The ranges, one tensor at a time; the hash thread's error (a truncation it found) raised before the next."""
     with path.open("rb", buffering=0) as handle:
         for tensor, out, offset in jobs:
+            if hashing is not None and hashing.done():
+                hashing.result()
             if not _kernel_copy(handle, path, tensor, fds[out], offset):
                 for start, chunk in _chunks(handle, path, tensor.start, tensor.end, buffer, None, seek=True):
                     _write_all(fds[out], chunk, offset + start - tensor.start)

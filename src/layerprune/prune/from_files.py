@@ -158,8 +158,7 @@ def _verify_streamed(
     device = settings.resolved_device()
     stored = checkpoint_dtype(config, source_dir)  # not float32 on the CPU: one block of the stored size at a time
     compute = stored if settings.dtype == "auto" and stored is not None else settings.resolved_dtype()
-    ids, mask = probe_positions(*probe_inputs(tokenizer := load_tokenizer(source, settings), calib, device),
-                                getattr(tokenizer, "padding_side", "right"))
+    ids, mask = probe_positions(*probe_inputs(load_tokenizer(source, settings), calib, device))
     rtol = 1e-3 if compute == torch.float32 else 2e-2  # the streamed files are the source's tensors, bit for bit
     try:
         record = verify_block_major(config, tmp, drop, ids, mask, device, compute, rtol, source_dir=source_dir)
@@ -175,16 +174,19 @@ def _verify_streamed(
     report["timings"]["verify_s"] = report["verification"]["seconds"]
 
 
-def probe_positions(ids: torch.Tensor, mask: torch.Tensor | None, padding_side: str,
+def probe_positions(ids: torch.Tensor, mask: torch.Tensor | None,
                     positions: int = PROBE_POSITIONS) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The probe cut to its first `positions` columns (its last ones when padded on the left), so every row keeps
-    a real token. Enough for what the streamed check is there to see beyond the byte comparison (blocks in the
-    wrong order, a config the model code reads by block index, a head or embedding mapped wrong, rotary against
-    no-rope layers); attention windows are longer than any probe of a real model. On a CPU each forward's cost
-    grows with the positions: with 2 x 27 of the fixed text, the two were most of a CPU prune's time."""
+    """The probe cut to its first `positions` columns (its last ones when the mask is padded on the left: some row
+    starts with padding and ends with a real token), so every row keeps a real token. The side is read from the
+    mask, not the tokenizer: calibration batches are padded on the right whatever the tokenizer's side. Enough for
+    what the streamed check is there to see beyond the byte comparison (blocks in the wrong order, a config the
+    model code reads by block index, a head or embedding mapped wrong, rotary against no-rope layers); attention
+    windows are longer than any probe of a real model. On a CPU each forward's cost grows with the positions: with
+    2 x 27 of the fixed text, the two were most of a CPU prune's time."""
     if ids.shape[-1] <= positions:
         return ids, mask
-    cut = slice(-positions, None) if padding_side == "left" else slice(0, positions)
+    left = mask is not None and bool(((mask[:, 0] == 0) & (mask[:, -1] != 0)).any())
+    cut = slice(-positions, None) if left else slice(0, positions)
     return ids[:, cut], mask[:, cut] if mask is not None else None
 
 

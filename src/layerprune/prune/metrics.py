@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Mapping, Sequence
-from typing import TypeVar
+from collections.abc import Iterable, Sequence
 
 import torch
-
-K = TypeVar("K", bound=Hashable)  # a sortable key: a block index, a Sublayer
 
 
 def token_cosine(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -68,12 +65,6 @@ def select_lowest(scores: Sequence[float | None], n: int, protected: Iterable[in
     fixed = set(protected)
     pool = [(s, -i, i) for i, s in enumerate(scores) if i not in fixed and s is not None and not math.isnan(s)]
     return sorted(i for _, _, i in sorted(pool)[:n])
-
-
-def lowest_keys(scores: Mapping[K, float | None], n: int) -> list[K]:
-    """The `n` keys with the lowest scores, sorted (ties broken by the later key first; None and NaN never chosen)."""
-    pool = sorted((k for k, s in scores.items() if s is not None and not math.isnan(s)), reverse=True)
-    return sorted(sorted(pool, key=lambda k: float(scores[k]))[:n])
 
 
 def best_contiguous_run(distances: Sequence[float | None], n: int, protected: Iterable[int]) -> list[int]:

@@ -228,12 +228,14 @@ def plan_to_target(
     the measurement falls short, or one fewer while the shorter prefix still meets it. One line naming the best
     reachable value when even the longest allowed prefix does not meet it.
     """
-    return plan_ranked(rank_removals(scores, removals, protected)[:max_removals], target, sizes, measure)
+    return plan_ranked(rank_removals(scores, removals, protected)[:max_removals], target, sizes, measure,
+                       sublayers=not all(isinstance(r, int) for r in removals))
 
 
-def plan_ranked(ranked: Sequence[Removal], target: Target, sizes: ModelSizes,
-                measure: Measure | None = None) -> TargetPlan:
-    """The shortest prefix of `ranked` (least important first) that meets `target`, as `plan_to_target` plans it."""
+def plan_ranked(ranked: Sequence[Removal], target: Target, sizes: ModelSizes, measure: Measure | None = None,
+                sublayers: bool = False) -> TargetPlan:
+    """The shortest prefix of `ranked` (least important first) that meets `target`, as `plan_to_target` plans it;
+    `sublayers` says the grain the unreachable message names (what the ranking left out)."""
     ranked = list(ranked)
     before = sizes.predicted([])
     if target.quantity == "speedup":
@@ -247,8 +249,7 @@ def plan_ranked(ranked: Sequence[Removal], target: Target, sizes: ModelSizes,
         if after[key] <= limit:
             return TargetPlan(target, ranked[:count], before, after)
     best = sizes.predicted(ranked)[key]
-    kept = ("one block kept" if all(isinstance(r, int) for r in ranked)
-            else "the first kept block keeps its attention")
+    kept = "the first kept block keeps its attention" if sublayers else "one block kept"
     raise LayerpruneError(
         f"--target {target.text} cannot be reached: removing all {len(ranked)} removable (unprotected, scored; "
         f"{kept}) leaves {_format(target.quantity, best, before[key])}"
@@ -320,7 +321,7 @@ def plan_sublayers(model: nn.Module, target: Target, order: Sequence[Sublayer], 
     if target.quantity == "speedup":
         raise LayerpruneError(f"--target {target.text} measures whole-block removals only; at a sublayer "
                               "--granularity give params=, memory= or kv-cache=")
-    return plan_ranked(order, target, model_sizes(model, dtype))
+    return plan_ranked(order, target, model_sizes(model, dtype), sublayers=True)
 
 
 def plan_blocks(model: nn.Module, target: Target, scores: Sequence[float | None], protected: Sequence[int],

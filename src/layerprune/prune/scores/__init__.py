@@ -41,7 +41,8 @@ class ScoreContext:
     """Everything a score needs: the model, its blocks, calibration data and the drop request.
 
     `params` holds score parameters by key (`ScoreParams.of` reads a score's own, defaults where absent); a
-    registered parameter also reads and writes as an attribute (`ctx.angular_tokens`)."""
+    registered parameter also reads and writes as an attribute (`ctx.angular_tokens`), in the context's own copy
+    of the dict it was given (never the recipe's recorded `score_params`)."""
 
     model: nn.Module
     tokenizer: Any
@@ -58,6 +59,9 @@ class ScoreContext:
     params: dict[str, Any] = field(default_factory=dict)
     progress: Callable[[str, int], Any] | None = None
     num_blocks: int | None = None  # depth without a model (scores that need only the block count)
+
+    def __post_init__(self) -> None:
+        self.params = dict(self.params)
 
     @property
     def depth(self) -> int:
