@@ -19,7 +19,7 @@ from layerprune.models.identity import model_hash
 from layerprune.models.surgery import skip_reference_logits
 from layerprune.prune.calib import CalibSet, load_calibration, tokenize_calibration
 from layerprune.prune.recipe import PruneRecipe
-from layerprune.prune.report import model_card, plot_scores, write_prune_report
+from layerprune.prune.report import Timings, model_card, plot_scores, write_prune_report
 from layerprune.tasks.data import resolve_data_dir
 
 DATA_FREE_SCORES = {"last", "random"}
@@ -117,6 +117,15 @@ def write_report_files(directory: Path, report: dict[str, Any]) -> None:
         )
         report["scores_png"] = "block_scores.png"
     model_card(write_prune_report(directory, report)).save(directory / "README.md")
+
+
+def close_timings(report: dict[str, Any], started: float) -> dict[str, Any]:
+    """`report` with the run's total set on its typed timings (after the file was written, as before) and the
+    timings as the plain values the file holds, which is how callers (--json, benches) read them."""
+    timings: Timings = report["timings"]
+    timings.total_s = round(time.perf_counter() - started, 2)
+    report["timings"] = timings.model_dump()
+    return report
 
 
 def add_weights_hash(source: ModelSource, settings: RunSettings) -> None:

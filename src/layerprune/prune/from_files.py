@@ -25,6 +25,7 @@ from layerprune.prune.common import (
     add_weights_hash,
     build_report,
     check_request,
+    close_timings,
     probe_inputs,
     progress_bar,
     reference_probe,
@@ -32,6 +33,7 @@ from layerprune.prune.common import (
     write_report_files,
 )
 from layerprune.prune.recipe import PruneRecipe
+from layerprune.prune.report import Timings
 from layerprune.prune.scores import ScoreContext, ScoreResult, run_importance_score
 from layerprune.prune.streaming import describe_source, per_layer_config, save_streamed
 from layerprune.tasks.data import resolve_data_dir
@@ -109,7 +111,7 @@ def prune_from_files(
         count_parameters(plan.checkpoint, list(plan.renamed)),
     )
     report["config_per_layer"] = {"before": per_layer_config(config), "after": per_layer_config(config, plan.kept)}
-    report["timings"] = {"load_s": 0.0, "score_s": round(score_seconds, 2)}
+    report["timings"] = Timings(load_s=0.0, score_s=round(score_seconds, 2))
     if writes:
         assert output is not None
 
@@ -121,8 +123,7 @@ def prune_from_files(
         report["dtype"] = _streamed_dtypes(config, source_dir, settings)
         save_streamed(source, source_dir, result.drop, report, output, overwrite, settings, finish, recipe.force,
                       hash_weights=hash_in_copy)
-    report["timings"]["total_s"] = round(time.perf_counter() - started, 2)
-    return report
+    return close_timings(report, started)
 
 
 def _streamed_dtypes(config: Any, source_dir: Path, settings: RunSettings) -> dict[str, Any]:
@@ -171,7 +172,7 @@ def _verify_streamed(
         "phase_seconds": {"bytes": round(bytes_seconds, 3), **record.get("phase_seconds", {})},
         "seconds": round(report["verification"]["seconds"] + time.perf_counter() - start, 2),
     }
-    report["timings"]["verify_s"] = report["verification"]["seconds"]
+    report["timings"].verify_s = report["verification"]["seconds"]
 
 
 def probe_positions(ids: torch.Tensor, mask: torch.Tensor | None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from layerprune.core.reports import read_report, write_report
 from layerprune.models.lineage import PRUNE_REPORT, PrunedLineage
@@ -13,6 +13,23 @@ from layerprune.prune.recipe import PruneRecipe
 
 if TYPE_CHECKING:
     from huggingface_hub import ModelCard
+
+
+class Timings(BaseModel):
+    """Seconds per phase, set as each phase ends: a misspelled phase or a value that is not a number fails where it
+    is set. A phase that did not run (no save on a dry run) is left out of the JSON, not written as null."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+
+    load_s: float = Field(description="Loading the model (0 when only its files were read)")
+    score_s: float = Field(description="Choosing the blocks")
+    save_s: float | None = Field(None, description="Writing the pruned model")
+    verify_s: float | None = Field(None, description="Checking the written model")
+    total_s: float | None = Field(None, description="The whole run (set after the report file is written)")
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, float]:
+        return {key: value for key, value in handler(self).items() if value is not None}
 
 
 class PruneReport(PrunedLineage):
@@ -28,7 +45,7 @@ class PruneReport(PrunedLineage):
     params_after: int
     config_per_layer: dict[str, dict[str, Any]] = Field(description="Per-layer config fields before and after")
     dtype: dict[str, Any] = Field(description="Checkpoint, compute and saved dtypes")
-    timings: dict[str, float] = Field(description="Seconds per phase")
+    timings: Timings = Field(description="Seconds per phase")
     saved: dict[str, Any] | None = Field(None, description="How the weights were written")
     verification: dict[str, Any] | None = Field(None, description="The checks of the written model")
     target: dict[str, Any] | None = Field(None, description="--target: the plan, predicted and measured values")

@@ -147,5 +147,5 @@ def save_streamed(source: ModelSource, source_dir: Path, drop: list[int], report
                            "bytes": written["bytes"], "dtypes": written["dtypes"]}
         report["verification"] = {"checked": "meta", "keys": written["meta_check"]["keys"],
                                   "seconds": written["meta_check"]["seconds"]}
-        report["timings"]["save_s"] = round(time.perf_counter() - start, 2)
+        report["timings"].save_s = round(time.perf_counter() - start, 2)
         finish(tmp, report)
