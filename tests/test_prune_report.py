@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from layerprune.core.settings import RunSettings
-from layerprune.prune import in_memory
+from layerprune.prune import from_files, in_memory
 from layerprune.prune.api import prune_model
 from layerprune.prune.recipe import PruneRecipe
 from layerprune.prune.report import read_prune_report
@@ -24,11 +24,27 @@ def test_a_wrongly_typed_timing_fails_where_it_is_set(tiny_llama, tmp_path, monk
     assert not (tmp_path / "out").exists()
 
 
+def test_a_wrongly_typed_check_fails_where_it_is_made(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setattr(from_files, "check_copied", lambda plan, tmp: "all of them")
+    with pytest.raises(ValidationError, match="bytes_compared"):
+        prune_model(str(tiny_llama), PruneRecipe(layers=[2]), output=tmp_path / "out")  # streamed from the files
+    assert not (tmp_path / "out").exists()
+
+
+CHECKS = {"auto": {"checked", "keys", "tokens", "logits_check", "max_abs_diff", "tolerance", "reference_max_abs",
+                   "per_layer_settings", "bytes_compared", "phase_seconds", "seconds"},
+          "float32": {"checked", "keys", "tokens", "logits_check", "max_abs_diff", "tolerance", "reference_max_abs",
+                      "seconds"}}
+
+
 @pytest.mark.parametrize("dtype", ["auto", "float32"])  # streamed from the files; saved from memory
-def test_the_written_timings_keep_their_keys(tiny_llama, tmp_path, dtype):
+def test_the_written_report_keeps_its_keys(tiny_llama, tmp_path, dtype):
     result = prune_model(str(tiny_llama), PruneRecipe(layers=[2]), RunSettings(dtype=dtype), tmp_path / "out")
-    written = json.loads((tmp_path / "out" / "prune_report.json").read_text())["timings"]
+    file = json.loads((tmp_path / "out" / "prune_report.json").read_text())
+    assert set(file["verification"]) == CHECKS[dtype] and file["verification"]["checked"] is True  # no nulls
+    written = file["timings"]
     assert list(written) == ["load_s", "score_s", "save_s", "verify_s"]  # no total_s, no nulls, in this order
     assert all(isinstance(value, float) for value in written.values())
     assert read_prune_report(tmp_path / "out").timings.save_s == written["save_s"]
-    assert list(json.loads(json.dumps(result.report))["timings"]) == [*written, "total_s"]  # plain, as --json prints
+    plain = json.loads(json.dumps(result.report))  # plain values, as --json prints them
+    assert list(plain["timings"]) == [*written, "total_s"] and plain["verification"] == file["verification"]

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.provenance import collect_provenance
 from layerprune.core.settings import RunSettings
@@ -119,13 +121,12 @@ def write_report_files(directory: Path, report: dict[str, Any]) -> None:
     model_card(write_prune_report(directory, report)).save(directory / "README.md")
 
 
-def close_timings(report: dict[str, Any], started: float) -> dict[str, Any]:
-    """`report` with the run's total set on its typed timings (after the file was written, as before) and the
-    timings as the plain values the file holds, which is how callers (--json, benches) read them."""
+def close_report(report: dict[str, Any], started: float) -> dict[str, Any]:
+    """`report` with the run's total set on its typed timings (after the file was written, as before) and its
+    typed pieces as the plain values the file holds, which is how callers (--json, benches) read them."""
     timings: Timings = report["timings"]
     timings.total_s = round(time.perf_counter() - started, 2)
-    report["timings"] = timings.model_dump()
-    return report
+    return {key: value.model_dump() if isinstance(value, BaseModel) else value for key, value in report.items()}
 
 
 def add_weights_hash(source: ModelSource, settings: RunSettings) -> None:

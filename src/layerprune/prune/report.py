@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
@@ -32,6 +32,37 @@ class Timings(BaseModel):
         return {key: value for key, value in handler(self).items() if value is not None}
 
 
+class Verification(BaseModel):
+    """The checks of the written model, made as they run (the meta check of a streamed save first, then the bytes
+    and the logits): a misspelled key or a wrong type fails where it is made. A check that did not run is left out
+    of the JSON, not written as null."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+
+    checked: bool | Literal["meta"] = Field(
+        description="True when the logits were compared; 'meta' when only the meta-device check ran; False when none"
+    )
+    keys: int | str | None = Field(
+        None, description="State-dict keys checked against the new config on the meta device, or why not"
+    )
+    tokens: int | None = Field(None, description="Probe tokens whose logits were compared")
+    logits_check: str | None = Field(None, description="whole-model, block-major, or why it was skipped")
+    block_major: str | None = Field(None, description="Why the block-major check was not possible")
+    max_abs_diff: float | None = Field(None, description="Largest |logit difference| against the skip reference")
+    tolerance: float | None = Field(None, description="The largest difference allowed")
+    reference_max_abs: float | None = Field(None, description="Largest |logit| of the reference (the scale)")
+    per_layer_settings: int | str | None = Field(
+        None, description="Per-layer config settings compared block by block, or why not"
+    )
+    bytes_compared: int | None = Field(None, description="Tensor bytes compared with the source (streamed save)")
+    phase_seconds: dict[str, float] | None = Field(None, description="Seconds per phase of the check")
+    seconds: float | None = Field(None, description="Seconds of the whole check")
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+
 class PruneReport(PrunedLineage):
     """prune_report.json: the lineage every floor reads, plus the scores, the checks and what it cost."""
 
@@ -47,7 +78,7 @@ class PruneReport(PrunedLineage):
     dtype: dict[str, Any] = Field(description="Checkpoint, compute and saved dtypes")
     timings: Timings = Field(description="Seconds per phase")
     saved: dict[str, Any] | None = Field(None, description="How the weights were written")
-    verification: dict[str, Any] | None = Field(None, description="The checks of the written model")
+    verification: Verification | None = Field(None, description="The checks of the written model")
     target: dict[str, Any] | None = Field(None, description="--target: the plan, predicted and measured values")
     scores_png: str | None = Field(None, description="The score chart beside the report")
     removed_sublayers: list[str] | None = Field(
