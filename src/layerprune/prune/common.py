@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.provenance import collect_provenance
 from layerprune.core.settings import RunSettings
@@ -19,7 +21,7 @@ from layerprune.models.identity import model_hash
 from layerprune.models.surgery import skip_reference_logits
 from layerprune.prune.calib import CalibSet, load_calibration, tokenize_calibration
 from layerprune.prune.recipe import PruneRecipe
-from layerprune.prune.report import model_card, plot_scores, write_prune_report
+from layerprune.prune.report import Timings, model_card, plot_scores, write_prune_report
 from layerprune.tasks.data import resolve_data_dir
 
 DATA_FREE_SCORES = {"last", "random"}
@@ -117,6 +119,14 @@ def write_report_files(directory: Path, report: dict[str, Any]) -> None:
         )
         report["scores_png"] = "block_scores.png"
     model_card(write_prune_report(directory, report)).save(directory / "README.md")
+
+
+def close_report(report: dict[str, Any], started: float) -> dict[str, Any]:
+    """`report` with the run's total set on its typed timings (after the file was written, as before) and its
+    typed pieces as the plain values the file holds, which is how callers (--json, benches) read them."""
+    timings: Timings = report["timings"]
+    timings.total_s = round(time.perf_counter() - started, 2)
+    return {key: value.model_dump() if isinstance(value, BaseModel) else value for key, value in report.items()}
 
 
 def add_weights_hash(source: ModelSource, settings: RunSettings) -> None:

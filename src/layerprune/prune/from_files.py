@@ -25,6 +25,7 @@ from layerprune.prune.common import (
     add_weights_hash,
     build_report,
     check_request,
+    close_report,
     probe_inputs,
     progress_bar,
     reference_probe,
@@ -32,6 +33,7 @@ from layerprune.prune.common import (
     write_report_files,
 )
 from layerprune.prune.recipe import PruneRecipe
+from layerprune.prune.report import Timings, Verification
 from layerprune.prune.scores import ScoreContext, ScoreResult, run_importance_score
 from layerprune.prune.streaming import describe_source, per_layer_config, save_streamed
 from layerprune.tasks.data import resolve_data_dir
@@ -109,7 +111,7 @@ def prune_from_files(
         count_parameters(plan.checkpoint, list(plan.renamed)),
     )
     report["config_per_layer"] = {"before": per_layer_config(config), "after": per_layer_config(config, plan.kept)}
-    report["timings"] = {"load_s": 0.0, "score_s": round(score_seconds, 2)}
+    report["timings"] = Timings(load_s=0.0, score_s=round(score_seconds, 2))
     if writes:
         assert output is not None
 
@@ -121,8 +123,7 @@ def prune_from_files(
         report["dtype"] = _streamed_dtypes(config, source_dir, settings)
         save_streamed(source, source_dir, result.drop, report, output, overwrite, settings, finish, recipe.force,
                       hash_weights=hash_in_copy)
-    report["timings"]["total_s"] = round(time.perf_counter() - started, 2)
-    return report
+    return close_report(report, started)
 
 
 def _streamed_dtypes(config: Any, source_dir: Path, settings: RunSettings) -> dict[str, Any]:
@@ -153,7 +154,8 @@ def _verify_streamed(
     the other when that fits. The streamed files were already checked by name and against the new config on the
     meta device."""
     start = time.perf_counter()
-    report["verification"]["bytes_compared"] = check_copied(plan, tmp)
+    meta: Verification = report["verification"]
+    meta.bytes_compared = check_copied(plan, tmp)
     bytes_seconds = time.perf_counter() - start
     device = settings.resolved_device()
     stored = checkpoint_dtype(config, source_dir)  # not float32 on the CPU: one block of the stored size at a time
@@ -164,14 +166,15 @@ def _verify_streamed(
         record = verify_block_major(config, tmp, drop, ids, mask, device, compute, rtol, source_dir=source_dir)
     except BlockMajorUnsupported as exc:
         record = _verify_whole(source, source_dir, settings, tmp, drop, calib, rtol, str(exc))
-    report["verification"] = {
-        **report["verification"],
+    verification = Verification(**{
+        **meta.model_dump(),
         **record,
         "checked": isinstance(record.get("max_abs_diff"), float),
         "phase_seconds": {"bytes": round(bytes_seconds, 3), **record.get("phase_seconds", {})},
-        "seconds": round(report["verification"]["seconds"] + time.perf_counter() - start, 2),
-    }
-    report["timings"]["verify_s"] = report["verification"]["seconds"]
+        "seconds": round((meta.seconds or 0.0) + time.perf_counter() - start, 2),
+    })
+    report["verification"] = verification
+    report["timings"].verify_s = verification.seconds
 
 
 def probe_positions(ids: torch.Tensor, mask: torch.Tensor | None,

@@ -24,6 +24,7 @@ from layerprune.prune.common import (
     add_weights_hash,
     build_report,
     check_request,
+    close_report,
     progress_bar,
     read_calibration,
     recipe_force,
@@ -32,6 +33,7 @@ from layerprune.prune.common import (
     write_report_files,
 )
 from layerprune.prune.recipe import PruneRecipe
+from layerprune.prune.report import Timings, Verification
 from layerprune.prune.scores import ScoreContext, ScoreResult, run_importance_score
 from layerprune.prune.streaming import checkpoint_dir, save_streamed
 
@@ -71,11 +73,10 @@ def prune_in_memory(
         report["target"] = planned
     report["config_per_layer"] = {"before": config_before, "after": _per_layer_config(loaded.model)}
     report["dtype"] = _dtypes(loaded, settings)
-    report["timings"] = {"load_s": round(loaded.load_seconds, 2), "score_s": round(score_seconds, 2)}
+    report["timings"] = Timings(load_s=round(loaded.load_seconds, 2), score_s=round(score_seconds, 2))
     if not dry_run and output is not None:
         save_pruned(loaded, report, output, overwrite, settings, probe)
-    report["timings"]["total_s"] = round(time.perf_counter() - started, 2)
-    return loaded, report
+    return loaded, close_report(report, started)
 
 
 def choose_blocks(
@@ -217,7 +218,7 @@ def save_pruned(
         write_pretrained(loaded.model, tmp, saved, settings.max_shard_size, output)
         copy_tokenizer_files(loaded.source, tmp, loaded.tokenizer)
         report["saved"] = {"how": "save_pretrained of the model in memory"}
-        report["timings"]["save_s"] = round(time.perf_counter() - start, 2)
+        report["timings"].save_s = round(time.perf_counter() - start, 2)
         lossless = saved in (torch_dtype(loaded), loaded.checkpoint_dtype, torch.float32)
         _verify(loaded, tmp, report, probe, lossless, settings)
         write_report_files(tmp, report)
@@ -228,7 +229,7 @@ def _verify(
 ) -> None:
     """Compare what was written with the skip reference (a record; raises on a mismatch): reloaded whole when a
     second copy fits beside the model on its device, else block-major (a device-mapped model always)."""
-    report.setdefault("verification", {"checked": False})  # a streamed save has done the meta check already
+    report.setdefault("verification", Verification(checked=False))  # a streamed save has done the meta check already
     if probe is None:
         return
     record: dict[str, Any] | None = None
@@ -241,8 +242,9 @@ def _verify(
         ids, mask = probe.input_ids, probe.attention_mask
         verified = verify_surgery(loaded.model, tmp, ids, mask, probe.logits, lossless, device_map_kwargs(settings))
         record = {**verified, "logits_check": "whole-model"}
-    report["verification"] = {**record, "seconds": round(record["seconds"] + probe.seconds, 2)}
-    report["timings"]["verify_s"] = report["verification"]["seconds"]
+    verification = Verification(**{**record, "seconds": round(record["seconds"] + probe.seconds, 2)})
+    report["verification"] = verification
+    report["timings"].verify_s = verification.seconds
 
 
 def _whole_reload_fits(loaded: LoadedModel, tmp: Path, settings: RunSettings) -> bool:

@@ -28,6 +28,7 @@ from layerprune.prune.calib import CalibSet, tokenize_calibration
 from layerprune.prune.common import (
     add_weights_hash,
     build_report,
+    close_report,
     progress_bar,
     read_calibration,
     write_report_files,
@@ -35,6 +36,7 @@ from layerprune.prune.common import (
 from layerprune.prune.in_memory import _context, _dtypes, _per_layer_config, _save_dtype
 from layerprune.prune.metrics import kv_cache_kept
 from layerprune.prune.recipe import PruneRecipe
+from layerprune.prune.report import Timings, Verification
 from layerprune.prune.scores import ScoreResult
 from layerprune.prune.sublayer_scores import SublayerResult, candidates, score_sublayers, servable_order
 from layerprune.prune.target import parse_target, plan_lines, plan_sublayers
@@ -69,13 +71,12 @@ def prune_sublayers_in_memory(
     report = sublayer_report(loaded, recipe, settings, protected, calib, result)
     if planned is not None:
         report["target"] = planned
-    report["timings"] = {"load_s": round(loaded.load_seconds, 2), "score_s": round(score_seconds, 2)}
+    report["timings"] = Timings(load_s=round(loaded.load_seconds, 2), score_s=round(score_seconds, 2))
     log.info("plan: %s, removes %s", source.spec, ", ".join(report["removed_sublayers"]))
     if saving:
         assert output is not None
         _save_sublayers(loaded, report, output, settings)
-    report["timings"]["total_s"] = round(time.perf_counter() - started, 2)
-    return loaded, report
+    return loaded, close_report(report, started)
 
 
 def check_sublayer_request(recipe: PruneRecipe, depth: int, protected: list[int]) -> list[Sublayer] | None:
@@ -200,8 +201,8 @@ def _save_sublayers(loaded: LoadedModel, report: dict[str, Any], output: Path, s
     start = time.perf_counter()
 
     def finish(tmp: Path, record: dict[str, Any]) -> None:
-        report["verification"] = record["verification"]
-        report["timings"]["save_s"] = round(time.perf_counter() - start, 2)
+        report["verification"] = Verification(**record["verification"])
+        report["timings"].save_s = round(time.perf_counter() - start, 2)
         write_report_files(tmp, report)
 
     save_nas(loaded.model, loaded.tokenizer, removed, output, _save_dtype(loaded, settings),

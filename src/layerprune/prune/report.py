@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from layerprune.core.reports import read_report, write_report
 from layerprune.models.lineage import PRUNE_REPORT, PrunedLineage
@@ -13,6 +13,54 @@ from layerprune.prune.recipe import PruneRecipe
 
 if TYPE_CHECKING:
     from huggingface_hub import ModelCard
+
+
+class Timings(BaseModel):
+    """Seconds per phase, set as each phase ends: a misspelled phase or a value that is not a number fails where it
+    is set. A phase that did not run (no save on a dry run) is left out of the JSON, not written as null."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+
+    load_s: float = Field(description="Loading the model (0 when only its files were read)")
+    score_s: float = Field(description="Choosing the blocks")
+    save_s: float | None = Field(None, description="Writing the pruned model")
+    verify_s: float | None = Field(None, description="Checking the written model")
+    total_s: float | None = Field(None, description="The whole run (set after the report file is written)")
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, float]:
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+
+class Verification(BaseModel):
+    """The checks of the written model, made as they run (the meta check of a streamed save first, then the bytes
+    and the logits): a misspelled key or a wrong type fails where it is made. A check that did not run is left out
+    of the JSON, not written as null."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+
+    checked: bool | Literal["meta"] = Field(
+        description="True when the logits were compared; 'meta' when only the meta-device check ran; False when none"
+    )
+    keys: int | str | None = Field(
+        None, description="State-dict keys checked against the new config on the meta device, or why not"
+    )
+    tokens: int | None = Field(None, description="Probe tokens whose logits were compared")
+    logits_check: str | None = Field(None, description="whole-model, block-major, or why it was skipped")
+    block_major: str | None = Field(None, description="Why the block-major check was not possible")
+    max_abs_diff: float | None = Field(None, description="Largest |logit difference| against the skip reference")
+    tolerance: float | None = Field(None, description="The largest difference allowed")
+    reference_max_abs: float | None = Field(None, description="Largest |logit| of the reference (the scale)")
+    per_layer_settings: int | str | None = Field(
+        None, description="Per-layer config settings compared block by block, or why not"
+    )
+    bytes_compared: int | None = Field(None, description="Tensor bytes compared with the source (streamed save)")
+    phase_seconds: dict[str, float] | None = Field(None, description="Seconds per phase of the check")
+    seconds: float | None = Field(None, description="Seconds of the whole check")
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {key: value for key, value in handler(self).items() if value is not None}
 
 
 class PruneReport(PrunedLineage):
@@ -28,9 +76,9 @@ class PruneReport(PrunedLineage):
     params_after: int
     config_per_layer: dict[str, dict[str, Any]] = Field(description="Per-layer config fields before and after")
     dtype: dict[str, Any] = Field(description="Checkpoint, compute and saved dtypes")
-    timings: dict[str, float] = Field(description="Seconds per phase")
+    timings: Timings = Field(description="Seconds per phase")
     saved: dict[str, Any] | None = Field(None, description="How the weights were written")
-    verification: dict[str, Any] | None = Field(None, description="The checks of the written model")
+    verification: Verification | None = Field(None, description="The checks of the written model")
     target: dict[str, Any] | None = Field(None, description="--target: the plan, predicted and measured values")
     scores_png: str | None = Field(None, description="The score chart beside the report")
     removed_sublayers: list[str] | None = Field(

@@ -34,6 +34,7 @@ from layerprune.models.shards import (
 )
 from layerprune.models.surgery import NO_SPACE, check_config_builds, check_config_matches_weights, check_free_space
 from layerprune.prune.common import add_weights_hash
+from layerprune.prune.report import Verification
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,7 @@ def save_streamed(source: ModelSource, source_dir: Path, drop: list[int], report
         copy_tokenizer_files(source, tmp, load_tokenizer(source, settings))
         report["saved"] = {"how": "streamed from the source safetensors files", "shards": written["shards"],
                            "bytes": written["bytes"], "dtypes": written["dtypes"]}
-        report["verification"] = {"checked": "meta", "keys": written["meta_check"]["keys"],
-                                  "seconds": written["meta_check"]["seconds"]}
-        report["timings"]["save_s"] = round(time.perf_counter() - start, 2)
+        report["verification"] = Verification(checked="meta", keys=written["meta_check"]["keys"],
+                                              seconds=written["meta_check"]["seconds"])
+        report["timings"].save_s = round(time.perf_counter() - start, 2)
         finish(tmp, report)

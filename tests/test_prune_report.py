@@ -1,0 +1,50 @@
+"""The prune report is built from typed pieces: a wrong value fails where it is set, and the file keeps its keys."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from layerprune.core.settings import RunSettings
+from layerprune.prune import from_files, in_memory
+from layerprune.prune.api import prune_model
+from layerprune.prune.recipe import PruneRecipe
+from layerprune.prune.report import read_prune_report
+
+
+def test_a_wrongly_typed_timing_fails_where_it_is_set(tiny_llama, tmp_path, monkeypatch):
+    def save_with_a_string(loaded, report, output, *args):
+        report["timings"].save_s = "2.5 s"
+
+    monkeypatch.setattr(in_memory, "save_pruned", save_with_a_string)
+    with pytest.raises(ValidationError, match="save_s"):
+        prune_model(str(tiny_llama), PruneRecipe(layers=[2]), RunSettings(dtype="float32"), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_wrongly_typed_check_fails_where_it_is_made(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setattr(from_files, "check_copied", lambda plan, tmp: "all of them")
+    with pytest.raises(ValidationError, match="bytes_compared"):
+        prune_model(str(tiny_llama), PruneRecipe(layers=[2]), output=tmp_path / "out")  # streamed from the files
+    assert not (tmp_path / "out").exists()
+
+
+CHECKS = {"auto": {"checked", "keys", "tokens", "logits_check", "max_abs_diff", "tolerance", "reference_max_abs",
+                   "per_layer_settings", "bytes_compared", "phase_seconds", "seconds"},
+          "float32": {"checked", "keys", "tokens", "logits_check", "max_abs_diff", "tolerance", "reference_max_abs",
+                      "seconds"}}
+
+
+@pytest.mark.parametrize("dtype", ["auto", "float32"])  # streamed from the files; saved from memory
+def test_the_written_report_keeps_its_keys(tiny_llama, tmp_path, dtype):
+    result = prune_model(str(tiny_llama), PruneRecipe(layers=[2]), RunSettings(dtype=dtype), tmp_path / "out")
+    file = json.loads((tmp_path / "out" / "prune_report.json").read_text())
+    assert set(file["verification"]) == CHECKS[dtype] and file["verification"]["checked"] is True  # no nulls
+    written = file["timings"]
+    assert list(written) == ["load_s", "score_s", "save_s", "verify_s"]  # no total_s, no nulls, in this order
+    assert all(isinstance(value, float) for value in written.values())
+    assert read_prune_report(tmp_path / "out").timings.save_s == written["save_s"]
+    plain = json.loads(json.dumps(result.report))  # plain values, as --json prints them
+    assert list(plain["timings"]) == [*written, "total_s"] and plain["verification"] == file["verification"]
