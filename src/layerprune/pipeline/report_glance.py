@@ -6,21 +6,18 @@ from __future__ import annotations
 from typing import Any
 
 from layerprune.core.paired import format_interval
-from layerprune.tasks.probes import probe_tasks
+from layerprune.tasks.probes import family_label, probe_tasks
 
-# lm-eval and our own generative tasks by what they measure; a probe is named by its family (tasks.probes)
+# lm-eval's generative tasks by what they measure; a probe is named by its family (tasks.probes.family_label)
 TASK_KINDS = {"gsm8k": "math word problems", "humaneval": "code", "mbpp": "code"}
-PROBE_FAMILIES = {"arithmetic": "arithmetic", "brackets": "brackets", "brackets_mix": "brackets",
-                  "copy": "retrieval (copy)", "reverse": "retrieval (reverse)", "count": "retrieval (count)"}
 ROLE_TITLES = {"baseline": "original", "pruned": "pruned", "recovered": "recovered"}
 
 
 def task_measure(task: str, kind: str) -> str:
     """What a task measures, in a reader's words: a probe by its family (copying is retrieval, not reasoning), an
     lm-eval generative task by its domain, any other by its kind."""
-    probe = probe_tasks().get(task)
-    if probe is not None:
-        return PROBE_FAMILIES.get(str(probe["family"]), str(probe["family"]))
+    if task in probe_tasks():
+        return family_label(task)
     base = task.split(" (")[0].split("_")[0]
     return TASK_KINDS.get(base, kind)
 

@@ -117,6 +117,16 @@ def family_of(task: str) -> str:
     return str(probe_tasks()[task]["family"])
 
 
+FAMILY_LABELS = {"arithmetic": "arithmetic", "brackets": "brackets", "brackets_mix": "brackets"}
+
+
+def family_label(task: str) -> str:
+    """What a probe task measures: arithmetic, brackets, or retrieval (copy and the list families, which repeat or
+    reorder what the prompt holds)."""
+    family = family_of(task)
+    return FAMILY_LABELS.get(family, f"retrieval ({family})")
+
+
 def generate_probes(args: dict[str, object], n: int, seed: int, stream: Stream = "eval") -> list[Probe]:
     """The items of one probe task (arguments as in `probe_tasks`)."""
     rest = dict(args)

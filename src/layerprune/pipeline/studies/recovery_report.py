@@ -26,7 +26,7 @@ from layerprune.core import paired
 from layerprune.core.paired import format_interval
 from layerprune.evaluate.summary import SUMMARY_FILE, read_summary
 from layerprune.pipeline.studies.recovery import CHAT_EVAL, CONTROL, NO_CONTROL, calibration_file, lr_search_file
-from layerprune.tasks.probes import distinct_items, family_of, probe_tasks
+from layerprune.tasks.probes import distinct_items, family_label, probe_tasks
 
 GSM8K = "gsm8k"
 
@@ -512,16 +512,6 @@ def probe_items_text(items: dict[str, int]) -> str:
     brackets) is evaluated exhaustively, with fewer items than the others."""
     return ", ".join(f"{task} {n}" + (" (all there are)" if n == distinct_items(task) else "")
                      for task, n in items.items()) or "none"
-
-
-FAMILY_LABELS = {"arithmetic": "arithmetic", "brackets": "brackets", "brackets_mix": "brackets"}
-
-
-def family_label(task: str) -> str:
-    """What a probe task measures: arithmetic, brackets, or retrieval (copy and the list families, which repeat or
-    reorder what the prompt holds)."""
-    family = family_of(task)
-    return FAMILY_LABELS.get(family, f"retrieval ({family})")
 
 
 def gate_lines(root: Path, fixed: list[str]) -> list[str]:
