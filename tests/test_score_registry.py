@@ -91,3 +91,40 @@ def test_shipped_score_parameters_stay_flat_keys_and_context_attributes():
     assert recipe.score_params["angular_tokens"] == "all"  # the context's own copy: the recorded recipe unchanged
     assert recipe.model_dump()["angular_tokens"] == "all"
     assert ScoreContext(None, None, None, [], None, 1, []).stack_candidates == 1  # the score's default
+
+
+def first_blocks(ctx: ScoreContext) -> ScoreResult:  # data-free: block i scores i (the first ones go)
+    scores: list[float | None] = [float(i) for i in range(ctx.depth)]
+    return ScoreResult(scores, select_lowest(scores, ctx.drop, ctx.protected))
+
+
+@pytest.fixture
+def first_score():
+    register_score("first", data_free=True)(first_blocks)
+    yield
+    SCORES._items.pop("first")
+
+
+def test_a_score_registered_data_free_reads_no_calibration_and_streams(first_score, monkeypatch, tiny_llama,
+                                                                       tmp_path):
+    import layerprune.prune.common as common
+
+    recipe = PruneRecipe(drop=2, score="first", protect=[])
+    assert not recipe.needs_calibration and PruneRecipe(drop=2).needs_calibration
+    monkeypatch.setattr(common, "load_calibration", lambda *a, **k: pytest.fail("a data-free score read calibration"))
+    monkeypatch.setattr("layerprune.prune.api.prune_in_memory",
+                        lambda *a, **k: pytest.fail("a data-free score loaded the model"))
+    result = prune_model(str(tiny_llama), recipe, RunSettings(), tmp_path / "o")
+    assert result.report["dropped"] == [0, 1] and result.loaded is None  # streamed from the files, never loaded
+
+
+def test_a_sublayer_form_registered_by_name_is_accepted_at_a_sublayer_grain():
+    from layerprune.prune.sublayer_scores import SUBLAYER_SCORES
+
+    with pytest.raises(ValueError, match="ranks whole blocks only; at --granularity attention use ablation"):
+        PruneRecipe(drop=2, score="taylor", granularity="attention")
+    SUBLAYER_SCORES.register("taylor")(lambda ctx, parts: None)
+    try:
+        assert PruneRecipe(drop=2, score="taylor", granularity="attention").score == "taylor"
+    finally:
+        SUBLAYER_SCORES._items.pop("taylor")

@@ -59,10 +59,7 @@ def check_data(recipe: PipelineRecipe) -> list[str]:
 
     data_dir = resolve_data_dir(recipe.evaluate.data_dir or recipe.prune.data_dir)
     lines = [f"mirror {data_dir or 'none (hub)'}"]
-    from layerprune.prune.api import DATA_FREE_SCORES
-
-    needs_calib = recipe.prune.layers is None and recipe.prune.score not in DATA_FREE_SCORES
-    for name in recipe.prune.calib.split("+") if needs_calib else []:
+    for name in recipe.prune.calib.split("+") if recipe.prune.needs_calibration else []:
         if name in ("gsm8k", "auto"):
             where = local_split(data_dir, "gsm8k", "train")
             lines.append(f"calibration {name}: {where or 'hub openai/gsm8k (train)'}")

@@ -16,7 +16,7 @@ from layerprune.core.errors import LayerpruneError
 from layerprune.core.outputs import check_output_dir
 from layerprune.core.settings import RunSettings
 from layerprune.models import LoadedModel, resolve_model
-from layerprune.prune.common import DATA_FREE_SCORES, read_calibration
+from layerprune.prune.common import read_calibration
 from layerprune.prune.from_files import config_only, plan_only, prune_from_files
 from layerprune.prune.in_memory import prune_in_memory
 from layerprune.prune.in_memory_sublayers import prune_sublayers_in_memory
@@ -24,7 +24,7 @@ from layerprune.prune.recipe import PruneRecipe
 from layerprune.prune.scores import SCORES
 from layerprune.prune.streaming import checkpoint_dir
 
-__all__ = ["DATA_FREE_SCORES", "PruneResult", "prune_model", "read_calibration"]
+__all__ = ["PruneResult", "prune_model", "read_calibration"]
 
 
 @dataclass
@@ -69,7 +69,7 @@ def prune_model(
     if recipe.granularity != "block":
         loaded, report = prune_sublayers_in_memory(source, recipe, settings, output, dry_run, started)
         return PruneResult(loaded, report, saved)
-    by_index = recipe.target is None and (recipe.layers is not None or recipe.score in DATA_FREE_SCORES)
+    by_index = recipe.target is None and not recipe.needs_calibration
     if (by_index and settings.dtype == "auto") or settings.block_major:  # --dtype asks for a cast: load and save
         source_dir = checkpoint_dir(source)
         if source_dir is not None:

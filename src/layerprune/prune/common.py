@@ -24,7 +24,6 @@ from layerprune.prune.recipe import PruneRecipe
 from layerprune.prune.report import Timings, model_card, plot_scores, write_prune_report
 from layerprune.tasks.data import resolve_data_dir
 
-DATA_FREE_SCORES = {"last", "random"}
 log = logging.getLogger(__name__)
 PROBE_TEXT = ["The quick brown fox jumps over the lazy dog. Question: what is 12 + 7? Answer: 19",
               "You are a helpful assistant. Natalia sold clips to 48 of her friends in April."]
@@ -46,7 +45,7 @@ def check_request(recipe: PruneRecipe, depth: int, protected: list[int]) -> None
 
 def read_calibration(recipe: PruneRecipe, settings: RunSettings) -> CalibSet | None:
     """The calibration items the recipe's score needs (None for explicit layers and data-free scores)."""
-    if recipe.layers is not None or recipe.score in DATA_FREE_SCORES:
+    if not recipe.needs_calibration:
         return None
     calib = load_calibration(recipe.calib, recipe.calib_samples, settings.seed, resolve_data_dir(recipe.data_dir))
     log.info("calibration: %s", calib.description)

@@ -21,7 +21,6 @@ from layerprune.models.surgery import checkpoint_dtype, compare_reloaded_logits,
 from layerprune.models.verify_blockwise import BlockMajorUnsupported, fits_whole, verify_block_major
 from layerprune.prune.calib import CalibSet, load_calibration, tokenize_calibration
 from layerprune.prune.common import (
-    DATA_FREE_SCORES,
     add_weights_hash,
     build_report,
     check_request,
@@ -58,7 +57,7 @@ def prune_from_files(
     hashed beside the copy (a thread reads each file while its kept ranges are copied; one page cache), not by a
     pass of its own; the hash is in the report before it is written."""
     writes = not dry_run and output is not None
-    hash_in_copy = writes and source.kind == "local" and (recipe.layers is not None or recipe.score in DATA_FREE_SCORES)
+    hash_in_copy = writes and source.kind == "local" and not recipe.needs_calibration
     refuse_sublayers(recipe)
     if not hash_in_copy:
         add_weights_hash(source, settings)
@@ -69,7 +68,7 @@ def prune_from_files(
     calib, score_seconds = None, 0.0
     if recipe.layers is not None:
         result = ScoreResult([None] * depth, sorted(recipe.layers))
-    elif recipe.score in DATA_FREE_SCORES:
+    elif not recipe.needs_calibration:
         result = run_importance_score(
             recipe.score,
             ScoreContext(

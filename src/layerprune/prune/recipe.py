@@ -23,7 +23,6 @@ from layerprune.core.registry import check_name
 Metric = Literal["nll", "accuracy"]
 Granularity = Literal["block", "attention", "mlp", "sublayer"]
 INDEX = re.compile(r"^\s*-?\d+\s*$")
-SUBLAYER_SCORES = ("ablation", "block-influence", "angular", "last", "random")
 
 
 class PruneRecipe(BaseModel):
@@ -207,9 +206,11 @@ class PruneRecipe(BaseModel):
         if wrong:
             form = " or ".join(f"BLOCK.{part}" for part in self.parts)
             raise ValueError(f"at --granularity {self.granularity} name sublayers as {form}, not {', '.join(wrong)}")
-        if self.layers is None and self.score not in SUBLAYER_SCORES:
+        from layerprune.prune.sublayer_scores import SUBLAYER_SCORES
+
+        if self.layers is None and self.score not in SUBLAYER_SCORES.names():
             raise ValueError(f"score '{self.score}' ranks whole blocks only; at --granularity {self.granularity} "
-                             f"use {', '.join(SUBLAYER_SCORES)}")
+                             f"use {', '.join(SUBLAYER_SCORES.names())}")
         return self
 
     @property
@@ -224,6 +225,13 @@ class PruneRecipe(BaseModel):
     @property
     def n_drop(self) -> int:
         return len(self.layers) if self.layers is not None else int(self.drop or 0)
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether choosing the removals reads calibration data: not for explicit --layers or a data-free score."""
+        from layerprune.prune.scores import is_data_free
+
+        return self.layers is None and not is_data_free(self.score)
 
     @property
     def method_name(self) -> str:

@@ -128,12 +128,15 @@ ScoreFn = Callable[[ScoreContext], ScoreResult]
 
 @dataclass(frozen=True)
 class Score:
-    """A registered importance score: its function, the parameters it declares and its block-major form."""
+    """A registered importance score: its function, the parameters it declares, its block-major form, and whether it
+    is `data_free`: it reads no calibration data and no weights, only the block count (`ctx.depth`; the model, stack
+    and batches are None or empty), so a prune with it loads no data and streams the checkpoint unloaded."""
 
     name: str
     run: ScoreFn
     params: type[ScoreParams] = ScoreParams
     block_major: BlockMajor | None = None
+    data_free: bool = False
 
     def __call__(self, ctx: ScoreContext) -> ScoreResult:
         return self.run(ctx)
@@ -143,9 +146,10 @@ SCORES: Registry[Score] = Registry("score")
 
 
 def register_score(
-    name: str, params: type[ScoreParams] = ScoreParams, block_major: BlockMajor | None = None
+    name: str, params: type[ScoreParams] = ScoreParams, block_major: BlockMajor | None = None, data_free: bool = False
 ) -> Callable[[ScoreFn], ScoreFn]:
-    """Register a score under `name` with the parameters it reads (their keys unique among scores)."""
+    """Register a score under `name` with the parameters it reads (their keys unique among scores), its block-major
+    form, and whether it reads no calibration data."""
 
     def add(run: ScoreFn) -> ScoreFn:
         from layerprune.prune.recipe import PruneRecipe
@@ -154,10 +158,15 @@ def register_score(
         clash = [key for key in params.model_fields if key in taken]
         if clash:
             raise ValueError(f"score '{name}': parameter(s) {', '.join(clash)} already declared")
-        SCORES.register(name)(Score(name, run, params, block_major))
+        SCORES.register(name)(Score(name, run, params, block_major, data_free))
         return run
 
     return add
+
+
+def is_data_free(name: str) -> bool:
+    """Whether the named score reads no calibration data (False for a name no score has: its check comes first)."""
+    return name in SCORES.names() and SCORES.get(name).data_free
 
 
 def score_parameters() -> dict[str, Score]:
