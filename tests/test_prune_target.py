@@ -180,8 +180,8 @@ def test_speed_search_stops_when_measured_meets_the_target(tiny_llama, measured,
     assert len(plan.removals) == expected_count and plan.removals == [5, 4, 3, 2][:expected_count]
     assert sorted({len(c) for c in calls}) == sorted({*measured_counts, crossing, expected_count})
     assert len(calls) == len({len(c) for c in calls})  # each candidate measured once
-    assert plan.record()["measured_speedup"]["speedup"] >= 1.25
-    assert all(m["predicted"] > 1 for m in plan.record()["measurements"])
+    assert plan.record().measured_speedup["speedup"] >= 1.25
+    assert all(m["predicted"] > 1 for m in plan.record().measurements)
 
 
 def test_speed_search_refuses_an_unreachable_speedup(tiny_llama):

@@ -101,9 +101,10 @@ def print_summary(report: dict, output: Path | None) -> None:
 def print_target(report: dict) -> None:
     """The --target plan: predicted values before -> after, and the measured speedup."""
     if report.get("target"):
+        from layerprune.prune.report import TargetRecord
         from layerprune.prune.target import plan_lines
 
-        print("\n".join(plan_lines(report["target"])))
+        print("\n".join(plan_lines(TargetRecord.model_validate(report["target"]))))
 
 
 def print_sublayer_plan(report: dict) -> None:

@@ -32,7 +32,7 @@ from layerprune.prune.common import (
     write_report_files,
 )
 from layerprune.prune.recipe import PruneRecipe
-from layerprune.prune.report import Timings, Verification
+from layerprune.prune.report import Dtypes, Timings, Verification
 from layerprune.prune.scores import ScoreContext, ScoreResult, run_importance_score
 from layerprune.prune.streaming import describe_source, per_layer_config, save_streamed
 from layerprune.tasks.data import resolve_data_dir
@@ -125,15 +125,11 @@ def prune_from_files(
     return close_report(report, started)
 
 
-def _streamed_dtypes(config: Any, source_dir: Path, settings: RunSettings) -> dict[str, Any]:
+def _streamed_dtypes(config: Any, source_dir: Path, settings: RunSettings) -> Dtypes:
     stored = checkpoint_dtype(config, source_dir)
     name = dtype_name(stored) if stored else None
-    return {
-        "checkpoint": name,
-        "computed_in": dtype_name(settings.resolved_dtype()),
-        "saved": name,
-        "chosen_by": "checkpoint",
-    }
+    return Dtypes(checkpoint=name, computed_in=dtype_name(settings.resolved_dtype()), saved=name,
+                  chosen_by="checkpoint")
 
 
 def _verify_streamed(

@@ -33,7 +33,7 @@ from layerprune.prune.common import (
     write_report_files,
 )
 from layerprune.prune.recipe import PruneRecipe
-from layerprune.prune.report import Timings, Verification
+from layerprune.prune.report import Dtypes, Saved, TargetRecord, Timings, Verification
 from layerprune.prune.scores import ScoreContext, ScoreResult, run_importance_score
 from layerprune.prune.streaming import checkpoint_dir, save_streamed
 
@@ -125,7 +125,7 @@ def _log_plan(source: ModelSource, recipe: PruneRecipe, loaded: LoadedModel, dep
 
 def _to_target(
     loaded: LoadedModel, recipe: PruneRecipe, settings: RunSettings, protected: list[int], result: ScoreResult
-) -> dict[str, Any] | None:
+) -> TargetRecord | None:
     """With --target: the blocks its plan takes replace the score's choice; the plan's record (else None)."""
     if recipe.target is None:
         return None
@@ -217,7 +217,7 @@ def save_pruned(
             check_config_matches_weights(loaded.model)  # cheap: fail before writing anything big
         write_pretrained(loaded.model, tmp, saved, settings.max_shard_size, output)
         copy_tokenizer_files(loaded.source, tmp, loaded.tokenizer)
-        report["saved"] = {"how": "save_pretrained of the model in memory"}
+        report["saved"] = Saved(how="save_pretrained of the model in memory")
         report["timings"].save_s = round(time.perf_counter() - start, 2)
         lossless = saved in (torch_dtype(loaded), loaded.checkpoint_dtype, torch.float32)
         _verify(loaded, tmp, report, probe, lossless, settings)
@@ -274,11 +274,8 @@ def _save_dtype(loaded: LoadedModel, settings: RunSettings) -> Any:
     return loaded.checkpoint_dtype or torch_dtype(loaded)
 
 
-def _dtypes(loaded: LoadedModel, settings: RunSettings) -> dict[str, Any]:
+def _dtypes(loaded: LoadedModel, settings: RunSettings) -> Dtypes:
     stored = loaded.checkpoint_dtype
-    return {
-        "checkpoint": dtype_name(stored) if stored else None,
-        "computed_in": dtype_name(torch_dtype(loaded)),
-        "saved": dtype_name(_save_dtype(loaded, settings)),
-        "chosen_by": "--dtype" if settings.dtype != "auto" else "checkpoint",
-    }
+    return Dtypes(checkpoint=dtype_name(stored) if stored else None, computed_in=dtype_name(torch_dtype(loaded)),
+                  saved=dtype_name(_save_dtype(loaded, settings)),
+                  chosen_by="--dtype" if settings.dtype != "auto" else "checkpoint")

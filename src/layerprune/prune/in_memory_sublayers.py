@@ -36,7 +36,7 @@ from layerprune.prune.common import (
 from layerprune.prune.in_memory import _context, _dtypes, _per_layer_config, _save_dtype
 from layerprune.prune.metrics import kv_cache_kept
 from layerprune.prune.recipe import PruneRecipe
-from layerprune.prune.report import Timings, Verification
+from layerprune.prune.report import TargetRecord, Timings, Verification
 from layerprune.prune.scores import ScoreResult
 from layerprune.prune.sublayer_scores import SublayerResult, candidates, score_sublayers, servable_order
 from layerprune.prune.target import parse_target, plan_lines, plan_sublayers
@@ -138,7 +138,7 @@ def choose_sublayers(
 
 def _to_target(
     loaded: LoadedModel, recipe: PruneRecipe, settings: RunSettings, protected: list[int], result: SublayerResult
-) -> dict[str, Any] | None:
+) -> TargetRecord | None:
     """With --target: the sublayers its plan takes (the shortest servable prefix of the ranking) replace the score's
     choice; the plan's record (else None)."""
     if recipe.target is None:

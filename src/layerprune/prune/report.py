@@ -63,6 +63,51 @@ class Verification(BaseModel):
         return {key: value for key, value in handler(self).items() if value is not None}
 
 
+class Dtypes(BaseModel):
+    """Checkpoint, compute and saved dtypes, made where the save dtype is chosen (strict: a misspelled key or a
+    dtype object instead of its name fails there). The file keeps a null checkpoint dtype when none was recorded."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+
+    checkpoint: str | None = Field(description="The checkpoint's stored dtype (None when its files do not say)")
+    computed_in: str = Field(description="The dtype the model was loaded and scored in")
+    saved: str | None = Field(description="The dtype the weights were written in")
+    chosen_by: Literal["--dtype", "checkpoint"] = Field(description="What chose the saved dtype")
+
+
+class Saved(BaseModel):
+    """How the weights were written, set where they are (a streamed save adds its shards, bytes and tensor dtypes;
+    what it does not know is left out of the JSON, not written as null)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+
+    how: Literal["streamed from the source safetensors files", "save_pretrained of the model in memory"]
+    shards: int | None = Field(None, description="Safetensors shards written")
+    bytes: int | None = Field(None, description="Tensor bytes written")
+    dtypes: dict[str, int] | None = Field(None, description="Tensors written per dtype")
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+
+Number = int | float  # an int stays an int in the file (params, bytes), a ratio a float
+
+
+class TargetRecord(BaseModel):
+    """`--target`: the plan's removals, the values it predicts before and after them, and for a speedup target the
+    candidates it measured (the chosen one as `measured_speedup`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+
+    target: str = Field(description="The target as given (params=6.5B, memory=12GiB, kv-cache=0.5x, speedup=1.4x)")
+    removals: list[str] = Field(description="What the plan removes, least important first (block or BLOCK.part)")
+    predicted: dict[Literal["before", "after"], dict[str, Number]] = Field(
+        description="Params, memory bytes, KV-cache bytes per token, FLOPs per token and the predicted speedup")
+    measured_speedup: dict[str, Number] | None = Field(description="The measurement of the chosen removals")
+    measurements: list[dict[str, Number]] = Field(description="Every candidate measured (speedup targets)")
+
+
 class PruneReport(PrunedLineage):
     """prune_report.json: the lineage every floor reads, plus the scores, the checks and what it cost."""
 
@@ -75,11 +120,11 @@ class PruneReport(PrunedLineage):
     params_before: int
     params_after: int
     config_per_layer: dict[str, dict[str, Any]] = Field(description="Per-layer config fields before and after")
-    dtype: dict[str, Any] = Field(description="Checkpoint, compute and saved dtypes")
+    dtype: Dtypes = Field(description="Checkpoint, compute and saved dtypes")
     timings: Timings = Field(description="Seconds per phase")
-    saved: dict[str, Any] | None = Field(None, description="How the weights were written")
+    saved: Saved | None = Field(None, description="How the weights were written")
     verification: Verification | None = Field(None, description="The checks of the written model")
-    target: dict[str, Any] | None = Field(None, description="--target: the plan, predicted and measured values")
+    target: TargetRecord | None = Field(None, description="--target: the plan, predicted and measured values")
     scores_png: str | None = Field(None, description="The score chart beside the report")
     removed_sublayers: list[str] | None = Field(
         None,

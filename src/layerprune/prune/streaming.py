@@ -34,7 +34,7 @@ from layerprune.models.shards import (
 )
 from layerprune.models.surgery import NO_SPACE, check_config_builds, check_config_matches_weights, check_free_space
 from layerprune.prune.common import add_weights_hash
-from layerprune.prune.report import Verification
+from layerprune.prune.report import Saved, Verification
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +144,8 @@ def save_streamed(source: ModelSource, source_dir: Path, drop: list[int], report
             remember_hashes(source_dir, cache, written["file_sha256"])
             add_weights_hash(source, settings)
         copy_tokenizer_files(source, tmp, load_tokenizer(source, settings))
-        report["saved"] = {"how": "streamed from the source safetensors files", "shards": written["shards"],
-                           "bytes": written["bytes"], "dtypes": written["dtypes"]}
+        report["saved"] = Saved(how="streamed from the source safetensors files", shards=written["shards"],
+                                bytes=written["bytes"], dtypes=written["dtypes"])
         report["verification"] = Verification(checked="meta", keys=written["meta_check"]["keys"],
                                               seconds=written["meta_check"]["seconds"])
         report["timings"].save_s = round(time.perf_counter() - start, 2)

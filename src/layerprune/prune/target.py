@@ -23,6 +23,7 @@ from layerprune.core.errors import LayerpruneError
 from layerprune.models.blocks import find_decoder_stack, text_config
 from layerprune.models.speed import DEFAULT_BENCH, SpeedBench, measured_speedup
 from layerprune.models.sublayers import PARTS, Sublayer, sublayer_module
+from layerprune.prune.report import TargetRecord
 
 Removal = int | Sublayer
 Quantity = Literal["params", "memory", "kv-cache", "speedup"]
@@ -187,16 +188,12 @@ class TargetPlan:
     after: dict[str, Any]
     measured: list[dict[str, Any]] = field(default_factory=list)
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> TargetRecord:
         """The report's `target` section."""
         chosen = next((m for m in self.measured if m["removals"] == len(self.removals)), None)
-        return {
-            "target": self.target.text,
-            "removals": [str(r) for r in self.removals],
-            "predicted": {"before": self.before, "after": self.after},
-            "measured_speedup": chosen,
-            "measurements": self.measured,
-        }
+        return TargetRecord(target=self.target.text, removals=[str(r) for r in self.removals],
+                            predicted={"before": self.before, "after": self.after}, measured_speedup=chosen,
+                            measurements=self.measured)
 
 
 def rank_removals(scores: Sequence[float | None], removals: Sequence[Removal],
@@ -296,16 +293,16 @@ def _format(quantity: str, value: float, before: float) -> str:
     return f"{value:.0f} KV-cache bytes per token ({share})"
 
 
-def plan_lines(record: Mapping[str, Any]) -> list[str]:
+def plan_lines(record: TargetRecord) -> list[str]:
     """The plan as printed: target, removals, predicted values before -> after, measured speedup."""
-    before, after = record["predicted"]["before"], record["predicted"]["after"]
+    before, after = record.predicted["before"], record.predicted["after"]
     lines = [
-        f"target {record['target']}: remove {', '.join(record['removals']) or 'nothing'}",
+        f"target {record.target}: remove {', '.join(record.removals) or 'nothing'}",
         f"  predicted: parameters {before['params'] / 1e6:.2f}M -> {after['params'] / 1e6:.2f}M, weights "
         f"{before['memory_bytes'] / 2**20:.1f} MiB -> {after['memory_bytes'] / 2**20:.1f} MiB, KV cache "
         f"{before['kv_bytes_per_token']} -> {after['kv_bytes_per_token']} bytes/token, speedup {after['speedup']:.2f}x",
     ]
-    chosen = record.get("measured_speedup")
+    chosen = record.measured_speedup
     if chosen:
         phases = ", ".join(f"{phase} {chosen[phase + '_speedup']:.2f}x" for phase in ("prefill", "decode")
                            if phase + "_speedup" in chosen)
