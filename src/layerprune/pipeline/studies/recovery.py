@@ -431,7 +431,7 @@ def recover_replicate(study: RecoveryStudy, settings: RunSettings, recipe: Recov
 
     job = RecoverJob(output=output, settings=replicate_settings(settings, replicate), overwrite=True,
                      data_dir=study.evaluate.data_dir or study.prune.data_dir)
-    recover_sharing_answers(recipe, job, answers_file(study, root, replicate))
+    recover_sharing_answers(recipe, job, root / teacher_answers(study.shared_recipe("<pruned>"), replicate))
 
 
 def replicate_settings(settings: RunSettings, replicate: int) -> RunSettings:
@@ -439,11 +439,10 @@ def replicate_settings(settings: RunSettings, replicate: int) -> RunSettings:
     return settings.model_copy(update={"seed": settings.seed + replicate})
 
 
-def answers_file(study: RecoveryStudy, root: Path, replicate: int) -> Path:
-    """The teacher answers a replicate shares with the other runs: greedy answers are the same for every replicate,
-    sampled ones are drawn with each replicate's seed."""
-    greedy = study.shared_recipe("<pruned>").generate.temperature == 0
-    return root / ("selfgen.jsonl" if greedy or replicate == 0 else f"selfgen@r{replicate}.jsonl")
+def teacher_answers(recipe: RecoverRecipe, replicate: int) -> str:
+    """The teacher-answer file a replicate shares with the other runs of a study or sweep: greedy answers
+    (temperature 0) are the same for every replicate (one file), sampled ones are drawn with each replicate's seed."""
+    return replicate_label("selfgen", replicate if recipe.generate.temperature > 0 else 0) + ".jsonl"
 
 
 def chosen_lr(study: RecoveryStudy, root: Path, label: str) -> float | None:

@@ -38,6 +38,7 @@ from layerprune.pipeline.studies.recovery import (
     replicate_label,
     replicate_settings,
     split_label,
+    teacher_answers,
 )
 from layerprune.recover.schema import RecoverRecipe
 
@@ -298,11 +299,6 @@ def original_copy(study: SweepStudy, settings: RunSettings, root: Path) -> Path:
     from layerprune.pipeline.student import original_as_student
 
     return original_as_student(study.model, settings, root / "original")
-
-
-def teacher_answers(recipe: RecoverRecipe, replicate: int) -> str:
-    """The shared teacher-answer file of a replicate: one for all at temperature 0, one per replicate above."""
-    return replicate_label("selfgen", replicate if recipe.generate.temperature > 0 else 0) + ".jsonl"
 
 
 RATES = {"classification docs/s": 3.4, "probe items/s": 8.0, "trained tokens/s": 170.0, "gsm8k items/s": 0.14,
