@@ -64,3 +64,22 @@ def test_a_refresh_stage_reruns_after_work_and_a_stage_without_output_always_run
     calls.clear()
     always = Stage("always", None, lambda: calls.append("always"))
     assert run_stages([always, always]) == ["always", "always"] and calls == ["always", "always"]
+
+
+def test_a_complete_stage_removes_the_work_folder_an_interrupted_run_left(tmp_path, caplog):
+    """A recovery writes its output, then removes its work folder: a run stopped between the two leaves the folder,
+    which the next run removes when it finds the stage complete (and a dry run leaves alone)."""
+    from layerprune.pipeline.studies.recovery import recover_leftover
+
+    output = tmp_path / "arms" / "sft@r2" / "recover_report.json"
+    output.parent.mkdir(parents=True)
+    output.write_text("{}")
+    work = recover_leftover(output)
+    assert work == tmp_path / "arms" / "sft@r2.work"
+    (work / "final").mkdir(parents=True)
+    stage = Stage("recover-sft@r2", output, lambda: pytest.fail("a complete stage ran"), leftover=work)
+    assert run_stages([stage], tmp_path, dry_run=True) == [] and work.is_dir()
+    with caplog.at_level("INFO"):
+        assert run_stages([stage], tmp_path) == []
+    assert not work.exists() and output.is_file() and "removed" in caplog.text
+    assert recover_leftover(tmp_path / "eval" / "sft" / "summary.json") is None

@@ -8,6 +8,7 @@ finds). A `refresh` stage (a report) also runs when an earlier stage of the same
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ class Stage:
     output: Path | None
     action: Callable[[], object]
     refresh: bool = False  # run again when an earlier stage of this call did work, complete or not
+    leftover: Path | None = None  # a work folder the action removes after writing its output: a run stopped between
+    # the two leaves it, so it is removed too when the stage is found complete
 
     def complete(self) -> bool:
         return self.output is not None and self.output.exists()
@@ -39,6 +42,10 @@ def run_stages(stages: Sequence[Stage], folder: Path | None = None, dry_run: boo
     for number, stage in enumerate(stages, 1):
         if stage.complete() and not (stage.refresh and ran):
             log.info("[%d/%d] %s: complete, skipped", number, total, stage.name)
+            if stage.leftover is not None and stage.leftover.is_dir() and not dry_run:
+                shutil.rmtree(stage.leftover)
+                log.info("[%d/%d] %s: removed %s, left by an interrupted run", number, total, stage.name,
+                         stage.leftover)
             continue
         ran.append(stage.name)
         if dry_run:

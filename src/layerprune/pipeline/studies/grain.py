@@ -39,9 +39,11 @@ from layerprune.pipeline.runner import Stage, run_stages
 from layerprune.pipeline.studies.recovery import (
     Arm,
     derive_arm_recipe,
+    recover_leftover,
     recover_sharing_answers,
     replicate_label,
     replicate_settings,
+    teacher_answers,
 )
 from layerprune.recover.schema import RecoverRecipe
 
@@ -330,14 +332,14 @@ def recover_label(study: GrainStudy, settings: RunSettings, root: Path, label: s
     recipe = study.arm_recipe(str(student))
     job = RecoverJob(output=output / label, settings=replicate_settings(settings, replicate), overwrite=True,
                      data_dir=study.evaluate.data_dir or study.prune.data_dir)
-    greedy = recipe.generate.temperature == 0
-    recover_sharing_answers(recipe, job, root / (replicate_label("selfgen", 0 if greedy else replicate) + ".jsonl"))
+    recover_sharing_answers(recipe, job, root / teacher_answers(recipe, replicate))
 
 
 def study_stages(study: GrainStudy, settings: RunSettings, root: Path) -> list[Stage]:
     """Every stage in order, each complete when its output exists; the report is redrawn after any work."""
     def stage(name: str, output: Path, action: Any, *args: Any) -> Stage:
-        return Stage(name, output, functools.partial(action, study, settings, root, *args), refresh=name == "report")
+        return Stage(name, output, functools.partial(action, study, settings, root, *args), refresh=name == "report",
+                     leftover=recover_leftover(output))
 
     def evaluation(label: str) -> Stage:
         return stage(f"eval-{label}", root / "eval" / label / SUMMARY_FILE, evaluate_label, label)
