@@ -225,3 +225,31 @@ def test_sampled_answers_are_k_per_problem_cut_before_the_stop(tiny_llama):
     answers = variant_methods.sample_answers(model, tokenizer, items, "plain", 3, 1.0, 1.0, 6, 4, seed=0)
     assert [len(a) for a in answers] == [3, 3, 3] and not any("\n" in t for a in answers for t in a)
     assert len({t for a in answers for t in a}) > 1
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_trainer_recomputes_activations_only_when_the_recipe_asks(tmp_path, checkpointing):
+    """TRL's SFTConfig and GRPOConfig turn gradient checkpointing on unless told: a third more compute on the CPU
+    variants, whose sequences are short. The recipe's field decides."""
+    import torch
+    from trl import GRPOConfig, SFTConfig
+
+    from layerprune.posttrain.schema import TrainSection
+    from layerprune.posttrain.train import common_arguments
+
+    args = common_arguments(TrainSection(gradient_checkpointing=checkpointing), tmp_path, torch.device("cpu"), 0)
+    for config in (SFTConfig(**args), GRPOConfig(**args, num_generations=2)):
+        assert config.gradient_checkpointing is checkpointing
+
+
+def test_training_prints_one_line_per_logged_step(caplog):
+    from types import SimpleNamespace
+
+    from layerprune.models.train_log import LossLogCallback
+
+    state = SimpleNamespace(global_step=10, max_steps=175)
+    with caplog.at_level("INFO", logger="layerprune"):
+        LossLogCallback().on_log(None, state, None, logs={"loss": 0.5, "learning_rate": 1e-4, "reward": 0.25})
+        LossLogCallback().on_log(None, state, None, logs={"eval_loss": 0.75})
+    assert "step 10/175  loss 0.5000  lr 1.00e-04  reward 0.250" in caplog.text
+    assert "step 10/175  held-out loss 0.7500" in caplog.text

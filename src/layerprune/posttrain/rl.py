@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from layerprune.core.errors import LayerpruneError
+from layerprune.models.train_log import LossLogCallback
 from layerprune.posttrain.items import grade_answer
 from layerprune.posttrain.methods import Job, prompt_text
 from layerprune.posttrain.train import TrainResult, common_arguments, lora_config
@@ -49,7 +50,8 @@ def run_grpo(job: Job) -> tuple[Any, TrainResult]:
     train = job.recipe.train
     trainer = GRPOTrainer(model=job.model, reward_funcs=[exact_reward], args=grpo_config(job),
                           train_dataset=grpo_dataset(job), processing_class=job.tokenizer,
-                          peft_config=lora_config(train) if train.method == "lora" else None)
+                          peft_config=lora_config(train) if train.method == "lora" else None,
+                          callbacks=[LossLogCallback()])
     trainer.remove_callback(PrinterCallback)
     trainer.train()
     history = trainer.state.log_history

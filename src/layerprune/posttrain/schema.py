@@ -63,6 +63,9 @@ class TrainSection(Section):
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (overrides epochs)")
     max_length: int = Field(512, ge=16, description="Longest training sequence in tokens")
     bf16: bool = Field(False, description="bfloat16 mixed precision on a GPU (a CPU always trains in float32)")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward pass: less memory for long sequences or large "
+        "models, about a third more compute (TRL's SFT and GRPO turn it on unless told; layerprune does not)")
     logging_steps: int = Field(10, ge=1, description="Training loss every this many steps")
     lora_r: int = Field(16, ge=1, description="LoRA rank (method lora)")
     lora_alpha: float = Field(32, gt=0, description="LoRA alpha (method lora)")

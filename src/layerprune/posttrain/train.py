@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from layerprune.models.train_log import LossLogCallback
 from layerprune.posttrain.items import Item
 from layerprune.posttrain.schema import TrainSection, VariantRecipe
 
@@ -103,7 +104,8 @@ def common_arguments(train: TrainSection, output_dir: Path, device: torch.device
         warmup_steps=train.warmup_steps, weight_decay=train.weight_decay, max_grad_norm=train.max_grad_norm,
         optim="adamw_torch", per_device_train_batch_size=train.batch_size,
         gradient_accumulation_steps=train.grad_accum, num_train_epochs=train.epochs, max_steps=train.max_steps or -1,
-        bf16=train.bf16 and device.type == "cuda", logging_steps=train.logging_steps, logging_first_step=True,
+        bf16=train.bf16 and device.type == "cuda", gradient_checkpointing=train.gradient_checkpointing,
+        logging_steps=train.logging_steps, logging_first_step=True,
         save_strategy="no", report_to="none", seed=seed, data_seed=seed, use_cpu=device.type == "cpu",
         disable_tqdm=True, dataloader_num_workers=0,
     )
@@ -128,7 +130,8 @@ def run_sft(model: Any, tokenizer: Any, rows: list[Row], recipe: VariantRecipe, 
                      completion_only_loss=True, packing=False)
     trainer = SFTTrainer(model=model, args=args, train_dataset=to_dataset(tokenizer, rows, recipe.format,
                                                                           train.max_length),
-                         processing_class=tokenizer, peft_config=lora_config(train) if train.method == "lora" else None)
+                         processing_class=tokenizer, peft_config=lora_config(train) if train.method == "lora" else None,
+                         callbacks=[LossLogCallback()])
     trainer.remove_callback(PrinterCallback)
     trainer.train()
     return finished(trainer, train), result_of(trainer, tokenizer, rows, recipe)

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import TrainerCallback
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.settings import RunSettings
+from layerprune.models.train_log import LossLogCallback
 from layerprune.recover.schema import GenerationSection, KdSection, LoraSection, RecoverRecipe
 from layerprune.recover.selfgen import chat_messages, plain_example
 
@@ -332,23 +332,6 @@ def _complete(state: Path) -> bool:
         return isinstance(json.loads(state.read_text()), dict)
     except (OSError, ValueError):
         return False
-
-
-class LossLogCallback(TrainerCallback):
-    """Print the train and held-out losses as one short line each."""
-
-    def on_log(self, args, state, control, logs=None, **kwargs):  # type: ignore[no-untyped-def]
-        logs = logs or {}
-        if "loss" in logs:
-            log.info(
-                "  step %d/%d  loss %.4f  lr %.2e",
-                state.global_step,
-                state.max_steps,
-                logs["loss"],
-                logs.get("learning_rate", 0.0),
-            )
-        if "eval_loss" in logs:
-            log.info("  step %d/%d  held-out loss %.4f", state.global_step, state.max_steps, logs["eval_loss"])
 
 
 def loss_before(log_history: list[dict[str, Any]]) -> float | None:
