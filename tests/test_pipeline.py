@@ -251,3 +251,15 @@ def test_run_directory_is_claimed_by_recipe_not_by_path_or_execution_settings(ti
                                               "provenance": provenance}))
     with pytest.raises(LayerpruneError, match="another recipe"):
         claim_run_dir(RunPaths(run), recipe, overwrite=False)
+
+
+def test_the_run_s_recover_stage_removes_the_work_folder_an_interrupted_recovery_left(tmp_path):
+    from layerprune.core.settings import RunSettings
+    from layerprune.pipeline.recipe import RunRecipe
+    from layerprune.pipeline.stages import RunPaths, stages_of_run
+
+    recipe = RunRecipe.model_validate(tiny_recipe(tmp_path / "model", tmp_path / "run"))
+    paths = RunPaths(tmp_path / "run")
+    leftovers = {stage.name: stage.leftover for stage in stages_of_run(recipe, RunSettings(), paths)}
+    assert leftovers["recover"] == paths.recovered.parent / f"{paths.recovered.name}.work"
+    assert all(folder is None for name, folder in leftovers.items() if name != "recover")

@@ -122,6 +122,8 @@ def test_the_cache_is_keyed_by_the_recipe(tiny_llama, settings, monkeypatch):
 
     monkeypatch.setitem(METHODS._items, "sft", refuse)
     assert make_variant(recipe, settings) == first  # cached: no training
+    recomputing = recipe_of(tiny_llama, train={**FAST, "max_steps": 1, "gradient_checkpointing": True})
+    assert make_variant(recomputing, settings) == first  # the same weights: recomputation is not in the key
     changed = recipe_of(tiny_llama, train={**FAST, "max_steps": 1, "learning_rate": 2e-3})
     with pytest.raises(AssertionError, match="trained again"):
         make_variant(changed, settings)

@@ -69,7 +69,7 @@ def test_a_refresh_stage_reruns_after_work_and_a_stage_without_output_always_run
 def test_a_complete_stage_removes_the_work_folder_an_interrupted_run_left(tmp_path, caplog):
     """A recovery writes its output, then removes its work folder: a run stopped between the two leaves the folder,
     which the next run removes when it finds the stage complete (and a dry run leaves alone)."""
-    from layerprune.pipeline.studies.recovery import recover_leftover
+    from layerprune.recover.job import leftover_of as recover_leftover
 
     output = tmp_path / "arms" / "sft@r2" / "recover_report.json"
     output.parent.mkdir(parents=True)

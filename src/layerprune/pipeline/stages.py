@@ -21,6 +21,7 @@ from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.recipe import PipelineRecipe, RunRecipe
 from layerprune.pipeline.runner import Stage, run_stages
 from layerprune.pipeline.serving import run_export
+from layerprune.recover.job import leftover_of
 
 log = logging.getLogger(__name__)
 STAGES = ("prune", "eval-baseline", "eval-pruned", "recover", "eval-recovered", "export", "report")
@@ -201,7 +202,8 @@ def stages_of_run(recipe: RunRecipe, settings: RunSettings, paths: RunPaths) -> 
         "export": lambda: run_export(paths.root, paths.gguf, settings),
         "report": lambda: write_run_report(recipe, settings, paths),
     }
-    return [Stage(stage, paths.stage_output(stage), actions[stage]) for stage in stages_for(recipe)]
+    return [Stage(stage, paths.stage_output(stage), actions[stage], leftover=leftover_of(paths.stage_output(stage)))
+            for stage in stages_for(recipe)]
 
 
 def run_prune(recipe: PipelineRecipe, settings: RunSettings, paths: RunPaths) -> None:

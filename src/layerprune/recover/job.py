@@ -24,7 +24,18 @@ class RecoverJob:
     @property
     def work(self) -> Path:
         """Responses and checkpoints live here until the output is complete (kept for resuming)."""
-        return self.output.parent / f"{self.output.name}.work"
+        return work_folder(self.output)
+
+
+def work_folder(output: Path) -> Path:
+    """The work folder of a recovery into `output`: OUTPUT.work beside it."""
+    return output.parent / f"{output.name}.work"
+
+
+def leftover_of(report: Path) -> Path | None:
+    """The work folder a recovery whose report is `report` (FOLDER/recover_report.json) removes after writing it (a
+    staged run removes it too when it finds the stage complete); None for any other file."""
+    return work_folder(report.parent) if report.name == "recover_report.json" else None
 
 
 @dataclass

@@ -39,12 +39,12 @@ from layerprune.pipeline.runner import Stage, run_stages
 from layerprune.pipeline.studies.recovery import (
     Arm,
     derive_arm_recipe,
-    recover_leftover,
     recover_sharing_answers,
     replicate_label,
     replicate_settings,
     teacher_answers,
 )
+from layerprune.recover.job import leftover_of
 from layerprune.recover.schema import RecoverRecipe
 
 if TYPE_CHECKING:
@@ -339,7 +339,7 @@ def study_stages(study: GrainStudy, settings: RunSettings, root: Path) -> list[S
     """Every stage in order, each complete when its output exists; the report is redrawn after any work."""
     def stage(name: str, output: Path, action: Any, *args: Any) -> Stage:
         return Stage(name, output, functools.partial(action, study, settings, root, *args), refresh=name == "report",
-                     leftover=recover_leftover(output))
+                     leftover=leftover_of(output))
 
     def evaluation(label: str) -> Stage:
         return stage(f"eval-{label}", root / "eval" / label / SUMMARY_FILE, evaluate_label, label)

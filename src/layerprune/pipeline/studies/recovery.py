@@ -43,6 +43,7 @@ from layerprune.evaluate.suites import DEFAULT_SUITE
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.recipe import PipelineRecipe, RecoverStage
 from layerprune.pipeline.runner import Stage, run_stages
+from layerprune.recover.job import leftover_of
 from layerprune.recover.schema import RecoverRecipe
 from layerprune.tasks.data import iter_jsonl
 
@@ -305,15 +306,9 @@ def run_study(study: RecoveryStudy, settings: RunSettings, overwrite: bool = Fal
 def study_stages(study: RecoveryStudy, settings: RunSettings, paths: RunPaths) -> list[Stage]:
     """stage_names as stages, each complete when its stage_output exists; the report is redrawn after any work."""
     return [Stage(name, stage_output(paths.root, name), functools.partial(run_stage, study, settings, paths, name),
-                  refresh=name == "report", leftover=recover_leftover(stage_output(paths.root, name)))
+                  refresh=name == "report", leftover=leftover_of(stage_output(paths.root, name)))
             for name in stage_names(study)]
 
-
-def recover_leftover(output: Path) -> Path | None:
-    """The work folder of a recovery stage (output FOLDER/recover_report.json: FOLDER.work), else None."""
-    from layerprune.recover.job import RecoverJob
-
-    return RecoverJob(output=output.parent).work if output.name == "recover_report.json" else None
 
 
 class _Owner:

@@ -35,12 +35,12 @@ from layerprune.pipeline.runner import Stage, run_stages
 from layerprune.pipeline.studies.recovery import (
     Arm,
     derive_arm_recipe,
-    recover_leftover,
     replicate_label,
     replicate_settings,
     split_label,
     teacher_answers,
 )
+from layerprune.recover.job import leftover_of
 from layerprune.recover.schema import RecoverRecipe
 
 log = logging.getLogger(__name__)
@@ -204,7 +204,7 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
 def sweep_stages(study: SweepStudy, settings: RunSettings, root: Path) -> list[Stage]:
     """stage_names as stages, each complete when its stage_output exists; the report is redrawn after any work."""
     return [Stage(name, stage_output(root, name), functools.partial(run_stage, study, settings, root, name),
-                  refresh=name == "report", leftover=recover_leftover(stage_output(root, name)))
+                  refresh=name == "report", leftover=leftover_of(stage_output(root, name)))
             for name in stage_names(study)]
 
 
