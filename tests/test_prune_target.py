@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 from helpers import assert_one_line_error, run_cli
 from layerprune.core.errors import LayerpruneError
 from layerprune.models import drop_blocks
-from layerprune.models.speed import SpeedBench, measured_speedup
+from layerprune.models.speed import SpeedBench, measured_speedup, measured_sublayer_speedup
 from layerprune.models.sublayers import Sublayer
 from layerprune.prune.api import prune_model
 from layerprune.prune.recipe import PruneRecipe
@@ -56,7 +56,6 @@ def test_bad_target_is_one_line(capsys, tiny_llama, target, needle):
     (["--drop", "2"], "without --drop or --layers"), (["--layers", "2"], "without --drop or --layers"),
     (["--iterative"], "not with --iterative"), (["--score", "angular"], "not with --iterative or --score angular"),
     (["--block-major"], "--block-major"),
-    (["--granularity", "attention", "--target", "speedup=1.2x"], "measures whole-block removals only"),
 ])
 def test_target_refuses_what_it_cannot_combine(capsys, tiny_llama, extra, needle):
     code, _, err = run_cli(capsys, prune_args(tiny_llama, "--dry-run", "--target", "params=0.8x", *extra))
@@ -290,3 +289,46 @@ def test_an_unreachable_target_with_nothing_removable_names_the_grain(tiny_llama
         plan_sublayers(model, parse_target("params=0.5x"), [], torch.float32)
     with pytest.raises(LayerpruneError, match=r"removing all 0 removable \(unprotected, scored; one block kept\)"):
         plan_to_target([None] * 6, list(range(6)), parse_target("params=0.5x"), model_sizes(model, torch.float32))
+
+
+def test_sublayer_speedup_is_measured_on_the_layout_that_would_be_saved(monkeypatch):
+    import layerprune.models.nas_surgery as nas_surgery
+
+    config = tiny_config("llama", 6)
+    config.intermediate_size = 256  # one the layout expresses (ffn_mult rounds to multiples of 256)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    removed = [Sublayer(2, "attn"), Sublayer(3, "mlp"), Sublayer(4, "attn"), Sublayer(4, "mlp")]
+    seen = []
+    real = nas_surgery.to_nas
+    monkeypatch.setattr(nas_surgery, "to_nas", lambda model, removed: seen.append(real(model, removed)) or seen[-1])
+    result = measured_sublayer_speedup(model, removed, SpeedBench(prompt_len=16, batch=2, new_tokens=4, repeats=1,
+                                                                  clock="cpu"))
+    for key in ("prefill_speedup", "decode_speedup", "speedup", "decode_tokens_per_s_pruned"):
+        assert math.isfinite(result[key]) and result[key] > 0, key
+    (candidate,) = seen  # the DeciLM model the save would write: block 4 gone, 2 without attention, 3 without MLP
+    blocks = candidate.config.block_configs
+    assert type(candidate).__name__ == "DeciLMForCausalLM" and len(blocks) == 5
+    assert [b.attention.no_op for b in blocks] == [False, False, True, False, False]
+    assert [b.ffn.no_op for b in blocks] == [False, False, False, True, False]
+
+
+def test_speedup_target_at_a_sublayer_grain_prints_predicted_and_measured(capsys, tiny_llama, monkeypatch, tmp_path):
+    import layerprune.prune.target as target_module
+
+    seen: list[list[str]] = []
+
+    def fake(model, removed, bench):  # noqa: ANN001, ANN202
+        seen.append([str(r) for r in removed])
+        ratio = 1.0 + 0.05 * len(removed)
+        return {"prefill_speedup": ratio, "decode_speedup": ratio + 0.01, "speedup": ratio}
+
+    monkeypatch.setattr(target_module, "measured_sublayer_speedup", fake)
+    code, stdout, err = run_cli(capsys, prune_args(tiny_llama, "--dry-run", "--json", "--granularity", "sublayer",
+                                                   "--target", "speedup=1.12x"))
+    assert code == 0, err
+    report = json.loads(stdout[stdout.index("\n{") + 1:])
+    record = report["target"]
+    assert len(record["removals"]) == 3 and record["measured_speedup"]["removals"] == 3  # 1.15x >= 1.12x, 1.10x not
+    assert sorted(record["removals"]) == sorted(report["removed_sublayers"]) and all("." in r for r in seen[-1])
+    assert "measured: speedup 1.15x (prefill 1.15x, decode 1.16x; predicted" in stdout

@@ -2,12 +2,14 @@
 
 `measure_throughput` times `generate` (what a user of the pruned model sees, per-step overhead included);
 `measure_speed` and `measured_speedup` are the short fixed benchmark of pruning to a speed target: the model's
-own prefill and KV-cached decode steps, the candidate (the blocks actually dropped, `skipped_blocks`) timed
-alternately with the original so that a machine whose load drifts slows both alike.
+own prefill and KV-cached decode steps, the candidate (the blocks actually dropped, `skipped_blocks`; or the
+sublayers removed as the Nemotron-NAS layout runs them, `measured_sublayer_speedup`) timed alternately with the
+original so that a machine whose load drifts slows both alike.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 from collections.abc import Callable, Sequence
@@ -78,17 +80,34 @@ def measure_speed(model: Any, bench: SpeedBench = DEFAULT_BENCH) -> Speed:
 
 
 def measured_speedup(model: Any, drop: Sequence[int], bench: SpeedBench = DEFAULT_BENCH) -> dict[str, float]:
-    """The model with `drop` removed against the model whole: tokens/s of each (prefill and decode) and the
-    ratios; `speedup` is the smaller ratio (a target is met when both phases are that much faster)."""
+    """The model with the blocks `drop` removed against the model whole: tokens/s of each (prefill and decode) and
+    the ratios; `speedup` is the smaller ratio (a target is met when both phases are that much faster)."""
+    return _speedup(model, model, lambda: skipped_blocks(model, list(drop)), bench)
+
+
+def measured_sublayer_speedup(model: Any, removed: Sequence[Any],
+                              bench: SpeedBench = DEFAULT_BENCH) -> dict[str, float]:
+    """The model without the `removed` attention / MLP sublayers as the Nemotron-NAS layout runs them (a DeciLM model
+    sharing the kept weights, nothing copied: `to_nas`) against the model whole, as `measured_speedup` reports."""
+    from layerprune.models.nas_surgery import to_nas
+
+    return _speedup(model, to_nas(model, list(removed)), contextlib.nullcontext, bench)
+
+
+def _speedup(model: Any, candidate: Any, candidate_context: Callable[[], Any], bench: SpeedBench) -> dict[str, float]:
+    """`candidate` (run inside `candidate_context()`) timed alternately with `model` on the same prompts."""
     ids = _prompt_ids(model, bench)
     times: dict[str, list[float]] = {key: [] for key in ("prefill", "decode", "prefill_new", "decode_new")}
+    runs = (("", model, contextlib.nullcontext), ("_new", candidate, candidate_context))
     with torch.inference_mode():
-        _prefill(model, ids[:, :8], bench.clock)  # warm-up
+        for _, runner, context in runs:  # warm-up, each model once
+            with context():
+                _prefill(runner, ids[:, :8], bench.clock)
         for _ in range(bench.repeats):
-            for suffix, skip in (("", ()), ("_new", drop)):
-                with skipped_blocks(model, list(skip)):
-                    times["prefill" + suffix].append(_prefill(model, ids, bench.clock))
-                    times["decode" + suffix].append(_decode(model, ids[:1], bench.new_tokens, bench.clock))
+            for suffix, runner, context in runs:
+                with context():
+                    times["prefill" + suffix].append(_prefill(runner, ids, bench.clock))
+                    times["decode" + suffix].append(_decode(runner, ids[:1], bench.new_tokens, bench.clock))
     best = {key: min(values) for key, values in times.items()}
     result = {
         "prefill_tokens_per_s": ids.numel() / best["prefill"],

@@ -184,9 +184,6 @@ class PruneRecipe(BaseModel):
                 raise ValueError("--target chooses how many blocks to drop: give it without --drop or --layers")
             if self.iterative or (self.score == "angular" and self.granularity == "block"):
                 raise ValueError("--target ranks blocks by one score each: not with --iterative or --score angular")
-            if self.granularity != "block" and self.target.startswith("speedup"):
-                raise ValueError(f"--target {self.target} measures whole-block removals only; at --granularity "
-                                 f"{self.granularity} give params=, memory= or kv-cache=")
             return self
         if self.drop is None and self.layers is None:
             raise ValueError("give --drop N, --layers LIST or --target")

@@ -21,7 +21,7 @@ from torch import nn
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.models.blocks import find_decoder_stack, text_config
-from layerprune.models.speed import DEFAULT_BENCH, SpeedBench, measured_speedup
+from layerprune.models.speed import DEFAULT_BENCH, SpeedBench, measured_speedup, measured_sublayer_speedup
 from layerprune.models.sublayers import PARTS, Sublayer, sublayer_module
 from layerprune.prune.report import TargetRecord
 
@@ -238,7 +238,7 @@ def plan_ranked(ranked: Sequence[Removal], target: Target, sizes: ModelSizes, me
     if target.quantity == "speedup":
         if measure is None:
             raise LayerpruneError("a speedup target needs a measurement of the candidates")
-        return _plan_speedup(ranked, target, sizes, measure, before)
+        return _plan_speedup(ranked, target, sizes, measure, before, sublayers)
     key = {"params": "params", "memory": "memory_bytes", "kv-cache": "kv_bytes_per_token"}[target.quantity]
     limit = target.limit(before[key])
     for count in range(len(ranked) + 1):
@@ -246,15 +246,18 @@ def plan_ranked(ranked: Sequence[Removal], target: Target, sizes: ModelSizes, me
         if after[key] <= limit:
             return TargetPlan(target, ranked[:count], before, after)
     best = sizes.predicted(ranked)[key]
-    kept = "the first kept block keeps its attention" if sublayers else "one block kept"
     raise LayerpruneError(
         f"--target {target.text} cannot be reached: removing all {len(ranked)} removable (unprotected, scored; "
-        f"{kept}) leaves {_format(target.quantity, best, before[key])}"
+        f"{_kept(sublayers)}) leaves {_format(target.quantity, best, before[key])}"
     )
 
 
+def _kept(sublayers: bool) -> str:
+    return "the first kept block keeps its attention" if sublayers else "one block kept"
+
+
 def _plan_speedup(ranked: list[Removal], target: Target, sizes: ModelSizes, measure: Measure,
-                  before: dict[str, Any]) -> TargetPlan:
+                  before: dict[str, Any], sublayers: bool = False) -> TargetPlan:
     measured: dict[int, dict[str, Any]] = {}
 
     def meets(count: int) -> bool:
@@ -275,7 +278,7 @@ def _plan_speedup(ranked: list[Removal], target: Target, sizes: ModelSizes, meas
             if count == len(ranked):
                 raise LayerpruneError(
                     f"--target {target.text} cannot be reached: removing all {count} removable (unprotected, scored; "
-                    f"one block kept) measured {measured[count]['speedup']:.2f}x"
+                    f"{_kept(sublayers)}) measured {measured[count]['speedup']:.2f}x"
                 )
             count += 1
     plan = TargetPlan(target, ranked[:count], before, sizes.predicted(ranked[:count]))
@@ -311,14 +314,18 @@ def plan_lines(record: TargetRecord) -> list[str]:
     return lines
 
 
-def plan_sublayers(model: nn.Module, target: Target, order: Sequence[Sublayer], dtype: torch.dtype) -> TargetPlan:
+def plan_sublayers(model: nn.Module, target: Target, order: Sequence[Sublayer], dtype: torch.dtype,
+                   bench: SpeedBench = DEFAULT_BENCH) -> TargetPlan:
     """Sublayer removals for `target`: the shortest prefix of `order` (least important first, each prefix one the
     layout serves) that meets it, sizes from `model` (weights at `dtype`; a block losing both sublayers counts
-    whole). A speedup is refused in one line: the speed benchmark times whole blocks only."""
-    if target.quantity == "speedup":
-        raise LayerpruneError(f"--target {target.text} measures whole-block removals only; at a sublayer "
-                              "--granularity give params=, memory= or kv-cache=")
-    return plan_ranked(order, target, model_sizes(model, dtype), sublayers=True)
+    whole). A speedup is measured on the candidate as the Nemotron-NAS layout runs it (`measured_sublayer_speedup`:
+    the DeciLM model that would be saved, sharing the kept weights) against the model whole."""
+
+    def measure(removals: list[Removal]) -> Mapping[str, float]:
+        return measured_sublayer_speedup(model, [r for r in removals if isinstance(r, Sublayer)], bench)
+
+    return plan_ranked(order, target, model_sizes(model, dtype), measure if target.quantity == "speedup" else None,
+                       sublayers=True)
 
 
 def plan_blocks(model: nn.Module, target: Target, scores: Sequence[float | None], protected: Sequence[int],
