@@ -1,5 +1,6 @@
-"""Recovery of a sublayer-pruned (Nemotron-NAS) student: LoRA and kd train it and save the layout again; local and
-merge, which work on dropped blocks, refuse it in one line."""
+"""Recovery of a sublayer-pruned (Nemotron-NAS) student: LoRA and kd train it and save the layout again; local trains
+each block that lost a sublayer on the teacher's states around it; merge, which works on dropped blocks, refuses it
+in one line."""
 
 from __future__ import annotations
 
@@ -48,11 +49,27 @@ def test_a_sublayer_pruned_student_recovers_and_keeps_its_layout(nas_student, tm
     AutoModelForCausalLM.from_pretrained(out)  # layerprune's class reads it
 
 
-@pytest.mark.parametrize("method", ["local", "merge"])
-def test_block_methods_refuse_a_sublayer_pruned_student_in_one_line(nas_student, tmp_path, capsys, method):
+def test_merge_refuses_a_sublayer_pruned_student_in_one_line(nas_student, tmp_path, capsys):
     pruned, prompts = nas_student
-    out = tmp_path / method
-    code, _, err = run_cli(capsys, ["recover", "--model", str(pruned), "--method", method, "--prompts",
+    out = tmp_path / "merge"
+    code, _, err = run_cli(capsys, ["recover", "--model", str(pruned), "--method", "merge", "--prompts",
                                     str(prompts), "-o", str(out), *FAST])
-    assert_one_line_error(code, err, method)
+    assert_one_line_error(code, err, "merge")
     assert not out.exists()
+
+
+def test_local_trains_each_block_that_lost_a_sublayer_and_keeps_the_layout(nas_student, tmp_path):
+    """Blocks 2 (attention removed) and 3 (MLP removed): each block's kept sublayer learns to map the teacher's
+    state entering the block to the teacher's state after it; the hidden-state error falls and the layout is kept."""
+    pruned, prompts = nas_student
+    out = tmp_path / "local"
+    assert main(["recover", "--model", str(pruned), "--method", "local", "--prompts", str(prompts), "-o", str(out),
+                 *FAST, "--local-steps", "16", "--local-learning-rate", "1e-3"]) == 0
+    assert carries_our_layout(out)
+    config = json.loads((out / "config.json").read_text())
+    assert config["block_configs"] == json.loads((pruned / "config.json").read_text())["block_configs"]
+    report = json.loads((out / "recover_report.json").read_text())
+    fits = report["data"]["local"]
+    assert [fit["removed_sublayer"] for fit in fits] == ["2.attn", "3.mlp"]
+    assert all(fit["mse_after"] < fit["mse_before"] for fit in fits), fits
+    AutoModelForCausalLM.from_pretrained(out)  # layerprune's class reads it

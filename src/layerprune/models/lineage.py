@@ -79,6 +79,21 @@ class PrunedLineage(BaseModel):
     provenance: Provenance
 
 
+class SublayerLineage(BaseModel):
+    """The attention / MLP sublayers a sublayer prune removed (BLOCK.attn, BLOCK.mlp; original numbering), None when
+    whole blocks were dropped: what recover's local reads to find the blocks that lost one sublayer."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    removed_sublayers: list[str] | None = None
+
+
+def read_removed_sublayers(directory: Path) -> list[str]:
+    """The sublayers `directory`'s prune_report.json says were removed ([] when none, or no report)."""
+    path = Path(directory) / PRUNE_REPORT
+    return (read_report(path, SublayerLineage).removed_sublayers or []) if path.is_file() else []
+
+
 def read_lineage(directory: Path) -> PrunedLineage | None:
     """The lineage recorded in `directory`, or None when it has no prune_report.json (one-line error when bad)."""
     path = Path(directory) / PRUNE_REPORT

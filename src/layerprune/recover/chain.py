@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from layerprune.core.errors import LayerpruneError
-from layerprune.models.lineage import PRUNE_REPORT, read_lineage
+from layerprune.models.lineage import PRUNE_REPORT, read_lineage, read_removed_sublayers
 from layerprune.recover import local, memory
 from layerprune.recover.replace import decoder_layers
 from layerprune.recover.schema import RecoverRecipe
@@ -27,11 +27,34 @@ def dropped_of(student: Any, teacher: Any, method: str) -> list[int]:
     if lineage is None or not lineage.dropped:
         raise LayerpruneError(f"{method} needs the dropped blocks: {Path(student.location) / PRUNE_REPORT} is missing "
                               "or lists none")
-    blocks = len(decoder_layers(teacher))
-    if blocks != lineage.num_blocks_before:
-        raise LayerpruneError(f"{method} reads the dropped blocks from the teacher, so it must be the pruned model's "
-                              f"source ({lineage.num_blocks_before} blocks), not a model with {blocks}")
+    _check_teacher_depth(teacher, lineage.num_blocks_before, method)
     return lineage.dropped
+
+
+def partial_blocks(student: Any) -> dict[int, str]:
+    """Blocks of a sublayer-pruned student that lost exactly one sublayer: original index -> the part removed."""
+    parts: dict[int, list[str]] = {}
+    for name in read_removed_sublayers(Path(student.location)):
+        block, _, part = name.partition(".")
+        parts.setdefault(int(block), []).append(part)
+    return {block: gone[0] for block, gone in sorted(parts.items()) if len(gone) == 1}
+
+
+def removals_of(student: Any, teacher: Any, method: str) -> tuple[list[int], dict[int, str]]:
+    """(the dropped blocks, the blocks that lost one sublayer) of the student; one line when there is neither."""
+    partial = partial_blocks(student)
+    lineage = read_lineage(Path(student.location))
+    if partial and lineage is not None and not lineage.dropped:
+        _check_teacher_depth(teacher, lineage.num_blocks_before, method)
+        return [], partial
+    return dropped_of(student, teacher, method), partial
+
+
+def _check_teacher_depth(teacher: Any, depth: int, method: str) -> None:
+    blocks = len(decoder_layers(teacher))
+    if blocks != depth:
+        raise LayerpruneError(f"{method} reads the dropped blocks from the teacher, so it must be the pruned model's "
+                              f"source ({depth} blocks), not a model with {blocks}")
 
 
 def local_budget(recipe: RecoverRecipe, sequences: int) -> local.LocalBudget:

@@ -38,10 +38,24 @@ class Span:
     student: int  # its index in the pruned model
     enter: int  # original block whose input is the training input
     leave: int  # original block whose output is the target
+    lost: str | None = None  # a block that lost one sublayer and is trained for it: the part removed (attn, mlp)
 
 
-def local_spans(dropped: list[int], num_blocks_before: int, block: str) -> list[Span]:
-    """The spans and, per span, the kept block to train (one-line errors where there is no such block)."""
+def local_spans(dropped: list[int], num_blocks_before: int, block: str,
+                partial: dict[int, str] | None = None) -> list[Span]:
+    """The spans and, per span, the kept block to train (one-line errors where there is no such block), in block
+    order; with `partial` (a sublayer prune: block -> the one part it lost), each such block not already trained for
+    a span is trained for itself: input the teacher's state entering it, target the teacher's state after it, so
+    that its kept sublayer learns what the pair computed."""
+    spans = _block_spans(dropped, num_blocks_before, block) if dropped else []
+    drops = sorted(set(dropped))
+    trained = {span.trained for span in spans}
+    spans += [Span(b, b, b, b - sum(d < b for d in drops), b, b, lost)
+              for b, lost in (partial or {}).items() if b not in trained]
+    return sorted(spans, key=lambda span: span.trained)
+
+
+def _block_spans(dropped: list[int], num_blocks_before: int, block: str) -> list[Span]:
     drops = sorted(set(dropped))
     if block == "before" and drops and drops[0] == 0:
         raise LayerpruneError("local cannot train a block before a span at block 0; set local.block: after")
@@ -187,14 +201,15 @@ def train_block(block: Any, cache: list[tuple[torch.Tensor, torch.Tensor, dict[s
 
 
 def train_spans(student: Any, teacher: Any, dropped: list[int], sequences: list[list[int]], block: str,
-                budget: LocalBudget, targets: list[int] | None = None) -> list[dict[str, Any]]:
+                budget: LocalBudget, targets: list[int] | None = None,
+                partial: dict[int, str] | None = None) -> list[dict[str, Any]]:
     """Train one kept block per dropped span, in block order; return each span's error before and after and what
     it trained on. The steps are shared out over the spans; the token budget is each span's whole (every span's
     block trains on the same sequences, those a trainer given the budget trains on). `targets`: the answer tokens
     of each sequence (train_block)."""
     if not sequences:
         raise LayerpruneError("local needs training text: no teacher answers left for training prompts")
-    spans = local_spans(dropped, len(decoder_layers(teacher)), block)
+    spans = local_spans(dropped, len(decoder_layers(teacher)), block, partial)
     layers = decoder_layers(student)
     device = next(student.parameters()).device
     per_span = max(1, budget.steps // len(spans))
@@ -208,9 +223,12 @@ def train_spans(student: Any, teacher: Any, dropped: list[int], sequences: list[
         with torch.no_grad():
             for target, source in zip(layers[span.student].parameters(), trained.parameters(), strict=True):
                 target.copy_(source.to(target.dtype))
-        log.info("local: block %d for span %d-%d, hidden-state MSE %.4g -> %.4g (%d tokens)", span.trained,
-                 span.first, span.last, before, after, seen["tokens"])
-        fits.append({"dropped": [span.first, span.last], "block": span.trained, "student_block": span.student,
+        what = f"its {span.lost}" if span.lost else f"span {span.first}-{span.last}"
+        log.info("local: block %d for %s, hidden-state MSE %.4g -> %.4g (%d tokens)", span.trained, what, before,
+                 after, seen["tokens"])
+        removed = {"removed_sublayer": f"{span.trained}.{span.lost}"} if span.lost else {
+            "dropped": [span.first, span.last]}
+        fits.append({**removed, "block": span.trained, "student_block": span.student,
                      "mse_before": before, "mse_after": after, "steps": steps, **seen,
                      "mse_per_step": [float(f"{v:.6g}") for v in losses]})
         del cache
