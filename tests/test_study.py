@@ -503,3 +503,26 @@ def test_gate_levels_are_listed_by_family_and_the_probes_reported_in_both_format
     assert "| sft | 70.0 ± 1.0 | [55.0, 85.0] | - | 70.0 ± 1.0 | 80% [" in chat_part
     assert "| +10.0 [" in chat_part and "| 60% [" in chat_part  # net: (70 - 30 - 10) / 50
     assert recovery_report.format_lines(rows, []) == []
+
+
+def test_study_figure_draws_each_arms_two_level_interval_not_its_item_se(tmp_path: Path, monkeypatch) -> None:
+    """The figure's error bar of a replicated arm is its paired interval (run-to-run variance in it), asymmetric as
+    the bootstrap gives it; only a measure without an interval falls back to +-1 SE."""
+    from matplotlib.axes import Axes
+
+    drawn: list[list[list[float]]] = []
+    real_bar = Axes.bar
+
+    def bar(self, x, height, width, **kw):
+        drawn.append([list(part) for part in kw["yerr"]])
+        return real_bar(self, x, height, width, **kw)
+
+    monkeypatch.setattr(Axes, "bar", bar)
+    rows = [{"model": "pruned", "probes": (0.15, 0.03)},
+            {"model": "sft", "probes": (0.30, 0.045),
+             "intervals": {"probes": {"value": 0.30, "low": 0.156, "high": 0.439}}}]
+    recovery_report.plot_study(rows, tmp_path / "study.png")
+    assert (tmp_path / "study.png").stat().st_size > 0
+    (below, above), = drawn
+    assert below[0] == pytest.approx(3.0) and above[0] == pytest.approx(3.0)  # no interval: +-1 SE
+    assert below[1] == pytest.approx(14.4) and above[1] == pytest.approx(13.9)  # the interval, not +-4.5

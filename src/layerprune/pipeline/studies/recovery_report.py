@@ -386,7 +386,8 @@ def lr_lines(root: Path, labels: list[str]) -> list[str]:
 
 
 def plot_study(rows: list[dict[str, Any]], path: Path) -> None:
-    """Bars of the three measures per model, with 1-SE error bars."""
+    """Bars of the measures per model, each with its paired 95% interval (two-level where the model has replicates,
+    so run-to-run variance is in it); a model with no interval for a measure gets +-1 SE, said in the title."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -397,10 +398,22 @@ def plot_study(rows: list[dict[str, Any]], path: Path) -> None:
     keys = [(k, name) for k, name in named if any(r.get(k) for r in rows)]  # a measure no model has: left out, not 0
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rows)), 4))
     width = 0.8 / max(len(keys), 1)
+    fallback = False
     for i, (key, name) in enumerate(keys):
         xs = [x + i * width for x in range(len(rows))]
-        vals = [(r.get(key) or (math.nan, math.nan)) for r in rows]
-        ax.bar(xs, [100 * v[0] for v in vals], width, yerr=[100 * v[1] for v in vals], capsize=2, label=name)
+        heights, below, above = [], [], []
+        for row in rows:
+            mean, se = row.get(key) or (math.nan, math.nan)
+            ci = (row.get("intervals") or {}).get(key) or {}
+            if ci.get("low") is not None and ci.get("high") is not None:
+                low, high = ci["low"], ci["high"]
+            else:
+                low, high, fallback = mean - se, mean + se, fallback or not math.isnan(mean)
+            heights.append(100 * mean)
+            below.append(100 * max(mean - low, 0.0))
+            above.append(100 * max(high - mean, 0.0))
+        ax.bar(xs, heights, width, yerr=[below, above], capsize=2, label=name)
+    ax.set_title("95% paired intervals (runs, then items)" + ("; +-1 SE where none" if fallback else ""), fontsize=9)
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], [r["model"] for r in rows], rotation=30, ha="right")
     ax.set_ylabel("score (%)")
     ax.legend()
