@@ -3,11 +3,16 @@ k-quants, each run by llama.cpp (llama-cpp-python) against transformers on the s
 
     python bench/bench_quantized_export.py
     python bench/bench_quantized_export.py --outtypes f16,q4_k_m --work /tmp/bench-quant
+    python bench/bench_quantized_export.py --outtypes f16,q8_0,q4_k_m --speed --scores arc_easy,piqa,copy_l7 \
+        --limit 100 --work /tmp/bench-quant
 
 Per (model, type): file size, the tensor types llama.cpp's quantizer chose, mean KL(transformers || llama.cpp) and
 top-1 agreement at every position of the verification prompts (39 positions), tokenization and greedy continuation
 agreement (4 prompts, 16 tokens). F16 and Q8_0 are written by the gguf package; the others by llama.cpp's quantizer
-from the F16 file. Markdown rows at the end.
+from the F16 file. With --speed, llama.cpp's prefill and decode tokens/s of every file, measured in rounds that
+alternate the files (medians; ratios to the unpruned file of the same type). With --scores, every file scored by
+llama.cpp itself (`layerprune evaluate --backend llamacpp`), each pruned file paired with the unpruned file of the
+same type (95% paired intervals). Markdown rows at the end.
 """
 
 from __future__ import annotations
@@ -27,6 +32,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--outtypes", default="f16,q8_0,q6_k,q5_k_m,q4_k_m")
     parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--speed", action="store_true", help="llama.cpp prefill/decode tokens/s per file")
+    parser.add_argument("--rounds", type=int, default=5, help="speed rounds (each times every file once)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--scores", default=None, help="tasks scored by llama.cpp on every file (comma-separated)")
+    parser.add_argument("--limit", type=int, default=100, help="documents per scored task")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-quant-"))
     rows = []
@@ -37,6 +47,11 @@ def main() -> None:
                                                                    outtype)}
             print(json.dumps(row), flush=True)
             rows.append(row)
+    files = {(row["model"], row["outtype"]): work / f"{_slug(row['model'])}-{row['outtype']}.gguf" for row in rows}
+    if args.speed:
+        _speed_table(files, args.rounds, args.threads)
+    if args.scores:
+        _score_table(files, args.scores, args.limit, work)
     print("\n| model | type | MB | tensor types | mean KL (nats) | top-1 | greedy equal |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:
@@ -69,6 +84,55 @@ def _measure(model: Path, path: Path, outtype: str) -> dict:
             "mean_kl": logits["mean_kl"], "top1": logits["top1_agreement"], "tokenization": ran["tokenization_equal"],
             "greedy": f"{ran['continuations']['equal']}/{ran['continuations']['of']}",
             "first_difference": ran["continuations"]["first_difference"]}
+
+
+PROMPT = ("The committee met on a grey morning to settle the budget for the coming year. Each member had brought "
+          "notes, tables and a list of questions about the roads, the schools and the library. ") * 8
+
+
+def _speed_table(files: dict[tuple[str, str], Path], rounds: int, threads: int,
+                 prefill: int = 128, decode: int = 64) -> None:
+    """Prefill and decode tokens/s of every file in llama.cpp, `rounds` rounds alternating the files."""
+    import statistics
+    import time
+
+    from llama_cpp import Llama  # type: ignore[import-not-found]
+
+    loaded = {key: Llama(model_path=str(path), n_ctx=prefill + decode + 8, n_threads=threads, verbose=False)
+              for key, path in files.items()}
+    times: dict[tuple[str, str], list[tuple[float, float]]] = {key: [] for key in files}
+    for _ in range(rounds):
+        for key, llm in loaded.items():
+            tokens = llm.tokenize(PROMPT.encode(), add_bos=False)[:prefill]
+            llm.reset()
+            start = time.perf_counter()
+            llm.eval(tokens)
+            middle = time.perf_counter()
+            for token in tokens[:decode]:  # one token at a time: decode's cost does not depend on the token
+                llm.eval([token])
+            times[key].append((prefill / (middle - start), decode / (time.perf_counter() - middle)))
+    print(f"\n| model | type | prefill tok/s | decode tok/s | prefill / unpruned | decode / unpruned |  "
+          f"({rounds} rounds, {threads} threads, {prefill}-token prompt, {decode} decoded; medians)")
+    print("|---|---|---|---|---|---|")
+    medians = {key: (statistics.median(p for p, _ in t), statistics.median(d for _, d in t))
+               for key, t in times.items()}
+    for (model, outtype), (p, d) in medians.items():
+        base = medians.get(("unpruned", outtype), (p, d))
+        print(f"| {model} | {outtype} | {p:.0f} | {d:.1f} | {p / base[0]:.2f}x | {d / base[1]:.2f}x |", flush=True)
+
+
+def _score_table(files: dict[tuple[str, str], Path], tasks: str, limit: int, work: Path) -> None:
+    """Each pruned file against the unpruned file of its type, both scored by llama.cpp, paired."""
+    from layerprune.cli import main as cli
+
+    for (model, outtype), path in files.items():
+        if model == "unpruned":
+            continue
+        output = work / f"scores-{_slug(model)}-{outtype}"
+        print(f"\n## {model}, {outtype}: llama.cpp, paired with the unpruned {outtype} file", flush=True)
+        cli(["evaluate", "--backend", "llamacpp", "--baseline", str(files[("unpruned", outtype)]),
+             "--model", str(path), "--tasks", *tasks.split(","), "--limit", str(limit), "--output", str(output),
+             "--overwrite"])
 
 
 def _slug(label: str) -> str:

@@ -370,3 +370,21 @@ def test_run_checks_every_data_file_before_its_first_stage(capsys, tiny_llama, t
     code, _, err = run_cli(capsys, ["run", str(path)])
     assert_one_line_error(code, err, "arc_easy/test.jsonl is empty")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_gguf_exported_from_a_pruned_directory_answers_for_its_calibration(leaky_prune, tmp_path, gsm_dir):
+    """`evaluate --backend llamacpp` on an export: the overlap check follows the file's export record back to the
+    directory whose calibration chose the blocks."""
+    from layerprune.core.errors import LayerpruneError
+    from layerprune.evaluate.overlap import calibration_overlap, recorded_calibration
+    from layerprune.evaluate.schema import EvalSettings
+    from layerprune.evaluate.suites import plan_tasks
+
+    exported = tmp_path / "leaky.q8_0.gguf"
+    exported.write_bytes(b"GGUF")
+    assert recorded_calibration(exported) is None  # no export record: nothing known of it
+    exported.with_suffix(".export.json").write_text(json.dumps({"model": str(leaky_prune), "outtype": "q8_0"}))
+    assert recorded_calibration(exported)[0] == leaky_prune / "prune_report.json"
+    settings = EvalSettings(tasks=["gsm8k"], limit=8, num_fewshot=0, data_dir=gsm_dir)
+    with pytest.raises(LayerpruneError, match=r"gsm8k \(5 documents\)"):
+        calibration_overlap(plan_tasks(settings, gsm_dir)[0], settings, gsm_dir, exported)

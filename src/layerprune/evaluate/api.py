@@ -21,17 +21,21 @@ from layerprune.tasks.data import resolve_data_dir
 log = logging.getLogger(__name__)
 
 
-def tokenizer_fingerprint(spec: Any, run: RunSettings) -> tuple[int, tuple[tuple[str, int], ...]]:
+def tokenizer_fingerprint(spec: Any, run: RunSettings, backend: str = "hf") -> tuple[Any, ...]:
+    if backend == "llamacpp":  # the GGUF's own token list: llama.cpp tokenizes with it
+        from layerprune.evaluate.llamacpp_lm import gguf_vocabulary
+
+        return gguf_vocabulary(spec)
     tokenizer = load_tokenizer(resolve_model(spec, run), run)
     vocab = tokenizer.get_vocab()
     return len(vocab), tuple(sorted(vocab.items()))
 
 
-def warn_tokenizer_mismatch(roles: dict[str, Any], run: RunSettings) -> str | None:
+def warn_tokenizer_mismatch(roles: dict[str, Any], run: RunSettings, backend: str = "hf") -> str | None:
     """A baseline whose tokenizer differs from the pruned model's makes the comparison doubtful: warn, go on."""
     if "baseline" not in roles or "pruned" not in roles:
         return None
-    if tokenizer_fingerprint(roles["baseline"], run) == tokenizer_fingerprint(roles["pruned"], run):
+    if tokenizer_fingerprint(roles["baseline"], run, backend) == tokenizer_fingerprint(roles["pruned"], run, backend):
         return None
     message = (f"warning: the baseline {roles['baseline']} has a different tokenizer than the pruned model "
                f"{roles['pruned']}; scores are compared anyway")
@@ -43,7 +47,7 @@ def evaluate_models(roles: dict[str, Any], settings: EvalSettings, run: RunSetti
                     overwrite: bool = False) -> str:
     """Evaluate each model into output/<role> (or output itself for one model); return the printed tables."""
     check_output_dir(output, overwrite)
-    warning = warn_tokenizer_mismatch(roles, run)
+    warning = warn_tokenizer_mismatch(roles, run, settings.backend)
     summaries: dict[str, Summary] = {}
     pruned = roles.get("pruned")
     if pruned is not None:  # refuse an overlap before any model is evaluated

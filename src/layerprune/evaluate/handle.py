@@ -36,6 +36,8 @@ class ModelHandle:
     def precision(self) -> tuple[str, str]:
         """(dtype, device type) the scores are computed in: the model's own where it is already in memory (a
         pipeline's float32 model under a bf16 run), else what the run will load it as."""
+        if self.source.kind == "gguf-llamacpp":
+            return "gguf (llama.cpp)", "llamacpp"
         if self.loaded is not None:
             model = self.loaded.model
             return str(model.dtype), next(model.parameters()).device.type

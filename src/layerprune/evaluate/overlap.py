@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -24,13 +25,17 @@ def normalize(text: str) -> str:
 
 def recorded_calibration(model: Any) -> tuple[Path, list[str]] | None:
     """The calibration texts a pruned model directory records, or None (not a pruned directory, or no data chose
-    its blocks)."""
+    its blocks). A .gguf that `layerprune export` wrote answers for the directory it was exported from."""
     if model is None or not isinstance(model, (str, os.PathLike)):
         return None
-    lineage = read_lineage(Path(model))
+    directory = Path(model)
+    record = directory.with_suffix(".export.json")
+    if directory.suffix == ".gguf" and record.is_file():
+        directory = Path(json.loads(record.read_text()).get("model") or directory)
+    lineage = read_lineage(directory)
     if lineage is None or lineage.calibration is None:
         return None
-    return Path(model) / PRUNE_REPORT, lineage.calibration.texts()
+    return directory / PRUNE_REPORT, lineage.calibration.texts()
 
 
 def evaluated_rows(task: PlannedTask, settings: EvalSettings, data_dir: Path | None) -> list[list[str]]:

@@ -170,6 +170,11 @@ def evaluate_model(
     if settings.reference_solutions:
         handle, template = reference_handle(planned, data_dir, run), False
         settings = settings.model_copy(update={"reuse": False})  # a check of the machine: always run it
+    elif settings.backend == "llamacpp":
+        from layerprune.evaluate.llamacpp_lm import llamacpp_handle
+
+        handle = llamacpp_handle(model, run)
+        template = bool(handle.lm.template)
     else:
         handle = handle_for(model, run)
         handle.digest = model_hash_override or model_fingerprint(handle.source, run.resolved_cache_dir(), handle.loaded)

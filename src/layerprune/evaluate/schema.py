@@ -60,7 +60,9 @@ class EvalSettings(BaseModel):
     chat_template: Literal["auto", "on", "off"] = Field(
         "auto", description="Apply the model's chat template: auto = for tasks whose protocol calls for it"
     )
-    backend: Literal["hf", "vllm"] = Field("hf", description="lm-eval backend: hf (in-process model) or vllm (GPU)")
+    backend: Literal["hf", "vllm", "llamacpp"] = Field(
+        "hf", description="lm-eval backend: hf (in-process model), vllm, or llamacpp (a .gguf file scored by llama.cpp "
+        "itself, in process: quantized and deci exports as llama.cpp runs them)")
     data_dir: Path | None = Field(
         None,
         description="Local data mirror DIR/<dataset>/<split>.jsonl (default $LAYERPRUNE_DATA_DIR or ../shared/data)",
