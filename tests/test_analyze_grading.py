@@ -174,3 +174,18 @@ def test_pos_groups_follow_the_tokens_walk_scores(tiny_llama):
         batches = build_batches(tokenizer, items, 2, max_length)
         assert len(token_groups(tokenizer, items, max_length)) == count_tokens(batches)
 
+
+
+def test_brackets_levels_are_importance_tasks_with_the_probes_items_and_exact_grading():
+    """A variant that learned brackets is measured on them: the analysis items are the evaluation probes' own, and a
+    generation is right only when its first line closes the sequence exactly."""
+    from layerprune.analyze.tasks import task_items
+    from layerprune.tasks.probes import generate_probes, probe_tasks
+
+    items = task_items("brackets_mix", 5, 0, 1, None)
+    probes = generate_probes(probe_tasks()["brackets_mix"], 5, 0)
+    assert [(i.prompt, i.target) for i in items] == [(p.prompt, p.answer) for p in probes]
+    task = ANALYSIS_TASKS.get("brackets_d3")
+    item = task_items("brackets_d3", 1, 0, 1, None)[0]
+    assert task.grade(f"{item.answer}\nSequence: ( [", item) and not task.grade(f"{item.answer} )", item)
+    assert "\n" in task.stops and task.kind == "brackets"

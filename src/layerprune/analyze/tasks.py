@@ -1,9 +1,10 @@
 """Tasks for block ablation and calibration: (prompt, scored target, short answer) items, by name.
 
 - arithmetic: few-shot composite arithmetic probes (layerprune.tasks.probes), answer = the number.
-- arith_2d_add, arith_3d_sub, ..., arith_2d_add_nc, arith_1d_sum3: each arithmetic level of the probes as the probe
-  gate scores it (evaluation stream, the probes' own few-shot prefix: `shots` does not apply), so a variant trained on
-  the levels' calibration streams is measured on what it learned.
+- arith_2d_add, arith_3d_sub, ..., arith_2d_add_nc, arith_1d_sum3, brackets_d2 ... brackets_d8, brackets_mix: each
+  arithmetic and brackets level of the probes as the probe gate scores it (evaluation stream, the probes' own
+  few-shot prefix: `shots` does not apply), so a variant trained on the levels' calibration streams is measured on
+  what it learned.
 - gsm8k: GSM8K *train* questions, zero-shot, target = the worked solution ending "The answer is N."
 - factual: few-shot "capital of <country>" recall from a list shipped with the code (facts.py).
 - triviaqa: few-shot closed-book questions from <data-dir>/triviaqa/train.jsonl (the rc.nocontext *train*
@@ -51,7 +52,7 @@ class Task:
     build: Callable[[int, int, int, Path | None], list[TaskItem]]
     grade: Callable[[str, TaskItem], bool]
     max_new_tokens: int
-    kind: str  # math | factual
+    kind: str  # math | brackets | factual
     stops: tuple[str, ...] = ()  # generation stops at any of these (lm-eval's `until` for the task)
     chat_protocol: bool = False  # chat_template auto applies the template (as evaluate does for this task)
 
@@ -147,9 +148,16 @@ def probe_level(args: dict[str, object]) -> Callable[[int, int, int, Path | None
     return build
 
 
+def grade_exact_line(text: str, item: TaskItem) -> bool:
+    """Brackets: the first line of the generation, stripped, is the answer (as `evaluate` scores the probe)."""
+    return text.split("\n")[0].strip() == item.answer.strip()
+
+
 for _name, _args in probe_tasks().items():
     if _args["family"] == "arithmetic" and _name != "arith_1dc":  # arith_1dc is `arithmetic` at its own shots
         ANALYSIS_TASKS.register(_name)(Task(probe_level(_args), grade_first_number, 8, "math"))
+    elif str(_args["family"]).startswith("brackets"):  # each depth and the mixed-depth level
+        ANALYSIS_TASKS.register(_name)(Task(probe_level(_args), grade_exact_line, 24, "brackets", ("\n",)))
 
 
 def task_items(name: str, n: int, seed: int, shots: int, data_dir: Path | None) -> list[TaskItem]:
