@@ -90,7 +90,7 @@ def test_plain_transformers_loads_the_saved_folder_with_trust_remote_code(saved,
                  for alias in node.names}
         roots |= {node.module.split(".")[0] for node in ast.walk(tree)
                   if isinstance(node, ast.ImportFrom) and node.module and not node.level}
-        assert roots <= {"copy", "dataclasses", "typing", "torch", "transformers"}, (name, roots)
+        assert roots <= {"copy", "dataclasses", "inspect", "typing", "torch", "transformers"}, (name, roots)
     config = get_class_from_dynamic_module("configuration_decilm.DeciLMConfig", folder).from_pretrained(folder)
     model_class = get_class_from_dynamic_module("modeling_decilm.DeciLMForCausalLM", folder)
     assert model_class.__module__.startswith("transformers_modules.")
@@ -259,3 +259,42 @@ def test_whole_block_surgery_and_timing_of_a_layout_model_are_refused(tmp_path):
     assert len(nas.model.layers) == 6
     speed = measure_speed(nas, SpeedBench(prompt_len=8, new_tokens=2, repeats=1))  # the decode timer reads its cache
     assert speed.decode_tokens_per_s > 0
+
+
+def test_the_modeling_file_calls_transformers_5_0s_causal_mask_as_5_0_takes_it(monkeypatch):
+    """transformers 5.0's create_causal_mask takes (input_embeds, cache_position, past_key_values); the saved
+    modeling file must run there too (bench/bench_nas_transformers_floor.py checks it on a real 5.0): called the
+    5.0 way, a cached greedy continuation is the skipped original's."""
+    from layerprune.models.nemotron_nas import modeling_decilm
+
+    real = modeling_decilm.create_causal_mask
+    seen = []
+
+    def five_oh(config, input_embeds, attention_mask, cache_position, past_key_values, position_ids=None):
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        assert cache_position.tolist() == list(range(past, past + input_embeds.shape[1]))
+        seen.append(len(cache_position))
+        return real(config, input_embeds, attention_mask, past_key_values, position_ids=position_ids)
+
+    monkeypatch.setattr(modeling_decilm, "create_causal_mask", five_oh)
+    monkeypatch.setattr(modeling_decilm, "MASK_TAKES_CACHE_POSITION", True)
+    model = tiny_source("llama")
+    nas = to_nas(model, MIXED)
+    with skipped_sublayers(model, MIXED):
+        expected = model.generate(IDS[:1], max_new_tokens=6, do_sample=False, attention_mask=torch.ones_like(IDS[:1]))
+    found = nas.generate(IDS[:1], max_new_tokens=6, do_sample=False, attention_mask=torch.ones_like(IDS[:1]))
+    assert found.tolist() == expected.tolist() and seen[0] == IDS.shape[1] and set(seen[1:]) == {1}
+
+
+def test_the_configuration_reads_block_dicts_set_after_construction():
+    """transformers 5.0 builds configurations by keywords (no __post_init__): the blocks are read there too."""
+    blocks = [{"attention": {"no_op": False, "n_heads_in_group": 2}, "ffn": {"no_op": False, "ffn_mult": 6.0}}] * 2
+    config = DeciLMConfig(vocab_size=384, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                          num_hidden_layers=2)
+    config.block_configs = blocks
+    config._read_blocks()
+    assert [b.attention.n_heads_in_group for b in config.block_configs] == [2, 2]
+    assert config.to_dict()["block_configs"][0]["ffn"]["ffn_mult"] == 6.0
+    config.block_configs = blocks[:1]
+    with pytest.raises(ValueError, match="1 entries for 2 hidden layers"):
+        config._read_blocks()

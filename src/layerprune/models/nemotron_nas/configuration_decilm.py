@@ -3,8 +3,9 @@ FFN exist, and how wide they are.
 
 Written as NVIDIA's published Nemotron-NAS checkpoints are (model_type `nemotron-nas`, a `block_configs` list of
 `{"attention": {...}, "ffn": {...}}`), so vLLM's `DeciLMForCausalLM` and llama.cpp's `deci` converter read it.
-Self-contained (torch and transformers only): a saved model carries this file beside its config.json. Needs
-transformers 5 (its dataclass configurations).
+Self-contained (torch and transformers only): a saved model carries this file beside its config.json. Reads on
+every transformers 5: the dataclass configurations of recent releases (`__post_init__`) and the keyword `__init__`
+of the first ones (5.0).
 """
 
 import dataclasses
@@ -86,14 +87,23 @@ class DeciLMConfig(LlamaConfig):
 
     block_configs: list | None = None
 
-    def __post_init__(self, **kwargs: Any) -> None:
+    if dataclasses.is_dataclass(LlamaConfig):  # transformers' dataclass configurations
+        def __post_init__(self, **kwargs: Any) -> None:
+            self._read_blocks()
+            super().__post_init__(**kwargs)
+    else:  # transformers 5.0: configurations take keywords in __init__
+        def __init__(self, block_configs: list | None = None, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.block_configs = block_configs
+            self._read_blocks()
+
+    def _read_blocks(self) -> None:
         if self.block_configs is not None:
             self.block_configs = [block if isinstance(block, BlockConfig) else BlockConfig.from_dict(block, index)
                                   for index, block in enumerate(self.block_configs)]
             if len(self.block_configs) != self.num_hidden_layers:
                 raise ValueError(f"block_configs has {len(self.block_configs)} entries for "
                                  f"{self.num_hidden_layers} hidden layers")
-        super().__post_init__(**kwargs)
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()

@@ -5,10 +5,12 @@ Built from transformers' own Llama pieces (attention, MLP, RMSNorm, rotary embed
 computes exactly what a Llama block does. A block without attention has no input_layernorm and no KV cache entry;
 one without FFN has no post_attention_layernorm: the same weights vLLM's `DeciLMForCausalLM` and llama.cpp's `deci`
 architecture read. Attention layers are numbered among themselves in the KV cache (the cache holds only them).
-Self-contained (torch and transformers only): a saved model carries this file beside its config.json.
+Self-contained (torch and transformers only): a saved model carries this file beside its config.json. Runs on every
+transformers 5 (5.0's mask and cache calling conventions included).
 """
 
 import copy
+import inspect
 from typing import Any
 
 import torch
@@ -24,6 +26,19 @@ from .configuration_decilm import BlockConfig, DeciLMConfig, ffn_mult_to_interme
 
 # transformers renamed the outputs' `past_key_values` to `cache`; write whichever this version has
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+# transformers 5.0's create_causal_mask takes the cache positions and `past_key_values`; later ones the cache alone
+MASK_TAKES_CACHE_POSITION = "cache_position" in inspect.signature(create_causal_mask).parameters
+
+
+def causal_mask(config: Any, embeds: torch.Tensor, attention_mask: torch.Tensor | None, cache: Cache | None,
+                position_ids: torch.Tensor) -> Any:
+    """transformers' causal mask (what its Llama uses), called as this version of transformers takes it."""
+    if not MASK_TAKES_CACHE_POSITION:
+        return create_causal_mask(config, embeds, attention_mask, cache, position_ids=position_ids)
+    past = cache.get_seq_length() if cache is not None else 0
+    positions = torch.arange(past, past + embeds.shape[1], device=embeds.device)
+    return create_causal_mask(config=config, input_embeds=embeds, attention_mask=attention_mask,
+                              cache_position=positions, past_key_values=cache, position_ids=position_ids)
 
 
 def _check_block(block: BlockConfig, index: int) -> None:
@@ -148,7 +163,7 @@ class DeciLMModel(DeciLMPreTrainedModel):
         if position_ids is None:
             past = cache.get_seq_length() if cache is not None else 0
             position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device).unsqueeze(0) + past
-        mask = create_causal_mask(self.config, inputs_embeds, attention_mask, cache, position_ids=position_ids)
+        mask = causal_mask(self.config, inputs_embeds, attention_mask, cache, position_ids)
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
         states = [hidden_states]
