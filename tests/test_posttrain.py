@@ -255,3 +255,30 @@ def test_training_prints_one_line_per_logged_step(caplog):
         LossLogCallback().on_log(None, state, None, logs={"eval_loss": 0.75})
     assert "step 10/175  loss 0.5000  lr 1.00e-04  reward 0.250" in caplog.text
     assert "step 10/175  held-out loss 0.7500" in caplog.text
+
+
+def test_a_variant_spec_is_made_once_and_found_again_wherever_a_model_is_accepted(tiny_llama, settings, tmp_path,
+                                                                                   monkeypatch, capsys):
+    from layerprune.models.loading import planning, resolve_model
+
+    recipe = write_recipe(tmp_path / "v.yaml", {"kind": "sft", "model": str(tiny_llama), "name": "tiny-math",
+                                                "data": {"probes": {"arith_2d_add": 8}}, "train": FAST})
+    spec = f"variant:{recipe}"
+    with planning():  # a dry run: nothing made, planned on the source
+        planned = resolve_model(spec, settings)
+    assert planned.location == str(tiny_llama) and planned.identity["variant_made"] is False
+    assert not (settings.resolved_cache_dir() / "variants").exists()
+    made = resolve_model(spec, settings)
+    folder = Path(made.location)
+    assert folder.parent == settings.resolved_cache_dir() / "variants" and folder.name.startswith("tiny-math-")
+    assert made.kind == "local" and made.identity["fingerprint"] == json.loads((folder / REPORT).read_text())[
+        "fingerprint"]
+
+    def refuse(job: Job) -> None:
+        raise AssertionError("trained again")
+
+    monkeypatch.setitem(METHODS._items, "sft", refuse)
+    assert resolve_model(spec, settings).location == made.location  # cached: found by its fingerprint
+    code, _, err = run_cli(capsys, ["analyze", "importance", "--models", spec, "--dry-run",
+                                    "--cache-dir", str(settings.resolved_cache_dir())])
+    assert code == 0, err  # a command takes it where it takes a model

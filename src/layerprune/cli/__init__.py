@@ -6,6 +6,7 @@ Nothing below this package imports it; a stage's schema carries the help text an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import sys
@@ -66,7 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for noisy in ("httpx", "urllib3", "filelock", "huggingface_hub", "datasets", "fsspec"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        return int(args.handler(args) or 0)
+        import layerprune.posttrain  # noqa: F401  (`variant:NAME` wherever a model is accepted)
+        from layerprune.models.loading import planning
+
+        with planning() if getattr(args, "dry_run", False) else contextlib.nullcontext():
+            return int(args.handler(args) or 0)
     except LayerpruneError as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return exc.exit_code

@@ -17,6 +17,7 @@ import numpy as np
 from lm_eval.api.model import TemplateLM
 
 from layerprune.core.errors import LayerpruneError
+from layerprune.core.extras import require_extra
 from layerprune.core.settings import RunSettings
 from layerprune.evaluate.handle import ModelHandle
 from layerprune.models import ModelSource
@@ -135,12 +136,10 @@ class LlamaCppLM(TemplateLM):
 def llamacpp_handle(model: Any, run: RunSettings) -> ModelHandle:
     """The handle of a GGUF file scored by llama.cpp: its digest is the file's own (not a conversion's), so the
     cache never mixes it with the same file read by transformers."""
-    from layerprune.export.llamacpp import require_llama_cpp
-
     path = Path(str(model)) if model is not None else None
     if path is None or path.suffix != ".gguf" or not path.is_file():
         raise LayerpruneError(f"--backend llamacpp scores a .gguf file; {model} is not one")
-    require_llama_cpp()
+    require_extra("gguf-run", "--backend llamacpp")
     digest = _file_digest(path)
     source = ModelSource(str(model), str(path), "gguf-llamacpp", {"gguf_file": path.name, "sha256": digest})
     handle = ModelHandle(source, run, lm=LlamaCppLM(path, threads=_threads(run)))

@@ -8,6 +8,9 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +62,22 @@ class LoadedModel:
     checkpoint_dtype: torch.dtype | None = None  # the dtype the weights are stored in (config, else tensors)
 
 
+# "PREFIX:NAME" specs that a layer above resolves: `variant:NAME` (a post-trained model, made once: layerprune.posttrain
+# registers it on import, as the CLI and the studies do)
+SPEC_PREFIXES: dict[str, Callable[[str, str, RunSettings], ModelSource]] = {}
+PLANNING: ContextVar[bool] = ContextVar("planning", default=False)
+
+
+@contextmanager
+def planning() -> Iterator[None]:
+    """A dry run: specs resolve without making anything (a variant not yet made plans on its source model)."""
+    token = PLANNING.set(True)
+    try:
+        yield
+    finally:
+        PLANNING.reset(token)
+
+
 def resolve_model(spec: str | os.PathLike[str] | None, settings: RunSettings | None = None) -> ModelSource:
     """Turn what the user typed into a loadable location (converting GGUF once, into the cache)."""
     settings = settings or RunSettings()
@@ -66,6 +85,12 @@ def resolve_model(spec: str | os.PathLike[str] | None, settings: RunSettings | N
     name = embedded.embedded_name(text)
     if name is not None:
         return _resolve_embedded(name, text or "embedded", settings)
+    prefix, colon, rest = (text or "").partition(":")
+    if colon and prefix == "variant":
+        if prefix not in SPEC_PREFIXES:
+            raise LayerpruneError(f"{text}: variant specs are made by layerprune.posttrain; import it first (the "
+                                  "layerprune commands do)")
+        return SPEC_PREFIXES[prefix](rest, text or "", settings)
     path = Path(text).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():

@@ -1,0 +1,36 @@
+"""`variant:NAME` wherever a model is accepted: the variant a posttrain recipe makes (a shipped name or a YAML path),
+made once and found again in the cache by its fingerprint. In a dry run a variant not yet made is planned on its
+source model (the same architecture), and nothing is trained."""
+
+from __future__ import annotations
+
+import logging
+
+from layerprune.core.recipe_loading import build_from_recipe
+from layerprune.core.settings import RunSettings
+from layerprune.models.loading import PLANNING, SPEC_PREFIXES, ModelSource, resolve_model
+from layerprune.posttrain.api import cached_fingerprint, fingerprint, make_variant, variant_dir
+from layerprune.posttrain.schema import VariantRecipe
+
+log = logging.getLogger(__name__)
+
+
+def resolve_variant(name: str, spec: str, settings: RunSettings) -> ModelSource:
+    """The variant's cached folder (made first when missing, unless planning)."""
+    recipe = build_from_recipe(VariantRecipe, "variant", name, {})
+    digest = fingerprint(recipe, settings)
+    folder = variant_dir(recipe, settings, digest)
+    if cached_fingerprint(folder) != digest:
+        if PLANNING.get():
+            source = resolve_model(recipe.model, settings)
+            log.warning("%s is not made yet (layerprune variant %s); planned on its source %s", spec, name,
+                        recipe.model)
+            return ModelSource(spec, source.location, source.kind, {**source.identity, "variant": name,
+                                                                     "variant_made": False})
+        log.info("%s: making the variant first (layerprune variant %s --dry-run for its time)", spec, name)
+        folder = make_variant(recipe, settings)
+    return ModelSource(spec, str(folder), "local", {"path": str(folder.resolve()), "variant": recipe.name or name,
+                                                    "fingerprint": digest})
+
+
+SPEC_PREFIXES["variant"] = resolve_variant
