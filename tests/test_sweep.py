@@ -535,3 +535,13 @@ def test_tiny_sweep_with_two_arms_recovers_every_k_both_ways_and_compares_them_p
     assert "- lora: (a)" in text and "- local: (b" in text and "| 2 | local | generative |" in text
     assert "- lora - local at k = 1, generative: recovered share" in text
     assert "No k = 0 control (controls: false)" in text and "Recovery budget per k and arm" in text
+
+
+def test_the_2_core_rates_estimate_a_variant_of_the_embedded_model_and_nothing_else(tmp_path):
+    from layerprune.pipeline.studies.sweep import rates_apply
+
+    other = tmp_path / "v.yaml"
+    other.write_text(yaml.safe_dump({"kind": "sft", "model": "Qwen/Qwen2.5-7B",
+                                     "data": {"probes": {"arith_2d_add": 8}}}))
+    assert rates_apply(None) and rates_apply("embedded") and rates_apply("variant:math-embedded")
+    assert not rates_apply(f"variant:{other}") and not rates_apply(str(tmp_path))

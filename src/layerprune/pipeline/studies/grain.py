@@ -439,11 +439,11 @@ def dry_run(study: GrainStudy, settings: RunSettings) -> str:
 def estimate(study: GrainStudy, recipe: RecoverRecipe, depth: int) -> str:
     """Minutes per phase at the embedded model's measured 2-core rates (`depth`: the model's blocks)."""
     from layerprune.evaluate.suites import plan_tasks
-    from layerprune.pipeline.studies.sweep import RATES
+    from layerprune.pipeline.studies.sweep import RATES, rates_apply
     from layerprune.tasks.data import resolve_data_dir
     from layerprune.tasks.probes import probe_tasks
 
-    if not str(study.model or "embedded").startswith("embedded"):
+    if not rates_apply(study.model):
         return "time: no estimate (the rates were measured for the embedded model on 2 CPU cores)"
     planned, _ = plan_tasks(study.evaluate, resolve_data_dir(study.evaluate.data_dir))
     per_model = sum((t.limit if (t.limit or 0) >= 1 else 100) / (RATES["probe items/s"] if t.spec.name in probe_tasks()

@@ -443,8 +443,20 @@ def _memory_lines(study: SweepStudy, settings: RunSettings, arm: str | None) -> 
     return [text if arm is None else f"arm {arm}: {text}"]
 
 
+def rates_apply(model: str | None) -> bool:
+    """The measured 2-core rates hold for the embedded SmolLM2 and for a variant post-trained from it (the same
+    architecture)."""
+    spec = str(model or "embedded")
+    if spec.startswith("variant:"):
+        from layerprune.core.recipe_loading import build_from_recipe
+        from layerprune.posttrain.schema import VariantRecipe
+
+        spec = build_from_recipe(VariantRecipe, "variant", spec.partition(":")[2], {}).model
+    return spec.startswith("embedded")
+
+
 def _estimate(study: SweepStudy, seconds: dict[str, float]) -> str:
-    if not str(study.model or "embedded").startswith("embedded"):
+    if not rates_apply(study.model):
         return "time: no estimate (the rates were measured for the embedded model on 2 CPU cores)"
     return ("time estimate at the embedded model's measured 2-core rates (" + ", ".join(
         f"{k} {v:g}" for k, v in RATES.items()) + "): " + ", ".join(f"{k} {v / 60:.0f} min" for k, v in seconds.items())
