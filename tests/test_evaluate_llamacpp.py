@@ -18,8 +18,8 @@ from layerprune.evaluate.schema import EvalSettings
 from layerprune.export import export_gguf
 from test_export import gguf_sourced  # noqa: F401  (the fixture: a tiny llama with SmolLM2's vocabulary)
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
-                                reason="--backend llamacpp needs llama-cpp-python (make bench-engines builds it)")
+needs_llama_cpp = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                                     reason="--backend llamacpp needs llama-cpp-python (make bench-engines builds it)")
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +33,7 @@ def _samples(summary_dir: Path, task: str) -> list[dict]:
     return [json.loads(line) for line in (summary_dir / "samples" / f"{task}.jsonl").read_text().splitlines()]
 
 
+@needs_llama_cpp
 def test_llama_cpp_scores_each_document_as_transformers_does(gguf_sourced, exported, shared_data,  # noqa: F811
                                                              tmp_path):
     run = RunSettings(device="cpu", dtype="float32", cache_dir=tmp_path / "cache")
@@ -51,6 +52,7 @@ def test_llama_cpp_scores_each_document_as_transformers_does(gguf_sourced, expor
     assert [s["resps"] for s in generated_cpp] == [s["resps"] for s in generated_hf]
 
 
+@needs_llama_cpp
 def test_the_ggufs_chat_template_renders_as_transformers_renders_it(gguf_sourced, exported):  # noqa: F811
     from layerprune.evaluate.llamacpp_lm import LlamaCppLM
 
@@ -72,6 +74,7 @@ def test_a_model_that_is_not_a_gguf_file_is_refused_in_one_line(gguf_sourced, ca
     assert not (tmp_path / "out").exists()
 
 
+@needs_llama_cpp
 def test_two_gguf_files_are_compared_paired_without_converting_either(gguf_sourced, exported, shared_data,  # noqa: F811
                                                                        capsys, tmp_path, monkeypatch):
     import layerprune.models.loading as loading
