@@ -156,6 +156,21 @@ def test_the_critical_control_block_is_the_largest_drop_on_the_target():
         control_block(study, report)
 
 
+def test_the_control_may_drop_a_block_prune_protects(tiny_llama, tmp_path):
+    """The critical block is often block 0, which prune protects by default: the control names its block itself."""
+    import json
+
+    from layerprune.core.settings import RunSettings
+    from layerprune.pipeline.studies.variant import VariantStudy, make_control
+
+    study = VariantStudy.model_validate({"name": "s", "model": str(tiny_llama), "control": {"skip_block": 0},
+                                         "variant": {"recipe": "variant-sft-gsm8k"}})
+    made = make_control(study, RunSettings(), tmp_path, 0)
+    assert made == tmp_path / "control-b0"
+    assert json.loads((made / "prune_report.json").read_text())["dropped"] == [0]
+    assert json.loads((made / "config.json").read_text())["num_hidden_layers"] == 5
+
+
 def synthetic(base: list[bool], ablated: list[list[bool]]) -> dict:
     """An accuracy task result as importance.json keeps it (drops relative to the full score, threshold 0.2)."""
     full = sum(base) / len(base)

@@ -184,7 +184,8 @@ def control_block(study: VariantStudy, report: dict[str, Any]) -> int:
 
 
 def make_control(study: VariantStudy, settings: RunSettings, root: Path, block: int) -> Path:
-    """root/control-b<block>: the original with `block` dropped (kept when it is complete)."""
+    """root/control-b<block>: the original with `block` dropped (kept when it is complete). The control names its
+    block itself, so prune's default protection (block 0, often the most critical) does not apply."""
     import json
 
     from layerprune.prune.api import prune_model
@@ -194,7 +195,7 @@ def make_control(study: VariantStudy, settings: RunSettings, root: Path, block: 
     done = target / "prune_report.json"
     if done.is_file() and json.loads(done.read_text()).get("dropped") == [block]:
         return target
-    prune_model(study.model, PruneRecipe(layers=[block]), settings, output=target, overwrite=True)
+    prune_model(study.model, PruneRecipe(layers=[block], protect=[]), settings, output=target, overwrite=True)
     return target
 
 
