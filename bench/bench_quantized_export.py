@@ -12,7 +12,8 @@ agreement (4 prompts, 16 tokens). F16 and Q8_0 are written by the gguf package; 
 from the F16 file. With --speed, llama.cpp's prefill and decode tokens/s of every file, measured in rounds that
 alternate the files (medians; ratios to the unpruned file of the same type). With --scores, every file scored by
 llama.cpp itself (`layerprune evaluate --backend llamacpp`), each pruned file paired with the unpruned file of the
-same type (95% paired intervals). Markdown rows at the end.
+same type (95% paired intervals), and each unpruned file paired with the unpruned F16 file (the bits' own cost).
+Markdown rows at the end.
 """
 
 from __future__ import annotations
@@ -133,6 +134,27 @@ def _score_table(files: dict[tuple[str, str], Path], tasks: str, limit: int, wor
         cli(["evaluate", "--backend", "llamacpp", "--baseline", str(files[("unpruned", outtype)]),
              "--model", str(path), "--tasks", *tasks.split(","), "--limit", str(limit), "--output", str(output),
              "--overwrite"])
+    _bits_alone(work)
+
+
+def _bits_alone(work: Path) -> None:
+    """The quantization's own cost: each unpruned file's scores (the baselines above) paired with the unpruned F16
+    file's, item by item (nothing scored again)."""
+    from layerprune.evaluate.report import compare
+    from layerprune.evaluate.summary import read_summary
+
+    folders = {path.name.rsplit("-", 1)[-1]: path / "baseline" for path in sorted(work.glob("scores-*"))
+               if (path / "baseline" / "summary.json").is_file()}
+    if "f16" not in folders:
+        return
+    for outtype, folder in folders.items():
+        if outtype == "f16":
+            continue
+        pair = {"baseline": folders["f16"], "pruned": folder}
+        result = compare({role: read_summary(f / "summary.json") for role, f in pair.items()},
+                         work / f"bits-unpruned-{outtype}", folders=pair)
+        print(f"\n## unpruned {outtype} against unpruned f16 (both llama.cpp, paired)\n\n{result['table']}",
+              flush=True)
 
 
 def _slug(label: str) -> str:
