@@ -32,6 +32,8 @@ def test_bad_variant_study_recipes(capsys, tmp_path):
                            ({"resamples": 5}, "resamples"),
                            ({"target": "mmlu"}, "target 'mmlu' is not one of the importance tasks"),
                            ({"control": {"skip_block": -1}}, "skip_block"),
+                           ({"nmi": {"model": "x"}}, "nmi sets ['model']"),
+                           ({"nmi": {"k": 1}}, "k"),
                            ({"variant": {"posttrain": "math-embedded", "recipe": "x"}}, "variant"),
                            ({"variant": {"posttrain": "no-such-variant"}}, "no-such-variant")):
         path = tmp_path / "bad.yaml"
@@ -61,7 +63,8 @@ def test_tiny_variant_study_runs_and_its_table_matches_the_agreement(capsys, tin
                             "logging_steps": 1, "save_steps": 2, "learning_rate": 1.0e-2,
                             "warmup_steps": 0}}},
               "importance": {"tasks": ["arithmetic", "factual"], "samples": 6, "metric": "accuracy"},
-              "target": "arithmetic", "control": {"skip_block": 1}, "splits": 2}
+              "target": "arithmetic", "control": {"skip_block": 1}, "splits": 2,
+              "nmi": {"calib": "arithmetic", "samples": 4, "k": 2, "seeds": 2, "pos": False}}
     (tmp_path / "v.yaml").write_text(yaml.safe_dump(recipe))
     code, out, err = run_cli(capsys, ["variant-study", str(tmp_path / "v.yaml")])
     assert code == 0, err
@@ -78,6 +81,7 @@ def test_tiny_variant_study_runs_and_its_table_matches_the_agreement(capsys, tin
         assert tasks[task]["jaccard_interval"] == want["jaccard_interval"]
         assert f"| {task} |" in out
     check_the_control(run, report, study, out)
+    check_the_nmi(run, report, study, out)
     # the original's weights were linked, not changed: the variant is a new model
     from safetensors.torch import load_file
 
@@ -107,6 +111,19 @@ def check_the_control(run, report, study, table):
         assert study["tasks"][task]["verdict"]["verdict"] in ("invariant", "different", "not shown")
     assert study["target"]["task"] == "arithmetic" and "## Verdict" in table
     assert f"Control: the original with block {block} dropped" in table
+
+
+def check_the_nmi(run, report, study, table):
+    """Each model's NMI curve, its critical blocks the importance report's on the target task, in the table."""
+    import json
+
+    for role, (label, result) in zip(("original", "variant"), report["tasks"]["arithmetic"].items(), strict=True):
+        nmi = json.loads((run / f"nmi-{role}" / "nmi.json").read_text())
+        assert nmi["model"]["label"] == label and nmi["critical"] == result["critical"]
+        assert len(nmi["nmi"]) == result["depth"] + 1 and nmi["config"]["critical_task"] == "arithmetic"
+        assert study["nmi"][role]["elbow_block"] == nmi["elbow_block"]
+        assert f"| {role} ({label}) | {result['critical']} | {nmi['elbow_block']} |" in table
+    assert "## NMI near the critical blocks" in table
 
 
 def test_posttrain_variant_is_made_once_through_the_cache(capsys, tiny_llama, tmp_path, shared_data, monkeypatch):

@@ -8,8 +8,10 @@ with a critical block dropped, compared on the remaining blocks) must fall below
 
 Stages (pipeline/runner.py), each reusing what it finds when it was made by the same recipe and settings: variant
 (variant/: recover, the unpruned model learning from its own answers; or a posttrain variant recipe, made once in the
-cache), importance (importance/: analyze importance on [original, variant]), with a control: control (control-b<N>/,
-the original without block N, and importance-control-b<N>/), then report (variant.json, variant.md, always redrawn).
+cache), importance (importance/: analyze importance on [original, variant]), with `nmi`: nmi (nmi-original/ and
+nmi-variant/: analyze nmi on each, its critical blocks the importance report's on the target task), with a control:
+control (control-b<N>/, the original without block N, and importance-control-b<N>/), then report (variant.json,
+variant.md, always redrawn).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from layerprune.analyze.schemas import ImportanceAnalysis
+from layerprune.analyze.schemas import ImportanceAnalysis, NmiAnalysis
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.recipe_loading import build_from_recipe, merge_layers, validation_message
 from layerprune.core.settings import RunSettings
@@ -30,6 +32,7 @@ from layerprune.posttrain.schema import VariantRecipe
 
 log = logging.getLogger(__name__)
 STUDY_OWNED = ("models", "output", "overwrite", "dry_run", "tokenizers")  # importance fields the study sets itself
+NMI_OWNED = ("model", "output", "overwrite", "critical_from", "critical_task")  # and its nmi fields
 
 
 class PosttrainVariant(BaseModel):
@@ -78,6 +81,9 @@ class VariantStudy(BaseModel):
     bar: float = Field(0.9, gt=0, le=1, description="'invariant' needs agreement / ceiling at least this")
     splits: int = Field(4, ge=1, description="Random halvings of the items the split-half ceiling averages over")
     control: ControlSpec | None = Field(None, description="The positive control (none: the verdict is 'not shown')")
+    nmi: dict[str, Any] | None = Field(None, description="`analyze nmi` fields (calib, samples, k, ...) run on both "
+                                       "models, each with its critical blocks on the target task from the importance "
+                                       "report (paper A's NMI near the critical blocks); none: not run")
     output: Path | None = Field(None, description="Study directory")
 
     @model_validator(mode="after")
@@ -85,12 +91,17 @@ class VariantStudy(BaseModel):
         owned = sorted(set(self.importance) & set(STUDY_OWNED))
         if owned:
             raise ValueError(f"importance sets {owned}, which the study sets itself")
+        owned = sorted(set(self.nmi or {}) & set(NMI_OWNED))
+        if owned:
+            raise ValueError(f"nmi sets {owned}, which the study sets itself")
         try:
             config = self.importance_config(Path("<variant>"))
             if isinstance(self.variant, RecoverStage):
                 self.recover_recipe()
         except ValidationError as exc:
             raise ValueError(validation_message(exc, "variant study section")) from None
+        if self.nmi is not None:
+            self.nmi_config("original", Path("<importance.json>"), "<task>")
         if self.target is not None and self.target not in config.tasks:
             raise ValueError(f"target {self.target!r} is not one of the importance tasks {config.tasks}")
         if isinstance(self.control, ControlSpec) and isinstance(self.control.skip_block, int) \
@@ -115,6 +126,15 @@ class VariantStudy(BaseModel):
 
     def importance_config(self, variant_dir: Path) -> ImportanceAnalysis:
         return ImportanceAnalysis.model_validate({**self.importance, "models": [self.model, str(variant_dir)]})
+
+    def nmi_config(self, model: str, report: Path, task: str) -> NmiAnalysis:
+        """`analyze nmi` on one model, its critical blocks read from the study's importance report on `task`."""
+        data_dir = self.importance.get("data_dir")
+        try:
+            return NmiAnalysis.model_validate({**({"data_dir": data_dir} if data_dir else {}), **(self.nmi or {}),
+                                               "model": model, "critical_from": str(report), "critical_task": task})
+        except ValidationError as exc:
+            raise ValueError(validation_message(exc, "variant study nmi section")) from None
 
 
 def load_variant_study(name_or_path: str, output: Path | None = None) -> VariantStudy:
@@ -164,6 +184,48 @@ def score_models(config: ImportanceAnalysis, settings: RunSettings, target: Path
 
 def score_both(study: VariantStudy, settings: RunSettings, root: Path, variant: Path) -> dict[str, Any]:
     return score_models(study.importance_config(variant), settings, root / "importance")
+
+
+def score_nmi(study: VariantStudy, settings: RunSettings, root: Path, variant: Path, report: dict[str, Any]
+              ) -> dict[str, dict[str, Any]]:
+    """nmi-original/ and nmi-variant/: NMI over depth of each model, with its critical blocks on the target task from
+    the importance report (each reused when it was made by the same config and seed)."""
+    import json
+
+    from layerprune.analyze.nmi import analyze_nmi
+    from layerprune.core.outputs import atomic_output_dir
+
+    task = study.target_task(list(report["tasks"]))
+    out = {}
+    for role, model in (("original", study.model), ("variant", str(variant))):
+        config = study.nmi_config(model, root / "importance" / "importance.json", task)
+        done = root / f"nmi-{role}" / "nmi.json"
+        if not done.is_file() or json.loads(done.read_text())["config"] != config.model_dump(mode="json") \
+                or json.loads(done.read_text())["run"]["settings"].get("seed") != settings.seed:
+            with atomic_output_dir(done.parent, overwrite=True) as tmp:
+                analyze_nmi(config, settings, tmp)
+        out[role] = json.loads(done.read_text())
+    return out
+
+
+def nmi_lines(study: VariantStudy, scored: dict[str, dict[str, Any]] | None) -> list[str]:
+    """Paper A's NMI near the critical blocks, per model: where the representation drifts most, and how far that is
+    from the blocks the target task needs."""
+    if not scored:
+        return []
+    first = next(iter(scored.values()))
+    lines = ["", "## NMI near the critical blocks", "",
+             f"`analyze nmi` on {first['config']['calib']} ({first['tokens']} tokens, k = {first['config']['k']}): "
+             "NMI of each block's token clusters with the embedding layer's; the elbow is the largest one-block drop "
+             f"after block 0, critical blocks are each model's on {first['config']['critical_task']} from importance/ "
+             "(nmi-original/, nmi-variant/ hold the curves).", "",
+             "| model | critical blocks | elbow block | elbow NMI drop | clustering noise | "
+             "elbow to nearest critical | NMI after the last block |", "|---|---|---|---|---|---|---|"]
+    for role, r in scored.items():
+        lines.append(f"| {role} ({r['model']['label']}) | {r['critical']} | {r['elbow_block']} | "
+                     f"{_fmt(r['elbow_nmi_drop'])} | {_fmt(r['clustering_noise'])} | "
+                     f"{r['elbow_distance_to_critical']} blocks | {_fmt(r['nmi'][-1])} |")
+    return lines
 
 
 def control_block(study: VariantStudy, report: dict[str, Any]) -> int:
@@ -269,14 +331,18 @@ def variant_stages(study: VariantStudy, settings: RunSettings, root: Path) -> li
     def importance() -> None:
         made["report"] = score_both(study, settings, root, made["variant"])
 
+    def nmi() -> None:
+        made["nmi"] = score_nmi(study, settings, root, made["variant"], made["report"])
+
     def control() -> None:
         made["control"] = score_control(study, settings, root, made["report"])
 
     def report() -> None:
-        write_variant_report(study, root, made["variant"], compare(study, made["report"], settings.seed,
-                                                                   made.get("control")))
+        result = compare(study, made["report"], settings.seed, made.get("control"))
+        write_variant_report(study, root, made["variant"], {**result, "nmi": made.get("nmi")})
 
     return [Stage("variant", None, variant), Stage("importance", None, importance),
+            *([Stage("nmi", None, nmi)] if study.nmi is not None else []),
             *([Stage("control", None, control)] if study.control is not None else []), Stage("report", None, report)]
 
 
@@ -314,7 +380,7 @@ def variant_table(study: VariantStudy, result: dict[str, Any]) -> str:
         lines.append(f"| {task} | {base} | {_fmt(row['spearman'], row['spearman_interval'])} | "
                      f"{_fmt(row['critical_jaccard'], row['jaccard_interval'])} | {row['critical'][0]} | "
                      f"{row['critical'][1]} |")
-    return "\n".join(lines + verdict_lines(study, result)) + "\n"
+    return "\n".join(lines + verdict_lines(study, result) + nmi_lines(study, result.get("nmi"))) + "\n"
 
 
 def verdict_lines(study: VariantStudy, result: dict[str, Any]) -> list[str]:
@@ -360,6 +426,11 @@ def dry_run(study: VariantStudy, settings: RunSettings) -> str:
     lines.append(f"verdict: target {study.target or 'none (never invariant)'}; invariant needs a shift >= "
                  f"{100 * study.min_shift:g} points, agreement >= {study.bar:g} of the split-half ceiling "
                  f"({study.splits} halvings) and the control below it")
+    if study.nmi is not None:
+        config = study.nmi_config(study.model, Path("importance.json"), study.target or "the first task")
+        lines.append(f"nmi: analyze nmi on both models, {config.calib} ({config.samples} texts, at least "
+                     f"{config.min_tokens} tokens), k = {config.k}, {config.seeds} seeds; critical blocks from the "
+                     f"importance report on {study.target or 'the first task'}")
     lines.append("importance (the variant is scored the same way; its tokenizer is the original's):")
     config = ImportanceAnalysis.model_validate({**study.importance, "models": [study.model]})
     lines.append(dry_run_text(config, settings))
