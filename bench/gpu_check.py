@@ -124,7 +124,9 @@ def stream_prune(source: Path, out: Path, device: str, drop: list[int]) -> dict:
 def _child_env() -> dict:
     import os
 
-    return {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1"}
+    # the source first, then what the caller had on the path (packages installed with --target, as on the GPU machine)
+    path = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
 
 
 def _block_bytes(source: Path) -> int:

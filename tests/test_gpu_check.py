@@ -34,3 +34,13 @@ def test_the_shipped_configs_are_the_real_sizes():
     sizes = {name: model_shape(AutoConfig.from_pretrained(ROOT / "bench/configs" / f"{name}.json")).params
              for name in ("llama-3.1-8b", "qwen2.5-7b")}
     assert round(sizes["llama-3.1-8b"] / 1e6) == 8030 and round(sizes["qwen2.5-7b"] / 1e6) == 7616
+
+
+def test_the_prune_child_keeps_the_callers_python_path(monkeypatch):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_check
+
+    monkeypatch.setenv("PYTHONPATH", "/tmp/site")  # where the GPU machine's missing packages are installed
+    assert gpu_check._child_env()["PYTHONPATH"].split(":") == [str(ROOT / "src"), "/tmp/site"]
+    monkeypatch.delenv("PYTHONPATH")
+    assert gpu_check._child_env()["PYTHONPATH"] == str(ROOT / "src")
