@@ -33,6 +33,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests"), str(ROOT / "bench")]
+PARTS = ("stream", "ablation", "accuracy", "candidates", "train")  # --only's names; the build always runs
 CONFIGS = {"llama31-8b": ROOT / "bench/configs/llama-3.1-8b.json", "qwen25-7b": ROOT / "bench/configs/qwen2.5-7b.json"}
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
             head_dim=16, vocab_size=384, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2)
@@ -47,7 +48,8 @@ start = time.perf_counter()
 settings = RunSettings(device=device, max_shard_size="5GB")
 report = prune_model(source, PruneRecipe(layers=drop), settings, output=out).report
 hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")) * 1024
-print(json.dumps({"seconds": time.perf_counter() - start, "peak_rss": hwm, "verification": report["verification"]}))
+print(json.dumps({"seconds": time.perf_counter() - start, "peak_rss": hwm, "verification": report["verification"],
+                  "timings": report.get("timings")}))
 """
 
 
@@ -118,7 +120,8 @@ def stream_prune(source: Path, out: Path, device: str, drop: list[int]) -> dict:
                 ratio_to_cp=round(result["seconds"] / cp, 2),
                 peak_rss_bytes=result["peak_rss"], largest_shard_bytes=largest, block_bytes=block,
                 rss_over_shard_plus_block=round(result["peak_rss"] / (largest + block), 2),
-                verification={k: v for k, v in result["verification"].items() if not isinstance(v, dict)})
+                verification={k: v for k, v in result["verification"].items() if not isinstance(v, dict)},
+                phase_seconds=result["verification"].get("phase_seconds"), timings=result.get("timings"))
 
 
 def _child_env() -> dict:
@@ -240,7 +243,8 @@ def train_steps(method: str, student: Path, teacher: Path, device: str, seq_len:
     shape = memory.model_shape(AutoConfig.from_pretrained(student))
     teacher_shape = memory.model_shape(AutoConfig.from_pretrained(teacher)) if method == "kd" else None
     plan = memory.plan_memory(shape, method, seq_len=seq_len, batch_size=1, weight_bytes=2,
-                              lora_r=r if method != "full" else 0, gradient_checkpointing=True, teacher=teacher_shape)
+                              lora_r=r if method != "full" else 0, gradient_checkpointing=True, teacher=teacher_shape,
+                              cuda=cuda)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -280,7 +284,8 @@ def train_steps(method: str, student: Path, teacher: Path, device: str, seq_len:
                 plan_over_peak=round(plan.total * 1e9 / peak, 3) if peak else None,
                 plan=dict(weights=round(plan.weights, 2), adapters=round(plan.adapters, 3),
                           gradients=round(plan.gradients, 2), optimizer_states=round(plan.optimizer_states, 2),
-                          activations=round(plan.activations, 2), teacher=round(plan.teacher, 2)))
+                          activations=round(plan.activations, 2), teacher=round(plan.teacher, 2),
+                          optimizer_step=round(plan.optimizer_step, 2)))
 
 
 def environment(device: str) -> dict:
@@ -368,6 +373,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--budget-s", type=float, default=500, help="steps not started by then are skipped")
     parser.add_argument("--work", type=Path, default=None, help="where the models are written (default: a temp dir)")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--only", default=",".join(PARTS),
+                        help=f"comma-separated, of {', '.join(PARTS)} (the build always runs)")
     args = parser.parse_args(argv)
     if args.tiny:
         args.drop, args.samples, args.max_length, args.steps = 2, 4, 64, 1
@@ -383,25 +390,32 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def run_model(rec: Recorder, args: argparse.Namespace, name: str, root: Path, first: bool) -> None:
-    """Build, stream-prune and (the first model) score and train; the files are removed after."""
+    """Build, stream-prune and (the first model) score and train, the parts `--only` names; the files are removed
+    after."""
     root.mkdir(parents=True)
     source, pruned = root / "model", root / "pruned"
-    built = rec.step(f"{name}: build", lambda: build_model(name, source, args.device, args.tiny))
+    only, device = set(args.only.split(",")), args.device
+    built = rec.step(f"{name}: build", lambda: build_model(name, source, device, args.tiny))
     if "layers" not in built:
         return
     drop = list(range(built["layers"] - args.drop - 1, built["layers"] - 1))  # the last blocks but the final one
-    rec.step(f"{name}: streaming prune", lambda: stream_prune(source, pruned, args.device, drop))
-    if first:
-        device = args.device
-        rec.step(f"{name}: ablation (prefix reuse)", lambda: ablation_speed(source, device, args.samples, args.seq_len,
-                                                                           8, 3 if args.tiny else 4))
-        rec.step(f"{name}: teacher-forced accuracy", lambda: teacher_forced_speed(source, device, args.samples, 16))
-        rec.step(f"{name}: candidates batched", lambda: candidates_speed(source, device, 4 if args.tiny else 16, 3,
-                                                                        16 if args.tiny else 64))
-        if pruned.is_dir():
-            for method in ("lora", "full", "kd"):
-                rec.step(f"{name}: train {method}", lambda m=method: train_steps(
-                    m, pruned, source, device, args.max_length, args.steps, 16))
+    if only & {"stream", "train"}:  # training runs on the pruned model
+        rec.step(f"{name}: streaming prune", lambda: stream_prune(source, pruned, device, drop))
+    steps = {
+        "ablation": (f"{name}: ablation (prefix reuse)", lambda: ablation_speed(
+            source, device, args.samples, args.seq_len, 8, 3 if args.tiny else 4)),
+        "accuracy": (f"{name}: teacher-forced accuracy",
+                     lambda: teacher_forced_speed(source, device, args.samples, 16)),
+        "candidates": (f"{name}: candidates batched", lambda: candidates_speed(
+            source, device, 4 if args.tiny else 16, 3, 16 if args.tiny else 64)),
+    }
+    for part, (label, fn) in steps.items():
+        if first and part in only:
+            rec.step(label, fn)
+    if first and "train" in only and pruned.is_dir():
+        for method in ("lora", "full", "kd"):
+            rec.step(f"{name}: train {method}", lambda m=method: train_steps(
+                m, pruned, source, device, args.max_length, args.steps, 16))
     shutil.rmtree(root, ignore_errors=True)
 
 
