@@ -21,7 +21,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -320,7 +320,10 @@ def test_catalog_case_is_contained(case: Case, outside: Outside):
     before = snapshot(outside.dir)
     reset_peak_memory()
     start_peak = peak_memory_mb()
-    result = run_program(program, LIMITS) if case.cls != SECRET else run_in_evaluator(program, outside.secret)
+    # a case expected to end by a limit other than time gets a wall clock only a hang reaches: on the loaded CI machine
+    # (two test workers, the vLLM install beside them) 4 s once ran out before memory-gradual touched its 512 MB
+    limits = LIMITS if not case.statuses or "timeout" in case.statuses else replace(LIMITS, timeout_s=30)
+    result = run_program(program, limits) if case.cls != SECRET else run_in_evaluator(program, outside.secret)
     assert check_contained(case, outside, before, result) == []
     assert peak_memory_mb() - start_peak < 64, "the program's output cost the evaluator memory"
     if case.name not in FLOODS and result.status != "timeout":
