@@ -241,3 +241,14 @@ def test_adamw_on_cuda_plans_its_multi_tensor_steps_temporary():
     eight_bit = plan_memory(shape, "full", optimizer="adamw_8bit", cuda=True, **kwargs)  # bitsandbytes: no foreach
     assert eight_bit.optimizer_step == 0
     assert choose_optimizer(shape, "full", "adamw_torch", cuda=True, **kwargs)[1].total == pytest.approx(cuda.total)
+
+
+def test_a_refused_cuda_plan_names_the_optimizer_steps_temporary():
+    from layerprune.core.errors import LayerpruneError
+
+    shape = model_shape(LlamaConfig(**SMALL))
+    kwargs = dict(seq_len=256, batch_size=1, weight_bytes=2, lora_r=0, gradient_checkpointing=True)
+    plan = plan_memory(shape, "full", cuda=True, **kwargs)
+    with pytest.raises(LayerpruneError, match=f"optimizer_step {plan.optimizer_step:.2f}"):
+        choose_optimizer(shape, "full", "adamw_torch", cuda=True, max_memory={0: f"{plan.total * 900:.0f}MB"},
+                         **kwargs)

@@ -190,7 +190,8 @@ def enforce_bound(plan: MemoryPlan, bound_gb: float | None) -> MemoryPlan:
         from layerprune.core.errors import LayerpruneError
 
         parts = ", ".join(f"{name} {getattr(plan, name):.2f}" for name in
-                          ("weights", "adapters", "gradients", "optimizer_states", "activations", "teacher")
+                          ("weights", "adapters", "gradients", "optimizer_states", "activations", "optimizer_step",
+                           "teacher")
                           if getattr(plan, name) > 0)
         raise LayerpruneError(
             f"the memory plan ({plan.method}, {plan.optimizer}, batch {plan.batch_size} x {plan.seq_len}) needs about "
