@@ -33,6 +33,14 @@ def _metric_and_filter(metric: str) -> tuple[str, str]:
     return name, filter_name or "none"
 
 
+def n_arguments(sample: dict) -> int:
+    """How many requests lm-eval built for a sample (a multiple-choice item's number of choices); packed records
+    (pipeline/records.py) keep the count without the prompts."""
+    if "arguments" in sample:
+        return len(sample["arguments"] or [])
+    return int(sample.get("n_arguments") or 0)
+
+
 def read_items(folder: Path, task: str, metric: str, kind: str = "generative") -> Items | None:
     """`folder`/samples/`task`.jsonl as item scores of `metric` ("acc_norm", "exact_match,strict-match"); None when the
     file or the metric is not there."""
@@ -52,7 +60,7 @@ def read_items(folder: Path, task: str, metric: str, kind: str = "generative") -
             keys.append(f"{sample.get('subtask', '')}/{sample['doc_id']}")
             values.append(float(value))
             checks.append(f"{sample.get('doc_hash', '')}:{sample.get('prompt_hash', '')}")
-            choices = len(sample.get("arguments") or []) if kind == "classification" else 0
+            choices = n_arguments(sample) if kind == "classification" else 0
             chance.append(1.0 / choices if choices else 0.0)
     if not keys:
         return None
