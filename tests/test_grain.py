@@ -278,6 +278,15 @@ def test_the_shipped_protocol_dry_runs_matched_and_sized(capsys, monkeypatch, tm
     assert minutes <= 90  # sized for the 2-core CPU
 
 
+def test_the_shipped_speed_protocol_dry_runs_with_its_timing_sized(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, out, err = run_cli(capsys, ["study", "grain-speed-embedded", "--dry-run", "--output", str(tmp_path / "s")])
+    assert code == 0, err
+    assert "matched on speedup within 30%" in out and "timed at the plan stage" in out
+    assert "block-k3: 3 removals" in out and "predicted speedup 1.086x" in out and "timing 4 min" in out
+    assert int(out.rsplit("total about ", 1)[1].split()[0]) <= 90 and not (tmp_path / "s").exists()
+
+
 def test_more_replicates_resume_the_directory_and_another_protocol_is_refused(tmp_path):
     from layerprune.pipeline.stages import RunPaths, claim_run_dir
 
@@ -289,3 +298,74 @@ def test_more_replicates_resume_the_directory_and_another_protocol_is_refused(tm
     other = study.model_copy(update={"tolerance": 0.5})
     with pytest.raises(LayerpruneError, match="holds outputs of another recipe"):
         claim_run_dir(paths, grain._Protocol(other), overwrite=False)
+
+
+def _speeds(table: dict[int, float], asked: list[int]):
+    """A speed function from a table of prefix lengths (blocks and sublayers alike), recording what it timed."""
+    def speed(removals: list) -> float:
+        asked.append(len(removals))
+        return table[len(removals)]
+    return speed
+
+
+def _sizes(count: int):
+    from layerprune.prune.target import Cost, ModelSizes
+
+    costs = {Sublayer(b, "attn"): Cost(params=10, flops_per_token=10) for b in range(count)}
+    return ModelSizes(Cost(params=1000, flops_per_token=1000), costs, "float32")
+
+
+def test_the_speed_matched_prefix_is_the_nearest_measured_one_searched_from_the_prediction():
+    ranked = [Sublayer(b, "attn") for b in reversed(range(12))]
+    sizes = _sizes(12)  # n removals predict 1000 / (1000 - 10 n): 1.042x at 4, 1.053x at 5, 1.075x at 7, 1.087x at 8
+    noisy = dict(enumerate([1.01, 1.02, 1.06, 1.05, 1.09, 1.11, 1.12, 1.13, 1.15, 1.16, 1.17, 1.18], 1))
+    asked: list[int] = []
+    chosen, timed = grain.matched_speed_prefix(ranked, sizes, 1.045, _speeds(noisy, asked), 0.5)
+    assert asked == [5, 4, 3, 2]  # from the prediction down while the shorter prefix still reaches 1.045x
+    assert chosen == ranked[:4] and timed[4] == 1.05  # the nearest timed, though 3 was timed faster than 4
+    asked.clear()
+    chosen, _ = grain.matched_speed_prefix(ranked, sizes, 1.085, _speeds(noisy, asked), 0.5)
+    assert asked == [8, 7, 6, 5, 4] and chosen == ranked[:5]
+    slow = {n: 1 + 0.005 * n for n in range(1, 13)}  # slower than predicted: the search goes up
+    asked.clear()
+    chosen, _ = grain.matched_speed_prefix(ranked, sizes, 1.03, _speeds(slow, asked), 0.5)
+    assert asked == [3, 4, 5, 6] and chosen == ranked[:6]
+    with pytest.raises(LayerpruneError, match=r"within 10% of its speed gain: .* 5 removals, measured 1.090x"):
+        grain.matched_speed_prefix(ranked, sizes, 1.075, _speeds(noisy, []), 0.1)
+    with pytest.raises(LayerpruneError, match="measured 0.990x: no speed gained"):
+        grain.matched_speed_prefix(ranked, sizes, 0.99, _speeds(noisy, []), 0.5)
+
+
+def test_a_speed_matched_plan_times_the_block_arm_and_keeps_every_measurement(nas_source, tmp_path):
+    from layerprune.core.settings import RunSettings
+
+    study = grain.GrainStudy.model_validate(tiny_grain(nas_source, tmp_path / "g", match="speedup", tolerance=0.5))
+    sizes = grain.study_sizes(study, RunSettings(device="cpu"))
+    order = grain.order_rankings(study, 6, [0])
+    calls: list[list] = []
+
+    def speed(removals: list) -> float:  # blocks are worth 1.2x each, attention sublayers 1.05x, MLP 1.12x
+        calls.append(list(removals))
+        per = {int: 0.2, Sublayer: 0.0}[type(removals[0])] or (0.05 if removals[0].part == "attn" else 0.12)
+        return 1 + per * len(removals)
+
+    plan = grain.plan_cells(study, sizes, order, speed)
+    assert calls[0] == [5] and plan["block-k1"]["speedup"] == pytest.approx(1.2)
+    assert plan["attention-k1"]["removals"] == [f"{b}.attn" for b in (2, 3, 4, 5)]  # 4 x 0.05: exactly 1.2x
+    assert plan["mlp-k1"]["removals"] == ["4.mlp", "5.mlp"]  # 1.24x (gap +20%) beats 1.12x (-40%)
+    assert plan["mlp-k1"]["gap"] == pytest.approx(0.2) and set(plan["mlp-k1"]["timed"]) == {"1", "2"}
+    predicted = grain.plan_cells(study, sizes, order)  # the dry run's stand-in: the FLOP model
+    assert predicted["block-k1"]["speedup"] == pytest.approx(predicted["block-k1"]["predicted_speedup"])
+    real = grain.measured_speed(study.model_copy(update={"speed_repeats": 1}), RunSettings(device="cpu"))
+    assert real([5]) > 0 and real([Sublayer(5, "attn")]) > 0  # a block dropped, a sublayer as the layout runs it
+
+
+def test_a_speed_match_is_its_own_protocol_and_a_params_run_keeps_its_fingerprint(tmp_path):
+    from layerprune.pipeline.stages import RunPaths, claim_run_dir
+
+    paths = RunPaths(tmp_path / "study")
+    study = grain.GrainStudy.model_validate(tiny_grain("x", paths.root))
+    assert "speed_repeats" not in grain._Protocol(study).model_dump_json(exclude={})
+    claim_run_dir(paths, grain._Protocol(study), overwrite=False)
+    with pytest.raises(LayerpruneError, match="holds outputs of another recipe"):
+        claim_run_dir(paths, grain._Protocol(study.model_copy(update={"match": "speedup"})), overwrite=False)

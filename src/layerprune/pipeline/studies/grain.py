@@ -8,6 +8,11 @@ token, `match: kv-cache`) come closest to the block arm's, and the cell is refus
 is more than `tolerance` of the block arm's savings away; a level no servable prefix can reach is refused before any
 scoring (`check_reachable`, from the block order). Costs are the model's own
 parameters (prune/target.py's `model_sizes`: a sublayer owns its module and the norm in front of it).
+`match: speedup` matches the measured speed instead: the plan stage loads the original, times the block arm's cut
+against it (prefill and decode on the device the study runs on, the smaller ratio, as `--target speedup=` counts;
+blocks dropped as a standard checkpoint runs, sublayers as the Nemotron-NAS layout runs them) and gives each finer
+grain the prefix whose measured speedup is nearest (`matched_speed_prefix`), its gap counted on the speed gained
+(speedup - 1); every measurement is kept in the plan.
 
 Stages (each skipped when its output is complete): score-GRAIN (one scoring pass per grain, nothing saved:
 scored/GRAIN.json), plan (grain_plan.json: every cell's removals and savings), prune-GRAIN-kK (pruned/GRAIN-kK/: whole
@@ -23,7 +28,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -52,7 +57,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 Grain = Literal["block", "attention", "mlp"]
-Match = Literal["params", "kv-cache"]
+Match = Literal["params", "kv-cache", "speedup"]
+Speed = Callable[[list["Removal"]], float]  # a prefix's speedup over the original: measured, or the FLOP model's
 PARTS = {"attention": "attn", "mlp": "mlp"}
 CONTROL = "control"  # the k = 0 control's label: control[@rR]
 PLAN_FILE = "grain_plan.json"
@@ -80,10 +86,15 @@ class GrainStudy(PipelineRecipe):
                                 description="The grains compared; block first (the reference every cell matches)")
     levels: list[int] = Field(min_length=1, description="Savings levels as the blocks the block arm removes (k); each "
                                                         "finer grain is matched to the block arm's savings at k")
-    match: Match = Field("params", description="The matched saving: parameters removed, or KV-cache bytes per token")
+    match: Match = Field("params", description="The matched saving: parameters removed, KV-cache bytes per token, or "
+                                               "the speedup measured at the plan stage (prefill and decode, the "
+                                               "smaller ratio, on the device the study runs on)")
     tolerance: float = Field(0.05, gt=0, le=0.5, description="Largest relative gap between a finer grain's savings "
-                                                             "and the block arm's at the same k; beyond it the cell "
-                                                             "is refused")
+                                                             "and the block arm's at the same k (for speedup: of the "
+                                                             "speed gained, speedup - 1); beyond it the cell is "
+                                                             "refused")
+    speed_repeats: int = Field(5, ge=1, description="match speedup: timings of each candidate and of the original "
+                                                    "(alternately, the fastest kept)")
     recover: dict[str, Any] = Field(description="Shared recover recipe: {recipe: NAME, overrides: {...}}")
     arm: Arm = Field(description="The one recovery every cell and control gets (lora, full, qlora or kd: methods "
                                  "that train the kept weights of any layout)")
@@ -178,26 +189,100 @@ def matched_prefix(ranked: Sequence[Removal], sizes: ModelSizes, goal: int, matc
     return best
 
 
-def plan_cells(study: GrainStudy, sizes: ModelSizes, rankings: dict[str, list[Removal]]) -> dict[str, Any]:
-    """Every cell's removals and savings: the block arm's k lowest-ranked blocks, each finer grain's matched prefix."""
-    total = sizes.total
+def matched_speed_prefix(ranked: Sequence[Removal], sizes: ModelSizes, goal: float, speed: Speed,
+                         tolerance: float) -> tuple[list[Removal], dict[int, float]]:
+    """The timed prefix of `ranked` whose speedup (`speed`) is nearest `goal` (the shorter on a tie), and every prefix
+    length timed. The search starts where the FLOP model predicts the goal, goes up while the speedup falls short or
+    down while the shorter prefix still reaches it, so it times the prefixes on both sides of the goal; a noisy
+    timing out of order is still compared. A one-line error when the gap, counted on the speed gained (goal - 1), is
+    above `tolerance`."""
+    if goal <= 1:
+        raise LayerpruneError(f"the block arm measured {goal:.3f}x: no speed gained to match (raise the level)")
+    timed: dict[int, float] = {}
+
+    def at(n: int) -> float:
+        if n not in timed:
+            timed[n] = speed(list(ranked[:n]))
+        return timed[n]
+
+    n = next((n for n in range(1, len(ranked) + 1) if sizes.predicted(ranked[:n])["speedup"] >= goal), len(ranked))
+    if at(n) >= goal:
+        while n > 1 and at(n - 1) >= goal:
+            n -= 1
+    else:
+        while n < len(ranked) and at(n) < goal:
+            n += 1
+    best = min(timed, key=lambda c: (abs(timed[c] - goal), c))
+    gap = (at(best) - goal) / (goal - 1)
+    if abs(gap) > tolerance:
+        raise LayerpruneError(f"cannot match the block arm's {goal:.3f}x within {100 * tolerance:g}% of its speed "
+                              f"gain: the nearest of {len(ranked)} candidates, {best} removals, measured "
+                              f"{at(best):.3f}x; change levels or tolerance")
+    return list(ranked[:best]), timed
+
+
+def plan_cells(study: GrainStudy, sizes: ModelSizes, rankings: dict[str, list[Removal]],
+               speed: Speed | None = None) -> dict[str, Any]:
+    """Every cell's removals and savings: the block arm's k lowest-ranked blocks, each finer grain's matched prefix
+    (`match: speedup`: matched on `speed`, the FLOP model's prediction where none is given)."""
     out: dict[str, Any] = {}
     for level in study.levels:
         blocks = rankings["block"][:level]
         if len(blocks) < level:
             raise LayerpruneError(f"level {level}: only {len(blocks)} blocks can be removed")
+        if study.match == "speedup":
+            out.update(_speed_cells(study, sizes, rankings, level, speed or _predicted_speed(sizes)))
+            continue
         goal = quantity(sizes.removed(blocks), study.match)
         for grain in study.grains:
             chosen = blocks if grain == "block" else matched_prefix(rankings[grain], sizes, goal, study.match,
                                                                     study.tolerance)
-            removed = sizes.removed(chosen)
-            out[cell(grain, level)] = {
-                "grain": grain, "level": level,
-                "removals": [r if isinstance(r, int) else str(r) for r in sorted(chosen, key=_order)],
-                "params_removed": removed.params, "params_fraction": removed.params / total.params,
-                "kv_fraction": removed.kv_bytes_per_token / max(total.kv_bytes_per_token, 1),
-                "gap": (quantity(removed, study.match) - goal) / goal}
+            out[cell(grain, level)] = {**_savings(sizes, grain, level, chosen),
+                                       "gap": (quantity(sizes.removed(chosen), study.match) - goal) / goal}
     return out
+
+
+def _speed_cells(study: GrainStudy, sizes: ModelSizes, rankings: dict[str, list[Removal]], level: int,
+                 speed: Speed) -> dict[str, Any]:
+    blocks = rankings["block"][:level]
+    goal = speed(list(blocks))
+    out = {cell("block", level): {**_savings(sizes, "block", level, blocks), "speedup": goal, "gap": 0.0}}
+    for grain in study.grains[1:]:
+        chosen, timed = matched_speed_prefix(rankings[grain], sizes, goal, speed, study.tolerance)
+        out[cell(grain, level)] = {**_savings(sizes, grain, level, chosen), "speedup": timed[len(chosen)],
+                                   "gap": (timed[len(chosen)] - goal) / (goal - 1),
+                                   "timed": {str(n): v for n, v in sorted(timed.items())}}
+    return out
+
+
+def _savings(sizes: ModelSizes, grain: str, level: int, chosen: Sequence[Removal]) -> dict[str, Any]:
+    total, removed = sizes.total, sizes.removed(chosen)
+    return {"grain": grain, "level": level,
+            "removals": [r if isinstance(r, int) else str(r) for r in sorted(chosen, key=_order)],
+            "params_removed": removed.params, "params_fraction": removed.params / total.params,
+            "kv_fraction": removed.kv_bytes_per_token / max(total.kv_bytes_per_token, 1),
+            "predicted_speedup": sizes.predicted(chosen)["speedup"]}
+
+
+def _predicted_speed(sizes: ModelSizes) -> Speed:
+    return lambda removals: float(sizes.predicted(removals)["speedup"])
+
+
+def measured_speed(study: GrainStudy, settings: RunSettings) -> Speed:
+    """The original loaded once; a prefix's speedup over it measured as `--target speedup=` measures a candidate
+    (CPU seconds of this process on a CPU, shared with other loads; the wall clock on an accelerator)."""
+    from layerprune.models import load_model
+    from layerprune.models.speed import SpeedBench, measured_speedup, measured_sublayer_speedup
+
+    model = load_model(study.model, settings).model.eval()
+    bench = SpeedBench(repeats=study.speed_repeats, clock="cpu" if model.device.type == "cpu" else "wall")
+
+    def speed(removals: list[Removal]) -> float:
+        if all(isinstance(r, int) for r in removals):
+            return measured_speedup(model, [int(r) for r in removals], bench)["speedup"]
+        return measured_sublayer_speedup(model, removals, bench)["speedup"]
+
+    return speed
 
 
 def _order(removal: Removal) -> tuple[int, str]:
@@ -280,7 +365,8 @@ def read_ranking(root: Path, grain: str) -> list[Removal]:
 
 def make_plan(study: GrainStudy, settings: RunSettings, root: Path) -> None:
     """grain_plan.json: every cell's removals and savings from the rankings."""
-    plan = plan_cells(study, study_sizes(study, settings), {g: read_ranking(root, g) for g in study.grains})
+    speed = measured_speed(study, settings) if study.match == "speedup" else None
+    plan = plan_cells(study, study_sizes(study, settings), {g: read_ranking(root, g) for g in study.grains}, speed)
     write_atomic(root / PLAN_FILE, json.dumps({"match": study.match, "tolerance": study.tolerance, "cells": plan},
                                               indent=1))
 
@@ -388,7 +474,8 @@ class _Protocol:
         self.study, self.name = study, study.name
 
     def model_dump_json(self, exclude: dict[str, Any]) -> str:
-        return self.study.model_dump_json(exclude={**exclude, "replicates": True, "controls": True})
+        timing = {} if self.study.match == "speedup" else {"speed_repeats": True}  # a run before the field existed
+        return self.study.model_dump_json(exclude={**exclude, "replicates": True, "controls": True, **timing})
 
     def model_dump(self, **kwargs: Any) -> dict[str, Any]:
         return self.study.model_dump(**kwargs)
@@ -399,6 +486,8 @@ class _Protocol:
 SCORE_RATE = 7.6  # ablation candidate-items/s: the demo's one-shot pass, 30 blocks x 32 items in 126 s (2 idle cores)
 TARGET_RATE = 76.0  # unpadded target tokens/s of LoRA SFT or kd (recovery-transfer-replicated: 16k in 205-215 s)
 PRUNE_SECONDS = 20.0  # one cell's cut, verification and save (assumed, not measured)
+TIMING_SECONDS = 2.7  # match speedup: one repeat of a candidate and the original (bench/bench_grain_speed.py, 1 thread)
+TIMED_PER_CELL = 4  # prefixes a finer cell's search times (the prediction, then a step or three either way)
 
 
 def dry_run(study: GrainStudy, settings: RunSettings) -> str:
@@ -415,11 +504,12 @@ def dry_run(study: GrainStudy, settings: RunSettings) -> str:
              *[f"data: {line}" for line in check_data(study)],
              f"rank: one one-shot {study.prune.score} ({study.prune.metric}) pass per grain on {study.prune.calib} "
              f"({study.prune.calib_samples} items); matched on {study.match} within {100 * study.tolerance:g}% of the "
-             "block arm's savings",
+             "block arm's savings" + (" (speed gained), timed at the plan stage; below, the FLOP model's prediction "
+                                      "stands in" if study.match == "speedup" else ""),
              "cells (planned from the block order; the scores choose which, the counts hold where blocks are alike):",
              *[f"  {name}: {len(c['removals'])} removals, {c['params_removed'] / 1e6:.2f}M parameters "
-               f"({100 * c['params_fraction']:.1f}%), KV cache -{100 * c['kv_fraction']:.1f}%, gap "
-               f"{100 * c['gap']:+.2f}%" for name, c in plan.items()],
+               f"({100 * c['params_fraction']:.1f}%), KV cache -{100 * c['kv_fraction']:.1f}%, predicted speedup "
+               f"{c['predicted_speedup']:.3f}x, gap {100 * c['gap']:+.2f}%" for name, c in plan.items()],
              f"recovery of every cell and control: {recipe.chain_name()} on {recipe.prompts.samples or 'all'} "
              f"{recipe.prompts.source} prompts' teacher answers (temperature {recipe.generate.temperature:g}, "
              f"{recipe.generate.max_new_tokens} new tokens); budget {train.max_tokens or 'no'} unpadded target tokens "
@@ -457,6 +547,8 @@ def estimate(study: GrainStudy, recipe: RecoverRecipe, depth: int) -> str:
                "teacher answers": (recipe.prompts.samples or 256) * recipe.generate.max_new_tokens
                / RATES["teacher tokens/s"],
                "pruning": len(cells(study)) * PRUNE_SECONDS, "training": runs * trained / TARGET_RATE,
+               **({"timing": len(study.levels) * (1 + TIMED_PER_CELL * (len(study.grains) - 1)) * study.speed_repeats
+                   * TIMING_SECONDS} if study.match == "speedup" else {}),
                "evaluation": models * per_model}
     return (f"time estimate ({models} evaluations, {runs} recoveries; rates: scoring {SCORE_RATE} candidate-items/s, "
             f"training {TARGET_RATE:g} target tokens/s, classification {RATES['classification docs/s']} docs/s, "

@@ -90,7 +90,8 @@ def cell_figures(figures: Figures, name: str, plan: dict[str, Any]) -> dict[str,
     """One cell's savings and, before (pruned-NAME) and after recovery (NAME), its score, retention and change from
     the original; after recovery also the recovered share of the drop."""
     out: dict[str, Any] = {"cell": name, **{k: plan[k] for k in ("grain", "level", "removals", "params_fraction",
-                                                                  "kv_fraction", "gap")}}
+                                                                  "kv_fraction", "gap")},
+                           **{k: plan[k] for k in ("speedup", "timed") if k in plan}}
     for stage, label in (("pruned", f"pruned-{name}"), ("recovered", name)):
         if label not in figures.labels:
             continue
@@ -191,7 +192,9 @@ def _points(ci: dict[str, Any]) -> str:
 
 def format_report(study: GrainStudy, record: dict[str, Any]) -> str:
     """grain.md: the cells table, the comparisons with their verdicts, the control and how to read them."""
-    head = ["cell", "removed (blocks, or BLOCK.attn / BLOCK.mlp)", "params removed", "KV cache removed", "gap",
+    timed = any("speedup" in c for c in record["cells"])
+    head = ["cell", "removed (blocks, or BLOCK.attn / BLOCK.mlp)", "params removed", "KV cache removed",
+            *(["measured speedup"] if timed else []), "gap",
             "pruned score", "pruned retention",
             "recovered score", "recovered retention", "recovered share of the drop", "run SD / item SE (points)",
             "spent: unpadded target tokens / steps / lr"]
@@ -209,7 +212,8 @@ def format_report(study: GrainStudy, record: dict[str, Any]) -> str:
                                      f"{100 * spread['run_sd']:.1f}") + f" / {100 * spread['item_se']:.1f}"
         lines.append("| " + " | ".join([
             c["cell"], ", ".join(map(str, c["removals"])), f"{100 * c['params_fraction']:.1f}%",
-            f"{100 * c['kv_fraction']:.1f}%", f"{100 * c['gap']:+.2f}%", _pct(before.get("score")),
+            f"{100 * c['kv_fraction']:.1f}%", *([f"{c['speedup']:.3f}x"] if timed else []),
+            f"{100 * c['gap']:+.2f}%", _pct(before.get("score")),
             _pct(before.get("retention")), _pct(after.get("score")), _pct(after.get("retention")),
             _pct(after.get("share")), sd, _budget(c.get("budget") or [])]) + " |")
     lines += ["", "## Finer grain against the block arm at matched savings", "",
@@ -239,28 +243,31 @@ def format_report(study: GrainStudy, record: dict[str, Any]) -> str:
 
 
 def plot_grains(record: dict[str, Any], path: Path) -> None:
-    """Retention against the parameters removed, one line per grain, dashed before recovery, solid after; a cell
-    without a retention value (an undefined ratio) is left out, not drawn at 0."""
+    """Retention against the parameters removed (matched on speed: against the measured speedup), one line per grain,
+    dashed before recovery, solid after; a cell without a retention value (an undefined ratio) is left out, not drawn
+    at 0."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    speed = record.get("match") == "speedup"
+    key, origin, scale = ("speedup", 1.0, 1.0) if speed else ("params_fraction", 0.0, 100.0)
     fig, ax = plt.subplots(figsize=(6, 4))
     for grain, color in (("block", "#d62728"), ("attention", "#1f77b4"), ("mlp", "#2ca02c")):
-        points = sorted((c for c in record["cells"] if c["grain"] == grain), key=lambda c: c["params_fraction"])
+        points = sorted((c for c in record["cells"] if c["grain"] == grain), key=lambda c: c[key])
         for stage, style in (("pruned", "--"), ("recovered", "-")):
             shown = [c for c in points if c.get(stage, {}).get("retention", {}).get("value") is not None]
-            xs = [0.0] + [c["params_fraction"] for c in shown]
+            xs = [origin] + [c[key] for c in shown]
             ci = [c[stage]["retention"] for c in shown]
             if not ci:
                 continue
             ys = [1.0] + [r["value"] for r in ci]
-            ax.plot([100 * x for x in xs], ys, style, marker="o", color=color, label=f"{grain}, {stage}")
+            ax.plot([scale * x for x in xs], ys, style, marker="o", color=color, label=f"{grain}, {stage}")
             for x, r in zip(xs[1:], ci, strict=True):
                 if r.get("low") is not None:
-                    ax.vlines(100 * x, r["low"], r["high"], color=color, alpha=0.5)
-    ax.set_xlabel("parameters removed (%)")
+                    ax.vlines(scale * x, r["low"], r["high"], color=color, alpha=0.5)
+    ax.set_xlabel("measured speedup (x)" if speed else "parameters removed (%)")
     ax.set_ylabel("retention (chance-normalised)")
     ax.legend(fontsize=8)
     fig.tight_layout()
