@@ -332,6 +332,10 @@ def test_the_speed_matched_prefix_is_the_nearest_measured_one_searched_from_the_
     assert asked == [3, 4, 5, 6] and chosen == ranked[:6]
     with pytest.raises(LayerpruneError, match=r"within 10% of its speed gain: .* 5 removals, measured 1.090x"):
         grain.matched_speed_prefix(ranked, sizes, 1.075, _speeds(noisy, []), 0.1)
+    only_all = {1: 1.001, 2: 1.005, 3: 1.015}  # only the whole ranking reaches the goal: it is timed too
+    three = [Sublayer(b, "attn") for b in (2, 1, 0)]
+    chosen, timed = grain.matched_speed_prefix(three, _sizes(3), 1.015, _speeds(only_all, []), 0.1)
+    assert chosen == three and timed[3] == 1.015
     with pytest.raises(LayerpruneError, match="measured 0.990x: no speed gained"):
         grain.matched_speed_prefix(ranked, sizes, 0.99, _speeds(noisy, []), 0.5)
 
@@ -356,8 +360,9 @@ def test_a_speed_matched_plan_times_the_block_arm_and_keeps_every_measurement(na
     assert plan["mlp-k1"]["gap"] == pytest.approx(0.2) and set(plan["mlp-k1"]["timed"]) == {"1", "2"}
     predicted = grain.plan_cells(study, sizes, order)  # the dry run's stand-in: the FLOP model
     assert predicted["block-k1"]["speedup"] == pytest.approx(predicted["block-k1"]["predicted_speedup"])
-    real = grain.measured_speed(study.model_copy(update={"speed_repeats": 1}), RunSettings(device="cpu"))
+    real, bench = grain.measured_speed(study.model_copy(update={"speed_repeats": 1}), RunSettings(device="cpu"))
     assert real([5]) > 0 and real([Sublayer(5, "attn")]) > 0  # a block dropped, a sublayer as the layout runs it
+    assert bench["clock"] == "cpu" and bench["repeats"] == 1 and bench["device"] == "cpu" and bench["threads"] >= 1
 
 
 def test_a_speed_match_is_its_own_protocol_and_a_params_run_keeps_its_fingerprint(tmp_path):

@@ -22,8 +22,9 @@ def _sample(doc_id: int, correct: int) -> dict:
     doc = {"question": f"{SECRET}? ({doc_id})", "choices": ["a", "b", "c"], "answer": correct}
     return {"doc_id": doc_id, "doc": doc, "target": correct, "arguments": [[f"{SECRET} {doc_id}", c] for c in "abc"],
             "resps": [[[-1.0, False]], [[-2.0, False]], [[-3.0, False]]], "filtered_resps": [[-1.0, False]] * 3,
-            "filter": "none", "metrics": ["acc"], "doc_hash": f"d{doc_id}", "prompt_hash": f"p{doc_id}",
-            "target_hash": f"t{doc_id}", "acc": float(correct == 0)}
+            "filter": "none", "metrics": ["acc", "bleu"], "doc_hash": f"d{doc_id}", "prompt_hash": f"p{doc_id}",
+            "target_hash": f"t{doc_id}", "acc": float(correct == 0), "bleu": [SECRET, "a"],  # a corpus metric
+            "lm_eval_extra": SECRET}
 
 
 def _run(root: Path) -> Path:
@@ -34,12 +35,16 @@ def _run(root: Path) -> Path:
     (folder / "results").mkdir()
     (folder / "results" / "arc.json").write_text(json.dumps({"results": {"arc": {"acc,none": 0.5}},
                                                              "configs": {"arc": {"dataset": SECRET}}}))
-    (folder / "summary.json").write_text(json.dumps({"arc": 0.5}))
+    (folder / "summary.json").write_text(json.dumps({"zeta": 1, "arc": 0.5}))
     model = root / "run" / "pruned-k2"
     model.mkdir()
     (model / "model.safetensors").write_bytes(b"\0" * 64)
     (model / "config.json").write_text("{}")
-    (model / "prune_report.json").write_text(json.dumps({"removed": [3, 4]}))
+    (model / "prune_report.json").write_text(json.dumps({"removed": [3, 4], "target": {"target": "params=0.9x"},
+                                                         "calibration": {"n": 2, "items": [
+                                                             {"prompt": SECRET, "answer": "42"}, {"text": SECRET}]}}))
+    (root / "run" / "tables").mkdir()
+    (root / "run" / "tables" / "lm_eval.json").write_text(json.dumps({"results": {}, "configs": {"x": SECRET}}))
     (root / "run" / "selfgen.jsonl").write_text(json.dumps({"prompt": SECRET, "response": "x"}) + "\n")
     (root / "run" / "study.md").write_text("# a study\n")
     return root / "run"
@@ -55,13 +60,19 @@ def test_pack_keeps_scores_and_reports_and_leaves_out_document_text_and_weights(
     packed = pack_records(run, tmp_path / "rec.tar.gz")
     members = _members(packed.archive)
     assert sorted(members) == ["eval/baseline/results/arc.json", "eval/baseline/samples/arc.jsonl",
-                               "eval/baseline/summary.json", "pruned-k2/prune_report.json", "study.md"]
-    assert (packed.sample_files, packed.items, packed.other_files) == (1, 6, 4)
+                               "eval/baseline/summary.json", "pruned-k2/prune_report.json", "study.md",
+                               "tables/lm_eval.json"]
+    assert (packed.sample_files, packed.items, packed.other_files) == (1, 6, 5)
     assert not any(SECRET.encode() in data for data in members.values())
     first = json.loads(members["eval/baseline/samples/arc.jsonl"].splitlines()[0])
     assert first["n_arguments"] == 3 and first["acc"] == 1.0 and first["doc_hash"] == "d0"
-    assert not {"doc", "arguments", "target"} & set(first)
+    assert not {"doc", "arguments", "target", "bleu", "lm_eval_extra"} & set(first)
     assert json.loads(members["eval/baseline/results/arc.json"]) == {"results": {"arc": {"acc,none": 0.5}}}
+    report = json.loads(members["pruned-k2/prune_report.json"])
+    assert report["target"] == {"target": "params=0.9x"} and report["calibration"]["n"] == 2
+    assert report["calibration"]["items"][1]["text"].startswith("sha256:")  # the same text, the same hash
+    assert report["calibration"]["items"][0] == {"prompt": report["calibration"]["items"][1]["text"], "answer":
+                                                 report["calibration"]["items"][0]["answer"]}
 
 
 def test_unpacked_records_read_as_the_run_and_packing_is_reproducible(tmp_path):
@@ -74,6 +85,8 @@ def test_unpacked_records_read_as_the_run_and_packing_is_reproducible(tmp_path):
         assert original.keys == restored.keys and original.checks == restored.checks
         assert np.array_equal(original.values, restored.values) and np.array_equal(original.chance, restored.chance)
     assert read_items(tmp_path / "back" / "eval" / "baseline", "arc", "acc", "classification").chance[0] == 1 / 3
+    summary = (tmp_path / "back" / "eval" / "baseline" / "summary.json").read_text()
+    assert list(json.loads(summary)) == ["zeta", "arc"]  # a report's own key order (a study's cells) is kept
     again = pack_records(run, tmp_path / "again.tar.gz").archive
     assert again.read_bytes() == archive.read_bytes()
 
@@ -95,6 +108,35 @@ def test_records_cli_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path, 
     assert len(lines) == 5 and all("Traceback" not in line for line in lines)
     assert main(["records", "unpack", str(tmp_path / "rec.tar.gz"), "-o", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "eval" / "baseline" / "summary.json").is_file()
+
+
+def test_a_report_over_the_size_limit_is_listed_not_packed(tmp_path, monkeypatch):
+    from layerprune.pipeline import records
+
+    run = _run(tmp_path)
+    (run / "big.md").write_text("x" * 20_000)
+    monkeypatch.setattr(records, "MAX_FILE", 10_000)
+    packed = pack_records(run, tmp_path / "rec.tar.gz")
+    assert packed.too_large == ("big.md",) and "big.md" not in _members(packed.archive)
+
+
+def test_unpack_over_its_own_folder_is_refused_and_keeps_the_archive(tmp_path):
+    run = _run(tmp_path)
+    archive = pack_records(run, run.parent / "out" / "rec.tar.gz").archive
+    with pytest.raises(LayerpruneError, match="is the input"):
+        unpack_records(archive, run.parent / "out", overwrite=True)
+    assert archive.is_file()
+
+
+def test_unpack_refuses_links_in_an_archive(tmp_path):
+    archive = tmp_path / "links.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        info = tarfile.TarInfo("a.json")
+        info.type, info.linkname = tarfile.SYMTYPE, "missing.json"
+        tar.addfile(info)
+    with pytest.raises(LayerpruneError, match="links or devices: a.json"):
+        unpack_records(archive, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_unpack_refuses_a_member_outside_its_output(tmp_path):

@@ -27,6 +27,8 @@ def run(args: argparse.Namespace) -> int:
         packed = pack_records(args.run, args.output, args.overwrite)
         print(f"wrote {packed.archive} ({packed.bytes / 1e3:.0f} kB): {packed.items} items in {packed.sample_files} "
               f"sample files, {packed.other_files} report files; document text left out")
+        if packed.too_large:
+            print(f"left out {len(packed.too_large)} file(s) over 2 MiB: {', '.join(packed.too_large)}")
         return 0
     names = unpack_records(args.archive, args.output, args.overwrite)
     print(f"unpacked {len(names)} files into {args.output}")

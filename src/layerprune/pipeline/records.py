@@ -2,13 +2,16 @@
 redo any paired comparison later.
 
 `pack_records(run, archive)` writes one gzip tar of:
-- every evaluation's per-item samples under `run` (lm-eval's `samples/<task>.jsonl`) with the document text taken out:
-  `doc`, `arguments` and `target` go; the item's hashes (doc, prompt, target), every metric, the model's own responses
-  and the number of arguments (`n_arguments`, which sets a multiple-choice item's chance score) stay;
-- lm-eval's own results files (`results/<task>.json`) without their `configs` (which carry a custom task's dataset);
-- the run's small report files (JSON, Markdown, CSV, YAML and PNG of at most `MAX_FILE` bytes); of a folder that
-  holds model weights, only its `*report*.json`. Other JSONL files (teacher answers, generations: prompts and all)
-  are left out.
+- every evaluation's per-item samples under `run` (lm-eval's `samples/<task>.jsonl`), each sample cut to an allowlist:
+  its ids and filter, the item's hashes (doc, prompt, target), the model's own responses, the number of arguments
+  (`n_arguments`, which sets a multiple-choice item's chance score) and every metric whose value is a number (a
+  corpus metric such as BLEU logs its reference text per item: left out);
+- the run's JSON files (reports, summaries, lm-eval's results), each scrubbed (`scrub`): `configs` (a custom task's
+  dataset) dropped, and the value of every key that holds data text (calibration items' prompts and answers, the
+  teacher's responses, ...) replaced by a hash of it;
+- its other small report files (Markdown, CSV, YAML, PNG); every kept file at most `MAX_FILE` bytes (the ones over it
+  are listed, not packed); of a folder that holds model weights, only its `*report*.json`. Other JSONL files
+  (teacher answers, generations: prompts and all) are left out.
 The archive is reproducible: sorted members, no owners, times or gzip stamp, so packing the same run twice gives the
 same bytes. `unpack_records(archive, out)` gives the tree back, which `evaluate.items.read_items` and the paired
 tables read as they read the run itself.
@@ -17,6 +20,7 @@ tables read as they read the run itself.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import tarfile
@@ -31,27 +35,57 @@ from layerprune.evaluate.items import SAMPLES_DIR
 MAX_FILE = 2 * 2**20
 REPORT_SUFFIXES = (".json", ".md", ".csv", ".yaml", ".png")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
-TEXT_FIELDS = ("doc", "arguments", "target")  # the document's own text, and the prompts built from it
-RESULTS_DIR = "results"  # lm-eval's results per task, beside samples/ (evaluate/report.py)
+SAMPLE_FIELDS = ("doc_id", "subtask", "filter", "metrics", "resps", "filtered_resps", "n_arguments")
+# keys whose values are data text (a prune report's `target` is its --target, not data; lm-eval's per-item `target`
+# goes with the sample allowlist)
+TEXT_KEYS = frozenset({"text", "prompt", "answer", "question", "response", "instruction", "context", "completion",
+                       "doc", "arguments", "shots", "examples"})
+DROPPED_KEYS = frozenset({"configs"})  # lm-eval's task configs: a custom task carries its dataset inline
 
 
 @dataclass(frozen=True)
 class Packed:
-    """What `pack_records` wrote: the archive, its sample files and items, its other files, its size."""
+    """What `pack_records` wrote: the archive, its sample files and items, its other files, its size, and the files
+    left out for their size."""
 
     archive: Path
     sample_files: int
     items: int
     other_files: int
     bytes: int
+    too_large: tuple[str, ...] = ()
 
 
 def strip_sample(sample: dict[str, Any]) -> dict[str, Any]:
-    """One lm-eval sample without the document's text: its hashes, metrics and the model's responses stay."""
-    kept = {key: value for key, value in sample.items() if key not in TEXT_FIELDS}
-    if isinstance(sample.get("arguments"), list):
+    """One lm-eval sample cut to the allowlist: ids, filter, hashes, responses, the argument count and the metrics
+    whose values are numbers."""
+    kept = {key: sample[key] for key in SAMPLE_FIELDS if key in sample}
+    kept.update({key: value for key, value in sample.items() if key.endswith("_hash") and isinstance(value, str)})
+    kept.update({name: sample[name] for name in sample.get("metrics") or []
+                 if isinstance(sample.get(name), (int, float, bool))})
+    if isinstance(sample.get("arguments"), (list, tuple, dict)):
         kept["n_arguments"] = len(sample["arguments"])
     return kept
+
+
+def scrub(value: Any) -> Any:
+    """A JSON value with `DROPPED_KEYS` removed and every string under a `TEXT_KEYS` key replaced by its hash."""
+    if isinstance(value, dict):
+        return {key: (_hashed(item) if key in TEXT_KEYS else scrub(item)) for key, item in value.items()
+                if key not in DROPPED_KEYS}
+    if isinstance(value, list):
+        return [scrub(item) for item in value]
+    return value
+
+
+def _hashed(value: Any) -> Any:
+    if isinstance(value, str):
+        return "sha256:" + hashlib.sha256(value.encode()).hexdigest()[:16]
+    if isinstance(value, dict):
+        return {key: _hashed(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_hashed(item) for item in value]
+    return value
 
 
 def _holds_weights(folder: Path) -> bool:
@@ -62,14 +96,10 @@ def _is_sample_file(path: Path) -> bool:
     return path.parent.name == SAMPLES_DIR and path.suffix == ".jsonl"
 
 
-def _is_results_file(path: Path) -> bool:
-    return path.parent.name == RESULTS_DIR and path.suffix == ".json" and (path.parent.parent / SAMPLES_DIR).is_dir()
-
-
 def _kept_file(path: Path, weights: bool) -> bool:
     if weights:
         return path.suffix == ".json" and "report" in path.name
-    return path.suffix in REPORT_SUFFIXES and path.stat().st_size <= MAX_FILE
+    return path.suffix in REPORT_SUFFIXES
 
 
 def record_files(run: Path) -> tuple[list[Path], list[Path]]:
@@ -80,9 +110,11 @@ def record_files(run: Path) -> tuple[list[Path], list[Path]]:
         relative = path.relative_to(run)
         if path.is_symlink() or not path.is_file() or any(part.startswith(".") for part in relative.parts):
             continue
+        if path.parent not in weights:
+            weights[path.parent] = _holds_weights(path.parent)
         if _is_sample_file(path):
             samples.append(path)
-        elif _is_results_file(path) or _kept_file(path, weights.setdefault(path.parent, _holds_weights(path.parent))):
+        elif _kept_file(path, weights[path.parent]):
             others.append(path)
     return samples, others
 
@@ -101,22 +133,20 @@ def _stripped(path: Path) -> tuple[bytes, int]:
     return ("\n".join(lines) + "\n").encode() if lines else b"", len(lines)
 
 
-def _results_without_configs(path: Path) -> bytes:
+def _scrubbed(path: Path) -> bytes:
     try:
         raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise LayerpruneError(f"{path}: not JSON ({exc.msg})") from exc
-    if isinstance(raw, dict):
-        raw.pop("configs", None)
-    return json.dumps(raw, indent=1, sort_keys=True).encode()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise LayerpruneError(f"{path}: not JSON ({exc})") from exc
+    return json.dumps(scrub(raw), indent=1).encode()  # in its own key order: readers may follow it
 
 
 def _member(path: Path) -> tuple[bytes, int]:
     """A kept file's bytes in the archive, and its number of per-item samples."""
     if _is_sample_file(path):
         return _stripped(path)
-    if _is_results_file(path):
-        return _results_without_configs(path), 0
+    if path.suffix == ".json":
+        return _scrubbed(path), 0
     return path.read_bytes(), 0
 
 
@@ -137,14 +167,18 @@ def pack_records(run: Path, archive: Path, overwrite: bool = False) -> Packed:
     samples, others = record_files(run)
     if not samples:
         raise LayerpruneError(f"{run}: no per-item samples ({SAMPLES_DIR}/*.jsonl) to pack")
-    buffer, items = io.BytesIO(), 0
+    buffer, items, too_large = io.BytesIO(), 0, []
     with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as zipped, tarfile.open(fileobj=zipped, mode="w") as tar:
         for path in sorted([*samples, *others]):
             data, count = _member(path)
+            if count == 0 and len(data) > MAX_FILE:
+                too_large.append(path.relative_to(run).as_posix())
+                continue
             items += count
             _add(tar, path.relative_to(run).as_posix(), data)
     _write_whole(archive, buffer.getvalue())
-    return Packed(archive, len(samples), items, len(others), archive.stat().st_size)
+    return Packed(archive, len(samples), items, len(others) - len(too_large), archive.stat().st_size,
+                  tuple(too_large))
 
 
 def _write_whole(path: Path, data: bytes) -> None:
@@ -162,12 +196,16 @@ def unpack_records(archive: Path, output: Path, overwrite: bool = False) -> list
     """The tree `pack_records` packed, under `output` (whole or not at all); returns the member names."""
     if not archive.is_file():
         raise LayerpruneError(f"{archive}: no such records archive")
-    check_output_dir(output, overwrite)
+    check_output_dir(output, overwrite, inputs=(archive,))
     try:
         with tarfile.open(archive, mode="r:gz") as tar:
-            names = tar.getnames()
+            members = tar.getmembers()
+            if odd := [m.name for m in members if not (m.isfile() or m.isdir())]:
+                raise LayerpruneError(f"{archive}: not a records archive (links or devices: {', '.join(odd[:3])})")
             with atomic_output_dir(output, overwrite) as tmp:
                 tar.extractall(tmp, filter="data")
     except (tarfile.TarError, EOFError, gzip.BadGzipFile) as exc:
         raise LayerpruneError(f"{archive}: not a records archive ({exc})") from exc
-    return names
+    except TypeError as exc:  # tarfile without the data filter (Python < 3.10.12 / 3.11.4)
+        raise LayerpruneError(f"unpacking needs tarfile's data filter (Python >= 3.10.12 or 3.11.4): {exc}") from exc
+    return [m.name for m in members]

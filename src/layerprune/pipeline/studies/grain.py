@@ -210,7 +210,7 @@ def matched_speed_prefix(ranked: Sequence[Removal], sizes: ModelSizes, goal: flo
         while n > 1 and at(n - 1) >= goal:
             n -= 1
     else:
-        while n < len(ranked) and at(n) < goal:
+        while at(n) < goal and n < len(ranked):
             n += 1
     best = min(timed, key=lambda c: (abs(timed[c] - goal), c))
     gap = (at(best) - goal) / (goal - 1)
@@ -268,9 +268,15 @@ def _predicted_speed(sizes: ModelSizes) -> Speed:
     return lambda removals: float(sizes.predicted(removals)["speedup"])
 
 
-def measured_speed(study: GrainStudy, settings: RunSettings) -> Speed:
-    """The original loaded once; a prefix's speedup over it measured as `--target speedup=` measures a candidate
-    (CPU seconds of this process on a CPU, shared with other loads; the wall clock on an accelerator)."""
+def measured_speed(study: GrainStudy, settings: RunSettings) -> tuple[Speed, dict[str, Any]]:
+    """The original loaded once; a prefix's speedup over it timed on `--target speedup=`'s fixed benchmark (prefill
+    and decode, the smaller ratio, alternately with the original, the fastest of `speed_repeats`), by this process's
+    CPU seconds on a CPU (shared with other loads; `--target` uses the wall clock) and the wall clock on an
+    accelerator; and the benchmark as the plan records it (clock, threads, device, prompt and decode lengths)."""
+    import dataclasses
+
+    import torch
+
     from layerprune.models import load_model
     from layerprune.models.speed import SpeedBench, measured_speedup, measured_sublayer_speedup
 
@@ -282,7 +288,8 @@ def measured_speed(study: GrainStudy, settings: RunSettings) -> Speed:
             return measured_speedup(model, [int(r) for r in removals], bench)["speedup"]
         return measured_sublayer_speedup(model, removals, bench)["speedup"]
 
-    return speed
+    return speed, {**dataclasses.asdict(bench), "device": str(model.device), "threads": torch.get_num_threads(),
+                   "dtype": str(next(model.parameters()).dtype)}
 
 
 def _order(removal: Removal) -> tuple[int, str]:
@@ -365,10 +372,10 @@ def read_ranking(root: Path, grain: str) -> list[Removal]:
 
 def make_plan(study: GrainStudy, settings: RunSettings, root: Path) -> None:
     """grain_plan.json: every cell's removals and savings from the rankings."""
-    speed = measured_speed(study, settings) if study.match == "speedup" else None
+    speed, bench = measured_speed(study, settings) if study.match == "speedup" else (None, None)
     plan = plan_cells(study, study_sizes(study, settings), {g: read_ranking(root, g) for g in study.grains}, speed)
-    write_atomic(root / PLAN_FILE, json.dumps({"match": study.match, "tolerance": study.tolerance, "cells": plan},
-                                              indent=1))
+    write_atomic(root / PLAN_FILE, json.dumps({"match": study.match, "tolerance": study.tolerance,
+                                               **({"timing": bench} if bench else {}), "cells": plan}, indent=1))
 
 
 def read_plan(root: Path) -> dict[str, Any]:
