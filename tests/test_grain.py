@@ -362,7 +362,25 @@ def test_a_speed_matched_plan_times_the_block_arm_and_keeps_every_measurement(na
     assert predicted["block-k1"]["speedup"] == pytest.approx(predicted["block-k1"]["predicted_speedup"])
     real, bench = grain.measured_speed(study.model_copy(update={"speed_repeats": 1}), RunSettings(device="cpu"))
     assert real([5]) > 0 and real([Sublayer(5, "attn")]) > 0  # a block dropped, a sublayer as the layout runs it
-    assert bench["clock"] == "cpu" and bench["repeats"] == 1 and bench["device"] == "cpu" and bench["threads"] >= 1
+    assert bench["clock"] == "cpu" and bench["repeats"] == 1 and bench["device"] == "cpu" and bench["threads"] == 1
+    assert bench["new_tokens"] == 32
+
+
+def test_speed_is_timed_on_one_thread_and_the_thread_count_comes_back(nas_source, monkeypatch):
+    from layerprune.core.settings import RunSettings
+    from layerprune.models import speed as speed_module
+
+    seen: list[int] = []
+    monkeypatch.setattr(speed_module, "measured_speedup", lambda *a: seen.append(torch.get_num_threads()) or
+                        {"speedup": 1.1})
+    study = grain.GrainStudy.model_validate(tiny_grain(nas_source, Path("g"), match="speedup"))
+    speed, _ = grain.measured_speed(study, RunSettings(device="cpu"))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert speed([5]) == 1.1 and seen == [1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_a_speed_match_is_its_own_protocol_and_a_params_run_keeps_its_fingerprint(tmp_path):

@@ -25,10 +25,11 @@ are generated once and shared by every recovery.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -269,10 +270,11 @@ def _predicted_speed(sizes: ModelSizes) -> Speed:
 
 
 def measured_speed(study: GrainStudy, settings: RunSettings) -> tuple[Speed, dict[str, Any]]:
-    """The original loaded once; a prefix's speedup over it timed on `--target speedup=`'s fixed benchmark (prefill
-    and decode, the smaller ratio, alternately with the original, the fastest of `speed_repeats`), by this process's
-    CPU seconds on a CPU (shared with other loads; `--target` uses the wall clock) and the wall clock on an
-    accelerator; and the benchmark as the plan records it (clock, threads, device, prompt and decode lengths)."""
+    """The original loaded once; a prefix's speedup over it timed on `--target speedup=`'s benchmark with 32 decode
+    steps (prefill and decode, the smaller ratio, alternately with the original, the fastest of `speed_repeats`). On
+    a CPU: this process's CPU seconds on one thread (other loads do not count, and no idle thread's spin-wait does:
+    timed on two threads, the CPU clock moved 24 attention sublayers from 1.3x to 1.12x); on an accelerator: the wall
+    clock. Returns the speed function and the benchmark as the plan records it."""
     import dataclasses
 
     import torch
@@ -281,15 +283,31 @@ def measured_speed(study: GrainStudy, settings: RunSettings) -> tuple[Speed, dic
     from layerprune.models.speed import SpeedBench, measured_speedup, measured_sublayer_speedup
 
     model = load_model(study.model, settings).model.eval()
-    bench = SpeedBench(repeats=study.speed_repeats, clock="cpu" if model.device.type == "cpu" else "wall")
+    cpu = model.device.type == "cpu"
+    bench = SpeedBench(new_tokens=32, repeats=study.speed_repeats, clock="cpu" if cpu else "wall")
 
     def speed(removals: list[Removal]) -> float:
-        if all(isinstance(r, int) for r in removals):
-            return measured_speedup(model, [int(r) for r in removals], bench)["speedup"]
-        return measured_sublayer_speedup(model, removals, bench)["speedup"]
+        with _threads(1 if cpu else None):
+            if all(isinstance(r, int) for r in removals):
+                return measured_speedup(model, [int(r) for r in removals], bench)["speedup"]
+            return measured_sublayer_speedup(model, removals, bench)["speedup"]
 
-    return speed, {**dataclasses.asdict(bench), "device": str(model.device), "threads": torch.get_num_threads(),
-                   "dtype": str(next(model.parameters()).dtype)}
+    return speed, {**dataclasses.asdict(bench), "device": str(model.device),
+                   "threads": 1 if cpu else torch.get_num_threads(), "dtype": str(next(model.parameters()).dtype)}
+
+
+@contextlib.contextmanager
+def _threads(count: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to `count` for the block (None: as they are), restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _order(removal: Removal) -> tuple[int, str]:
