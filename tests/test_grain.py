@@ -231,6 +231,27 @@ def test_the_plot_orders_cells_of_equal_savings_and_leaves_out_a_missing_retenti
     assert drawn == [([0.0, 10.0], [1.0, 0.5]), ([0.0, 10.0], [1.0, 0.6])]
 
 
+@pytest.mark.filterwarnings("ignore:No artists with labels")
+def test_a_speed_matched_report_plots_and_tabulates_the_measured_speedup(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    drawn, labels = [], []
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda self, xs, ys, *a, **k: drawn.append((xs, ys)))
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_xlabel", lambda self, text, *a, **k: labels.append(text))
+
+    def cell(grain: str, speedup: float, fraction: float) -> dict:
+        return {"cell": f"{grain}-k3", "grain": grain, "removals": [1], "params_fraction": fraction,
+                "kv_fraction": 0.1, "gap": 0.0, "speedup": speedup, "pruned": {"retention": {"value": 0.5}}}
+
+    record = {"match": "speedup", "cells": [cell("block", 1.2, 0.1), cell("attention", 1.19, 0.05)]}
+    grain_report.plot_grains(record, tmp_path / "grain.png")
+    assert drawn == [([1.0, 1.2], [1.0, 0.5]), ([1.0, 1.19], [1.0, 0.5])] and labels == ["measured speedup (x)"]
+    study = grain.GrainStudy.model_validate(tiny_grain("x", tmp_path, match="speedup"))
+    text = grain_report.format_report(study, {**record, "baseline": None, "tasks": ["arc_easy"], "comparisons": [],
+                                              "family": {"alpha": 0.05, "comparisons": 0}, "control": None})
+    assert "| measured speedup |" in text and "| 1.190x |" in text
+
+
 def test_a_tiny_grain_study_runs_end_to_end_with_two_replicates(capsys, nas_source, tmp_path, monkeypatch):
     monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))
     recipe = tmp_path / "grain.yaml"
