@@ -148,3 +148,11 @@ def test_unpack_refuses_a_member_outside_its_output(tmp_path):
     with pytest.raises(LayerpruneError, match="not a records archive"):
         unpack_records(archive, tmp_path / "out")
     assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "out").exists()
+
+
+def test_a_malformed_sample_file_is_refused_in_one_line_naming_its_line(tmp_path):
+    run = _run(tmp_path)
+    (run / "eval" / "baseline" / "samples" / "arc.jsonl").write_text('{"doc_id": 0}\n{not json\n')
+    with pytest.raises(LayerpruneError, match=r"arc.jsonl:2: not valid JSON"):
+        pack_records(run, tmp_path / "rec.tar.gz")
+    assert not (tmp_path / "rec.tar.gz").exists()

@@ -120,16 +120,10 @@ def record_files(run: Path) -> tuple[list[Path], list[Path]]:
 
 
 def _stripped(path: Path) -> tuple[bytes, int]:
-    lines = []
-    with path.open() as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                sample = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise LayerpruneError(f"{path}: line {number} is not JSON ({exc.msg})") from exc
-            lines.append(json.dumps(strip_sample(sample), sort_keys=True))
+    from layerprune.tasks.data import read_jsonl
+
+    lines = [json.dumps(strip_sample(sample), sort_keys=True) for sample in (read_jsonl(path) if path.stat().st_size
+                                                                             else [])]
     return ("\n".join(lines) + "\n").encode() if lines else b"", len(lines)
 
 
