@@ -272,9 +272,10 @@ def _predicted_speed(sizes: ModelSizes) -> Speed:
 def measured_speed(study: GrainStudy, settings: RunSettings) -> tuple[Speed, dict[str, Any]]:
     """The original loaded once; a prefix's speedup over it timed on `--target speedup=`'s benchmark with 32 decode
     steps (prefill and decode, the smaller ratio, alternately with the original, the fastest of `speed_repeats`). On
-    a CPU: this process's CPU seconds on one thread (other loads do not count, and no idle thread's spin-wait does:
-    timed on two threads, the CPU clock moved 24 attention sublayers from 1.3x to 1.12x); on an accelerator: the wall
-    clock. Returns the speed function and the benchmark as the plan records it."""
+    a CPU: this process's CPU seconds on one thread (other loads do not count; timed on two threads, the CPU clock
+    put 24 attention sublayers at 1.12x where one thread or the wall clock gives 1.29-1.31x, most likely by counting
+    the threads' spin-waits); on an accelerator: the wall clock. Returns the speed function and the benchmark as the
+    plan records it."""
     import dataclasses
 
     import torch
