@@ -44,7 +44,7 @@ def main() -> None:
     import torch
 
     from layerprune.models import load_model
-    from layerprune.models.speed import SpeedBench, measured_speedup, measured_sublayer_speedup
+    from layerprune.models.speed import SpeedBench, measured_removal_speedup
     from layerprune.models.sublayers import parse_sublayer
     from layerprune.prune.target import model_sizes
 
@@ -59,12 +59,8 @@ def main() -> None:
     print(f"{'cell':<14} {'removals':>8} {'params':>7} {'KV':>5} {'predicted':>9} {'prefill':>8} {'decode':>7} "
           f"{'measured':>8} {'meas/pred':>9}")
     for name, cell in plan["cells"].items():
-        if cell["grain"] == "block":
-            removals = [int(r) for r in cell["removals"]]
-            measured = measured_speedup(model, removals, bench)
-        else:
-            removals = [parse_sublayer(str(r)) for r in cell["removals"]]
-            measured = measured_sublayer_speedup(model, removals, bench)
+        removals = [int(r) if cell["grain"] == "block" else parse_sublayer(str(r)) for r in cell["removals"]]
+        measured = measured_removal_speedup(model, removals, bench)
         predicted = sizes.predicted(removals)["speedup"]
         share = f"{100 * cell['params_fraction']:>6.1f}% {100 * cell['kv_fraction']:>4.0f}%"
         print(f"{name:<14} {len(removals):>8} {share} "

@@ -94,6 +94,15 @@ def measured_sublayer_speedup(model: Any, removed: Sequence[Any],
     return _speedup(model, to_nas(model, list(removed)), contextlib.nullcontext, bench)
 
 
+def measured_removal_speedup(model: Any, removals: Sequence[Any],
+                             bench: SpeedBench = DEFAULT_BENCH) -> dict[str, float]:
+    """`measured_speedup` for whole blocks (ints), `measured_sublayer_speedup` for attention / MLP sublayers: each
+    removal timed as its saved model runs."""
+    if all(isinstance(r, int) for r in removals):
+        return measured_speedup(model, [int(r) for r in removals], bench)
+    return measured_sublayer_speedup(model, removals, bench)
+
+
 def _speedup(model: Any, candidate: Any, candidate_context: Callable[[], Any], bench: SpeedBench) -> dict[str, float]:
     """`candidate` (run inside `candidate_context()`) timed alternately with `model` on the same prompts."""
     ids = _prompt_ids(model, bench)

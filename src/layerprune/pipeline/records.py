@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from layerprune.core.errors import LayerpruneError
-from layerprune.core.outputs import atomic_output_dir, check_output_dir
-from layerprune.evaluate.items import SAMPLES_DIR
+from layerprune.core.outputs import atomic_output_dir, check_output_dir, write_atomic
+from layerprune.evaluate.items import SAMPLES_DIR, n_arguments
 
 MAX_FILE = 2 * 2**20
 REPORT_SUFFIXES = (".json", ".md", ".csv", ".yaml", ".png")
@@ -63,8 +63,8 @@ def strip_sample(sample: dict[str, Any]) -> dict[str, Any]:
     kept.update({key: value for key, value in sample.items() if key.endswith("_hash") and isinstance(value, str)})
     kept.update({name: sample[name] for name in sample.get("metrics") or []
                  if isinstance(sample.get(name), (int, float, bool))})
-    if isinstance(sample.get("arguments"), (list, tuple, dict)):
-        kept["n_arguments"] = len(sample["arguments"])
+    if "arguments" in sample:
+        kept["n_arguments"] = n_arguments(sample)
     return kept
 
 
@@ -170,20 +170,12 @@ def pack_records(run: Path, archive: Path, overwrite: bool = False) -> Packed:
                 continue
             items += count
             _add(tar, path.relative_to(run).as_posix(), data)
-    _write_whole(archive, buffer.getvalue())
+    try:
+        write_atomic(archive, buffer.getvalue())
+    except OSError as exc:
+        raise LayerpruneError(f"could not write {archive}: {exc}") from exc
     return Packed(archive, len(samples), items, len(others) - len(too_large), archive.stat().st_size,
                   tuple(too_large))
-
-
-def _write_whole(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        partial.write_bytes(data)
-        partial.replace(path)
-    except OSError as exc:
-        partial.unlink(missing_ok=True)
-        raise LayerpruneError(f"could not write {path}: {exc}") from exc
 
 
 def unpack_records(archive: Path, output: Path, overwrite: bool = False) -> list[str]:

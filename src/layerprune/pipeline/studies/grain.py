@@ -281,7 +281,7 @@ def measured_speed(study: GrainStudy, settings: RunSettings) -> tuple[Speed, dic
     import torch
 
     from layerprune.models import load_model
-    from layerprune.models.speed import SpeedBench, measured_speedup, measured_sublayer_speedup
+    from layerprune.models.speed import SpeedBench, measured_removal_speedup
 
     model = load_model(study.model, settings).model.eval()
     cpu = model.device.type == "cpu"
@@ -289,9 +289,7 @@ def measured_speed(study: GrainStudy, settings: RunSettings) -> tuple[Speed, dic
 
     def speed(removals: list[Removal]) -> float:
         with _threads(1 if cpu else None):
-            if all(isinstance(r, int) for r in removals):
-                return measured_speedup(model, [int(r) for r in removals], bench)["speedup"]
-            return measured_sublayer_speedup(model, removals, bench)["speedup"]
+            return measured_removal_speedup(model, removals, bench)["speedup"]
 
     return speed, {**dataclasses.asdict(bench), "device": str(model.device),
                    "threads": 1 if cpu else torch.get_num_threads(), "dtype": str(next(model.parameters()).dtype)}

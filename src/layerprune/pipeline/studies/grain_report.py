@@ -192,7 +192,7 @@ def _points(ci: dict[str, Any]) -> str:
 
 def format_report(study: GrainStudy, record: dict[str, Any]) -> str:
     """grain.md: the cells table, the comparisons with their verdicts, the control and how to read them."""
-    timed = any("speedup" in c for c in record["cells"])
+    timed = study.match == "speedup"
     head = ["cell", "removed (blocks, or BLOCK.attn / BLOCK.mlp)", "params removed", "KV cache removed",
             *(["measured speedup"] if timed else []), "gap",
             "pruned score", "pruned retention",
