@@ -537,6 +537,21 @@ def test_tiny_sweep_with_two_arms_recovers_every_k_both_ways_and_compares_them_p
     assert "- lora: (a)" in text and "- local: (b" in text and "| 2 | local | generative |" in text
     assert "- lora - local at k = 1, generative: recovered share" in text
     assert "No k = 0 control (controls: false)" in text and "Recovery budget per k and arm" in text
+    for label in ("lora-k1", "local-k1"):  # every arm's budget in one unit: unpadded target tokens, with its lr
+        curve = data["curves"][label]
+        assert curve["tokens_unpadded"] > 0 and curve["sequences"] > 0 and curve["learning_rate"] > 0
+        assert f"{label}: {curve['tokens_unpadded']} unpadded target tokens, {curve['sequences']} sequences" in text
+    assert "Every scored skill is unseen" not in text and "measured, not assumed" in text
+
+
+def test_a_missing_control_says_why_and_local_s_would_be_the_original():
+    from layerprune.pipeline.studies.sweep_report import format_control
+
+    local = format_control(None, "local", True, "local")
+    assert local.startswith("No k = 0 control of arm local: local needs a cut")
+    assert "loss and gradient are zero" in local
+    assert "gradient" not in format_control(None, "replace", True, "replace")
+    assert format_control(None, "", False).startswith("No k = 0 control (controls: false)")
 
 
 def test_the_2_core_rates_estimate_a_variant_of_the_embedded_model_and_nothing_else(tmp_path):

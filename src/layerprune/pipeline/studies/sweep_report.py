@@ -267,8 +267,12 @@ def format_control(control: dict[str, Any] | None, chain: str, asked: bool, arm:
     """The k = 0 control's table (of `arm`), or why there is none."""
     of = "" if arm is None else f" of arm {arm}"
     if control is None:
+        identity = (" With nothing removed, local's target (the original's hidden states after the cut) is what the "
+                    "kept block already computes: its loss and gradient are zero, so its control would be the "
+                    "original itself." if chain.split("+")[-1] == "local" else "")
         return (f"No k = 0 control{of}: {chain} needs a cut (merge, replace and local change the blocks around one), "
-                "so the recovered share is not net of what the recovery does to the unpruned original." if asked else
+                "so the recovered share is not net of what the recovery does to the unpruned original." + identity
+                if asked else
                 "No k = 0 control (controls: false): the recovered share is not net of what the recovery does to "
                 "the unpruned original.")
     lines = [f"k = 0 control{of}: the same recovery applied to the unpruned original, scored on the same items "
@@ -351,8 +355,22 @@ def loss_curves(study: Any, root: Path) -> dict[int | str, dict[str, Any]]:
             out[k if arm is None else label] = {
                 "held_out": report.loss_curve.get("held_out", []), "tokens": report.tokens_seen,
                 "steps": report.data.get("steps"), "seconds": report.seconds.training,
-                "answers": report.data.get("filter", {})}
+                "answers": report.data.get("filter", {}), "tokens_unpadded": report.tokens_unpadded,
+                "sequences": report.sequences, "optimizer_steps": report.optimizer_steps,
+                "learning_rate": report.learning_rate}
     return out
+
+
+def budget_text(curve: dict[str, Any]) -> str:
+    """What one recovery spent: unpadded target tokens, sequences, optimizer steps and learning rate where its report
+    has them (the trainer's padded count otherwise), its time and how its held-out loss flattened."""
+    if curve.get("tokens_unpadded") is None:
+        spent = f"{curve['tokens']} tokens (padded), {curve['steps']} steps"
+    else:
+        spent = (f"{curve['tokens_unpadded']} unpadded target tokens, {curve['sequences']} sequences, "
+                 f"{curve['optimizer_steps']} optimizer steps, lr {curve['learning_rate']:.1e} ({curve['tokens']} "
+                 "tokens as the trainer counts them)")
+    return f"{spent}, {curve['seconds']:.0f} s, held-out loss {flattening(curve['held_out'])}"
 
 
 def flattening(curve: list[list[float | None]]) -> str:
@@ -510,11 +528,10 @@ def _method_lines(study: Any, root: Path, figures: Figures, items: dict[str, int
              f"probes-calibrated (calibration stream, {calibration['settings']['items']} items a level, kept "
              f"{100 * calibration['settings']['low']:.0f}-{100 * calibration['settings']['high']:.0f}%, at most "
              f"{calibration['settings']['per_family']} a family): kept {kept or 'none'}; left out {left or 'none'}.",
-             "Every scored skill is unseen by the recovery data: the teacher answered generic instructions "
-             f"({study.shared_recipe('<pruned>').prompts.source}), no probe, GSM8K or classification prompt.",
+             f"The teacher answered generic instructions ({study.shared_recipe('<pruned>').prompts.source}); "
+             "how far each scored skill is held out from them is measured, not assumed (Held out, measured, below).",
              f"Recovery budget per k{' and arm' if study.arms else ''} (replicate 0): " + "; ".join(
-                 f"{curve_name(k)}: {c['tokens']} tokens, {c['steps']} steps, {c['seconds']:.0f} s, held-out loss "
-                 f"{flattening(c['held_out'])}" for k, c in curves.items()) + ".",
+                 f"{curve_name(k)}: {budget_text(c)}" for k, c in curves.items()) + ".",
              f"Intervals: 95% percentile intervals of one clustered paired bootstrap ({figures.boot.resamples} "
              f"resamples, seed {figures.boot.seed}; items drawn within each task, the same draw for every model)"
              + (f"; a recovered point is the mean of its {study.replicates} replicates, its interval two-level "
