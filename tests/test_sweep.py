@@ -562,3 +562,49 @@ def test_the_2_core_rates_estimate_a_variant_of_the_embedded_model_and_nothing_e
                                      "data": {"probes": {"arith_2d_add": 8}}}))
     assert rates_apply(None) and rates_apply("embedded") and rates_apply("variant:math-embedded")
     assert not rates_apply(f"variant:{other}") and not rates_apply(str(tmp_path))
+
+
+def test_the_sweep_s_lr_grid_is_a_stage_per_arm_checked_and_out_of_a_gridless_fingerprint(tiny_llama, tmp_path):
+    from layerprune.pipeline.stages import recipe_fingerprint
+    from layerprune.pipeline.studies import sweep
+
+    study = _tiny_study(tiny_llama, tmp_path, arms=ARMS, lr_grid={"local": [1e-3, 3e-3]})
+    assert sweep.stage_names(study)[3:5] == ["eval-baseline", "lr-local"] and study.lr_k == 1
+    assert sweep.stage_output(tmp_path, "lr-local") == tmp_path / "lr_search" / "local.json"
+    assert _tiny_study(tiny_llama, tmp_path, arms=ARMS, lr_grid={"lora": [1e-4]}, lr_at=2).lr_k == 2
+    for fields, message in (({"lr_grid": {"lora": [1e-4]}}, "name the recovery methods in arms"),
+                            ({"arms": ARMS, "lr_grid": {"kd": [1e-4]}}, "'kd' is no arm"),
+                            ({"arms": ARMS, "lr_grid": {"lora": []}}, "one or more"),
+                            ({"arms": ARMS, "lr_grid": {"lora": [1e-4]}, "lr_at": 3}, "lr_at: one of ratios"),
+                            ({"arms": ARMS, "lr_at": 1}, "with an lr_grid")):
+        with pytest.raises(Exception, match=message):
+            _tiny_study(tiny_llama, tmp_path, **fields)
+    gridless = _tiny_study(tiny_llama, tmp_path, arms=ARMS)
+    dumped = json.loads(sweep._Protocol(gridless).model_dump_json(exclude={}))
+    assert "lr_grid" not in dumped and "lr_at" not in dumped  # runs made before the grid existed resume
+    assert recipe_fingerprint(sweep._Protocol(gridless)) != recipe_fingerprint(sweep._Protocol(study))  # type: ignore[arg-type]
+
+
+def test_tiny_sweep_chooses_each_arm_s_rate_on_held_out_loss_and_trains_every_k_at_it(capsys, tiny_llama, tmp_path,
+                                                                                     monkeypatch):
+    monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))
+    recipe = tmp_path / "sweep.yaml"
+    grid = {"lora": [1e-5, 5e-3]}
+    recipe.write_text(yaml.safe_dump({**tiny_sweep(tiny_llama, tmp_path / "sweep"), "arms": ARMS, "lr_grid": grid},
+                                     sort_keys=False))
+    assert "lr from the grid 1e-05, 0.005" in run_cli(capsys, ["study", str(recipe), "--dry-run"])[1]
+    code, out, err = run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])
+    assert code == 0, err
+    root = tmp_path / "sweep"
+    search = json.loads((root / "lr_search" / "lora.json").read_text())
+    losses = {c["learning_rate"]: c["held_out_loss"] for c in search["candidates"]}
+    assert set(losses) == set(grid["lora"]) and search["k"] == 1 and losses[1e-5] != losses[5e-3]
+    assert search["chosen"] == min(losses, key=losses.get)
+    for label in ("lora-k1", "lora-k2"):  # every k trained at the chosen rate; the search's runs are not scored
+        report = json.loads((root / label / "recover_report.json").read_text())
+        assert report["recipe"]["train"]["learning_rate"] == search["chosen"]
+    local = json.loads((root / "local-k1" / "recover_report.json").read_text())
+    assert local["recipe"]["local"]["learning_rate"] == ARMS["local"]["local"]["learning_rate"]  # no grid: its own
+    assert sorted(p.name for p in (root / "eval").iterdir()) == ["baseline", "gate-gsm8k", "local-k1", "local-k2",
+                                                                  "lora-k1", "lora-k2", "pruned-k1", "pruned-k2"]
+    assert f"Learning rate of lora: {search['chosen']:g}, the lowest held-out CE" in (root / "sweep.md").read_text()

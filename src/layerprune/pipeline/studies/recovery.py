@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 import logging
 import shutil
 from pathlib import Path
@@ -43,6 +42,8 @@ from layerprune.evaluate.suites import DEFAULT_SUITE
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.recipe import PipelineRecipe, RecoverStage
 from layerprune.pipeline.runner import Stage, run_stages
+from layerprune.pipeline.studies import lr_search
+from layerprune.pipeline.studies.lr_search import check_lr_grid, lr_search_file, with_learning_rate
 from layerprune.recover.job import leftover_of
 from layerprune.recover.schema import RecoverRecipe
 from layerprune.tasks.data import iter_jsonl
@@ -106,7 +107,8 @@ class RecoveryStudy(PipelineRecipe):
                 self.arm_recipe(label, "<pruned>")
             except ValidationError as exc:
                 raise ValueError(validation_message(exc, f"arm '{label}'")) from None
-        self._check_lr_grid(shared)
+        check_lr_grid(self.lr_grid, self.arms, lambda label: self.arm_recipe(label, "<pruned>"),
+                      shared.train.held_out)
         self._check_probes()
         return self
 
@@ -126,17 +128,6 @@ class RecoveryStudy(PipelineRecipe):
                 raise ValueError(f"probes: suite '{suite}' has no level {', '.join(missing)} (a kept level is scored "
                                  "with the suite's settings)")
 
-    def _check_lr_grid(self, shared: RecoverRecipe) -> None:
-        for label, rates in self.lr_grid.items():
-            if label not in self.arms:
-                raise ValueError(f"lr_grid: '{label}' is no arm (arms: {', '.join(self.arms)})")
-            if not rates or any(rate <= 0 for rate in rates):
-                raise ValueError(f"lr_grid.{label}: give one or more learning rates > 0")
-            recipe = self.arm_recipe(label, "<pruned>")
-            if recipe.trainer_method() is None and "local" not in recipe.surgery_steps():
-                raise ValueError(f"lr_grid.{label}: arm '{label}' ({recipe.chain_name()}) trains nothing")
-        if self.lr_grid and not shared.train.held_out:
-            raise ValueError("lr_grid: the choice reads the held-out loss; set recover train.held_out > 0")
 
     def has_control(self, label: str) -> bool:
         """Whether the arm can run on the unpruned model (no replace, merge or local step: those need a cut)."""
@@ -153,13 +144,9 @@ class RecoveryStudy(PipelineRecipe):
     def arm_recipe(self, label: str, student: str, learning_rate: float | None = None) -> RecoverRecipe:
         """The shared recipe with the arm's method and section (and learning rate) applied; `learning_rate` (the
         grid's choice) replaces the arm's, as local.learning_rate where the arm has a local step."""
-        if learning_rate is not None:
-            recipe = self.arm_recipe(label, student)
-            section = "local" if "local" in recipe.surgery_steps() else "train"
-            return RecoverRecipe.model_validate(merge_layers(recipe.model_dump(mode="json"),
-                                                             {section: {"learning_rate": learning_rate}}))
-        return derive_arm_recipe(self.shared_recipe(student), self.arms[label], f"{self.name}-{label}",
-                                 self.evaluate.probe_seed)
+        recipe = derive_arm_recipe(self.shared_recipe(student), self.arms[label], f"{self.name}-{label}",
+                                   self.evaluate.probe_seed)
+        return with_learning_rate(recipe, learning_rate)
 
 
 def derive_arm_recipe(shared: RecoverRecipe, arm: Arm, name: str, probe_seed: int) -> RecoverRecipe:
@@ -282,10 +269,6 @@ def stage_output(root: Path, stage: str) -> Path:
     if stage.startswith("lr-"):
         return lr_search_file(root, stage.removeprefix("lr-"))
     return {"prune": root / "pruned" / "prune_report.json", "report": root / "study.md"}[stage]
-
-
-def lr_search_file(root: Path, label: str) -> Path:
-    return root / "lr_search" / f"{label}.json"
 
 
 def run_study(study: RecoveryStudy, settings: RunSettings, overwrite: bool = False) -> Path:
@@ -450,48 +433,24 @@ def teacher_answers(recipe: RecoverRecipe, replicate: int) -> str:
 
 def chosen_lr(study: RecoveryStudy, root: Path, label: str) -> float | None:
     """The learning rate the arm's grid chose (None: the arm has no grid)."""
-    if label not in study.lr_grid:
-        return None
-    path = lr_search_file(root, label)
-    if not path.is_file():
-        raise LayerpruneError(f"arm '{label}' has an lr_grid but no {path}: run its lr-{label} stage first")
-    return float(json.loads(path.read_text())["chosen"])
+    return lr_search.chosen(root, label, study.lr_grid)
 
 
 def run_lr_search(study: RecoveryStudy, settings: RunSettings, root: Path, label: str) -> None:
-    """Replicate 0's recipe at each candidate learning rate (a candidate already trained is kept); the lowest
-    held-out loss (token-weighted CE on the teacher's held-out answers, never an evaluation item) is chosen, and its
-    run becomes replicate 0 (arms/<label>/)."""
-    rows = []
-    for index, rate in enumerate(study.lr_grid[label]):
-        output = root / "lr_search" / label / f"lr{index}"
-        if not (output / "recover_report.json").is_file():
-            recipe = study.arm_recipe(label, str(root / "pruned"), rate)
-            recover_replicate(study, settings, recipe, output, root, 0)
-        rows.append({"learning_rate": rate, "held_out_loss": held_out_loss(output),
-                     "folder": str(output.relative_to(root))})
-    measured = [r for r in rows if r["held_out_loss"] is not None]
-    if not measured:
-        raise LayerpruneError(f"lr search of '{label}': no candidate reported a held-out loss")
-    best = min(measured, key=lambda r: r["held_out_loss"])
+    """lr_search.search over the arm's grid on the pruned model; the chosen run becomes replicate 0 (arms/<label>/:
+    the same recipe, seed and answers, kept, not redone)."""
+    def train(rate: float, output: Path) -> None:
+        recover_replicate(study, settings, study.arm_recipe(label, str(root / "pruned"), rate), output, root, 0)
+
+    record = lr_search.search(root, label, study.lr_grid[label], train)
     arm = root / "arms" / label
-    if not arm.exists():  # the chosen candidate is replicate 0's run (same recipe, seed and answers): kept, not redone
+    if not arm.exists():
         arm.parent.mkdir(parents=True, exist_ok=True)
-        (root / best["folder"]).rename(arm)
-        best["folder"] = str(arm.relative_to(root))
-    path = lr_search_file(root, label)
-    record = {"arm": label, "chosen": best["learning_rate"], "criterion": "held-out CE after training (lowest)",
-              "candidates": rows}
-    path.with_suffix(".tmp").write_text(json.dumps(record, indent=1))
-    path.with_suffix(".tmp").rename(path)
-
-
-def held_out_loss(output: Path) -> float | None:
-    """The held-out loss after training in a recover_report.json: the token-weighted CE every method reports, else
-    the trainer's evaluation loss."""
-    report = json.loads((output / "recover_report.json").read_text())
-    after = ((report.get("held_out_metrics") or {}).get("after") or {}).get("ce")
-    return after if after is not None else (report.get("held_out_loss") or {}).get("after")
+        (root / record["chosen_folder"]).rename(arm)
+        for row in record["candidates"]:
+            row["folder"] = str(arm.relative_to(root)) if row["folder"] == record["chosen_folder"] else row["folder"]
+        record["chosen_folder"] = str(arm.relative_to(root))
+    lr_search.write_search(root, record)
 
 
 def recover_sharing_answers(recipe: RecoverRecipe, job: Any, shared: Path) -> None:

@@ -25,7 +25,8 @@ from typing import Any
 from layerprune.core import paired
 from layerprune.core.paired import format_interval
 from layerprune.evaluate.summary import SUMMARY_FILE, read_summary
-from layerprune.pipeline.studies.recovery import CHAT_EVAL, CONTROL, NO_CONTROL, calibration_file, lr_search_file
+from layerprune.pipeline.studies.lr_search import lr_lines
+from layerprune.pipeline.studies.recovery import CHAT_EVAL, CONTROL, NO_CONTROL, calibration_file
 from layerprune.tasks.probes import distinct_items, family_label, probe_tasks
 
 GSM8K = "gsm8k"
@@ -369,22 +370,6 @@ def _share_text(value: Any) -> str:
     return text
 
 
-def lr_lines(root: Path, labels: list[str]) -> list[str]:
-    """Each learning-rate search: every candidate's held-out loss and the rate chosen."""
-    lines = []
-    for label in labels:
-        path = lr_search_file(root, label)
-        if path.is_file():
-            record = json.loads(path.read_text())
-            tried = ", ".join(f"{c['learning_rate']:g} -> " + ("-" if c["held_out_loss"] is None
-                                                              else f"{c['held_out_loss']:.4f}")
-                              for c in record["candidates"])
-            lines.append(f"Learning rate of {label}: {record['chosen']:g}, the lowest held-out CE after training of "
-                         f"replicate 0's recipe on the teacher's held-out answers (never scored) among {tried}; "
-                         "every replicate and the control trained at it.")
-    return lines
-
-
 def plot_study(rows: list[dict[str, Any]], path: Path) -> None:
     """Bars of the measures per model, each with its paired 95% interval (two-level where the model has replicates,
     so run-to-run variance is in it); a model with no interval for a measure gets +-1 SE, said in the title."""
@@ -616,7 +601,7 @@ def write_study_report(study: Any, root: Path) -> Path:
     lines = [f"# Recovery study: {study.name}", "", study.description, "", format_table(rows, GSM8K in trained), "",
              *closing_note(rows), "", replicate_line(rows), "",
              *control_lines(rows, study.controls, [a for a in study.arms if not study.has_control(a)]), "",
-             *lr_lines(root, list(study.lr_grid)), "",
+             *lr_lines(root, list(study.lr_grid), "every replicate and the control trained at it"), "",
              *gate_lines(root, fixed_tasks(study)), *format_lines(rows, chat_rows),
              f"Trained skills: the evaluated probe tasks whose own prompts were in the recovery data ({source}): "
              f"{', '.join(split.get('trained_tasks', [])) or 'none'}. Unseen skills: the other probe tasks "

@@ -13,6 +13,9 @@ With `arms` (recovery methods by label, as a recovery study's: each arm's recipe
 the arm's method and section, pipeline/studies/recovery.py), every k (and the control, for the arms that can have
 one) is recovered by every arm: model ARM-kK (replicate r > 0: ARM-kK@rR), its folder and eval folder of that name,
 stages recover-ARM-kK and eval-ARM-kK. The teacher answers are shared by every arm and k, as by every k without arms.
+An arm with a learning-rate grid (`lr_grid`, pipeline/studies/lr_search.py) gets a stage lr-ARM after eval-baseline:
+its replicate-0 recipe trained at each rate on the model pruned at k = `lr_at` (default the middle ratio), the lowest
+held-out loss chosen for every k, replicate and control of the arm; the search runs are not scored.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from layerprune.evaluate.schema import EvalSettings
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.recipe import PipelineRecipe, RecoverStage
 from layerprune.pipeline.runner import Stage, run_stages
+from layerprune.pipeline.studies import lr_search
+from layerprune.pipeline.studies.lr_search import check_lr_grid, lr_search_file, with_learning_rate
 from layerprune.pipeline.studies.recovery import (
     Arm,
     derive_arm_recipe,
@@ -75,6 +80,12 @@ class SweepStudy(PipelineRecipe):
     arms: dict[str, Arm] | None = Field(None, min_length=1, description="Recovery methods by label, each applied at "
                                         "every k (model ARM-kK): the shared recover recipe with the arm's method and "
                                         "section, as a recovery study's arms; none: the recover recipe alone")
+    lr_grid: dict[str, list[float]] = Field(
+        default_factory=dict, description="Candidate learning rates by arm label: the arm's replicate-0 recipe trained "
+        "at each on the model pruned at k = lr_at (stage lr-ARM, runs in lr_search/, never scored), the lowest "
+        "held-out loss chosen for every k, replicate and control of the arm")
+    lr_at: int | None = Field(None, description="The k whose pruned model lr_grid is searched on (default: the "
+                              "middle ratio)")
 
     @model_validator(mode="after")
     def _one_ranking(self) -> SweepStudy:
@@ -95,7 +106,21 @@ class SweepStudy(PipelineRecipe):
                 self.arm_recipe(label, "<pruned>")
             except ValidationError as exc:
                 raise ValueError(validation_message(exc, f"arm '{label}'")) from None
+        self._check_lr_grid()
         return self
+
+    def _check_lr_grid(self) -> None:
+        if self.lr_grid and self.arms is None:
+            raise ValueError("lr_grid: name the recovery methods in arms (a grid is given per arm)")
+        if self.lr_at is not None and (not self.lr_grid or self.lr_at not in self.ratios):
+            raise ValueError(f"lr_at: one of ratios ({', '.join(map(str, self.ratios))}), with an lr_grid")
+        check_lr_grid(self.lr_grid, self.arms or {}, lambda label: self.arm_recipe(label, "<pruned>"),
+                      self.shared_recipe("<pruned>").train.held_out)
+
+    @property
+    def lr_k(self) -> int:
+        """The k the learning-rate grid is searched at: lr_at, else the middle ratio."""
+        return self.lr_at if self.lr_at is not None else self.ratios[(len(self.ratios) - 1) // 2]
 
     def shared_recipe(self, student: str) -> RecoverRecipe:
         return RecoverStage.model_validate(self.recover).resolve(student, self.model)
@@ -153,11 +178,14 @@ def stage_names(study: SweepStudy) -> list[str]:
 
     control = recoveries([m for arm in arm_names(study) if has_control(study, arm) for m in recovered(study, 0, arm)])
     per_k = [s for k in study.ratios for s in (f"prune-k{k}", f"eval-pruned-k{k}", *recoveries(recovered_at(study, k)))]
-    return ["calibrate-probes", "score", "gate-gsm8k", "eval-baseline", *control, *per_k, "report"]
+    grid = [f"lr-{arm}" for arm in study.lr_grid]
+    return ["calibrate-probes", "score", "gate-gsm8k", "eval-baseline", *grid, *control, *per_k, "report"]
 
 
 def stage_output(root: Path, stage: str) -> Path:
     name = stage.split("-", 1)[1] if "-" in stage else stage
+    if stage.startswith("lr-"):
+        return lr_search_file(root, name)
     if stage.startswith("eval-"):
         return root / "eval" / name / SUMMARY_FILE
     if stage.startswith("prune-"):
@@ -217,7 +245,8 @@ class _Protocol:
 
     def model_dump_json(self, exclude: dict[str, Any]) -> str:
         arms = {"arms": True} if self.study.arms is None else {}  # a sweep without arms: the fingerprint it had
-        return self.study.model_dump_json(exclude={**exclude, "replicates": True, "controls": True, **arms})
+        grid = {} if self.study.lr_grid else {"lr_grid": True, "lr_at": True}  # likewise a sweep without a grid
+        return self.study.model_dump_json(exclude={**exclude, "replicates": True, "controls": True, **arms, **grid})
 
     def model_dump(self, **kwargs: Any) -> dict[str, Any]:
         return self.study.model_dump(**kwargs)
@@ -241,6 +270,8 @@ def run_stage(study: SweepStudy, settings: RunSettings, root: Path, stage: str) 
         evaluate(study, settings, root, label, model, study.eval_settings(evaluated_tasks(study, root)))
     elif kind == "recover":
         recover_at(study, settings, root, label)
+    elif kind == "lr":
+        search_lr(study, settings, root, label)
     else:
         from layerprune.pipeline.studies.sweep_report import write_sweep_report
 
@@ -282,17 +313,38 @@ def recover_at(study: SweepStudy, settings: RunSettings, root: Path, label: str)
     and shared by the others. `label` is kK[@rR], or ARM-kK[@rR] with arms (that arm's recipe). Replicate r runs with
     seed settings.seed + r; its teacher answers are replicate 0's at temperature 0 (greedy: the same), its own at a
     temperature above 0."""
-    from layerprune.pipeline.studies.recovery import recover_sharing_answers
-    from layerprune.recover.job import RecoverJob
-
     logical, replicate = split_label(label)
     arm, _, point = logical.rpartition("-")
     student = original_copy(study, settings, root) if point == "k0" else root / f"pruned-{point}"
-    recipe = study.arm_recipe(arm or None, str(student))
-    job = RecoverJob(output=stage_output(root, f"recover-{label}").parent, resume=True,
-                     settings=replicate_settings(settings, replicate),
+    rate = lr_search.chosen(root, arm, study.lr_grid) if arm else None
+    recipe = with_learning_rate(study.arm_recipe(arm or None, str(student)), rate)
+    recover_run(study, settings, root, recipe, stage_output(root, f"recover-{label}").parent, replicate)
+
+
+def recover_run(study: SweepStudy, settings: RunSettings, root: Path, recipe: RecoverRecipe, output: Path,
+                replicate: int) -> None:
+    """One recovery into `output` under replicate `replicate`'s seed, sharing the teacher answers in `root`."""
+    from layerprune.pipeline.studies.recovery import recover_sharing_answers
+    from layerprune.recover.job import RecoverJob
+
+    job = RecoverJob(output=output, resume=True, settings=replicate_settings(settings, replicate),
                      data_dir=study.evaluate.data_dir or study.prune.data_dir)
     recover_sharing_answers(recipe, job, root / teacher_answers(recipe, replicate))
+
+
+def search_lr(study: SweepStudy, settings: RunSettings, root: Path, arm: str) -> None:
+    """The arm's learning-rate grid searched on the model pruned at k = lr_k (cut here if its stage has not run):
+    replicate 0's recipe at each rate in lr_search/ARM/lrI (runs that are never scored, so the scored replicates
+    are not the ones the choice was made on), the lowest held-out loss chosen (lr_search/ARM.json)."""
+    k = study.lr_k
+    if not stage_output(root, f"prune-k{k}").is_file():
+        prune_at(study, settings, root, k)
+    student = str(root / f"pruned-k{k}")
+
+    def train(rate: float, output: Path) -> None:
+        recover_run(study, settings, root, with_learning_rate(study.arm_recipe(arm, student), rate), output, 0)
+
+    lr_search.write_search(root, lr_search.search(root, arm, study.lr_grid[arm], train, k=k))
 
 
 def original_copy(study: SweepStudy, settings: RunSettings, root: Path) -> Path:
@@ -327,7 +379,8 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
     n_models = len(models(study))
     answers = shared.prompts.samples or 256
     plans = {arm: _training(study.arm_recipe(arm, "<pruned>")) for arm in arm_names(study)}
-    runs = {arm: (len(study.ratios) + has_control(study, arm)) * study.replicates for arm in plans}
+    runs = {arm: (len(study.ratios) + has_control(study, arm)) * study.replicates
+            + len(study.lr_grid.get(arm or "", [])) for arm in plans}
     answer_sets = study.replicates if shared.generate.temperature > 0 else 1
     seconds = {"calibrate": len(study.probes.candidates) * study.probes.items / RATES["calibration items/s"],
                "gate": study.gsm8k_gate.limit / RATES["gsm8k items/s"],
@@ -396,8 +449,12 @@ def _recovery_lines(study: SweepStudy, shared: RecoverRecipe, plans: dict[str | 
              f"{train.held_out:g}"]
     for arm, (trained, schedule, _) in plans.items():
         recipe = study.arm_recipe(arm, "<pruned>")
-        lines.append(f"arm {arm}: {recipe.chain_name()}, {schedule}: about {trained / 1000:.0f}k trained tokens per "
-                     f"k; {runs[arm]} recoveries {tail}")
+        grid = study.lr_grid.get(arm or "")
+        search = (f" (lr from the grid {', '.join(f'{rate:g}' for rate in grid)}: replicate 0's recipe trained at "
+                  f"each on pruned-k{study.lr_k}, the lowest held-out loss chosen; {len(grid)} of the recoveries are "
+                  "that search, never scored)" if grid else "")
+        lines.append(f"arm {arm}: {recipe.chain_name()}, {schedule}{search}: about {trained / 1000:.0f}k trained "
+                     f"tokens per k; {runs[arm]} recoveries {tail}")
     return lines
 
 

@@ -23,6 +23,7 @@ from layerprune.core import paired
 from layerprune.core.paired import format_interval
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.paired_table import Figures, load_matrix
+from layerprune.pipeline.studies.lr_search import lr_lines
 from layerprune.pipeline.studies.sweep import recovered_label
 
 KINDS = ("classification", "generative")
@@ -532,6 +533,8 @@ def _method_lines(study: Any, root: Path, figures: Figures, items: dict[str, int
              "how far each scored skill is held out from them is measured, not assumed (Held out, measured, below).",
              f"Recovery budget per k{' and arm' if study.arms else ''} (replicate 0): " + "; ".join(
                  f"{curve_name(k)}: {budget_text(c)}" for k, c in curves.items()) + ".",
+             *lr_lines(root, list(study.lr_grid), "every k, replicate and control of the arm trained at it (the "
+                       "search's own runs are not scored)"),
              f"Intervals: 95% percentile intervals of one clustered paired bootstrap ({figures.boot.resamples} "
              f"resamples, seed {figures.boot.seed}; items drawn within each task, the same draw for every model)"
              + (f"; a recovered point is the mean of its {study.replicates} replicates, its interval two-level "

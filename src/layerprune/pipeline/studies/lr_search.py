@@ -1,0 +1,109 @@
+"""A learning rate per arm, chosen from a grid fixed in the recipe (`lr_grid`), the same way for a recovery study and
+a sweep: the arm's replicate-0 recipe trained at each candidate, the lowest held-out loss after training chosen (the
+token-weighted CE on the teacher's held-out answers, prompts that no evaluation scores), the search written to
+lr_search/<label>.json, and every replicate and control of the arm trained at the rate chosen.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.outputs import write_atomic
+from layerprune.recover.schema import RecoverRecipe
+
+CRITERION = "held-out CE after training (lowest)"
+
+
+def lr_search_file(root: Path, label: str) -> Path:
+    return root / "lr_search" / f"{label}.json"
+
+
+def with_learning_rate(recipe: RecoverRecipe, learning_rate: float | None) -> RecoverRecipe:
+    """The recipe trained at `learning_rate` (None: as it is): local.learning_rate where the recipe has a local step,
+    train.learning_rate otherwise."""
+    if learning_rate is None:
+        return recipe
+    from layerprune.core.recipe_loading import merge_layers
+
+    section = "local" if "local" in recipe.surgery_steps() else "train"
+    return RecoverRecipe.model_validate(merge_layers(recipe.model_dump(mode="json"),
+                                                     {section: {"learning_rate": learning_rate}}))
+
+
+def check_lr_grid(grid: dict[str, list[float]], arms: Iterable[str], recipe_of: Callable[[str], RecoverRecipe],
+                  held_out: float) -> None:
+    """Every grid names an arm that trains, with learning rates > 0, and the recipe holds answers out to choose on."""
+    arms = list(arms)
+    for label, rates in grid.items():
+        if label not in arms:
+            raise ValueError(f"lr_grid: '{label}' is no arm (arms: {', '.join(arms)})")
+        if not rates or any(rate <= 0 for rate in rates):
+            raise ValueError(f"lr_grid.{label}: give one or more learning rates > 0")
+        recipe = recipe_of(label)
+        if recipe.trainer_method() is None and "local" not in recipe.surgery_steps():
+            raise ValueError(f"lr_grid.{label}: arm '{label}' ({recipe.chain_name()}) trains nothing")
+    if grid and not held_out:
+        raise ValueError("lr_grid: the choice reads the held-out loss; set recover train.held_out > 0")
+
+
+def search(root: Path, label: str, rates: list[float], train: Callable[[float, Path], None],
+           **context: Any) -> dict[str, Any]:
+    """Train at each rate (`train(rate, folder)`; a candidate already trained is kept), choose the lowest held-out
+    loss; returns the record (not yet written: the caller may move the chosen run first, then `write_search`)."""
+    rows = []
+    for index, rate in enumerate(rates):
+        output = root / "lr_search" / label / f"lr{index}"
+        if not (output / "recover_report.json").is_file():
+            train(rate, output)
+        rows.append({"learning_rate": rate, "held_out_loss": held_out_loss(output),
+                     "folder": str(output.relative_to(root))})
+    measured = [r for r in rows if r["held_out_loss"] is not None]
+    if not measured:
+        raise LayerpruneError(f"lr search of '{label}': no candidate reported a held-out loss")
+    best = min(measured, key=lambda r: r["held_out_loss"])
+    return {"arm": label, **context, "chosen": best["learning_rate"], "chosen_folder": best["folder"],
+            "criterion": CRITERION, "candidates": rows}
+
+
+def write_search(root: Path, record: dict[str, Any]) -> None:
+    write_atomic(lr_search_file(root, record["arm"]), json.dumps(record, indent=1))
+
+
+def chosen(root: Path, label: str, grid: dict[str, list[float]]) -> float | None:
+    """The learning rate the arm's grid chose (None: the arm has no grid)."""
+    if label not in grid:
+        return None
+    path = lr_search_file(root, label)
+    if not path.is_file():
+        raise LayerpruneError(f"arm '{label}' has an lr_grid but no {path}: run its lr-{label} stage first")
+    return float(json.loads(path.read_text())["chosen"])
+
+
+def held_out_loss(output: Path) -> float | None:
+    """The held-out loss after training in a recover_report.json: the token-weighted CE every method reports, else
+    the trainer's evaluation loss."""
+    report = json.loads((output / "recover_report.json").read_text())
+    after = ((report.get("held_out_metrics") or {}).get("after") or {}).get("ce")
+    return after if after is not None else (report.get("held_out_loss") or {}).get("after")
+
+
+def lr_lines(root: Path, labels: list[str], scope: str) -> list[str]:
+    """Each learning-rate search: every candidate's held-out loss and the rate chosen; `scope` says who trained at
+    it."""
+    lines = []
+    for label in labels:
+        path = lr_search_file(root, label)
+        if path.is_file():
+            record = json.loads(path.read_text())
+            tried = ", ".join(f"{c['learning_rate']:g} -> " + ("-" if c["held_out_loss"] is None
+                                                              else f"{c['held_out_loss']:.4f}")
+                              for c in record["candidates"])
+            where = f" at k = {record['k']}" if "k" in record else ""
+            lines.append(f"Learning rate of {label}: {record['chosen']:g}, the lowest held-out CE after training of "
+                         f"replicate 0's recipe{where} on the teacher's held-out answers (never scored) among "
+                         f"{tried}; {scope}.")
+    return lines
