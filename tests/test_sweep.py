@@ -23,7 +23,7 @@ def tiny_sweep(model: Path, output: Path) -> dict:
         "prune": {"drop": 2, "score": "ablation", "calib": "arithmetic", "calib_samples": 4},
         "recover": {"recipe": "demo", "overrides": {
             "prompts": {"source": "dolly", "samples": 8},
-            "generate": {"max_new_tokens": 6, "batch_size": 4, "temperature": 0.0},
+            "generate": {"max_new_tokens": 6, "batch_size": 4, "temperature": 0.0, "chat_template": False},
             "train": {"epochs": 1, "max_length": 128, "batch_size": 2, "eval_steps": 1, "logging_steps": 1,
                       "save_steps": 4, "held_out": 0.25},
             "lora": {"r": 4, "alpha": 8}}},
@@ -38,7 +38,8 @@ def test_tiny_sweep_cuts_one_ranking_recovers_every_k_and_pairs_every_model(caps
                                                                            monkeypatch):
     monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))
     recipe = tmp_path / "sweep.yaml"
-    recipe.write_text(yaml.safe_dump({**tiny_sweep(tiny_llama, tmp_path / "sweep"), "controls": True}, sort_keys=False))
+    recipe.write_text(yaml.safe_dump(chat_sweep(tiny_sweep(tiny_llama, tmp_path / "sweep"), controls=True),
+                                     sort_keys=False))
     code, out, err = run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])
     assert code == 0, err
     root = tmp_path / "sweep"
@@ -71,9 +72,18 @@ def test_tiny_sweep_cuts_one_ranking_recovers_every_k_and_pairs_every_model(caps
     assert (root / "sweep.png").is_file() and (root / "sweep_loss.png").is_file()
     labels = ["baseline", "recovered-k0", "pruned-k1", "recovered-k1", "pruned-k2", "recovered-k2"]
     assert_records_kept(root, labels)
+    # chat-formatted recovery data: the kept probe levels scored through the chat template too, the same items
+    for label in labels:
+        chat = json.loads((root / "eval-chat" / label / "summary.json").read_text())
+        assert {r["task"]: r["n"] for r in chat["results"] if r["headline"]} == {"arith_1d_sum3": 6, "copy_l3": 6}
+        assert all(r["settings"]["probe_format"] == "chat" for r in chat["results"] if r["headline"])
+    assert set(data["chat"]["records"]) == set(labels) and "classification" not in data["chat"]["points"][0]
+    chat_drop = data["chat"]["points"][0]["generative"]["drop"]
+    assert chat_drop["low"] <= chat_drop["value"] <= chat_drop["high"]
+    assert "## Probes through the chat template" in text
     # a second replicate: the same directory resumes, only the new stages run (seed + 1), the report is redone
     before = {label: (root / "eval" / label / "summary.json").stat().st_mtime_ns for label in labels}
-    recipe.write_text(yaml.safe_dump({**tiny_sweep(tiny_llama, root), "controls": True, "replicates": 2},
+    recipe.write_text(yaml.safe_dump(chat_sweep(tiny_sweep(tiny_llama, root), controls=True, replicates=2),
                                      sort_keys=False))
     code, out, err = run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])
     assert code == 0, err
@@ -85,6 +95,12 @@ def test_tiny_sweep_cuts_one_ranking_recovers_every_k_and_pairs_every_model(caps
     assert_records_kept(root, [*labels, "recovered-k0@r1", "recovered-k1@r1", "recovered-k2@r1"])
     assert run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])[0] == 0  # complete: every stage skipped
     assert_records_kept(root, [*labels, "recovered-k0@r1", "recovered-k1@r1", "recovered-k2@r1"])
+
+
+def chat_sweep(recipe: dict, **fields: object) -> dict:
+    """The tiny sweep with chat-formatted recovery data (the default of a recover recipe) and `fields`."""
+    recipe["recover"]["overrides"]["generate"]["chat_template"] = True
+    return {**recipe, **fields}
 
 
 def assert_records_kept(root: Path, labels: list[str]) -> None:
@@ -279,6 +295,17 @@ def test_replicates_and_the_control_add_stages_and_leave_replicate_0_as_it_was(t
     root = tmp_path / "s"
     assert sweep.stage_output(root, "recover-k2@r1") == root / "recovered-k2@r1" / "recover_report.json"
     assert sweep.stage_output(root, "eval-recovered-k0@r1") == root / "eval" / "recovered-k0@r1" / "summary.json"
+    chat = SweepStudy.model_validate(chat_sweep(tiny_sweep(tiny_llama, tmp_path / "s")))  # chat-formatted data
+    assert sweep.stage_names(chat) == [
+        "calibrate-probes", "score", "gate-gsm8k", "eval-baseline", "eval-chat/baseline", "prune-k1",
+        "eval-pruned-k1", "eval-chat/pruned-k1", "recover-k1", "eval-recovered-k1", "eval-chat/recovered-k1",
+        "prune-k2", "eval-pruned-k2", "eval-chat/pruned-k2", "recover-k2", "eval-recovered-k2",
+        "eval-chat/recovered-k2", "report"]
+    assert sweep.stage_output(root, "eval-chat/pruned-k1") == root / "eval-chat" / "pruned-k1" / "summary.json"
+    chat_data = chat_sweep(tiny_sweep(tiny_llama, tmp_path / "s"))
+    chat_data["evaluate"]["probe_format"] = "chat"
+    with pytest.raises(Exception, match="leave it plain"):
+        SweepStudy.model_validate(chat_data)
     local = _tiny_study(tiny_llama, tmp_path, controls=True)
     local.recover["overrides"]["method"] = "local"
     assert not sweep.has_control(local) and "recover-k0" not in sweep.stage_names(local)
@@ -464,7 +491,9 @@ def test_the_dry_run_plans_every_arm_at_its_own_rate(capsys, tmp_path, monkeypat
     assert "arm local: local, 72 local steps, lr 0.001: about 54k trained tokens per k; 9 recoveries" in out
     assert "k = 0 controls (the arm's recovery of the unpruned original, ARM-k0): sft; none for local" in out
     assert "models evaluated: 25 (baseline, sft-k0, sft-k0@r1, sft-k0@r2, pruned-k2, sft-k2," in out
-    assert "recoveries: 21; stages: 53 (" in out and "arm local: memory" in out.replace("\n", " ")
+    assert "recoveries: 21; stages: 78 (" in out and "arm local: memory" in out.replace("\n", " ")
+    assert "eval-sft-k2, eval-chat/sft-k2, recover-sft-k2@r1" in out  # chat-formatted answers: both probe formats
+    assert "probe format: plain few-shot text and, as the recovery data is chat-formatted, through the chat" in out
     assert "training sft 64 min, training local 24 min" in out  # 12 x 54k at 170/s; 9 x 72 x 4 x 188 at 340/s
     assert not (tmp_path / "s").exists()
 

@@ -38,6 +38,7 @@ from layerprune.pipeline.runner import Stage, run_stages
 from layerprune.pipeline.studies import lr_search
 from layerprune.pipeline.studies.lr_search import check_lr_grid, lr_search_file, with_learning_rate
 from layerprune.pipeline.studies.recovery import (
+    CHAT_EVAL,
     Arm,
     derive_arm_recipe,
     replicate_label,
@@ -97,7 +98,9 @@ class SweepStudy(PipelineRecipe):
             raise ValueError(f"prune.drop must be the largest ratio ({self.ratios[-1]}): one scoring pass ranks them")
         if self.evaluate.suite is None:
             raise ValueError("evaluate.suite: name the suite whose settings every task is scored with")
-        self.shared_recipe("<pruned>")
+        if self.evaluate.probe_format == "chat" and self.shared_recipe("<pruned>").generate.chat_template:
+            raise ValueError("evaluate.probe_format: leave it plain; with chat-formatted recovery data "
+                             "(generate.chat_template) the sweep scores the probes in chat format too")
         for label in self.arms or {}:
             if not label.replace("+", "").replace("-", "").replace("_", "").isalnum() or label in TAKEN:
                 raise ValueError(f"arm label '{label}': letters, digits, '+', '-' and '_' only, and none of "
@@ -172,20 +175,34 @@ def recovered_at(study: SweepStudy, k: int) -> list[str]:
     return [m for arm in arm_names(study) for m in recovered(study, k, arm)]
 
 
+def both_formats(study: SweepStudy) -> bool:
+    """Whether the probe levels are scored in both formats, plain few-shot text and through the chat template: the
+    recovery data is chat-formatted (generate.chat_template), as a recovery study decides."""
+    return study.shared_recipe("<pruned>").generate.chat_template
+
+
 def stage_names(study: SweepStudy) -> list[str]:
+    chat = both_formats(study)
+
+    def evals(label: str) -> list[str]:
+        return [f"eval-{label}", *([CHAT_EVAL + label] if chat else [])]
+
     def recoveries(labels: list[str]) -> list[str]:
-        return [s for label in labels for s in (f"recover-{label.removeprefix('recovered-')}", f"eval-{label}")]
+        return [s for label in labels for s in (f"recover-{label.removeprefix('recovered-')}", *evals(label))]
 
     control = recoveries([m for arm in arm_names(study) if has_control(study, arm) for m in recovered(study, 0, arm)])
-    per_k = [s for k in study.ratios for s in (f"prune-k{k}", f"eval-pruned-k{k}", *recoveries(recovered_at(study, k)))]
+    per_k = [s for k in study.ratios
+             for s in (f"prune-k{k}", *evals(f"pruned-k{k}"), *recoveries(recovered_at(study, k)))]
     grid = [f"lr-{arm}" for arm in study.lr_grid]
-    return ["calibrate-probes", "score", "gate-gsm8k", "eval-baseline", *grid, *control, *per_k, "report"]
+    return ["calibrate-probes", "score", "gate-gsm8k", *evals("baseline"), *grid, *control, *per_k, "report"]
 
 
 def stage_output(root: Path, stage: str) -> Path:
     name = stage.split("-", 1)[1] if "-" in stage else stage
     if stage.startswith("lr-"):
         return lr_search_file(root, name)
+    if stage.startswith(CHAT_EVAL):
+        return root / CHAT_EVAL / stage.removeprefix(CHAT_EVAL) / SUMMARY_FILE
     if stage.startswith("eval-"):
         return root / "eval" / name / SUMMARY_FILE
     if stage.startswith("prune-"):
@@ -254,7 +271,9 @@ class _Protocol:
 
 def run_stage(study: SweepStudy, settings: RunSettings, root: Path, stage: str) -> None:
     kind, _, label = stage.partition("-")
-    if stage == "calibrate-probes":
+    if stage.startswith(CHAT_EVAL):
+        chat_eval(study, settings, root, stage.removeprefix(CHAT_EVAL))
+    elif stage == "calibrate-probes":
         calibrate(study.model, study.probes, settings, root)
     elif stage == "gate-gsm8k":
         gate = study.evaluate.model_copy(update={"only": [GSM8K], "limit": study.gsm8k_gate.limit})
@@ -291,11 +310,26 @@ def calibrate(model: str | None, probes: ProbeCalibration, settings: RunSettings
 
 
 def evaluate(study: SweepStudy, settings: RunSettings, root: Path, label: str, model: str | None,
-             eval_settings: EvalSettings) -> None:
+             eval_settings: EvalSettings, evals: str = "eval") -> None:
     from layerprune.evaluate.runner import evaluate_model
 
-    evaluate_model(model, eval_settings, settings, root / "eval" / label, overwrite=True,
-                   progress=lambda message: log.info("  %s: %s", label, message), calibration_from=root / "scored")
+    evaluate_model(model, eval_settings, settings, root / evals / label, overwrite=True,
+                   progress=lambda message: log.info("  %s/%s: %s", evals, label, message),
+                   calibration_from=root / "scored")
+
+
+def chat_eval(study: SweepStudy, settings: RunSettings, root: Path, label: str) -> None:
+    """The kept probe levels of one model scored through the chat template (probe_format chat), the same items, in
+    eval-chat/<label>/; nothing where the gate kept no level (the stage then runs again, as a no-op, on resume)."""
+    from layerprune.evaluate.calibrated import kept_tasks
+
+    probes = kept_tasks(root / CALIBRATION_FILE)
+    if not probes:
+        log.info("  %s%s: the gate kept no probe level; nothing to score in chat format", CHAT_EVAL, label)
+        return
+    model = study.model if label == "baseline" else str(root / label)
+    chat = study.evaluate.model_copy(update={"only": probes, "probe_format": "chat"})
+    evaluate(study, settings, root, label, model, chat, evals=CHAT_EVAL.rstrip("/"))
 
 
 def prune_at(study: SweepStudy, settings: RunSettings, root: Path, k: int) -> None:
@@ -387,7 +421,9 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
                "teacher answers": answer_sets * answers * shared.generate.max_new_tokens / RATES["teacher tokens/s"],
                **{"training" if arm is None else f"training {arm}": runs[arm] * trained / rate
                   for arm, (trained, _, rate) in plans.items()},
-               "evaluation": n_models * per_model}
+               "evaluation": n_models * per_model,
+               **({"chat-format probes": n_models * most_probes * probe_limit / RATES["probe items/s"]}
+                  if both_formats(study) else {})}
     lines = [f"pruning-ratio sweep '{study.name}' -> {study.run_dir()}",
              f"model: {check_model(study.model, settings)}",
              *[f"data: {line}" for line in check_data(study)],
@@ -401,6 +437,9 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
              f"models evaluated: {n_models} ({', '.join(models(study))}) on the same items each: "
              f"{', '.join(f'{t} {_size(limits.get(t))}' for t in study.classification)}; at most {most_probes} "
              f"probe levels x {probe_limit} items",
+             ("probe format: plain few-shot text and, as the recovery data is chat-formatted, through the chat "
+              "template too (the same items; eval-chat/<model>)" if both_formats(study) else
+              "probe format: plain few-shot text (the recovery data is plain: generate.chat_template false)"),
              *_recovery_lines(study, shared, plans, runs),
              _replicate_line(study, shared, answer_sets),
              f"recoveries: {sum(runs.values())}; stages: {len(stage_names(study))} ({', '.join(stage_names(study))})",

@@ -431,17 +431,19 @@ def write_sweep_report(study: Any, root: Path) -> Path:
     items = {t: int(m.shape[1]) for t, m in matrices.items()}
     unpaired = {t: why for t, why in kinds.items() if why.startswith("unpaired")}
     kept = records(root, folders)
+    chat, chat_text = chat_figures(study, root)
     one = study.arms is None
     (root / "sweep.json").write_text(json.dumps(paired_json({
         "points": points, "control": controls[None] if one else controls, "replicates": study.replicates,
         "verdicts": judged[None][1] if one else {arm: tests for arm, (_, tests) in judged.items()}, "items": items,
         "unpaired": unpaired, "curves": curves, "calibration": calibration, "ranking": ranking(root, study.ratios),
-        "records": kept, **({} if one else {"arms": {arm: study.arm_recipe(arm, "<pruned>").chain_name()
-                                                     for arm in study.arms}, "comparisons": pairs})}), indent=1))
+        "records": kept, **({"chat": chat} if chat else {}),
+        **({} if one else {"arms": {arm: study.arm_recipe(arm, "<pruned>").chain_name() for arm in study.arms},
+                           "comparisons": pairs})}), indent=1))
     verdict_lines = [f"- {'' if arm is None else f'{arm}: '}{v}" for arm, (lines, _) in judged.items() for v in lines]
     text = [f"# Pruning-ratio sweep: {study.name}", "", study.description, "", *verdict_lines, "",
             "![retention against pruning ratio](sweep.png)", "", format_table(points), "",
-            *_recovery_sections(study, points, controls, pairs),
+            *_recovery_sections(study, points, controls, pairs), *(chat_text + [""] if chat_text else []),
             *_method_lines(study, root, figures, items, calibration, curves, unpaired, depth), "",
             _records_line(kept), "",
             "![held-out loss per k](sweep_loss.png)", *audit_section(root), "",
@@ -465,11 +467,40 @@ def _recovery_sections(study: Any, points: list[dict[str, Any]], controls: dict[
     return text + ([*format_comparisons(pairs, study.replicates), ""] if study.arms else [])
 
 
-def evaluated(study: Any, root: Path) -> dict[str, Path]:
-    """The eval folder of every model the sweep scored (physical labels: replicates apart)."""
+def evaluated(study: Any, root: Path, evals: str = "eval") -> dict[str, Path]:
+    """The eval folder of every model the sweep scored (physical labels: replicates apart); `evals`: eval, or
+    eval-chat (the probe levels through the chat template)."""
     from layerprune.pipeline.studies.sweep import models
 
-    return {m: root / "eval" / m for m in models(study) if (root / "eval" / m / SUMMARY_FILE).is_file()}
+    return {m: root / evals / m for m in models(study) if (root / evals / m / SUMMARY_FILE).is_file()}
+
+
+def chat_figures(study: Any, root: Path) -> tuple[dict[str, Any] | None, list[str]]:
+    """The probe levels scored through the chat template (eval-chat/<model>), as the plain figures are: per arm and
+    k the scores, drop, retention and recovered share, the controls, the spread and the arms compared; (None, a
+    line) where the recovery data is plain or nothing was scored that way."""
+    from layerprune.pipeline.studies.sweep import arm_names, both_formats
+
+    if not both_formats(study):
+        return None, []
+    folders = evaluated(study, root, "eval-chat")
+    if "baseline" not in folders:
+        return None, ["Probes through the chat template: not scored (the gate kept no probe level, or the eval-chat "
+                      "stages have not run)."]
+    figures, _, _ = sweep_figures(folders)
+    arms = arm_names(study)
+    points = [point(study, figures, k, arm) for k in study.ratios if f"pruned-k{k}" in figures.labels
+              for arm in arms]
+    controls = {arm: control_point(figures, arm) for arm in arms}
+    pairs = comparisons(figures, points, list(study.arms)) if study.arms else []
+    data = {"points": points, "control": controls[None] if study.arms is None else controls, "comparisons": pairs,
+            "records": records(root, folders)}
+    text = ["## Probes through the chat template", "",
+            "The recovery data is chat-formatted, so every model's probe levels were also scored through the chat "
+            "template, on the same items (eval-chat/<model>); the same figures as above, for the generative kind. "
+            "Where the plain and chat figures part, the recovery moved the model's format as well as its skill.", "",
+            format_table(points), "", *_recovery_sections(study, points, controls, pairs)]
+    return data, text
 
 
 def sweep_figures(folders: dict[str, Path]) -> tuple[Figures, dict[str, np.ndarray], dict[str, str]]:
