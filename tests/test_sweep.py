@@ -628,7 +628,10 @@ def test_tiny_sweep_chooses_each_arm_s_rate_on_held_out_loss_and_trains_every_k_
     search = json.loads((root / "lr_search" / "lora.json").read_text())
     losses = {c["learning_rate"]: c["held_out_loss"] for c in search["candidates"]}
     assert set(losses) == set(grid["lora"]) and search["k"] == 1 and losses[1e-5] != losses[5e-3]
-    assert search["chosen"] == min(losses, key=losses.get)
+    assert search["chosen"] == min(losses, key=losses.get) and search["seed_offset"] == 1000
+    held = {name: json.loads((root / folder / "recover_report.json").read_text())["held_out_metrics"]["prompts"]
+            for name, folder in (("search", search["chosen_folder"]), ("lora-k1", "lora-k1"))}
+    assert held["search"] != held["lora-k1"]  # a seed of its own: the scored replicate 0 is not the chosen run
     for label in ("lora-k1", "lora-k2"):  # every k trained at the chosen rate; the search's runs are not scored
         report = json.loads((root / label / "recover_report.json").read_text())
         assert report["recipe"]["train"]["learning_rate"] == search["chosen"]

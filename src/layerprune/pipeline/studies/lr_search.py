@@ -103,7 +103,8 @@ def lr_lines(root: Path, labels: list[str], scope: str) -> list[str]:
                                                               else f"{c['held_out_loss']:.4f}")
                               for c in record["candidates"])
             where = f" at k = {record['k']}" if "k" in record else ""
+            seed = f" (seed + {record['seed_offset']})" if "seed_offset" in record else " (replicate 0's seed)"
             lines.append(f"Learning rate of {label}: {record['chosen']:g}, the lowest held-out CE after training of "
-                         f"replicate 0's recipe{where} on the teacher's held-out answers (never scored) among "
+                         f"the arm's recipe{where}{seed} on the teacher's held-out answers (never scored) among "
                          f"{tried}; {scope}.")
     return lines

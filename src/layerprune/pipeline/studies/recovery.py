@@ -280,7 +280,7 @@ def run_study(study: RecoveryStudy, settings: RunSettings, overwrite: bool = Fal
     pending = overwrite or not stage_output(paths.root, "prune").exists()
     validate_data(study, settings, prune_pending=pending)  # data checked before any work
     if both_formats(study):
-        check_chat_template(study, settings)
+        check_chat_template(study.model, settings)
     claim_run_dir(paths, _Owner(study), overwrite)
     run_stages(study_stages(study, settings, paths), paths.root)
     return paths.root / "study.md"
@@ -309,13 +309,13 @@ class _Owner:
         return self.study.model_dump(**kwargs)
 
 
-def check_chat_template(study: RecoveryStudy, settings: RunSettings) -> str:
+def check_chat_template(model: str | None, settings: RunSettings) -> str:
     """'chat template: present' where the original's tokenizer has one; an error where it has none (the probes are
     scored in chat format too, and probe_format chat refuses such a model); a note where it cannot be read here."""
     from layerprune.models import resolve_model
     from layerprune.models.loading import load_tokenizer
 
-    source = resolve_model(study.model or "embedded", settings)
+    source = resolve_model(model or "embedded", settings)
     try:
         tokenizer = load_tokenizer(source, settings)
     except LayerpruneError as exc:
@@ -324,7 +324,7 @@ def check_chat_template(study: RecoveryStudy, settings: RunSettings) -> str:
         return f"chat template: not checked from here ({str(exc)[:80]})"
     if not getattr(tokenizer, "chat_template", None):
         raise LayerpruneError(f"{source.spec} has no chat template: the recovery data is chat-formatted "
-                              "(generate.chat_template), so the study scores the probes with probe_format chat too, "
+                              "(generate.chat_template), so the probes are scored with probe_format chat too, "
                               "which needs one; set generate.chat_template: false or use a model with a template")
     return "chat template: present"
 
@@ -443,6 +443,7 @@ def run_lr_search(study: RecoveryStudy, settings: RunSettings, root: Path, label
         recover_replicate(study, settings, study.arm_recipe(label, str(root / "pruned"), rate), output, root, 0)
 
     record = lr_search.search(root, label, study.lr_grid[label], train)
+    lr_search.write_search(root, record)  # the choice first: a run stopped after the move below keeps it
     arm = root / "arms" / label
     if not arm.exists():
         arm.parent.mkdir(parents=True, exist_ok=True)
@@ -536,7 +537,7 @@ def probe_lines(study: RecoveryStudy, settings: RunSettings) -> list[str]:
         return [*lines, f"probe format: {study.evaluate.probe_format} only ({why})"]
     return [*lines, f"probe formats: plain and chat (the recovery data is chat-formatted, generate.chat_template): "
                     f"{', '.join(probes)} scored both ways on the same items, eval-chat/<model>; "
-                    + check_chat_template(study, settings)]
+                    + check_chat_template(study.model, settings)]
 
 
 def plan_lines(study: RecoveryStudy) -> list[str]:

@@ -14,8 +14,9 @@ the arm's method and section, pipeline/studies/recovery.py), every k (and the co
 one) is recovered by every arm: model ARM-kK (replicate r > 0: ARM-kK@rR), its folder and eval folder of that name,
 stages recover-ARM-kK and eval-ARM-kK. The teacher answers are shared by every arm and k, as by every k without arms.
 An arm with a learning-rate grid (`lr_grid`, pipeline/studies/lr_search.py) gets a stage lr-ARM after eval-baseline:
-its replicate-0 recipe trained at each rate on the model pruned at k = `lr_at` (default the middle ratio), the lowest
-held-out loss chosen for every k, replicate and control of the arm; the search runs are not scored.
+its recipe trained at each rate on the model pruned at k = `lr_at` (default the middle ratio) under seed settings.seed
++ 1000 (no scored replicate's), the lowest held-out loss chosen for every k, replicate and control of the arm; the
+search runs are not scored.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from layerprune.pipeline.studies.lr_search import check_lr_grid, lr_search_file,
 from layerprune.pipeline.studies.recovery import (
     CHAT_EVAL,
     Arm,
+    check_chat_template,
     derive_arm_recipe,
     replicate_label,
     replicate_settings,
@@ -53,6 +55,7 @@ log = logging.getLogger(__name__)
 GSM8K = "gsm8k"
 CALIBRATION_FILE = "probes_calibrated.json"
 TAKEN = ("baseline", "pruned", "recovered", "original")  # arm labels that would name the sweep's other models
+SEARCH_REPLICATE = 1000  # the learning-rate search's seed offset: settings.seed + 1000, no scored replicate's
 
 
 class Gsm8kGate(BaseModel):
@@ -83,7 +86,8 @@ class SweepStudy(PipelineRecipe):
                                         "section, as a recovery study's arms; none: the recover recipe alone")
     lr_grid: dict[str, list[float]] = Field(
         default_factory=dict, description="Candidate learning rates by arm label: the arm's replicate-0 recipe trained "
-        "at each on the model pruned at k = lr_at (stage lr-ARM, runs in lr_search/, never scored), the lowest "
+        "at each on the model pruned at k = lr_at under a seed of its own (stage lr-ARM, runs in lr_search/, never "
+        "scored), the lowest "
         "held-out loss chosen for every k, replicate and control of the arm")
     lr_at: int | None = Field(None, description="The k whose pruned model lr_grid is searched on (default: the "
                               "middle ratio)")
@@ -241,6 +245,8 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
 
     root = study.run_dir()
     validate_data(study, settings, prune_pending=overwrite or not stage_output(root, "score").exists())
+    if both_formats(study):
+        check_chat_template(study.model, settings)
     claim_run_dir(RunPaths(root), _Protocol(study), overwrite)
     run_stages(sweep_stages(study, settings, root), root)
     return stage_output(root, "report")
@@ -367,18 +373,21 @@ def recover_run(study: SweepStudy, settings: RunSettings, root: Path, recipe: Re
 
 
 def search_lr(study: SweepStudy, settings: RunSettings, root: Path, arm: str) -> None:
-    """The arm's learning-rate grid searched on the model pruned at k = lr_k (cut here if its stage has not run):
-    replicate 0's recipe at each rate in lr_search/ARM/lrI (runs that are never scored, so the scored replicates
-    are not the ones the choice was made on), the lowest held-out loss chosen (lr_search/ARM.json)."""
+    """The arm's learning-rate grid searched on the model pruned at k = lr_k (cut here if its stage has not run): the
+    arm's recipe at each rate in lr_search/ARM/lrI under seed settings.seed + SEARCH_REPLICATE (a held-out split,
+    data order and initialisation of its own: no scored replicate is a run the choice was made on, and the search's
+    runs are never scored), the lowest held-out loss chosen (lr_search/ARM.json)."""
     k = study.lr_k
     if not stage_output(root, f"prune-k{k}").is_file():
         prune_at(study, settings, root, k)
     student = str(root / f"pruned-k{k}")
 
     def train(rate: float, output: Path) -> None:
-        recover_run(study, settings, root, with_learning_rate(study.arm_recipe(arm, student), rate), output, 0)
+        recipe = with_learning_rate(study.arm_recipe(arm, student), rate)
+        recover_run(study, settings, root, recipe, output, SEARCH_REPLICATE)
 
-    lr_search.write_search(root, lr_search.search(root, arm, study.lr_grid[arm], train, k=k))
+    record = lr_search.search(root, arm, study.lr_grid[arm], train, k=k, seed_offset=SEARCH_REPLICATE)
+    lr_search.write_search(root, record)
 
 
 def original_copy(study: SweepStudy, settings: RunSettings, root: Path) -> Path:
@@ -438,7 +447,8 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
              f"{', '.join(f'{t} {_size(limits.get(t))}' for t in study.classification)}; at most {most_probes} "
              f"probe levels x {probe_limit} items",
              ("probe format: plain few-shot text and, as the recovery data is chat-formatted, through the chat "
-              "template too (the same items; eval-chat/<model>)" if both_formats(study) else
+              "template too (the same items; eval-chat/<model>); " + check_chat_template(study.model, settings)
+              if both_formats(study) else
               "probe format: plain few-shot text (the recovery data is plain: generate.chat_template false)"),
              *_recovery_lines(study, shared, plans, runs),
              _replicate_line(study, shared, answer_sets),
@@ -489,9 +499,9 @@ def _recovery_lines(study: SweepStudy, shared: RecoverRecipe, plans: dict[str | 
     for arm, (trained, schedule, _) in plans.items():
         recipe = study.arm_recipe(arm, "<pruned>")
         grid = study.lr_grid.get(arm or "")
-        search = (f" (lr from the grid {', '.join(f'{rate:g}' for rate in grid)}: replicate 0's recipe trained at "
-                  f"each on pruned-k{study.lr_k}, the lowest held-out loss chosen; {len(grid)} of the recoveries are "
-                  "that search, never scored)" if grid else "")
+        search = (f" (lr from the grid {', '.join(f'{rate:g}' for rate in grid)}: the arm's recipe trained at "
+                  f"each on pruned-k{study.lr_k} under a seed of its own, the lowest held-out loss chosen; "
+                  f"{len(grid)} of the recoveries are that search, never scored)" if grid else "")
         lines.append(f"arm {arm}: {recipe.chain_name()}, {schedule}{search}: about {trained / 1000:.0f}k trained "
                      f"tokens per k; {runs[arm]} recoveries {tail}")
     return lines

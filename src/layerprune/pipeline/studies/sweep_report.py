@@ -475,10 +475,18 @@ def evaluated(study: Any, root: Path, evals: str = "eval") -> dict[str, Path]:
     return {m: root / evals / m for m in models(study) if (root / evals / m / SUMMARY_FILE).is_file()}
 
 
+def evaluated_generative(root: Path) -> list[str]:
+    """The generative tasks the original was scored on in plain format (its summary's headline rows)."""
+    from layerprune.evaluate.summary import read_summary
+
+    summary = read_summary(root / "eval" / "baseline" / SUMMARY_FILE)
+    return [r.task for r in summary.results if r.headline and r.kind == "generative"]
+
+
 def chat_figures(study: Any, root: Path) -> tuple[dict[str, Any] | None, list[str]]:
     """The probe levels scored through the chat template (eval-chat/<model>), as the plain figures are: per arm and
-    k the scores, drop, retention and recovered share, the controls, the spread and the arms compared; (None, a
-    line) where the recovery data is plain or nothing was scored that way."""
+    k the scores, drop, retention and recovered share, the controls, the spread and the arms compared; (None, [])
+    where the recovery data is plain, (None, a line) where nothing was scored that way."""
     from layerprune.pipeline.studies.sweep import arm_names, both_formats
 
     if not both_formats(study):
@@ -487,7 +495,9 @@ def chat_figures(study: Any, root: Path) -> tuple[dict[str, Any] | None, list[st
     if "baseline" not in folders:
         return None, ["Probes through the chat template: not scored (the gate kept no probe level, or the eval-chat "
                       "stages have not run)."]
-    figures, _, _ = sweep_figures(folders)
+    figures, matrices, _ = sweep_figures(folders)
+    probes = list(matrices)
+    plain_more = bool(set(evaluated_generative(root)) - set(probes))
     arms = arm_names(study)
     points = [point(study, figures, k, arm) for k in study.ratios if f"pruned-k{k}" in figures.labels
               for arm in arms]
@@ -496,9 +506,12 @@ def chat_figures(study: Any, root: Path) -> tuple[dict[str, Any] | None, list[st
     data = {"points": points, "control": controls[None] if study.arms is None else controls, "comparisons": pairs,
             "records": records(root, folders)}
     text = ["## Probes through the chat template", "",
-            "The recovery data is chat-formatted, so every model's probe levels were also scored through the chat "
-            "template, on the same items (eval-chat/<model>); the same figures as above, for the generative kind. "
-            "Where the plain and chat figures part, the recovery moved the model's format as well as its skill.", "",
+            "The recovery data is chat-formatted, so every model's kept probe levels (" + ", ".join(probes) + ") were "
+            "also scored through the chat template, on the same items (eval-chat/<model>); the figures as above for "
+            "those levels" + (" (the plain generative figures above also hold GSM8K, which is scored through the "
+                              "chat template either way, so compare the probe levels' own rows in eval/)"
+                              if plain_more else "") + ". Where the plain and chat figures part, the recovery moved "
+            "the model's format as well as its skill.", "",
             format_table(points), "", *_recovery_sections(study, points, controls, pairs)]
     return data, text
 
