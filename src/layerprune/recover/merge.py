@@ -19,7 +19,8 @@ the threshold T (s > T, as in the paper and its code); otherwise the merge is un
 What differs from the paper: LaCo searches for the layers to merge itself (top-down from layer H to L, C layers at
 once, at least I layers between merges). Here the prune stage has chosen the spans; each is merged and checked in
 turn, from the highest span down as LaCo goes, on a model in which the spans not yet merged (below) are already
-dropped, not still present. The calibration text is the teacher's answers to the training prompts (LaCo: a handful
+dropped, not still present. A merge the check refuses leaves its span dropped (LaCo, which chose the span itself,
+would keep the layers instead), since the prune has already cut it. The calibration text is the teacher's answers to the training prompts (LaCo: a handful
 of Wikipedia sentences). The paper's equation sums differences from the unchanged theta_l; its released notebooks
 update theta_l in place inside the sum (which leaves layer l+m's values): this module follows the equation.
 """
