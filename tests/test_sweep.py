@@ -545,12 +545,30 @@ def test_arms_are_compared_pairwise_at_every_k_with_the_two_level_interval(tmp_p
 
 def test_tiny_sweep_with_two_arms_recovers_every_k_both_ways_and_compares_them_paired(capsys, tiny_llama, tmp_path,
                                                                                       monkeypatch):
+    """Two arms at every k, lora's learning rate chosen from a grid (local keeps its own)."""
     monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))
     recipe = tmp_path / "sweep.yaml"
-    recipe.write_text(yaml.safe_dump({**tiny_sweep(tiny_llama, tmp_path / "sweep"), "arms": ARMS}, sort_keys=False))
+    grid = {"lora": [1e-5, 5e-3]}
+    recipe.write_text(yaml.safe_dump({**tiny_sweep(tiny_llama, tmp_path / "sweep"), "arms": ARMS, "lr_grid": grid},
+                                     sort_keys=False))
+    assert "lr from the grid 1e-05, 0.005" in run_cli(capsys, ["study", str(recipe), "--dry-run"])[1]
     code, out, err = run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])
     assert code == 0, err
     root = tmp_path / "sweep"
+    search = json.loads((root / "lr_search" / "lora.json").read_text())
+    losses = {c["learning_rate"]: c["held_out_loss"] for c in search["candidates"]}
+    assert set(losses) == set(grid["lora"]) and search["k"] == 1 and losses[1e-5] != losses[5e-3]
+    assert search["chosen"] == min(losses, key=losses.get) and search["seed_offset"] == 1000
+    held = {name: json.loads((root / folder / "recover_report.json").read_text())["held_out_metrics"]["prompts"]
+            for name, folder in (("search", search["chosen_folder"]), ("lora-k1", "lora-k1"))}
+    assert held["search"] != held["lora-k1"]  # a seed of its own: the scored replicate 0 is not the chosen run
+    for label in ("lora-k1", "lora-k2"):  # every k trained at the chosen rate; the search's runs are not scored
+        report = json.loads((root / label / "recover_report.json").read_text())
+        assert report["recipe"]["train"]["learning_rate"] == search["chosen"]
+    local = json.loads((root / "local-k1" / "recover_report.json").read_text())
+    assert local["recipe"]["local"]["learning_rate"] == ARMS["local"]["local"]["learning_rate"]  # no grid: its own
+    assert sorted(p.name for p in (root / "eval").iterdir()) == ["baseline", "gate-gsm8k", "local-k1", "local-k2",
+                                                                  "lora-k1", "lora-k2", "pruned-k1", "pruned-k2"]
     data = json.loads((root / "sweep.json").read_text())
     assert [(p["k"], p["arm"]) for p in data["points"]] == [(1, "lora"), (1, "local"), (2, "lora"), (2, "local")]
     assert data["arms"] == {"lora": "lora", "local": "local"} and set(data["verdicts"]) == {"lora", "local"}
@@ -558,9 +576,9 @@ def test_tiny_sweep_with_two_arms_recovers_every_k_both_ways_and_compares_them_p
     score = data["comparisons"][0]["generative"]["score"]
     assert score["low"] <= score["value"] <= score["high"]
     assert set(data["curves"]) == {"lora-k1", "local-k1", "lora-k2", "local-k2"}
-    for label in ("lora-k1", "local-k1", "lora-k2", "local-k2"):  # the teacher answered once, for the first
-        generated = json.loads((root / label / "recover_report.json").read_text())["data"]["generation"]["generated"]
-        assert (generated > 0) == (label == "lora-k1")
+    for folder in ("lr_search/lora/lr0", "lr_search/lora/lr1", "lora-k1", "local-k1", "lora-k2", "local-k2"):
+        report = json.loads((root / folder / "recover_report.json").read_text())  # the teacher answered once
+        assert (report["data"]["generation"]["generated"] > 0) == (folder == "lr_search/lora/lr0")
     assert_records_kept(root, ["baseline", "pruned-k1", "lora-k1", "local-k1", "pruned-k2", "lora-k2", "local-k2"])
     text = (root / "sweep.md").read_text()
     assert "- lora: (a)" in text and "- local: (b" in text and "| 2 | local | generative |" in text
@@ -571,6 +589,7 @@ def test_tiny_sweep_with_two_arms_recovers_every_k_both_ways_and_compares_them_p
         assert curve["tokens_unpadded"] > 0 and curve["sequences"] > 0 and curve["learning_rate"] > 0
         assert f"{label}: {curve['tokens_unpadded']} unpadded target tokens, {curve['sequences']} sequences" in text
     assert "Every scored skill is unseen" not in text and "measured, not assumed" in text
+    assert f"Learning rate of lora: {search['chosen']:g}, the lowest held-out CE" in text
 
 
 def test_a_missing_control_says_why_and_local_s_would_be_the_original():
@@ -612,31 +631,3 @@ def test_the_sweep_s_lr_grid_is_a_stage_per_arm_checked_and_out_of_a_gridless_fi
     dumped = json.loads(sweep._Protocol(gridless).model_dump_json(exclude={}))
     assert "lr_grid" not in dumped and "lr_at" not in dumped  # runs made before the grid existed resume
     assert recipe_fingerprint(sweep._Protocol(gridless)) != recipe_fingerprint(sweep._Protocol(study))  # type: ignore[arg-type]
-
-
-def test_tiny_sweep_chooses_each_arm_s_rate_on_held_out_loss_and_trains_every_k_at_it(capsys, tiny_llama, tmp_path,
-                                                                                     monkeypatch):
-    monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))
-    recipe = tmp_path / "sweep.yaml"
-    grid = {"lora": [1e-5, 5e-3]}
-    recipe.write_text(yaml.safe_dump({**tiny_sweep(tiny_llama, tmp_path / "sweep"), "arms": ARMS, "lr_grid": grid},
-                                     sort_keys=False))
-    assert "lr from the grid 1e-05, 0.005" in run_cli(capsys, ["study", str(recipe), "--dry-run"])[1]
-    code, out, err = run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])
-    assert code == 0, err
-    root = tmp_path / "sweep"
-    search = json.loads((root / "lr_search" / "lora.json").read_text())
-    losses = {c["learning_rate"]: c["held_out_loss"] for c in search["candidates"]}
-    assert set(losses) == set(grid["lora"]) and search["k"] == 1 and losses[1e-5] != losses[5e-3]
-    assert search["chosen"] == min(losses, key=losses.get) and search["seed_offset"] == 1000
-    held = {name: json.loads((root / folder / "recover_report.json").read_text())["held_out_metrics"]["prompts"]
-            for name, folder in (("search", search["chosen_folder"]), ("lora-k1", "lora-k1"))}
-    assert held["search"] != held["lora-k1"]  # a seed of its own: the scored replicate 0 is not the chosen run
-    for label in ("lora-k1", "lora-k2"):  # every k trained at the chosen rate; the search's runs are not scored
-        report = json.loads((root / label / "recover_report.json").read_text())
-        assert report["recipe"]["train"]["learning_rate"] == search["chosen"]
-    local = json.loads((root / "local-k1" / "recover_report.json").read_text())
-    assert local["recipe"]["local"]["learning_rate"] == ARMS["local"]["local"]["learning_rate"]  # no grid: its own
-    assert sorted(p.name for p in (root / "eval").iterdir()) == ["baseline", "gate-gsm8k", "local-k1", "local-k2",
-                                                                  "lora-k1", "lora-k2", "pruned-k1", "pruned-k2"]
-    assert f"Learning rate of lora: {search['chosen']:g}, the lowest held-out CE" in (root / "sweep.md").read_text()
