@@ -16,13 +16,13 @@ LaCo's check: after a span's merge, the average over calibration sequences of th
 merged model's and the source's last hidden states (each sequence's states flattened into one vector) must exceed
 the threshold T (s > T, as in the paper and its code); otherwise the merge is undone and that span stays a plain drop.
 
-What differs from the paper: LaCo searches for the layers to merge itself (top-down from layer H to L, C layers at
-once, at least I layers between merges). Here the prune stage has chosen the spans; each is merged and checked in
-turn, from the highest span down as LaCo goes, on a model in which the spans not yet merged (below) are already
-dropped, not still present. A merge the check refuses leaves its span dropped (LaCo, which chose the span itself,
-would keep the layers instead), since the prune has already cut it. The calibration text is the teacher's answers to the training prompts (LaCo: a handful
-of Wikipedia sentences). The paper's equation sums differences from the unchanged theta_l; its released notebooks
-update theta_l in place inside the sum (which leaves layer l+m's values): this module follows the equation.
+What differs from the paper: LaCo searches for the layers to merge itself (top-down from layer H to L, C layers at once,
+at least I layers between merges). Here the prune stage has chosen the spans; each is merged and checked in turn, from
+the highest span down as LaCo goes, on a model in which the spans not yet merged (below) are already dropped, not still
+present. A merge the check refuses leaves its span dropped (LaCo, which chose the span itself, would keep the layers
+instead), since the prune has already cut it. The calibration text is the teacher's answers to the training prompts
+(LaCo: a handful of Wikipedia sentences). The paper's equation sums differences from the unchanged theta_l; its released
+notebooks update theta_l in place inside the sum (which leaves layer l+m's values): this module follows the equation.
 """
 
 from __future__ import annotations
