@@ -136,6 +136,8 @@ def test_audit_refuses_a_study_without_teacher_answers_and_its_report_section_is
     assert section[:2] == ["", "## Held out, measured"]
     assert "| copy_l7 | 5 | 0 | 0 | 0 | 0% / 0% | held out (measured) |" in "\n".join(section)
     assert json.loads((tmp_path / "audit.json").read_text())["source"] == str(tmp_path / "selfgen.jsonl")
+    (tmp_path / "selfgen.jsonl").unlink()  # a run unpacked from its records: the answers left out, audit.json kept
+    assert audit.audit_section(tmp_path) == section
 
 
 def test_transfer_study_trains_on_dolly_prompts_that_hold_none_of_its_scored_items(shared_data):

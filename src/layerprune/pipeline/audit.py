@@ -280,10 +280,12 @@ def audit_lines(audit: dict[str, Any]) -> list[str]:
 
 
 def audit_section(root: Path, tasks: list[str] | None = None) -> list[str]:
-    """`audit_lines` of `audit_study` (audit.json written), or no lines when the folder holds no teacher answers (a
-    study of training-free arms only, or before any recovery ran)."""
+    """`audit_lines` of `audit_study` (audit.json written); where the folder holds no teacher answers, those of the
+    audit.json it keeps (a run unpacked from its records, which leave the answers out), else no lines (a study of
+    training-free arms only, or before any recovery ran)."""
     try:
         recovery_records(root)
     except LayerpruneError:
-        return []
+        kept = root / AUDIT_FILE
+        return ["", *audit_lines(json.loads(kept.read_text()))] if kept.is_file() else []
     return ["", *audit_lines(audit_study(root, tasks))]
