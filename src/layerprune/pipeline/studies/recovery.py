@@ -113,9 +113,7 @@ class RecoveryStudy(PipelineRecipe):
         return self
 
     def _check_probes(self) -> None:
-        if self.evaluate.probe_format == "chat" and self.shared_recipe("<pruned>").generate.chat_template:
-            raise ValueError("evaluate.probe_format: leave it plain; with chat-formatted recovery data "
-                             "(generate.chat_template) the study scores the probes in chat format too")
+        check_plain_probes(self.evaluate, self.shared_recipe("<pruned>"))
         if self.probes is None:
             return
         if not self.evaluate.tasks and self.evaluate.only is None:
@@ -147,6 +145,14 @@ class RecoveryStudy(PipelineRecipe):
         recipe = derive_arm_recipe(self.shared_recipe(student), self.arms[label], f"{self.name}-{label}",
                                    self.evaluate.probe_seed)
         return with_learning_rate(recipe, learning_rate)
+
+
+def check_plain_probes(evaluate: EvalSettings, shared: RecoverRecipe) -> None:
+    """A study or sweep whose recovery data is chat-formatted scores its probes in both formats itself: a recipe
+    asking for chat-format probes is refused."""
+    if evaluate.probe_format == "chat" and shared.generate.chat_template:
+        raise ValueError("evaluate.probe_format: leave it plain; with chat-formatted recovery data "
+                         "(generate.chat_template) the probes are scored in chat format too")
 
 
 def derive_arm_recipe(shared: RecoverRecipe, arm: Arm, name: str, probe_seed: int) -> RecoverRecipe:
@@ -451,7 +457,7 @@ def run_lr_search(study: RecoveryStudy, settings: RunSettings, root: Path, label
         for row in record["candidates"]:
             row["folder"] = str(arm.relative_to(root)) if row["folder"] == record["chosen_folder"] else row["folder"]
         record["chosen_folder"] = str(arm.relative_to(root))
-    lr_search.write_search(root, record)
+        lr_search.write_search(root, record)
 
 
 def recover_sharing_answers(recipe: RecoverRecipe, job: Any, shared: Path) -> None:

@@ -42,6 +42,7 @@ from layerprune.pipeline.studies.recovery import (
     CHAT_EVAL,
     Arm,
     check_chat_template,
+    check_plain_probes,
     derive_arm_recipe,
     replicate_label,
     replicate_settings,
@@ -102,9 +103,8 @@ class SweepStudy(PipelineRecipe):
             raise ValueError(f"prune.drop must be the largest ratio ({self.ratios[-1]}): one scoring pass ranks them")
         if self.evaluate.suite is None:
             raise ValueError("evaluate.suite: name the suite whose settings every task is scored with")
-        if self.evaluate.probe_format == "chat" and self.shared_recipe("<pruned>").generate.chat_template:
-            raise ValueError("evaluate.probe_format: leave it plain; with chat-formatted recovery data "
-                             "(generate.chat_template) the sweep scores the probes in chat format too")
+        shared = self.shared_recipe("<pruned>")
+        check_plain_probes(self.evaluate, shared)
         for label in self.arms or {}:
             if not label.replace("+", "").replace("-", "").replace("_", "").isalnum() or label in TAKEN:
                 raise ValueError(f"arm label '{label}': letters, digits, '+', '-' and '_' only, and none of "
@@ -113,16 +113,16 @@ class SweepStudy(PipelineRecipe):
                 self.arm_recipe(label, "<pruned>")
             except ValidationError as exc:
                 raise ValueError(validation_message(exc, f"arm '{label}'")) from None
-        self._check_lr_grid()
+        self._check_lr_grid(shared)
         return self
 
-    def _check_lr_grid(self) -> None:
+    def _check_lr_grid(self, shared: RecoverRecipe) -> None:
         if self.lr_grid and self.arms is None:
             raise ValueError("lr_grid: name the recovery methods in arms (a grid is given per arm)")
         if self.lr_at is not None and (not self.lr_grid or self.lr_at not in self.ratios):
             raise ValueError(f"lr_at: one of ratios ({', '.join(map(str, self.ratios))}), with an lr_grid")
         check_lr_grid(self.lr_grid, self.arms or {}, lambda label: self.arm_recipe(label, "<pruned>"),
-                      self.shared_recipe("<pruned>").train.held_out)
+                      shared.train.held_out)
 
     @property
     def lr_k(self) -> int:

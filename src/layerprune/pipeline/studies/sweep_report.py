@@ -419,10 +419,8 @@ def write_sweep_report(study: Any, root: Path) -> Path:
     folders = evaluated(study, root)
     figures, matrices, kinds = sweep_figures(folders)
     arms = arm_names(study)
-    points = [point(study, figures, k, arm) for k in study.ratios if f"pruned-k{k}" in figures.labels for arm in arms]
-    controls = {arm: control_point(figures, arm) for arm in arms}
+    points, controls, pairs = arm_figures(study, figures)
     judged = {arm: verdicts(study, figures, [p for p in points if p.get("arm") == arm], arm) for arm in arms}
-    pairs = comparisons(figures, points, list(study.arms)) if study.arms else []
     depth = _depth(root)
     plot_retention(points, depth, root / "sweep.png")
     curves = loss_curves(study, root)
@@ -431,7 +429,7 @@ def write_sweep_report(study: Any, root: Path) -> Path:
     items = {t: int(m.shape[1]) for t, m in matrices.items()}
     unpaired = {t: why for t, why in kinds.items() if why.startswith("unpaired")}
     kept = records(root, folders)
-    chat, chat_text = chat_figures(study, root)
+    chat, chat_text = chat_figures(study, root, [t for t, kind in kinds.items() if kind == "generative"])
     one = study.arms is None
     (root / "sweep.json").write_text(json.dumps(paired_json({
         "points": points, "control": controls[None] if one else controls, "replicates": study.replicates,
@@ -475,19 +473,23 @@ def evaluated(study: Any, root: Path, evals: str = "eval") -> dict[str, Path]:
     return {m: root / evals / m for m in models(study) if (root / evals / m / SUMMARY_FILE).is_file()}
 
 
-def evaluated_generative(root: Path) -> list[str]:
-    """The generative tasks the original was scored on in plain format (its summary's headline rows)."""
-    from layerprune.evaluate.summary import read_summary
+def arm_figures(study: Any, figures: Figures) -> tuple[list[dict[str, Any]], dict[str | None, dict[str, Any] | None],
+                                                     list[dict[str, Any]]]:
+    """Every k's point per arm, each arm's k = 0 control and, with arms, the arms compared pairwise."""
+    from layerprune.pipeline.studies.sweep import arm_names
 
-    summary = read_summary(root / "eval" / "baseline" / SUMMARY_FILE)
-    return [r.task for r in summary.results if r.headline and r.kind == "generative"]
+    arms = arm_names(study)
+    points = [point(study, figures, k, arm) for k in study.ratios if f"pruned-k{k}" in figures.labels for arm in arms]
+    controls = {arm: control_point(figures, arm) for arm in arms}
+    return points, controls, comparisons(figures, points, list(study.arms)) if study.arms else []
 
 
-def chat_figures(study: Any, root: Path) -> tuple[dict[str, Any] | None, list[str]]:
+def chat_figures(study: Any, root: Path, plain_generative: list[str]) -> tuple[dict[str, Any] | None, list[str]]:
     """The probe levels scored through the chat template (eval-chat/<model>), as the plain figures are: per arm and
     k the scores, drop, retention and recovered share, the controls, the spread and the arms compared; (None, [])
-    where the recovery data is plain, (None, a line) where nothing was scored that way."""
-    from layerprune.pipeline.studies.sweep import arm_names, both_formats
+    where the recovery data is plain, (None, a line) where nothing was scored that way. `plain_generative`: the
+    generative tasks of the plain figures (GSM8K among them where it passed its gate)."""
+    from layerprune.pipeline.studies.sweep import both_formats
 
     if not both_formats(study):
         return None, []
@@ -497,12 +499,8 @@ def chat_figures(study: Any, root: Path) -> tuple[dict[str, Any] | None, list[st
                       "stages have not run)."]
     figures, matrices, _ = sweep_figures(folders)
     probes = list(matrices)
-    plain_more = bool(set(evaluated_generative(root)) - set(probes))
-    arms = arm_names(study)
-    points = [point(study, figures, k, arm) for k in study.ratios if f"pruned-k{k}" in figures.labels
-              for arm in arms]
-    controls = {arm: control_point(figures, arm) for arm in arms}
-    pairs = comparisons(figures, points, list(study.arms)) if study.arms else []
+    plain_more = bool(set(plain_generative) - set(probes))
+    points, controls, pairs = arm_figures(study, figures)
     data = {"points": points, "control": controls[None] if study.arms is None else controls, "comparisons": pairs,
             "records": records(root, folders)}
     text = ["## Probes through the chat template", "",
