@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from layerprune.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL_DEMO = ["--recipe", "demo", "--samples", "16", "--max-new-tokens", "48", "--max-steps", "6",
+SMALL_DEMO = ["--recipe", "demo", "--samples", "16", "--max-new-tokens", "32", "--max-steps", "3",
               "--train-eval-steps", "3", "--device", "cpu"]
 
 
