@@ -81,6 +81,33 @@ def test_importance_end_to_end_with_different_depths(tiny_models, tmp_path, caps
     assert "aligned by relative depth" in (out / "summary.md").read_text()
 
 
+def test_a_model_scored_before_on_the_same_items_is_read_from_the_cache_and_not_loaded(tiny_models, tmp_path,
+                                                                                      capsys, monkeypatch):
+    """The original of several variant studies is ablated once: a second analysis with it beside another model
+    reads its results (equal to the first run's) without loading it; other items or settings score it again."""
+    from layerprune.analyze import records
+
+    first, second = str(tiny_models("llama", 6)), str(tiny_models("llama", 4))
+    args = ["--tasks", "arithmetic,factual", "--samples", "3"]
+    assert run_cli(capsys, "importance", "--models", first, *args, "--output", str(tmp_path / "a"))[0] == 0
+    loaded: list[str] = []
+    real = records.load_model
+    monkeypatch.setattr(records, "load_model", lambda source, settings: loaded.append(source.spec) or
+                        real(source, settings))
+    code, _, err = run_cli(capsys, "importance", "--models", first, second, *args, "--output", str(tmp_path / "b"))
+    assert code == 0, err
+    assert loaded == [second]
+    a, b = (json.loads((tmp_path / d / "importance.json").read_text()) for d in "ab")
+    for task in ("arithmetic", "factual"):
+        assert b["tasks"][task]["llama-6"] == a["tasks"][task]["llama-6"]
+        assert list(b["tasks"][task]) == ["llama-6", "llama-4"]
+    assert b["models"]["llama-6"]["kept"] == ["arithmetic", "factual"] and b["models"]["llama-4"]["kept"] == []
+    code, _, err = run_cli(capsys, "importance", "--models", first, "--tasks", "arithmetic", "--samples", "4",
+                           "--output", str(tmp_path / "c"))
+    assert code == 0, err
+    assert loaded == [second, first]  # four items are not the three kept
+
+
 @pytest.mark.parametrize("metric", ["accuracy", "generate"])
 def test_importance_accuracy_metrics(tiny_llama, tmp_path, capsys, metric):
     out = tmp_path / "acc"

@@ -7,13 +7,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from layerprune.analyze import charts, metrics, stats
-from layerprune.analyze.records import Timer, loaded_models, resolve_models, run_record, write_json
+from layerprune.analyze import charts, importance_cache, metrics, stats
+from layerprune.analyze.records import Timer, clean_json, loaded_models, resolve_models, run_record, write_json
 from layerprune.analyze.schemas import ImportanceAnalysis
 from layerprune.analyze.tasks import ANALYSIS_TASKS, Task, TaskItem, task_items
 from layerprune.analyze.walk import GenerationPlan, ablate_blocks, ablate_generation, build_batches
 from layerprune.core.settings import RunSettings
-from layerprune.models import LoadedModel, find_decoder_stack
+from layerprune.models import LoadedModel, ModelSource, find_decoder_stack
 from layerprune.tasks.data import resolve_data_dir
 
 log = logging.getLogger(__name__)
@@ -95,22 +95,53 @@ def compare_tasks(per_task: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def collect_scores(config: ImportanceAnalysis, settings: RunSettings, timer: Timer) -> tuple[dict, dict]:
-    """Run every task on every model (one model in memory at a time)."""
+    """Run every task on every model (one model in memory at a time); a model's result on a task that the cache
+    keeps for the same weights, items and settings is read (analyze/importance_cache.py), and a model whose every
+    task is kept is not loaded."""
     data_dir = resolve_data_dir(config.data_dir)
     sources = resolve_models(config.models, settings)
     items = {task: task_items(task, config.samples, settings.seed, config.shots, data_dir) for task in config.tasks}
     results: dict[str, dict[str, Any]] = {task: {} for task in config.tasks}
     models: dict[str, Any] = {}
-    for label, loaded in loaded_models(sources, settings):
-        depth = len(find_decoder_stack(loaded.model))
-        models[label] = {"spec": loaded.source.spec, "source": vars(loaded.source), "depth": depth,
-                         "load_seconds": round(loaded.load_seconds, 2)}
+    for label, source in sources:
+        fingerprint = importance_cache.model_key(source, settings)
+        keys = {task: importance_cache.result_key(config, task, items[task], source.spec, settings)
+                for task in config.tasks}
+        kept = {task: importance_cache.kept_result(settings, fingerprint, task, keys[task]) for task in config.tasks}
+        missing = [task for task, result in kept.items() if result is None]
+        if missing:
+            models[label] = score_model(label, source, missing, items, config, settings, timer, results)
+            for task in missing:
+                importance_cache.keep_result(settings, fingerprint, task, keys[task], results[task][label])
+        else:
+            models[label] = {"spec": source.spec, "source": vars(source),
+                             "depth": next(iter(kept.values()))["depth"], "load_seconds": 0.0}  # type: ignore[index]
+        models[label]["kept"] = sorted(set(config.tasks) - set(missing))
         for task in config.tasks:
+            if kept[task] is not None:
+                log.info("importance: %s on %s kept in the cache (the same weights, items and settings)", label, task)
+                results[task][label] = kept[task]
+    for task in config.tasks:  # the models in the order asked, whichever came from the cache
+        results[task] = {label: results[task][label] for label in models}
+    return models, results
+
+
+def score_model(label: str, source: ModelSource, tasks: list[str], items: dict[str, list[TaskItem]],
+                config: ImportanceAnalysis, settings: RunSettings, timer: Timer,
+                results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Load one model, measure it on `tasks` into `results` (as JSON keeps them), free it; its record in the
+    report."""
+    for _, loaded in loaded_models([(label, source)], settings):
+        depth = len(find_decoder_stack(loaded.model))
+        for task in tasks:
             log.info("importance: %s on %s (%d blocks, %d items, %s)", label, task, depth, len(items[task]),
                      config.metric)
             with timer(f"{label}/{task}"):
-                results[task][label] = measure_block_importance(loaded, task, items[task], config, settings.seed)
-    return models, results
+                results[task][label] = clean_json(measure_block_importance(loaded, task, items[task], config,
+                                                                           settings.seed))
+        record = {"spec": loaded.source.spec, "source": vars(loaded.source), "depth": depth,
+                  "load_seconds": round(loaded.load_seconds, 2)}
+    return record
 
 
 def analyze_importance(config: ImportanceAnalysis, settings: RunSettings, out: Path) -> dict[str, Any]:
@@ -172,6 +203,10 @@ def importance_summary(report: dict[str, Any]) -> str:
         lines += [f"- {pair}: Spearman {_fmt(v['spearman'])}, critical-set Jaccard {_fmt(v['critical_jaccard'])}"
                   for pair, v in across["pairs"].items()]
         lines.append("")
+    kept = {label: m["kept"] for label, m in report["models"].items() if m.get("kept")}
+    if kept:
+        lines += ["Read from the cache (the same weights, items and settings scored before): " + "; ".join(
+            f"{label}: {', '.join(tasks)}" for label, tasks in kept.items()), ""]
     lines += ["## Task vs task (per model)", ""]
     for label, pairs in report["across_tasks"].items():
         for pair, v in pairs.items():
