@@ -182,3 +182,20 @@ def test_invariance_verdict_rules():
     assert invariance_verdict(moved, _agreement(0.97, None), None)["reasons"] == ["no positive control"]
     out = invariance_verdict(moved, _agreement(0.97, 0.95), _agreement(0.95, 0.92))
     assert out["verdict"] == "not shown" and "cannot fail" in out["reasons"][0]
+
+
+def test_a_model_without_drops_is_not_compared_and_gets_no_verdict():
+    """Below min_base_score the analysis gives no drops and an empty critical set: that is not 'no critical block',
+    so neither the Jaccard point (0 against anything) nor the resamples' interval is reported, and the verdict is
+    'not shown' even where the half-item ratios (which apply no floor) fall below the bar."""
+    from layerprune.analyze.agreement import invariance_verdict
+
+    a = correctness_result({1: list(range(20)), 3: list(range(10))})
+    floor = {**a, "drops": [None] * 4, "critical": [], "undefined": "full-model score 0.01 is below min_base_score"}
+    out = profile_agreement(a, floor, "mean", 0.2, resamples=100)
+    assert out["critical_jaccard"] is None and out["jaccard_interval"] is None and out["spearman_interval"] is None
+    assert "below min_base_score" in out["undefined"]
+    moved, control = {"shift": 0.3, "interval": [0.2, 0.4]}, _agreement(0.1, 0.2)
+    assert invariance_verdict(moved, _agreement(0.2, 0.3), control)["verdict"] == "different"
+    out = invariance_verdict(moved, _agreement(0.2, 0.3), control, undefined=["variant: below the floor"])
+    assert out == {"verdict": "not shown", "reasons": ["no drops to compare: variant: below the floor"]}

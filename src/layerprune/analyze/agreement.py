@@ -63,10 +63,15 @@ def profile_agreement(first: dict[str, Any], second: dict[str, Any], kind: Score
     spearmans = [resample_spearman(x, y) for x, y in zip(drops_a, drops_b, strict=True)]
     jaccards = [metrics.jaccard(np.flatnonzero(x > threshold).tolist(), np.flatnonzero(y > threshold).tolist())
                 for x, y in zip(drops_a, drops_b, strict=True)]
-    point = None
-    if all(d is not None for d in first["drops"]) and all(d is not None for d in second["drops"]):
-        point = metrics.spearman(first["drops"], second["drops"])
-    return {"spearman": point, "spearman_interval": interval(spearmans, alpha),  # type: ignore[arg-type]
+    undefined = [r["undefined"] for r in (first, second) if r.get("undefined")]
+    if undefined or not all(d is not None for d in [*first["drops"], *second["drops"]]):
+        # a model below the analysis's min_base_score has no drops and so no critical set: nothing to compare (its
+        # empty set is not a set of 0 critical blocks), however the resamples fall
+        return {"spearman": None, "spearman_interval": None, "critical_jaccard": None, "jaccard_interval": None,
+                "critical": [first["critical"], second["critical"]], "resamples": resamples, "alpha": alpha,
+                "undefined": "; ".join(undefined) or "undefined drops", "defined_resamples": None}
+    return {"spearman": metrics.spearman(first["drops"], second["drops"]),
+            "spearman_interval": interval(spearmans, alpha),  # type: ignore[arg-type]
             "critical_jaccard": metrics.jaccard(first["critical"], second["critical"]),
             "jaccard_interval": interval(jaccards, alpha),  # type: ignore[arg-type]
             "critical": [first["critical"], second["critical"]], "resamples": resamples, "alpha": alpha,
@@ -216,14 +221,20 @@ def score_shift(original: Matrix, variant: Matrix, kind: Score, resamples: int =
 
 
 def invariance_verdict(shift: dict[str, Any] | None, agreement: dict[str, Any], control: dict[str, Any] | None,
-                       min_shift: float = 0.10, bar: float = 0.9) -> dict[str, Any]:
+                       min_shift: float = 0.10, bar: float = 0.9, undefined: list[str] | None = None
+                       ) -> dict[str, Any]:
     """'invariant', 'different' or 'not shown', with the reasons.
+
+    `undefined`: why either model has no drops on the task (its full score below the analysis's min_base_score):
+    then 'not shown', whatever the half-item agreements say (they do not apply that floor).
 
     `agreement` and `control` are relative_agreement results (the variant's and the positive control's against
     the original); `shift` is score_shift on the target task. 'different': a defined ratio (Spearman or Jaccard)
     below `bar`. Otherwise 'not shown' unless all of: the target score moved by at least `min_shift` (a fraction:
     0.10 is 10 points) with its interval on the same side of 0; a defined ratio at or above the bar; and the
     control below the bar on at least one measure (the comparison can fail). Else 'invariant'."""
+    if undefined:
+        return {"verdict": "not shown", "reasons": [f"no drops to compare: {why}" for why in undefined]}
     ratios = {m: agreement[m]["ratio"] for m in MEASURES if agreement[m]["ratio"] is not None}
     below = sorted(m for m, r in ratios.items() if r < bar)
     if below:

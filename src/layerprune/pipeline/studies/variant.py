@@ -304,7 +304,10 @@ def compare(study: VariantStudy, report: dict[str, Any], seed: int, control: tup
             c = per_item(next(iter(scored["tasks"][task].values())), kind)
             row["control"] = relative_agreement(kept, c, kind, threshold, study.splits, study.resamples,
                                                 study.alpha, seed)
-        row["verdict"] = invariance_verdict(shift, row["relative"], row["control"], study.min_shift, study.bar)
+        undefined = [f"{role}: {r['undefined']}" for role, r in (("original", original), ("variant", variant))
+                     if r.get("undefined")]
+        row["verdict"] = invariance_verdict(shift, row["relative"], row["control"], study.min_shift, study.bar,
+                                            undefined)
         out[task] = row
     return {"target": shift, "control_block": control[0] if control else None, "tasks": out}
 
