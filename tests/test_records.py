@@ -156,3 +156,31 @@ def test_a_malformed_sample_file_is_refused_in_one_line_naming_its_line(tmp_path
     with pytest.raises(LayerpruneError, match=r"arc.jsonl:2: not valid JSON"):
         pack_records(run, tmp_path / "rec.tar.gz")
     assert not (tmp_path / "rec.tar.gz").exists()
+
+
+def test_an_importance_analysis_packs_its_per_item_scores_whatever_their_size_and_hashes_its_items(tmp_path,
+                                                                                                   monkeypatch):
+    """A variant study's evidence is importance.json (each item's score with every block skipped): packed whole even
+    over MAX_FILE, its items counted, the items' prompts and answers hashed; a run with neither kind of record is
+    refused."""
+    from layerprune.pipeline import records
+
+    run = tmp_path / "study"
+    (run / "importance").mkdir(parents=True)
+    result = {"drops": [0.5, 0.0], "critical": [0], "per_item": {
+        "prompts": [f"{SECRET} {i}" for i in range(3)], "answers": ["1", "2", "3"],
+        "base_item_nll": [0.1, 0.2, 0.3], "ablated_item_nll": [[1.0, 2.0, 3.0], [0.1, 0.2, 0.3]],
+        "base_item_correct": [True, True, False]}}
+    report = {"config": {"models": ["a", "b"]}, "tasks": {"t1": {"a": result, "b": result}, "t2": {"a": result}}}
+    (run / "importance" / "importance.json").write_text(json.dumps(report))
+    (run / "variant.md").write_text("# variant study\n")
+    monkeypatch.setattr(records, "MAX_FILE", 12)  # the report over it, the records far over it
+    packed = pack_records(run, tmp_path / "rec.tar.gz")
+    assert packed.items == 9 and packed.too_large == ("variant.md",)
+    kept = json.loads(_members(packed.archive)["importance/importance.json"])
+    assert SECRET.encode() not in _members(packed.archive)["importance/importance.json"]
+    assert kept["tasks"]["t1"]["a"]["per_item"]["ablated_item_nll"] == result["per_item"]["ablated_item_nll"]
+    assert kept["tasks"]["t1"]["a"]["per_item"]["prompts"][0].startswith("sha256:")
+    (run / "importance" / "importance.json").unlink()
+    with pytest.raises(LayerpruneError, match="no per-item records"):
+        pack_records(run, tmp_path / "other.tar.gz")

@@ -247,3 +247,27 @@ def test_probe_levels_are_importance_tasks_with_the_probe_gates_items():
     probes = generate_probes(probe_tasks()["arith_3d_sub"], 5, 0)
     assert [i.prompt for i in items] == [p.prompt for p in probes]
     assert [i.answer for i in items] == [p.answer.strip() for p in probes] and items[0].target.startswith(" ")
+
+
+def test_a_study_unpacked_elsewhere_reuses_its_analyses(tmp_path):
+    """Paths inside the study's folder compare by their place in it: the run unpacked from its records under another
+    folder is the same run; a path that differs there, another seed or another setting is not."""
+    import json
+    import shutil
+
+    from layerprune.core.settings import RunSettings
+    from layerprune.pipeline.studies.variant import made_alike
+
+    first = tmp_path / "first"
+    (first / "importance-control-b0").mkdir(parents=True)
+    config = {"models": [str(first / "control-b0")], "samples": 100, "data_dir": None}
+    (first / "importance-control-b0" / "importance.json").write_text(json.dumps(
+        {"config": config, "run": {"settings": {"seed": 0}}}))
+    moved = tmp_path / "elsewhere" / "study"
+    shutil.copytree(first, moved)
+    done = moved / "importance-control-b0" / "importance.json"
+    assert made_alike(done, {**config, "models": [str(moved / "control-b0")]}, RunSettings())
+    assert not made_alike(done, {**config, "models": [str(moved / "control-b1")]}, RunSettings())
+    assert not made_alike(done, {**config, "models": [str(moved / "control-b0")], "samples": 50}, RunSettings())
+    assert not made_alike(done, {**config, "models": [str(moved / "control-b0")]}, RunSettings(seed=1))
+    assert not made_alike(moved / "nmi" / "nmi.json", config, RunSettings())

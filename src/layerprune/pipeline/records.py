@@ -8,7 +8,9 @@ redo any paired comparison later.
   corpus metric such as BLEU logs its reference text per item: left out);
 - the run's JSON files (reports, summaries, lm-eval's results), each scrubbed (`scrub`): `configs` (a custom task's
   dataset) dropped, and the value of every key that holds data text (calibration items' prompts and answers, the
-  teacher's responses, ...) replaced by a hash of it;
+  teacher's responses, an importance analysis's item prompts and answers, ...) replaced by a hash of it; an
+  importance analysis's `importance.json` holds its per-item records (each item's score with every block skipped) and
+  is packed whatever its size;
 - its other small report files (Markdown, CSV, YAML, PNG); every kept file at most `MAX_FILE` bytes (the ones over it
   are listed, not packed); of a folder that holds model weights, only its `*report*.json`. Other JSONL files
   (teacher answers, generations: prompts and all) are left out.
@@ -39,7 +41,8 @@ SAMPLE_FIELDS = ("doc_id", "subtask", "filter", "metrics", "resps", "filtered_re
 # keys whose values are data text (a prune report's `target` is its --target, not data; lm-eval's per-item `target`
 # goes with the sample allowlist)
 TEXT_KEYS = frozenset({"text", "prompt", "answer", "question", "response", "instruction", "context", "completion",
-                       "doc", "arguments", "shots", "examples"})
+                       "doc", "arguments", "shots", "examples", "prompts", "answers"})
+ANALYSIS_RECORDS = "importance.json"  # `analyze importance`: every item's score with each block skipped, per model
 DROPPED_KEYS = frozenset({"configs"})  # lm-eval's task configs: a custom task carries its dataset inline
 
 
@@ -136,12 +139,22 @@ def _scrubbed(path: Path) -> bytes:
 
 
 def _member(path: Path) -> tuple[bytes, int]:
-    """A kept file's bytes in the archive, and its number of per-item samples."""
+    """A kept file's bytes in the archive, and its number of per-item records (lm-eval samples, or an importance
+    analysis's items per task and model)."""
     if _is_sample_file(path):
         return _stripped(path)
     if path.suffix == ".json":
-        return _scrubbed(path), 0
+        data = _scrubbed(path)
+        return data, _analysis_items(json.loads(data)) if path.name == ANALYSIS_RECORDS else 0
     return path.read_bytes(), 0
+
+
+def _analysis_items(report: Any) -> int:
+    """Items scored per task and model in an importance report (0: not one)."""
+    tasks = report.get("tasks") if isinstance(report, dict) else None
+    return sum(len((result.get("per_item") or {}).get("base_item_correct") or [])
+               for per_model in (tasks or {}).values() if isinstance(per_model, dict)
+               for result in per_model.values() if isinstance(result, dict))
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -159,8 +172,8 @@ def pack_records(run: Path, archive: Path, overwrite: bool = False) -> Packed:
     if archive.resolve().is_relative_to(run.resolve()):
         raise LayerpruneError(f"{archive} is inside the run {run}; write it elsewhere")
     samples, others = record_files(run)
-    if not samples:
-        raise LayerpruneError(f"{run}: no per-item samples ({SAMPLES_DIR}/*.jsonl) to pack")
+    if not samples and not any(path.name == ANALYSIS_RECORDS for path in others):
+        raise LayerpruneError(f"{run}: no per-item records ({SAMPLES_DIR}/*.jsonl or {ANALYSIS_RECORDS}) to pack")
     buffer, items, too_large = io.BytesIO(), 0, []
     with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as zipped, tarfile.open(fileobj=zipped, mode="w") as tar:
         for path in sorted([*samples, *others]):

@@ -167,6 +167,29 @@ def make_variant(study: VariantStudy, settings: RunSettings, root: Path) -> Path
     return target
 
 
+def made_alike(done: Path, config: dict[str, Any], settings: RunSettings) -> bool:
+    """Whether the analysis in `done` (importance.json, nmi.json) was made by `config` and the run's seed. Paths
+    inside the study's folder compare by their place in it, so a run unpacked from its records elsewhere
+    (`layerprune records unpack`) is the same run."""
+    import json
+
+    if not done.is_file():
+        return False
+    made = json.loads(done.read_text())
+    root = done.parent.parent
+    return _alike(made["config"], config, f"{root}/") and made["run"]["settings"].get("seed") == settings.seed
+
+
+def _alike(made: Any, now: Any, root: str) -> bool:
+    if isinstance(now, dict):
+        return isinstance(made, dict) and made.keys() == now.keys() and all(_alike(made[k], now[k], root) for k in now)
+    if isinstance(now, list):
+        return isinstance(made, list) and len(made) == len(now) and all(map(_alike, made, now, [root] * len(now)))
+    if isinstance(now, str) and isinstance(made, str) and now.startswith(root):
+        return made == now or made.endswith("/" + now[len(root):])
+    return bool(made == now)
+
+
 def score_models(config: ImportanceAnalysis, settings: RunSettings, target: Path) -> dict[str, Any]:
     """target/importance.json for this config and seed: read when it is there, else (re)made."""
     import json
@@ -175,8 +198,7 @@ def score_models(config: ImportanceAnalysis, settings: RunSettings, target: Path
     from layerprune.core.outputs import atomic_output_dir
 
     done = target / "importance.json"
-    if not done.is_file() or json.loads(done.read_text())["config"] != config.model_dump(mode="json") \
-            or json.loads(done.read_text())["run"]["settings"].get("seed") != settings.seed:
+    if not made_alike(done, config.model_dump(mode="json"), settings):
         with atomic_output_dir(target, overwrite=True) as tmp:  # missing, or made with other settings: (re)made
             analyze_importance(config, settings, tmp)
     return json.loads(done.read_text())
@@ -200,8 +222,7 @@ def score_nmi(study: VariantStudy, settings: RunSettings, root: Path, variant: P
     for role, model in (("original", study.model), ("variant", str(variant))):
         config = study.nmi_config(model, root / "importance" / "importance.json", task)
         done = root / f"nmi-{role}" / "nmi.json"
-        if not done.is_file() or json.loads(done.read_text())["config"] != config.model_dump(mode="json") \
-                or json.loads(done.read_text())["run"]["settings"].get("seed") != settings.seed:
+        if not made_alike(done, config.model_dump(mode="json"), settings):
             with atomic_output_dir(done.parent, overwrite=True) as tmp:
                 analyze_nmi(config, settings, tmp)
         out[role] = json.loads(done.read_text())
