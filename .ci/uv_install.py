@@ -1,63 +1,63 @@
 """`python .ci/uv_install.py VENV [uv pip install arguments]`: install into VENV with uv, as pip would there.
 
-The Makefile's installs go through uv (about 7x faster than pip here: the venv's packages in ~10 s instead of ~70 s).
-uv reads its own settings, not pip's, so the indexes, find-links and constraints that pip is configured with on this
-machine (its config files and PIP_* variables, as `pip config list` shows them) are handed to uv, and uv resolves
-across all indexes the way pip does (unsafe-best-match: the best version wherever it is), so both install the same
-versions. `--uninstall` runs `uv pip uninstall` instead. uv itself comes from pip, into VENV.
+The Makefile's installs go through uv (about 6x faster than pip here: the venv's packages in ~12 s instead of ~70 s).
+uv reads its own settings, not pip's, so the options pip would install with on this machine (its config files and
+PIP_* variables, resolved by pip itself: `[install]` over `[global]`, later files over earlier ones, the environment
+over both) are handed to uv, and uv resolves across all indexes the way pip does (unsafe-best-match: the best version
+wherever it is), so both install the same versions. `--uninstall` runs `uv pip uninstall` instead. uv itself comes
+from pip, into VENV, at the version pinned here.
 """
 
 from __future__ import annotations
 
-import ast
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-# pip's option -> (uv's variable, the separator uv reads in it)
-OPTIONS = {"index-url": ("UV_INDEX_URL", " "), "extra-index-url": ("UV_EXTRA_INDEX_URL", " "),
-           "find-links": ("UV_FIND_LINKS", ","), "constraint": ("UV_CONSTRAINT", " "),
-           "no-index": ("UV_NO_INDEX", " "), "cert": ("SSL_CERT_FILE", " ")}
+UV = "uv==0.13.9"
+# pip's own reading of its configuration for `pip install` (pip >= 20: create_command and its option names)
+PIP_OPTIONS = """
+import json
+from pip._internal.commands import create_command
+options, _ = create_command("install").parse_args([])
+print(json.dumps({name: getattr(options, name, None) for name in
+                  ("index_url", "extra_index_urls", "find_links", "constraints", "no_index", "cert")}))
+"""
 
 
-def pip_settings(pip: Path) -> dict[str, str]:
-    """pip's configured options (`pip config list`: files first, then its PIP_* variables, which win)."""
-    listed = subprocess.run([str(pip), "config", "list"], capture_output=True, text=True, check=True).stdout
-    found: dict[str, tuple[int, str]] = {}
-    for line in listed.splitlines():
-        key, _, raw = line.partition("=")
-        scope, _, option = key.rpartition(".")
-        if option not in OPTIONS or not raw:
-            continue
-        rank = 1 if scope == ":env:" else 0
-        if option not in found or rank >= found[option][0]:
-            found[option] = (rank, str(ast.literal_eval(raw)))
-    return {option: value for option, (_, value) in found.items()}
+def pip_options(python: Path | str) -> dict[str, object]:
+    """The index, find-links, constraints, no-index and cert options `pip install` would use under `python`."""
+    done = subprocess.run([str(python), "-c", PIP_OPTIONS], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def uv_environment(settings: dict[str, str]) -> dict[str, str]:
+def uv_environment(options: dict[str, object]) -> dict[str, str]:
+    """uv's variables for pip's options."""
     env = {"UV_INDEX_STRATEGY": "unsafe-best-match"}
-    for option, value in settings.items():
-        name, separator = OPTIONS[option]
-        if option == "no-index":
-            if value.lower() in ("1", "true", "yes", "on"):
-                env[name] = "true"
-        else:
-            env[name] = separator.join(value.split())
+    if options.get("index_url"):
+        env["UV_INDEX_URL"] = str(options["index_url"])
+    for key, name, separator in (("extra_index_urls", "UV_EXTRA_INDEX_URL", " "), ("find_links", "UV_FIND_LINKS", ","),
+                                 ("constraints", "UV_CONSTRAINT", " ")):
+        if values := [str(v) for v in options.get(key) or []]:  # type: ignore[union-attr]
+            env[name] = separator.join(values)
+    if options.get("no_index"):
+        env["UV_NO_INDEX"] = "true"
+    if options.get("cert"):
+        env["SSL_CERT_FILE"] = str(options["cert"])
     return env
 
 
 def main(argv: list[str]) -> int:
     venv, args = Path(argv[0]), argv[1:]
-    pip, uv = venv / "bin" / "pip", venv / "bin" / "uv"
+    python, uv = venv / "bin" / "python", venv / "bin" / "uv"
     if not uv.is_file():
-        subprocess.run([str(pip), "install", "-q", "uv"], check=True)
-    env = {**os.environ, **uv_environment(pip_settings(pip))}
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", UV], check=True)
+    env = {**os.environ, **uv_environment(pip_options(python))}
     verb = ["uninstall"] if args[:1] == ["--uninstall"] else ["install", "-q"]
     rest = args[1:] if verb == ["uninstall"] else args
-    command = [str(uv), "pip", *verb, "--python", str(venv / "bin" / "python"), *rest]
-    return subprocess.run(command, env=env).returncode
+    return subprocess.run([str(uv), "pip", *verb, "--python", str(python), *rest], env=env).returncode
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
-"""The Makefile's installs go through uv with pip's configuration handed on (.ci/uv_install.py)."""
+"""The Makefile's installs go through uv with the options pip would install with handed on (.ci/uv_install.py)."""
 
 from __future__ import annotations
 
 import importlib.util
-import stat
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,32 +16,26 @@ def _module():
     return module
 
 
-def _fake_pip(tmp_path: Path, listed: str) -> Path:
-    pip = tmp_path / "pip"
-    pip.write_text(f"#!/bin/sh\ncat <<'END'\n{listed}\nEND\n")
-    pip.chmod(pip.stat().st_mode | stat.S_IEXEC)
-    return pip
-
-
-def test_pips_indexes_links_and_constraints_reach_uv_and_its_environment_wins(tmp_path):
+def test_uv_gets_the_options_pip_itself_resolves_install_over_global_and_the_environment_over_files(tmp_path,
+                                                                                                  monkeypatch):
     uv = _module()
-    pip = _fake_pip(tmp_path, "\n".join([
-        ":env:.find-links='/opt/wheels'",
-        "global.constraint='/etc/xdg/pip/constraints.txt'",
-        "global.extra-index-url='file:///a/simple file:///b/simple'",
-        "global.find-links='/elsewhere /more'",
-        "global.timeout='60'",
-        "user.no-index='false'",
-    ]))
-    env = uv.uv_environment(uv.pip_settings(pip))
-    assert env == {"UV_INDEX_STRATEGY": "unsafe-best-match", "UV_FIND_LINKS": "/opt/wheels",
-                   "UV_CONSTRAINT": "/etc/xdg/pip/constraints.txt",
-                   "UV_EXTRA_INDEX_URL": "file:///a/simple file:///b/simple"}
+    config = tmp_path / "pip.conf"
+    config.write_text("[global]\nindex-url = https://global.example/simple\nextra-index-url = file:///x/simple "
+                      "file:///y/simple\nfind-links = /from-file\n\n[install]\nindex-url = https://install.example/simple"
+                      "\n\n[download]\nindex-url = https://download.example/simple\n")
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(config))  # read last: its keys win over the machine's files
+    monkeypatch.setenv("PIP_FIND_LINKS", "/from-env /more")
+    monkeypatch.delenv("PIP_INDEX_URL", raising=False)
+    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+    env = uv.uv_environment(uv.pip_options(sys.executable))
+    assert env["UV_INDEX_URL"] == "https://install.example/simple"
+    assert env["UV_EXTRA_INDEX_URL"] == "file:///x/simple file:///y/simple"
+    assert env["UV_FIND_LINKS"] == "/from-env,/more" and env["UV_INDEX_STRATEGY"] == "unsafe-best-match"
 
 
-def test_several_find_links_are_comma_separated_for_uv_and_no_index_carries(tmp_path):
+def test_no_index_and_constraints_carry_and_unset_options_stay_unset():
     uv = _module()
-    pip = _fake_pip(tmp_path, "global.find-links='/one /two'\nsite.no-index='1'\nglobal.index-url='https://x/simple'")
-    env = uv.uv_environment(uv.pip_settings(pip))
-    assert env["UV_FIND_LINKS"] == "/one,/two" and env["UV_NO_INDEX"] == "true"
-    assert env["UV_INDEX_URL"] == "https://x/simple"
+    env = uv.uv_environment({"index_url": None, "extra_index_urls": [], "find_links": ["/w"], "constraints": ["/c1",
+                             "/c2"], "no_index": True, "cert": None})
+    assert env == {"UV_INDEX_STRATEGY": "unsafe-best-match", "UV_FIND_LINKS": "/w", "UV_CONSTRAINT": "/c1 /c2",
+                   "UV_NO_INDEX": "true"}
