@@ -173,6 +173,33 @@ def test_the_critical_control_block_is_the_largest_drop_on_the_target():
         control_block(study, report)
 
 
+def test_a_living_control_drops_the_largest_drop_whose_removal_keeps_the_original_above_the_floor():
+    """variant-math-embedded's control (the original without block 0) scored 1e-7 to 6e-4 on every task: a collapsed
+    model, whose profile disagrees with anything. 'critical-alive' passes over such blocks."""
+    from layerprune.pipeline.studies.variant import VariantStudy, control_block
+
+    study = VariantStudy.model_validate({"name": "s", "variant": {"recipe": "variant-sft-gsm8k"},
+                                         "target": "arithmetic", "importance": {"tasks": ["arithmetic", "factual"]},
+                                         "control": {}})
+    report = {"config": {"min_base_score": 0.05}, "tasks": {
+        "arithmetic": {"m": {"drops": [0.99, 0.5, 0.3], "scores": [0.001, 0.2, 0.3], "depth": 3}},
+        "factual": {"m": {"drops": [0.9, 0.8, 0.1], "scores": [0.01, 0.01, 0.4], "depth": 3}}}}
+    assert control_block(study, report) == 0
+    study.control.skip_block = "critical-alive"
+    assert control_block(study, report) == 2  # block 1 keeps arithmetic alive but not factual
+
+
+def test_a_collapsed_control_cannot_show_that_the_comparison_can_fail():
+    from layerprune.analyze.agreement import invariance_verdict
+
+    agree = {"spearman": {"ratio": 0.97}, "jaccard": {"ratio": 0.95}}
+    control = {"spearman": {"ratio": 0.05}, "jaccard": {"ratio": 0.3}}
+    moved = {"shift": 0.3, "interval": [0.2, 0.4]}
+    assert invariance_verdict(moved, agree, control)["verdict"] == "invariant"
+    out = invariance_verdict(moved, agree, control, control_undefined="full-model score 1e-07 is below 0.05")
+    assert out["verdict"] == "not shown" and "positive control has no drops" in out["reasons"][0]
+
+
 def test_the_control_may_drop_a_block_prune_protects(tiny_llama, tmp_path):
     """The critical block is often block 0, which prune protects by default: the control names its block itself."""
     import json

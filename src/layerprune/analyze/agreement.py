@@ -55,6 +55,13 @@ def resample_spearman(a: np.ndarray, b: np.ndarray) -> float | None:
 def profile_agreement(first: dict[str, Any], second: dict[str, Any], kind: Score, threshold: float,
                       resamples: int = 1000, alpha: float = 0.05, seed: int = 0) -> dict[str, Any]:
     """Spearman of the two drop profiles and Jaccard of their critical sets, each with a (1 - alpha) interval."""
+    undefined = [r["undefined"] for r in (first, second) if r.get("undefined")]
+    if undefined or not all(d is not None for d in [*first["drops"], *second["drops"]]):
+        # a model below the analysis's min_base_score has no drops and so no critical set: nothing to compare (its
+        # empty set is not a set of 0 critical blocks), however the resamples fall
+        return {"spearman": None, "spearman_interval": None, "critical_jaccard": None, "jaccard_interval": None,
+                "critical": [first["critical"], second["critical"]], "resamples": resamples, "alpha": alpha,
+                "undefined": "; ".join(undefined) or "undefined drops", "defined_resamples": None}
     a, b = per_item(first, kind), per_item(second, kind)
     if a[0].shape != b[0].shape or a[1].shape != b[1].shape:
         raise ValueError(f"profiles of different shapes: {a[1].shape} and {b[1].shape} (same items and depth needed)")
@@ -63,13 +70,6 @@ def profile_agreement(first: dict[str, Any], second: dict[str, Any], kind: Score
     spearmans = [resample_spearman(x, y) for x, y in zip(drops_a, drops_b, strict=True)]
     jaccards = [metrics.jaccard(np.flatnonzero(x > threshold).tolist(), np.flatnonzero(y > threshold).tolist())
                 for x, y in zip(drops_a, drops_b, strict=True)]
-    undefined = [r["undefined"] for r in (first, second) if r.get("undefined")]
-    if undefined or not all(d is not None for d in [*first["drops"], *second["drops"]]):
-        # a model below the analysis's min_base_score has no drops and so no critical set: nothing to compare (its
-        # empty set is not a set of 0 critical blocks), however the resamples fall
-        return {"spearman": None, "spearman_interval": None, "critical_jaccard": None, "jaccard_interval": None,
-                "critical": [first["critical"], second["critical"]], "resamples": resamples, "alpha": alpha,
-                "undefined": "; ".join(undefined) or "undefined drops", "defined_resamples": None}
     return {"spearman": metrics.spearman(first["drops"], second["drops"]),
             "spearman_interval": interval(spearmans, alpha),  # type: ignore[arg-type]
             "critical_jaccard": metrics.jaccard(first["critical"], second["critical"]),
@@ -221,12 +221,13 @@ def score_shift(original: Matrix, variant: Matrix, kind: Score, resamples: int =
 
 
 def invariance_verdict(shift: dict[str, Any] | None, agreement: dict[str, Any], control: dict[str, Any] | None,
-                       min_shift: float = 0.10, bar: float = 0.9, undefined: list[str] | None = None
-                       ) -> dict[str, Any]:
+                       min_shift: float = 0.10, bar: float = 0.9, undefined: list[str] | None = None,
+                       control_undefined: str | None = None) -> dict[str, Any]:
     """'invariant', 'different' or 'not shown', with the reasons.
 
     `undefined`: why either model has no drops on the task (its full score below the analysis's min_base_score):
-    then 'not shown', whatever the half-item agreements say (they do not apply that floor).
+    then 'not shown', whatever the half-item agreements say (they do not apply that floor). `control_undefined`: the
+    same of the positive control, which then shows nothing (a collapsed model disagrees with anything).
 
     `agreement` and `control` are relative_agreement results (the variant's and the positive control's against
     the original); `shift` is score_shift on the target task. 'different': a defined ratio (Spearman or Jaccard)
@@ -251,6 +252,9 @@ def invariance_verdict(shift: dict[str, Any] | None, agreement: dict[str, Any], 
                            f"; needs >= {100 * min_shift:g} with the interval off 0")
     if control is None:
         reasons.append("no positive control")
+    elif control_undefined:
+        reasons.append(f"the positive control has no drops ({control_undefined}): it cannot show that the comparison "
+                       "can fail")
     elif not any(control[m]["ratio"] is not None and control[m]["ratio"] < bar for m in MEASURES):
         reasons.append(f"the positive control is not below {bar:g} (the comparison cannot fail)")
     return {"verdict": "not shown" if reasons else "invariant", "reasons": reasons}

@@ -55,9 +55,11 @@ class ControlSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    skip_block: Literal["critical"] | int = Field(
+    skip_block: Literal["critical", "critical-alive"] | int = Field(
         "critical", description="The original's block dropped to make the control (compared with the original on "
-        "the remaining blocks): 'critical' (the largest drop on the target task) or a block index")
+        "the remaining blocks): 'critical' (the largest drop on the target task), 'critical-alive' (the largest "
+        "drop among the blocks whose removal leaves the original above the analysis's min_base_score on every "
+        "task, so the control has drops to compare) or a block index")
 
 
 class VariantStudy(BaseModel):
@@ -259,11 +261,20 @@ def control_block(study: VariantStudy, report: dict[str, Any]) -> int:
             raise LayerpruneError(f"control.skip_block {study.control.skip_block} is past the original's "
                                   f"{original['depth']} blocks")
         return study.control.skip_block
-    drops = [(d, b) for b, d in enumerate(original["drops"]) if d is not None]
+    alive = alive_blocks(report) if study.control.skip_block == "critical-alive" else set(range(original["depth"]))
+    drops = [(d, b) for b, d in enumerate(original["drops"]) if d is not None and b in alive]
     if not drops:
-        raise LayerpruneError(f"the original's drops on {task} are undefined: no critical block to drop for the "
-                              "control")
+        raise LayerpruneError(f"the original's drops on {task} are undefined or every block's removal leaves it "
+                              "below the floor: no critical block to drop for the control")
     return max(drops)[1]
+
+
+def alive_blocks(report: dict[str, Any]) -> set[int]:
+    """The blocks without which the original still scores at least min_base_score on every task it is defined on."""
+    floor = report["config"]["min_base_score"]
+    originals = [next(iter(per_model.values())) for per_model in report["tasks"].values()]
+    return {b for b in range(originals[0]["depth"])
+            if all(r["scores"][b] >= floor for r in originals if not r.get("undefined"))}
 
 
 def make_control(study: VariantStudy, settings: RunSettings, root: Path, block: int) -> Path:
@@ -327,8 +338,10 @@ def compare(study: VariantStudy, report: dict[str, Any], seed: int, control: tup
                                                 study.alpha, seed)
         undefined = [f"{role}: {r['undefined']}" for role, r in (("original", original), ("variant", variant))
                      if r.get("undefined")]
+        dead = next(iter(control[1]["tasks"][task].values())).get("undefined") if control is not None else None
         row["verdict"] = invariance_verdict(shift, row["relative"], row["control"], study.min_shift, study.bar,
-                                            undefined)
+                                            undefined, dead)
+        row["control_undefined"] = dead
         out[task] = row
     return {"target": shift, "control_block": control[0] if control else None, "tasks": out}
 
@@ -422,9 +435,12 @@ def verdict_lines(study: VariantStudy, result: dict[str, Any]) -> list[str]:
     else:
         lines.append(f"Target {shift['task']}: {_fmt(shift['before'])} -> {_fmt(shift['after'])}, shift "
                      f"{_fmt(shift['shift'], shift['interval'])} (paired, unablated models).")
+    dead = [task for task, row in result["tasks"].items() if row.get("control_undefined")]
     lines.append("Control: none." if block is None else
                  f"Control: the original with block {block} dropped (control-b{block}/), compared with the original on "
-                 "the other blocks.")
+                 "the other blocks." + (f" It is below the analysis's floor on {len(dead)} of {len(result['tasks'])} "
+                                        "tasks (a collapsed model, with no drops there): its ratios on those show "
+                                        "nothing, and no verdict rests on them." if dead else ""))
     lines += ["", "| task | Spearman: agreement / ceiling = ratio | Jaccard: agreement / ceiling = ratio | "
               "control Spearman | control Jaccard | verdict |", "|---|---|---|---|---|---|"]
     for task, row in result["tasks"].items():
@@ -444,7 +460,9 @@ def dry_run(study: VariantStudy, settings: RunSettings) -> str:
     if study.control is not None:
         block = study.control.skip_block
         which = f"block {block}" if isinstance(block, int) else \
-            f"its most critical block (the largest drop on {study.target or 'the first task'})"
+            f"its most critical block (the largest drop on {study.target or 'the first task'}" + \
+            (", among blocks whose removal keeps it above the floor on every task)" if block == "critical-alive"
+             else ")")
         lines.append(f"control: the original with {which} dropped, its importance on the same items, compared with "
                      "the original on the other blocks")
     lines.append(f"verdict: target {study.target or 'none (never invariant)'}; invariant needs a shift >= "
