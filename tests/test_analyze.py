@@ -87,16 +87,18 @@ def test_a_model_scored_before_on_the_same_items_is_read_from_the_cache_and_not_
     reads its results (equal to the first run's) without loading it; other items or settings score it again."""
     from layerprune.analyze import records
 
+    monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))  # its own: no other test's result is kept there
     first, second = str(tiny_models("llama", 6)), str(tiny_models("llama", 4))
     args = ["--tasks", "arithmetic,factual", "--samples", "3"]
-    assert run_cli(capsys, "importance", "--models", first, *args, "--output", str(tmp_path / "a"))[0] == 0
     loaded: list[str] = []
     real = records.load_model
     monkeypatch.setattr(records, "load_model", lambda source, settings: loaded.append(source.spec) or
                         real(source, settings))
+    assert run_cli(capsys, "importance", "--models", first, *args, "--output", str(tmp_path / "a"))[0] == 0
+    assert loaded == [first]
     code, _, err = run_cli(capsys, "importance", "--models", first, second, *args, "--output", str(tmp_path / "b"))
     assert code == 0, err
-    assert loaded == [second]
+    assert loaded == [first, second]
     a, b = (json.loads((tmp_path / d / "importance.json").read_text()) for d in "ab")
     for task in ("arithmetic", "factual"):
         assert b["tasks"][task]["llama-6"] == a["tasks"][task]["llama-6"]
@@ -105,7 +107,7 @@ def test_a_model_scored_before_on_the_same_items_is_read_from_the_cache_and_not_
     code, _, err = run_cli(capsys, "importance", "--models", first, "--tasks", "arithmetic", "--samples", "4",
                            "--output", str(tmp_path / "c"))
     assert code == 0, err
-    assert loaded == [second, first]  # four items are not the three kept
+    assert loaded == [first, second, first]  # four items are not the three kept
 
 
 @pytest.mark.parametrize("metric", ["accuracy", "generate"])

@@ -298,3 +298,8 @@ def test_a_study_unpacked_elsewhere_reuses_its_analyses(tmp_path):
     assert not made_alike(done, {**config, "models": [str(moved / "control-b0")], "samples": 50}, RunSettings())
     assert not made_alike(done, {**config, "models": [str(moved / "control-b0")]}, RunSettings(seed=1))
     assert not made_alike(moved / "nmi" / "nmi.json", config, RunSettings())
+    two = {**config, "models": [str(first / "control-b0"), "/elsewhere/x/control-b1"]}  # made in two places at once
+    (moved / "importance-control-b0" / "importance.json").write_text(json.dumps(
+        {"config": two, "run": {"settings": {"seed": 0}}}))
+    assert not made_alike(done, {**config, "models": [str(moved / "control-b0"), str(moved / "control-b1")]},
+                          RunSettings())

@@ -3,9 +3,10 @@
 weights on the same items with the same settings again (the original in each of several variant studies, the same
 control) reads it instead of ablating every block again, and loads no model whose every task is kept.
 
-The key is everything that can change the result: the items themselves (prompts and answers), every analysis setting
-but the model list, task list and where output goes, the model's own decoding, the run's seed, dtype and device, and
-the layerprune release."""
+The key is everything that can change the result: the weights (the folder's fingerprint) and, for a local model, its
+tokenizer and chat-template files; the items themselves (prompt, scored target, answer and aliases); every analysis
+setting but the model list, task list and where output goes; the model's own decoding; the run's seed, dtype and
+device; the layerprune release and this module's VERSION."""
 
 from __future__ import annotations
 
@@ -23,17 +24,29 @@ from layerprune.models import ModelSource
 from layerprune.models.identity import model_fingerprint
 
 FOLDER = "importance"
+VERSION = 1  # bump when the same items and settings would measure differently (within a release)
 NOT_IN_KEY = {"models", "tasks", "output", "overwrite", "data_dir", "dry_run", "tokenizers", "per_model"}
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "tokenizer.model", "vocab.json", "merges.txt")
+
+
 def model_key(source: ModelSource, settings: RunSettings) -> str:
-    """The weights' fingerprint (hashed once per file, memoised in the cache)."""
-    return model_fingerprint(source, settings.resolved_cache_dir())
+    """The weights' fingerprint (hashed once per file, memoised in the cache), with a local model's tokenizer files:
+    the tokens NLL scores and the prompts a chat template renders."""
+    digest = hashlib.sha256(model_fingerprint(source, settings.resolved_cache_dir()).encode())
+    folder = Path(source.location)
+    for name in TOKENIZER_FILES if folder.is_dir() else ():
+        if (folder / name).is_file():
+            digest.update(name.encode() + b"\0" + hashlib.sha256((folder / name).read_bytes()).digest())
+    return digest.hexdigest()
 
 
 def result_key(config: ImportanceAnalysis, task: str, items: list[TaskItem], spec: str, settings: RunSettings) -> str:
     """What can change one model's result on one task, hashed."""
-    body = {"task": task, "items": [[item.prompt, item.answer] for item in items],
+    body = {"task": task, "version": VERSION,
+            "items": [[item.prompt, item.target, item.answer, list(item.aliases)] for item in items],
             "analysis": config.model_dump(mode="json", exclude=NOT_IN_KEY),
             "decoding": config.decoding(spec).model_dump(mode="json"), "seed": settings.seed,
             "dtype": str(settings.resolved_dtype()), "device": settings.resolved_device().type,
@@ -56,6 +69,5 @@ def kept_result(settings: RunSettings, model: str, task: str, key: str) -> dict[
 
 
 def keep_result(settings: RunSettings, model: str, task: str, key: str, result: dict[str, Any]) -> None:
-    from layerprune.analyze.records import clean_json
-
-    write_atomic(_path(settings, model, task, key), json.dumps({"key": key, "result": clean_json(result)}))
+    """Keep one model's result on one task (already as JSON holds it), whole or not at all."""
+    write_atomic(_path(settings, model, task, key), json.dumps({"key": key, "result": result}))

@@ -183,6 +183,8 @@ def pack_records(run: Path, archive: Path, overwrite: bool = False) -> Packed:
                 continue
             items += count
             _add(tar, path.relative_to(run).as_posix(), data)
+    if items == 0:
+        raise LayerpruneError(f"{run}: its per-item records hold no item; nothing to pack")
     try:
         write_atomic(archive, buffer.getvalue())
     except OSError as exc:

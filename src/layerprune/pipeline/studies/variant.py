@@ -178,17 +178,24 @@ def made_alike(done: Path, config: dict[str, Any], settings: RunSettings) -> boo
     if not done.is_file():
         return False
     made = json.loads(done.read_text())
-    root = done.parent.parent
-    return _alike(made["config"], config, f"{root}/") and made["run"]["settings"].get("seed") == settings.seed
+    roots: set[str] = set()  # where the run was when it was made: one folder for every path inside it
+    alike = _alike(made["config"], config, f"{done.parent.parent}/", roots)
+    return alike and len(roots) <= 1 and made["run"]["settings"].get("seed") == settings.seed
 
 
-def _alike(made: Any, now: Any, root: str) -> bool:
+def _alike(made: Any, now: Any, root: str, roots: set[str]) -> bool:
     if isinstance(now, dict):
-        return isinstance(made, dict) and made.keys() == now.keys() and all(_alike(made[k], now[k], root) for k in now)
+        return isinstance(made, dict) and made.keys() == now.keys() and all(_alike(made[k], now[k], root, roots)
+                                                                         for k in now)
     if isinstance(now, list):
-        return isinstance(made, list) and len(made) == len(now) and all(map(_alike, made, now, [root] * len(now)))
-    if isinstance(now, str) and isinstance(made, str) and now.startswith(root):
-        return made == now or made.endswith("/" + now[len(root):])
+        return isinstance(made, list) and len(made) == len(now) and all(_alike(a, b, root, roots)
+                                                                        for a, b in zip(made, now, strict=True))
+    if isinstance(now, str) and isinstance(made, str) and now.startswith(root) and len(now) > len(root):
+        inside = now[len(root):]
+        if made != now and not made.endswith("/" + inside):
+            return False
+        roots.add(made[: len(made) - len(inside)])
+        return True
     return bool(made == now)
 
 
