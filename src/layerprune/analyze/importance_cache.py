@@ -21,15 +21,14 @@ from layerprune.core.outputs import write_atomic
 from layerprune.core.settings import RunSettings
 from layerprune.core.version import package_version
 from layerprune.models import ModelSource
-from layerprune.models.identity import model_fingerprint
+from layerprune.models.identity import Memo, file_sha256, model_fingerprint
 
 FOLDER = "importance"
 VERSION = 1  # bump when the same items and settings would measure differently (within a release)
 NOT_IN_KEY = {"models", "tasks", "output", "overwrite", "data_dir", "dry_run", "tokenizers", "per_model"}
-
-
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "tokenizer.model", "vocab.json", "merges.txt")
+_TOKENIZER_HASHES: Memo = {}  # the tokenizer files' hashes, for this process (as evaluate/cache.py's data files)
 
 
 def model_key(source: ModelSource, settings: RunSettings) -> str:
@@ -39,7 +38,7 @@ def model_key(source: ModelSource, settings: RunSettings) -> str:
     folder = Path(source.location)
     for name in TOKENIZER_FILES if folder.is_dir() else ():
         if (folder / name).is_file():
-            digest.update(name.encode() + b"\0" + hashlib.sha256((folder / name).read_bytes()).digest())
+            digest.update(f"{name}:{file_sha256(folder / name, _TOKENIZER_HASHES)}\n".encode())
     return digest.hexdigest()
 
 

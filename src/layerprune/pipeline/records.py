@@ -172,8 +172,6 @@ def pack_records(run: Path, archive: Path, overwrite: bool = False) -> Packed:
     if archive.resolve().is_relative_to(run.resolve()):
         raise LayerpruneError(f"{archive} is inside the run {run}; write it elsewhere")
     samples, others = record_files(run)
-    if not samples and not any(path.name == ANALYSIS_RECORDS for path in others):
-        raise LayerpruneError(f"{run}: no per-item records ({SAMPLES_DIR}/*.jsonl or {ANALYSIS_RECORDS}) to pack")
     buffer, items, too_large = io.BytesIO(), 0, []
     with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as zipped, tarfile.open(fileobj=zipped, mode="w") as tar:
         for path in sorted([*samples, *others]):
@@ -183,8 +181,9 @@ def pack_records(run: Path, archive: Path, overwrite: bool = False) -> Packed:
                 continue
             items += count
             _add(tar, path.relative_to(run).as_posix(), data)
-    if items == 0:
-        raise LayerpruneError(f"{run}: its per-item records hold no item; nothing to pack")
+    if items == 0:  # nothing is written
+        raise LayerpruneError(f"{run}: no per-item records ({SAMPLES_DIR}/*.jsonl or {ANALYSIS_RECORDS} with items) "
+                              "to pack")
     try:
         write_atomic(archive, buffer.getvalue())
     except OSError as exc:

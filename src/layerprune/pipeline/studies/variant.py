@@ -337,15 +337,16 @@ def compare(study: VariantStudy, report: dict[str, Any], seed: int, control: tup
                **profile_agreement(original, variant, kind, threshold, study.resamples, study.alpha, seed),
                "relative": relative_agreement(a, b, kind, threshold, study.splits, study.resamples, study.alpha,
                                               seed), "control": None}
+        dead = None
         if control is not None:
             block, scored = control
             kept = (a[0], np.delete(a[1], block, axis=0), a[2])
-            c = per_item(next(iter(scored["tasks"][task].values())), kind)
-            row["control"] = relative_agreement(kept, c, kind, threshold, study.splits, study.resamples,
-                                                study.alpha, seed)
+            result = next(iter(scored["tasks"][task].values()))
+            row["control"] = relative_agreement(kept, per_item(result, kind), kind, threshold, study.splits,
+                                                study.resamples, study.alpha, seed)
+            dead = result.get("undefined")
         undefined = [f"{role}: {r['undefined']}" for role, r in (("original", original), ("variant", variant))
                      if r.get("undefined")]
-        dead = next(iter(control[1]["tasks"][task].values())).get("undefined") if control is not None else None
         row["verdict"] = invariance_verdict(shift, row["relative"], row["control"], study.min_shift, study.bar,
                                             undefined, dead)
         row["control_undefined"] = dead
