@@ -50,6 +50,7 @@ from layerprune.tasks.data import iter_jsonl
 
 if TYPE_CHECKING:
     from layerprune.pipeline.stages import RunPaths
+    from layerprune.pipeline.studies.sweep import SweepStudy
 
 log = logging.getLogger(__name__)
 BUDGET_KEYS = ("max_steps", "batch_size", "grad_accum", "max_length", "epochs")
@@ -396,7 +397,7 @@ def run_arm(study: RecoveryStudy, settings: RunSettings, root: Path, name: str) 
     """Recover the pruned model with one replicate of an arm (at the grid's learning rate where it has one)."""
     label, replicate = split_label(name)
     recipe = study.arm_recipe(label, str(root / "pruned"), chosen_lr(study, root, label))
-    recover_replicate(study, settings, recipe, root / "arms" / name, root, replicate)
+    recover_replicate(recipe, root / "arms" / name, root, settings, replicate, data_dir_of(study))
 
 
 def run_control(study: RecoveryStudy, settings: RunSettings, root: Path, name: str) -> None:
@@ -406,7 +407,7 @@ def run_control(study: RecoveryStudy, settings: RunSettings, root: Path, name: s
         raise LayerpruneError(f"arm '{label}' has no k = 0 control: {NO_CONTROL}")
     student = control_student(study, settings, root)
     recipe = study.arm_recipe(label, str(student), chosen_lr(study, root, label))
-    recover_replicate(study, settings, recipe, root / "controls" / name, root, replicate)
+    recover_replicate(recipe, root / "controls" / name, root, settings, replicate, data_dir_of(study))
 
 
 def control_student(study: RecoveryStudy, settings: RunSettings, root: Path) -> Path:
@@ -416,14 +417,21 @@ def control_student(study: RecoveryStudy, settings: RunSettings, root: Path) -> 
     return original_as_student(study.model, settings, root / CONTROL_STUDENT)
 
 
-def recover_replicate(study: RecoveryStudy, settings: RunSettings, recipe: RecoverRecipe, output: Path, root: Path,
-                      replicate: int) -> None:
-    """One recovery run under replicate `replicate`'s seed (the run seed + replicate), sharing its teacher answers."""
+def recover_replicate(recipe: RecoverRecipe, output: Path, root: Path, settings: RunSettings, replicate: int,
+                      data_dir: Path | None) -> None:
+    """One recovery into `output` under replicate `replicate`'s seed (the run seed + replicate), sharing the teacher
+    answers kept in `root` (a recovery study's arms and controls, a sweep's points, and both lr searches). A run
+    stopped part-way resumes from its last checkpoint; an output left without a complete stage is replaced."""
     from layerprune.recover.job import RecoverJob
 
-    job = RecoverJob(output=output, settings=replicate_settings(settings, replicate), overwrite=True,
-                     data_dir=study.evaluate.data_dir or study.prune.data_dir)
-    recover_sharing_answers(recipe, job, root / teacher_answers(study.shared_recipe("<pruned>"), replicate))
+    job = RecoverJob(output=output, settings=replicate_settings(settings, replicate), overwrite=True, resume=True,
+                     data_dir=data_dir)
+    recover_sharing_answers(recipe, job, root / teacher_answers(recipe, replicate))
+
+
+def data_dir_of(study: RecoveryStudy | SweepStudy) -> Path | None:
+    """Where a study's recoveries read their prompts: the evaluation's data folder, else the prune's."""
+    return study.evaluate.data_dir or study.prune.data_dir
 
 
 def replicate_settings(settings: RunSettings, replicate: int) -> RunSettings:
@@ -446,7 +454,8 @@ def run_lr_search(study: RecoveryStudy, settings: RunSettings, root: Path, label
     """lr_search.search over the arm's grid on the pruned model; the chosen run becomes replicate 0 (arms/<label>/:
     the same recipe, seed and answers, kept, not redone)."""
     def train(rate: float, output: Path) -> None:
-        recover_replicate(study, settings, study.arm_recipe(label, str(root / "pruned"), rate), output, root, 0)
+        recover_replicate(study.arm_recipe(label, str(root / "pruned"), rate), output, root, settings, 0,
+                          data_dir_of(study))
 
     record = lr_search.search(root, label, study.lr_grid[label], train)
     lr_search.write_search(root, record)  # the choice first: a run stopped after the move below keeps it

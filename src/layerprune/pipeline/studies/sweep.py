@@ -43,11 +43,11 @@ from layerprune.pipeline.studies.recovery import (
     Arm,
     check_chat_template,
     check_plain_probes,
+    data_dir_of,
     derive_arm_recipe,
+    recover_replicate,
     replicate_label,
-    replicate_settings,
     split_label,
-    teacher_answers,
 )
 from layerprune.recover.job import leftover_of
 from layerprune.recover.schema import RecoverRecipe
@@ -358,18 +358,8 @@ def recover_at(study: SweepStudy, settings: RunSettings, root: Path, label: str)
     student = original_copy(study, settings, root) if point == "k0" else root / f"pruned-{point}"
     rate = lr_search.chosen(root, arm, study.lr_grid) if arm else None
     recipe = with_learning_rate(study.arm_recipe(arm or None, str(student)), rate)
-    recover_run(study, settings, root, recipe, stage_output(root, f"recover-{label}").parent, replicate)
-
-
-def recover_run(study: SweepStudy, settings: RunSettings, root: Path, recipe: RecoverRecipe, output: Path,
-                replicate: int) -> None:
-    """One recovery into `output` under replicate `replicate`'s seed, sharing the teacher answers in `root`."""
-    from layerprune.pipeline.studies.recovery import recover_sharing_answers
-    from layerprune.recover.job import RecoverJob
-
-    job = RecoverJob(output=output, resume=True, settings=replicate_settings(settings, replicate),
-                     data_dir=study.evaluate.data_dir or study.prune.data_dir)
-    recover_sharing_answers(recipe, job, root / teacher_answers(recipe, replicate))
+    recover_replicate(recipe, stage_output(root, f"recover-{label}").parent, root, settings, replicate,
+                      data_dir_of(study))
 
 
 def search_lr(study: SweepStudy, settings: RunSettings, root: Path, arm: str) -> None:
@@ -384,7 +374,7 @@ def search_lr(study: SweepStudy, settings: RunSettings, root: Path, arm: str) ->
 
     def train(rate: float, output: Path) -> None:
         recipe = with_learning_rate(study.arm_recipe(arm, student), rate)
-        recover_run(study, settings, root, recipe, output, SEARCH_REPLICATE)
+        recover_replicate(recipe, output, root, settings, SEARCH_REPLICATE, data_dir_of(study))
 
     record = lr_search.search(root, arm, study.lr_grid[arm], train, k=k, seed_offset=SEARCH_REPLICATE)
     lr_search.write_search(root, record)
