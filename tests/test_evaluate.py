@@ -239,6 +239,31 @@ def test_dummy_lm_results_are_summarized_and_cached(tmp_path, data_dir, tiny_lla
         evaluate_task(handle, PlannedTask(TASKS.get("gsm8k"), 3, 2, 8), settings, False, data_dir, tmp_path / "cache")
 
 
+def test_lm_eval_describes_the_environment_once_per_process(tmp_path, data_dir, tiny_llama, monkeypatch):
+    """lm-eval's environment record (collect_env's programs, git describe) is made on the first task and copied to
+    the next: the same fields in both results, one collect_env."""
+    import torch.utils.collect_env
+    from lm_eval.models.dummy import DummyLM
+    from transformers import AutoTokenizer
+
+    from layerprune.evaluate import lm_eval_env
+    from layerprune.evaluate.runner import run_task
+    from layerprune.models import resolve_model
+
+    calls = []
+    monkeypatch.setattr(torch.utils.collect_env, "get_pretty_env_info", lambda: calls.append(1) or "the env")
+    monkeypatch.setattr(lm_eval_env, "_RECORDS", {})  # as a fresh process
+    dummy = DummyLM()
+    dummy.__dict__["tokenizer"] = AutoTokenizer.from_pretrained(tiny_llama)
+    handle = ModelHandle(resolve_model(str(tiny_llama)), RunSettings(), lm=dummy, digest="d" * 64)
+    settings = EvalSettings(data_dir=data_dir)
+    first = run_task(handle, PlannedTask(TASKS.get("gsm8k"), 2, 0, 8), settings, False, data_dir)
+    second = run_task(handle, PlannedTask(TASKS.get("gsm8k"), 3, 0, 8), settings, False, data_dir)
+    assert len(calls) == 1
+    assert first["pretty_env_info"] == second["pretty_env_info"] == "the env"
+    assert first["git_hash"] == second["git_hash"] and "transformers_version" in second
+
+
 def test_tiny_model_end_to_end_and_cache(capsys, tmp_path, tiny_llama, data_dir, shared_data):
     import shutil
 

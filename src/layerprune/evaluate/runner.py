@@ -91,6 +91,9 @@ def run_task(handle: ModelHandle, task: PlannedTask, settings: EvalSettings, cha
     import lm_eval
     from lm_eval.tasks import TaskManager
 
+    from layerprune.evaluate.lm_eval_env import record_once
+
+    record_once()
     if task.spec.source == "lm_eval_index":
         from layerprune.evaluate.lm_eval_index import load_index_tasks
 
