@@ -96,6 +96,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_collection_finish(session):
+    """The libraries nearly every worker loads are imported once the tests are collected, and everything alive then
+    (modules, their functions and classes: ~0.5 million objects, none ever garbage) is moved out of the cyclic
+    collector's reach (gc.freeze): each gc.collect() the code under test makes between models scans only what the
+    tests built, ~0.1 s instead of ~0.45 s (21 such calls in the tiny sweep's test alone)."""
+    import gc
+
+    import datasets  # noqa: F401
+    import lm_eval.evaluator  # noqa: F401
+    import peft  # noqa: F401
+    import transformers.models.llama.modeling_llama  # noqa: F401
+    import trl  # noqa: F401
+
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
