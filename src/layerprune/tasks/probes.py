@@ -128,7 +128,17 @@ def family_label(task: str) -> str:
 
 
 def generate_probes(args: dict[str, object], n: int, seed: int, stream: Stream = "eval") -> list[Probe]:
-    """The items of one probe task (arguments as in `probe_tasks`)."""
+    """The items of one probe task (arguments as in `probe_tasks`); drawn once per process for each set of arguments
+    (a study asks for the same items at every stage, ~30 ms a draw), a new list each call."""
+    return list(_generated(tuple(sorted(args.items())), n, seed, stream))
+
+
+@functools.lru_cache(maxsize=256)
+def _generated(args: tuple[tuple[str, object], ...], n: int, seed: int, stream: Stream) -> tuple[Probe, ...]:
+    return tuple(_draw_probes(dict(args), n, seed, stream))
+
+
+def _draw_probes(args: dict[str, object], n: int, seed: int, stream: Stream) -> list[Probe]:
     rest = dict(args)
     family = rest.pop("family")
     if family in ("brackets", "brackets_mix"):
