@@ -69,22 +69,25 @@ def assert_converted_from_one_parse(path: Path, model_dir: Path, target: Path, p
 
     parses.clear()
     convert_gguf(path, target)
-    assert parses == [str(path)] and gguf.GGUFReader.__name__ == "counting"  # one parse; the reader put back
+    assert parses == [str(path)] and gguf.GGUFReader is gguf.gguf_reader.GGUFReader  # one parse; the class put back
     expected = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
     found = AutoModelForCausalLM.from_pretrained(target).state_dict()
     assert expected.keys() == found.keys() and all(torch.equal(expected[k], found[k]) for k in expected)
 
 
 def counting_gguf_parses(monkeypatch) -> list[str]:
-    """The files gguf.GGUFReader parses from now on (the reader parses every metadata field when it is made)."""
+    """The files a GGUF reader parses from now on (gguf's own or layerprune's fast one, made through its __init__:
+    the reader parses every metadata field when it is made)."""
+    from gguf.gguf_reader import GGUFReader
+
     parses: list[str] = []
-    reader_class = gguf.GGUFReader
+    init = GGUFReader.__init__
 
-    def counting(path, mode="r"):
+    def counting(self, path, mode="r"):
         parses.append(str(path))
-        return reader_class(path, mode)
+        init(self, path, mode)
 
-    monkeypatch.setattr(gguf, "GGUFReader", counting)
+    monkeypatch.setattr(GGUFReader, "__init__", counting)
     return parses
 
 

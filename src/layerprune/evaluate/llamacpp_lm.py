@@ -149,18 +149,18 @@ def llamacpp_handle(model: Any, run: RunSettings) -> ModelHandle:
 
 def gguf_vocabulary(spec: Any) -> tuple[str, ...]:
     """The token list a GGUF file carries (a file that is not one: the handle's one-line refusal)."""
-    import gguf
+    from layerprune.models.gguf_once import fast_reader
 
     path = Path(str(spec))
     if path.suffix != ".gguf" or not path.is_file():
         raise LayerpruneError(f"--backend llamacpp scores a .gguf file; {spec} is not one")
-    return tuple(gguf.GGUFReader(path).fields["tokenizer.ggml.tokens"].contents())
+    return tuple(fast_reader(path).fields["tokenizer.ggml.tokens"].contents())
 
 
 def _trained_context(path: Path) -> int | None:
-    import gguf
+    from layerprune.models.gguf_once import fast_reader
 
-    fields = gguf.GGUFReader(path).fields
+    fields = fast_reader(path).fields
     arch = fields["general.architecture"].contents()
     length = fields.get(f"{arch}.context_length")
     return int(length.contents()) if length is not None else None

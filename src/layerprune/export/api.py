@@ -24,7 +24,7 @@ from layerprune.export.catalog import TRANSFORMERS_READS, family_for
 from layerprune.export.quantize import QUANTS, check_quant_name, check_quantized, quantize_in_place, require_quantizer
 from layerprune.export.tokenizer import copy_tokenizer, source_gguf
 from layerprune.export.writer import OUTTYPES, add_tensors
-from layerprune.models.gguf_once import parsed_once
+from layerprune.models.gguf_once import fast_reader, parsed_once
 
 
 class ExportReport(BaseModel):
@@ -137,7 +137,7 @@ def _atomic_file(path: Path):  # type: ignore[no-untyped-def]
 def per_layer_fields(path: Path) -> dict[str, Any]:
     """The per-layer fields as written: head counts, feed-forward lengths, the sliding-window pattern (scalars when
     uniform)."""
-    reader = gguf.GGUFReader(path)
+    reader = fast_reader(path)
     arch = reader.fields["general.architecture"].contents()
     wanted = ("attention.head_count", "attention.head_count_kv", "feed_forward_length", "attention.sliding_window",
               "attention.sliding_window_pattern", "block_count")

@@ -26,6 +26,7 @@ import torch
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.extras import require_extra
+from layerprune.models.gguf_once import fast_reader
 
 QUANTS: dict[str, gguf.LlamaFileType] = {name.lower(): gguf.LlamaFileType[f"MOSTLY_{name}"] for name in (
     "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S",
@@ -68,7 +69,7 @@ def quantize_in_place(path: Path, name: str, threads: int = 0) -> dict[str, Any]
     finally:
         with contextlib.suppress(OSError):
             os.unlink(out)
-    reader = gguf.GGUFReader(path)
+    reader = fast_reader(path)
     types = Counter(tensor.tensor_type.name for tensor in reader.tensors)
     return {"file_type": gguf.LlamaFileType(int(reader.fields["general.file_type"].contents())).name,
             "tensor_types": dict(sorted(types.items()))}

@@ -17,11 +17,12 @@ from transformers import AutoTokenizer
 
 from layerprune.export.families import Family
 from layerprune.export.writer import checkpoint_tensors
+from layerprune.models.gguf_once import fast_reader
 
 
 def read_back_weights(model_dir: Path, path: Path, family: Family, config: Any) -> dict[str, Any]:
     """Per-tensor relative error of the decoded file against the directory, missing/unexpected names, tokens."""
-    reader = gguf.GGUFReader(path)
+    reader = fast_reader(path)
     stored = {tensor.name: tensor for tensor in reader.tensors}
     names = gguf.get_tensor_name_map(family.arch, config.num_hidden_layers)
     arrays = ((name, tensor.float().numpy()) for name, tensor in checkpoint_tensors(model_dir))

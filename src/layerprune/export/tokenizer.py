@@ -16,6 +16,7 @@ import gguf
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.settings import RunSettings
 from layerprune.models import embedded
+from layerprune.models.gguf_once import fast_reader
 from layerprune.models.lineage import read_lineage
 
 RECOVER_REPORT = "recover_report.json"
@@ -54,7 +55,7 @@ def source_gguf(directory: Path, settings: RunSettings | None = None) -> Path:
 def copy_tokenizer(writer: gguf.GGUFWriter, source: Path, chat_template: str | None) -> int:
     """Copy every tokenizer.* field of `source` into `writer`; the model directory's chat template wins.
     Returns the vocabulary size."""
-    reader = gguf.GGUFReader(source)
+    reader = fast_reader(source)
     tokens = 0
     for key, field in reader.fields.items():
         if not key.startswith("tokenizer.") or key == "tokenizer.chat_template":
