@@ -279,6 +279,8 @@ def test_a_variant_spec_is_made_once_and_found_again_wherever_a_model_is_accepte
 
     monkeypatch.setitem(METHODS._items, "sft", refuse)
     assert resolve_model(spec, settings).location == made.location  # cached: found by its fingerprint
+    replicate = settings.model_copy(update={"seed": settings.seed + 1})  # a study's replicate r = 1
+    assert resolve_model(spec, replicate).location == made.location  # the same model, not one made with seed 1
     code, _, err = run_cli(capsys, ["analyze", "importance", "--models", spec, "--dry-run",
                                     "--cache-dir", str(settings.resolved_cache_dir())])
     assert code == 0, err  # a command takes it where it takes a model

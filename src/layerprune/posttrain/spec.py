@@ -1,6 +1,11 @@
 """`variant:NAME` wherever a model is accepted: the variant a posttrain recipe makes (a shipped name or a YAML path),
 made once and found again in the cache by its fingerprint. In a dry run a variant not yet made is planned on its
-source model (the same architecture), and nothing is trained."""
+source model (the same architecture), and nothing is trained.
+
+The spec names one model: the variant its recipe makes under the default seed (VARIANT_SEED, `layerprune variant
+NAME`'s). A run's --seed, and a study's replicate seeds (the run seed + r, for the recoveries' data order and
+initialisation), never reach it: every replicate prunes and recovers the same variant. A variant made under another
+seed is named by its folder."""
 
 from __future__ import annotations
 
@@ -13,11 +18,13 @@ from layerprune.posttrain.api import cached_fingerprint, fingerprint, make_varia
 from layerprune.posttrain.schema import VariantRecipe
 
 log = logging.getLogger(__name__)
+VARIANT_SEED = 0
 
 
 def resolve_variant(name: str, spec: str, settings: RunSettings) -> ModelSource:
     """The variant's cached folder (made first when missing, unless planning)."""
     recipe = build_from_recipe(VariantRecipe, "variant", name, {})
+    settings = settings.model_copy(update={"seed": VARIANT_SEED})
     digest = fingerprint(recipe, settings)
     folder = variant_dir(recipe, settings, digest)
     if cached_fingerprint(folder) != digest:
