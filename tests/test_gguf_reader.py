@@ -49,6 +49,37 @@ def test_every_kind_of_field_reads_as_gguf_reads_it(tmp_path):
     assert stock.fields["t.strings"].contents() == ["a", "", "ünï", "x" * 300]
 
 
+def _hand_written_gguf(path, order: str) -> None:
+    """A GGUF file of metadata only, written field by field in byte order `order` ('<' or '>'): the fields
+    gguf's writer will not write (empty arrays) and nested arrays whose first element is empty."""
+    import struct
+
+    def text(value: str) -> bytes:
+        raw = value.encode()
+        return struct.pack(order + "Q", len(raw)) + raw
+
+    string, uint32, int32, float32, array = 8, 4, 5, 6, 9
+    fields = [
+        ("e.ints", struct.pack(order + "IIQ", array, int32, 0)),
+        ("e.strings", struct.pack(order + "IIQ", array, string, 0)),
+        ("n.first_empty", struct.pack(order + "IIQ", array, array, 2) + struct.pack(order + "IQ", int32, 0)
+         + struct.pack(order + "IQi", int32, 1, 7)),
+        ("s.strings", struct.pack(order + "IIQ", array, string, 3) + text("a") + text("") + text("bc")),
+        ("s.floats", struct.pack(order + "IIQ", array, float32, 2) + struct.pack(order + "ff", 0.5, -2.0)),
+        ("s.uint", struct.pack(order + "II", uint32, 9)),
+    ]
+    body = b"".join(text(key) + value for key, value in fields)
+    path.write_bytes(b"GGUF" + struct.pack(order + "IQQ", 3, 0, len(fields)) + body)
+
+
+@pytest.mark.parametrize("order", ["<", ">"])
+def test_empty_and_nested_arrays_and_either_byte_order_read_as_gguf_reads_them(tmp_path, order):
+    path = tmp_path / "hand.gguf"
+    _hand_written_gguf(path, order)
+    stock = _same_fields(path)
+    assert stock.fields["s.strings"].contents() == ["a", "", "bc"] and stock.fields["e.ints"].contents() == []
+
+
 def test_the_embedded_models_gguf_reads_as_gguf_reads_it():
     from layerprune.core.settings import RunSettings
     from layerprune.models.embedded import EMBEDDED_MODELS, gguf_path

@@ -257,6 +257,21 @@ def test_training_prints_one_line_per_logged_step(caplog):
     assert "step 10/175  held-out loss 0.7500" in caplog.text
 
 
+def test_a_variant_spec_names_the_seed_0_variant_and_warns_of_one_made_under_another_seed(tiny_llama, settings,
+                                                                                          tmp_path, caplog):
+    from layerprune.core.recipe_loading import build_from_recipe
+    from layerprune.models.loading import resolve_model
+
+    path = write_recipe(tmp_path / "v.yaml", {"kind": "sft", "model": str(tiny_llama), "name": "tiny-seeds",
+                                              "data": {"probes": {"arith_2d_add": 8}}, "train": FAST})
+    seed3 = settings.model_copy(update={"seed": 3})
+    made_3 = make_variant(build_from_recipe(VariantRecipe, "variant", str(path), {}), seed3)  # variant --seed 3
+    with caplog.at_level("WARNING", logger="layerprune"):
+        named = Path(resolve_model(f"variant:{path}", seed3).location)
+    assert named != made_3 and json.loads((named / REPORT).read_text())["settings"]["seed"] == 0
+    assert f"{made_3} holds this recipe's variant made under another seed" in caplog.text
+
+
 def test_a_variant_spec_is_made_once_and_found_again_wherever_a_model_is_accepted(tiny_llama, settings, tmp_path,
                                                                                    monkeypatch, capsys):
     from layerprune.models.loading import planning, resolve_model

@@ -259,6 +259,22 @@ def test_cli_resume_continues_from_the_last_checkpoint(pruned, prompts_file, tmp
     assert len(steps) == 1 and report["data"]["resumed_from_step"] == 2  # step 3 only; without resume all three
 
 
+def test_checkpoints_made_under_another_seed_are_not_resumed(tmp_path, caplog):
+    """A replicate's interrupted run is continued under its own seed only (a study re-run with another --seed, or
+    another replicate in the same folder, starts over)."""
+    from layerprune.recover import train
+
+    trainer = tmp_path / "work" / "trainer"
+    (trainer / "checkpoint-2").mkdir(parents=True)
+    (trainer / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    assert train.prepare_trainer_dir(trainer, True, {"seed": 1}) == trainer / "checkpoint-2"  # no record: resumed
+    assert train.prepare_trainer_dir(trainer, True, {"seed": 1}) == trainer / "checkpoint-2"  # its own seed
+    with caplog.at_level("WARNING", logger="layerprune"):
+        assert train.prepare_trainer_dir(trainer, True, {"seed": 2}) is None
+    assert "trained under another seed" in caplog.text and not trainer.exists()
+    assert json.loads((tmp_path / "work" / train.TRAINING_RECORD).read_text()) == {"seed": 2}
+
+
 def test_dry_run_prints_a_memory_plan(pruned, capsys):
     assert main(["recover", "--model", str(pruned), "--dry-run", "--method", "full", "--memory-budget", "0.001"]) == 0
     out = capsys.readouterr().out

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -38,6 +39,8 @@ def _reader_class() -> type:
     from gguf import GGUFValueType
     from gguf.gguf_reader import GGUFReader  # the class itself (parsed_once replaces the package's name)
 
+    one_level = {int(t) for t in GGUFReader.gguf_scalar_to_np} | {int(GGUFValueType.STRING)}
+
     class FastReader(GGUFReader):
         """gguf.GGUFReader whose one-level arrays are parsed from a plain ndarray view (no memmap bookkeeping per
         part)."""
@@ -47,11 +50,12 @@ def _reader_class() -> type:
                 return super()._get_field_parts(orig_offs, raw_type)
             raw_itype = self._get(orig_offs, np.uint32)
             alen = self._get(orig_offs + 4, np.uint64)
-            itype, count, offs = GGUFValueType(raw_itype[0]), int(alen[0]), orig_offs + 12
+            count, offs = int(alen[0]), orig_offs + 12
+            if count == 0 or raw_itype[0] not in one_level:
+                return super()._get_field_parts(orig_offs, raw_type)  # empty arrays, arrays of arrays
+            itype = GGUFValueType(raw_itype[0])
             nptype = self.gguf_scalar_to_np.get(itype)
-            if itype != GGUFValueType.STRING and nptype is None:
-                return super()._get_field_parts(orig_offs, raw_type)  # arrays of arrays
-            types = [GGUFValueType.ARRAY] + ([itype] if count else [])
+            types = [GGUFValueType.ARRAY, itype]
             plain = self.data.view(np.ndarray)
             if nptype is not None:
                 size = np.dtype(nptype).itemsize
@@ -60,7 +64,7 @@ def _reader_class() -> type:
                 return 12 + size * count, parts, list(range(2, 2 + count)), types
             parts, view = [raw_itype, alen], memoryview(plain)
             for _ in range(count):
-                length = int.from_bytes(view[offs:offs + 8], "little")
+                length = int.from_bytes(view[offs:offs + 8], sys.byteorder)  # the file's order is the host's
                 parts += (plain[offs:offs + 8].view(np.uint64), plain[offs + 8:offs + 8 + length])
                 offs += 8 + length
             return offs - orig_offs, parts, list(range(3, 3 + 2 * count, 2)), types

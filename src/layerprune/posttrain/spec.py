@@ -10,6 +10,7 @@ seed is named by its folder."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from layerprune.core.recipe_loading import build_from_recipe
 from layerprune.core.settings import RunSettings
@@ -35,9 +36,29 @@ def resolve_variant(name: str, spec: str, settings: RunSettings) -> ModelSource:
             return ModelSource(spec, source.location, source.kind, {**source.identity, "variant": name,
                                                                      "variant_made": False})
         log.info("%s: making the variant first (layerprune variant %s --dry-run for its time)", spec, name)
+        for other in other_seeds(recipe, folder):
+            log.warning("%s: %s holds this recipe's variant made under another seed; %s names the seed-%d one "
+                        "(name that one by its folder)", spec, other, spec, VARIANT_SEED)
         folder = make_variant(recipe, settings)
     return ModelSource(spec, str(folder), "local", {"path": str(folder.resolve()), "variant": recipe.name or name,
                                                     "fingerprint": digest})
 
 
 SPEC_PREFIXES["variant"] = resolve_variant
+
+
+def other_seeds(recipe: VariantRecipe, folder: Path) -> list[Path]:
+    """The finished variants beside `folder` made from the same recipe under another seed."""
+    import json
+
+    from layerprune.posttrain.api import REPORT
+
+    found = []
+    for other in sorted(folder.parent.glob(f"{recipe.name or recipe.kind}-*")):
+        try:
+            report = json.loads((other / REPORT).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if report.get("recipe") == recipe.model_dump(mode="json") and report["settings"].get("seed") != VARIANT_SEED:
+            found.append(other)
+    return found

@@ -19,6 +19,7 @@ from layerprune.recover.schema import GenerationSection, KdSection, LoraSection,
 from layerprune.recover.selfgen import chat_messages, plain_example
 
 log = logging.getLogger(__name__)
+TRAINING_RECORD = "training.json"  # beside the trainer folder: the seed its checkpoints were made under
 
 
 class NonFiniteLossError(LayerpruneError):
@@ -313,18 +314,41 @@ def last_checkpoint(directory: Path) -> Path | None:
     return max(found, key=lambda p: int(p.name.split("-")[-1]), default=None)
 
 
-def prepare_trainer_dir(directory: Path, resume: bool) -> Path | None:
-    """The checkpoint to resume from (with --resume), else a clean trainer directory."""
+def prepare_trainer_dir(directory: Path, resume: bool, made_by: dict[str, Any] | None = None) -> Path | None:
+    """The checkpoint to resume from (with --resume), else a clean trainer directory. `made_by` (the run's seed) is
+    recorded beside the directory; checkpoints recorded as made under another seed are not resumed (a replicate's run
+    is never continued under another replicate's label): training starts over."""
+    record = directory.parent / TRAINING_RECORD
+    made = json.loads(json.dumps(made_by)) if made_by is not None else None
     last = last_checkpoint(directory)
+    if resume and last is not None and made is not None and record.is_file() and _read(record) != made:
+        log.warning("--resume: the checkpoints in %s were trained under another seed; training from the start",
+                    directory)
+        resume = False
     if resume:
         if last is None:
             log.warning("--resume: no checkpoint in %s; training from the start", directory)
         else:
             log.info("resuming from %s", last)
-        return last
-    if directory.exists():
+    elif directory.exists():
         shutil.rmtree(directory)
-    return None
+    if made is not None:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(made, indent=2))
+    return last if resume else None
+
+
+def made_by(job: Any) -> dict[str, Any]:
+    """What a recovery's checkpoints are recorded as made by: the run's seed (a study's replicate r runs under the
+    run seed + r). The recipe is not part of it: --resume with more steps extends a run, as the trainer allows."""
+    return {"seed": job.settings.seed}
+
+
+def _read(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _complete(state: Path) -> bool:

@@ -128,8 +128,11 @@ def family_label(task: str) -> str:
 
 
 def generate_probes(args: dict[str, object], n: int, seed: int, stream: Stream = "eval") -> list[Probe]:
-    """The items of one probe task (arguments as in `probe_tasks`); drawn once per process for each set of arguments
-    (a study asks for the same items at every stage, ~30 ms a draw), a new list each call."""
+    """The items of one probe task (arguments as in `probe_tasks`). Up to PROBE_DOCS items are drawn once per process
+    for each set of arguments (a study asks for the same items at every stage, ~30 ms a draw), a new list each call;
+    larger draws (recovery prompts drawn from a task, 64 per prompt kept) are not kept."""
+    if n > PROBE_DOCS:
+        return _draw_probes(dict(args), n, seed, stream)
     return list(_generated(tuple(sorted(args.items())), n, seed, stream))
 
 

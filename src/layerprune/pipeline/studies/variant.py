@@ -155,8 +155,10 @@ def make_variant(study: VariantStudy, settings: RunSettings, root: Path) -> Path
     data_dir = study.importance.get("data_dir")
     if isinstance(study.variant, PosttrainVariant):
         from layerprune.posttrain import make_variant as posttrain_variant
+        from layerprune.posttrain.spec import VARIANT_SEED
 
-        return posttrain_variant(study.posttrain_recipe(), settings, None, Path(data_dir) if data_dir else None)
+        fixed = settings.model_copy(update={"seed": VARIANT_SEED})  # the model variant:NAME names
+        return posttrain_variant(study.posttrain_recipe(), fixed, None, Path(data_dir) if data_dir else None)
     target = root / "variant"
     recipe = study.variant.resolve(str(root / "student"), study.model)
     if (target / "recover_report.json").is_file():

@@ -131,7 +131,7 @@ def run_trainer(recipe: RecoverRecipe, loaded: Any, teacher: Any, rows: list[dic
             loaded.tokenizer.save_pretrained(base)
         state.wait_for_everyone()
     trainer_dir = job.work / "trainer"
-    resume_from = train.prepare_trainer_dir(trainer_dir, job.resume)
+    resume_from = train.prepare_trainer_dir(trainer_dir, job.resume, train.made_by(job))
     callback = heldout.HeldOutCallback(teacher, encoded)
     trainer = make_trainer(recipe, method, loaded, teacher, rows, prompts, job, optimizer, trainer_dir, callback)
     counter = budget.attach(trainer, recipe.train.max_tokens)

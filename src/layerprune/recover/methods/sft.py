@@ -68,7 +68,7 @@ def train_sft(run: MethodRun) -> TrainResult:
 
         require_extra("qlora", f"the memory plan's optimizer {optimizer}")
     trainer_dir = job.work / "trainer"
-    resume_from = train.prepare_trainer_dir(trainer_dir, job.resume)
+    resume_from = train.prepare_trainer_dir(trainer_dir, job.resume, train.made_by(job))
     # the training config before the student: under DeepSpeed ZeRO-3 it makes from_pretrained partition the weights
     args = train.sft_config(recipe, trainer_dir, device, optimizer, job.settings.seed, has_eval=bool(eval_rows),
                             eval_on_start=resume_from is None)
