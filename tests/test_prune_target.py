@@ -55,7 +55,7 @@ def test_bad_target_is_one_line(capsys, tiny_llama, target, needle):
 @pytest.mark.parametrize(("extra", "needle"), [
     (["--drop", "2"], "without --drop or --layers"), (["--layers", "2"], "without --drop or --layers"),
     (["--iterative"], "not with --iterative"), (["--score", "angular"], "not with --iterative or --score angular"),
-    (["--block-major"], "--block-major"),
+    (["--block-major"], "--block-major"), (["--outtype", "q8_0"], "--outtype prices a --target memory="),
 ])
 def test_target_refuses_what_it_cannot_combine(capsys, tiny_llama, extra, needle):
     code, _, err = run_cli(capsys, prune_args(tiny_llama, "--dry-run", "--target", "params=0.8x", *extra))
@@ -104,6 +104,48 @@ def test_saved_model_meets_the_target_as_predicted(capsys, tiny_llama, tmp_path,
     assert after[key] <= limit < before[key]
     assert sorted(int(r) for r in report["target"]["removals"]) == report["dropped"]
     assert f"target {target}: remove" in stdout
+
+
+def test_a_k_quant_memory_target_is_refused_in_one_line(capsys, tiny_llama):
+    code, _, err = run_cli(capsys, prune_args(tiny_llama, "--dry-run", "--target", "memory=0.7x", "--outtype",
+                                              "q4_k_m"))
+    assert_one_line_error(code, err, "--outtype q4_k_m", "llama.cpp's choice")
+
+
+class _Written:
+    """A GGUF writer that keeps only the bytes of the tensors the export hands it."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+    def add_tensor(self, name, array, raw_dtype=None) -> None:  # noqa: ANN001
+        self.bytes += array.nbytes
+
+
+@pytest.mark.parametrize("outtype", ["q8_0", "f16"])
+def test_a_memory_target_at_an_outtype_counts_what_the_export_writes(capsys, tiny_llama, tmp_path, outtype):
+    """The tiny model's 64-wide rows take Q8_0's 32-blocks; its 1-D norms stay F32: the plan's bytes are the bytes
+    `export --gguf --outtype` writes, before and after, and the after meets the target."""
+    from transformers import AutoConfig
+
+    from layerprune.export.catalog import family_for
+    from layerprune.export.writer import add_tensors
+
+    def written(directory: Path) -> int:
+        config = AutoConfig.from_pretrained(directory)
+        writer = _Written()
+        add_tensors(writer, directory, family_for(config), config, outtype)
+        return writer.bytes
+
+    out = tmp_path / "pruned"
+    code, stdout, err = run_cli(capsys, prune_args(tiny_llama, "--output", str(out), "--target", "memory=0.7x",
+                                                   "--outtype", outtype))
+    assert code == 0, err
+    record = json.loads((out / "prune_report.json").read_text())["target"]
+    before, after = record["predicted"]["before"]["memory_bytes"], record["predicted"]["after"]["memory_bytes"]
+    assert before == written(tiny_llama) and after == written(out) and after <= 0.7 * before
+    assert record["weights_as"] == outtype and f"weights (as {outtype} GGUF tensors)" in stdout
+    assert before < _tensor_bytes(tiny_llama) * (0.6 if outtype == "q8_0" else 0.8)  # not the float32 bytes
 
 
 @pytest.mark.parametrize("score", ["block-influence", "last"])

@@ -8,8 +8,8 @@ from pathlib import Path
 from layerprune.cli.flags import add_schema_flags, typed_layer
 from layerprune.core.recipe_loading import build_schema
 from layerprune.core.settings import RunSettings
+from layerprune.models.gguf_types import OUTTYPES
 
-OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 QUANTS = ("q4_k_m", "q5_k_m", "q6_k")  # the common ones; export/quantize.py has them all
 
 

@@ -14,6 +14,7 @@ from safetensors import safe_open
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.export.families import Family
+from layerprune.models.gguf_types import written_type
 
 OUTTYPES: dict[str, tuple[gguf.GGMLQuantizationType, gguf.LlamaFileType]] = {
     "f32": (gguf.GGMLQuantizationType.F32, gguf.LlamaFileType.ALL_F32),
@@ -35,14 +36,12 @@ def checkpoint_tensors(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def encode(data: np.ndarray, qtype: gguf.GGMLQuantizationType) -> tuple[np.ndarray, gguf.GGMLQuantizationType]:
-    """The tensor in `qtype`; 1-D tensors (norms) and rows a quantizer's block does not divide stay F32."""
-    if data.ndim <= 1 or qtype == gguf.GGMLQuantizationType.F32:
-        return data.astype(np.float32), gguf.GGMLQuantizationType.F32
-    try:
-        return gguf.quants.quantize(data.astype(np.float32), qtype), qtype
-    except gguf.quants.QuantError:
-        return gguf.quants.quantize(data.astype(np.float32), gguf.GGMLQuantizationType.F16), \
-            gguf.GGMLQuantizationType.F16
+    """The tensor in `qtype`; 1-D tensors (norms) and rows a quantizer's block does not divide stay F32 / become F16
+    (models/gguf_types.written_type: the rule a --target memory= plan counts by)."""
+    used = written_type(data.shape, qtype)
+    if used == gguf.GGMLQuantizationType.F32:
+        return data.astype(np.float32), used
+    return gguf.quants.quantize(data.astype(np.float32), used), used
 
 
 def add_tensors(writer: gguf.GGUFWriter, directory: Path, family: Family, config: Any, outtype: str) -> int:

@@ -132,7 +132,7 @@ def _to_target(
     from layerprune.prune.target import parse_target, plan_blocks, plan_lines
 
     plan = plan_blocks(loaded.model, parse_target(recipe.target), result.scores, protected,
-                       _save_dtype(loaded, settings))
+                       _save_dtype(loaded, settings), outtype=recipe.outtype)
     result.drop = sorted(int(r) for r in plan.removals)
     record = plan.record()
     for line in plan_lines(record):

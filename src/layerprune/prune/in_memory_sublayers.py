@@ -146,7 +146,7 @@ def _to_target(
     depth = len(find_decoder_stack(loaded.model))
     scores = {sub: score for sub, score in result.scores.items() if sub.block not in protected}
     plan = plan_sublayers(loaded.model, parse_target(recipe.target), servable_order(scores, depth),
-                          _save_dtype(loaded, settings))
+                          _save_dtype(loaded, settings), outtype=recipe.outtype)
     result.drop = sorted(sub for sub in plan.removals if isinstance(sub, Sublayer))
     record = plan.record()
     for line in plan_lines(record):

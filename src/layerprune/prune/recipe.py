@@ -51,6 +51,12 @@ class PruneRecipe(BaseModel):
         "that much faster; whole blocks only); the lowest-scored blocks (sublayers at a finer --granularity) go "
         "until it is met",
     )
+    outtype: str | None = Field(
+        None,
+        description="With --target memory=: count the weights as `layerprune export --gguf --outtype TYPE` will "
+        "write them (f32, f16, bf16, q8_0: 1-D tensors F32, rows the type's block does not divide F16) instead of "
+        "at the saved dtype; the k-quants are llama.cpp's choice tensor by tensor and are not predicted",
+    )
     score: str = Field(
         "ablation",
         description="Importance score: ablation, block-influence, angular, taylor, last, random (at a finer "
@@ -176,6 +182,21 @@ class PruneRecipe(BaseModel):
             except LayerpruneError as exc:
                 raise ValueError(str(exc)) from None
         return target
+
+    @model_validator(mode="after")
+    def _outtype_prices_a_memory_target(self) -> PruneRecipe:
+        from layerprune.models.gguf_types import OUTTYPES
+
+        if self.outtype is None:
+            return self
+        if self.outtype not in OUTTYPES:
+            raise ValueError(f"--outtype {self.outtype}: a memory target counts the types layerprune writes itself "
+                             f"({', '.join(OUTTYPES)}); the k-quants' tensor types are llama.cpp's choice (export "
+                             "one and read its size)")
+        if self.target is None or not self.target.startswith("memory="):
+            raise ValueError("--outtype prices a --target memory=...: give it with one (export --gguf writes the "
+                             "file)")
+        return self
 
     @model_validator(mode="after")
     def _drop_or_layers(self) -> PruneRecipe:

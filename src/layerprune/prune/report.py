@@ -106,6 +106,8 @@ class TargetRecord(BaseModel):
         description="Params, memory bytes, KV-cache bytes per token, FLOPs per token and the predicted speedup")
     measured_speedup: dict[str, Number] | None = Field(description="The measurement of the chosen removals")
     measurements: list[dict[str, Number]] = Field(description="Every candidate measured (speedup targets)")
+    weights_as: str | None = Field(None, description="What the memory bytes count: the saved dtype, or the GGUF "
+                                   "type `export --outtype` will write (prune --outtype)")
 
 
 class PruneReport(PrunedLineage):

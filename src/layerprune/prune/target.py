@@ -21,6 +21,7 @@ from torch import nn
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.models.blocks import find_decoder_stack, text_config
+from layerprune.models.gguf_types import OUTTYPES, written_bytes
 from layerprune.models.speed import DEFAULT_BENCH, SpeedBench, measured_speedup, measured_sublayer_speedup
 from layerprune.models.sublayers import PARTS, Sublayer, sublayer_module
 from layerprune.prune.report import TargetRecord
@@ -124,28 +125,33 @@ class ModelSizes:
         }
 
 
-def model_sizes(model: nn.Module, dtype: torch.dtype) -> ModelSizes:
-    """Totals and per-removal costs of `model`, weight bytes at `dtype` (the dtype it is saved in)."""
+def model_sizes(model: nn.Module, dtype: torch.dtype, outtype: str | None = None) -> ModelSizes:
+    """Totals and per-removal costs of `model`, weight bytes at `dtype` (the dtype it is saved in), or with `outtype`
+    as `layerprune export --gguf --outtype` writes each tensor (models/gguf_types.py)."""
     stack = find_decoder_stack(model)
     width = torch.empty((), dtype=dtype).element_size()
+    bytes_of = (lambda p: p.numel() * width) if outtype is None else (lambda p: written_bytes(p.shape, outtype))
     unique = {id(p): p for p in model.parameters()}
     head = stack.lm_head().weight
     costs: dict[Removal, Cost] = {}
     for index, block in enumerate(stack.layers):
-        costs[index] = _cost(block.parameters(), width, _kv_elements(model, block))
+        costs[index] = _cost(block.parameters(), width, _kv_elements(model, block), bytes_of)
         for part, params in _sublayer_params(block).items():
-            costs[Sublayer(index, part)] = _cost(params, width, _kv_elements(model, block) if part == "attn" else 0)
+            kv = _kv_elements(model, block) if part == "attn" else 0
+            costs[Sublayer(index, part)] = _cost(params, width, kv, bytes_of)
     blocks = sum((costs[i] for i in range(len(stack))), Cost())
     params = sum(p.numel() for p in unique.values())
-    total = Cost(params, params * width, blocks.kv_bytes_per_token, blocks.flops_per_token + 2 * head.numel())
-    return ModelSizes(total, costs, str(dtype).removeprefix("torch."))
+    weights = sum(bytes_of(p) for p in unique.values())
+    total = Cost(params, weights, blocks.kv_bytes_per_token, blocks.flops_per_token + 2 * head.numel())
+    return ModelSizes(total, costs, outtype or str(dtype).removeprefix("torch."))
 
 
-def _cost(params: Iterable[nn.Parameter], width: int, kv_elements: int) -> Cost:
+def _cost(params: Iterable[nn.Parameter], width: int, kv_elements: int,
+          bytes_of: Callable[[nn.Parameter], int]) -> Cost:
     params = list({id(p): p for p in params}.values())
     count = sum(p.numel() for p in params)
     flops = 2 * sum(p.numel() for p in params if p.dim() >= 2)
-    return Cost(count, count * width, kv_elements * width, flops)
+    return Cost(count, sum(bytes_of(p) for p in params), kv_elements * width, flops)
 
 
 def _sublayer_params(block: nn.Module) -> dict[str, list[nn.Parameter]]:
@@ -187,13 +193,14 @@ class TargetPlan:
     before: dict[str, Any]
     after: dict[str, Any]
     measured: list[dict[str, Any]] = field(default_factory=list)
+    weights_as: str = ""  # what the weight bytes count: the saved dtype, or the GGUF outtype
 
     def record(self) -> TargetRecord:
         """The report's `target` section."""
         chosen = next((m for m in self.measured if m["removals"] == len(self.removals)), None)
         return TargetRecord(target=self.target.text, removals=[str(r) for r in self.removals],
                             predicted={"before": self.before, "after": self.after}, measured_speedup=chosen,
-                            measurements=self.measured)
+                            measurements=self.measured, weights_as=self.weights_as or None)
 
 
 def rank_removals(scores: Sequence[float | None], removals: Sequence[Removal],
@@ -244,7 +251,7 @@ def plan_ranked(ranked: Sequence[Removal], target: Target, sizes: ModelSizes, me
     for count in range(len(ranked) + 1):
         after = sizes.predicted(ranked[:count])
         if after[key] <= limit:
-            return TargetPlan(target, ranked[:count], before, after)
+            return TargetPlan(target, ranked[:count], before, after, weights_as=sizes.dtype)
     best = sizes.predicted(ranked)[key]
     raise LayerpruneError(
         f"--target {target.text} cannot be reached: removing all {len(ranked)} removable (unprotected, scored; "
@@ -281,7 +288,7 @@ def _plan_speedup(ranked: list[Removal], target: Target, sizes: ModelSizes, meas
                     f"{_kept(sublayers)}) measured {measured[count]['speedup']:.2f}x"
                 )
             count += 1
-    plan = TargetPlan(target, ranked[:count], before, sizes.predicted(ranked[:count]))
+    plan = TargetPlan(target, ranked[:count], before, sizes.predicted(ranked[:count]), weights_as=sizes.dtype)
     plan.measured = [measured[n] for n in sorted(measured)]
     return plan
 
@@ -296,13 +303,18 @@ def _format(quantity: str, value: float, before: float) -> str:
     return f"{value:.0f} KV-cache bytes per token ({share})"
 
 
+def _as(weights_as: str | None) -> str:
+    return f" (as {weights_as} GGUF tensors)" if weights_as in OUTTYPES else ""
+
+
 def plan_lines(record: TargetRecord) -> list[str]:
     """The plan as printed: target, removals, predicted values before -> after, measured speedup."""
     before, after = record.predicted["before"], record.predicted["after"]
     lines = [
         f"target {record.target}: remove {', '.join(record.removals) or 'nothing'}",
-        f"  predicted: parameters {before['params'] / 1e6:.2f}M -> {after['params'] / 1e6:.2f}M, weights "
-        f"{before['memory_bytes'] / 2**20:.1f} MiB -> {after['memory_bytes'] / 2**20:.1f} MiB, KV cache "
+        f"  predicted: parameters {before['params'] / 1e6:.2f}M -> {after['params'] / 1e6:.2f}M, weights"
+        f"{_as(record.weights_as)} {before['memory_bytes'] / 2**20:.1f} MiB -> "
+        f"{after['memory_bytes'] / 2**20:.1f} MiB, KV cache "
         f"{before['kv_bytes_per_token']} -> {after['kv_bytes_per_token']} bytes/token, speedup {after['speedup']:.2f}x",
     ]
     chosen = record.measured_speedup
@@ -315,7 +327,7 @@ def plan_lines(record: TargetRecord) -> list[str]:
 
 
 def plan_sublayers(model: nn.Module, target: Target, order: Sequence[Sublayer], dtype: torch.dtype,
-                   bench: SpeedBench = DEFAULT_BENCH) -> TargetPlan:
+                   bench: SpeedBench = DEFAULT_BENCH, outtype: str | None = None) -> TargetPlan:
     """Sublayer removals for `target`: the shortest prefix of `order` (least important first, each prefix one the
     layout serves) that meets it, sizes from `model` (weights at `dtype`; a block losing both sublayers counts
     whole). A speedup is measured on the candidate as the Nemotron-NAS layout runs it (`measured_sublayer_speedup`:
@@ -324,12 +336,12 @@ def plan_sublayers(model: nn.Module, target: Target, order: Sequence[Sublayer], 
     def measure(removals: list[Removal]) -> Mapping[str, float]:
         return measured_sublayer_speedup(model, [r for r in removals if isinstance(r, Sublayer)], bench)
 
-    return plan_ranked(order, target, model_sizes(model, dtype), measure if target.quantity == "speedup" else None,
-                       sublayers=True)
+    return plan_ranked(order, target, model_sizes(model, dtype, outtype),
+                       measure if target.quantity == "speedup" else None, sublayers=True)
 
 
 def plan_blocks(model: nn.Module, target: Target, scores: Sequence[float | None], protected: Sequence[int],
-                dtype: torch.dtype, bench: SpeedBench = DEFAULT_BENCH) -> TargetPlan:
+                dtype: torch.dtype, bench: SpeedBench = DEFAULT_BENCH, outtype: str | None = None) -> TargetPlan:
     """Whole-block removals for `target`: sizes from `model` (weights at `dtype`), a speedup measured on the model
     as it runs here (`measured_speedup`: the blocks actually dropped, timed against the whole model)."""
     depth = len(find_decoder_stack(model))
@@ -339,5 +351,5 @@ def plan_blocks(model: nn.Module, target: Target, scores: Sequence[float | None]
             raise LayerpruneError("a speedup target measures whole-block removals only")
         return measured_speedup(model, [int(r) for r in removals], bench)
 
-    return plan_to_target(scores, list(range(depth)), target, model_sizes(model, dtype), protected,
+    return plan_to_target(scores, list(range(depth)), target, model_sizes(model, dtype, outtype), protected,
                           max(depth - len(protected) - 1, 0), measure if target.quantity == "speedup" else None)

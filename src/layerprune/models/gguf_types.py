@@ -1,0 +1,44 @@
+"""What `layerprune export --gguf --outtype TYPE` writes each tensor as, and how many bytes that takes.
+
+The types the gguf package encodes itself (f32, f16, bf16, q8_0): 1-D tensors (norms, biases) are F32; a 2-D tensor
+is in the type when the type's block divides its rows, else F16. One rule for the writer (export/writer.py) and for a
+`prune --target memory=... --outtype TYPE` plan, so the plan counts the bytes the export will write. The k-quants are
+llama.cpp's choice tensor by tensor (fallback types where 256 does not divide a row: SmolLM2's "Q4_K_M" is mostly
+Q5_0), so no size is predicted for them here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+OUTTYPES = ("f32", "f16", "bf16", "q8_0")  # encoded by the gguf package; the k-quants by llama.cpp's quantizer
+
+
+def qtype(outtype: str) -> Any:
+    """The GGML type of an outtype's 2-D tensors."""
+    import gguf
+
+    return {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
+            "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[outtype]
+
+
+def written_type(shape: Sequence[int], wanted: Any) -> Any:
+    """The type a tensor of `shape` is written as when `wanted` is asked: F32 for 1-D tensors, F16 for rows the
+    type's block does not divide, else `wanted`."""
+    import gguf
+
+    if len(shape) <= 1 or wanted == gguf.GGMLQuantizationType.F32:
+        return gguf.GGMLQuantizationType.F32
+    block, _ = gguf.GGML_QUANT_SIZES[wanted]
+    return wanted if shape[-1] % block == 0 else gguf.GGMLQuantizationType.F16
+
+
+def written_bytes(shape: Sequence[int], outtype: str) -> int:
+    """The bytes of a tensor of `shape` in a GGUF written at `outtype` (its data, without alignment padding)."""
+    import gguf
+
+    used = written_type(shape, qtype(outtype))
+    block, size = gguf.GGML_QUANT_SIZES[used]
+    return math.prod(shape) // block * size
