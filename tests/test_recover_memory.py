@@ -24,7 +24,7 @@ PROBE = textwrap.dedent("""
     from transformers import LlamaConfig, AutoModelForCausalLM
     from peft import LoraConfig, get_peft_model  # before the baseline: importing peft is ~87 MB of RSS, not training
     spec = json.loads(sys.argv[1])
-    torch.manual_seed(0); torch.set_num_threads(2)
+    torch.manual_seed(0); torch.set_num_threads(1)  # as the test workers: two threads beside them oversubscribe
     def rss():
         return int(open("/proc/self/statm").read().split()[1]) * 4096
     def train(ids):
