@@ -25,6 +25,8 @@ USER_CACHE = Path(os.environ.get("LAYERPRUNE_TESTS_USER_CACHE") or os.environ.ge
 # under pytest-xdist (make test: -n 2) each worker takes one core; alone, the tests use two
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 torch.set_num_threads(1 if WORKER else max(1, min(2, os.cpu_count() or 1)))
+if WORKER:  # and so does every process a test starts (lm-eval's CLI, a model in a fresh process): two threads each
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # beside two workers oversubscribe the cores, and small ops wait
 
 
 def isolated_cache(root: Path, user_cache: Path = USER_CACHE) -> Path:
