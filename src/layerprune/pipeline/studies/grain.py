@@ -44,11 +44,10 @@ from layerprune.pipeline.recipe import PipelineRecipe, RecoverStage
 from layerprune.pipeline.runner import Stage, run_stages
 from layerprune.pipeline.studies.recovery import (
     Arm,
+    data_dir_of,
     derive_arm_recipe,
-    recover_sharing_answers,
+    recover_replicate,
     replicate_label,
-    replicate_settings,
-    teacher_answers,
 )
 from layerprune.recover.job import leftover_of
 from layerprune.recover.schema import RecoverRecipe
@@ -430,8 +429,6 @@ def evaluate_label(study: GrainStudy, settings: RunSettings, root: Path, label: 
 
 def recover_label(study: GrainStudy, settings: RunSettings, root: Path, label: str, replicate: int) -> None:
     """One replicate of the recovery of a cell (or, for the control, of the original), sharing the teacher answers."""
-    from layerprune.recover.job import RecoverJob
-
     logical = label.split("@")[0]
     if logical == CONTROL:
         from layerprune.pipeline.student import original_as_student
@@ -439,10 +436,7 @@ def recover_label(study: GrainStudy, settings: RunSettings, root: Path, label: s
         student, output = original_as_student(study.model, settings, root / "control-student"), root / "controls"
     else:
         student, output = root / "pruned" / logical, root / "recovered"
-    recipe = study.arm_recipe(str(student))
-    job = RecoverJob(output=output / label, settings=replicate_settings(settings, replicate), overwrite=True,
-                     data_dir=study.evaluate.data_dir or study.prune.data_dir)
-    recover_sharing_answers(recipe, job, root / teacher_answers(recipe, replicate))
+    recover_replicate(study.arm_recipe(str(student)), output / label, root, settings, replicate, data_dir_of(study))
 
 
 def study_stages(study: GrainStudy, settings: RunSettings, root: Path) -> list[Stage]:

@@ -50,6 +50,7 @@ from layerprune.tasks.data import iter_jsonl
 
 if TYPE_CHECKING:
     from layerprune.pipeline.stages import RunPaths
+    from layerprune.pipeline.studies.grain import GrainStudy
     from layerprune.pipeline.studies.sweep import SweepStudy
 
 log = logging.getLogger(__name__)
@@ -420,8 +421,9 @@ def control_student(study: RecoveryStudy, settings: RunSettings, root: Path) -> 
 def recover_replicate(recipe: RecoverRecipe, output: Path, root: Path, settings: RunSettings, replicate: int,
                       data_dir: Path | None) -> None:
     """One recovery into `output` under replicate `replicate`'s seed (the run seed + replicate), sharing the teacher
-    answers kept in `root` (a recovery study's arms and controls, a sweep's points, and both lr searches). A run
-    stopped part-way resumes from its last checkpoint; an output left without a complete stage is replaced."""
+    answers kept in `root` (a recovery study's arms and controls, a sweep's points, a grain study's cells and
+    controls, and the lr searches). A run stopped part-way resumes from its last checkpoint (under its own seed); an
+    output left without a complete stage is replaced."""
     from layerprune.recover.job import RecoverJob
 
     job = RecoverJob(output=output, settings=replicate_settings(settings, replicate), overwrite=True, resume=True,
@@ -429,7 +431,7 @@ def recover_replicate(recipe: RecoverRecipe, output: Path, root: Path, settings:
     recover_sharing_answers(recipe, job, root / teacher_answers(recipe, replicate))
 
 
-def data_dir_of(study: RecoveryStudy | SweepStudy) -> Path | None:
+def data_dir_of(study: RecoveryStudy | SweepStudy | GrainStudy) -> Path | None:
     """Where a study's recoveries read their prompts: the evaluation's data folder, else the prune's."""
     return study.evaluate.data_dir or study.prune.data_dir
 
