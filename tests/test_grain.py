@@ -284,13 +284,16 @@ def test_a_tiny_grain_study_runs_end_to_end_with_two_replicates(capsys, nas_sour
     assert (root / "grain.png").is_file() and "## k = 0 control" in (root / "grain.md").read_text()
 
 
-def test_the_shipped_protocol_dry_runs_matched_and_sized(capsys, monkeypatch, tmp_path):
+@pytest.mark.parametrize(("name", "tasks"), [("grain-embedded", "arc_easy, piqa, copy_l7"),
+                                           ("grain-math-embedded", "arith_2d_sub, arith_3d_sub, brackets_mix")])
+def test_the_shipped_protocol_dry_runs_matched_and_sized(capsys, monkeypatch, tmp_path, name, tasks):
     from layerprune.core.recipe_loading import find_recipe
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    kind, path = find_recipe("grain-embedded")
-    assert kind == "grain-study" and path.read_text().startswith("# layerprune study grain-embedded ")
-    code, out, err = run_cli(capsys, ["study", "grain-embedded", "--dry-run", "--output", str(tmp_path / "s")])
+    kind, path = find_recipe(name)
+    assert kind == "grain-study" and path.read_text().startswith(f"# layerprune study {name} ")
+    code, out, err = run_cli(capsys, ["study", name, "--dry-run", "--output", str(tmp_path / "s")])
+    assert f"evaluation: 3 tasks ({tasks})" in out
     assert code == 0, err
     for level, attention, mlp in ((3, 12, 4), (6, 24, 8)):  # one block = 4 attention = 4/3 MLP sublayers
         assert f"attention-k{level}: {attention} removals" in out and f"mlp-k{level}: {mlp} removals" in out
