@@ -106,10 +106,20 @@ def test_saved_model_meets_the_target_as_predicted(capsys, tiny_llama, tmp_path,
     assert f"target {target}: remove" in stdout
 
 
-def test_a_k_quant_memory_target_is_refused_in_one_line(capsys, tiny_llama):
+@pytest.mark.parametrize(("outtype", "extra", "needles"), [
+    ("q4_k_m", [], ["--outtype q4_k_m", "llama.cpp's choice"]), ("Q4_K_M", [], ["llama.cpp's choice"]),
+    ("q8", [], ["unknown --outtype q8", "f32, f16, bf16, q8_0"]),
+    ("q8_0", ["--granularity", "mlp"], ["whole-block removals only", "zero FFN"]),
+])
+def test_a_memory_target_at_an_outtype_it_cannot_price_is_refused_in_one_line(capsys, tiny_llama, outtype, extra,
+                                                                              needles):
     code, _, err = run_cli(capsys, prune_args(tiny_llama, "--dry-run", "--target", "memory=0.7x", "--outtype",
-                                              "q4_k_m"))
-    assert_one_line_error(code, err, "--outtype q4_k_m", "llama.cpp's choice")
+                                              outtype, *extra))
+    assert_one_line_error(code, err, *needles)
+
+
+def test_an_outtype_is_read_as_export_reads_it():
+    assert PruneRecipe(target="memory=0.7x", outtype="Q8_0").outtype == "q8_0"
 
 
 class _Written:

@@ -631,3 +631,14 @@ def test_the_sweep_s_lr_grid_is_a_stage_per_arm_checked_and_out_of_a_gridless_fi
     dumped = json.loads(sweep._Protocol(gridless).model_dump_json(exclude={}))
     assert "lr_grid" not in dumped and "lr_at" not in dumped  # runs made before the grid existed resume
     assert recipe_fingerprint(sweep._Protocol(gridless)) != recipe_fingerprint(sweep._Protocol(study))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("name", "fingerprint"), [("limits-sweep-math-gsm8k-embedded", "a7d7e1500d80f58f"),
+                                                   ("limits-sweep-arms-embedded", "f19a49d709b8a179")])
+def test_a_field_added_at_its_default_keeps_the_fingerprint_runs_were_made_under(name, fingerprint):
+    """These shipped sweeps' runs (docs/benchmarks.md) claimed their folders under these fingerprints; a schema field
+    added since (prune.outtype) must leave them alone, or resuming the run is refused as another recipe's."""
+    from layerprune.pipeline.stages import recipe_fingerprint
+    from layerprune.pipeline.studies.sweep import SweepStudy, _Protocol
+
+    assert recipe_fingerprint(_Protocol(SweepStudy.load(name))) == fingerprint

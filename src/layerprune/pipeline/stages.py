@@ -88,6 +88,9 @@ def recipe_fingerprint(recipe: Owner) -> str:
         "prune": {"stack_candidates", "verify", "force"},
         "evaluate": {"allow_overlap"},
     }
+    prune = recipe.model_dump(include={"prune"}).get("prune")
+    if isinstance(prune, dict) and prune.get("outtype", "") is None:  # added later: at its default, runs made
+        exclude["prune"] = exclude["prune"] | {"outtype"}  # before it keep their fingerprint (and their stages)
     return hashlib.sha256(recipe.model_dump_json(exclude=exclude).encode()).hexdigest()[:16]
 
 

@@ -189,10 +189,16 @@ class PruneRecipe(BaseModel):
 
         if self.outtype is None:
             return self
-        if self.outtype not in OUTTYPES:
-            raise ValueError(f"--outtype {self.outtype}: a memory target counts the types layerprune writes itself "
+        self.__dict__["outtype"] = outtype = self.outtype.lower()  # as export --outtype reads it
+        if outtype not in OUTTYPES and (outtype.startswith("iq") or "_k" in outtype):
+            raise ValueError(f"--outtype {outtype}: a memory target counts the types layerprune writes itself "
                              f"({', '.join(OUTTYPES)}); the k-quants' tensor types are llama.cpp's choice (export "
                              "one and read its size)")
+        if outtype not in OUTTYPES:
+            raise ValueError(f"unknown --outtype {outtype}: one of {', '.join(OUTTYPES)}")
+        if self.granularity != "block":
+            raise ValueError("--outtype prices whole-block removals only: the Nemotron-NAS export writes a small "
+                             "zero FFN where an MLP is removed, which the plan does not count")
         if self.target is None or not self.target.startswith("memory="):
             raise ValueError("--outtype prices a --target memory=...: give it with one (export --gguf writes the "
                              "file)")
