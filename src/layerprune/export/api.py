@@ -23,8 +23,9 @@ from layerprune.core.settings import RunSettings
 from layerprune.export.catalog import TRANSFORMERS_READS, family_for
 from layerprune.export.quantize import QUANTS, check_quant_name, check_quantized, quantize_in_place, require_quantizer
 from layerprune.export.tokenizer import copy_tokenizer, source_gguf
-from layerprune.export.writer import OUTTYPES, add_tensors
+from layerprune.export.writer import add_tensors
 from layerprune.models.gguf_once import fast_reader, parsed_once
+from layerprune.models.gguf_types import OUTTYPES, file_type
 
 
 class ExportReport(BaseModel):
@@ -107,7 +108,7 @@ def _write(path: Path, model_dir: Path, family: Any, config: Any, outtype: str, 
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_type(gguf.GGUFType.MODEL)
     writer.add_name(model_dir.resolve().name)
-    writer.add_file_type(OUTTYPES[outtype][1])
+    writer.add_file_type(file_type(outtype))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     family.metadata(writer, config)
     template = getattr(AutoTokenizer.from_pretrained(model_dir), "chat_template", None)

@@ -14,14 +14,7 @@ from safetensors import safe_open
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.export.families import Family
-from layerprune.models.gguf_types import written_type
-
-OUTTYPES: dict[str, tuple[gguf.GGMLQuantizationType, gguf.LlamaFileType]] = {
-    "f32": (gguf.GGMLQuantizationType.F32, gguf.LlamaFileType.ALL_F32),
-    "f16": (gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16),
-    "bf16": (gguf.GGMLQuantizationType.BF16, gguf.LlamaFileType.MOSTLY_BF16),
-    "q8_0": (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
-}
+from layerprune.models.gguf_types import qtype, written_type
 
 
 def checkpoint_tensors(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -35,10 +28,10 @@ def checkpoint_tensors(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, handle.get_tensor(name)
 
 
-def encode(data: np.ndarray, qtype: gguf.GGMLQuantizationType) -> tuple[np.ndarray, gguf.GGMLQuantizationType]:
-    """The tensor in `qtype`; 1-D tensors (norms) and rows a quantizer's block does not divide stay F32 / become F16
+def encode(data: np.ndarray, wanted: gguf.GGMLQuantizationType) -> tuple[np.ndarray, gguf.GGMLQuantizationType]:
+    """The tensor in `wanted`; 1-D tensors (norms) and rows a quantizer's block does not divide stay F32 / become F16
     (models/gguf_types.written_type: the rule a --target memory= plan counts by)."""
-    used = written_type(data.shape, qtype)
+    used = written_type(data.shape, wanted)
     if used == gguf.GGMLQuantizationType.F32:
         return data.astype(np.float32), used
     return gguf.quants.quantize(data.astype(np.float32), used), used
@@ -48,7 +41,7 @@ def add_tensors(writer: gguf.GGUFWriter, directory: Path, family: Family, config
     """Map, fix and encode every tensor and the family's extra ones; returns how many were written. A tensor gguf
     cannot name is an error."""
     names = gguf.get_tensor_name_map(family.arch, config.num_hidden_layers)
-    qtype = OUTTYPES[outtype][0]
+    wanted = qtype(outtype)
     written = 0
     tied = getattr(config, "tie_word_embeddings", False)
     arrays = ((name, tensor.float().numpy()) for name, tensor in checkpoint_tensors(directory))
@@ -58,7 +51,7 @@ def add_tensors(writer: gguf.GGUFWriter, directory: Path, family: Family, config
         target = names.get_name(name, try_suffixes=(".weight", ".bias"))
         if target is None:
             raise LayerpruneError(f"export --gguf: no llama.cpp name for tensor {name} ({family.arch.name})")
-        encoded, used = encode(family.fix(name, array, config), qtype)
+        encoded, used = encode(family.fix(name, array, config), wanted)
         writer.add_tensor(target, encoded, raw_dtype=used)
         written += 1
     return written

@@ -16,12 +16,22 @@ from typing import Any
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")  # encoded by the gguf package; the k-quants by llama.cpp's quantizer
 
 
+_NAMES = {"f32": ("F32", "ALL_F32"), "f16": ("F16", "MOSTLY_F16"), "bf16": ("BF16", "MOSTLY_BF16"),
+          "q8_0": ("Q8_0", "MOSTLY_Q8_0")}  # outtype -> its 2-D tensors' GGML type and the file type it declares
+
+
 def qtype(outtype: str) -> Any:
     """The GGML type of an outtype's 2-D tensors."""
     import gguf
 
-    return {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
-            "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[outtype]
+    return gguf.GGMLQuantizationType[_NAMES[outtype][0]]
+
+
+def file_type(outtype: str) -> Any:
+    """The llama.cpp file type a GGUF written at `outtype` declares."""
+    import gguf
+
+    return gguf.LlamaFileType[_NAMES[outtype][1]]
 
 
 def written_type(shape: Sequence[int], wanted: Any) -> Any:
