@@ -346,3 +346,23 @@ def test_cached_responses_from_other_sampling_settings_are_refused(pruned, promp
         "holds responses generated with other settings (backend, max_new_tokens, system_prompt, teacher, temp"
         in capsys.readouterr().err
     )
+
+
+def test_the_held_out_loss_after_training_reuses_the_trainers_evaluation_at_the_last_step(
+        pruned, prompts_file, tmp_path, monkeypatch):
+    """eval_steps falls on the last step: the trainer evaluated the trained weights there, so the loss after training
+    is that number, not a second evaluation of the same weights (steps 0, 1, 2: three evaluations, not four)."""
+    calls = []
+    evaluate = Trainer.evaluate
+
+    def counted(self, *args, **kwargs):
+        calls.append(self.state.global_step)
+        return evaluate(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "evaluate", counted)
+    out = tmp_path / "rec"
+    assert recover_cli(*io_args(pruned, prompts_file, out), "--train-eval-steps", "1") == 0
+    report = json.loads((out / "recover_report.json").read_text())
+    assert calls == [0, 1, 2]
+    step, loss = report["loss_curve"]["held_out"][-1]  # the merged model's CE, measured apart, agrees with it
+    assert step == 2 and loss == pytest.approx(report["held_out_loss"]["after"], abs=1e-4)

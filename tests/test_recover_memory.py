@@ -168,10 +168,16 @@ def test_max_memory_is_a_bound_the_plan_enforces_before_loading():
     assert optimizer == "adamw_8bit" and switched.fits
 
 
-def test_recover_refuses_a_plan_over_max_memory_before_loading(capsys, tiny_llama, tmp_path):
-    """--max-memory bounds recover's plan: refused in one line with the plan's numbers, nothing written."""
+def test_recover_refuses_a_plan_over_max_memory_before_loading(capsys, tiny_llama, tmp_path, monkeypatch):
+    """--max-memory bounds recover's plan: refused in one line with the plan's numbers, nothing written, and before
+    the teacher is loaded to generate (a plan over the bound with one-token examples cannot fit any data)."""
     from helpers import assert_one_line_error, run_cli
+    from layerprune.recover import runner
 
+    def no_teacher(*args, **kwargs):
+        raise AssertionError("the teacher was loaded to generate before the plan was refused")
+
+    monkeypatch.setattr(runner, "answer", no_teacher)
     out = tmp_path / "rec"
     code, _, err = run_cli(capsys, ["recover", "--model", str(tiny_llama), "--drop-blocks", "2,3", "--method", "full",
                                     "--prompts-samples", "4", "-o", str(out), "--device", "cpu",

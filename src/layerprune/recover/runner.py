@@ -111,6 +111,7 @@ def recover_model(recipe: RecoverRecipe, job: RecoverJob) -> RecoverReport:
     for note in notes:
         log.warning("%s", note)
     check_output_dir(job.output, job.overwrite, inputs=(Path(student.location),) if student.is_local else ())
+    refuse_over_bound(recipe, student, teacher, job)
     prompts, exclusion = prompt_sources.load_prompts(recipe.prompts, _data_dir(recipe, job))
     state = distributed_state(job.settings)
     job = replace(job, settings=rank_settings(job.settings, state))
@@ -135,6 +136,20 @@ def recover_model(recipe: RecoverRecipe, job: RecoverJob) -> RecoverReport:
         shutil.rmtree(job.work, ignore_errors=True)
     state.wait_for_everyone()
     return report
+
+
+def refuse_over_bound(recipe: RecoverRecipe, student: ModelSource, teacher: str, job: RecoverJob) -> None:
+    """Under --max-memory, refuse before the teacher is loaded a plan that is over the bound even with one-token
+    examples (weights, gradients, optimizer states and the teacher do not depend on the data); the method plans
+    again, exactly, on the generated responses."""
+    if not job.settings.resolved_max_memory():
+        return
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(student.location, trust_remote_code=job.settings.trust_remote_code)
+    if recipe.drop_blocks:
+        config.num_hidden_layers -= len(set(recipe.drop_blocks))
+    plan_for(recipe, config, job, cuda=job.settings.resolved_device().type == "cuda", seq_len=1, teacher=teacher)
 
 
 def rank_settings(settings: RunSettings, state: Any) -> RunSettings:

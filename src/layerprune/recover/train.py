@@ -360,7 +360,19 @@ def _complete(state: Path) -> bool:
 
 def loss_before(log_history: list[dict[str, Any]]) -> float | None:
     """The held-out loss evaluated at step 0, before training."""
-    return next((e["eval_loss"] for e in log_history if "eval_loss" in e and e.get("step") == 0), None)
+    return loss_at(log_history, 0)
+
+
+def loss_at(log_history: list[dict[str, Any]], step: int) -> float | None:
+    """The held-out loss the trainer evaluated at `step` (the last such entry), None where it did not."""
+    return next((e["eval_loss"] for e in reversed(log_history) if "eval_loss" in e and e.get("step") == step), None)
+
+
+def loss_after(trainer: Any) -> float:
+    """The held-out loss of the trained model: the trainer's own evaluation at the last step where eval_steps fell
+    on it (the same weights and held-out set: evaluating again would give the same number), else one evaluation."""
+    logged = loss_at(trainer.state.log_history, trainer.state.global_step)
+    return logged if logged is not None else trainer.evaluate()["eval_loss"]
 
 
 def loss_curve(log_history: list[dict[str, Any]], before: float | None) -> dict[str, list[list[float]]]:

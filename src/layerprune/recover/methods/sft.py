@@ -80,7 +80,7 @@ def train_sft(run: MethodRun) -> TrainResult:
     counter = budget.attach(trainer, recipe.train.max_tokens)
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     before = train.loss_before(trainer.state.log_history) if eval_set is not None else None
-    after = trainer.evaluate()["eval_loss"] if eval_set is not None else None
+    after = train.loss_after(trainer) if eval_set is not None else None
     log.info("held-out loss after training: %s (before %s)", _fmt(after), _fmt(before))
     saved = job.work / "final"
     trainer.save_model(str(saved))  # every rank: gathers FSDP / ZeRO-3 shards; the main process writes
