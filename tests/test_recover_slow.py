@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from layerprune.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL_DEMO = ["--recipe", "demo", "--samples", "16", "--max-new-tokens", "32", "--max-steps", "3",
+SMALL_DEMO = ["--recipe", "demo", "--samples", "16", "--max-new-tokens", "16", "--max-steps", "3",
               "--train-eval-steps", "3", "--device", "cpu"]
 
 
@@ -52,6 +52,8 @@ def test_demo_recipe_as_two_cpu_processes_over_gloo(shared_data, tmp_path):
         "2",
         "--max-new-tokens",
         "16",
+        "--held-out",  # the held-out evaluation over two processes is the FSDP tests' (test_recover_distributed)
+        "0",
         "--data-dir",
         str(shared_data),
         "-o",
