@@ -45,9 +45,10 @@ def gguf_sourced(tmp_path_factory) -> Path:
 @pytest.mark.parametrize(("outtype", "atol"), [("f32", 1e-4), pytest.param("q8_0", 0.05, marks=pytest.mark.slow)])
 def test_export_is_read_back_by_transformers_with_the_models_logits(gguf_sourced, tmp_path, outtype, atol,
                                                                    monkeypatch):
-    parses = counting_gguf_parses(monkeypatch)
+    parses, tokenizers = counting_gguf_parses(monkeypatch), counting_tokenizer_loads(monkeypatch)
     report = export_gguf(gguf_sourced, tmp_path / "m.gguf", outtype)
     assert parses.count(str(tmp_path / "m.gguf")) == 1  # the read-back's config, tokenizer and weights: one parse
+    assert tokenizers.count(str(gguf_sourced)) == 1  # the directory's tokenizer: the chat template and the read-back
     back = report.readback
     assert back["config_fields_differing"] == {} and back["tokenizer_ids_equal"]
     assert back["max_abs_logit_diff"] <= atol
@@ -73,6 +74,19 @@ def assert_converted_from_one_parse(path: Path, model_dir: Path, target: Path, p
     expected = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
     found = AutoModelForCausalLM.from_pretrained(target).state_dict()
     assert expected.keys() == found.keys() and all(torch.equal(expected[k], found[k]) for k in expected)
+
+
+def counting_tokenizer_loads(monkeypatch) -> list[str]:
+    """The directories (or files) AutoTokenizer loads from now on."""
+    loads: list[str] = []
+    load = AutoTokenizer.from_pretrained.__func__
+
+    def counting(cls, name, *args, **kwargs):
+        loads.append(str(name))
+        return load(cls, name, *args, **kwargs)
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", classmethod(counting))
+    return loads
 
 
 def counting_gguf_parses(monkeypatch) -> list[str]:

@@ -70,8 +70,10 @@ def export_gguf(model_dir: Path, output: Path, outtype: str = "q8_0", overwrite:
     tokenizer_gguf = source_gguf(model_dir, settings)
     start = time.perf_counter()
     quantized, checked = None, None
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)  # once: Gemma-3's 262k-token tokenizer takes seconds to load
     with _atomic_file(output) as tmp:
-        tensors = _write(tmp, model_dir, family, config, "f16" if outtype in QUANTS else outtype, tokenizer_gguf)
+        tensors = _write(tmp, model_dir, family, config, "f16" if outtype in QUANTS else outtype, tokenizer_gguf,
+                         tokenizer)
         if outtype in QUANTS:
             quantized = quantize_in_place(tmp, outtype)
             checked = check_quantized(tmp, model_dir, outtype) if verify else None
@@ -81,17 +83,17 @@ def export_gguf(model_dir: Path, output: Path, outtype: str = "q8_0", overwrite:
                               tokenizer_from=str(tokenizer_gguf), per_layer=per_layer_fields(output),
                               seconds=round(time.perf_counter() - start, 1), quantized=quantized)
         if verify:
-            report.readback = checked or _read_back(model_dir, output, family, config)
+            report.readback = checked or _read_back(model_dir, output, family, config, tokenizer)
     output.with_suffix(".export.json").write_text(report.model_dump_json(indent=2))
     return report
 
 
-def _read_back(model_dir: Path, output: Path, family: Any, config: Any) -> dict[str, Any]:
+def _read_back(model_dir: Path, output: Path, family: Any, config: Any, tokenizer: Any) -> dict[str, Any]:
     """transformers' GGUF loader where it reads the architecture (logits); else the file's tensors, decoded."""
     if family.arch in TRANSFORMERS_READS:
         from layerprune.export.readback import read_back
 
-        return read_back(model_dir, output)
+        return read_back(model_dir, output, tokenizer)
     from layerprune.export.readback_weights import read_back_weights
 
     return read_back_weights(model_dir, output, family, config)
@@ -103,7 +105,8 @@ def _config(model_dir: Path) -> Any:
     return AutoConfig.from_pretrained(model_dir)
 
 
-def _write(path: Path, model_dir: Path, family: Any, config: Any, outtype: str, tokenizer_gguf: Path) -> int:
+def _write(path: Path, model_dir: Path, family: Any, config: Any, outtype: str, tokenizer_gguf: Path,
+           tokenizer: Any) -> int:
     arch = gguf.MODEL_ARCH_NAMES[family.arch]
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_type(gguf.GGUFType.MODEL)
@@ -111,7 +114,7 @@ def _write(path: Path, model_dir: Path, family: Any, config: Any, outtype: str, 
     writer.add_file_type(file_type(outtype))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     family.metadata(writer, config)
-    template = getattr(AutoTokenizer.from_pretrained(model_dir), "chat_template", None)
+    template = getattr(tokenizer, "chat_template", None)
     copy_tokenizer(writer, tokenizer_gguf, template if isinstance(template, str) else None)
     tensors = add_tensors(writer, model_dir, family, config, outtype)
     writer.write_header_to_file()

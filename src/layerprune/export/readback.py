@@ -14,14 +14,15 @@ CONFIG_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_a
                  "num_key_value_heads", "head_dim", "vocab_size", "sliding_window")
 
 
-def read_back(model_dir: Path, path: Path) -> dict[str, Any]:
+def read_back(model_dir: Path, path: Path, tokenizer: Any = None) -> dict[str, Any]:
     """Config fields, tokenizer ids and logits of the GGUF (through transformers) against the directory.
 
     transformers' GGUF loader reads no per-layer sliding-window pattern (it assumes Gemma-3's every-6th default),
     so the model is built from the directory's config and only the weights and tokenizer come from the file.
-    export_gguf calls it inside `parsed_once()`, so the file's three loads here parse it once."""
+    export_gguf calls it inside `parsed_once()`, so the file's three loads here parse it once, with the directory's
+    tokenizer it loaded (`tokenizer`; loaded here when None)."""
     config = AutoConfig.from_pretrained(model_dir)
-    hf_tok = AutoTokenizer.from_pretrained(model_dir)
+    hf_tok = tokenizer or AutoTokenizer.from_pretrained(model_dir)
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     found = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     gguf_tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
