@@ -33,7 +33,9 @@ def test_demo_recipe_lowers_held_out_loss_and_the_merged_model_generates(shared_
 
 
 @pytest.mark.slow
-def test_demo_recipe_as_two_cpu_processes_over_gloo(shared_data, tmp_path):
+def test_demo_recipe_as_two_cpu_processes_over_gloo(shared_data, tiny_models, tmp_path):
+    """The demo recipe under `accelerate launch` with the CPU DDP config: both processes generate and train, one
+    saves. On a tiny model (the real model's recovery is the test above; two processes are the same code path)."""
     out = tmp_path / "demo-ddp"
     config = ROOT / "src" / "layerprune" / "accelerate" / "ddp-cpu.yaml"
     command = [
@@ -46,6 +48,10 @@ def test_demo_recipe_as_two_cpu_processes_over_gloo(shared_data, tmp_path):
         "layerprune.cli",
         "recover",
         *SMALL_DEMO,
+        "--model",
+        str(tiny_models("llama", 6)),
+        "--drop-blocks",
+        "2,3",
         "--samples",
         "8",
         "--max-steps",
@@ -63,4 +69,5 @@ def test_demo_recipe_as_two_cpu_processes_over_gloo(shared_data, tmp_path):
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((out / "recover_report.json").read_text())
-    assert report["data"]["steps"] == 2 and (out / "model.safetensors").is_file()
+    assert report["data"]["steps"] == 2 and report["data"]["generation"]["processes"] == 2
+    assert (out / "model.safetensors").is_file() and report["recipe"]["drop_blocks"] == [2, 3]
