@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 
 import pytest
 
@@ -47,3 +48,32 @@ def test_vllm_trusts_the_configuration_code_of_our_layout_only(tmp_path):
         handle.write("\nimport os  # someone else's code\n")
     assert "trust_remote_code" not in llm_kwargs(str(tmp_path), EngineSettings(), cpu=True)
     assert "trust_remote_code" not in llm_kwargs("m", EngineSettings(), cpu=True)
+
+
+def test_the_serving_check_runs_the_engine_in_this_process_and_leaves_the_environment_as_it_was(monkeypatch):
+    """A spawned engine core is a second interpreter to start (about half of a CPU start): the serving check's engine
+    is built with VLLM_ENABLE_V1_MULTIPROCESSING=0, the variable gone again after; a user's own setting wins."""
+    import sys
+    import types
+
+    from layerprune.models import serving
+    from layerprune.models.vllm_engine import MULTIPROCESSING_ENV
+
+    seen = []
+
+    class LLM:
+        def __init__(self, **kwargs):
+            seen.append(os.environ.get(MULTIPROCESSING_ENV))
+
+        def generate(self, prompts, params):
+            return [types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=[5, 6])]) for _ in prompts]
+
+    fake = types.SimpleNamespace(LLM=LLM, SamplingParams=lambda **kw: kw)
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setattr(serving, "shutdown_llm", lambda llm: None)
+    monkeypatch.delenv(MULTIPROCESSING_ENV, raising=False)
+    found, _ = serving.vllm_continuations("m", [[1, 2], [3]], RunSettings(device="cpu"))
+    assert found == [[5, 6], [5, 6]] and seen == ["0"] and MULTIPROCESSING_ENV not in os.environ
+    monkeypatch.setenv(MULTIPROCESSING_ENV, "1")
+    serving.vllm_continuations("m", [[1, 2]], RunSettings(device="cpu"))
+    assert seen == ["0", "1"] and os.environ[MULTIPROCESSING_ENV] == "1"

@@ -23,8 +23,8 @@ def vllm_continuations(directory: str, prompt_ids: list[list[int]], settings: Ru
     """vLLM's greedy continuations (token ids) of already-tokenized prompts, and its start and run seconds."""
     from vllm import SamplingParams  # type: ignore[import-not-found]
 
-    engine = dataclasses.replace(engine_settings(settings), max_num_seqs=len(prompt_ids),
-                                 max_model_len=max(map(len, prompt_ids)) + max_new_tokens)
+    engine = dataclasses.replace(engine_settings(settings), max_num_seqs=len(prompt_ids),  # a few prompts: in process
+                                 max_model_len=max(map(len, prompt_ids)) + max_new_tokens, in_process=True)
     start = time.perf_counter()
     llm = start_llm(directory, engine)
     started = time.perf_counter()
