@@ -113,3 +113,16 @@ def test_generation_config_eos_ends_generation(llama):
 def test_cut_at_stops():
     assert cut_at_stops("18 apples.\nQuestion: next", ("Question:", "</s>")) == "18 apples.\n"
     assert cut_at_stops("no stop here", ()) == "no stop here"
+
+
+def test_a_long_generation_says_how_far_it_is(llama, monkeypatch, caplog):
+    """Thousands of prompts (a variant's sampling) run for many minutes: progress is logged as it goes, not once at
+    the end (here every batch, the interval set to 0)."""
+    from layerprune.models import generate
+
+    model, tokenizer = llama
+    monkeypatch.setattr(generate, "PROGRESS_EVERY_S", 0.0)
+    with caplog.at_level("INFO", logger="layerprune.models.generate"):
+        generate_greedy(model, tokenizer, PROMPTS, 2, batch_size=2)
+    said = [r.getMessage().split(" (")[0] for r in caplog.records]
+    assert said == ["generated 2 of 5 continuations", "generated 4 of 5 continuations"]

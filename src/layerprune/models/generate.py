@@ -6,12 +6,16 @@ tokenizer's eos; never a hard-coded token), at a stop string, or after `max_new_
 
 from __future__ import annotations
 
+import logging
+import time
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+log = logging.getLogger(__name__)
+PROGRESS_EVERY_S = 60.0  # a long generation (a variant's sampling: thousands of prompts) says how far it is
 GREEDY: dict[str, Any] = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
 _CRITERIA: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -95,8 +99,12 @@ def generate_greedy(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_
     `add_special_tokens=False` for prompts already rendered with a chat template."""
     stops = list(stop_strings or [])
     texts: list[str] = []
+    began = said = time.monotonic()
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start: start + batch_size]
         rows = generate_ids(model, tokenizer, chunk, max_new_tokens, stops, add_special_tokens, **generation)
         texts += [cut_at_stops(text, stops) for text in tokenizer.batch_decode(rows, skip_special_tokens=True)]
+        if time.monotonic() - said >= PROGRESS_EVERY_S and len(texts) < len(prompts):
+            said = time.monotonic()
+            log.info("generated %d of %d continuations (%.0f s)", len(texts), len(prompts), said - began)
     return texts
