@@ -1,4 +1,6 @@
-"""Run `layerprune recover` as one process of a CPU FSDP2 group (gloo), for tests: `torchrun ... fsdp_cpu.py ARGS`.
+"""Run `layerprune recover` as one process of a CPU FSDP2 group (gloo), for tests: `torchrun ... fsdp_cpu.py ARGS`,
+or several recoveries one after the other in the same group: `$RECOVER_RUNS`, a JSON list of {"args", "gathered"}
+(one start of the group and its interpreters for all of them).
 
 accelerate turns FSDP on only for accelerator devices; on a CPU it would quietly run plain data parallel. This
 launcher lets its FSDP plugin apply to the gloo group too (FSDP2 itself runs on CPUs), and records the weights
@@ -7,6 +9,7 @@ gathered from every rank when training ends (to $GATHERED) so a test can compare
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -55,7 +58,14 @@ def main() -> int:
     AcceleratorState.__init__ = _fsdp_on_cpu
     for module in (train, distill):  # SFT's trainer and the distillation family's (kd, opd, replace)
         module.make_trainer = _recorded(module.make_trainer)
-    return cli_main(["recover", *sys.argv[1:]])
+    runs = json.loads(os.environ.get("RECOVER_RUNS") or "null") or [{"args": sys.argv[1:],
+                                                                       "gathered": os.environ["GATHERED"]}]
+    for run in runs:
+        os.environ["GATHERED"] = run["gathered"]
+        code = cli_main(["recover", *run["args"]])
+        if code:
+            return code
+    return 0
 
 
 if __name__ == "__main__":

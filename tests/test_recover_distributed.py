@@ -28,16 +28,23 @@ def pruned(tiny_models, tmp_path_factory) -> Path:
     return make_pruned_student(tiny_models("llama", 6), tmp_path_factory.mktemp("pruned") / "p2")
 
 
-def run_fsdp(pruned: Path, out: Path, method: str, *extra: str) -> dict[str, torch.Tensor]:
-    """torchrun two processes of `recover`; return the weights gathered from both ranks when training ended."""
-    gathered = out.parent / f"gathered-{method}.pt"
-    env = {**os.environ, **FSDP_ENV, "GATHERED": str(gathered), "PYTHONPATH": os.pathsep.join(sys.path)}
+METHODS = {"full": [], "lora": [], "kd": [], "opd": ["--opd-max-new-tokens", "6", "--train-grad-accum", "1"]}
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(pruned, tmp_path_factory) -> dict[str, tuple[Path, dict[str, torch.Tensor]]]:
+    """torchrun two processes that recover with each method in turn (one start of the group for the four); method
+    -> (its output, the weights gathered from both ranks when its training ended)."""
+    root = tmp_path_factory.mktemp("fsdp")
+    runs = [{"args": ["--model", str(pruned), "--prompts", str(pruned.parent / "prompts.jsonl"), "-o",
+                      str(root / method), "--method", method, *FAST, *extra],
+             "gathered": str(root / f"gathered-{method}.pt")} for method, extra in METHODS.items()]
+    env = {**os.environ, **FSDP_ENV, "RECOVER_RUNS": json.dumps(runs), "PYTHONPATH": os.pathsep.join(sys.path)}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               str(HERE / "fsdp_cpu.py"), "--model", str(pruned), "--prompts", str(pruned.parent / "prompts.jsonl"),
-               "-o", str(out), "--method", method, *FAST, *extra]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+               str(HERE / "fsdp_cpu.py")]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    return torch.load(gathered)
+    return {method: (root / method, torch.load(root / f"gathered-{method}.pt")) for method in METHODS}
 
 
 def merged_lora(gathered: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
@@ -70,32 +77,28 @@ def check_outputs(out: Path, pruned: Path, expected: dict[str, torch.Tensor], re
 
 
 @pytest.mark.slow
-def test_fsdp_full_sft_on_two_cpu_processes_saves_the_gathered_weights(pruned, tmp_path):
-    out = tmp_path / "full"
-    gathered = run_fsdp(pruned, out, "full")
+def test_fsdp_full_sft_on_two_cpu_processes_saves_the_gathered_weights(pruned, fsdp_runs):
+    out, gathered = fsdp_runs["full"]
     check_outputs(out, pruned, gathered)
 
 
 @pytest.mark.slow
-def test_fsdp_lora_on_two_cpu_processes_merges_the_gathered_adapter(pruned, tmp_path):
-    out = tmp_path / "lora"
-    gathered = run_fsdp(pruned, out, "lora")
+def test_fsdp_lora_on_two_cpu_processes_merges_the_gathered_adapter(pruned, fsdp_runs):
+    out, gathered = fsdp_runs["lora"]
     config = json.loads((out / "adapter" / "adapter_config.json").read_text())
     check_outputs(out, pruned, merged_lora(gathered, config["lora_alpha"] / config["r"]))
 
 
 @pytest.mark.slow
-def test_fsdp_kd_on_two_cpu_processes_saves_through_the_trainer_and_merges_once(pruned, tmp_path):
-    out = tmp_path / "kd"
-    gathered = run_fsdp(pruned, out, "kd")
+def test_fsdp_kd_on_two_cpu_processes_saves_through_the_trainer_and_merges_once(pruned, fsdp_runs):
+    out, gathered = fsdp_runs["kd"]
     config = json.loads((out / "adapter" / "adapter_config.json").read_text())
     check_outputs(out, pruned, merged_lora(gathered, config["lora_alpha"] / config["r"]))
 
 
 @pytest.mark.slow
-def test_fsdp_opd_on_two_cpu_processes_saves_through_the_trainer_and_merges_once(pruned, tmp_path):
-    out = tmp_path / "opd"
-    gathered = run_fsdp(pruned, out, "opd", "--opd-max-new-tokens", "6", "--train-grad-accum", "1")
+def test_fsdp_opd_on_two_cpu_processes_saves_through_the_trainer_and_merges_once(pruned, fsdp_runs):
+    out, gathered = fsdp_runs["opd"]
     config = json.loads((out / "adapter" / "adapter_config.json").read_text())
     # fully on-policy: the teacher answered only the held-out prompts
     check_outputs(out, pruned, merged_lora(gathered, config["lora_alpha"] / config["r"]), responses=2)
