@@ -4,6 +4,11 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
+# Python writes a module's bytecode when it first imports it and later processes reuse it (where the environment sets
+# PYTHONDONTWRITEBYTECODE, every test process would compile torch's and transformers' modules again), so the installs
+# compile nothing up front: the tests import a fraction of what they install
+export PYTHONDONTWRITEBYTECODE :=
+
 VLLM_VENV ?= .venv-vllm
 # pytest-xdist workers (one core each; a test module stays on one worker)
 TEST_WORKERS ?= 2

@@ -35,8 +35,9 @@ def pip_options(python: Path | str) -> dict[str, object]:
 
 def uv_environment(options: dict[str, object]) -> dict[str, str]:
     """uv's variables for pip's options."""
-    env = {"UV_INDEX_STRATEGY": "unsafe-best-match", "UV_COMPILE_BYTECODE": "1"}  # as pip: every later process
-    # imports compiled modules instead of compiling transformers and torch on first use, each test process at once
+    # no bytecode compiled up front (pip's default, uv's option): the Makefile lets Python write each module's
+    # bytecode when it is first imported, a fraction of the packages (torch's and transformers' whole trees: ~30 s)
+    env = {"UV_INDEX_STRATEGY": "unsafe-best-match"}
     if options.get("index_url"):
         env["UV_INDEX_URL"] = str(options["index_url"])
     for key, name, separator in (("extra_index_urls", "UV_EXTRA_INDEX_URL", " "), ("find_links", "UV_FIND_LINKS", ","),

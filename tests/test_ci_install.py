@@ -37,5 +37,5 @@ def test_no_index_and_constraints_carry_and_unset_options_stay_unset():
     uv = _module()
     env = uv.uv_environment({"index_url": None, "extra_index_urls": [], "find_links": ["/w"], "constraints": ["/c1",
                              "/c2"], "no_index": True, "cert": None})
-    assert env == {"UV_INDEX_STRATEGY": "unsafe-best-match", "UV_COMPILE_BYTECODE": "1", "UV_FIND_LINKS": "/w",
+    assert env == {"UV_INDEX_STRATEGY": "unsafe-best-match", "UV_FIND_LINKS": "/w",
                    "UV_CONSTRAINT": "/c1 /c2", "UV_NO_INDEX": "true"}
