@@ -299,3 +299,22 @@ def test_a_variant_spec_is_made_once_and_found_again_wherever_a_model_is_accepte
     code, _, err = run_cli(capsys, ["analyze", "importance", "--models", spec, "--dry-run",
                                     "--cache-dir", str(settings.resolved_cache_dir())])
     assert code == 0, err  # a command takes it where it takes a model
+
+
+def test_rft_dry_run_estimates_its_sampling_at_the_measured_rates(capsys, tiny_llama, tmp_path):
+    """rft's sampling (k answers to every problem) is most of its time on a CPU: the dry run counts every prompt
+    prefilled k times and every answer decoded to max_new_tokens, at the measured rates."""
+    from layerprune.posttrain.api import DECODE_S_PER_ROW_TOKEN, PREFILL_TOKENS_PER_S
+    from layerprune.posttrain.items import load_items
+    from layerprune.posttrain.schema import VariantRecipe
+
+    fields = {"kind": "rft", "model": str(tiny_llama), "format": "plain", "data": {"probes": {"arith_2d_add": 20}},
+              "sample": {"k": 4, "max_new_tokens": 6}}
+    code, out, _ = run_cli(capsys, ["variant", str(write_recipe(tmp_path / "r.yaml", fields)), "--dry-run"])
+    items, _ = load_items(VariantRecipe.model_validate(fields).data, None)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    tokens = 4 * sum(len(tokenizer(item.prompt)["input_ids"]) for item in items)
+    minutes = (tokens / PREFILL_TOKENS_PER_S + 20 * 4 * 6 * DECODE_S_PER_ROW_TOKEN) / 60
+    assert code == 0 and len(items) == 20
+    assert f"plus sampling: 20 problems x 4 answers of up to 6 tokens ({tokens} prompt tokens prefilled): " \
+           f"~{minutes:.0f} min on 2 idle CPU cores" in out
