@@ -317,4 +317,4 @@ def test_rft_dry_run_estimates_its_sampling_at_the_measured_rates(capsys, tiny_l
     minutes = (tokens / PREFILL_TOKENS_PER_S + 20 * 4 * 6 * DECODE_S_PER_ROW_TOKEN) / 60
     assert code == 0 and len(items) == 20
     assert f"plus sampling: 20 problems x 4 answers of up to 6 tokens ({tokens} prompt tokens prefilled): " \
-           f"~{minutes:.0f} min on 2 idle CPU cores" in out
+           f"~{minutes:.0f} min for SmolLM2-135M on 2 idle CPU cores" in out

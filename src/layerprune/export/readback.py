@@ -22,7 +22,7 @@ def read_back(model_dir: Path, path: Path, tokenizer: Any = None) -> dict[str, A
     export_gguf calls it inside `parsed_once()`, so the file's three loads here parse it once, with the directory's
     tokenizer it loaded (`tokenizer`; loaded here when None)."""
     config = AutoConfig.from_pretrained(model_dir)
-    hf_tok = tokenizer or AutoTokenizer.from_pretrained(model_dir)
+    hf_tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_dir)
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     found = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     gguf_tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

@@ -13,7 +13,7 @@ from layerprune.core.errors import LayerpruneError
 from layerprune.core.settings import RunSettings
 from layerprune.models.loading import load_model, resolve_model
 from layerprune.models.verification import VERIFY_PROMPTS, VERIFY_TOKENS, agreement, reference
-from layerprune.models.vllm_engine import engine_settings, require_vllm, shutdown_llm, start_llm
+from layerprune.models.vllm_engine import engine_settings, on_cpu, require_vllm, shutdown_llm, start_llm
 
 SERVE_CHECK = "serve_check.json"
 
@@ -23,8 +23,9 @@ def vllm_continuations(directory: str, prompt_ids: list[list[int]], settings: Ru
     """vLLM's greedy continuations (token ids) of already-tokenized prompts, and its start and run seconds."""
     from vllm import SamplingParams  # type: ignore[import-not-found]
 
-    engine = dataclasses.replace(engine_settings(settings), max_num_seqs=len(prompt_ids),  # a few prompts: in process
-                                 max_model_len=max(map(len, prompt_ids)) + max_new_tokens, in_process=True)
+    engine = dataclasses.replace(engine_settings(settings), max_num_seqs=len(prompt_ids),  # a few prompts: on a CPU
+                                 max_model_len=max(map(len, prompt_ids)) + max_new_tokens,  # the core in this process
+                                 in_process=on_cpu())
     start = time.perf_counter()
     llm = start_llm(directory, engine)
     started = time.perf_counter()

@@ -109,6 +109,11 @@ def engine_process(in_process: bool) -> Iterator[None]:
     os.environ[MULTIPROCESSING_ENV] = "0"
     try:
         yield
+    except BaseException:  # the in-process core froze vLLM's environment cache; its shutdown would have thawed it
+        from vllm import envs  # type: ignore[import-not-found]
+
+        getattr(envs, "disable_envs_cache", lambda: None)()
+        raise
     finally:
         os.environ.pop(MULTIPROCESSING_ENV, None)
 

@@ -180,14 +180,16 @@ def dry_run(recipe: VariantRecipe, settings: RunSettings | None = None, data_dir
 def sampling_estimate(recipe: VariantRecipe, items: list[Item], tokenizer: Any) -> str:
     """rft's sampling time at the measured CPU rates: every prompt prefilled once per answer, every answer decoded
     to max_new_tokens (an upper bound: a batch stops early only when all its answers have ended)."""
-    k, new = recipe.sample.k, recipe.sample.max_new_tokens
+    k = recipe.sample.k if recipe.sample.temperature > 0 else 1  # greedy: one answer, repeated
+    new = recipe.sample.max_new_tokens
     plain = recipe.format == "plain"  # as the sampler tokenizes: special tokens for plain text, the template's own
     prompt_tokens = k * sum(len(tokenizer(prompt_text(tokenizer, item, recipe.format), add_special_tokens=plain)
                                 ["input_ids"]) for item in items)
     minutes = (prompt_tokens / PREFILL_TOKENS_PER_S + len(items) * k * new * DECODE_S_PER_ROW_TOKEN) / 60
     return (f"plus sampling: {len(items)} problems x {k} answers of up to {new} tokens ({prompt_tokens} prompt "
-            f"tokens prefilled): ~{minutes:.0f} min on 2 idle CPU cores (prefill ~{PREFILL_TOKENS_PER_S:.0f} tokens/s, "
-            f"{DECODE_S_PER_ROW_TOKEN * 1000:.1f} ms an answer a token, measured at batch 64)")
+            f"tokens prefilled): ~{minutes:.0f} min for SmolLM2-135M on 2 idle CPU cores (prefill "
+            f"~{PREFILL_TOKENS_PER_S:.0f} tokens/s, {DECODE_S_PER_ROW_TOKEN * 1000:.1f} ms an answer a token, measured "
+            f"at batch 64; this recipe samples in batches of {recipe.sample.batch_size})")
 
 
 def plan_numbers(recipe: VariantRecipe, items: list[Item], tokenizer: Any) -> dict[str, int]:

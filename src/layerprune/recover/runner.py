@@ -20,6 +20,7 @@ from layerprune.core.settings import RunSettings
 from layerprune.models import ModelSource, load_model, resolve_model
 from layerprune.models.lineage import PRUNE_REPORT, SourceRecord, read_lineage
 from layerprune.models.loading import copy_tokenizer_files, load_tokenizer
+from layerprune.models.shards import sliced_config
 from layerprune.models.vllm_engine import engine_settings
 from layerprune.recover import budget, heldout, memory, selfgen, train
 from layerprune.recover import prompts as prompt_sources
@@ -53,7 +54,7 @@ def dry_run(recipe: RecoverRecipe, job: RecoverJob) -> memory.MemoryPlan:
     recipe, student, teacher, notes = plan_recover(recipe, job.settings)
     config = AutoConfig.from_pretrained(student.location, trust_remote_code=job.settings.trust_remote_code)
     if recipe.drop_blocks:
-        config.num_hidden_layers -= len(set(recipe.drop_blocks))
+        config = sliced_config(config, recipe.drop_blocks)
     seq_len, how = dry_run_length(recipe, student, job)
     optimizer, plan = plan_for(recipe, config, job, cuda=True, seq_len=seq_len, teacher=teacher)
     plan.notes.insert(0, how)
@@ -148,7 +149,7 @@ def refuse_over_bound(recipe: RecoverRecipe, student: ModelSource, teacher: str,
 
     config = AutoConfig.from_pretrained(student.location, trust_remote_code=job.settings.trust_remote_code)
     if recipe.drop_blocks:
-        config.num_hidden_layers -= len(set(recipe.drop_blocks))
+        config = sliced_config(config, recipe.drop_blocks)  # composite configs (Gemma-3) and per-layer fields too
     plan_for(recipe, config, job, cuda=job.settings.resolved_device().type == "cuda", seq_len=1, teacher=teacher)
 
 

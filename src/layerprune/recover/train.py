@@ -369,8 +369,9 @@ def loss_at(log_history: list[dict[str, Any]], step: int) -> float | None:
 
 
 def loss_after(trainer: Any) -> float:
-    """The held-out loss of the trained model: the trainer's own evaluation at the last step where eval_steps fell
-    on it (the same weights and held-out set: evaluating again would give the same number), else one evaluation."""
+    """The held-out loss of the trained model: the trainer's own evaluation at its last step where it made one
+    (transformers evaluates at max_steps; the same weights and held-out set: evaluating again gives the same number),
+    else one evaluation (a run a token budget stopped)."""
     logged = loss_at(trainer.state.log_history, trainer.state.global_step)
     return logged if logged is not None else trainer.evaluate()["eval_loss"]
 

@@ -61,7 +61,8 @@ def train_with_teacher(run: MethodRun) -> TrainResult:
     loaded = load_model(run.student, train.student_settings(recipe, job.settings))  # float32 master weights if full
     teacher = load_model(run.teacher, job.settings).model.eval()
     device = job.settings.resolved_device()
-    optimizer, plan = plan_for(recipe, loaded.model.config, job, cuda=device.type == "cuda")
+    optimizer, plan = plan_for(recipe, loaded.model.config, job, cuda=device.type == "cuda",
+                               teacher_config=teacher.config)  # the teacher at its own size, not the student's
     encoded = heldout.encode_rows(loaded.tokenizer, eval_rows, recipe.generate, recipe.train.max_length)
     metrics: dict[str, Any] = {"pruned": heldout.held_out_metrics(loaded.model, teacher, encoded) if encoded else None}
     data: dict[str, Any] = {"train_examples": len(train_rows), "train_prompts": len(train_prompts),
