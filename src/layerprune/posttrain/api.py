@@ -22,7 +22,7 @@ from layerprune.core.settings import RunSettings
 from layerprune.models.identity import model_hash
 from layerprune.models.loading import load_model, load_tokenizer, resolve_model
 from layerprune.posttrain.items import Item, load_items
-from layerprune.posttrain.methods import METHODS, Job, prompt_text
+from layerprune.posttrain.methods import METHODS, Job, draws_per_item, prompt_text
 from layerprune.posttrain.schema import VariantRecipe
 from layerprune.posttrain.train import Row, TrainResult, planned_steps, token_counts
 from layerprune.tasks.data import resolve_data_dir
@@ -180,7 +180,7 @@ def dry_run(recipe: VariantRecipe, settings: RunSettings | None = None, data_dir
 def sampling_estimate(recipe: VariantRecipe, items: list[Item], tokenizer: Any) -> str:
     """rft's sampling time at the measured CPU rates: every prompt prefilled once per answer, every answer decoded
     to max_new_tokens (an upper bound: a batch stops early only when all its answers have ended)."""
-    k = recipe.sample.k if recipe.sample.temperature > 0 else 1  # greedy: one answer, repeated
+    k = draws_per_item(recipe.sample.k, recipe.sample.temperature)
     new = recipe.sample.max_new_tokens
     plain = recipe.format == "plain"  # as the sampler tokenizes: special tokens for plain text, the template's own
     prompt_tokens = k * sum(len(tokenizer(prompt_text(tokenizer, item, recipe.format), add_special_tokens=plain)

@@ -52,7 +52,7 @@ def sample_answers(model: Any, tokenizer: Any, items: list[Item], fmt: str, k: i
     """k answers per item (greedy when temperature is 0: one, repeated), each cut before the item's stop."""
     torch.manual_seed(seed)
     sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {}
-    repeats = k if temperature > 0 else 1
+    repeats = draws_per_item(k, temperature)
     answers: list[list[str]] = [[] for _ in items]
     for stop in sorted({item.stop for item in items}):
         chosen = [n for n, item in enumerate(items) if item.stop == stop]
@@ -62,6 +62,11 @@ def sample_answers(model: Any, tokenizer: Any, items: list[Item], fmt: str, k: i
         for index, n in enumerate(chosen):
             answers[n] = texts[index * repeats:(index + 1) * repeats] * (k if repeats == 1 else 1)
     return answers
+
+
+def draws_per_item(k: int, temperature: float) -> int:
+    """How many answers sample_answers generates per item: k when sampling, one (repeated k times) when greedy."""
+    return k if temperature > 0 else 1
 
 
 def _sample(job: Job, model: Any, tokenizer: Any, greedy: bool = False) -> list[list[str]]:

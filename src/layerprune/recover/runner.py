@@ -49,12 +49,8 @@ def check_runnable(recipe: RecoverRecipe, settings: RunSettings) -> None:
 
 def dry_run(recipe: RecoverRecipe, job: RecoverJob) -> memory.MemoryPlan:
     """Print the plan (conflicts resolved, memory of the training step); load no weights."""
-    from transformers import AutoConfig
-
     recipe, student, teacher, notes = plan_recover(recipe, job.settings)
-    config = AutoConfig.from_pretrained(student.location, trust_remote_code=job.settings.trust_remote_code)
-    if recipe.drop_blocks:
-        config = sliced_config(config, recipe.drop_blocks)
+    config = student_config(recipe, student, job.settings)
     seq_len, how = dry_run_length(recipe, student, job)
     optimizer, plan = plan_for(recipe, config, job, cuda=True, seq_len=seq_len, teacher=teacher)
     plan.notes.insert(0, how)
@@ -145,12 +141,17 @@ def refuse_over_bound(recipe: RecoverRecipe, student: ModelSource, teacher: str,
     again, exactly, on the generated responses."""
     if not job.settings.resolved_max_memory():
         return
+    plan_for(recipe, student_config(recipe, student, job.settings), job,
+             cuda=job.settings.resolved_device().type == "cuda", seq_len=1, teacher=teacher)
+
+
+def student_config(recipe: RecoverRecipe, student: ModelSource, settings: RunSettings) -> Any:
+    """The config of the model that trains, read without weights: the student's, with the recipe's drop_blocks
+    applied as the prune applies them (composite configs such as Gemma-3's and per-layer fields too)."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(student.location, trust_remote_code=job.settings.trust_remote_code)
-    if recipe.drop_blocks:
-        config = sliced_config(config, recipe.drop_blocks)  # composite configs (Gemma-3) and per-layer fields too
-    plan_for(recipe, config, job, cuda=job.settings.resolved_device().type == "cuda", seq_len=1, teacher=teacher)
+    config = AutoConfig.from_pretrained(student.location, trust_remote_code=settings.trust_remote_code)
+    return sliced_config(config, recipe.drop_blocks) if recipe.drop_blocks else config
 
 
 def rank_settings(settings: RunSettings, state: Any) -> RunSettings:
