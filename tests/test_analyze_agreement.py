@@ -178,6 +178,9 @@ def test_invariance_verdict_rules():
     assert out["verdict"] == "not shown" and "target moved +1.0 points" in out["reasons"][0]
     assert invariance_verdict({"shift": 0.12, "interval": [-0.01, 0.25]}, _agreement(0.97, 1.0),
                               control)["verdict"] == "not shown"  # big but not off 0
+    out = invariance_verdict({"shift": -0.3, "interval": [-0.4, -0.2]}, _agreement(0.97, 1.0), control)
+    assert out["verdict"] == "not shown" and "target moved -30.0 points" in out["reasons"][0]  # a variant that got
+    # worse at its target did not learn what it was post-trained for: its profile says nothing of paper A's claim
     assert invariance_verdict(moved, control, None)["verdict"] == "different"  # the control, against the original
     assert invariance_verdict(moved, _agreement(0.97, None), None)["reasons"] == ["no positive control"]
     out = invariance_verdict(moved, _agreement(0.97, 0.95), _agreement(0.95, 0.92))

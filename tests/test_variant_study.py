@@ -262,7 +262,7 @@ def test_shipped_math_variant_study_dry_runs_offline(capsys, shared_data, tmp_pa
     assert not (tmp_path / "v").exists()
     assert "variant: posttrain recipe 'math-embedded' on embedded (made once, cached by fingerprint)" in out
     assert "control: the original with its most critical block (the largest drop on arith_2d_add) dropped" in out
-    assert "verdict: target arith_2d_add; invariant needs a shift >= 10 points" in out
+    assert "verdict: target arith_2d_add; invariant needs a rise >= 10 points" in out
     assert "embedded / arith_2d_add: teacher-forced nll (no generation), 100 items" in out
 
 

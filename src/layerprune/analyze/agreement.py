@@ -231,8 +231,9 @@ def invariance_verdict(shift: dict[str, Any] | None, agreement: dict[str, Any], 
 
     `agreement` and `control` are relative_agreement results (the variant's and the positive control's against
     the original); `shift` is score_shift on the target task. 'different': a defined ratio (Spearman or Jaccard)
-    below `bar`. Otherwise 'not shown' unless all of: the target score moved by at least `min_shift` (a fraction:
-    0.10 is 10 points) with its interval on the same side of 0; a defined ratio at or above the bar; and the
+    below `bar`. Otherwise 'not shown' unless all of: the target score rose by at least `min_shift` (a fraction:
+    0.10 is 10 points) with its interval above 0 (a variant worse at its target did not learn it); a defined ratio
+    at or above the bar; and the
     control below the bar on at least one measure (the comparison can fail). Else 'invariant'."""
     if undefined:
         return {"verdict": "not shown", "reasons": [f"no drops to compare: {why}" for why in undefined]}
@@ -247,9 +248,9 @@ def invariance_verdict(shift: dict[str, Any] | None, agreement: dict[str, Any], 
         reasons.append("no target score")
     else:
         low, high = shift["interval"] or (0.0, 0.0)
-        if abs(shift["shift"]) < min_shift or (low <= 0 <= high):
+        if shift["shift"] < min_shift or low <= 0:
             reasons.append(f"target moved {100 * shift['shift']:+.1f} points [{100 * low:+.1f}, {100 * high:+.1f}]"
-                           f"; needs >= {100 * min_shift:g} with the interval off 0")
+                           f"; needs >= +{100 * min_shift:g} with the interval above 0")
     if control is None:
         reasons.append("no positive control")
     elif control_undefined:

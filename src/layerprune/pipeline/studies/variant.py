@@ -79,7 +79,8 @@ class VariantStudy(BaseModel):
     alpha: float = Field(0.05, gt=0, lt=1, description="The intervals are (1 - alpha) percentile intervals")
     target: str | None = Field(None, description="The task whose unablated score the variant must move (paired, "
                                                  "on the importance items) for the verdict to be 'invariant'")
-    min_shift: float = Field(0.10, gt=0, le=1, description="The least move of the target score (0.10: 10 points)")
+    min_shift: float = Field(0.10, gt=0, le=1,
+                             description="The least rise of the target score (0.10: 10 points), its interval above 0")
     bar: float = Field(0.9, gt=0, le=1, description="'invariant' needs agreement / ceiling at least this")
     splits: int = Field(4, ge=1, description="Random halvings of the items the split-half ceiling averages over")
     control: ControlSpec | None = Field(None, description="The positive control (none: the verdict is 'not shown')")
@@ -438,7 +439,7 @@ def verdict_lines(study: VariantStudy, result: dict[str, Any]) -> list[str]:
              "mean of each model's agreement with itself across the halves (ceiling, the split-half reliability; no "
              f"Spearman-Brown step-up, both are at half the items); {1 - study.alpha:.0%} interval: each half "
              f"resampled within itself. 'invariant' needs the ratio >= {study.bar:g}, the target score moved by >= "
-             f"{100 * study.min_shift:g} points with its interval off 0, and the positive control below "
+             f"{100 * study.min_shift:g} points up with its interval above 0, and the positive control below "
              f"{study.bar:g}; 'different': a ratio below {study.bar:g}; else 'not shown'.", ""]
     if shift is None:
         lines.append("Target: none named (the recipe's `target`), so no verdict can be 'invariant'.")
@@ -475,7 +476,7 @@ def dry_run(study: VariantStudy, settings: RunSettings) -> str:
              else ")")
         lines.append(f"control: the original with {which} dropped, its importance on the same items, compared with "
                      "the original on the other blocks")
-    lines.append(f"verdict: target {study.target or 'none (never invariant)'}; invariant needs a shift >= "
+    lines.append(f"verdict: target {study.target or 'none (never invariant)'}; invariant needs a rise >= "
                  f"{100 * study.min_shift:g} points, agreement >= {study.bar:g} of the split-half ceiling "
                  f"({study.splits} halvings) and the control below it")
     if study.nmi is not None:
