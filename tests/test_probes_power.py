@@ -78,7 +78,7 @@ def test_the_gate_reports_every_candidate_with_its_interval_and_reason(monkeypat
              "brackets_d3": 0.4, "brackets_d4": 0.3, "reverse_l3": 0.5}
     real = calibrated.calibration_items
     monkeypatch.setattr(calibrated, "calibration_items",
-                        lambda task, n: [] if task == "reverse_l3" else real(task, n))
+                        lambda task, n, trained: ([], 0) if task == "reverse_l3" else real(task, n, trained))
     settings = ProbeCalibration(candidates=list(rates), items=100)
     lines: list[str] = []
     record = calibrate_probes(None, None, settings, lines.append, scorer=fake_scorer(rates))
@@ -98,6 +98,41 @@ def test_the_gate_reports_every_candidate_with_its_interval_and_reason(monkeypat
     for task in rates:  # one printed line per candidate, its decision in words
         assert sum(line.startswith(f"{task}: kept") or line.startswith(f"{task}: left out") for line in lines) == 1
     json.dumps(record)  # the sweep writes it as JSON
+
+
+def test_the_gate_passes_over_what_a_variant_was_trained_on(tiny_llama, tmp_path):
+    """A post-trained variant draws its data from the calibration stream the gate reads: the gate leaves those
+    questions out (the variant's report keeps its recipe), so it measures the skill, not what was memorized."""
+    import shutil
+
+    from layerprune.core.settings import RunSettings
+    from layerprune.pipeline.studies.sweep import CALIBRATION_FILE, calibrate
+    from layerprune.posttrain.api import REPORT, trained_questions
+    from layerprune.posttrain.schema import VariantRecipe
+
+    recipe = VariantRecipe(data={"probes": {"arith_2d_sub": 150, "brackets_mix": 40}, "seed": 0})
+    variant = tmp_path / "variant"
+    shutil.copytree(tiny_llama, variant)
+    (variant / REPORT).write_text(json.dumps({"recipe": recipe.model_dump(mode="json")}))
+    trained = trained_questions(variant)
+    assert len(trained) == 190 and trained_questions(tiny_llama) == frozenset()  # any other model: nothing
+    stream = generate_probes(probe_tasks()["arith_2d_sub"], 30, 0, stream="calib")
+    assert sum(p.question in trained for p in stream) > 20  # the first gate items are the variant's training items
+
+    settings = ProbeCalibration(candidates=["arith_2d_sub", "brackets_mix"], items=30)
+    calibrate(str(variant), settings, RunSettings(device="cpu"), tmp_path)
+    record = json.loads((tmp_path / CALIBRATION_FILE).read_text())
+    assert record["trained_questions"] == 190
+    for task in settings.candidates:
+        level = record["levels"][task]
+        assert level["items"] == 30 and level["trained_passed_over"] > 0, task
+    seen: dict[str, list] = {}
+    calibrate_probes(None, None, settings, scorer=lambda task, items: seen.setdefault(task, items) and [],
+                     trained=trained)
+    for task, items in seen.items():
+        assert len(items) == 30 and not {p.question for p in items} & trained, task
+        first = [p for p in generate_probes(probe_tasks()[task], 400, 0, stream="calib") if p.question not in trained]
+        assert [p.question for p in items] == [p.question for p in first[:30]]  # the stream's first untrained items
 
 
 def test_chat_format_renders_the_examples_as_turns_of_the_chat_template():

@@ -78,13 +78,31 @@ def wilson(correct: int, n: int, z: float = Z95) -> tuple[float, float]:
     return max(0.0, (centre - half) / (1 + z * z / n)), min(1.0, (centre + half) / (1 + z * z / n))
 
 
-def calibration_items(task: str, n: int) -> list[Probe]:
-    """Up to `n` calibration-stream items of a level; [] where it has no calibration stream (every question is an
+def calibration_items(task: str, n: int, trained: frozenset[str] = frozenset()) -> tuple[list[Probe], int]:
+    """Up to `n` calibration-stream items of a level whose question is not in `trained` (what the model was trained
+    on: a post-trained variant draws its data from the same stream), the stream's first such items; and how many
+    trained ones were passed over. ([], 0) where the level has no calibration stream (every question is an
     evaluation item)."""
+    args = probe_tasks()[task]
     try:
-        return generate_probes(probe_tasks()[task], n, EVAL_SEED, stream="calib")
+        drawn = generate_probes(args, n, EVAL_SEED, stream="calib")
     except RuntimeError:  # probes._avoiding: every draw was an evaluation question
-        return []
+        return [], 0
+    if trained and any(p.question in trained for p in drawn):
+        try:  # the stream is a prefix: a longer draw starts with the same items
+            drawn = generate_probes(args, n + len(trained), EVAL_SEED, stream="calib")
+        except RuntimeError:  # fewer distinct items than that: the first draw's untrained ones
+            pass
+    fresh: list[Probe] = []
+    passed = 0
+    for probe in drawn:
+        if len(fresh) == n:
+            break
+        if probe.question in trained:
+            passed += 1
+        else:
+            fresh.append(probe)
+    return fresh, passed
 
 
 def evaluation_items(task: str) -> int:
@@ -108,12 +126,13 @@ def greedy_scorer(model: Any, tokenizer: Any, settings: ProbeCalibration) -> Sco
     return score
 
 
-def score_level(task: str, settings: ProbeCalibration, scorer: Scorer) -> dict[str, Any]:
-    """A level's exact-match score on calibration-stream items with its 95% Wilson interval (score and interval
-    None where it has no calibration stream)."""
-    items = calibration_items(task, settings.items)
+def score_level(task: str, settings: ProbeCalibration, scorer: Scorer,
+                trained: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """A level's exact-match score on calibration-stream items the model was not trained on, with its 95% Wilson
+    interval (score and interval None where it has no calibration stream)."""
+    items, passed = calibration_items(task, settings.items, trained)
     record: dict[str, Any] = {"family": family_of(task), "items": len(items), "eval_items": evaluation_items(task),
-                              "score": None, "interval": None}
+                              "score": None, "interval": None, "trained_passed_over": passed}
     if items:
         correct = sum(scorer(task, items))
         record.update(score=correct / len(items), correct=correct, interval=list(wilson(correct, len(items))))
@@ -170,17 +189,21 @@ def level_lines(levels: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def calibrate_probes(model: Any, tokenizer: Any, settings: ProbeCalibration, progress: Any = None,
-                     scorer: Scorer | None = None) -> dict[str, Any]:
+                     scorer: Scorer | None = None, trained: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Measure every candidate level on the calibration stream and select; returns the record (kept tasks first).
 
-    `scorer` replaces the model's greedy answers (a test's stand-in); every level's line goes to `progress`."""
+    `trained`: questions the model was trained on (a variant's data, `posttrain.api.trained_questions`), passed
+    over: a gate read on them would say what the model memorized, not what it can do. `scorer` replaces the model's
+    greedy answers (a test's stand-in); every level's line goes to `progress`."""
     start = time.perf_counter()
     scorer = scorer or greedy_scorer(model, tokenizer, settings)
     scores = {}
     for task in settings.candidates:
-        scores[task] = score_level(task, settings, scorer)
+        scores[task] = score_level(task, settings, scorer, trained)
         if progress is not None and scores[task]["score"] is not None:
-            progress(f"{task}: {_percent(scores[task])} on the calibration stream")
+            passed = scores[task]["trained_passed_over"]
+            progress(f"{task}: {_percent(scores[task])} on the calibration stream"
+                     + (f" ({passed} items the model was trained on passed over)" if passed else ""))
     levels = select_levels(scores, settings)
     if progress is not None:
         progress(f"probes-calibrated: band {100 * settings.low:.0f}-{100 * settings.high:.0f}%, at most "
@@ -188,7 +211,8 @@ def calibrate_probes(model: Any, tokenizer: Any, settings: ProbeCalibration, pro
         for line in level_lines(levels):
             progress(line)
     return {"kept": [t for t, r in levels.items() if r["kept"]], "levels": levels,
-            "settings": settings.model_dump(), "stream": "calib", "seconds": time.perf_counter() - start}
+            "settings": settings.model_dump(), "stream": "calib", "trained_questions": len(trained),
+            "seconds": time.perf_counter() - start}
 
 
 def kept_tasks(record_path: Path) -> list[str]:

@@ -66,6 +66,19 @@ def cached_fingerprint(folder: Path) -> str | None:
         return None
 
 
+def trained_questions(folder: Path, data_dir: Path | None = None) -> frozenset[str]:
+    """The probe questions a model made by `layerprune variant` was trained or prompted on (its recipe's items,
+    drawn again from the recipe its report keeps; rft and grpo prompted on every one); empty for any other model.
+    What scores such a model as an unseen problem (the sweep's probe gate) leaves these out."""
+    try:
+        report = json.loads((folder / REPORT).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return frozenset()
+    recipe = VariantRecipe.model_validate(report["recipe"])
+    items, _ = load_items(recipe.data, resolve_data_dir(data_dir))
+    return frozenset(item.messages[-1][1] for item in items if item.source != "gsm8k")
+
+
 def make_variant(recipe: VariantRecipe, settings: RunSettings | None = None, output: Path | None = None,
                  data_dir: Path | None = None) -> Path:
     """Post-train `recipe.model` by the recipe; the checkpoint's folder (the cache's, or `output`).

@@ -305,13 +305,15 @@ def run_stage(study: SweepStudy, settings: RunSettings, root: Path, stage: str) 
 
 def calibrate(model: str | None, probes: ProbeCalibration, settings: RunSettings, root: Path) -> None:
     """The probe gate (the sweep's stage, a recovery study's too): which candidate levels the original `model` can
-    do, on the calibration stream, in root/probes_calibrated.json."""
+    do, on the calibration stream (less what a variant `model` was trained on), in root/probes_calibrated.json."""
     from layerprune.core.outputs import write_atomic
     from layerprune.evaluate.calibrated import calibrate_probes
     from layerprune.models import load_model
+    from layerprune.posttrain.api import trained_questions
 
     loaded = load_model(model, settings)
-    record = calibrate_probes(loaded.model, loaded.tokenizer, probes, lambda m: log.info("  %s", m))
+    trained = trained_questions(Path(loaded.source.location)) if loaded.source.is_local else frozenset()
+    record = calibrate_probes(loaded.model, loaded.tokenizer, probes, lambda m: log.info("  %s", m), trained=trained)
     write_atomic(root / CALIBRATION_FILE, json.dumps(record, indent=1))
 
 
