@@ -186,16 +186,16 @@ def test_recover_refuses_a_plan_over_max_memory_before_loading(capsys, tiny_llam
     assert not out.exists()
 
 
-def saved_bytes_per_block(config: LlamaConfig, lora: bool, tokens: int) -> float:
+def saved_bytes_per_block(config, lora: bool, tokens: int, whole: bool = False) -> float:
     """Bytes the second decoder block saves for backward (torch's saved_tensors_hooks; unique storages, parameters
-    left out), per token, in float32 with sdpa."""
+    left out), per token, in float32 with sdpa; `whole`: what the whole model saves."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     config._attn_implementation = "sdpa"
     model = AutoModelForCausalLM.from_config(config)
-    block = model.model.layers[1]
+    block = model.model.layers[1 if len(model.model.layers) > 1 else 0]
     if lora:
         model = get_peft_model(model, LoraConfig(r=16, target_modules="all-linear"))
     model.train()
@@ -206,7 +206,7 @@ def saved_bytes_per_block(config: LlamaConfig, lora: bool, tokens: int) -> float
 
     def pack(t):
         storage = t.untyped_storage()
-        if inside[0] and storage.data_ptr() not in params:
+        if (inside[0] or whole) and storage.data_ptr() not in params:
             seen.setdefault(storage.data_ptr(), storage.nbytes())
         return t
 
@@ -227,6 +227,29 @@ def test_planned_activations_per_block_are_what_a_block_saves(lora):
                          **kwargs) for n in (2, 3)]
     planned = (plans[1].activations - plans[0].activations) * 1e9 / tokens
     assert planned == pytest.approx(counted, rel=0.02), (planned, counted)
+
+
+@pytest.mark.parametrize("part", ["attn", "mlp"])
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_a_block_without_a_sublayer_plans_what_it_saves(part, lora):
+    """A Nemotron-NAS block whose attention (or MLP) is removed saves only its other sublayer's tensors: the plan
+    counts each sublayer present, not whole blocks (it counted a whole block for every block)."""
+    from layerprune.models.nas_surgery import nas_config
+    from layerprune.models.sublayers import Sublayer
+
+    base = LlamaConfig(**dict(SMALL, num_hidden_layers=2))
+    tokens = 128
+    partial = nas_config(base, [Sublayer(1, part)])  # block 1 keeps one sublayer
+    one_block = nas_config(base, [Sublayer(1, "attn"), Sublayer(1, "mlp")])  # block 1 gone
+    # what block 1 adds to the model's saved tensors (the rotary cos/sin its attention saves are the model's, shared)
+    counted = saved_bytes_per_block(partial, lora, tokens, whole=True) - saved_bytes_per_block(one_block, lora,
+                                                                                                tokens, whole=True)
+    kwargs = dict(seq_len=tokens, batch_size=1, weight_bytes=4, lora_r=16 if lora else 0, gradient_checkpointing=False)
+    plans = [plan_memory(model_shape(config), "lora" if lora else "full", **kwargs) for config in (one_block, partial)]
+    planned = (plans[1].activations - plans[0].activations) * 1e9 / tokens
+    assert planned == pytest.approx(counted, rel=0.02), (planned, counted)
+    whole = saved_bytes_per_block(LlamaConfig(**dict(SMALL, num_hidden_layers=2)), lora, tokens)
+    assert counted < 0.8 * whole  # the case is one the old whole-block count got wrong
 
 
 def test_adamw_on_cuda_plans_its_multi_tensor_steps_temporary():

@@ -42,6 +42,18 @@ class ModelShape:
     vocab: int
     kv_width: int = 0  # key_value_heads * head_dim (0: attn_width)
     block_linears: int = 7  # linears per block (LoRA's adapters per block with all-linear)
+    # a model whose blocks differ (the Nemotron-NAS layout: a sublayer may be absent, widths per block): the kv width
+    # of each attention present and the intermediate size of each FFN present; empty: every block has both, at
+    # kv_width and intermediate
+    attentions: tuple[int, ...] = ()
+    ffns: tuple[int, ...] = ()
+    attn_linears: int = 4  # of block_linears, those in the attention (q, k, v, o)
+
+    def sublayers(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(kv width of each attention, intermediate size of each FFN) over the blocks."""
+        if self.attentions or self.ffns:
+            return self.attentions, self.ffns
+        return (self.kv_width or self.attn_width,) * self.layers, (self.intermediate,) * self.layers
 
 
 @dataclass
@@ -82,32 +94,75 @@ def model_shape(config: Any) -> ModelShape:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    linears = [m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "lm_head" not in name]
+    named = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "lm_head" not in name]
+    linears = [m for _, m in named]
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    attentions, ffns = nas_sublayers(text, heads, head_dim)
+    in_attention = sum("attn" in name for name, _ in named)
     return ModelShape(
         params=sum(p.numel() for p in model.parameters()),
         linear_params=sum(m.weight.numel() for m in linears),
         lora_dims=sum(m.in_features + m.out_features for m in linears),
         layers=text.num_hidden_layers, hidden=text.hidden_size, intermediate=text.intermediate_size,
         attn_width=heads * head_dim, vocab=text.vocab_size, kv_width=kv_heads * head_dim,
-        block_linears=len(linears) // max(text.num_hidden_layers, 1),
+        block_linears=len(linears) // max(text.num_hidden_layers, 1), attentions=attentions, ffns=ffns,
+        attn_linears=round(in_attention / max(len(attentions) or text.num_hidden_layers, 1)),
     )
 
 
+def nas_sublayers(config: Any, heads: int, head_dim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A Nemotron-NAS (DeciLM) config's sublayers: the kv width of each attention present and the intermediate size
+    of each FFN present; ((), ()) for a config whose blocks are all alike."""
+    blocks = getattr(config, "block_configs", None)
+    if not blocks:
+        return (), ()
+    from layerprune.models.nemotron_nas.configuration_decilm import ffn_mult_to_intermediate_size
+
+    attentions = tuple(heads // block.attention.n_heads_in_group * head_dim for block in blocks
+                       if not block.attention.no_op)
+    ffns = tuple(ffn_mult_to_intermediate_size(block.ffn.ffn_mult, config.hidden_size) for block in blocks
+                 if not block.ffn.no_op)
+    return attentions, ffns
+
+
+def attention_bytes(shape: ModelShape, kv: int, act_bytes: int, lora_r: int = 0) -> int:
+    """Bytes an attention sublayer (its norm included) saves for backward per token: full training (`lora_r` 0) or
+    LoRA adapters of rank `lora_r` (peft keeps them in float32 and casts each adapted linear's input to float32
+    before lora_A)."""
+    h, attn = shape.hidden, shape.attn_width
+    saved = 4 * h + act_bytes * ATTN_SAVED * (attn + kv)  # the norm keeps its input upcast to float32
+    if not lora_r:  # the norm's weight keeps its normalized input, q/k/v's weights the norm's output (o_proj's
+        return saved + act_bytes * 2 * h  # input is sdpa's output, saved above)
+    # lora_A keeps its input: in float32, one per distinct input (the norm's output); else a float32 copy per
+    # adapted linear (q, k, v and o_proj); lora_B keeps lora_A's output
+    inputs = h if act_bytes == 4 else (NORM_INPUT_LINEARS - 2) * h + attn
+    return saved + 4 * inputs + 4 * lora_r * shape.attn_linears
+
+
+def ffn_bytes(shape: ModelShape, intermediate: int, act_bytes: int, lora_r: int = 0) -> int:
+    """Bytes a gated MLP sublayer (its norm included) saves for backward per token; see attention_bytes."""
+    h, i = shape.hidden, intermediate
+    saved = 4 * h + act_bytes * MLP_SAVED * i
+    if not lora_r:  # the norm's normalized input and output, and the product (down_proj's input)
+        return saved + act_bytes * (2 * h + i)
+    inputs = h + i if act_bytes == 4 else 2 * h + i  # gate and up share the norm's output in float32
+    return saved + 4 * inputs + 4 * lora_r * (shape.block_linears - shape.attn_linears)
+
+
 def block_bytes(shape: ModelShape, act_bytes: int, lora_r: int = 0) -> int:
-    """Bytes one block saves for backward per token: full training (`lora_r` 0) or LoRA adapters of rank `lora_r`
-    (peft keeps them in float32 and casts each adapted linear's input to float32 before lora_A)."""
-    h, i, attn, kv = shape.hidden, shape.intermediate, shape.attn_width, shape.kv_width or shape.attn_width
-    saved = 4 * NORMS_PER_BLOCK * h + act_bytes * (ATTN_SAVED * (attn + kv) + MLP_SAVED * i)
-    if not lora_r:  # the norms' weights keep their normalized input, the linears' weights their inputs (the norms'
-        return saved + act_bytes * (2 * NORMS_PER_BLOCK * h + i)  # outputs, the MLP product; o_proj's is sdpa's)
-    if act_bytes == 4:  # lora_A keeps its input: one per distinct input (norm outputs, MLP product)
-        inputs = NORMS_PER_BLOCK * h + i
-    else:  # a float32 copy per adapted linear, o_proj's too
-        inputs = NORM_INPUT_LINEARS * h + attn + i
-    return saved + 4 * inputs + 4 * lora_r * shape.block_linears  # lora_B keeps lora_A's output
+    """Bytes the largest block saves for backward per token (every block of a model whose blocks are alike)."""
+    attentions, ffns = shape.sublayers()
+    return (max((attention_bytes(shape, kv, act_bytes, lora_r) for kv in attentions), default=0)
+            + max((ffn_bytes(shape, i, act_bytes, lora_r) for i in ffns), default=0))
+
+
+def stack_bytes(shape: ModelShape, act_bytes: int, lora_r: int = 0) -> int:
+    """Bytes all the blocks save for backward per token: each sublayer present, at its own width."""
+    attentions, ffns = shape.sublayers()
+    return (sum(attention_bytes(shape, kv, act_bytes, lora_r) for kv in attentions)
+            + sum(ffn_bytes(shape, i, act_bytes, lora_r) for i in ffns))
 
 
 def activation_bytes(shape: ModelShape, tokens: int, act_bytes: int, checkpointing: bool, lora_r: int = 0) -> float:
@@ -117,10 +172,10 @@ def activation_bytes(shape: ModelShape, tokens: int, act_bytes: int, checkpointi
     per_block = block_bytes(shape, act_bytes, lora_r)
     head = 4 * shape.hidden + (0 if lora_r else 2 * act_bytes * shape.hidden)  # final norm (and lm_head's input)
     logits = 4 * LOGIT_COPIES * shape.vocab + head
-    backward = act_bytes * BACKWARD_PER_INTERMEDIATE * shape.intermediate
+    backward = act_bytes * BACKWARD_PER_INTERMEDIATE * max(shape.sublayers()[1], default=0)
     if checkpointing:
         return tokens * (shape.layers * shape.hidden * act_bytes + max(logits, per_block + backward))
-    return tokens * (shape.layers * per_block + max(logits, backward))
+    return tokens * (stack_bytes(shape, act_bytes, lora_r) + max(logits, backward))
 
 
 def plan_memory(shape: ModelShape, method: str, seq_len: int, batch_size: int, optimizer: str = "adamw_torch",
