@@ -34,7 +34,7 @@ def nas_student(tmp_path_factory) -> tuple[Path, Path]:
     return root / "pruned", prompts
 
 
-@pytest.mark.parametrize("method", ["lora", "kd"])
+@pytest.mark.parametrize("method", ["lora", "full", "kd"])
 def test_a_sublayer_pruned_student_recovers_and_keeps_its_layout(nas_student, tmp_path, method):
     pruned, prompts = nas_student
     out = tmp_path / method
@@ -47,6 +47,17 @@ def test_a_sublayer_pruned_student_recovers_and_keeps_its_layout(nas_student, tm
     before, after = report["held_out_loss"]["before"], report["held_out_loss"]["after"]
     assert after < before
     AutoModelForCausalLM.from_pretrained(out)  # layerprune's class reads it
+    card = (out / "README.md").read_text()  # the card says which sublayers went, not "dropped blocks: []"
+    assert "- removed sublayers (original numbering): 2.attn, 3.mlp; whole blocks gone: none" in card, card
+
+
+def test_the_run_report_names_the_removed_sublayers(nas_student):
+    from layerprune.models.lineage import read_lineage
+    from layerprune.pipeline.report import _prune_lines
+
+    text = "\n".join(_prune_lines(read_lineage(nas_student[0])))
+    assert "## Removed sublayers" in text and "Dropped (original numbering)" not in text
+    assert "Removed sublayers (original numbering): 2.attn, 3.mlp; whole blocks gone: none; KV cache kept:" in text
 
 
 def test_merge_refuses_a_sublayer_pruned_student_in_one_line(nas_student, tmp_path, capsys):

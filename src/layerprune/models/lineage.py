@@ -77,6 +77,16 @@ class PrunedLineage(BaseModel):
     num_blocks_before: int
     num_blocks_after: int
     provenance: Provenance
+    removed_sublayers: list[str] | None = None  # a sublayer prune's removals (BLOCK.attn, BLOCK.mlp); None: blocks
+    kv_cache_kept: float | None = None
+
+    def removal(self) -> str:
+        """What the prune removed, in words: the blocks dropped, or the sublayers (and the KV cache kept)."""
+        if self.removed_sublayers is None:
+            return f"dropped blocks (original numbering): {self.dropped}"
+        kv = f"; KV cache kept: {self.kv_cache_kept:.3g}x" if self.kv_cache_kept is not None else ""
+        return (f"removed sublayers (original numbering): {', '.join(self.removed_sublayers) or 'none'}; whole blocks "
+                f"gone: {self.dropped or 'none'}{kv}")
 
 
 class SublayerLineage(BaseModel):

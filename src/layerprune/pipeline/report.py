@@ -201,7 +201,7 @@ def _prune_lines(prune: PrunedLineage | None, scores_png: str | None = None) -> 
     method = prune.method
     lines = [
         "",
-        "## Dropped blocks",
+        "## Removed sublayers" if prune.removed_sublayers is not None else "## Dropped blocks",
         "",
         f"Score `{method.score}`"
         + (
@@ -210,7 +210,8 @@ def _prune_lines(prune: PrunedLineage | None, scores_png: str | None = None) -> 
             else ""
         )
         + f"; calibration: {prune.calibration.description if prune.calibration else 'none'}.",
-        f"Dropped (original numbering): {prune.dropped}; protected: {method.protect}.",
+        (f"Dropped (original numbering): {prune.dropped}" if prune.removed_sublayers is None
+         else prune.removal()[:1].upper() + prune.removal()[1:]) + f"; protected: {method.protect}.",
         "",
     ]
     if scores_png:

@@ -48,8 +48,8 @@ class PruneRecipe(BaseModel):
         description="Prune to a target instead of --drop/--layers: params=6.5B or params=0.8x (parameters left), "
         "memory=12GiB or memory=0.7x (weight bytes at the saved dtype; the KV cache is not counted), kv-cache=0.5x "
         "(KV-cache bytes per token left), speedup=1.4x (measured on this device: prefill and decode tokens/s both "
-        "that much faster; whole blocks only); the lowest-scored blocks (sublayers at a finer --granularity) go "
-        "until it is met",
+        "that much faster; at a finer --granularity, as the Nemotron-NAS layout runs the candidate); the "
+        "lowest-scored blocks (sublayers at a finer --granularity) go until it is met",
     )
     outtype: str | None = Field(
         None,

@@ -84,6 +84,7 @@ def model_card(report: RecoverReport, lineage: PrunedLineage | None) -> ModelCar
     data = ModelCardData(base_model=base, library_name="transformers", pipeline_tag="text-generation",
                          tags=["layerprune", "pruned", "recovered", f"recover-{recipe.method}"], layerprune={
                              "dropped_blocks": lineage.dropped if lineage is not None else None,
+                             "removed_sublayers": lineage.removed_sublayers if lineage is not None else None,
                              "score": lineage.method.score if lineage is not None else None,
                              "recover_method": recipe.method, "recover_recipe": recipe.name, "teacher": report.teacher})
     loss = report.held_out_loss
@@ -91,8 +92,8 @@ def model_card(report: RecoverReport, lineage: PrunedLineage | None) -> ModelCar
         f"# {base} pruned and recovered with {recipe.method}", "",
         f"Made with layerprune {report.provenance.layerprune}: the pruned model `{student}` fine-tuned on the "
         f"teacher `{report.teacher}`'s answers with recipe `{recipe.name}` (method {recipe.method}).", "",
-        f"- dropped blocks (original numbering): {lineage.dropped if lineage is not None else 'unknown'}",
-        f"- block score: {f'`{lineage.method.score}`' if lineage is not None else 'unknown'}",
+        f"- {lineage.removal() if lineage is not None else 'dropped blocks: unknown'}",
+        f"- score: {f'`{lineage.method.score}`' if lineage is not None else 'unknown'}",
         f"- teacher: `{report.teacher}`",
         f"- held-out loss on teacher answers: {_loss(loss.before)} -> {_loss(loss.after)}",
         f"- {_tokens(report)}, {report.data.get('steps', '?')} optimizer steps, "
