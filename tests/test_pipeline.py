@@ -86,6 +86,7 @@ def assert_figures_are_the_records(run: Path, report: str) -> None:
         assert cell.startswith(f"{statistics.fmean(diffs):+.4f} ± {se:.4f} [") and f"; b/c {b}/{c}, " in cell
     base, pruned, recovered = (means[role] for role in ROLES)
     glance = table_row(report, "arith_1dc", after="## Outcome at a glance")
+    assert report.split("## Outcome at a glance\n\n", 1)[1].startswith("| task")  # the compact table leads
     assert glance[:6] == ["arith_1dc", "arithmetic", str(n), *(f"{100 * means[role]:.1f}" for role in ROLES)]
     assert glance[6] == ("no clear drop" if "(within noise)" in row[6] else row[12])
     if "(within noise)" in row[6]:

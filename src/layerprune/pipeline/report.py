@@ -159,11 +159,11 @@ def write_report(recipe: RunRecipe, paths: Any) -> Path:
     comparison = compare(summaries, paths.root / "eval", folders) if len(summaries) > 1 else None
     speed = measure_speed(paths, recipe.model)
     lines = [f"# layerprune run: {recipe.name}", "", recipe.description, "", "## Outcome at a glance", ""]
+    if comparison:  # the compact table leads: task, n, the three scores, the share won back with its interval
+        lines += [glance_table(comparison["rows"], comparison["averages"], list(summaries)), ""]
     lines += [f"- {line}" for line in verdict(comparison["averages"] if comparison else []) + noise_note(summaries)
               + overlap_note(summaries)]
     lines += _model_lines(prune, paths, speed)
-    if comparison:
-        lines += ["", glance_table(comparison["rows"], comparison["averages"], list(summaries))]
     lines += ["", "## Evaluation: baseline / pruned / recovered, every paired figure", ""]
     if comparison:
         lines += [comparison["table"], ""]
