@@ -147,6 +147,30 @@ def test_distill_trains_on_the_teachers_greedy_answers(tiny_models, settings, tm
     report = json.loads((make_variant(recipe, settings, tmp_path / "d") / REPORT).read_text())
     assert report["teacher"] == str(teacher) and report["data"]["teacher_answers"] == 8
     assert report["train"]["steps"] == 1
+    card = (tmp_path / "d" / "README.md").read_text()
+    assert f"- trained on the teacher's greedy answers: 8, {report['data']['teacher_right']} graded right" in card
+
+
+def test_the_card_says_what_rft_and_grpo_trained_on():
+    """An rft card names the samples and the right ones it trained on (it said only '2700 problems'), a grpo card
+    its completions and reward."""
+    from layerprune.posttrain.api import model_card
+
+    base = {"kind": "rft", "source_model": "embedded", "format": "plain", "teacher": None, "seconds": 1.0,
+            "fingerprint": "0" * 64, "provenance": {"layerprune": "0"},
+            "recipe": VariantRecipe(kind="rft", sample={"k": 8, "temperature": 0.8}).model_dump(mode="json"),
+            "data": {"items": 2700, "per_source": {"arith_2d_add": 2700}, "calibration_seed": 1,
+                     "scored_items_trained": 0, "exclude_probe_seeds": [0], "dropped_scored": {},
+                     "sampled": 21600, "kept_right": 587, "problems_solved": 575},
+            "train": {"method": "full", "steps": 37, "sequences": 587, "tokens": 1, "target_tokens": 1,
+                      "loss_first": 0.55079, "loss_last": 0.35014}}
+    card = model_card(base)
+    assert ("- trained on its own right answers: 21600 samples (8 a problem at temperature 0.8), 587 graded right "
+            "(2.7%; 575 problems solved at least once), SFT on those") in card
+    assert "loss 0.5508 -> 0.3501" in card
+    grpo = {**base, "kind": "grpo", "recipe": VariantRecipe(kind="grpo").model_dump(mode="json"),
+            "data": {**base["data"], "reward_first": 0.0625, "reward_last": 0.18125}}
+    assert "mean reward of a logging window 0.0625 (first) -> 0.1812 (last)" in model_card(grpo)
 
 
 def test_grpo_reward_is_the_graders_verdict():

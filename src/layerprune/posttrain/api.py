@@ -160,11 +160,35 @@ def model_card(report: dict[str, Any]) -> str:
         f"- data: {data['items']} problems ({sources}); calibration seed {data['calibration_seed']}",
         f"- evaluation items trained on: {data['scored_items_trained']} (checked against the evaluation items of "
         f"probe seeds {data['exclude_probe_seeds']}; dropped as scored: {data['dropped_scored']})",
+        *how_trained(report),
         f"- steps {train['steps']}, sequences {train['sequences']}, unpadded tokens {train['tokens']} "
-        f"(target tokens {train['target_tokens']}), loss {train['loss_first']} -> {train['loss_last']}",
+        f"(target tokens {train['target_tokens']}), loss {_number(train['loss_first'])} -> "
+        f"{_number(train['loss_last'])}",
         f"- time {report['seconds']} s; fingerprint {report['fingerprint'][:16]}",
         f"- layerprune {report['provenance']['layerprune']}; the recipe and provenance are in variant_report.json",
         ""])
+
+
+def how_trained(report: dict[str, Any]) -> list[str]:
+    """What the problems became before training, by kind: rft's samples and the right ones kept, distill's teacher
+    answers, grpo's sampled completions and reward (sft trains on the gold answers as they are)."""
+    data, sample = report["data"], report.get("recipe", {}).get("sample", {})
+    draws = f"{sample.get('k')} a problem at temperature {sample.get('temperature')}" if sample else "sampled"
+    if report["kind"] == "rft" and "sampled" in data:
+        share = data["kept_right"] / max(data["sampled"], 1)
+        return [f"- trained on its own right answers: {data['sampled']} samples ({draws}), {data['kept_right']} "
+                f"graded right ({share:.1%}; {data['problems_solved']} problems solved at least once), SFT on those"]
+    if report["kind"] == "distill" and "teacher_answers" in data:
+        return [f"- trained on the teacher's greedy answers: {data['teacher_answers']}, {data['teacher_right']} "
+                "graded right" + (" (only those kept)" if sample.get("keep_correct") else "")]
+    if report["kind"] == "grpo" and "reward_first" in data:
+        return [f"- GRPO: completions {draws}, reward 1 for a graded-right answer; mean reward of a logging window "
+                f"{_number(data['reward_first'])} (first) -> {_number(data['reward_last'])} (last)"]
+    return [] if report["kind"] == "sft" else [f"- {report['kind']}: see variant_report.json for its data"]
+
+
+def _number(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def dry_run(recipe: VariantRecipe, settings: RunSettings | None = None, data_dir: Path | None = None) -> str:
