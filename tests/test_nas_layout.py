@@ -48,8 +48,8 @@ def tiny_source(arch: str, **changes) -> torch.nn.Module:
 def saved(tmp_path_factory) -> dict[tuple[str, str], tuple[Path, torch.Tensor, dict]]:
     """(arch, removal) -> (folder, skip-reference logits on IDS, save_nas's record), saved once."""
     root = tmp_path_factory.mktemp("nas")
-    cases = {("llama", "attention"): ATTENTION, ("llama", "mlp"): MLP, ("llama", "mixed"): MIXED,
-             ("qwen2", "mixed"): MIXED, ("mistral", "mixed"): MIXED}
+    cases = {(arch, name): removed for arch in EXPRESSIBLE
+             for name, removed in (("attention", ATTENTION), ("mlp", MLP), ("mixed", MIXED))}
     out = {}
     for (arch, name), removed in cases.items():
         model = tiny_source(arch)
@@ -58,8 +58,7 @@ def saved(tmp_path_factory) -> dict[tuple[str, str], tuple[Path, torch.Tensor, d
     return out
 
 
-@pytest.mark.parametrize("case", [("llama", "attention"), ("llama", "mlp"), ("llama", "mixed"), ("qwen2", "mixed"),
-                                  ("mistral", "mixed")])
+@pytest.mark.parametrize("case", [(arch, name) for arch in EXPRESSIBLE for name in ("attention", "mlp", "mixed")])
 def test_saved_layout_reloads_with_layerprune_and_equals_the_skip_reference(saved, case):
     folder, reference, record = saved[case]
     assert record["verification"]["max_abs_diff"] <= 1e-5
@@ -78,7 +77,7 @@ def test_saved_layout_reloads_with_layerprune_and_equals_the_skip_reference(save
     assert torch.allclose(logits, reference, atol=1e-5)
 
 
-@pytest.mark.parametrize("case", [("llama", "mixed"), ("qwen2", "mixed")])
+@pytest.mark.parametrize("case", [("llama", "mixed"), ("qwen2", "mixed"), ("mistral", "mixed")])
 def test_plain_transformers_loads_the_saved_folder_with_trust_remote_code(saved, case):
     """The copied modeling files, loaded as transformers loads remote code (AutoModelForCausalLM with
     trust_remote_code=True does this; in this process layerprune's registered class would win), need nothing but
@@ -97,6 +96,31 @@ def test_plain_transformers_loads_the_saved_folder_with_trust_remote_code(saved,
     model = model_class.from_pretrained(folder, config=config).eval()
     with torch.inference_mode():
         assert torch.allclose(model(IDS).logits.float(), reference, atol=1e-5)
+
+
+def test_a_fresh_interpreter_loads_the_folder_through_auto_model_with_trust_remote_code(saved, tmp_path):
+    """What a user without layerprune does: AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True) in
+    an interpreter that never imported layerprune gives the skip reference's logits."""
+    import subprocess
+    import sys
+
+    folder, reference, _ = saved["mistral", "mixed"]
+    torch.save({"ids": IDS, "reference": reference}, tmp_path / "ref.pt")
+    script = (
+        "import sys, torch\n"
+        "from transformers import AutoModelForCausalLM\n"
+        "model = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True, dtype=torch.float32)\n"
+        "assert 'layerprune' not in sys.modules, 'layerprune was imported'\n"
+        "assert type(model).__module__.startswith('transformers_modules.'), type(model).__module__\n"
+        "ref = torch.load(sys.argv[2])\n"
+        "with torch.inference_mode():\n"
+        "    logits = model.eval()(ref['ids']).logits.float()\n"
+        "print((logits - ref['reference']).abs().max().item())\n")
+    done = subprocess.run([sys.executable, "-c", script, str(folder), str(tmp_path / "ref.pt")], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path, env={k: v for k, v in __import__("os").environ.items()
+                                                                     if k != "PYTHONPATH"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout.strip().splitlines()[-1]) <= 1e-5
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
