@@ -233,8 +233,8 @@ def invariance_verdict(shift: dict[str, Any] | None, agreement: dict[str, Any], 
     the original); `shift` is score_shift on the target task. 'different': a defined ratio (Spearman or Jaccard)
     below `bar`. Otherwise 'not shown' unless all of: the target score rose by at least `min_shift` (a fraction:
     0.10 is 10 points) with its interval above 0 (a variant worse at its target did not learn it); a defined ratio
-    at or above the bar; and the
-    control below the bar on at least one measure (the comparison can fail). Else 'invariant'."""
+    at or above the bar; and the control below the bar on at least one measure (the comparison can fail). Else
+    'invariant'."""
     if undefined:
         return {"verdict": "not shown", "reasons": [f"no drops to compare: {why}" for why in undefined]}
     ratios = {m: agreement[m]["ratio"] for m in MEASURES if agreement[m]["ratio"] is not None}
