@@ -384,3 +384,38 @@ def test_speedup_target_at_a_sublayer_grain_prints_predicted_and_measured(capsys
     assert len(record["removals"]) == 3 and record["measured_speedup"]["removals"] == 3  # 1.15x >= 1.12x, 1.10x not
     assert sorted(record["removals"]) == sorted(report["removed_sublayers"]) and all("." in r for r in seen[-1])
     assert "measured: speedup 1.15x (prefill 1.15x, decode 1.16x; predicted" in stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("target", "extra"), [
+    ("params=0.85x", ["--granularity", "block"]),
+    ("kv-cache=0.8x", ["--granularity", "attention"]),  # saved in the Nemotron-NAS layout
+    ("memory=120MiB", ["--outtype", "q8_0"]),
+])
+def test_the_embedded_model_pruned_to_a_target_meets_it_when_saved(capsys, tmp_path, target, extra):
+    """The real SmolLM2-135M (30 blocks, GQA 9/3), pruned to a target and saved: the saved folder meets it (its
+    parameters, its attention sublayers, or the Q8_0 bytes export --gguf --outtype q8_0 writes)."""
+    from layerprune.models.gguf_types import written_bytes
+
+    out = tmp_path / "pruned"
+    code, _, err = run_cli(capsys, ["prune", "--model", "embedded", "--score", "last", "--target", target, *extra,
+                                    "--output", str(out)])
+    assert code == 0, err
+    report = json.loads((out / "prune_report.json").read_text())
+    before, after = report["target"]["predicted"]["before"], report["target"]["predicted"]["after"]
+    config = json.loads((out / "config.json").read_text())
+    quantity, value = target.split("=")
+    if quantity == "params":
+        saved = AutoModelForCausalLM.from_pretrained(out).num_parameters()
+        assert saved == after["params"] <= 0.85 * before["params"]
+    elif quantity == "kv-cache":
+        assert config["model_type"] == "nemotron-nas"
+        attentions = sum(not block["attention"]["no_op"] for block in config["block_configs"])
+        assert attentions / 30 == pytest.approx(after["kv_bytes_per_token"] / before["kv_bytes_per_token"])
+        assert attentions <= 0.8 * 30 < 30
+    else:
+        written = 0
+        for path in out.glob("*.safetensors"):
+            with safe_open(path, "pt") as files:
+                written += sum(written_bytes(files.get_slice(name).get_shape(), "q8_0") for name in files.keys())  # noqa: SIM118
+        assert written == after["memory_bytes"] <= 120 * 2**20 < before["memory_bytes"]
