@@ -49,19 +49,19 @@ lint: $(STAMP)            ## ruff's rules from pyproject.toml over the code, tes
 # The real-vLLM tests and their venv's install run beside the main install and tests, at a low priority (nice 10):
 # they take the cores the main run leaves idle (the main install's uv uses about one of the two; its subprocesses'
 # waits, the last modules' tail) instead of adding minutes after it. Their output is printed when both are done.
-# The lane runs in a process group of its own (setsid), so a lint failure, an interrupt or a hang-up stops all of it
-# at once: a lint failure ends `make test` at once instead of waiting minutes for vLLM's install and tests.
+# A lint failure stops the lane (the lane's processes, parent first, all at once) and ends `make test` at once instead
+# of waiting minutes for vLLM's install and tests; the lane stays in make's process group, so an interrupt or a kill of
+# the group reaches it as before.
 test:   ## ruff, unit tests on tiny models + the real-model tests marked slow, and real vLLM beside them
 	@vlog=$$(mktemp); vtmp=$$(mktemp -d); \
-	setsid sh -c 'nice -n 10 $(MAKE) -s vllm-install > $(VLLM_VENV).log 2>&1 \
+	( nice -n 10 $(MAKE) -s vllm-install > $(VLLM_VENV).log 2>&1 \
 	    || { echo "make vllm-install failed ($(VLLM_VENV).log):"; tail -20 $(VLLM_VENV).log; exit 1; }; \
 	  VLLM_CPU_KVCACHE_SPACE=1 nice -n 10 $(VLLM_VENV)/bin/python -m pytest -q -m "vllm and not slow" \
-	    --timeout=1200 -p no:cacheprovider --basetemp="$$1/t"' lane "$$vtmp" > $$vlog 2>&1 & beside=$$!; \
-	stop_lane() { kill -TERM -$$beside 2>/dev/null || kill -TERM $$beside 2>/dev/null; wait $$beside; }; \
-	trap 'stop_lane; rm -rf $$vlog $$vtmp; exit 130' INT TERM HUP; \
+	    --timeout=1200 -p no:cacheprovider --basetemp=$$vtmp/t ) > $$vlog 2>&1 & beside=$$!; \
+	tree() { echo $$1; for child in $$(pgrep -P $$1); do tree $$child; done; }; \
 	$(MAKE) -s lint; tests=$$?; \
-	if [ $$tests -ne 0 ]; then stop_lane; rm -rf $$vlog $$vtmp; echo "lint failed: the real-vLLM lane was stopped"; \
-	  exit $$tests; fi; \
+	if [ $$tests -ne 0 ]; then kill -TERM $$(tree $$beside) 2>/dev/null; wait $$beside; rm -rf $$vlog $$vtmp; \
+	  echo "lint failed: the real-vLLM lane was stopped"; exit $$tests; fi; \
 	$(BIN)/python -m pytest -q -m "not gpu and not vllm" -n $(TEST_WORKERS) --dist loadfile --timeout=1200 \
 	  --durations=15; tests=$$?; \
 	wait $$beside; vllm=$$?; echo "--- real vLLM (.venv-vllm), run beside the tests above:"; cat $$vlog; \

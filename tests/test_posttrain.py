@@ -165,8 +165,8 @@ def test_the_card_says_what_rft_and_grpo_trained_on():
             "train": {"method": "full", "steps": 37, "sequences": 587, "tokens": 1, "target_tokens": 1,
                       "loss_first": 0.55079, "loss_last": 0.35014}}
     card = model_card(base)
-    assert ("- trained on its own right answers: 21600 samples (8 a problem at temperature 0.8), 587 graded right "
-            "(2.7%; 575 problems solved at least once), SFT on those") in card
+    assert ("- trained on its own right answers: 21600 samples (8 a problem at temperature 0.8), 587 distinct right "
+            "answers kept (2.7% of the samples; 575 problems solved at least once), SFT on those") in card
     assert "loss 0.5508 -> 0.3501" in card
     grpo = {**base, "kind": "grpo", "recipe": VariantRecipe(kind="grpo").model_dump(mode="json"),
             "data": {**base["data"], "reward_first": 0.0625, "reward_last": 0.18125}}

@@ -116,6 +116,14 @@ def test_the_gate_passes_over_what_a_variant_was_trained_on(tiny_llama, tmp_path
     (variant / REPORT).write_text(json.dumps({"recipe": recipe.model_dump(mode="json")}))
     trained = trained_questions(variant)
     assert len(trained) == 190 and trained_questions(tiny_llama) == frozenset()  # any other model: nothing
+    gsm8k = tmp_path / "gsm8k-variant"  # GSM8K rows are not probe questions: nothing reads the GSM8K mirror
+    gsm8k.mkdir()
+    (gsm8k / REPORT).write_text(json.dumps({"recipe": VariantRecipe(
+        data={"probes": {"arith_2d_sub": 5}, "gsm8k": 100}).model_dump(mode="json")}))
+    assert len(trained_questions(gsm8k)) == 5
+    (gsm8k / REPORT).write_text(json.dumps({"recipe": {"kind": "sft", "trian": {}}}))
+    with pytest.raises(LayerpruneError, match="its recipe does not read"):
+        trained_questions(gsm8k)
     stream = generate_probes(probe_tasks()["arith_2d_sub"], 30, 0, stream="calib")
     assert sum(p.question in trained for p in stream) > 20  # the first gate items are the variant's training items
 

@@ -21,7 +21,7 @@ from layerprune.core.provenance import collect_provenance
 from layerprune.core.settings import RunSettings
 from layerprune.models.identity import model_hash
 from layerprune.models.loading import load_model, load_tokenizer, resolve_model
-from layerprune.posttrain.items import Item, load_items
+from layerprune.posttrain.items import Item, load_items, probe_items
 from layerprune.posttrain.methods import METHODS, Job, draws_per_item, prompt_text
 from layerprune.posttrain.schema import VariantRecipe
 from layerprune.posttrain.train import Row, TrainResult, planned_steps, token_counts
@@ -66,17 +66,23 @@ def cached_fingerprint(folder: Path) -> str | None:
         return None
 
 
-def trained_questions(folder: Path, data_dir: Path | None = None) -> frozenset[str]:
-    """The probe questions a model made by `layerprune variant` was trained or prompted on (its recipe's items,
+def trained_questions(folder: Path) -> frozenset[str]:
+    """The probe questions a model made by `layerprune variant` was trained or prompted on (its recipe's probe items,
     drawn again from the recipe its report keeps; rft and grpo prompted on every one); empty for any other model.
     What scores such a model as an unseen problem (the sweep's probe gate) leaves these out."""
+    from pydantic import ValidationError
+
     try:
         report = json.loads((folder / REPORT).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return frozenset()
-    recipe = VariantRecipe.model_validate(report["recipe"])
-    items, _ = load_items(recipe.data, resolve_data_dir(data_dir))
-    return frozenset(item.messages[-1][1] for item in items if item.source != "gsm8k")
+    try:
+        data = VariantRecipe.model_validate(report["recipe"]).data
+    except (KeyError, TypeError, ValidationError) as exc:
+        raise LayerpruneError(f"{folder / REPORT}: its recipe does not read ({str(exc).splitlines()[0]}), so the "
+                              "problems it was trained on are unknown") from exc
+    return frozenset(item.messages[-1][1] for task, wanted in data.probes.items()
+                     for item in probe_items(task, wanted, data)[0])
 
 
 def make_variant(recipe: VariantRecipe, settings: RunSettings | None = None, output: Path | None = None,
@@ -177,7 +183,8 @@ def how_trained(report: dict[str, Any]) -> list[str]:
     if report["kind"] == "rft" and "sampled" in data:
         share = data["kept_right"] / max(data["sampled"], 1)
         return [f"- trained on its own right answers: {data['sampled']} samples ({draws}), {data['kept_right']} "
-                f"graded right ({share:.1%}; {data['problems_solved']} problems solved at least once), SFT on those"]
+                f"distinct right answers kept ({share:.1%} of the samples; {data['problems_solved']} problems solved "
+                "at least once), SFT on those"]
     if report["kind"] == "distill" and "teacher_answers" in data:
         return [f"- trained on the teacher's greedy answers: {data['teacher_answers']}, {data['teacher_right']} "
                 "graded right" + (" (only those kept)" if sample.get("keep_correct") else "")]

@@ -41,13 +41,13 @@ class ModelShape:
     attn_width: int  # heads * head_dim
     vocab: int
     kv_width: int = 0  # key_value_heads * head_dim (0: attn_width)
-    block_linears: int = 7  # linears per block (LoRA's adapters per block with all-linear)
     # a model whose blocks differ (the Nemotron-NAS layout: a sublayer may be absent, widths per block): the kv width
     # of each attention present and the intermediate size of each FFN present; empty: every block has both, at
     # kv_width and intermediate
     attentions: tuple[int, ...] = ()
     ffns: tuple[int, ...] = ()
-    attn_linears: int = 4  # of block_linears, those in the attention (q, k, v, o)
+    attn_linears: int = 4  # linears in one attention sublayer (q, k, v, o)
+    ffn_linears: int = 3  # linears in one FFN sublayer (gate, up, down)
 
     def sublayers(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(kv width of each attention, intermediate size of each FFN) over the blocks."""
@@ -101,14 +101,16 @@ def model_shape(config: Any) -> ModelShape:
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     attentions, ffns = nas_sublayers(text, heads, head_dim)
     in_attention = sum("attn" in name for name, _ in named)
+    counts = (len(attentions), len(ffns)) if attentions or ffns else (text.num_hidden_layers,) * 2
     return ModelShape(
         params=sum(p.numel() for p in model.parameters()),
         linear_params=sum(m.weight.numel() for m in linears),
         lora_dims=sum(m.in_features + m.out_features for m in linears),
         layers=text.num_hidden_layers, hidden=text.hidden_size, intermediate=text.intermediate_size,
         attn_width=heads * head_dim, vocab=text.vocab_size, kv_width=kv_heads * head_dim,
-        block_linears=len(linears) // max(text.num_hidden_layers, 1), attentions=attentions, ffns=ffns,
-        attn_linears=round(in_attention / max(len(attentions) or text.num_hidden_layers, 1)),
+        attentions=attentions, ffns=ffns,
+        attn_linears=round(in_attention / max(counts[0], 1)),
+        ffn_linears=round((len(named) - in_attention) / max(counts[1], 1)),
     )
 
 
@@ -148,7 +150,7 @@ def ffn_bytes(shape: ModelShape, intermediate: int, act_bytes: int, lora_r: int 
     if not lora_r:  # the norm's normalized input and output, and the product (down_proj's input)
         return saved + act_bytes * (2 * h + i)
     inputs = h + i if act_bytes == 4 else 2 * h + i  # gate and up share the norm's output in float32
-    return saved + 4 * inputs + 4 * lora_r * (shape.block_linears - shape.attn_linears)
+    return saved + 4 * inputs + 4 * lora_r * shape.ffn_linears
 
 
 def block_bytes(shape: ModelShape, act_bytes: int, lora_r: int = 0) -> int:
