@@ -109,7 +109,6 @@ def test_saved_model_meets_the_target_as_predicted(capsys, tiny_llama, tmp_path,
 @pytest.mark.parametrize(("outtype", "extra", "needles"), [
     ("q4_k_m", [], ["--outtype q4_k_m", "llama.cpp's choice"]), ("Q4_K_M", [], ["llama.cpp's choice"]),
     ("q8", [], ["unknown --outtype q8", "f32, f16, bf16, q8_0"]),
-    ("q8_0", ["--granularity", "mlp"], ["whole-block removals only", "zero FFN"]),
 ])
 def test_a_memory_target_at_an_outtype_it_cannot_price_is_refused_in_one_line(capsys, tiny_llama, outtype, extra,
                                                                               needles):
@@ -156,6 +155,36 @@ def test_a_memory_target_at_an_outtype_counts_what_the_export_writes(capsys, tin
     assert before == written(tiny_llama) and after == written(out) and after <= 0.7 * before
     assert record["weights_as"] == outtype and f"weights (as {outtype} GGUF tensors)" in stdout
     assert before < _tensor_bytes(tiny_llama) * (0.6 if outtype == "q8_0" else 0.8)  # not the float32 bytes
+
+
+@pytest.mark.parametrize(("granularity", "outtype"), [("mlp", "q8_0"), ("sublayer", "f16")])
+def test_a_sublayer_memory_target_at_an_outtype_counts_the_deci_export_and_its_zero_ffns(capsys, tmp_path,
+                                                                                           granularity, outtype):
+    """At a finer grain the export writes llama.cpp's `deci` layout, where a block that lost only its MLP keeps a
+    zero FFN (and its norm): the plan counts those bytes, so the prediction is what the export writes (it was
+    refused: the plan did not count them)."""
+    from transformers import AutoConfig
+
+    from layerprune.export.catalog import family_for
+    from layerprune.export.writer import add_tensors
+
+    config = tiny_config("llama", 6)
+    config.intermediate_size = 512  # a multiple of 256 (the layout's widths), twice the zero FFN's
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "source")
+    tiny_tokenizer().save_pretrained(tmp_path / "source")
+    out = tmp_path / "pruned"
+    code, _, err = run_cli(capsys, prune_args(tmp_path / "source", "--granularity", granularity, "--output", str(out),
+                                              "--target", "memory=0.9x", "--outtype", outtype))
+    assert code == 0, err
+    record = json.loads((out / "prune_report.json").read_text())
+    saved = AutoConfig.from_pretrained(out, trust_remote_code=True)
+    zero_ffns = sum(block.ffn.no_op and not block.attention.no_op for block in saved.block_configs)
+    assert zero_ffns >= 1, record["removed_sublayers"]  # the case the plan must price
+    writer = _Written()
+    add_tensors(writer, out, family_for(saved), saved, outtype)
+    after = record["target"]["predicted"]["after"]["memory_bytes"]
+    assert writer.bytes == after <= 0.9 * record["target"]["predicted"]["before"]["memory_bytes"]
 
 
 @pytest.mark.parametrize("score", ["block-influence", "last"])

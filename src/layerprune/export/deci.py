@@ -20,9 +20,8 @@ import numpy as np
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.export.families import head_dim, permute_rope, rope_theta
+from layerprune.models.gguf_types import ZERO_FFN
 from layerprune.models.nemotron_nas.configuration_decilm import ffn_mult_to_intermediate_size
-
-ZERO_FFN = 256  # a multiple of every quantizer's block, so the zero FFN encodes as the others do
 
 
 @dataclass(frozen=True)

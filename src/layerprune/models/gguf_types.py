@@ -14,6 +14,10 @@ from collections.abc import Sequence
 from typing import Any
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")  # encoded by the gguf package; the k-quants by llama.cpp's quantizer
+# the width of the zero FFN the `deci` export writes for a block whose MLP is removed and attention kept
+# (export/deci.py: llama.cpp's deci graph drops such a block's attention at feed-forward length 0): a multiple of
+# every quantizer's block, so it encodes as the other FFNs do
+ZERO_FFN = 256
 
 
 _NAMES = {"f32": ("F32", "ALL_F32"), "f16": ("F16", "MOSTLY_F16"), "bf16": ("BF16", "MOSTLY_BF16"),
@@ -52,3 +56,10 @@ def written_bytes(shape: Sequence[int], outtype: str) -> int:
     used = written_type(shape, qtype(outtype))
     block, size = gguf.GGML_QUANT_SIZES[used]
     return math.prod(shape) // block * size
+
+
+def zero_ffn_bytes(hidden: int, outtype: str) -> int:
+    """What the `deci` export writes at `outtype` for one block whose MLP alone is removed: the zero FFN's gate, up
+    and down projections and its norm."""
+    return (2 * written_bytes((ZERO_FFN, hidden), outtype) + written_bytes((hidden, ZERO_FFN), outtype)
+            + written_bytes((hidden,), outtype))

@@ -196,9 +196,6 @@ class PruneRecipe(BaseModel):
                              "one and read its size)")
         if outtype not in OUTTYPES:
             raise ValueError(f"unknown --outtype {outtype}: one of {', '.join(OUTTYPES)}")
-        if self.granularity != "block":
-            raise ValueError("--outtype prices whole-block removals only: the Nemotron-NAS export writes a small "
-                             "zero FFN where an MLP is removed, which the plan does not count")
         if self.target is None or not self.target.startswith("memory="):
             raise ValueError("--outtype prices a --target memory=...: give it with one (export --gguf writes the "
                              "file)")

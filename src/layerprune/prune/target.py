@@ -21,7 +21,7 @@ from torch import nn
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.models.blocks import find_decoder_stack, text_config
-from layerprune.models.gguf_types import OUTTYPES, written_bytes
+from layerprune.models.gguf_types import OUTTYPES, written_bytes, zero_ffn_bytes
 from layerprune.models.speed import DEFAULT_BENCH, SpeedBench, measured_speedup, measured_sublayer_speedup
 from layerprune.models.sublayers import PARTS, Sublayer, sublayer_module
 from layerprune.prune.report import TargetRecord
@@ -99,6 +99,9 @@ class ModelSizes:
     total: Cost
     costs: dict[Removal, Cost]
     dtype: str
+    # bytes a block whose MLP alone is removed keeps in the written file (the `deci` export's zero FFN; 0 unless the
+    # bytes are counted as `export --gguf --outtype` writes them)
+    zero_ffn_bytes: int = 0
 
     def removed(self, removals: Iterable[Removal]) -> Cost:
         """The cost of a set of removals; a block and its own sublayers are not counted twice."""
@@ -110,6 +113,8 @@ class ModelSizes:
         for block, named in parts.items():
             whole = named == set(PARTS)
             total += self.costs[block] if whole else sum((self.costs[Sublayer(block, p)] for p in named), Cost())
+            if named == {"mlp"}:
+                total -= Cost(bytes=self.zero_ffn_bytes)
         return total
 
     def predicted(self, removals: Iterable[Removal]) -> dict[str, Any]:
@@ -143,7 +148,8 @@ def model_sizes(model: nn.Module, dtype: torch.dtype, outtype: str | None = None
     params = sum(p.numel() for p in unique.values())
     weights = sum(bytes_of(p) for p in unique.values())
     total = Cost(params, weights, blocks.kv_bytes_per_token, blocks.flops_per_token + 2 * head.numel())
-    return ModelSizes(total, costs, outtype or str(dtype).removeprefix("torch."))
+    zero = 0 if outtype is None else zero_ffn_bytes(model.config.get_text_config().hidden_size, outtype)
+    return ModelSizes(total, costs, outtype or str(dtype).removeprefix("torch."), zero)
 
 
 def _cost(params: Iterable[nn.Parameter], width: int, kv_elements: int,
