@@ -416,14 +416,13 @@ def test_speedup_target_at_a_sublayer_grain_prints_predicted_and_measured(capsys
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("target", "extra"), [
-    ("params=0.85x", ["--granularity", "block"]),
+@pytest.mark.parametrize(("target", "extra"), [  # params at block grain: the tiny models' test above
     ("kv-cache=0.8x", ["--granularity", "attention"]),  # saved in the Nemotron-NAS layout
     ("memory=120MiB", ["--outtype", "q8_0"]),
 ])
 def test_the_embedded_model_pruned_to_a_target_meets_it_when_saved(capsys, tmp_path, target, extra):
     """The real SmolLM2-135M (30 blocks, GQA 9/3), pruned to a target and saved: the saved folder meets it (its
-    parameters, its attention sublayers, or the Q8_0 bytes export --gguf --outtype q8_0 writes)."""
+    attention sublayers, or the Q8_0 bytes export --gguf --outtype q8_0 writes)."""
     from layerprune.models.gguf_types import written_bytes
 
     out = tmp_path / "pruned"
@@ -434,10 +433,7 @@ def test_the_embedded_model_pruned_to_a_target_meets_it_when_saved(capsys, tmp_p
     before, after = report["target"]["predicted"]["before"], report["target"]["predicted"]["after"]
     config = json.loads((out / "config.json").read_text())
     quantity, value = target.split("=")
-    if quantity == "params":
-        saved = AutoModelForCausalLM.from_pretrained(out).num_parameters()
-        assert saved == after["params"] <= 0.85 * before["params"]
-    elif quantity == "kv-cache":
+    if quantity == "kv-cache":
         assert config["model_type"] == "nemotron-nas"
         attentions = sum(not block["attention"]["no_op"] for block in config["block_configs"])
         assert attentions / 30 == pytest.approx(after["kv_bytes_per_token"] / before["kv_bytes_per_token"])
