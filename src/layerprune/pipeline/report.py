@@ -199,6 +199,7 @@ def _prune_lines(prune: PrunedLineage | None, scores_png: str | None = None) -> 
     if prune is None:
         return []
     method = prune.method
+    removal = prune.removal()
     lines = [
         "",
         "## Removed sublayers" if prune.removed_sublayers is not None else "## Dropped blocks",
@@ -211,7 +212,7 @@ def _prune_lines(prune: PrunedLineage | None, scores_png: str | None = None) -> 
         )
         + f"; calibration: {prune.calibration.description if prune.calibration else 'none'}.",
         (f"Dropped (original numbering): {prune.dropped}" if prune.removed_sublayers is None
-         else prune.removal()[:1].upper() + prune.removal()[1:]) + f"; protected: {method.protect}.",
+         else removal[:1].upper() + removal[1:]) + f"; protected: {method.protect}.",
         "",
     ]
     if scores_png:

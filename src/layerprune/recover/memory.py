@@ -15,10 +15,11 @@ EIGHT_BIT = ("adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit")  # bitsandby
 OPTIMIZER_STATE_BYTES = {"adamw_torch": None, "adamw_8bit": 2.0, "paged_adamw_8bit": 2.0, "paged_adamw_32bit": 8.0}
 # What one step keeps, per token, counted with torch's saved_tensors_hooks (unique storages, parameters left out) on a
 # Llama block with sdpa, float32 and bf16, LoRA (peft, all-linear) and full; `act_bytes` is the activations' dtype.
-NORMS_PER_BLOCK = 2  # RMSNorms per block; each keeps its input upcast to float32 (in float32: the input itself)
+NORM_INPUT_BYTES = 4  # each sublayer's RMSNorm keeps its input upcast to float32 (in float32: the input itself)
 ATTN_SAVED = 2  # sdpa keeps q and its output (attention width) and k and v (kv width: GQA without repeat_kv)
 MLP_SAVED = 3  # gate, silu(gate) and up (the product's inputs)
-NORM_INPUT_LINEARS = 5  # q, k, v, gate, up: the linears whose input is a norm's output
+ATTN_NORM_LINEARS = 3  # q, k, v: the linears whose input is the attention norm's output
+FFN_NORM_LINEARS = 2  # gate, up: those whose input is the FFN norm's output
 # one block's backward working memory on top of what it saved: the gradients of gate, up and their product at once
 # (freed with the logits, so the step's peak is the larger of this and the logits' part, not their sum)
 BACKWARD_PER_INTERMEDIATE = 3
@@ -134,22 +135,22 @@ def attention_bytes(shape: ModelShape, kv: int, act_bytes: int, lora_r: int = 0)
     LoRA adapters of rank `lora_r` (peft keeps them in float32 and casts each adapted linear's input to float32
     before lora_A)."""
     h, attn = shape.hidden, shape.attn_width
-    saved = 4 * h + act_bytes * ATTN_SAVED * (attn + kv)  # the norm keeps its input upcast to float32
+    saved = NORM_INPUT_BYTES * h + act_bytes * ATTN_SAVED * (attn + kv)
     if not lora_r:  # the norm's weight keeps its normalized input, q/k/v's weights the norm's output (o_proj's
         return saved + act_bytes * 2 * h  # input is sdpa's output, saved above)
     # lora_A keeps its input: in float32, one per distinct input (the norm's output); else a float32 copy per
     # adapted linear (q, k, v and o_proj); lora_B keeps lora_A's output
-    inputs = h if act_bytes == 4 else (NORM_INPUT_LINEARS - 2) * h + attn
+    inputs = h if act_bytes == 4 else ATTN_NORM_LINEARS * h + attn
     return saved + 4 * inputs + 4 * lora_r * shape.attn_linears
 
 
 def ffn_bytes(shape: ModelShape, intermediate: int, act_bytes: int, lora_r: int = 0) -> int:
     """Bytes a gated MLP sublayer (its norm included) saves for backward per token; see attention_bytes."""
     h, i = shape.hidden, intermediate
-    saved = 4 * h + act_bytes * MLP_SAVED * i
+    saved = NORM_INPUT_BYTES * h + act_bytes * MLP_SAVED * i
     if not lora_r:  # the norm's normalized input and output, and the product (down_proj's input)
         return saved + act_bytes * (2 * h + i)
-    inputs = h + i if act_bytes == 4 else 2 * h + i  # gate and up share the norm's output in float32
+    inputs = h + i if act_bytes == 4 else FFN_NORM_LINEARS * h + i  # in float32 gate and up share the norm's output
     return saved + 4 * inputs + 4 * lora_r * shape.ffn_linears
 
 
