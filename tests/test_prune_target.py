@@ -73,11 +73,18 @@ def test_unreachable_target_names_the_best_reachable(capsys, tiny_llama, tmp_pat
     assert not out.exists()
 
 
-def _tensor_bytes(directory: Path) -> int:
+def _tensor_bytes(directory: Path, outtype: str | None = None) -> int:
+    """The saved tensors' bytes, or with `outtype` the bytes `export --gguf --outtype` writes each as
+    (models/gguf_types.written_bytes, the writer's rule; no tensor is read)."""
+    from layerprune.models.gguf_types import written_bytes
+
     total = 0
     for path in directory.glob("*.safetensors"):
         with safe_open(path, "pt") as files:
             for name in files.keys():  # noqa: SIM118
+                if outtype is not None:
+                    total += written_bytes(files.get_slice(name).get_shape(), outtype)
+                    continue
                 tensor = files.get_tensor(name)
                 total += tensor.numel() * tensor.element_size()
     return total
@@ -131,28 +138,32 @@ class _Written:
         self.bytes += array.nbytes
 
 
-@pytest.mark.parametrize("outtype", ["q8_0", "f16"])
-def test_a_memory_target_at_an_outtype_counts_what_the_export_writes(capsys, tiny_llama, tmp_path, outtype):
-    """The tiny model's 64-wide rows take Q8_0's 32-blocks; its 1-D norms stay F32: the plan's bytes are the bytes
-    `export --gguf --outtype` writes, before and after, and the after meets the target."""
+def _exported_bytes(directory: Path, outtype: str) -> int:
+    """The tensor bytes `export --gguf --outtype` writes for a folder (its writer run into a counter): the family's
+    extra tensors too, such as the deci layout's zero FFNs."""
     from transformers import AutoConfig
 
     from layerprune.export.catalog import family_for
     from layerprune.export.writer import add_tensors
 
-    def written(directory: Path) -> int:
-        config = AutoConfig.from_pretrained(directory)
-        writer = _Written()
-        add_tensors(writer, directory, family_for(config), config, outtype)
-        return writer.bytes
+    config = AutoConfig.from_pretrained(directory, trust_remote_code=True)
+    writer = _Written()
+    add_tensors(writer, directory, family_for(config), config, outtype)
+    return writer.bytes
 
+
+@pytest.mark.parametrize("outtype", ["q8_0", "f16"])
+def test_a_memory_target_at_an_outtype_counts_what_the_export_writes(capsys, tiny_llama, tmp_path, outtype):
+    """The tiny model's 64-wide rows take Q8_0's 32-blocks; its 1-D norms stay F32: the plan's bytes are the bytes
+    `export --gguf --outtype` writes, before and after, and the after meets the target."""
     out = tmp_path / "pruned"
     code, stdout, err = run_cli(capsys, prune_args(tiny_llama, "--output", str(out), "--target", "memory=0.7x",
                                                    "--outtype", outtype))
     assert code == 0, err
     record = json.loads((out / "prune_report.json").read_text())["target"]
     before, after = record["predicted"]["before"]["memory_bytes"], record["predicted"]["after"]["memory_bytes"]
-    assert before == written(tiny_llama) and after == written(out) and after <= 0.7 * before
+    assert before == _exported_bytes(tiny_llama, outtype) and after == _exported_bytes(out, outtype)
+    assert after <= 0.7 * before
     assert record["weights_as"] == outtype and f"weights (as {outtype} GGUF tensors)" in stdout
     assert before < _tensor_bytes(tiny_llama) * (0.6 if outtype == "q8_0" else 0.8)  # not the float32 bytes
 
@@ -164,9 +175,6 @@ def test_a_sublayer_memory_target_at_an_outtype_counts_the_deci_export_and_its_z
     zero FFN (and its norm): the plan counts those bytes, so the prediction is what the export writes (it was
     refused: the plan did not count them)."""
     from transformers import AutoConfig
-
-    from layerprune.export.catalog import family_for
-    from layerprune.export.writer import add_tensors
 
     config = tiny_config("llama", 6)
     config.intermediate_size = 512  # a multiple of 256 (the layout's widths), twice the zero FFN's
@@ -181,10 +189,8 @@ def test_a_sublayer_memory_target_at_an_outtype_counts_the_deci_export_and_its_z
     saved = AutoConfig.from_pretrained(out, trust_remote_code=True)
     zero_ffns = sum(block.ffn.no_op and not block.attention.no_op for block in saved.block_configs)
     assert zero_ffns >= 1, record["removed_sublayers"]  # the case the plan must price
-    writer = _Written()
-    add_tensors(writer, out, family_for(saved), saved, outtype)
     after = record["target"]["predicted"]["after"]["memory_bytes"]
-    assert writer.bytes == after <= 0.9 * record["target"]["predicted"]["before"]["memory_bytes"]
+    assert _exported_bytes(out, outtype) == after <= 0.9 * record["target"]["predicted"]["before"]["memory_bytes"]
 
 
 @pytest.mark.parametrize("score", ["block-influence", "last"])
@@ -423,8 +429,6 @@ def test_speedup_target_at_a_sublayer_grain_prints_predicted_and_measured(capsys
 def test_the_embedded_model_pruned_to_a_target_meets_it_when_saved(capsys, tmp_path, target, extra):
     """The real SmolLM2-135M (30 blocks, GQA 9/3), pruned to a target and saved: the saved folder meets it (its
     attention sublayers, or the Q8_0 bytes export --gguf --outtype q8_0 writes)."""
-    from layerprune.models.gguf_types import written_bytes
-
     out = tmp_path / "pruned"
     code, _, err = run_cli(capsys, ["prune", "--model", "embedded", "--score", "last", "--target", target, *extra,
                                     "--output", str(out)])
@@ -432,15 +436,10 @@ def test_the_embedded_model_pruned_to_a_target_meets_it_when_saved(capsys, tmp_p
     report = json.loads((out / "prune_report.json").read_text())
     before, after = report["target"]["predicted"]["before"], report["target"]["predicted"]["after"]
     config = json.loads((out / "config.json").read_text())
-    quantity, value = target.split("=")
-    if quantity == "kv-cache":
+    if target.startswith("kv-cache="):
         assert config["model_type"] == "nemotron-nas"
         attentions = sum(not block["attention"]["no_op"] for block in config["block_configs"])
         assert attentions / 30 == pytest.approx(after["kv_bytes_per_token"] / before["kv_bytes_per_token"])
         assert attentions <= 0.8 * 30 < 30
     else:
-        written = 0
-        for path in out.glob("*.safetensors"):
-            with safe_open(path, "pt") as files:
-                written += sum(written_bytes(files.get_slice(name).get_shape(), "q8_0") for name in files.keys())  # noqa: SIM118
-        assert written == after["memory_bytes"] <= 120 * 2**20 < before["memory_bytes"]
+        assert _tensor_bytes(out, "q8_0") == after["memory_bytes"] <= 120 * 2**20 < before["memory_bytes"]
