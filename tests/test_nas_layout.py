@@ -101,6 +101,7 @@ def test_plain_transformers_loads_the_saved_folder_with_trust_remote_code(saved,
 def test_a_fresh_interpreter_loads_the_folder_through_auto_model_with_trust_remote_code(saved, tmp_path):
     """What a user without layerprune does: AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True) in
     an interpreter that never imported layerprune gives the skip reference's logits."""
+    import os
     import subprocess
     import sys
 
@@ -117,8 +118,8 @@ def test_a_fresh_interpreter_loads_the_folder_through_auto_model_with_trust_remo
         "    logits = model.eval()(ref['ids']).logits.float()\n"
         "print((logits - ref['reference']).abs().max().item())\n")
     done = subprocess.run([sys.executable, "-c", script, str(folder), str(tmp_path / "ref.pt")], capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path, env={k: v for k, v in __import__("os").environ.items()
-                                                                     if k != "PYTHONPATH"})
+                          text=True, timeout=300, cwd=tmp_path,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert float(done.stdout.strip().splitlines()[-1]) <= 1e-5
 

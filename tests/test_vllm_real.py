@@ -21,20 +21,27 @@ pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
 
 
-@pytest.fixture(scope="module")
-def pruned_tiny(tmp_path_factory) -> Path:
-    """A tiny random llama (head_dim 64, which vLLM's CPU attention supports) pruned from 4 to 2 blocks."""
-    root = tmp_path_factory.mktemp("vllm")
+# head_dim 64, which vLLM's CPU attention supports
+TINY = dict(vocab_size=384, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=2,
+            num_key_value_heads=1, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def save_random(config, folder: Path) -> None:
+    """A model of `config` with every weight (biases too) drawn from N(0, 0.08), and the tiny tokenizer, in folder."""
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=384, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0)
     model = AutoModelForCausalLM.from_config(config)
     with torch.no_grad():
         for param in model.parameters():
             param.normal_(0.0, 0.08)
-    model.save_pretrained(root / "tiny")
-    tiny_tokenizer().save_pretrained(root / "tiny")
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def pruned_tiny(tmp_path_factory) -> Path:
+    """A tiny random llama (head_dim 64, which vLLM's CPU attention supports) pruned from 4 to 2 blocks."""
+    root = tmp_path_factory.mktemp("vllm")
+    save_random(LlamaConfig(**TINY), root / "tiny")
     assert main(["prune", "--model", str(root / "tiny"), "--layers", "1,2", "-o", str(root / "pruned")]) == 0
     return root / "pruned"
 
@@ -68,16 +75,8 @@ def test_vllm_serves_a_sublayer_pruned_qwen2_with_its_qkv_biases(tmp_path, capsy
     `attention_bias` (what vLLM's nemotron_nas attention reads), and vLLM continues the prompts as transformers does."""
     from transformers import Qwen2Config
 
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=384, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
-    model = AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0.0, 0.08)  # the q/k/v biases too: a dropped bias would change the continuations
-    model.save_pretrained(tmp_path / "qwen2")
-    tiny_tokenizer().save_pretrained(tmp_path / "qwen2")
+    # the q/k/v biases random too: a dropped bias would change the continuations
+    save_random(Qwen2Config(**TINY, tie_word_embeddings=False), tmp_path / "qwen2")
     out = tmp_path / "sublayers"
     assert main(["prune", "--model", str(tmp_path / "qwen2"), "--granularity", "sublayer", "--layers",
                  "1.attn,2.mlp", "-o", str(out)]) == 0
