@@ -5,6 +5,8 @@ k-quants, each run by llama.cpp (llama-cpp-python) against transformers on the s
     python bench/bench_quantized_export.py --outtypes f16,q4_k_m --work /tmp/bench-quant
     python bench/bench_quantized_export.py --outtypes f16,q8_0,q4_k_m --speed --scores arc_easy,piqa,copy_l7 \
         --limit 100 --work /tmp/bench-quant
+    python bench/bench_quantized_export.py --run runs/demo --outtypes f16,q8_0,q4_k_m --speed \
+        --scores arc_easy,piqa,copy_l7 --limit 200 --work /tmp/bench-quant-run
 
 Per (model, type): file size, the tensor types llama.cpp's quantizer chose, mean KL(transformers || llama.cpp) and
 top-1 agreement at every position of the verification prompts (39 positions), tokenization and greedy continuation
@@ -14,6 +16,12 @@ alternate the files (medians; ratios to the unpruned file of the same type). Wit
 llama.cpp itself (`layerprune evaluate --backend llamacpp`), each pruned file paired with the unpruned file of the
 same type (95% paired intervals), and each unpruned file paired with the unpruned F16 file (the bits' own cost).
 Markdown rows at the end.
+
+With --run DIR (a `layerprune run` output folder), the models are the unpruned one and that run's pruned/ and
+recovered/ models (instead of the fixed prunes above), and each type is scored three ways in one paired comparison:
+the unpruned, pruned and recovered files of that type, so the table gives what pruning cost and the share recovery won
+back *at that quantization*, with paired intervals; then each pruned and recovered file against its own F16 file
+(the bits' cost to that model).
 """
 
 from __future__ import annotations
@@ -38,11 +46,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--scores", default=None, help="tasks scored by llama.cpp on every file (comma-separated)")
     parser.add_argument("--limit", type=int, default=100, help="documents per scored task")
+    parser.add_argument("--run", type=Path, default=None,
+                        help="a `layerprune run` output folder: its pruned/ and recovered/ models replace the fixed "
+                             "prunes, each type scored unpruned / pruned / recovered")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-quant-"))
     rows = []
-    for label, flags in PRUNES.items():
-        model = _model(work, label, flags)
+    for label, model in _models(work, args.run).items():
         for outtype in args.outtypes.split(","):
             row = {"model": label, "outtype": outtype, **_measure(model, work / f"{_slug(label)}-{outtype}.gguf",
                                                                    outtype)}
@@ -51,13 +61,26 @@ def main() -> None:
     files = {(row["model"], row["outtype"]): work / f"{_slug(row['model'])}-{row['outtype']}.gguf" for row in rows}
     if args.speed:
         _speed_table(files, args.rounds, args.threads)
-    if args.scores:
+    if args.scores and args.run is not None:
+        _recovery_table(files, args.scores, args.limit, work)
+    elif args.scores:
         _score_table(files, args.scores, args.limit, work)
     print("\n| model | type | MB | tensor types | mean KL (nats) | top-1 | greedy equal |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['model']} | {row['outtype']} | {row['mb']} | {row['tensor_types']} | {row['mean_kl']} | "
               f"{row['top1']} | {row['greedy']} |")
+
+
+def _models(work: Path, run: Path | None) -> dict[str, Path]:
+    """label -> model folder: the fixed prunes, or the unpruned model with a run's pruned and recovered models."""
+    if run is None:
+        return {label: _model(work, label, flags) for label, flags in PRUNES.items()}
+    folders = {"unpruned": _model(work, "unpruned", None), "pruned": run / "pruned", "recovered": run / "recovered"}
+    missing = [str(f) for f in folders.values() if not (f / "config.json").is_file()]
+    if missing:
+        raise SystemExit(f"--run {run}: no model in {', '.join(missing)} (run `layerprune run` to the end first)")
+    return folders
 
 
 def _model(work: Path, label: str, flags: list[str] | None) -> Path:
@@ -135,6 +158,39 @@ def _score_table(files: dict[tuple[str, str], Path], tasks: str, limit: int, wor
              "--model", str(path), "--tasks", *tasks.split(","), "--limit", str(limit), "--output", str(output),
              "--overwrite"])
     _bits_alone(work)
+
+
+def _recovery_table(files: dict[tuple[str, str], Path], tasks: str, limit: int, work: Path) -> None:
+    """Per type: the unpruned, pruned and recovered files scored by llama.cpp, one paired comparison (what pruning
+    cost and the share recovery won back at that type); then each pruned and recovered file against its F16 file."""
+    from layerprune.cli import main as cli
+
+    for outtype in dict.fromkeys(t for _, t in files):
+        output = work / f"scores-run-{outtype}"
+        print(f"\n## unpruned / pruned / recovered, {outtype}: llama.cpp, paired", flush=True)
+        cli(["evaluate", "--backend", "llamacpp", "--baseline", str(files[("unpruned", outtype)]),
+             "--pruned", str(files[("pruned", outtype)]), "--model", str(files[("recovered", outtype)]),
+             "--tasks", *tasks.split(","), "--limit", str(limit), "--output", str(output), "--overwrite"])
+    _against_f16(work)
+
+
+def _against_f16(work: Path) -> None:
+    """Each role's file at a type paired with the same role's F16 file (nothing scored again)."""
+    from layerprune.evaluate.report import compare
+    from layerprune.evaluate.summary import read_summary
+
+    runs = {path.name.rsplit("-", 1)[-1]: path for path in sorted(work.glob("scores-run-*"))}
+    if "f16" not in runs:
+        return
+    for role in ("baseline", "pruned", "recovered"):
+        for outtype, folder in runs.items():
+            if outtype == "f16" or not (folder / role / "summary.json").is_file():
+                continue
+            pair = {"baseline": runs["f16"] / role, "pruned": folder / role}
+            result = compare({r: read_summary(f / "summary.json") for r, f in pair.items()},
+                             work / f"bits-{role}-{outtype}", folders=pair)
+            print(f"\n## {role} {outtype} against {role} f16 (both llama.cpp, paired)\n\n{result['table']}",
+                  flush=True)
 
 
 def _bits_alone(work: Path) -> None:

@@ -1,4 +1,4 @@
-"""`prune --target speedup=`: the speedup predicted from the compute share removed against the one measured.
+"""`prune --target speedup=`: the speedup predicted (from a timed profile, and from FLOPs) against the one measured.
 
     .venv/bin/python bench/bench_target_speedup.py                      # SmolLM2-135M (embedded), 1.2x 1.4x 1.6x
     .venv/bin/python bench/bench_target_speedup.py --targets 1.3 --repeats 5
@@ -61,22 +61,26 @@ def main() -> None:
             return plan_blocks(model, target, scores, [0], dtype, bench)
         return plan_sublayers(model, target, order, dtype, bench)
 
-    print(f"{'target':>7} {unit:>6} {'predicted':>9} {'prefill':>8} {'decode':>7} {'measured':>8} {'meas/pred':>9}")
-    ratios = []
+    print(f"{'target':>7} {unit:>6} {'predicted':>9} {'FLOPs':>7} {'prefill':>8} {'decode':>7} {'measured':>8} "
+          f"{'meas/pred':>9} {'meas/FLOPs':>10}")
+    ratios, flops = [], []
     for value in args.targets:
         start = time.perf_counter()
         plan = plan_for(value)
         for row in plan.measured:
             ratio = row["speedup"] / row["predicted"]
             ratios.append(ratio)
+            flops.append(row["speedup"] / row["predicted_flops"])
             chosen = "*" if row["removals"] == len(plan.removals) else " "
             print(f"{value:>6.2f}x {row['removals']:>5}{chosen} {row['predicted']:>8.3f}x "
-                  f"{row['prefill_speedup']:>7.3f}x {row['decode_speedup']:>6.3f}x {row['speedup']:>7.3f}x "
-                  f"{ratio:>9.3f}")
+                  f"{row['predicted_flops']:>6.3f}x {row['prefill_speedup']:>7.3f}x {row['decode_speedup']:>6.3f}x "
+                  f"{row['speedup']:>7.3f}x {ratio:>9.3f} {flops[-1]:>10.3f}")
         print(f"        target {value}x: {len(plan.removals)} {unit} ({time.perf_counter() - start:.0f}s)")
-    worst = max(abs(r - 1) for r in ratios)
-    print(f"measured / predicted over {len(ratios)} candidates: {min(ratios):.3f} .. {max(ratios):.3f} "
-          f"(worst {100 * worst:.1f}% off; load average now {os.getloadavg()[0]:.1f})")
+    for name, values in (("predicted (profile)", ratios), ("predicted from FLOPs", flops)):
+        worst = max(abs(r - 1) for r in values)
+        print(f"measured / {name} over {len(values)} candidates: {min(values):.3f} .. {max(values):.3f} "
+              f"(worst {100 * worst:.1f}% off)")
+    print(f"load average now {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

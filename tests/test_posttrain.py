@@ -104,6 +104,23 @@ def test_rft_keeps_only_the_graded_right_samples(monkeypatch, tmp_path):
     assert job.card == {"sampled": 8, "kept_right": 4, "problems_solved": 2}
 
 
+def test_rft_end_to_end_samples_grades_and_trains_on_the_right_ones(tiny_llama, settings, tmp_path):
+    """make_variant(kind rft) on a real model, nothing stubbed: a tiny model first taught four problems by SFT samples
+    its own answers, the exact grader keeps the right ones and the variant trains on those alone."""
+    data = {"probes": {"arith_2d_add": 4}}
+    taught = make_variant(recipe_of(tiny_llama, data=data, train={**FAST, "max_steps": 40, "learning_rate": 1e-2}),
+                          settings, tmp_path / "taught")
+    recipe = recipe_of(taught, kind="rft", data=data, sample={"k": 6, "temperature": 1.0, "max_new_tokens": 4},
+                       train={**FAST, "max_steps": 2})
+    out = make_variant(recipe, settings, tmp_path / "rft")
+    report = json.loads((out / REPORT).read_text())
+    kept = report["data"]["kept_right"]
+    assert report["kind"] == "rft" and report["data"]["sampled"] == 24 and 0 < kept < 24  # some, not all, kept
+    assert 1 <= report["data"]["problems_solved"] <= 4 and report["data"]["scored_items_trained"] == 0
+    assert report["train"]["steps"] == 2 and report["train"]["target_tokens"] > 0
+    assert f"{kept} distinct right answers kept" in (out / "README.md").read_text()
+
+
 def test_rft_with_no_right_sample_says_so(monkeypatch, tmp_path):
     monkeypatch.setattr(variant_methods, "sample_answers", lambda *a, **k: [[" 9"]])
     job = Job(None, None, [Item("arith_2d_add", "1 + 1 =", " 2", "2", "exact", "\n")], VariantRecipe(kind="rft"),

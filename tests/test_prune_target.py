@@ -288,6 +288,54 @@ def test_measured_speedup_is_a_sane_ratio(tiny_llama, clock):
     assert len(model.model.layers) == depth  # the model is whole again
 
 
+class _CostClock:
+    """A clock that advances only where a test says a module costs time: each attention call 3 units, each MLP call
+    1 (forward hooks registered before the profile's, so the profile reads the clock after the cost is added)."""
+
+    def __init__(self, model) -> None:  # noqa: ANN001
+        self.now = 0.0
+        for layer in model.model.layers:
+            layer.self_attn.register_forward_hook(lambda *_: self.tick(3.0))
+            layer.mlp.register_forward_hook(lambda *_: self.tick(1.0))
+
+    def tick(self, units: float) -> None:
+        self.now += units
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("clock", ["wall", "cpu"])
+def test_a_profile_times_each_part_per_phase_and_predicts_from_the_time_left(tiny_llama, monkeypatch, clock):
+    """Each block and sublayer timed in the benchmark's prefill and decode steps (not the decode's prompt pass),
+    repeats summed; the prediction is 1 / the share of time left, a block and its sublayers counted once."""
+    import types
+
+    import layerprune.models.speed as speed
+    from layerprune.prune.target import speed_profile
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    fake = _CostClock(model)
+    monkeypatch.setattr(speed, "time", types.SimpleNamespace(perf_counter=fake, process_time=fake))
+    depth, bench = len(model.model.layers), SpeedBench(prompt_len=8, new_tokens=5, repeats=2, clock=clock)
+    profile = speed_profile(model, bench)
+    assert profile.totals == {"prefill": 2 * 4 * depth, "decode": 2 * 5 * 4 * depth}
+    for block in range(depth):
+        assert profile.parts[block] == {"prefill": 2 * 4, "decode": 2 * 5 * 4}
+        assert profile.parts[Sublayer(block, "attn")] == {"prefill": 2 * 3, "decode": 2 * 5 * 3}
+        assert profile.parts[Sublayer(block, "mlp")] == {"prefill": 2 * 1, "decode": 2 * 5 * 1}
+    assert not any(h for layer in model.model.layers for h in (layer._forward_hooks, layer._forward_pre_hooks))
+
+    sizes = model_sizes(model, torch.float32)
+    sizes.profile = profile
+    attention = sizes.predicted([Sublayer(b, "attn") for b in range(3)])
+    assert attention["speedup"] == pytest.approx(4 * depth / (4 * depth - 9))
+    assert attention["prefill_speedup"] == attention["decode_speedup"] == attention["speedup"]
+    assert attention["flops_speedup"] < attention["speedup"]  # FLOPs give attention less than its time
+    whole = sizes.predicted([1, Sublayer(1, "attn"), Sublayer(2, "attn"), Sublayer(2, "mlp")])
+    assert whole["speedup"] == pytest.approx(4 * depth / (4 * depth - 8))  # two blocks, each counted once
+
+
 def test_speedup_target_dry_run_prints_predicted_and_measured(capsys, tiny_llama, monkeypatch):
     import layerprune.prune.target as target_module
 
@@ -308,6 +356,8 @@ def test_speedup_target_dry_run_prints_predicted_and_measured(capsys, tiny_llama
     assert record["measured_speedup"]["removals"] == len(report["dropped"]) == 3
     assert record["measured_speedup"]["predicted"] == record["predicted"]["after"]["speedup"]
     assert "measured: speedup 1.30x (prefill 1.35x, decode 1.30x; predicted" in stdout
+    assert "(timed profile: prefill" in stdout and "FLOPs alone" in stdout
+    assert record["predicted"]["after"]["speedup"] != record["predicted"]["after"]["flops_speedup"]
     assert "dry run: nothing written" in stdout
 
 
@@ -419,6 +469,7 @@ def test_speedup_target_at_a_sublayer_grain_prints_predicted_and_measured(capsys
     assert len(record["removals"]) == 3 and record["measured_speedup"]["removals"] == 3  # 1.15x >= 1.12x, 1.10x not
     assert sorted(record["removals"]) == sorted(report["removed_sublayers"]) and all("." in r for r in seen[-1])
     assert "measured: speedup 1.15x (prefill 1.15x, decode 1.16x; predicted" in stdout
+    assert "(timed profile: prefill" in stdout
 
 
 @pytest.mark.slow

@@ -4,7 +4,9 @@
 `measure_speed` and `measured_speedup` are the short fixed benchmark of pruning to a speed target: the model's
 own prefill and KV-cached decode steps, the candidate (the blocks actually dropped, `skipped_blocks`; or the
 sublayers removed as the Nemotron-NAS layout runs them, `measured_sublayer_speedup`) timed alternately with the
-original so that a machine whose load drifts slows both alike.
+original so that a machine whose load drifts slows both alike. `profile_parts` times each removable part inside
+one run of that benchmark (forward hooks), so that a speedup can be predicted for any set of removals from the
+time they take rather than from their FLOPs alone.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -129,6 +131,66 @@ def _speedup(model: Any, candidate: Any, candidate_context: Callable[[], Any], b
     return {**result, "speedup": min(result["prefill_speedup"], result["decode_speedup"])}
 
 
+@dataclass(frozen=True)
+class SpeedProfile:
+    """Seconds the fixed benchmark's prefill and decode spent in the whole model (`totals`) and inside each
+    removable part (`parts`: key -> phase -> seconds), summed over its repeats, all on one clock."""
+
+    totals: dict[str, float]
+    parts: dict[Hashable, dict[str, float]]
+
+    def speedup(self, keys: Iterable[Hashable]) -> dict[str, float]:
+        """Predicted prefill and decode speedups without the parts `keys` (1 / the share of time left), and their
+        smaller as `speedup`, as `measured_speedup` reports a measurement."""
+        keys = list(keys)
+        ratios = {f"{phase}_speedup": total / max(total - sum(self.parts[k][phase] for k in keys), 1e-12 * total)
+                  for phase, total in self.totals.items()}
+        return {**ratios, "speedup": min(ratios.values())}
+
+
+PHASES = ("prefill", "decode")
+
+
+def profile_parts(model: Any, parts: Mapping[Hashable, Sequence[torch.nn.Module]],
+                  bench: SpeedBench = DEFAULT_BENCH) -> SpeedProfile:
+    """Time each part (key -> the modules it removes, e.g. a block, or an attention and the norm before it) inside
+    the fixed benchmark's prefill and decode of `model`, with forward hooks; `bench.repeats` runs summed. A device
+    with asynchronous work is synchronised at each hook, so there the parts' times include their launches."""
+    device = next(model.parameters()).device
+    now = time.process_time if bench.clock == "cpu" else time.perf_counter
+    seconds: dict[Hashable, dict[str, float]] = {key: dict.fromkeys(PHASES, 0.0) for key in parts}
+    phase = {"name": "warm-up"}
+    started: dict[int, float] = {}
+
+    def hooks(key: Hashable, module: torch.nn.Module) -> list[Any]:
+        def before(*_: Any) -> None:
+            _sync(device)
+            started[id(module)] = now()
+
+        def after(*_: Any) -> None:
+            _sync(device)
+            if phase["name"] in PHASES:
+                seconds[key][phase["name"]] += now() - started.pop(id(module))
+
+        return [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
+
+    handles = [h for key, modules in parts.items() for module in modules for h in hooks(key, module)]
+    totals = dict.fromkeys(PHASES, 0.0)
+    ids = _prompt_ids(model, bench)
+    try:
+        with torch.inference_mode():
+            _prefill(model, ids[:, :8], bench.clock)  # warm-up
+            for _ in range(bench.repeats):
+                phase["name"] = "prefill"
+                totals["prefill"] += _prefill(model, ids, bench.clock)
+                phase["name"] = "decode-prompt"  # the decode's own prompt pass is not a decode step
+                totals["decode"] += _decode(model, ids[:1], bench.new_tokens, bench.clock, on_steps=phase)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return SpeedProfile(totals, seconds)
+
+
 def _prompt_ids(model: Any, bench: SpeedBench) -> torch.Tensor:
     vocab = model.get_input_embeddings().num_embeddings
     generator = torch.Generator().manual_seed(0)
@@ -143,10 +205,14 @@ def _prefill(model: Any, ids: torch.Tensor, clock: str = "wall") -> float:
     return _timed(lambda: model(input_ids=ids, use_cache=False, **last), ids.device, clock)
 
 
-def _decode(model: Any, prompt: torch.Tensor, steps: int, clock: str = "wall") -> float:
-    """Seconds for `steps` greedy steps after the prompt, each one token through the KV cache."""
+def _decode(model: Any, prompt: torch.Tensor, steps: int, clock: str = "wall",
+            on_steps: dict[str, str] | None = None) -> float:
+    """Seconds for `steps` greedy steps after the prompt, each one token through the KV cache (`on_steps`, a
+    profile's phase, is set to "decode" once the prompt's own pass is done)."""
     name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     out = model(input_ids=prompt, use_cache=True)
+    if on_steps is not None:
+        on_steps["name"] = "decode"
     cache = out.get("cache", out.get("past_key_values"))  # the output's name follows transformers' version
     state = {"cache": cache, "next": out.logits[:, -1:].argmax(-1)}
 

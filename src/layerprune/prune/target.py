@@ -6,6 +6,11 @@ takes away: parameters; weight bytes at the save dtype; KV-cache bytes per token
 widths, so GQA counts its KV heads, not its query heads); matmul FLOPs per token (2 x the block's 2-D weights; the
 LM head stays and counts in the total). Sizes come from the parameters themselves: tied embeddings count once,
 biases and norms count where they live, a sublayer owns its module and (Llama-style blocks) the norm in front of it.
+
+The speedup a set of removals predicts is 1 / the share of per-token FLOPs left, or, for a speedup target, 1 / the
+share of the benchmark's time left as a profile of the model timed each part (`speed_profile`): FLOPs miss what
+does not scale with the weights (attention's score and cache work, the per-module overhead that dominates a small
+model's decode step), so they under-predict removing attention on a CPU.
 """
 
 from __future__ import annotations
@@ -22,7 +27,14 @@ from torch import nn
 from layerprune.core.errors import LayerpruneError
 from layerprune.models.blocks import find_decoder_stack, text_config
 from layerprune.models.gguf_types import OUTTYPES, written_bytes, zero_ffn_bytes
-from layerprune.models.speed import DEFAULT_BENCH, SpeedBench, measured_speedup, measured_sublayer_speedup
+from layerprune.models.speed import (
+    DEFAULT_BENCH,
+    SpeedBench,
+    SpeedProfile,
+    measured_speedup,
+    measured_sublayer_speedup,
+    profile_parts,
+)
 from layerprune.models.sublayers import PARTS, Sublayer, sublayer_module
 from layerprune.prune.report import TargetRecord
 
@@ -102,37 +114,53 @@ class ModelSizes:
     # bytes a block whose MLP alone is removed keeps in the written file (the `deci` export's zero FFN; 0 unless the
     # bytes are counted as `export --gguf --outtype` writes them)
     zero_ffn_bytes: int = 0
+    # the time each removal takes in the speed benchmark (speedup targets): the speedup is predicted from it
+    profile: SpeedProfile | None = None
 
     def removed(self, removals: Iterable[Removal]) -> Cost:
         """The cost of a set of removals; a block and its own sublayers are not counted twice."""
-        parts: dict[int, set[str]] = {}
-        for removal in removals:
-            block, named = (removal, set(PARTS)) if isinstance(removal, int) else (removal.block, {removal.part})
-            parts.setdefault(block, set()).update(named)
         total = Cost()
-        for block, named in parts.items():
-            whole = named == set(PARTS)
-            total += self.costs[block] if whole else sum((self.costs[Sublayer(block, p)] for p in named), Cost())
-            if named == {"mlp"}:
+        for key in _keys(removals):
+            total += self.costs[key]
+            if isinstance(key, Sublayer) and key.part == "mlp":  # the block keeps its attention
                 total -= Cost(bytes=self.zero_ffn_bytes)
         return total
 
     def predicted(self, removals: Iterable[Removal]) -> dict[str, Any]:
-        """Params, weight bytes, KV-cache bytes per token and compute share after the removals, and the speedup the
-        compute share predicts (1 / the share of per-token matmul FLOPs left)."""
+        """Params, weight bytes, KV-cache bytes per token and compute share after the removals, and the speedup
+        they predict: from the profile's time shares where there is one (`prefill_speedup`, `decode_speedup` and
+        their smaller), else 1 / the share of per-token matmul FLOPs left; `flops_speedup` is always the latter."""
+        removals = list(removals)
         after = self.total - self.removed(removals)
+        flops = self.total.flops_per_token / max(after.flops_per_token, 1)
+        timed = self.profile.speedup(_keys(removals)) if self.profile is not None else {"speedup": flops}
         return {
             "params": after.params,
             "memory_bytes": after.bytes,
             "kv_bytes_per_token": after.kv_bytes_per_token,
             "flops_per_token": after.flops_per_token,
-            "speedup": self.total.flops_per_token / max(after.flops_per_token, 1),
+            "flops_speedup": flops,
+            **timed,
         }
 
 
-def model_sizes(model: nn.Module, dtype: torch.dtype, outtype: str | None = None) -> ModelSizes:
+def _keys(removals: Iterable[Removal]) -> list[Removal]:
+    """The removals as priced: a block whose sublayers are all removed counts once, whole."""
+    parts: dict[int, set[str]] = {}
+    for removal in removals:
+        block, named = (removal, set(PARTS)) if isinstance(removal, int) else (removal.block, {removal.part})
+        parts.setdefault(block, set()).update(named)
+    keys: list[Removal] = []
+    for block, named in parts.items():
+        keys += [block] if named == set(PARTS) else [Sublayer(block, part) for part in sorted(named)]
+    return keys
+
+
+def model_sizes(model: nn.Module, dtype: torch.dtype, outtype: str | None = None,
+                profile: SpeedBench | None = None) -> ModelSizes:
     """Totals and per-removal costs of `model`, weight bytes at `dtype` (the dtype it is saved in), or with `outtype`
-    as `layerprune export --gguf --outtype` writes each tensor (models/gguf_types.py)."""
+    as `layerprune export --gguf --outtype` writes each tensor (models/gguf_types.py); with `profile`, each removal
+    timed in that benchmark too (`speed_profile`), so that speedups are predicted from time."""
     stack = find_decoder_stack(model)
     width = torch.empty((), dtype=dtype).element_size()
     bytes_of = (lambda p: p.numel() * width) if outtype is None else (lambda p: written_bytes(p.shape, outtype))
@@ -149,7 +177,18 @@ def model_sizes(model: nn.Module, dtype: torch.dtype, outtype: str | None = None
     weights = sum(bytes_of(p) for p in unique.values())
     total = Cost(params, weights, blocks.kv_bytes_per_token, blocks.flops_per_token + 2 * head.numel())
     zero = 0 if outtype is None else zero_ffn_bytes(model.config.get_text_config().hidden_size, outtype)
-    return ModelSizes(total, costs, outtype or str(dtype).removeprefix("torch."), zero)
+    timed = None if profile is None else speed_profile(model, profile)
+    return ModelSizes(total, costs, outtype or str(dtype).removeprefix("torch."), zero, timed)
+
+
+def speed_profile(model: nn.Module, bench: SpeedBench = DEFAULT_BENCH) -> SpeedProfile:
+    """The time each possible removal takes in `bench`: every block (the decoder layer, norms and residual adds
+    in it) and every sublayer (its module and the norm in front of it), timed in one profiled run of the model."""
+    parts: dict[Removal, list[nn.Module]] = {}
+    for index, block in enumerate(find_decoder_stack(model).layers):
+        parts[index] = [block]
+        parts.update({Sublayer(index, part): modules for part, modules in _sublayer_modules(block).items()})
+    return profile_parts(model, parts, bench)
 
 
 def _cost(params: Iterable[nn.Parameter], width: int, kv_elements: int,
@@ -163,14 +202,20 @@ def _cost(params: Iterable[nn.Parameter], width: int, kv_elements: int,
 def _sublayer_params(block: nn.Module) -> dict[str, list[nn.Parameter]]:
     """Each sublayer's parameters: its module's and the norm in front of it (empty when the block has no such
     sublayer, e.g. a Mamba block)."""
-    found: dict[str, list[nn.Parameter]] = {}
+    return {part: [p for module in modules for p in module.parameters()]
+            for part, modules in _sublayer_modules(block).items()}
+
+
+def _sublayer_modules(block: nn.Module) -> dict[str, list[nn.Module]]:
+    """Each sublayer's module and the norm in front of it (a part the block lacks is left out)."""
+    found: dict[str, list[nn.Module]] = {}
     for part in PARTS:
         try:
             module = sublayer_module(block, part)  # type: ignore[arg-type]
         except LayerpruneError:
             continue
         norm = getattr(block, NORMS[part], None)
-        found[part] = [*module.parameters(), *(norm.parameters() if isinstance(norm, nn.Module) else ())]
+        found[part] = [module, *([norm] if isinstance(norm, nn.Module) else [])]
     return found
 
 
@@ -276,7 +321,9 @@ def _plan_speedup(ranked: list[Removal], target: Target, sizes: ModelSizes, meas
     def meets(count: int) -> bool:
         if count not in measured:
             ratios = dict(measure(ranked[:count]))
-            measured[count] = {"removals": count, "predicted": sizes.predicted(ranked[:count])["speedup"], **ratios}
+            predicted = sizes.predicted(ranked[:count])
+            measured[count] = {"removals": count, "predicted": predicted["speedup"],
+                               "predicted_flops": predicted["flops_speedup"], **ratios}
         return measured[count]["speedup"] >= target.value
 
     if not ranked:
@@ -309,6 +356,14 @@ def _format(quantity: str, value: float, before: float) -> str:
     return f"{value:.0f} KV-cache bytes per token ({share})"
 
 
+def _basis(after: Mapping[str, Any]) -> str:
+    """What the predicted speedup comes from: a timed profile (then the FLOPs' figure beside it), or FLOPs."""
+    if "prefill_speedup" in after and "flops_speedup" in after:
+        return (f" (timed profile: prefill {after['prefill_speedup']:.2f}x, decode {after['decode_speedup']:.2f}x; "
+                f"FLOPs alone {after['flops_speedup']:.2f}x)")
+    return " (from FLOPs)"
+
+
 def _as(weights_as: str | None) -> str:
     return f" (as {weights_as} GGUF tensors)" if weights_as in OUTTYPES else ""
 
@@ -321,7 +376,8 @@ def plan_lines(record: TargetRecord) -> list[str]:
         f"  predicted: parameters {before['params'] / 1e6:.2f}M -> {after['params'] / 1e6:.2f}M, weights"
         f"{_as(record.weights_as)} {before['memory_bytes'] / 2**20:.1f} MiB -> "
         f"{after['memory_bytes'] / 2**20:.1f} MiB, KV cache "
-        f"{before['kv_bytes_per_token']} -> {after['kv_bytes_per_token']} bytes/token, speedup {after['speedup']:.2f}x",
+        f"{before['kv_bytes_per_token']} -> {after['kv_bytes_per_token']} bytes/token, speedup {after['speedup']:.2f}x"
+        + _basis(after),
     ]
     chosen = record.measured_speedup
     if chosen:
@@ -342,8 +398,9 @@ def plan_sublayers(model: nn.Module, target: Target, order: Sequence[Sublayer], 
     def measure(removals: list[Removal]) -> Mapping[str, float]:
         return measured_sublayer_speedup(model, [r for r in removals if isinstance(r, Sublayer)], bench)
 
-    return plan_ranked(order, target, model_sizes(model, dtype, outtype),
-                       measure if target.quantity == "speedup" else None, sublayers=True)
+    speed = target.quantity == "speedup"
+    return plan_ranked(order, target, model_sizes(model, dtype, outtype, bench if speed else None),
+                       measure if speed else None, sublayers=True)
 
 
 def plan_blocks(model: nn.Module, target: Target, scores: Sequence[float | None], protected: Sequence[int],
@@ -357,5 +414,7 @@ def plan_blocks(model: nn.Module, target: Target, scores: Sequence[float | None]
             raise LayerpruneError("a speedup target measures whole-block removals only")
         return measured_speedup(model, [int(r) for r in removals], bench)
 
-    return plan_to_target(scores, list(range(depth)), target, model_sizes(model, dtype, outtype), protected,
-                          max(depth - len(protected) - 1, 0), measure if target.quantity == "speedup" else None)
+    speed = target.quantity == "speedup"
+    sizes = model_sizes(model, dtype, outtype, bench if speed else None)
+    return plan_to_target(scores, list(range(depth)), target, sizes, protected, max(depth - len(protected) - 1, 0),
+                          measure if speed else None)
