@@ -194,3 +194,51 @@ def test_llama3_rope_exports_its_rope_freqs_and_llama_cpp_gives_transformers_log
     scale = np.abs(want).max()  # llama.cpp keeps its KV cache in f16: about 1e-3 of the largest logit apart
     assert np.abs(got - want).max() < 5e-3 * scale and (got.argmax(-1) == want.argmax(-1)).all()
     assert np.abs(unscaled - got).max() > 0.05 * scale  # without the factors llama.cpp could not match
+
+
+def test_a_qwen2_source_exports_its_qkv_biases_and_llama_cpp_gives_transformers_logits(tmp_path):
+    """Qwen2's q/k/v biases (random, large enough to matter) go through the deci export as attn_q/k/v biases with the
+    layout's zero o_proj bias; llama.cpp's deci loader runs them with transformers' logits."""
+    from transformers import Qwen2Config
+
+    source = smollm_gguf()
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=49152, hidden_size=64, intermediate_size=256, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias")):
+                param.normal_(0.0, 2.0)
+    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    directory = tmp_path / "tiny"
+    save_nas(model, tokenizer, [Sublayer(1, "attn"), Sublayer(2, "mlp")], directory, torch.float32)
+    (directory / "source.json").write_text(json.dumps({"gguf": str(source)}))
+    report = export_gguf(directory, tmp_path / "m.gguf", "f32")
+    back = report.readback
+    assert back["missing"] == [] and back["unexpected"] == [] and back["max_relative_error"] == 0.0
+    import gguf
+
+    names = {t.name for t in gguf.GGUFReader(tmp_path / "m.gguf").tensors}
+    assert {f"blk.{b}.attn_{p}.bias" for b in (0, 2, 3) for p in "qkv"} <= names and "blk.1.attn_q.bias" not in names
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama.cpp check needs llama-cpp-python (make bench-engines builds it)")
+    from llama_cpp import Llama
+
+    saved = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    ids = torch.randint(10, 49152, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+    llm = Llama(model_path=str(tmp_path / "m.gguf"), n_ctx=64, logits_all=True, verbose=False, n_threads=1)
+    llm.eval(ids)
+    got = np.asarray(llm.scores[: len(ids)])
+    with torch.inference_mode():
+        want = saved(input_ids=torch.tensor([ids])).logits[0].numpy()
+        for layer in saved.model.layers:  # the same model without its q/k/v biases: they must matter here
+            attention = getattr(layer, "self_attn", None)
+            for proj in ("q_proj", "k_proj", "v_proj"):
+                if attention is not None and getattr(attention, proj).bias is not None:
+                    getattr(attention, proj).bias.zero_()
+        unbiased = saved(input_ids=torch.tensor([ids])).logits[0].numpy()
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() < 5e-3 * scale and (got.argmax(-1) == want.argmax(-1)).all()
+    assert np.abs(unbiased - got).max() > 0.05 * scale  # without the biases llama.cpp could not match

@@ -15,6 +15,8 @@ FAMILIES: dict[str, Family] = {
     "gemma3_text": Family(gguf.MODEL_ARCH.GEMMA3, gemma3_metadata, gemma3_fix),
     "nemotron-nas": Family(gguf.MODEL_ARCH.DECI, deci_metadata, deci_fix, deci_extra),
 }
+# llama.cpp's deci graph adds attention biases where the file has them (a Qwen2 source's q/k/v biases in the layout)
+ATTENTION_BIASES = ("nemotron-nas",)
 TRANSFORMERS_READS = (gguf.MODEL_ARCH.LLAMA, gguf.MODEL_ARCH.GEMMA3)  # architectures its GGUF loader reads
 
 
@@ -24,6 +26,7 @@ def family_for(config: Any) -> Family:
     if model_type not in FAMILIES:
         raise LayerpruneError(f"export --gguf does not support model_type '{model_type}' yet; "
                               f"supported: {', '.join(sorted(FAMILIES))}")
-    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+    attention_bias = getattr(config, "attention_bias", False) and model_type not in ATTENTION_BIASES
+    if attention_bias or getattr(config, "mlp_bias", False):
         raise LayerpruneError(f"export --gguf: {model_type} with bias tensors is not exported yet")
     return FAMILIES[model_type]

@@ -116,12 +116,13 @@ def _block(name: str) -> int | None:
 
 
 def deci_fix(name: str, data: np.ndarray, config: Any) -> np.ndarray:
-    """llama.cpp rotates interleaved pairs: permute q and k per block, with that block's head counts."""
+    """llama.cpp rotates interleaved pairs: permute q and k (and their biases, a Qwen2 source's) per block, with that
+    block's head counts."""
     block = _block(name)
-    if block is None or not name.endswith(("q_proj.weight", "k_proj.weight")):
+    if block is None or not name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")):
         return data
     layer = deci_layers(config)[block]
-    return permute_rope(data, layer.heads if name.endswith("q_proj.weight") else layer.kv_heads)
+    return permute_rope(data, layer.heads if ".q_proj." in name else layer.kv_heads)
 
 
 def deci_extra(config: Any) -> Iterator[tuple[str, np.ndarray]]:
