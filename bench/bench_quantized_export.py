@@ -76,6 +76,9 @@ def _models(work: Path, run: Path | None) -> dict[str, Path]:
     """label -> model folder: the fixed prunes, or the unpruned model with a run's pruned and recovered models."""
     if run is None:
         return {label: _model(work, label, flags) for label, flags in PRUNES.items()}
+    source = json.loads((run / "run.json").read_text())["recipe"]["model"]
+    if source != "embedded":
+        raise SystemExit(f"--run {run}: pruned from {source}; this bench's unpruned model is the embedded one")
     folders = {"unpruned": _model(work, "unpruned", None), "pruned": run / "pruned", "recovered": run / "recovered"}
     missing = [str(f) for f in folders.values() if not (f / "config.json").is_file()]
     if missing:

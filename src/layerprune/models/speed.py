@@ -61,6 +61,10 @@ class SpeedBench:
     repeats: int = 3
     clock: Literal["wall", "cpu"] = "wall"
 
+    def __post_init__(self) -> None:
+        if min(self.prompt_len, self.batch, self.new_tokens, self.repeats) < 1:
+            raise ValueError(f"a speed benchmark needs at least one of each: {self}")
+
 
 DEFAULT_BENCH = SpeedBench()
 
@@ -157,27 +161,29 @@ def profile_parts(model: Any, parts: Mapping[Hashable, Sequence[torch.nn.Module]
     the fixed benchmark's prefill and decode of `model`, with forward hooks; `bench.repeats` runs summed. A device
     with asynchronous work is synchronised at each hook, so there the parts' times include their launches."""
     device = next(model.parameters()).device
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     now = time.process_time if bench.clock == "cpu" else time.perf_counter
     seconds: dict[Hashable, dict[str, float]] = {key: dict.fromkeys(PHASES, 0.0) for key in parts}
     phase = {"name": "warm-up"}
-    started: dict[int, float] = {}
+    started: dict[tuple[Hashable, int], float] = {}
 
     def hooks(key: Hashable, module: torch.nn.Module) -> list[Any]:
         def before(*_: Any) -> None:
-            _sync(device)
-            started[id(module)] = now()
+            sync()
+            started[key, id(module)] = now()
 
         def after(*_: Any) -> None:
-            _sync(device)
+            sync()
             if phase["name"] in PHASES:
-                seconds[key][phase["name"]] += now() - started.pop(id(module))
+                seconds[key][phase["name"]] += now() - started.pop((key, id(module)))
 
         return [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
 
-    handles = [h for key, modules in parts.items() for module in modules for h in hooks(key, module)]
     totals = dict.fromkeys(PHASES, 0.0)
     ids = _prompt_ids(model, bench)
+    handles: list[Any] = []
     try:
+        handles += [h for key, modules in parts.items() for module in modules for h in hooks(key, module)]
         with torch.inference_mode():
             _prefill(model, ids[:, :8], bench.clock)  # warm-up
             for _ in range(bench.repeats):

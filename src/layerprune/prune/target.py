@@ -157,9 +157,9 @@ def _keys(removals: Iterable[Removal]) -> list[Removal]:
 
 
 def model_sizes(model: nn.Module, dtype: torch.dtype, outtype: str | None = None,
-                profile: SpeedBench | None = None) -> ModelSizes:
+                timed: SpeedBench | None = None) -> ModelSizes:
     """Totals and per-removal costs of `model`, weight bytes at `dtype` (the dtype it is saved in), or with `outtype`
-    as `layerprune export --gguf --outtype` writes each tensor (models/gguf_types.py); with `profile`, each removal
+    as `layerprune export --gguf --outtype` writes each tensor (models/gguf_types.py); with `timed`, each removal
     timed in that benchmark too (`speed_profile`), so that speedups are predicted from time."""
     stack = find_decoder_stack(model)
     width = torch.empty((), dtype=dtype).element_size()
@@ -177,8 +177,8 @@ def model_sizes(model: nn.Module, dtype: torch.dtype, outtype: str | None = None
     weights = sum(bytes_of(p) for p in unique.values())
     total = Cost(params, weights, blocks.kv_bytes_per_token, blocks.flops_per_token + 2 * head.numel())
     zero = 0 if outtype is None else zero_ffn_bytes(model.config.get_text_config().hidden_size, outtype)
-    timed = None if profile is None else speed_profile(model, profile)
-    return ModelSizes(total, costs, outtype or str(dtype).removeprefix("torch."), zero, timed)
+    profile = None if timed is None else speed_profile(model, timed)
+    return ModelSizes(total, costs, outtype or str(dtype).removeprefix("torch."), zero, profile)
 
 
 def speed_profile(model: nn.Module, bench: SpeedBench = DEFAULT_BENCH) -> SpeedProfile:
