@@ -3,6 +3,7 @@ and the speed search's stopping rule (a fake measurement; no wall-clock assertio
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from helpers import assert_one_line_error, run_cli
 from layerprune.core.errors import LayerpruneError
@@ -114,8 +115,9 @@ def test_saved_model_meets_the_target_as_predicted(capsys, tiny_llama, tmp_path,
 
 
 @pytest.mark.parametrize(("outtype", "extra", "needles"), [
-    ("q4_k_m", [], ["--outtype q4_k_m", "llama.cpp's choice"]), ("Q4_K_M", [], ["llama.cpp's choice"]),
-    ("q8", [], ["unknown --outtype q8", "f32, f16, bf16, q8_0"]),
+    ("q4_k_m", [], ["--outtype q4_k_m", "GGUF the model was read from", "was not read from one"]),
+    ("Q4_K_M", ["--granularity", "attention"], ["llama.cpp's quantizer, which removes whole blocks"]),
+    ("q8", [], ["unknown --outtype q8", "f32, f16, bf16, q8_0, q4_0"]),
 ])
 def test_a_memory_target_at_an_outtype_it_cannot_price_is_refused_in_one_line(capsys, tiny_llama, outtype, extra,
                                                                               needles):
@@ -126,6 +128,67 @@ def test_a_memory_target_at_an_outtype_it_cannot_price_is_refused_in_one_line(ca
 
 def test_an_outtype_is_read_as_export_reads_it():
     assert PruneRecipe(target="memory=0.7x", outtype="Q8_0").outtype == "q8_0"
+
+
+def test_a_k_quant_memory_target_without_llama_cpp_is_one_line(capsys, tmp_path, monkeypatch):
+    """A model read from a GGUF is priced by llama.cpp's quantizer: without llama-cpp-python, one line naming it."""
+    import layerprune.core.extras as extras
+    from test_export import smollm_gguf
+
+    source = smollm_gguf()
+    directory = tmp_path / "converted"
+    AutoModelForCausalLM.from_config(tiny_config("llama", 4)).save_pretrained(directory)
+    tiny_tokenizer().save_pretrained(directory)
+    (directory / "source.json").write_text(json.dumps({"gguf": str(source)}))
+    monkeypatch.setattr(extras, "_installed", lambda module: module != "llama_cpp")
+    code, _, err = run_cli(capsys, prune_args(directory, "--dry-run", "--target", "memory=0.7x", "--outtype",
+                                              "q4_k_m"))
+    assert_one_line_error(code, err, "--outtype q4_k_m", "needs llama-cpp-python", "layerprune[gguf-run]")
+
+
+def test_a_priced_memory_target_bisects_the_counts_and_takes_the_fewest():
+    """Each k-quant price is a llama.cpp call: the plan bisects the ranking's prefixes instead of walking them."""
+    from layerprune.prune.target import Cost, ModelSizes, plan_ranked
+
+    sizes = ModelSizes(Cost(100, 1000, 10, 100), {b: Cost(10, 100, 1, 10) for b in range(10)}, "q4_k_m")
+    asked: list[tuple[int, ...]] = []
+    sizes.priced = lambda blocks: (asked.append(tuple(blocks)), 1000 - 90 * len(blocks))[1]
+    plan = plan_ranked(list(range(9, -1, -1)), parse_target("memory=0.5x"), sizes)
+    assert len(plan.removals) == 6 and plan.after["memory_bytes"] == 460  # 5 leave 550 > 500; 6 leave 460
+    assert len(set(asked)) <= 6  # the unpruned price, about log2(11) probes and the chosen prefix, not 7 in a row
+    assert plan.weights_as == "q4_k_m"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                    reason="a k-quant price needs llama-cpp-python (make bench-engines builds it)")
+def test_a_k_quant_memory_target_is_what_llama_cpp_writes_for_the_saved_model(capsys, tmp_path):
+    """A tiny llama exported to F16 GGUF (its 49k-token embedding most of it) is pruned from that .gguf to a Q4_K_M
+    memory target; the saved model's own `export --outtype q4_k_m` has the tensor bytes the plan priced (to the dry
+    run's 0.01 MiB) and meets the target."""
+    import gguf
+
+    from layerprune.export import export_gguf
+    from test_export import smollm_gguf
+
+    source = smollm_gguf()
+    directory = tmp_path / "tiny"
+    torch.manual_seed(0)
+    config = tiny_config("llama", 8)
+    config.vocab_size, config.bos_token_id, config.eos_token_id, config.pad_token_id = 49152, 1, 2, 2
+    AutoModelForCausalLM.from_config(config).save_pretrained(directory)
+    AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name).save_pretrained(directory)
+    (directory / "source.json").write_text(json.dumps({"gguf": str(source)}))
+    export_gguf(directory, tmp_path / "tiny.gguf", "f16", verify=False)
+    out = tmp_path / "pruned"
+    code, stdout, err = run_cli(capsys, ["prune", "--model", str(tmp_path / "tiny.gguf"), "--score", "last",
+                                         "--output", str(out), "--target", "memory=0.99x", "--outtype", "q4_k_m"])
+    assert code == 0, err
+    record = json.loads((out / "prune_report.json").read_text())["target"]
+    export_gguf(out, tmp_path / "pruned.gguf", "q4_k_m", verify=False)
+    written = sum(int(t.n_bytes) for t in gguf.GGUFReader(tmp_path / "pruned.gguf").tensors)
+    after, before = record["predicted"]["after"]["memory_bytes"], record["predicted"]["before"]["memory_bytes"]
+    assert abs(written - after) <= 0.005 * 2**20 and after <= 0.99 * before and len(record["removals"]) >= 2
+    assert "priced by llama.cpp's quantizer" in stdout
 
 
 class _Written:

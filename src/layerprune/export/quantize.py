@@ -27,10 +27,10 @@ import torch
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.extras import require_extra
 from layerprune.models.gguf_once import fast_reader
+from layerprune.models.gguf_types import K_QUANTS
 
-QUANTS: dict[str, gguf.LlamaFileType] = {name.lower(): gguf.LlamaFileType[f"MOSTLY_{name}"] for name in (
-    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S",
-    "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS")}  # the IQ1-IQ3 types need an importance matrix
+QUANTS: dict[str, gguf.LlamaFileType] = {name: gguf.LlamaFileType[f"MOSTLY_{name.upper()}"]
+                                         for name in K_QUANTS}  # the IQ1-IQ3 types need an importance matrix
 TOLERANCE: dict[str, float] = {  # mean KL, nats
     "q6_k": 0.3, "q5_k_m": 0.6, "q5_k_s": 0.6, "q5_0": 0.6, "q5_1": 0.6, "q4_k_m": 0.6, "q4_k_s": 0.6,
     "iq4_nl": 0.6, "iq4_xs": 0.6, "q4_0": 1.2, "q4_1": 1.2, "q3_k_l": 1.2, "q3_k_m": 1.2, "q3_k_s": 1.2,

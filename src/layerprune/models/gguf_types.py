@@ -4,7 +4,7 @@ The types the gguf package encodes itself (f32, f16, bf16, q8_0): 1-D tensors (n
 is in the type when the type's block divides its rows, else F16. One rule for the writer (export/writer.py) and for a
 `prune --target memory=... --outtype TYPE` plan, so the plan counts the bytes the export will write. The k-quants are
 llama.cpp's choice tensor by tensor (fallback types where 256 does not divide a row: SmolLM2's "Q4_K_M" is mostly
-Q5_0), so no size is predicted for them here.
+Q5_0), so llama.cpp's quantizer prices them itself (models/kquant_price.py).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")  # encoded by the gguf package; the k-quants by llama.cpp's quantizer
+K_QUANTS = ("q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q2_k_s", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m",
+            "q5_k_s", "q5_k_m", "q6_k", "iq4_nl", "iq4_xs")  # llama.cpp's quantizer, no importance matrix needed
 # the width of the zero FFN the `deci` export writes for a block whose MLP is removed and attention kept
 # (export/deci.py: llama.cpp's deci graph drops such a block's attention at feed-forward length 0): a multiple of
 # every quantizer's block, so it encodes as the other FFNs do

@@ -129,10 +129,15 @@ def _to_target(
     """With --target: the blocks its plan takes replace the score's choice; the plan's record (else None)."""
     if recipe.target is None:
         return None
+    from layerprune.models.gguf_types import K_QUANTS
+    from layerprune.models.kquant_price import source_gguf
     from layerprune.prune.target import parse_target, plan_blocks, plan_lines
 
+    source = None
+    if recipe.outtype in K_QUANTS:
+        source = source_gguf(loaded.source, settings.resolved_cache_dir(), recipe.outtype)
     plan = plan_blocks(loaded.model, parse_target(recipe.target), result.scores, protected,
-                       _save_dtype(loaded, settings), outtype=recipe.outtype)
+                       _save_dtype(loaded, settings), outtype=recipe.outtype, source=source)
     result.drop = sorted(int(r) for r in plan.removals)
     record = plan.record()
     for line in plan_lines(record):

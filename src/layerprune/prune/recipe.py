@@ -55,7 +55,8 @@ class PruneRecipe(BaseModel):
         None,
         description="With --target memory=: count the weights as `layerprune export --gguf --outtype TYPE` will "
         "write them (f32, f16, bf16, q8_0: 1-D tensors F32, rows the type's block does not divide F16) instead of "
-        "at the saved dtype; the k-quants are llama.cpp's choice tensor by tensor and are not predicted",
+        "at the saved dtype; a k-quant (q4_k_m, q6_k, ...: llama.cpp's choice tensor by tensor) is priced by "
+        "llama.cpp's quantizer from the GGUF the model was read from (whole blocks; needs llama-cpp-python)",
     )
     score: str = Field(
         "ablation",
@@ -185,17 +186,16 @@ class PruneRecipe(BaseModel):
 
     @model_validator(mode="after")
     def _outtype_prices_a_memory_target(self) -> PruneRecipe:
-        from layerprune.models.gguf_types import OUTTYPES
+        from layerprune.models.gguf_types import K_QUANTS, OUTTYPES
 
         if self.outtype is None:
             return self
         self.__dict__["outtype"] = outtype = self.outtype.lower()  # as export --outtype reads it
-        if outtype not in OUTTYPES and (outtype.startswith("iq") or "_k" in outtype):
-            raise ValueError(f"--outtype {outtype}: a memory target counts the types layerprune writes itself "
-                             f"({', '.join(OUTTYPES)}); the k-quants' tensor types are llama.cpp's choice (export "
-                             "one and read its size)")
-        if outtype not in OUTTYPES:
-            raise ValueError(f"unknown --outtype {outtype}: one of {', '.join(OUTTYPES)}")
+        if outtype not in (*OUTTYPES, *K_QUANTS):
+            raise ValueError(f"unknown --outtype {outtype}: one of {', '.join((*OUTTYPES, *K_QUANTS))}")
+        if outtype in K_QUANTS and self.granularity != "block":
+            raise ValueError(f"--outtype {outtype} is priced by llama.cpp's quantizer, which removes whole blocks: "
+                             f"at --granularity {self.granularity} count the weights at {', '.join(OUTTYPES)}")
         if self.target is None or not self.target.startswith("memory="):
             raise ValueError("--outtype prices a --target memory=...: give it with one (export --gguf writes the "
                              "file)")

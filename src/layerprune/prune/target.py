@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import math
 import re
+import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -26,7 +28,8 @@ from torch import nn
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.models.blocks import find_decoder_stack, text_config
-from layerprune.models.gguf_types import OUTTYPES, written_bytes, zero_ffn_bytes
+from layerprune.models.gguf_types import K_QUANTS, OUTTYPES, written_bytes, zero_ffn_bytes
+from layerprune.models.kquant_price import KQuantPricer
 from layerprune.models.speed import (
     DEFAULT_BENCH,
     SpeedBench,
@@ -116,6 +119,9 @@ class ModelSizes:
     zero_ffn_bytes: int = 0
     # the time each removal takes in the speed benchmark (speedup targets): the speedup is predicted from it
     profile: SpeedProfile | None = None
+    # the weight bytes of the model minus some blocks as llama.cpp's quantizer prices them (a k-quant --outtype:
+    # export/kquant_price.py); replaces the bytes the costs add up to
+    priced: Callable[[list[int]], int] | None = None
 
     def removed(self, removals: Iterable[Removal]) -> Cost:
         """The cost of a set of removals; a block and its own sublayers are not counted twice."""
@@ -134,9 +140,10 @@ class ModelSizes:
         after = self.total - self.removed(removals)
         flops = self.total.flops_per_token / max(after.flops_per_token, 1)
         timed = self.profile.speedup(_keys(removals)) if self.profile is not None else {"speedup": flops}
+        memory = after.bytes if self.priced is None else self.priced([int(r) for r in _keys(removals)])
         return {
             "params": after.params,
-            "memory_bytes": after.bytes,
+            "memory_bytes": memory,
             "kv_bytes_per_token": after.kv_bytes_per_token,
             "flops_per_token": after.flops_per_token,
             "flops_speedup": flops,
@@ -299,7 +306,10 @@ def plan_ranked(ranked: Sequence[Removal], target: Target, sizes: ModelSizes, me
         return _plan_speedup(ranked, target, sizes, measure, before, sublayers)
     key = {"params": "params", "memory": "memory_bytes", "kv-cache": "kv_bytes_per_token"}[target.quantity]
     limit = target.limit(before[key])
-    for count in range(len(ranked) + 1):
+    counts: Iterable[int] = range(len(ranked) + 1)
+    if key == "memory_bytes" and sizes.priced is not None:  # each price is a llama.cpp call: bisect the counts
+        counts = [_fewest(lambda n: sizes.predicted(ranked[:n])[key] <= limit, len(ranked))]
+    for count in counts:
         after = sizes.predicted(ranked[:count])
         if after[key] <= limit:
             return TargetPlan(target, ranked[:count], before, after, weights_as=sizes.dtype)
@@ -308,6 +318,15 @@ def plan_ranked(ranked: Sequence[Removal], target: Target, sizes: ModelSizes, me
         f"--target {target.text} cannot be reached: removing all {len(ranked)} removable (unprotected, scored; "
         f"{_kept(sublayers)}) leaves {_format(target.quantity, best, before[key])}"
     )
+
+
+def _fewest(meets: Callable[[int], bool], most: int) -> int:
+    """The smallest count in 0..most that `meets` (which holds from some count on), or `most` if none does."""
+    low, high = 0, most
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if meets(middle) else (middle + 1, high)
+    return low
 
 
 def _kept(sublayers: bool) -> str:
@@ -365,6 +384,8 @@ def _basis(after: Mapping[str, Any]) -> str:
 
 
 def _as(weights_as: str | None) -> str:
+    if weights_as in K_QUANTS:
+        return f" (as {weights_as} GGUF tensors, priced by llama.cpp's quantizer)"
     return f" (as {weights_as} GGUF tensors)" if weights_as in OUTTYPES else ""
 
 
@@ -404,9 +425,21 @@ def plan_sublayers(model: nn.Module, target: Target, order: Sequence[Sublayer], 
 
 
 def plan_blocks(model: nn.Module, target: Target, scores: Sequence[float | None], protected: Sequence[int],
-                dtype: torch.dtype, bench: SpeedBench = DEFAULT_BENCH, outtype: str | None = None) -> TargetPlan:
-    """Whole-block removals for `target`: sizes from `model` (weights at `dtype`), a speedup measured on the model
-    as it runs here (`measured_speedup`: the blocks actually dropped, timed against the whole model)."""
+                dtype: torch.dtype, bench: SpeedBench = DEFAULT_BENCH, outtype: str | None = None,
+                source: Path | None = None) -> TargetPlan:
+    """Whole-block removals for `target`: sizes from `model` (weights at `dtype`, or at `outtype` as the export
+    writes them), a speedup measured on the model as it runs here (`measured_speedup`: the blocks actually dropped,
+    timed against the whole model). A k-quant `outtype` is priced by llama.cpp's quantizer from `source`, the GGUF the
+    model was read from (models/kquant_price.py)."""
+    if outtype in K_QUANTS:
+        if source is None:
+            raise LayerpruneError(f"--outtype {outtype} prices a memory target from the GGUF the model was read from")
+        depth = len(find_decoder_stack(model))
+        with tempfile.TemporaryDirectory(prefix="layerprune-kquant-") as work:
+            sizes = model_sizes(model, dtype)
+            sizes.priced, sizes.dtype = KQuantPricer(source, outtype, Path(work), depth), outtype
+            return plan_to_target(scores, list(range(depth)), target, sizes, protected,
+                                  max(depth - len(protected) - 1, 0))
     depth = len(find_decoder_stack(model))
 
     def measure(removals: list[Removal]) -> Mapping[str, float]:
