@@ -130,20 +130,39 @@ def test_an_outtype_is_read_as_export_reads_it():
     assert PruneRecipe(target="memory=0.7x", outtype="Q8_0").outtype == "q8_0"
 
 
-def test_a_k_quant_memory_target_without_llama_cpp_is_one_line(capsys, tmp_path, monkeypatch):
-    """A model read from a GGUF is priced by llama.cpp's quantizer: without llama-cpp-python, one line naming it."""
+@pytest.mark.parametrize("bindings", ["absent", "without a dry run", "another block count"])
+def test_a_k_quant_memory_target_it_cannot_price_is_one_line_before_scoring(capsys, tmp_path, monkeypatch,
+                                                                            bindings):
+    """A model read from a GGUF is priced by llama.cpp's quantizer: without llama-cpp-python, with bindings too old
+    for the quantizer's dry run (where ctypes would take the flag silently and quantize for real), or with a GGUF of
+    another depth, one line, before any block is scored."""
+    import ctypes
+    import sys
+    import types
+
     import layerprune.core.extras as extras
+    import layerprune.prune.in_memory as in_memory
     from test_export import smollm_gguf
 
-    source = smollm_gguf()
     directory = tmp_path / "converted"
     AutoModelForCausalLM.from_config(tiny_config("llama", 4)).save_pretrained(directory)
     tiny_tokenizer().save_pretrained(directory)
-    (directory / "source.json").write_text(json.dumps({"gguf": str(source)}))
-    monkeypatch.setattr(extras, "_installed", lambda module: module != "llama_cpp")
+    (directory / "source.json").write_text(json.dumps({"gguf": str(smollm_gguf())}))
+    monkeypatch.setattr(extras, "_installed", lambda module: bindings != "absent" or module != "llama_cpp")
+    fields = [("ftype", ctypes.c_int), ("only_copy", ctypes.c_bool), ("prune_layers", ctypes.c_void_p)]
+    if bindings == "another block count":
+        fields += [("dry_run", ctypes.c_bool)]
+        fields[2] = ("prune_layers", ctypes.POINTER(ctypes.c_int32))
+    params = type("llama_model_quantize_params", (ctypes.Structure,), {"_fields_": fields})
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(llama_model_quantize_params=params,
+                                                                         __version__="0.3.16"))
+    monkeypatch.setattr(in_memory, "choose_blocks", lambda *a: pytest.fail("scored before the refusal"))
     code, _, err = run_cli(capsys, prune_args(directory, "--dry-run", "--target", "memory=0.7x", "--outtype",
                                               "q4_k_m"))
-    assert_one_line_error(code, err, "--outtype q4_k_m", "needs llama-cpp-python", "layerprune[gguf-run]")
+    needles = {"absent": ["needs llama-cpp-python", "layerprune[gguf-run]"],
+               "without a dry run": ["dry run", "llama-cpp-python 0.3.16 lacks", ">=0.3.36"],
+               "another block count": ["which has 30 blocks where the model has 4"]}[bindings]
+    assert_one_line_error(code, err, "--outtype q4_k_m", *needles)
 
 
 def test_a_priced_memory_target_bisects_the_counts_and_takes_the_fewest():

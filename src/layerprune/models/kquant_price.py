@@ -34,15 +34,10 @@ SIZE = re.compile(r"quant size\s*=\s*([\d.]+) MiB")
 
 
 class KQuantPricer:
-    """Tensor bytes llama.cpp's quantizer writes at `outtype` for the model in `source` (a GGUF) minus a set of blocks
-    (memoized; candidate copies in `work`)."""
+    """Tensor bytes llama.cpp's quantizer writes at `outtype` for the model in `source` (a GGUF, checked by
+    `kquant_source`) minus a set of blocks (memoized; candidate copies in `work`)."""
 
-    def __init__(self, source: Path, outtype: str, work: Path, depth: int) -> None:
-        require_extra("gguf-run", f"--outtype {outtype} for a memory target (priced by llama.cpp's quantizer)")
-        blocks = _block_count(source)
-        if blocks != depth:
-            raise LayerpruneError(f"--outtype {outtype} prices the model from the GGUF it was read from, "
-                                  f"{source.name}, which has {blocks} blocks where the model has {depth}")
+    def __init__(self, source: Path, outtype: str, work: Path) -> None:
         self.source, self.outtype, self.work = source, outtype, work
         self.prices: dict[tuple[int, ...], int] = {}
 
@@ -53,18 +48,37 @@ class KQuantPricer:
             if key:
                 copy = self.work / "candidate.gguf"
                 _quantize(self.source, copy, None, prune=key, only_copy=True)
-            self.prices[key] = _dry_run_bytes(copy, self.outtype)
+            self.prices[key] = _dry_run_bytes(copy, self.outtype, self.work)
         return self.prices[key]
 
 
-def source_gguf(source: ModelSource, cache_dir: Path, outtype: str) -> Path:
-    """The GGUF a model was read from (an embedded model's, a .gguf spec, a folder converted from one), or one line
-    saying a k-quant cannot be priced without one."""
+def kquant_source(source: ModelSource, cache_dir: Path, outtype: str, depth: int) -> Path:
+    """The GGUF a k-quant memory target is priced from, checked before any scoring: llama-cpp-python installed with
+    the quantizer's dry run, the model read from a GGUF (an embedded model's, a .gguf spec, a folder converted from
+    one) with the model's own number of blocks. One line otherwise."""
+    require_extra("gguf-run", f"--outtype {outtype} for a memory target (priced by llama.cpp's quantizer)")
+    import llama_cpp  # type: ignore[import-not-found]
+
+    fields = dict(llama_cpp.llama_model_quantize_params._fields_)
+    if "dry_run" not in fields or fields.get("prune_layers") is not ctypes.POINTER(ctypes.c_int32):
+        raise LayerpruneError(f"--outtype {outtype} for a memory target needs llama.cpp's quantizer dry run and "
+                              f"block pruning, which llama-cpp-python {llama_cpp.__version__} lacks: "
+                              "pip install -U 'llama-cpp-python>=0.3.36'")
+    path = _source_gguf(source, cache_dir, outtype)
+    blocks = _block_count(path)
+    if blocks != depth:
+        raise LayerpruneError(f"--outtype {outtype} prices the model from the GGUF it was read from, {path.name}, "
+                              f"which has {blocks} blocks where the model has {depth}")
+    return path
+
+
+def _source_gguf(source: ModelSource, cache_dir: Path, outtype: str) -> Path:
+    """The GGUF a model was read from, or one line saying a k-quant cannot be priced without one."""
     kind, spec = source.kind, source.spec
     if kind == "embedded" and source.identity.get("embedded") in EMBEDDED_MODELS:
         return gguf_path(EMBEDDED_MODELS[source.identity["embedded"]], cache_dir)
-    if kind == "gguf" and Path(spec).is_file():
-        return Path(spec)
+    if kind == "gguf" and Path(spec).expanduser().is_file():
+        return Path(spec).expanduser()
     converted = Path(source.location) / "source.json"  # a folder layerprune's loader converted from a GGUF
     if kind == "local" and converted.is_file():
         recorded = Path(json.loads(converted.read_text()).get("gguf", ""))
@@ -81,13 +95,13 @@ def _block_count(path: Path) -> int:
     return int(reader.fields[f"{arch}.block_count"].contents())
 
 
-def _dry_run_bytes(path: Path, outtype: str) -> int:
+def _dry_run_bytes(path: Path, outtype: str, work: Path) -> int:
     """The bytes llama.cpp's dry run says `path` takes at `outtype` (its "quant size", to 0.01 MiB)."""
-    text = _quantize(path, path.with_name(path.name + ".dry"), outtype, dry_run=True)
+    text = _quantize(path, work / "dry-run.gguf", outtype, dry_run=True)  # nothing is written there
     match = SIZE.search(text)
     if match is None:
         raise LayerpruneError(f"llama.cpp's dry run of {path.name} at {outtype} gave no size (its log: "
-                              f"{text.strip().splitlines()[-1:] or 'empty'})")
+                              f"{_last_line(text)})")
     return round(float(match.group(1)) * 2**20)
 
 
@@ -108,9 +122,13 @@ def _quantize(source: Path, output: Path, outtype: str | None, prune: Sequence[i
         failed = llama_cpp.llama_model_quantize(str(source).encode(), str(output).encode(), params)
     text = "".join(lines)
     if failed:
-        raise LayerpruneError(f"llama.cpp's quantizer failed on {source.name} ({outtype}, without blocks "
-                              f"{list(prune)}): {text.strip().splitlines()[-1:] or 'no log'}")
+        raise LayerpruneError(f"llama.cpp's quantizer failed on {source.name} ({outtype or 'a copy'}, without blocks "
+                              f"{list(prune)}): {_last_line(text)}")
     return text
+
+
+def _last_line(text: str) -> str:
+    return (text.strip().splitlines() or ["no log"])[-1]
 
 
 @contextmanager

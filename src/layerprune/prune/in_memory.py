@@ -58,10 +58,11 @@ def prune_in_memory(
     check_layer_fields(text_config(loaded.model), depth, recipe.force)
     protected = recipe.protected_blocks(depth)
     check_request(recipe, depth, protected)
+    priced_from = _kquant_source(loaded, recipe, settings, depth)  # refused before any scoring
     params_before = loaded.model.num_parameters()
     _log_plan(source, recipe, loaded, depth, params_before)
     calib, result, score_seconds = choose_blocks(loaded, recipe, settings, protected, calib)
-    planned = _to_target(loaded, recipe, settings, protected, result)
+    planned = _to_target(loaded, recipe, settings, protected, result, priced_from)
     config_before = _per_layer_config(loaded.model)
     verify = recipe.verify and not dry_run and output is not None
     probe = reference_probe(loaded, calib, result.drop) if verify else None
@@ -123,21 +124,29 @@ def _log_plan(source: ModelSource, recipe: PruneRecipe, loaded: LoadedModel, dep
              depth - recipe.n_drop, params / 1e6, after / 1e6, recipe.method_name)
 
 
+def _kquant_source(loaded: LoadedModel, recipe: PruneRecipe, settings: RunSettings, depth: int) -> Path | None:
+    """The GGUF a k-quant --outtype prices the memory target from (checked now, before scoring); None otherwise."""
+    from layerprune.models.gguf_types import K_QUANTS
+
+    if recipe.outtype not in K_QUANTS:
+        return None
+    from layerprune.models.kquant_price import kquant_source
+
+    return kquant_source(loaded.source, settings.resolved_cache_dir(), recipe.outtype, depth)
+
+
 def _to_target(
-    loaded: LoadedModel, recipe: PruneRecipe, settings: RunSettings, protected: list[int], result: ScoreResult
+    loaded: LoadedModel, recipe: PruneRecipe, settings: RunSettings, protected: list[int], result: ScoreResult,
+    priced_from: Path | None = None,
 ) -> TargetRecord | None:
     """With --target: the blocks its plan takes replace the score's choice; the plan's record (else None)."""
     if recipe.target is None:
         return None
-    from layerprune.models.gguf_types import K_QUANTS
-    from layerprune.models.kquant_price import source_gguf
     from layerprune.prune.target import parse_target, plan_blocks, plan_lines
 
-    source = None
-    if recipe.outtype in K_QUANTS:
-        source = source_gguf(loaded.source, settings.resolved_cache_dir(), recipe.outtype)
     plan = plan_blocks(loaded.model, parse_target(recipe.target), result.scores, protected,
-                       _save_dtype(loaded, settings), outtype=recipe.outtype, source=source)
+                       _save_dtype(loaded, settings), outtype=recipe.outtype, source=priced_from,
+                       work_root=settings.resolved_cache_dir() / "tmp")
     result.drop = sorted(int(r) for r in plan.removals)
     record = plan.record()
     for line in plan_lines(record):

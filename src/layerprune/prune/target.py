@@ -120,7 +120,7 @@ class ModelSizes:
     # the time each removal takes in the speed benchmark (speedup targets): the speedup is predicted from it
     profile: SpeedProfile | None = None
     # the weight bytes of the model minus some blocks as llama.cpp's quantizer prices them (a k-quant --outtype:
-    # export/kquant_price.py); replaces the bytes the costs add up to
+    # models/kquant_price.py); replaces the bytes the costs add up to
     priced: Callable[[list[int]], int] | None = None
 
     def removed(self, removals: Iterable[Removal]) -> Cost:
@@ -426,18 +426,20 @@ def plan_sublayers(model: nn.Module, target: Target, order: Sequence[Sublayer], 
 
 def plan_blocks(model: nn.Module, target: Target, scores: Sequence[float | None], protected: Sequence[int],
                 dtype: torch.dtype, bench: SpeedBench = DEFAULT_BENCH, outtype: str | None = None,
-                source: Path | None = None) -> TargetPlan:
+                source: Path | None = None, work_root: Path | None = None) -> TargetPlan:
     """Whole-block removals for `target`: sizes from `model` (weights at `dtype`, or at `outtype` as the export
     writes them), a speedup measured on the model as it runs here (`measured_speedup`: the blocks actually dropped,
     timed against the whole model). A k-quant `outtype` is priced by llama.cpp's quantizer from `source`, the GGUF the
-    model was read from (models/kquant_price.py)."""
+    model was read from (`kquant_source`), its candidate copies in a temporary folder under `work_root`."""
     if outtype in K_QUANTS:
         if source is None:
             raise LayerpruneError(f"--outtype {outtype} prices a memory target from the GGUF the model was read from")
         depth = len(find_decoder_stack(model))
-        with tempfile.TemporaryDirectory(prefix="layerprune-kquant-") as work:
+        if work_root is not None:
+            work_root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="layerprune-kquant-", dir=work_root) as work:
             sizes = model_sizes(model, dtype)
-            sizes.priced, sizes.dtype = KQuantPricer(source, outtype, Path(work), depth), outtype
+            sizes.priced, sizes.dtype = KQuantPricer(source, outtype, Path(work)), outtype
             return plan_to_target(scores, list(range(depth)), target, sizes, protected,
                                   max(depth - len(protected) - 1, 0))
     depth = len(find_decoder_stack(model))
