@@ -52,6 +52,18 @@ def test_q_and_k_are_permuted_with_their_blocks_own_head_counts():
     assert deci_fix("model.layers.1.self_attn.v_proj.weight", v, cfg) is v
 
 
+def llama_cpp_logits(path: Path, count: int) -> tuple[list[int], np.ndarray]:
+    """`count` random token ids and llama.cpp's logits at every one of them (skips without llama-cpp-python)."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama.cpp check needs llama-cpp-python (make bench-engines builds it)")
+    from llama_cpp import Llama
+
+    ids = torch.randint(10, 49152, (count,), generator=torch.Generator().manual_seed(0)).tolist()
+    llm = Llama(model_path=str(path), n_ctx=2 * count + 8, logits_all=True, verbose=False, n_threads=1)
+    llm.eval(ids)
+    return ids, np.asarray(llm.scores[: len(ids)])
+
+
 def test_layouts_llama_cpp_cannot_run_are_refused():
     with pytest.raises(LayerpruneError, match="last DeciLM block does nothing"):
         deci_layers(config(block(), block(attention=False, ffn=False)))
@@ -179,14 +191,7 @@ def test_llama3_rope_exports_its_rope_freqs_and_llama_cpp_gives_transformers_log
     stored = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(tmp_path / "m.gguf").tensors}
     model = AutoModelForCausalLM.from_pretrained(nas_llama3, dtype=torch.float32).eval()
     np.testing.assert_array_equal(stored["rope_freqs.weight"], rope_factors(model.config))
-    if importlib.util.find_spec("llama_cpp") is None:
-        pytest.skip("llama.cpp check needs llama-cpp-python (make bench-engines builds it)")
-    from llama_cpp import Llama
-
-    ids = torch.randint(10, 49152, (60,), generator=torch.Generator().manual_seed(0)).tolist()
-    llm = Llama(model_path=str(tmp_path / "m.gguf"), n_ctx=128, logits_all=True, verbose=False, n_threads=1)
-    llm.eval(ids)
-    got = np.asarray(llm.scores[: len(ids)])
+    ids, got = llama_cpp_logits(tmp_path / "m.gguf", 60)
     with torch.inference_mode():
         want = model(input_ids=torch.tensor([ids])).logits[0].numpy()
         model.model.rotary_emb = type(model.model.rotary_emb)(config=llama3_config(rope_scaling=None))
@@ -222,15 +227,8 @@ def test_a_qwen2_source_exports_its_qkv_biases_and_llama_cpp_gives_transformers_
 
     names = {t.name for t in gguf.GGUFReader(tmp_path / "m.gguf").tensors}
     assert {f"blk.{b}.attn_{p}.bias" for b in (0, 2, 3) for p in "qkv"} <= names and "blk.1.attn_q.bias" not in names
-    if importlib.util.find_spec("llama_cpp") is None:
-        pytest.skip("llama.cpp check needs llama-cpp-python (make bench-engines builds it)")
-    from llama_cpp import Llama
-
+    ids, got = llama_cpp_logits(tmp_path / "m.gguf", 40)
     saved = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
-    ids = torch.randint(10, 49152, (40,), generator=torch.Generator().manual_seed(0)).tolist()
-    llm = Llama(model_path=str(tmp_path / "m.gguf"), n_ctx=64, logits_all=True, verbose=False, n_threads=1)
-    llm.eval(ids)
-    got = np.asarray(llm.scores[: len(ids)])
     with torch.inference_mode():
         want = saved(input_ids=torch.tensor([ids])).logits[0].numpy()
         for layer in saved.model.layers:  # the same model without its q/k/v biases: they must matter here
