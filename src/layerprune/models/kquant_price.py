@@ -53,9 +53,10 @@ class KQuantPricer:
 
 
 def kquant_source(source: ModelSource, cache_dir: Path, outtype: str, depth: int) -> Path:
-    """The GGUF a k-quant memory target is priced from, checked before any scoring: llama-cpp-python installed with
-    the quantizer's dry run, the model read from a GGUF (an embedded model's, a .gguf spec, a folder converted from
-    one) with the model's own number of blocks. One line otherwise."""
+    """The GGUF a k-quant memory target is priced from, checked before any scoring: the model read from a GGUF (an
+    embedded model's, a .gguf spec, a folder converted from one) with the model's own number of blocks, and
+    llama-cpp-python installed with the quantizer's dry run. One line otherwise."""
+    path = _source_gguf(source, cache_dir, outtype)
     require_extra("gguf-run", f"--outtype {outtype} for a memory target (priced by llama.cpp's quantizer)")
     import llama_cpp  # type: ignore[import-not-found]
 
@@ -64,7 +65,6 @@ def kquant_source(source: ModelSource, cache_dir: Path, outtype: str, depth: int
         raise LayerpruneError(f"--outtype {outtype} for a memory target needs llama.cpp's quantizer dry run and "
                               f"block pruning, which llama-cpp-python {llama_cpp.__version__} lacks: "
                               "pip install -U 'llama-cpp-python>=0.3.36'")
-    path = _source_gguf(source, cache_dir, outtype)
     blocks = _block_count(path)
     if blocks != depth:
         raise LayerpruneError(f"--outtype {outtype} prices the model from the GGUF it was read from, {path.name}, "
