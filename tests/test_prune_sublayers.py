@@ -143,6 +143,25 @@ def test_sublayer_accuracy_equals_generation(digits_ctx):
         assert score == pytest.approx(_generated_correct(digits_ctx, items, [sub]).count(False) / len(items)), sub
 
 
+def test_iterative_sublayer_accuracy_equals_generation_with_each_removal_kept(digits_ctx):
+    """Iterative accuracy ablation: at each step, each candidate's error rate (base + delta) is the share of answers
+    generated wrong with the sublayers removed so far and that candidate skipped; the cheapest (servable) goes."""
+    import dataclasses
+
+    ctx = dataclasses.replace(digits_ctx, iterative=True, drop=2)
+    result = score_sublayers("ablation", ctx, ("attn",))
+    items = ctx.calib.items
+    removed: list[Sublayer] = []
+    assert len(result.steps) == 2
+    for step in result.steps:
+        assert step["base"] == pytest.approx(_generated_correct(ctx, items, removed).count(False) / len(items))
+        for name, delta in step["deltas"].items():
+            wrong = _generated_correct(ctx, items, [*removed, _sub(name)]).count(False) / len(items)
+            assert step["base"] + delta == pytest.approx(wrong), name
+        removed.append(_sub(step["dropped"]))
+    assert result.drop == sorted(removed)
+
+
 def residual_updates(model, batch):  # noqa: ANN001, ANN202
     """Per block of a Llama, from hooks: its input x and what its attention and MLP add to the residual stream
     (their outputs)."""

@@ -114,6 +114,24 @@ def test_saved_model_meets_the_target_as_predicted(capsys, tiny_llama, tmp_path,
     assert f"target {target}: remove" in stdout
 
 
+@pytest.mark.parametrize("target", ["params=0.7x", "memory=0.4MiB", "kv-cache=0.5x"])
+def test_a_dry_run_prints_the_plan_the_run_carries_out_and_writes_nothing(capsys, tiny_llama, tmp_path, target):
+    """`--dry-run --target` prints the plan (removals, predicted before -> after) and writes nothing; the real run
+    removes the same blocks."""
+    out = tmp_path / "pruned"
+    code, stdout, err = run_cli(capsys, prune_args(tiny_llama, "--dry-run", "--output", str(out), "--dtype",
+                                                   "bfloat16", "--target", target))
+    assert code == 0, err
+    assert f"target {target}: remove" in stdout and "predicted: parameters" in stdout
+    assert "dry run: nothing written" in stdout and not out.exists()
+    planned = stdout.split(f"target {target}: remove ", 1)[1].splitlines()[0]
+    code, _, err = run_cli(capsys, prune_args(tiny_llama, "--output", str(out), "--dtype", "bfloat16", "--target",
+                                              target))
+    assert code == 0, err
+    report = json.loads((out / "prune_report.json").read_text())
+    assert sorted(int(b) for b in planned.split(", ")) == report["dropped"]
+
+
 @pytest.mark.parametrize(("outtype", "extra", "needles"), [
     ("q4_k_m", [], ["--outtype q4_k_m", "GGUF the model was read from", "was not read from one"]),
     ("Q4_K_M", ["--granularity", "attention"], ["llama.cpp's quantizer, which removes whole blocks"]),
