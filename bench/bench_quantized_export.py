@@ -179,31 +179,24 @@ def _recovery_table(files: dict[tuple[str, str], Path], tasks: str, limit: int, 
 
 def _against_f16(work: Path) -> None:
     """Each role's file at a type paired with the same role's F16 file (nothing scored again)."""
-    from layerprune.evaluate.report import compare
-    from layerprune.evaluate.summary import read_summary
-
     runs = {path.name.rsplit("-", 1)[-1]: path for path in sorted(work.glob("scores-run-*"))}
-    if "f16" not in runs:
-        return
     for role in ("baseline", "pruned", "recovered"):
-        for outtype, folder in runs.items():
-            if outtype == "f16" or not (folder / role / "summary.json").is_file():
-                continue
-            pair = {"baseline": runs["f16"] / role, "pruned": folder / role}
-            result = compare({r: read_summary(f / "summary.json") for r, f in pair.items()},
-                             work / f"bits-{role}-{outtype}", folders=pair)
-            print(f"\n## {role} {outtype} against {role} f16 (both llama.cpp, paired)\n\n{result['table']}",
-                  flush=True)
+        _pair_with_f16({t: folder / role for t, folder in runs.items()}, role, work)
 
 
 def _bits_alone(work: Path) -> None:
     """The quantization's own cost: each unpruned file's scores (the baselines above) paired with the unpruned F16
     file's, item by item (nothing scored again)."""
+    _pair_with_f16({path.name.rsplit("-", 1)[-1]: path / "baseline" for path in sorted(work.glob("scores-*"))},
+                   "unpruned", work)
+
+
+def _pair_with_f16(folders: dict[str, Path], label: str, work: Path) -> None:
+    """Each type's evaluation folder (type -> folder) paired with the F16 one, item by item; printed."""
     from layerprune.evaluate.report import compare
     from layerprune.evaluate.summary import read_summary
 
-    folders = {path.name.rsplit("-", 1)[-1]: path / "baseline" for path in sorted(work.glob("scores-*"))
-               if (path / "baseline" / "summary.json").is_file()}
+    folders = {t: f for t, f in folders.items() if (f / "summary.json").is_file()}
     if "f16" not in folders:
         return
     for outtype, folder in folders.items():
@@ -211,8 +204,8 @@ def _bits_alone(work: Path) -> None:
             continue
         pair = {"baseline": folders["f16"], "pruned": folder}
         result = compare({role: read_summary(f / "summary.json") for role, f in pair.items()},
-                         work / f"bits-unpruned-{outtype}", folders=pair)
-        print(f"\n## unpruned {outtype} against unpruned f16 (both llama.cpp, paired)\n\n{result['table']}",
+                         work / f"bits-{label}-{outtype}", folders=pair)
+        print(f"\n## {label} {outtype} against {label} f16 (both llama.cpp, paired)\n\n{result['table']}",
               flush=True)
 
 

@@ -15,8 +15,8 @@ import gguf
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.settings import RunSettings
-from layerprune.models import embedded
 from layerprune.models.gguf_once import fast_reader
+from layerprune.models.gguf_source import converted_from, recorded_gguf
 from layerprune.models.lineage import read_lineage
 
 RECOVER_REPORT = "recover_report.json"
@@ -31,21 +31,18 @@ def source_record(directory: Path) -> dict[str, Any] | None:
     if report.is_file():
         student = Path(json.loads(report.read_text())["student"]["location"])
         return source_record(student) if student.is_dir() and student != directory else None
-    source = directory / "source.json"  # a GGUF converted by layerprune's loader
-    if source.is_file():
-        return {"kind": "gguf", "spec": json.loads(source.read_text())["gguf"], "identity": {}}
-    return None
+    converted = converted_from(directory)  # a GGUF converted by layerprune's loader
+    return {"kind": "gguf", "spec": converted, "identity": {}} if converted is not None else None
 
 
 def source_gguf(directory: Path, settings: RunSettings | None = None) -> Path:
     """The GGUF file whose tokenizer the export carries, or one line saying why there is none."""
-    record = source_record(directory)
-    kind = (record or {}).get("kind")
-    if kind == "embedded":
-        name = record["identity"]["embedded"]
-        return embedded.gguf_path(embedded.EMBEDDED_MODELS[name], (settings or RunSettings()).resolved_cache_dir())
-    if kind == "gguf" and Path(record["spec"]).is_file():
-        return Path(record["spec"])
+    record = source_record(directory) or {}
+    kind = record.get("kind")
+    found = recorded_gguf(kind, record.get("spec"), record.get("identity") or {},
+                          (settings or RunSettings()).resolved_cache_dir())
+    if found is not None:
+        return found
     where = f"{kind} model {record.get('spec')}" if record else "a model with no recorded source"
     raise LayerpruneError(f"export --gguf carries the tokenizer from the model's source GGUF, and {directory} "
                           f"comes from {where}; prune a .gguf or embedded model, or convert with llama.cpp's "

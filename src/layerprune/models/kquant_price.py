@@ -15,7 +15,6 @@ embedded SmolLM2 at Q4_K_M: 98.87 MiB unpruned and 91.95 MiB without 3 blocks, t
 from __future__ import annotations
 
 import ctypes
-import json
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -24,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.extras import require_extra
-from layerprune.models.embedded import EMBEDDED_MODELS, gguf_path
 from layerprune.models.gguf_once import fast_reader
+from layerprune.models.gguf_source import converted_from, recorded_gguf
 
 if TYPE_CHECKING:
     from layerprune.models.loading import ModelSource
@@ -75,15 +74,11 @@ def kquant_source(source: ModelSource, cache_dir: Path, outtype: str, depth: int
 def _source_gguf(source: ModelSource, cache_dir: Path, outtype: str) -> Path:
     """The GGUF a model was read from, or one line saying a k-quant cannot be priced without one."""
     kind, spec = source.kind, source.spec
-    if kind == "embedded" and source.identity.get("embedded") in EMBEDDED_MODELS:
-        return gguf_path(EMBEDDED_MODELS[source.identity["embedded"]], cache_dir)
-    if kind == "gguf" and Path(spec).expanduser().is_file():
-        return Path(spec).expanduser()
-    converted = Path(source.location) / "source.json"  # a folder layerprune's loader converted from a GGUF
-    if kind == "local" and converted.is_file():
-        recorded = Path(json.loads(converted.read_text()).get("gguf", ""))
-        if recorded.is_file():
-            return recorded
+    found = recorded_gguf(kind, spec, source.identity, cache_dir)
+    if found is None and kind == "local":  # a folder layerprune's loader converted from a GGUF
+        found = recorded_gguf("gguf", converted_from(Path(source.location)), {}, cache_dir)
+    if found is not None:
+        return found
     raise LayerpruneError(f"--outtype {outtype} prices a memory target from the GGUF the model was read from, and "
                           f"{spec} ({kind}) was not read from one: prune a .gguf or embedded model, or count the "
                           "weights at f16 / q8_0, which are priced here")

@@ -24,6 +24,7 @@ from layerprune.core.outputs import atomic_output_dir, cache_lock
 from layerprune.core.settings import RunSettings
 from layerprune.models import embedded, nemotron_nas  # noqa: F401  (importing it registers the Nemotron-NAS layout)
 from layerprune.models.gguf_once import parsed_once
+from layerprune.models.gguf_source import SOURCE_FILE
 from layerprune.models.hub import resolve_revision
 from layerprune.models.identity import quick_digest
 from layerprune.models.lineage import read_lineage
@@ -150,7 +151,7 @@ def convert_gguf(path: Path, target: Path) -> None:
     with atomic_output_dir(target, overwrite=True) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        (tmp / "source.json").write_text(json.dumps({"gguf": str(path)}, indent=2))
+        (tmp / SOURCE_FILE).write_text(json.dumps({"gguf": str(path)}, indent=2))
 
 
 def clear_gguf_quantizer(model: PreTrainedModel) -> None:

@@ -431,18 +431,17 @@ def plan_blocks(model: nn.Module, target: Target, scores: Sequence[float | None]
     writes them), a speedup measured on the model as it runs here (`measured_speedup`: the blocks actually dropped,
     timed against the whole model). A k-quant `outtype` is priced by llama.cpp's quantizer from `source`, the GGUF the
     model was read from (`kquant_source`), its candidate copies in a temporary folder under `work_root`."""
+    depth = len(find_decoder_stack(model))
+    most = max(depth - len(protected) - 1, 0)
     if outtype in K_QUANTS:
         if source is None:
             raise LayerpruneError(f"--outtype {outtype} prices a memory target from the GGUF the model was read from")
-        depth = len(find_decoder_stack(model))
         if work_root is not None:
             work_root.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="layerprune-kquant-", dir=work_root) as work:
             sizes = model_sizes(model, dtype)
             sizes.priced, sizes.dtype = KQuantPricer(source, outtype, Path(work)), outtype
-            return plan_to_target(scores, list(range(depth)), target, sizes, protected,
-                                  max(depth - len(protected) - 1, 0))
-    depth = len(find_decoder_stack(model))
+            return plan_to_target(scores, list(range(depth)), target, sizes, protected, most)
 
     def measure(removals: list[Removal]) -> Mapping[str, float]:
         if any(isinstance(r, Sublayer) for r in removals):
@@ -451,5 +450,4 @@ def plan_blocks(model: nn.Module, target: Target, scores: Sequence[float | None]
 
     speed = target.quantity == "speedup"
     sizes = model_sizes(model, dtype, outtype, bench if speed else None)
-    return plan_to_target(scores, list(range(depth)), target, sizes, protected, max(depth - len(protected) - 1, 0),
-                          measure if speed else None)
+    return plan_to_target(scores, list(range(depth)), target, sizes, protected, most, measure if speed else None)
