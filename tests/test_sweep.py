@@ -148,11 +148,11 @@ def test_every_shipped_sweep_dry_runs(capsys, path, monkeypatch, tmp_path):
     assert code == 0, err
     # arms x 3 replicates at 3 k with the k = 0 controls (local has none), the baseline and one pruned model per k
     models = {"limits-sweep-arms-embedded": 25, "limits-sweep-math-embedded": 37,
-              "limits-sweep-math-gsm8k-embedded": 16}.get(path.stem, 11)
+              "limits-sweep-math-gsm8k-embedded": 16, "limits-sweep-math-dolly-embedded": 16}.get(path.stem, 11)
     assert "pruning-ratio sweep" in out and f"models evaluated: {models} " in out and "memory plan:" in out
     assert ("total about" in out) == path.stem.endswith("embedded") and not (tmp_path / "s").exists()
     assert path.read_text().startswith(f"# layerprune study {path.stem} ")
-    assert len(SWEEPS) == 8
+    assert len(SWEEPS) == 9
     if path.stem == "limits-sweep-arms-embedded":  # the protocol: sft and local paired, 3 replicates, k 2-4
         assert "arms (2, each at every k, paired on the same items): sft, local" in out
         assert "3 replicates of every recovery" in out and "k = 0 controls" in out and "recoveries: 21;" in out

@@ -180,3 +180,11 @@ class DegenerationAnalysis(OutputOptions):
     samples: int = Field(8, ge=1, description="Prompts to generate from (on-the-fly only)")
     max_new_tokens: int = Field(128, ge=1, description="Tokens generated per response (greedy)")
     batch_size: int = Field(8, ge=1, description="Prompts per generate call")
+
+
+class SweepsAnalysis(OutputOptions):
+    """Sweeps of one model and one cut (the same pruned weights) that recovered differently, compared arm by arm."""
+
+    runs: list[Path] = Field(..., min_length=2,
+                             description="Sweep study folders (two or more, each with its sweep.json); the first "
+                                         "gives the original and pruned models, the others must hold the same ones")

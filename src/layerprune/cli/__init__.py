@@ -31,7 +31,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                       "importance profile with the original's"),
     "variant": ("layerprune.cli.variant", "post-train a model that can reason (sft, rft, grpo, distill), cached by "
                 "recipe"),
-    "analyze": ("layerprune.cli.analyze", "critical blocks across models, representation drift, degeneration"),
+    "analyze": ("layerprune.cli.analyze", "critical blocks across models, representation drift, degeneration, "
+                "sweeps compared"),
     "export": ("layerprune.cli.export", "write a pruned or recovered model as GGUF for llama.cpp / Ollama"),
     "check-serve": ("layerprune.cli.check_serve", "vLLM loads a model and continues as transformers does"),
     "records": ("layerprune.cli.records", "pack a run's per-item records (no document text) to keep, or unpack them"),

@@ -1,4 +1,4 @@
-"""`layerprune analyze importance|nmi|degeneration`: thin CLI over the analyze_* functions."""
+"""`layerprune analyze importance|nmi|degeneration|sweeps`: thin CLI over the analyze_* functions."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from layerprune.analyze.schemas import DegenerationAnalysis, ImportanceAnalysis, NmiAnalysis
+from layerprune.analyze.schemas import DegenerationAnalysis, ImportanceAnalysis, NmiAnalysis, SweepsAnalysis
 from layerprune.cli.flags import add_schema_flags, typed_layer
 from layerprune.core.recipe_loading import RECIPE_FILES, build_from_recipe, build_schema
 from layerprune.core.settings import RunSettings
@@ -20,11 +20,13 @@ SUBCOMMANDS: dict[str, tuple[type[BaseModel], str]] = {
                                        "correlation, critical-set overlap)"),
     "nmi": (NmiAnalysis, "representation drift: NMI of each block's token clusters vs the embedding layer's"),
     "degeneration": (DegenerationAnalysis, "rep-n, self-BLEU-4 and length of generations (files or generated)"),
+    "sweeps": (SweepsAnalysis, "sweeps of one model and cut that recovered differently (generic against "
+                               "task-aligned data), their arms compared paired"),
 }
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Add the three analysis subcommands."""
+    """Add the analysis subcommands."""
     sub = parser.add_subparsers(dest="analysis", metavar="ANALYSIS", required=True)
     for name, (schema, summary) in SUBCOMMANDS.items():
         command = sub.add_parser(name, help=summary, description=summary)
@@ -51,6 +53,10 @@ def analysis_function(name: str) -> Callable[[Any, RunSettings, Path], dict[str,
         from layerprune.analyze.nmi import analyze_nmi
 
         return analyze_nmi
+    if name == "sweeps":
+        from layerprune.pipeline.studies.sweep_join import analyze_sweeps
+
+        return analyze_sweeps
     from layerprune.analyze.degeneration import analyze_degeneration
 
     return analyze_degeneration

@@ -67,18 +67,26 @@ def read_items(folder: Path, task: str, metric: str, kind: str = "generative") -
     return Items(tuple(keys), np.asarray(values), tuple(checks), np.asarray(chance))
 
 
-def align(items: dict[str, Items | None]) -> tuple[np.ndarray, np.ndarray] | str:
+def align(items: dict[str, Items | None], common: bool = False) -> tuple[np.ndarray, np.ndarray] | str:
     """The [models, items] matrix of several models' scores on the same items (in the first model's order) and the
-    per-item chance, or one line saying why they cannot be paired."""
+    per-item chance, or one line saying why they cannot be paired. `common`: pair on the items every model answered
+    (runs scored on different item counts, the first N of one list) instead of refusing different sets."""
     missing = [role for role, found in items.items() if found is None]
     if missing:
         return f"no per-item samples for {', '.join(missing)}"
     first_role, first = next(iter(items.items()))
     assert first is not None
+    if common:
+        shared = set(first.keys).intersection(*(set(other.keys) for other in items.values() if other is not None))
+        if not shared:
+            return f"the models answered no item in common ({', '.join(items)})"
+        keep = [i for i, key in enumerate(first.keys) if key in shared]
+        first = Items(tuple(first.keys[i] for i in keep), first.values[keep], tuple(first.checks[i] for i in keep),
+                      first.chance[keep])
     rows = []
     for role, other in items.items():
         assert other is not None
-        if set(other.keys) != set(first.keys):
+        if not common and set(other.keys) != set(first.keys):
             only = len(set(other.keys) ^ set(first.keys))
             return f"{first_role} and {role} answered different items ({only} in one set only)"
         order = {key: i for i, key in enumerate(other.keys)}

@@ -17,17 +17,18 @@ from layerprune.core.errors import LayerpruneError
 from layerprune.evaluate.summary import SUMMARY_FILE, read_summary
 
 
-def load_matrix(folders: dict[str, Path]) -> tuple[list[str], dict[str, np.ndarray], dict[str, float], dict[str, str]]:
+def load_matrix(folders: dict[str, Path], common: bool = False) -> tuple[list[str], dict[str, np.ndarray],
+                                                                      dict[str, float], dict[str, str]]:
     """Labels, per-task [models, items] scores, per-task mean chance and per-task kind ("classification" or
     "generative"; "unpaired: why" for a task the models did not answer on the same items), for the headline tasks
-    of the first folder's summary."""
+    of the first folder's summary. `common`: on the items every model answered (evaluate.items.align)."""
     from layerprune.evaluate.items import align, read_items
 
     labels = list(folders)
     heads = read_summary(folders[labels[0]] / SUMMARY_FILE).headlines()
     matrices, chance, kinds = {}, {}, {}
     for task, result in heads.items():
-        aligned = align({m: read_items(folders[m], task, result.metric, result.kind) for m in labels})
+        aligned = align({m: read_items(folders[m], task, result.metric, result.kind) for m in labels}, common)
         if isinstance(aligned, str):
             kinds[task] = f"unpaired: {aligned}"
             continue

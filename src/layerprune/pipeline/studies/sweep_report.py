@@ -514,12 +514,14 @@ def chat_figures(study: Any, root: Path, plain_generative: list[str]) -> tuple[d
     return data, text
 
 
-def sweep_figures(folders: dict[str, Path]) -> tuple[Figures, dict[str, np.ndarray], dict[str, str]]:
+def sweep_figures(folders: dict[str, Path],
+                  common: bool = False) -> tuple[Figures, dict[str, np.ndarray], dict[str, str]]:
     """Figures over the logical labels (a recovered point's replicates are one label: their mean, the interval with
-    the run-to-run variance), the per-task matrices and the tasks' kinds."""
+    the run-to-run variance), the per-task matrices and the tasks' kinds; `common`: on the items every model
+    answered (sweeps joined across runs)."""
     from layerprune.pipeline.studies.recovery import split_label
 
-    labels, matrices, chance, kinds = load_matrix(folders)
+    labels, matrices, chance, kinds = load_matrix(folders, common)
     replicates: dict[str, list[str]] = {}
     for label in labels:
         replicates.setdefault(split_label(label)[0], []).append(label)

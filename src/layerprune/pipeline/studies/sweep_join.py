@@ -1,0 +1,193 @@
+"""Sweeps of one model and one cut compared arm by arm: `layerprune analyze sweeps RUN RUN [...]`.
+
+Two sweeps that prune the same model at the same k (one ranking, so the pruned models are the same weights) but
+recover differently, paper B's generic against task-aligned prompts, are one experiment run twice. Their arms are
+compared here as one sweep compares its own: per arm and k the scores, drop, recovered share (net of the arm's k = 0
+control where it has one) and the run-to-run spread, and every pair of arms paired on the items every run scored,
+two-level over runs and items where there are replicates.
+
+The first sweep gives the original and the pruned models. Every other sweep's must be the same weights (the model
+hashes of their evaluation summaries are compared) and must have been asked the same prompts (each item's prompt hash,
+as any pairing checks); runs scored on different item counts (the first N of one list) pair on the items in common.
+Arms keep their names; a sweep without arms is one arm named by its recipe, so names must differ across sweeps.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+from layerprune.core.errors import LayerpruneError
+from layerprune.evaluate.summary import SUMMARY_FILE, read_summary
+from layerprune.pipeline.studies.recovery import split_label
+from layerprune.pipeline.studies.sweep import recovered_label
+from layerprune.pipeline.studies.sweep_report import (
+    comparisons,
+    control_point,
+    format_comparisons,
+    format_control,
+    format_spread,
+    format_table,
+    paired_json,
+    point,
+    sweep_figures,
+    verdicts,
+)
+
+SWEEP_FILE = "sweep.json"
+RUN_FILE = "run.json"
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One finished sweep: its folder, recipe name, replicates, and each recovered model's label in the join (its
+    folder name, or for a sweep without arms recovered-kK renamed NAME-kK) by its folder name under eval/."""
+
+    root: Path
+    name: str
+    replicates: int
+    arms: tuple[str, ...]
+    recovered: dict[str, str]
+
+
+def read_sweep(root: Path) -> Sweep:
+    """A sweep's folder as its report stage left it; anything else is a one-line error naming the folder."""
+    path = root / SWEEP_FILE
+    if not path.is_file():
+        raise LayerpruneError(f"{root}: no {SWEEP_FILE}: not a sweep study's folder, or its report stage has not run "
+                              "(layerprune study RECIPE --output DIR finishes it)")
+    try:
+        sweep = json.loads(path.read_text())
+        name = json.loads((root / RUN_FILE).read_text())["recipe"]["name"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise LayerpruneError(f"{root}: cannot read its {SWEEP_FILE} / {RUN_FILE} ({err})") from err
+    named = list(sweep.get("arms") or {})
+    arms = tuple(named or [name])
+    recovered = {}
+    for folder in sorted(p.name for p in (root / "eval").glob("*") if (p / SUMMARY_FILE).is_file()):
+        label, _ = split_label(folder)
+        for arm in named or [None]:
+            if re.fullmatch(rf"{re.escape(recovered_label(arm, 0)[:-1])}\d+", label):
+                recovered[folder] = folder if arm is not None else f"{name}{folder[len('recovered'):]}"
+    return Sweep(root, name, int(sweep.get("replicates") or 1), arms, recovered)
+
+
+def k_of(label: str) -> int:
+    """'sft-dolly-k4@r1' -> 4."""
+    return int(split_label(label)[0].rsplit("-k", 1)[1])
+
+
+def join(roots: list[Path], evals: str = "eval") -> tuple[list[Sweep], dict[str, Path], list[int]]:
+    """The sweeps, the folders of every model in the join (the first sweep's original and pruned models, then every
+    sweep's recovered ones at the ks all share, controls included) and those ks."""
+    if len(roots) < 2:
+        raise LayerpruneError("sweeps: give at least two sweep folders to compare")
+    sweeps = [read_sweep(root) for root in roots]
+    seen: dict[str, str] = {}
+    for sweep in sweeps:
+        for arm in sweep.arms:
+            if arm in seen:
+                raise LayerpruneError(f"sweeps: arm {arm!r} is in both {seen[arm]} and {sweep.root}: the arms compared "
+                                      "need different names")
+            seen[arm] = str(sweep.root)
+    first = sweeps[0]
+    shared = ["baseline"] + [f"pruned-k{k}" for k in _ks(first)]
+    ratios = sorted(set.intersection(*(set(_ks(s)) for s in sweeps)))
+    if not ratios:
+        raise LayerpruneError("sweeps: the folders share no pruned k (" + "; ".join(
+            f"{s.root}: {', '.join(map(str, _ks(s))) or 'none'}" for s in sweeps) + ")")
+    for sweep in sweeps[1:]:
+        for label in [label for label in shared if label == "baseline" or k_of(label) in ratios]:
+            mine, theirs = _hash(first.root / evals / label), _hash(sweep.root / evals / label)
+            if mine != theirs:
+                raise LayerpruneError(f"sweeps: {label} of {sweep.root} is not {label} of {first.root} (model hash "
+                                      f"{theirs} against {mine}): only sweeps of one model and one cut pair")
+    folders = {label: first.root / evals / label for label in shared if label == "baseline" or k_of(label) in ratios}
+    for sweep in sweeps:
+        for folder, label in sweep.recovered.items():
+            if k_of(label) in [0, *ratios] and (sweep.root / evals / folder / SUMMARY_FILE).is_file():
+                folders[label] = sweep.root / evals / folder
+    missing = [label for label in folders if not (folders[label] / SUMMARY_FILE).is_file()]
+    if missing:
+        raise LayerpruneError(f"sweeps: no {evals}/{missing[0]}/{SUMMARY_FILE} in {first.root}")
+    return sweeps, folders, ratios
+
+
+def _ks(sweep: Sweep) -> list[int]:
+    return sorted(int(p.name[len("pruned-k"):]) for p in (sweep.root / "eval").glob("pruned-k*")
+                  if p.name[len("pruned-k"):].isdigit() and (p / SUMMARY_FILE).is_file())
+
+
+def _hash(folder: Path) -> str:
+    if not (folder / SUMMARY_FILE).is_file():
+        raise LayerpruneError(f"sweeps: no {folder / SUMMARY_FILE}")
+    return read_summary(folder / SUMMARY_FILE).model_hash
+
+
+def compare(roots: list[Path], evals: str = "eval") -> tuple[dict[str, Any], list[str]] | None:
+    """The joined figures (points per arm and k, each arm's control and verdicts, every pair of arms compared) and
+    their text; None for eval-chat when a sweep has no chat-format scores."""
+    if evals != "eval" and not all((root / evals / "baseline" / SUMMARY_FILE).is_file() for root in roots):
+        return None
+    sweeps, folders, ratios = join(roots, evals)
+    figures, matrices, kinds = sweep_figures(folders, common=True)
+    arms = [arm for sweep in sweeps for arm in sweep.arms]
+    points = [point(None, figures, k, arm) for k in ratios for arm in arms]
+    points = [p for p in points if any("recovered" in p.get(kind, {}) for kind in ("classification", "generative"))]
+    controls = {arm: control_point(figures, arm) for arm in arms}
+    judged = {arm: verdicts(None, figures, [p for p in points if p.get("arm") == arm], arm) for arm in arms}
+    pairs = comparisons(figures, points, arms)
+    replicates = min(s.replicates for s in sweeps)
+    items = {task: int(m.shape[1]) for task, m in matrices.items()}
+    unpaired = {task: why for task, why in kinds.items() if why.startswith("unpaired")}
+    data = {"runs": [{"folder": str(s.root), "name": s.name, "arms": list(s.arms), "replicates": s.replicates}
+                     for s in sweeps],
+            "ratios": ratios, "items": items, "unpaired": unpaired, "points": points, "controls": controls,
+            "verdicts": {arm: tests for arm, (_, tests) in judged.items()}, "comparisons": pairs,
+            "models": {label: str(folder) for label, folder in folders.items()}}
+    text = ["Items, paired across every run (the items all of them scored): "
+            + ", ".join(f"{task} {n}" for task, n in items.items())
+            + (". Unpaired, left out: " + "; ".join(f"{t} ({why})" for t, why in unpaired.items()) if unpaired else "")
+            + ".", "",
+            *[f"- {arm}: {line}" for arm, (lines, _) in judged.items() for line in lines], "",
+            format_table(points), ""]
+    text += [line for arm in arms for line in (
+        format_control(controls[arm], "", False, arm) if controls[arm] else f"No k = 0 control of arm {arm}.", "")]
+    text += ["Run-to-run spread (replicates of every recovery, seeds settings.seed + r):", "",
+             format_spread(points, None, controls), "", *format_comparisons(pairs, replicates), ""]
+    return data, text
+
+
+def analyze_sweeps(config: Any, settings: Any, out: Path) -> dict[str, Any]:
+    """summary.md and sweeps.json in `out`: the plain-format figures, then the probes through the chat template
+    where every sweep scored them that way."""
+    del settings  # nothing is loaded or run: the sweeps' records are read
+    roots = [Path(r) for r in config.runs]
+    plain = compare(roots)
+    assert plain is not None
+    data, text = plain
+    try:
+        chat: tuple[dict[str, Any], list[str]] | str | None = compare(roots, "eval-chat")
+    except LayerpruneError as err:
+        chat = str(err)
+    names = ", ".join(s["name"] for s in data["runs"])
+    lines = [f"# Sweeps compared: {names}", "",
+             f"The original and the pruned models (k = {', '.join(map(str, data['ratios']))}) are {roots[0]}'s; every "
+             "other run's are the same weights (model hashes compared). Arms: "
+             + "; ".join(f"{', '.join(r['arms'])} ({r['folder']}, {r['replicates']} replicate(s))"
+                         for r in data["runs"]) + ".", "", *text]
+    if isinstance(chat, tuple):
+        data["chat"] = chat[0]
+        lines += ["## Probes through the chat template", "", *chat[1]]
+    elif chat is not None:
+        lines += ["## Probes through the chat template", "", f"Not compared: {chat}.", ""]
+    pairs_of = [f"{a} - {b}" for a, b in combinations([a for r in data["runs"] for a in r["arms"]], 2)]
+    lines += [f"Arms compared: {', '.join(pairs_of)}.", "",
+              "Rerun: `layerprune analyze sweeps " + " ".join(map(str, roots)) + " --output DIR`."]
+    (out / "sweeps.json").write_text(json.dumps(paired_json(data), indent=1))
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    return data
