@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from layerprune.core.errors import LayerpruneError
 N = 60  # items a task in the first sweep; the second scored the first 40 of the same list
 
 
-def _eval(folder: Path, scores: dict[str, list[float]], model_hash: str) -> None:
+def _eval(folder: Path, scores: dict[str, list[float]], model_hash: str, prompt: str = "p") -> None:
     """A synthetic eval folder: summary.json and samples/TASK.jsonl (piqa classification, copy_l7 generative)."""
     from layerprune.evaluate import Summary, TaskResult
 
@@ -27,7 +28,7 @@ def _eval(folder: Path, scores: dict[str, list[float]], model_hash: str) -> None
         with (folder / "samples" / f"{task}.jsonl").open("w") as handle:
             for i, value in enumerate(values):
                 handle.write(json.dumps({"doc_id": i, "filter": "none", metric: value, "doc_hash": f"d{i}",
-                                         "prompt_hash": f"p{i}", "arguments": [["q", "a"], ["q", "b"]]}) + "\n")
+                                         "prompt_hash": f"{prompt}{i}", "arguments": [["q", "a"], ["q", "b"]]}) + "\n")
         results.append(TaskResult(task=task, kind=kind, metric=metric, value=float(np.mean(values)), stderr=None,
                                   n=len(values), headline=True, settings={}, seconds=1.0))
     summary = Summary(model={"spec": "x", "location": "x", "kind": "local"}, model_hash=model_hash, results=results)
@@ -35,13 +36,14 @@ def _eval(folder: Path, scores: dict[str, list[float]], model_hash: str) -> None
 
 
 def _sweep(root: Path, name: str, arm: str | None, won: dict[int, list[int]], n: int = N,
-           pruned_hash: str = "pruned") -> Path:
-    """A finished sweep at k = 1: the original answers the first 45 copy items, pruning loses them all, replicate r
-    of the recovery at k wins back won[k][r] of them (k = 0: the control keeps won[0][r] of the 45)."""
+           pruned_hash: str = "pruned", prompt: str = "p", chat: bool = False) -> Path:
+    """A finished sweep at the ks of `won` but 0: the original answers the first 45 copy items, pruning loses them
+    all, replicate r of the recovery at k wins back won[k][r] of them (k = 0: the control keeps won[0][r] of the 45);
+    `chat`: the same models scored again in eval-chat/, the recovered ones winning back one item fewer."""
     rng = np.random.default_rng(0)
     cls = (rng.random(N) < 0.7).astype(float)[:n].tolist()
     gen = np.r_[np.ones(45), np.zeros(N - 45)][:n]
-    models = {"baseline": ("original", gen), "pruned-k1": (pruned_hash, np.zeros(n))}
+    models = {"baseline": ("original", gen), **{f"pruned-k{k}": (f"{pruned_hash}{k}", np.zeros(n)) for k in won if k}}
     prefix = arm or "recovered"
     for k, runs in won.items():
         for r, count in enumerate(runs):
@@ -49,7 +51,11 @@ def _sweep(root: Path, name: str, arm: str | None, won: dict[int, list[int]], n:
             scores[:count] = 1
             models[f"{prefix}-k{k}" + (f"@r{r}" if r else "")] = (f"{prefix}{k}{r}", scores)
     for label, (model_hash, scores) in models.items():
-        _eval(root / "eval" / label, {"piqa": cls, "copy_l7": scores.tolist()}, model_hash)
+        _eval(root / "eval" / label, {"piqa": cls, "copy_l7": scores.tolist()}, model_hash, prompt)
+        if chat:
+            fewer = scores.copy()
+            fewer[max(int(scores.sum()) - 1, 0)] = 0 if label.startswith(prefix) else fewer[0]
+            _eval(root / "eval-chat" / label, {"copy_l7": fewer.tolist()}, model_hash, "c")
     root.joinpath("sweep.json").write_text(json.dumps({"replicates": len(won[1]),
                                                        **({"arms": {arm: "lora"}} if arm else {})}))
     root.joinpath("run.json").write_text(json.dumps({"recipe": {"name": name}}))
@@ -84,6 +90,43 @@ def test_sweeps_of_other_weights_or_one_arm_name_twice_are_refused(tmp_path):
         sweep_join.compare([first, twin])
     with pytest.raises(LayerpruneError, match="no sweep.json: not a sweep study's folder"):
         sweep_join.compare([first, tmp_path])
+    asked = _sweep(tmp_path / "d", "asked", "sft-other", {0: [45], 1: [20]}, prompt="q")  # other prompts, same items
+    with pytest.raises(LayerpruneError, match="no task pairs across the models .*asked different prompts"):
+        sweep_join.compare([first, asked])
+    for name in ("pruned", "baseline"):
+        _sweep(tmp_path / name, name, None, {0: [45], 1: [20]})
+        with pytest.raises(LayerpruneError, match=f"{name!r} names the original or the pruned models"):
+            sweep_join.compare([first, tmp_path / name])
+
+
+def test_the_ks_both_pruned_and_the_chat_format_scores_are_compared(tmp_path):
+    from layerprune.pipeline.studies import sweep_join
+
+    a = _sweep(tmp_path / "a", "generic", "sft-k-dolly", {0: [45], 1: [10], 2: [5]}, chat=True)  # '-k' in a name
+    b = _sweep(tmp_path / "b", "aligned", "sft-gsm8k", {0: [45], 1: [30]}, chat=True)
+    data, _ = sweep_join.compare([a, b])
+    assert data["ratios"] == [1] and "sft-k-dolly-k2" not in data["models"] and "pruned-k2" not in data["models"]
+    chat, text = sweep_join.compare([a, b], "eval-chat")
+    share = {p["arm"]: p["generative"]["recovered_share"]["value"] for p in chat["points"]}
+    assert share == {"sft-k-dolly": pytest.approx(9 / 45), "sft-gsm8k": pytest.approx(29 / 45)}
+    assert chat["items"] == {"copy_l7": N}
+    only_plain = _sweep(tmp_path / "c", "plain", "sft-plain", {0: [45], 1: [30]})
+    out = tmp_path / "out"
+    out.mkdir()
+    sweep_join.analyze_sweeps(SimpleNamespace(runs=[a, only_plain]), None, out)
+    summary = (out / "summary.md").read_text()  # the plain figures are kept, the chat ones said not compared
+    assert "| 1 | sft-plain | generative |" in summary
+    assert "Not compared: sweeps: the folders share no pruned k in eval-chat/" in summary
+
+
+def test_common_items_keep_each_items_chance_in_the_first_models_order():
+    from layerprune.evaluate.items import Items, align
+
+    first = Items(("/0", "/1", "/2"), np.array([1.0, 0.0, 1.0]), ("a", "b", "c"), np.array([0.5, 0.25, 0.2]))
+    other = Items(("/2", "/0"), np.array([0.0, 1.0]), ("c", "a"), np.array([0.2, 0.5]))
+    assert isinstance(align({"x": first, "y": other}), str)  # different sets: refused unless asked
+    matrix, chance = align({"x": first, "y": other}, common=True)
+    assert matrix.tolist() == [[1.0, 1.0], [1.0, 0.0]] and chance.tolist() == [0.5, 0.2]
 
 
 def test_the_cli_writes_the_comparison_and_a_refusal_leaves_nothing(tmp_path, capsys):

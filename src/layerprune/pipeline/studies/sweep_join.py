@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from itertools import combinations
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from layerprune.pipeline.studies.sweep_report import (
 
 SWEEP_FILE = "sweep.json"
 RUN_FILE = "run.json"
+TAKEN = ("baseline", "pruned", "recovered")  # labels of the original and pruned models (recovered: arm-less sweeps)
 
 
 @dataclass(frozen=True)
@@ -63,9 +63,13 @@ def read_sweep(root: Path) -> Sweep:
     try:
         sweep = json.loads(path.read_text())
         name = json.loads((root / RUN_FILE).read_text())["recipe"]["name"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
+        named = list(sweep.get("arms") or {})
+        replicates = int(sweep.get("replicates") or 1)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise LayerpruneError(f"{root}: cannot read its {SWEEP_FILE} / {RUN_FILE} ({err})") from err
-    named = list(sweep.get("arms") or {})
+    if not named and name in TAKEN:
+        raise LayerpruneError(f"{root}: a sweep without arms is an arm named by its recipe, and {name!r} names the "
+                              "original or the pruned models")
     arms = tuple(named or [name])
     recovered = {}
     for folder in sorted(p.name for p in (root / "eval").glob("*") if (p / SUMMARY_FILE).is_file()):
@@ -73,7 +77,7 @@ def read_sweep(root: Path) -> Sweep:
         for arm in named or [None]:
             if re.fullmatch(rf"{re.escape(recovered_label(arm, 0)[:-1])}\d+", label):
                 recovered[folder] = folder if arm is not None else f"{name}{folder[len('recovered'):]}"
-    return Sweep(root, name, int(sweep.get("replicates") or 1), arms, recovered)
+    return Sweep(root, name, replicates, arms, recovered)
 
 
 def k_of(label: str) -> int:
@@ -95,11 +99,11 @@ def join(roots: list[Path], evals: str = "eval") -> tuple[list[Sweep], dict[str,
                                       "need different names")
             seen[arm] = str(sweep.root)
     first = sweeps[0]
-    shared = ["baseline"] + [f"pruned-k{k}" for k in _ks(first)]
-    ratios = sorted(set.intersection(*(set(_ks(s)) for s in sweeps)))
+    shared = ["baseline"] + [f"pruned-k{k}" for k in _ks(first, evals)]
+    ratios = sorted(set.intersection(*(set(_ks(s, evals)) for s in sweeps)))
     if not ratios:
-        raise LayerpruneError("sweeps: the folders share no pruned k (" + "; ".join(
-            f"{s.root}: {', '.join(map(str, _ks(s))) or 'none'}" for s in sweeps) + ")")
+        raise LayerpruneError(f"sweeps: the folders share no pruned k in {evals}/ (" + "; ".join(
+            f"{s.root}: {', '.join(map(str, _ks(s, evals))) or 'none'}" for s in sweeps) + ")")
     for sweep in sweeps[1:]:
         for label in [label for label in shared if label == "baseline" or k_of(label) in ratios]:
             mine, theirs = _hash(first.root / evals / label), _hash(sweep.root / evals / label)
@@ -111,14 +115,11 @@ def join(roots: list[Path], evals: str = "eval") -> tuple[list[Sweep], dict[str,
         for folder, label in sweep.recovered.items():
             if k_of(label) in [0, *ratios] and (sweep.root / evals / folder / SUMMARY_FILE).is_file():
                 folders[label] = sweep.root / evals / folder
-    missing = [label for label in folders if not (folders[label] / SUMMARY_FILE).is_file()]
-    if missing:
-        raise LayerpruneError(f"sweeps: no {evals}/{missing[0]}/{SUMMARY_FILE} in {first.root}")
     return sweeps, folders, ratios
 
 
-def _ks(sweep: Sweep) -> list[int]:
-    return sorted(int(p.name[len("pruned-k"):]) for p in (sweep.root / "eval").glob("pruned-k*")
+def _ks(sweep: Sweep, evals: str = "eval") -> list[int]:
+    return sorted(int(p.name[len("pruned-k"):]) for p in (sweep.root / evals).glob("pruned-k*")
                   if p.name[len("pruned-k"):].isdigit() and (p / SUMMARY_FILE).is_file())
 
 
@@ -128,11 +129,9 @@ def _hash(folder: Path) -> str:
     return read_summary(folder / SUMMARY_FILE).model_hash
 
 
-def compare(roots: list[Path], evals: str = "eval") -> tuple[dict[str, Any], list[str]] | None:
+def compare(roots: list[Path], evals: str = "eval") -> tuple[dict[str, Any], list[str]]:
     """The joined figures (points per arm and k, each arm's control and verdicts, every pair of arms compared) and
-    their text; None for eval-chat when a sweep has no chat-format scores."""
-    if evals != "eval" and not all((root / evals / "baseline" / SUMMARY_FILE).is_file() for root in roots):
-        return None
+    their text; a one-line error when the runs cannot be paired."""
     sweeps, folders, ratios = join(roots, evals)
     figures, matrices, kinds = sweep_figures(folders, common=True)
     arms = [arm for sweep in sweeps for arm in sweep.arms]
@@ -167,13 +166,13 @@ def analyze_sweeps(config: Any, settings: Any, out: Path) -> dict[str, Any]:
     where every sweep scored them that way."""
     del settings  # nothing is loaded or run: the sweeps' records are read
     roots = [Path(r) for r in config.runs]
-    plain = compare(roots)
-    assert plain is not None
-    data, text = plain
-    try:
-        chat: tuple[dict[str, Any], list[str]] | str | None = compare(roots, "eval-chat")
-    except LayerpruneError as err:
-        chat = str(err)
+    data, text = compare(roots)
+    chat: tuple[dict[str, Any], list[str]] | str | None = None
+    if any((root / "eval-chat").is_dir() for root in roots):
+        try:
+            chat = compare(roots, "eval-chat")
+        except LayerpruneError as err:
+            chat = str(err)
     names = ", ".join(s["name"] for s in data["runs"])
     lines = [f"# Sweeps compared: {names}", "",
              f"The original and the pruned models (k = {', '.join(map(str, data['ratios']))}) are {roots[0]}'s; every "
@@ -185,9 +184,7 @@ def analyze_sweeps(config: Any, settings: Any, out: Path) -> dict[str, Any]:
         lines += ["## Probes through the chat template", "", *chat[1]]
     elif chat is not None:
         lines += ["## Probes through the chat template", "", f"Not compared: {chat}.", ""]
-    pairs_of = [f"{a} - {b}" for a, b in combinations([a for r in data["runs"] for a in r["arms"]], 2)]
-    lines += [f"Arms compared: {', '.join(pairs_of)}.", "",
-              "Rerun: `layerprune analyze sweeps " + " ".join(map(str, roots)) + " --output DIR`."]
+    lines += ["Rerun: `layerprune analyze sweeps " + " ".join(map(str, roots)) + " --output DIR`."]
     (out / "sweeps.json").write_text(json.dumps(paired_json(data), indent=1))
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     return data

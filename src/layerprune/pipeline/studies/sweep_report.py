@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from layerprune.core import paired
+from layerprune.core.errors import LayerpruneError
 from layerprune.core.paired import format_interval
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.paired_table import Figures, load_matrix
@@ -522,6 +523,9 @@ def sweep_figures(folders: dict[str, Path],
     from layerprune.pipeline.studies.recovery import split_label
 
     labels, matrices, chance, kinds = load_matrix(folders, common)
+    if not matrices:
+        raise LayerpruneError("no task pairs across the models (" + "; ".join(
+            f"{task}: {why}" for task, why in kinds.items()) + ")")
     replicates: dict[str, list[str]] = {}
     for label in labels:
         replicates.setdefault(split_label(label)[0], []).append(label)
