@@ -36,14 +36,15 @@ def _eval(folder: Path, scores: dict[str, list[float]], model_hash: str, prompt:
 
 
 def _sweep(root: Path, name: str, arm: str | None, won: dict[int, list[int]], n: int = N,
-           pruned_hash: str = "pruned", prompt: str = "p", chat: bool = False) -> Path:
+           pruned_hash: str = "pruned", prompt: str = "p", chat: bool = False, knows: int = 45,
+           original: str = "original") -> Path:
     """A finished sweep at the ks of `won` but 0: the original answers the first 45 copy items, pruning loses them
     all, replicate r of the recovery at k wins back won[k][r] of them (k = 0: the control keeps won[0][r] of the 45);
     `chat`: the same models scored again in eval-chat/, the recovered ones winning back one item fewer."""
     rng = np.random.default_rng(0)
     cls = (rng.random(N) < 0.7).astype(float)[:n].tolist()
-    gen = np.r_[np.ones(45), np.zeros(N - 45)][:n]
-    models = {"baseline": ("original", gen), **{f"pruned-k{k}": (f"{pruned_hash}{k}", np.zeros(n)) for k in won if k}}
+    gen = np.r_[np.ones(knows), np.zeros(N - knows)][:n]
+    models = {"baseline": (original, gen), **{f"pruned-k{k}": (f"{pruned_hash}{k}", np.zeros(n)) for k in won if k}}
     prefix = arm or "recovered"
     for k, runs in won.items():
         for r, count in enumerate(runs):
@@ -56,7 +57,7 @@ def _sweep(root: Path, name: str, arm: str | None, won: dict[int, list[int]], n:
             fewer = scores.copy()
             fewer[max(int(scores.sum()) - 1, 0)] = 0 if label.startswith(prefix) else fewer[0]
             _eval(root / "eval-chat" / label, {"copy_l7": fewer.tolist()}, model_hash, "c")
-    root.joinpath("sweep.json").write_text(json.dumps({"replicates": len(won[1]),
+    root.joinpath("sweep.json").write_text(json.dumps({"replicates": len(won[max(won)]),
                                                        **({"arms": {arm: "lora"}} if arm else {})}))
     root.joinpath("run.json").write_text(json.dumps({"recipe": {"name": name}}))
     return root
@@ -140,3 +141,26 @@ def test_the_cli_writes_the_comparison_and_a_refusal_leaves_nothing(tmp_path, ca
     code, stdout, err = run_cli(capsys, ["analyze", "sweeps", "--runs", str(a), str(tmp_path), "-o", str(bad)])
     assert_one_line_error(code, err, "no sweep.json")
     assert not bad.exists()
+
+
+def test_runs_of_other_weights_are_compared_each_arm_against_its_own_models_when_asked(tmp_path, capsys):
+    from layerprune.pipeline.studies import sweep_join
+
+    a = _sweep(tmp_path / "a", "generic", "sft-dolly", {1: [10, 12, 11]})
+    b = _sweep(tmp_path / "b", "aligned", "sft-gsm8k", {1: [15, 15, 15]}, knows=30, original="another realisation",
+               pruned_hash="another")
+    with pytest.raises(LayerpruneError, match="baseline of .*b is not baseline of .*a .*--own-models"):
+        sweep_join.compare([a, b])
+    data, text = sweep_join.compare([a, b], own=True)
+    share = {p["arm"]: p["generative"]["recovered_share"]["value"] for p in data["points"]}
+    assert share == {"sft-dolly": pytest.approx(11 / 45), "sft-gsm8k": pytest.approx(15 / 30)}  # each its own drop
+    (pair,) = data["comparisons"]
+    assert pair["generative"]["share"]["value"] == pytest.approx(11 / 45 - 0.5)
+    assert pair["generative"]["share_status"] == "contradicted" and not pair["generative"]["share_net_of_controls"]
+    first = data["own_models"][0]
+    assert first["label"] == "baseline" and first["generative"]["value"] == pytest.approx((30 - 45) / N)
+    assert any("not the same weights (--own-models)" in line for line in text)
+    code, out, err = run_cli(capsys, ["analyze", "sweeps", "--runs", str(a), str(b), "--own-models",
+                                      "-o", str(tmp_path / "o")])
+    assert code == 0, err
+    assert "--own-models --output DIR" in out

@@ -188,3 +188,6 @@ class SweepsAnalysis(OutputOptions):
     runs: list[Path] = Field(..., min_length=2,
                              description="Sweep study folders (two or more, each with its sweep.json); the first "
                                          "gives the original and pruned models, the others must hold the same ones")
+    own_models: bool = Field(False, description="Measure each arm against its own run's original and pruned models "
+                                                "(runs of one recipe whose weights differ, e.g. made on two machines); "
+                                                "their difference is then in every comparison across runs")

@@ -20,11 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from layerprune.core import paired
 from layerprune.core.errors import LayerpruneError
+from layerprune.core.paired import format_interval
 from layerprune.evaluate.summary import SUMMARY_FILE, read_summary
+from layerprune.pipeline.paired_table import Figures
 from layerprune.pipeline.studies.recovery import split_label
 from layerprune.pipeline.studies.sweep import recovered_label
 from layerprune.pipeline.studies.sweep_report import (
+    KINDS,
+    NO_CLEAR_DROP,
     comparisons,
     control_point,
     format_comparisons,
@@ -33,6 +38,7 @@ from layerprune.pipeline.studies.sweep_report import (
     format_table,
     paired_json,
     point,
+    shown,
     sweep_figures,
     verdicts,
 )
@@ -85,9 +91,12 @@ def k_of(label: str) -> int:
     return int(split_label(label)[0].rsplit("-k", 1)[1])
 
 
-def join(roots: list[Path], evals: str = "eval") -> tuple[list[Sweep], dict[str, Path], list[int]]:
+def join(roots: list[Path], evals: str = "eval",
+         own: bool = False) -> tuple[list[Sweep], dict[str, Path], list[int]]:
     """The sweeps, the folders of every model in the join (the first sweep's original and pruned models, then every
-    sweep's recovered ones at the ks all share, controls included) and those ks."""
+    sweep's recovered ones at the ks all share, controls included) and those ks. `own`: every sweep's original and
+    pruned models are joined too, as NAME:baseline and NAME:pruned-kK (the first sweep's without a prefix), and their
+    hashes may differ."""
     if len(roots) < 2:
         raise LayerpruneError("sweeps: give at least two sweep folders to compare")
     sweeps = [read_sweep(root) for root in roots]
@@ -104,13 +113,21 @@ def join(roots: list[Path], evals: str = "eval") -> tuple[list[Sweep], dict[str,
     if not ratios:
         raise LayerpruneError(f"sweeps: the folders share no pruned k in {evals}/ (" + "; ".join(
             f"{s.root}: {', '.join(map(str, _ks(s, evals))) or 'none'}" for s in sweeps) + ")")
-    for sweep in sweeps[1:]:
+    names = [s.name for s in sweeps]
+    if own and len(set(names)) < len(names):
+        raise LayerpruneError(f"sweeps: --own-models needs runs of recipes with different names ({', '.join(names)})")
+    for sweep in [] if own else sweeps[1:]:
         for label in [label for label in shared if label == "baseline" or k_of(label) in ratios]:
             mine, theirs = _hash(first.root / evals / label), _hash(sweep.root / evals / label)
             if mine != theirs:
                 raise LayerpruneError(f"sweeps: {label} of {sweep.root} is not {label} of {first.root} (model hash "
-                                      f"{theirs} against {mine}): only sweeps of one model and one cut pair")
-    folders = {label: first.root / evals / label for label in shared if label == "baseline" or k_of(label) in ratios}
+                                      f"{theirs[:12]} against {mine[:12]}): only sweeps of one model and one cut pair "
+                                      "(--own-models measures each arm against its own run's models)")
+    folders = {}
+    for i, sweep in enumerate(sweeps[:len(sweeps) if own else 1]):
+        for label in [label for label in shared if label == "baseline" or k_of(label) in ratios]:
+            folders[f"{sweep.name}:{label}" if i else label] = sweep.root / evals / label
+            _hash(folders[f"{sweep.name}:{label}" if i else label])
     for sweep in sweeps:
         for folder, label in sweep.recovered.items():
             if k_of(label) in [0, *ratios] and (sweep.root / evals / folder / SUMMARY_FILE).is_file():
@@ -129,17 +146,22 @@ def _hash(folder: Path) -> str:
     return read_summary(folder / SUMMARY_FILE).model_hash
 
 
-def compare(roots: list[Path], evals: str = "eval") -> tuple[dict[str, Any], list[str]]:
+def compare(roots: list[Path], evals: str = "eval", own: bool = False) -> tuple[dict[str, Any], list[str]]:
     """The joined figures (points per arm and k, each arm's control and verdicts, every pair of arms compared) and
-    their text; a one-line error when the runs cannot be paired."""
-    sweeps, folders, ratios = join(roots, evals)
+    their text; a one-line error when the runs cannot be paired. `own`: each arm against its own run's original and
+    pruned models (runs whose models are not the same weights), without the verdicts."""
+    sweeps, folders, ratios = join(roots, evals, own)
     figures, matrices, kinds = sweep_figures(folders, common=True)
     arms = [arm for sweep in sweeps for arm in sweep.arms]
-    points = [point(None, figures, k, arm) for k in ratios for arm in arms]
-    points = [p for p in points if any("recovered" in p.get(kind, {}) for kind in ("classification", "generative"))]
-    controls = {arm: control_point(figures, arm) for arm in arms}
-    judged = {arm: verdicts(None, figures, [p for p in points if p.get("arm") == arm], arm) for arm in arms}
-    pairs = comparisons(figures, points, arms)
+    if own:
+        points, controls, pairs, originals = own_figures(figures, sweeps, ratios)
+        judged: dict[str, tuple[list[str], dict[str, Any]]] = {}
+    else:
+        points = [point(None, figures, k, arm) for k in ratios for arm in arms]
+        points = [p for p in points if any("recovered" in p.get(kind, {}) for kind in KINDS)]
+        controls = {arm: control_point(figures, arm) for arm in arms}
+        judged = {arm: verdicts(None, figures, [p for p in points if p.get("arm") == arm], arm) for arm in arms}
+        pairs, originals = comparisons(figures, points, arms), []
     replicates = min(s.replicates for s in sweeps)
     items = {task: int(m.shape[1]) for task, m in matrices.items()}
     unpaired = {task: why for task, why in kinds.items() if why.startswith("unpaired")}
@@ -147,18 +169,111 @@ def compare(roots: list[Path], evals: str = "eval") -> tuple[dict[str, Any], lis
                      for s in sweeps],
             "ratios": ratios, "items": items, "unpaired": unpaired, "points": points, "controls": controls,
             "verdicts": {arm: tests for arm, (_, tests) in judged.items()}, "comparisons": pairs,
-            "models": {label: str(folder) for label, folder in folders.items()}}
+            "models": {label: str(folder) for label, folder in folders.items()},
+            **({"own_models": originals} if own else {})}
     text = ["Items, paired across every run (the items all of them scored): "
             + ", ".join(f"{task} {n}" for task, n in items.items())
             + (". Unpaired, left out: " + "; ".join(f"{t} ({why})" for t, why in unpaired.items()) if unpaired else "")
             + ".", "",
             *[f"- {arm}: {line}" for arm, (lines, _) in judged.items() for line in lines], "",
-            format_table(points), ""]
+            *(own_lines(originals) if own else []), format_table(points), ""]
     text += [line for arm in arms for line in (
         format_control(controls[arm], "", False, arm) if controls[arm] else f"No k = 0 control of arm {arm}.", "")]
     text += ["Run-to-run spread (replicates of every recovery, seeds settings.seed + r):", "",
              format_spread(points, None, controls), "", *format_comparisons(pairs, replicates), ""]
+    if own:
+        text += ["Shares of arms from different runs are each against the arm's own original and pruned models; where "
+                 "both arms have a k = 0 control, the shares compared are net of each arm's own control "
+                 "(`share_net_of_controls` in sweeps.json).", ""]
     return data, text
+
+
+def own_figures(figures: Figures, sweeps: list[Sweep], ratios: list[int]) -> tuple[
+        list[dict[str, Any]], dict[str, dict[str, Any] | None], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Each arm measured against its own run's original and pruned models (one bootstrap draw of the items for all):
+    the points and controls as a sweep's, every pair of arms' difference of recovered shares (net of each arm's
+    control where both have one) and recovered scores, and every later run's original and pruned models against the
+    first's (how far apart the runs' models are)."""
+    points, controls, own = [], {}, {}
+    for i, sweep in enumerate(sweeps):
+        prefix = f"{sweep.name}:" if i else ""
+        for arm in sweep.arms:
+            own[arm] = prefix
+            ctl = recovered_label(arm, 0)
+            controls[arm] = {kind: {"baseline": figures.score(f"{prefix}baseline", kind),
+                                    "control": figures.score(ctl, kind),
+                                    "change": figures.difference(ctl, f"{prefix}baseline", kind),
+                                    "spread": dict(figures.spread(ctl, kind))}
+                             for kind in KINDS if figures.has(kind)} if ctl in figures.labels else None
+            for k in ratios:
+                if recovered_label(arm, k) in figures.labels:
+                    points.append(_own_point(figures, prefix, arm, k))
+
+    def share(m: Any, arm: str, k: int, kind: str, net: bool) -> Any:
+        base, pruned = f"{own[arm]}baseline", f"{own[arm]}pruned-k{k}"
+        rec = figures.mean(m, recovered_label(arm, k), kind)
+        if net:
+            rec = rec - (figures.mean(m, recovered_label(arm, 0), kind) - figures.mean(m, base, kind))
+        return paired.share(figures.mean(m, base, kind), figures.mean(m, pruned, kind), rec)
+
+    pairs = []
+    for k in ratios:
+        at = [p for p in points if p["k"] == k]
+        for x, y in [(a, b) for n, a in enumerate(at) for b in at[n + 1:]]:
+            row: dict[str, Any] = {"k": k, "arms": [x["arm"], y["arm"]]}
+            for kind in (kind for kind in KINDS if kind in x and kind in y):
+                clear = all(isinstance(p[kind]["recovered_share"], dict) for p in (x, y))
+                net = clear and all(controls[p["arm"]] for p in (x, y))
+                diff = figures.interval(lambda m, kind=kind, net=net, a=x["arm"], b=y["arm"], k=k:
+                                        share(m, a, k, kind, net) - share(m, b, k, kind, net)) \
+                    if clear else NO_CLEAR_DROP
+                score = figures.difference(recovered_label(x["arm"], k), recovered_label(y["arm"], k), kind)
+                row[kind] = {"share": diff, "share_status": shown(diff) if clear else "not shown",
+                             "share_net_of_controls": net, "score": score, "score_status": shown(score)}
+            pairs.append(row)
+    originals = [{"run": sweep.name, "label": label,
+                  **{kind: figures.difference(f"{sweep.name}:{label}", label, kind) for kind in KINDS
+                     if figures.has(kind)}}
+                 for sweep in sweeps[1:] for label in ["baseline", *[f"pruned-k{k}" for k in ratios]]]
+    return points, controls, pairs, originals
+
+
+def _own_point(figures: Figures, prefix: str, arm: str, k: int) -> dict[str, Any]:
+    base, pruned = f"{prefix}baseline", f"{prefix}pruned-k{k}"
+    rec, ctl = recovered_label(arm, k), recovered_label(arm, 0)
+    out: dict[str, Any] = {"k": k, "arm": arm}
+    for kind in (kind for kind in KINDS if figures.has(kind)):
+        drop = figures.difference(base, pruned, kind)
+        clear = bool(drop.get("low") is not None and drop["low"] > 0)
+
+        def net(m: Any, kind: str = kind) -> Any:
+            change = figures.mean(m, ctl, kind) - figures.mean(m, base, kind)
+            return paired.share(figures.mean(m, base, kind), figures.mean(m, pruned, kind),
+                                figures.mean(m, rec, kind) - change)
+
+        out[kind] = {
+            "baseline": figures.score(base, kind), "pruned": figures.score(pruned, kind), "drop": drop,
+            "recovered": figures.score(rec, kind), "gain": figures.difference(rec, pruned, kind),
+            "retention_pruned": figures.interval(lambda m, kind=kind: figures.retention(pruned, kind, m, base)),
+            "retention_recovered": figures.interval(lambda m, kind=kind: figures.retention(rec, kind, m, base)),
+            "recovered_share": figures.interval(lambda m, kind=kind: figures.share_of(rec, pruned, kind, m, base))
+            if clear else NO_CLEAR_DROP,
+            "spread": dict(figures.spread(rec, kind)),
+            **({"recovered_share_net": figures.interval(net) if clear else NO_CLEAR_DROP}
+               if ctl in figures.labels else {})}
+    return out
+
+
+def own_lines(originals: list[dict[str, Any]]) -> list[str]:
+    """How far apart the runs' own original and pruned models are, on the same items."""
+    lines = ["The runs' original and pruned models are not the same weights (--own-models): each arm is measured "
+             "against its own run's, on the same items and one bootstrap draw. What separates the runs' models is in "
+             "every comparison of arms from different runs, and no replicate measures it; here is how far apart they "
+             "score (later run - first run, points, 95% paired interval):", "",
+             "| run | model | " + " | ".join(KINDS) + " |", "|---|---|" + "---|" * len(KINDS)]
+    lines += [f"| {o['run']} | {o['label']} | " + " | ".join(
+        format_interval(o[kind]) if kind in o else "-" for kind in KINDS) + " |" for o in originals]
+    return [*lines, ""]
 
 
 def analyze_sweeps(config: Any, settings: Any, out: Path) -> dict[str, Any]:
@@ -166,17 +281,20 @@ def analyze_sweeps(config: Any, settings: Any, out: Path) -> dict[str, Any]:
     where every sweep scored them that way."""
     del settings  # nothing is loaded or run: the sweeps' records are read
     roots = [Path(r) for r in config.runs]
-    data, text = compare(roots)
+    own = bool(getattr(config, "own_models", False))
+    data, text = compare(roots, own=own)
     chat: tuple[dict[str, Any], list[str]] | str | None = None
     if any((root / "eval-chat").is_dir() for root in roots):
         try:
-            chat = compare(roots, "eval-chat")
+            chat = compare(roots, "eval-chat", own)
         except LayerpruneError as err:
             chat = str(err)
     names = ", ".join(s["name"] for s in data["runs"])
-    lines = [f"# Sweeps compared: {names}", "",
-             f"The original and the pruned models (k = {', '.join(map(str, data['ratios']))}) are {roots[0]}'s; every "
-             "other run's are the same weights (model hashes compared). Arms: "
+    ks = ", ".join(map(str, data["ratios"]))
+    whose = (f"Each arm is measured against its own run's original and pruned models (k = {ks})" if own else
+             f"The original and the pruned models (k = {ks}) are {roots[0]}'s; every other run's are the same weights "
+             "(model hashes compared)")
+    lines = [f"# Sweeps compared: {names}", "", f"{whose}. Arms: "
              + "; ".join(f"{', '.join(r['arms'])} ({r['folder']}, {r['replicates']} replicate(s))"
                          for r in data["runs"]) + ".", "", *text]
     if isinstance(chat, tuple):
@@ -184,7 +302,8 @@ def analyze_sweeps(config: Any, settings: Any, out: Path) -> dict[str, Any]:
         lines += ["## Probes through the chat template", "", *chat[1]]
     elif chat is not None:
         lines += ["## Probes through the chat template", "", f"Not compared: {chat}.", ""]
-    lines += ["Rerun: `layerprune analyze sweeps " + " ".join(map(str, roots)) + " --output DIR`."]
+    lines += ["Rerun: `layerprune analyze sweeps --runs " + " ".join(map(str, roots))
+              + (" --own-models" if own else "") + " --output DIR`."]
     (out / "sweeps.json").write_text(json.dumps(paired_json(data), indent=1))
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     return data
