@@ -164,3 +164,14 @@ def test_runs_of_other_weights_are_compared_each_arm_against_its_own_models_when
                                       "-o", str(tmp_path / "o")])
     assert code == 0, err
     assert "--own-models --output DIR" in out
+
+
+def test_one_sweep_is_its_own_figures_again(tmp_path):
+    from layerprune.pipeline.studies import sweep_join
+
+    a = _sweep(tmp_path / "a", "generic", "sft-dolly", {0: [45, 40, 44], 1: [10, 12, 11]})
+    data, _ = sweep_join.compare([a])
+    (point,) = data["points"]
+    assert point["generative"]["recovered_share"]["value"] == pytest.approx(11 / 45) and data["comparisons"] == []
+    assert data["controls"]["sft-dolly"]["generative"]["change"]["value"] == pytest.approx((43 - 45) / N)
+    assert data["verdicts"]["sft-dolly"]["a"]["per_k"]

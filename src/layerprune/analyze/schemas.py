@@ -185,9 +185,10 @@ class DegenerationAnalysis(OutputOptions):
 class SweepsAnalysis(OutputOptions):
     """Sweeps of one model and one cut (the same pruned weights) that recovered differently, compared arm by arm."""
 
-    runs: list[Path] = Field(..., min_length=2,
-                             description="Sweep study folders (two or more, each with its sweep.json); the first "
-                                         "gives the original and pruned models, the others must hold the same ones")
+    runs: list[Path] = Field(..., min_length=1,
+                             description="Sweep study folders (each with its sweep.json; one: its figures again, e.g. "
+                                         "over tasks scored after it); the first gives the original and pruned "
+                                         "models, the others must hold the same ones")
     own_models: bool = Field(False, description="Measure each arm against its own run's original and pruned models "
                                                 "(runs of one recipe whose weights differ, e.g. made on two machines); "
                                                 "their difference is then in every comparison across runs")

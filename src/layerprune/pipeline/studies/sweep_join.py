@@ -97,8 +97,8 @@ def join(roots: list[Path], evals: str = "eval",
     sweep's recovered ones at the ks all share, controls included) and those ks. `own`: every sweep's original and
     pruned models are joined too, as NAME:baseline and NAME:pruned-kK (the first sweep's without a prefix), and their
     hashes may differ."""
-    if len(roots) < 2:
-        raise LayerpruneError("sweeps: give at least two sweep folders to compare")
+    if not roots:
+        raise LayerpruneError("sweeps: give the sweep folders to compare")
     sweeps = [read_sweep(root) for root in roots]
     seen: dict[str, str] = {}
     for sweep in sweeps:
