@@ -252,6 +252,12 @@ def test_the_study_verdict_needs_a_move_an_agreement_near_its_ceiling_and_a_cont
     still = {**moved, "tasks": {"arithmetic": {"original": profile(40), "variant": profile(40)}}}
     assert compare(study, still, 0, control)["tasks"]["arithmetic"]["verdict"]["verdict"] == "not shown"
     assert compare(study, moved, 0, None)["tasks"]["arithmetic"]["verdict"]["reasons"] == ["no positive control"]
+    # a variant whose function moved (block 0 kills all, block 1 nothing, as in the control) is "different"
+    shuffled = [i < 40 for i in range(n)]
+    elsewhere = synthetic(shuffled, [[False] * n, shuffled, [i % 2 == 1 for i in range(n)], shuffled])
+    other = compare(study, {**moved, "tasks": {"arithmetic": {"original": profile(30), "variant": elsewhere}}}, 0,
+                    control)["tasks"]["arithmetic"]
+    assert other["relative"]["spearman"]["ratio"] < 0.9 and other["verdict"]["verdict"] == "different"
 
 
 def test_shipped_math_variant_study_dry_runs_offline(capsys, shared_data, tmp_path, monkeypatch):
