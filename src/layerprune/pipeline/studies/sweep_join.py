@@ -175,7 +175,7 @@ def compare(roots: list[Path], evals: str = "eval", own: bool = False) -> tuple[
             + ", ".join(f"{task} {n}" for task, n in items.items())
             + (". Unpaired, left out: " + "; ".join(f"{t} ({why})" for t, why in unpaired.items()) if unpaired else "")
             + ".", "",
-            *[f"- {arm}: {line}" for arm, (lines, _) in judged.items() for line in lines], "",
+            *[f"- {arm}: {line}" for arm, (lines, _) in judged.items() for line in lines], *([""] if judged else []),
             *(own_lines(originals) if own else []), format_table(points), ""]
     text += [line for arm in arms for line in (
         format_control(controls[arm], "", False, arm) if controls[arm] else f"No k = 0 control of arm {arm}.", "")]
