@@ -175,3 +175,21 @@ def test_one_sweep_is_its_own_figures_again(tmp_path):
     assert point["generative"]["recovered_share"]["value"] == pytest.approx(11 / 45) and data["comparisons"] == []
     assert data["controls"]["sft-dolly"]["generative"]["change"]["value"] == pytest.approx((43 - 45) / N)
     assert data["verdicts"]["sft-dolly"]["a"]["per_k"]
+
+
+def test_own_models_compare_arms_net_of_each_arms_own_control(tmp_path):
+    from layerprune.pipeline.studies import sweep_join
+
+    a = _sweep(tmp_path / "a", "generic", "sft-dolly", {0: [40], 1: [10]})  # its control loses 5 of the 45
+    b = _sweep(tmp_path / "b", "aligned", "sft-gsm8k", {0: [30], 1: [15]}, knows=30, original="other",
+               pruned_hash="other")
+    data, _ = sweep_join.compare([a, b], own=True)
+    net = {p["arm"]: p["generative"]["recovered_share_net"]["value"] for p in data["points"]}
+    assert net == {"sft-dolly": pytest.approx((10 + 5) / 45), "sft-gsm8k": pytest.approx(15 / 30)}
+    (pair,) = data["comparisons"]
+    assert pair["generative"]["share_net_of_controls"]
+    assert pair["generative"]["share"]["value"] == pytest.approx(15 / 45 - 15 / 30)
+    c = _sweep(tmp_path / "c", "plain", "sft-plain", {1: [15]}, knows=30, original="third", pruned_hash="third")
+    (mixed,) = sweep_join.compare([a, c], own=True)[0]["comparisons"]  # one arm without a control: gross shares
+    assert not mixed["generative"]["share_net_of_controls"]
+    assert mixed["generative"]["share"]["value"] == pytest.approx(10 / 45 - 15 / 30)
