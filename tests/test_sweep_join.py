@@ -183,7 +183,9 @@ def test_own_models_compare_arms_net_of_each_arms_own_control(tmp_path):
     a = _sweep(tmp_path / "a", "generic", "sft-dolly", {0: [40], 1: [10]})  # its control loses 5 of the 45
     b = _sweep(tmp_path / "b", "aligned", "sft-gsm8k", {0: [30], 1: [15]}, knows=30, original="other",
                pruned_hash="other")
-    data, _ = sweep_join.compare([a, b], own=True)
+    data, text = sweep_join.compare([a, b], own=True)
+    assert any("sft-dolly - sft-gsm8k at k = 1, generative: recovered share net of each arm's control" in line
+               for line in text)
     net = {p["arm"]: p["generative"]["recovered_share_net"]["value"] for p in data["points"]}
     assert net == {"sft-dolly": pytest.approx((10 + 5) / 45), "sft-gsm8k": pytest.approx(15 / 30)}
     (pair,) = data["comparisons"]

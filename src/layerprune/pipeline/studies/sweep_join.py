@@ -183,8 +183,8 @@ def compare(roots: list[Path], evals: str = "eval", own: bool = False) -> tuple[
              format_spread(points, None, controls), "", *format_comparisons(pairs, replicates), ""]
     if own:
         text += ["Shares of arms from different runs are each against the arm's own original and pruned models; where "
-                 "both arms have a k = 0 control, the shares compared are net of each arm's own control "
-                 "(`share_net_of_controls` in sweeps.json).", ""]
+                 "both arms have a k = 0 control, the shares compared are net of each arm's own control (so named "
+                 "above; `share_net_of_controls` in sweeps.json).", ""]
     return data, text
 
 

@@ -217,7 +217,8 @@ def format_comparisons(rows: list[dict[str, Any]], replicates: int) -> list[str]
             c = row[kind]
             share = (f"{_signed(c['share'])} (undefined {100 * (c['share'].get('undefined') or 0.0):.1f}%), "
                      f"{SIDE[c['share_status']]}" if isinstance(c["share"], dict) else c["share"])
-            lines.append(f"- {high} - {low} at k = {row['k']}, {kind}: recovered share {share}; recovered score "
+            name = "recovered share net of each arm's control" if c.get("share_net_of_controls") else "recovered share"
+            lines.append(f"- {high} - {low} at k = {row['k']}, {kind}: {name} {share}; recovered score "
                          f"{_signed(c['score'])}, {SIDE[c['score_status']]}")
     return lines
 
