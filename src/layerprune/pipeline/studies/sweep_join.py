@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from layerprune.core import paired
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.paired import format_interval
 from layerprune.evaluate.summary import SUMMARY_FILE, read_summary
@@ -29,7 +28,6 @@ from layerprune.pipeline.studies.recovery import split_label
 from layerprune.pipeline.studies.sweep import recovered_label
 from layerprune.pipeline.studies.sweep_report import (
     KINDS,
-    NO_CLEAR_DROP,
     comparisons,
     control_point,
     format_comparisons,
@@ -38,7 +36,6 @@ from layerprune.pipeline.studies.sweep_report import (
     format_table,
     paired_json,
     point,
-    shown,
     sweep_figures,
     verdicts,
 )
@@ -194,74 +191,16 @@ def own_figures(figures: Figures, sweeps: list[Sweep], ratios: list[int]) -> tup
     the points and controls as a sweep's, every pair of arms' difference of recovered shares (net of each arm's
     control where both have one) and recovered scores, and every later run's original and pruned models against the
     first's (how far apart the runs' models are)."""
-    points, controls, own = [], {}, {}
-    for i, sweep in enumerate(sweeps):
-        prefix = f"{sweep.name}:" if i else ""
-        for arm in sweep.arms:
-            own[arm] = prefix
-            ctl = recovered_label(arm, 0)
-            controls[arm] = {kind: {"baseline": figures.score(f"{prefix}baseline", kind),
-                                    "control": figures.score(ctl, kind),
-                                    "change": figures.difference(ctl, f"{prefix}baseline", kind),
-                                    "spread": dict(figures.spread(ctl, kind))}
-                             for kind in KINDS if figures.has(kind)} if ctl in figures.labels else None
-            for k in ratios:
-                if recovered_label(arm, k) in figures.labels:
-                    points.append(_own_point(figures, prefix, arm, k))
-
-    def share(m: Any, arm: str, k: int, kind: str, net: bool) -> Any:
-        base, pruned = f"{own[arm]}baseline", f"{own[arm]}pruned-k{k}"
-        rec = figures.mean(m, recovered_label(arm, k), kind)
-        if net:
-            rec = rec - (figures.mean(m, recovered_label(arm, 0), kind) - figures.mean(m, base, kind))
-        return paired.share(figures.mean(m, base, kind), figures.mean(m, pruned, kind), rec)
-
-    pairs = []
-    for k in ratios:
-        at = [p for p in points if p["k"] == k]
-        for x, y in [(a, b) for n, a in enumerate(at) for b in at[n + 1:]]:
-            row: dict[str, Any] = {"k": k, "arms": [x["arm"], y["arm"]]}
-            for kind in (kind for kind in KINDS if kind in x and kind in y):
-                clear = all(isinstance(p[kind]["recovered_share"], dict) for p in (x, y))
-                net = clear and all(controls[p["arm"]] for p in (x, y))
-                diff = figures.interval(lambda m, kind=kind, net=net, a=x["arm"], b=y["arm"], k=k:
-                                        share(m, a, k, kind, net) - share(m, b, k, kind, net)) \
-                    if clear else NO_CLEAR_DROP
-                score = figures.difference(recovered_label(x["arm"], k), recovered_label(y["arm"], k), kind)
-                row[kind] = {"share": diff, "share_status": shown(diff) if clear else "not shown",
-                             "share_net_of_controls": net, "score": score, "score_status": shown(score)}
-            pairs.append(row)
+    models = {arm: f"{sweep.name}:" if i else "" for i, sweep in enumerate(sweeps) for arm in sweep.arms}
+    points = [point(None, figures, k, arm, models[arm]) for arm in models for k in ratios
+              if recovered_label(arm, k) in figures.labels]
+    controls = {arm: control_point(figures, arm, models[arm]) for arm in models}
+    pairs = comparisons(figures, points, list(models), models)
     originals = [{"run": sweep.name, "label": label,
                   **{kind: figures.difference(f"{sweep.name}:{label}", label, kind) for kind in KINDS
                      if figures.has(kind)}}
                  for sweep in sweeps[1:] for label in ["baseline", *[f"pruned-k{k}" for k in ratios]]]
     return points, controls, pairs, originals
-
-
-def _own_point(figures: Figures, prefix: str, arm: str, k: int) -> dict[str, Any]:
-    base, pruned = f"{prefix}baseline", f"{prefix}pruned-k{k}"
-    rec, ctl = recovered_label(arm, k), recovered_label(arm, 0)
-    out: dict[str, Any] = {"k": k, "arm": arm}
-    for kind in (kind for kind in KINDS if figures.has(kind)):
-        drop = figures.difference(base, pruned, kind)
-        clear = bool(drop.get("low") is not None and drop["low"] > 0)
-
-        def net(m: Any, kind: str = kind) -> Any:
-            change = figures.mean(m, ctl, kind) - figures.mean(m, base, kind)
-            return paired.share(figures.mean(m, base, kind), figures.mean(m, pruned, kind),
-                                figures.mean(m, rec, kind) - change)
-
-        out[kind] = {
-            "baseline": figures.score(base, kind), "pruned": figures.score(pruned, kind), "drop": drop,
-            "recovered": figures.score(rec, kind), "gain": figures.difference(rec, pruned, kind),
-            "retention_pruned": figures.interval(lambda m, kind=kind: figures.retention(pruned, kind, m, base)),
-            "retention_recovered": figures.interval(lambda m, kind=kind: figures.retention(rec, kind, m, base)),
-            "recovered_share": figures.interval(lambda m, kind=kind: figures.share_of(rec, pruned, kind, m, base))
-            if clear else NO_CLEAR_DROP,
-            "spread": dict(figures.spread(rec, kind)),
-            **({"recovered_share_net": figures.interval(net) if clear else NO_CLEAR_DROP}
-               if ctl in figures.labels else {})}
-    return out
 
 
 def own_lines(originals: list[dict[str, Any]]) -> list[str]:

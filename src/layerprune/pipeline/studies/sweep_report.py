@@ -33,46 +33,47 @@ CONTROL = "recovered-k0"  # the k = 0 control: the same recovery of the unpruned
 SIDE = {"shown": "above 0", "not shown": "holds 0", "contradicted": "below 0"}  # where a difference's interval lies
 
 
-def point(study: Any, figures: Figures, k: int, arm: str | None = None) -> dict[str, Any]:
+def point(study: Any, figures: Figures, k: int, arm: str | None = None, models: str = "") -> dict[str, Any]:
     """One k of the sweep (of one arm's recovery: the point carries `arm`): per kind the scores, drop,
     chance-normalised retention, recovered share (and, with the k = 0 control, the share net of the control's own
-    change), the across-run spread; and the gap."""
+    change), the across-run spread; and the gap. `models`: the prefix of the original's and pruned models' labels
+    the arm is measured against (sweeps joined with their own models: NAME:)."""
     out: dict[str, Any] = {"k": k, **({"arm": arm} if arm is not None else {})}
     control = recovered_label(arm, 0) in figures.labels
-    rec = recovered_label(arm, k)
+    rec, base, pruned = recovered_label(arm, k), f"{models}baseline", f"{models}pruned-k{k}"
     for kind in KINDS:
         if not figures.has(kind):
             continue
-        row = {"baseline": figures.score("baseline", kind), "pruned": figures.score(f"pruned-k{k}", kind),
-               "drop": figures.difference("baseline", f"pruned-k{k}", kind)}
-        row["retention_pruned"] = figures.interval(lambda m, kind=kind: figures.retention(f"pruned-k{k}", kind, m))
+        row = {"baseline": figures.score(base, kind), "pruned": figures.score(pruned, kind),
+               "drop": figures.difference(base, pruned, kind)}
+        row["retention_pruned"] = figures.interval(lambda m, kind=kind: figures.retention(pruned, kind, m, base))
         if rec in figures.labels:
             row["recovered"] = figures.score(rec, kind)
-            row["retention_recovered"] = figures.interval(lambda m, kind=kind: figures.retention(rec, kind, m))
+            row["retention_recovered"] = figures.interval(lambda m, kind=kind: figures.retention(rec, kind, m, base))
             clear = _above(row["drop"])
-            row["recovered_share"] = figures.interval(lambda m, kind=kind: _share(figures, k, kind, m, arm)) \
-                if clear else NO_CLEAR_DROP
+            row["recovered_share"] = figures.interval(
+                lambda m, kind=kind: _share(figures, k, kind, m, arm, models)) if clear else NO_CLEAR_DROP
             if control:
                 row["recovered_share_net"] = figures.interval(
-                    lambda m, kind=kind: _net_share(figures, k, kind, m, arm)) if clear else NO_CLEAR_DROP
-            row["gain"] = figures.difference(rec, f"pruned-k{k}", kind)
+                    lambda m, kind=kind: _net_share(figures, k, kind, m, arm, models)) if clear else NO_CLEAR_DROP
+            row["gain"] = figures.difference(rec, pruned, kind)
             row["spread"] = spread(figures, rec, kind)
         out[kind] = row
     if all(figures.has(kind) for kind in KINDS) and rec in figures.labels:
         out["gap_recovered"] = figures.interval(
-            lambda m: figures.retention(rec, "classification", m) - figures.retention(rec, "generative", m))
+            lambda m: figures.retention(rec, "classification", m, base) - figures.retention(rec, "generative", m, base))
     out["costs"] = any(_above(out.get(kind, {}).get("drop")) for kind in KINDS)
     return out
 
 
-def control_point(figures: Figures, arm: str | None = None) -> dict[str, Any] | None:
-    """The k = 0 control (of `arm`) per kind: the original, the original after the same recovery, the change
-    (control - baseline) and the across-run spread; None without a control."""
-    control = recovered_label(arm, 0)
+def control_point(figures: Figures, arm: str | None = None, models: str = "") -> dict[str, Any] | None:
+    """The k = 0 control (of `arm`) per kind: the original (labelled `models`baseline), the original after the same
+    recovery, the change (control - baseline) and the across-run spread; None without a control."""
+    control, base = recovered_label(arm, 0), f"{models}baseline"
     if control not in figures.labels:
         return None
-    return {kind: {"baseline": figures.score("baseline", kind), "control": figures.score(control, kind),
-                   "change": figures.difference(control, "baseline", kind), "spread": spread(figures, control, kind)}
+    return {kind: {"baseline": figures.score(base, kind), "control": figures.score(control, kind),
+                   "change": figures.difference(control, base, kind), "spread": spread(figures, control, kind)}
             for kind in KINDS if figures.has(kind)}
 
 
@@ -166,22 +167,27 @@ def _verdict_b(figures: Figures, points: list[dict[str, Any]],
     return lines, tests
 
 
-def _share(figures: Figures, k: int, kind: str, m: np.ndarray, arm: str | None = None) -> np.ndarray:
-    return figures.share_of(recovered_label(arm, k), f"pruned-k{k}", kind, m)
+def _share(figures: Figures, k: int, kind: str, m: np.ndarray, arm: str | None = None,
+           models: str = "") -> np.ndarray:
+    return figures.share_of(recovered_label(arm, k), f"{models}pruned-k{k}", kind, m, f"{models}baseline")
 
 
-def _net_share(figures: Figures, k: int, kind: str, m: np.ndarray, arm: str | None = None) -> np.ndarray:
+def _net_share(figures: Figures, k: int, kind: str, m: np.ndarray, arm: str | None = None,
+               models: str = "") -> np.ndarray:
     """(recovered - pruned - (control - baseline)) / (baseline - pruned): the share beyond what the recovery does to
     the unpruned original; nan where the drop is not positive."""
-    base, pruned = figures.mean(m, "baseline", kind), figures.mean(m, f"pruned-k{k}", kind)
+    base, pruned = figures.mean(m, f"{models}baseline", kind), figures.mean(m, f"{models}pruned-k{k}", kind)
     change = figures.mean(m, recovered_label(arm, 0), kind) - base
     return paired.share(base, pruned, figures.mean(m, recovered_label(arm, k), kind) - change)
 
 
-def comparisons(figures: Figures, points: list[dict[str, Any]], arms: list[str]) -> list[dict[str, Any]]:
+def comparisons(figures: Figures, points: list[dict[str, Any]], arms: list[str],
+                models: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Every pair of arms (in their order: first - second) at every k both recovered: per kind the paired difference
     of their recovered shares (where the drop is clear) and of their recovered scores, each with its interval
-    (two-level over runs and items with replicates) and where it lies against 0."""
+    (two-level over runs and items with replicates) and where it lies against 0. `models`: each arm's prefix of the
+    original's and pruned models' labels (sweeps joined with their own models); the shares are then each against
+    the arm's own drop, net of each arm's own control where both have one (`share_net_of_controls`)."""
     out = []
     for k in dict.fromkeys(p["k"] for p in points):
         for high, low in combinations(arms, 2):
@@ -189,17 +195,24 @@ def comparisons(figures: Figures, points: list[dict[str, Any]], arms: list[str])
                 continue
             row: dict[str, Any] = {"k": k, "arms": [high, low]}
             for kind in (kind for kind in KINDS if figures.has(kind)):
-                clear = isinstance(_point(points, k, high).get(kind, {}).get("recovered_share"), dict)
-                share = _share_difference(figures, k, kind, high, low) if clear else NO_CLEAR_DROP
+                clear = all(isinstance(_point(points, k, arm).get(kind, {}).get("recovered_share"), dict)
+                            for arm in (high, low))
+                net = models is not None and clear and all(recovered_label(arm, 0) in figures.labels
+                                                           for arm in (high, low))
+                share = _share_difference(figures, k, kind, high, low, models, net) if clear else NO_CLEAR_DROP
                 score = figures.difference(recovered_label(high, k), recovered_label(low, k), kind)
                 row[kind] = {"share": share, "share_status": shown(share) if clear else "not shown",
+                             **({"share_net_of_controls": net} if models is not None else {}),
                              "score": score, "score_status": shown(score)}
             out.append(row)
     return out
 
 
-def _share_difference(figures: Figures, k: int, kind: str, high: str, low: str) -> dict[str, Any]:
-    return figures.interval(lambda m: _share(figures, k, kind, m, high) - _share(figures, k, kind, m, low))
+def _share_difference(figures: Figures, k: int, kind: str, high: str, low: str,
+                      models: dict[str, str] | None = None, net: bool = False) -> dict[str, Any]:
+    share, own = (_net_share if net else _share), models or {}
+    return figures.interval(lambda m: share(figures, k, kind, m, high, own.get(high, ""))
+                            - share(figures, k, kind, m, low, own.get(low, "")))
 
 
 def format_comparisons(rows: list[dict[str, Any]], replicates: int) -> list[str]:
