@@ -148,7 +148,7 @@ def test_every_shipped_sweep_dry_runs(capsys, path, monkeypatch, tmp_path):
     assert code == 0, err
     # arms x 3 replicates at 3 k with the k = 0 controls (local has none), the baseline and one pruned model per k
     models = {"limits-sweep-arms-embedded": 25, "limits-sweep-math-embedded": 37,
-              "limits-sweep-math-gsm8k-embedded": 16, "limits-sweep-math-dolly-embedded": 16}.get(path.stem, 11)
+              "limits-sweep-math-gsm8k-embedded": 16, "limits-sweep-math-dolly-embedded": 25}.get(path.stem, 11)
     assert "pruning-ratio sweep" in out and f"models evaluated: {models} " in out and "memory plan:" in out
     assert ("total about" in out) == path.stem.endswith("embedded") and not (tmp_path / "s").exists()
     assert path.read_text().startswith(f"# layerprune study {path.stem} ")
@@ -642,3 +642,30 @@ def test_a_field_added_at_its_default_keeps_the_fingerprint_runs_were_made_under
     from layerprune.pipeline.studies.sweep import SweepStudy, _Protocol
 
     assert recipe_fingerprint(_Protocol(SweepStudy.load(name))) == fingerprint
+
+
+def test_a_finished_sweep_given_another_arm_resumes_and_a_changed_arm_is_still_refused(tiny_llama, tmp_path):
+    from layerprune.core.errors import LayerpruneError
+    from layerprune.core.reports import read_report
+    from layerprune.pipeline.stages import RunPaths, RunState, claim_run_dir
+    from layerprune.pipeline.studies import sweep
+
+    lora = {"lora": ARMS["lora"]}
+    first = _tiny_study(tiny_llama, tmp_path, arms=lora, replicates=2, controls=True)
+    paths = RunPaths(tmp_path / "s")
+    claim_run_dir(paths, sweep._Protocol(first), overwrite=False)
+    provenance = read_report(paths.state, RunState).provenance
+    changed = _tiny_study(tiny_llama, tmp_path, arms={**ARMS, "lora": {"method": "lora", "lora": {"r": 4}}})
+    other_cut = _tiny_study(tiny_llama, tmp_path, arms=ARMS, ratios=[1, 3],
+                            prune={**first.prune.model_dump(), "drop": 3})
+    for study in (changed, other_cut, first):  # an arm it ran changed, another cut, nothing added: run.json untouched
+        assert sweep.adopt_added_arms(study, paths) == []
+    with pytest.raises(LayerpruneError, match="holds outputs of another recipe"):
+        claim_run_dir(paths, sweep._Protocol(changed), overwrite=False)
+    more = _tiny_study(tiny_llama, tmp_path, arms={**lora, "local": ARMS["local"]}, replicates=3, controls=True)
+    assert sweep.adopt_added_arms(more, paths) == ["local"]
+    claim_run_dir(paths, sweep._Protocol(more), overwrite=False)  # the directory is now this sweep's
+    state = read_report(paths.state, RunState)
+    assert set(state.recipe["arms"]) == {"lora", "local"} and state.provenance == provenance
+    assert sweep.adopt_added_arms(more, paths) == []  # adopted once
+    assert sweep.adopt_added_arms(_tiny_study(tiny_llama, tmp_path), paths) == []  # no arms: nothing to add

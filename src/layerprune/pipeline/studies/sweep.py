@@ -13,6 +13,7 @@ With `arms` (recovery methods by label, as a recovery study's: each arm's recipe
 the arm's method and section, pipeline/studies/recovery.py), every k (and the control, for the arms that can have
 one) is recovered by every arm: model ARM-kK (replicate r > 0: ARM-kK@rR), its folder and eval folder of that name,
 stages recover-ARM-kK and eval-ARM-kK. The teacher answers are shared by every arm and k, as by every k without arms.
+A finished sweep given another arm (its other arms unchanged) resumes: only the new arm's stages run.
 An arm with a learning-rate grid (`lr_grid`, pipeline/studies/lr_search.py) gets a stage lr-ARM after eval-baseline:
 its recipe trained at each rate on the model pruned at k = `lr_at` (default the middle ratio) under seed settings.seed
 + 1000 (no scored replicate's), the lowest held-out loss chosen for every k, replicate and control of the arm; the
@@ -25,7 +26,7 @@ import functools
 import json
 import logging
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -51,6 +52,9 @@ from layerprune.pipeline.studies.recovery import (
 )
 from layerprune.recover.job import leftover_of
 from layerprune.recover.schema import RecoverRecipe
+
+if TYPE_CHECKING:
+    from layerprune.pipeline.stages import RunPaths
 
 log = logging.getLogger(__name__)
 GSM8K = "gsm8k"
@@ -247,9 +251,40 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
     validate_data(study, settings, prune_pending=overwrite or not stage_output(root, "score").exists())
     if both_formats(study):
         check_chat_template(study.model, settings)
+    if not overwrite:
+        adopt_added_arms(study, RunPaths(root))
     claim_run_dir(RunPaths(root), _Protocol(study), overwrite)
     run_stages(sweep_stages(study, settings, root), root)
     return stage_output(root, "report")
+
+
+def adopt_added_arms(study: SweepStudy, paths: RunPaths) -> list[str]:
+    """A sweep given another arm resumes where it stands: when paths' run.json records this sweep with fewer arms,
+    each of them unchanged and everything else the same, run.json is rewritten to this recipe (its provenance kept),
+    so the new arms' stages run and the others are skipped. Return the arms added (none: run.json untouched, and
+    claim_run_dir judges the directory as before)."""
+    from layerprune.core.errors import LayerpruneError
+    from layerprune.core.reports import read_report, write_report
+    from layerprune.pipeline.stages import RunState, recipe_fingerprint
+
+    if study.arms is None or not paths.state.is_file():
+        return []
+    try:
+        state = read_report(paths.state, RunState)
+        recorded = SweepStudy.model_validate(state.recipe)
+    except (LayerpruneError, ValueError):
+        return []  # claim_run_dir says what is wrong with it
+    kept = recorded.arms or {}
+    added = [arm for arm in study.arms if arm not in kept]
+    if (not kept or not added or any(study.arms.get(arm) != recipe for arm, recipe in kept.items())
+            or recipe_fingerprint(_Protocol(study.model_copy(update={"arms": kept})))
+            != recipe_fingerprint(_Protocol(recorded))):
+        return []
+    write_report(paths.state, state.model_copy(update={
+        "fingerprint": recipe_fingerprint(_Protocol(study)), "recipe": _Protocol(study).model_dump(mode="json")}))
+    log.info("%s: arms %s added to the sweep's %s; its stages are kept", paths.root, ", ".join(added),
+             ", ".join(kept))
+    return added
 
 
 def sweep_stages(study: SweepStudy, settings: RunSettings, root: Path) -> list[Stage]:
