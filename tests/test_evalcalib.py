@@ -263,6 +263,29 @@ def test_demo_recipe_is_the_local_sweeps_clearest_point_and_fits_in_25_minutes(s
     assert sum(demo_plan_seconds(twice, doubled).values()) + UNPLANNED_S > 25 * 60
 
 
+def test_demo_math_is_the_math_sweeps_k2_local_point_and_fits_in_25_minutes_once_the_variant_is_made(shared_data):
+    """demo-math is limits-sweep-math-dolly-embedded's k = 2 point recovered by its local-dolly arm (the same cut,
+    recovery and instrument), on the variant, and scores 2-digit subtraction beside classification; its planned work
+    fits 25 minutes like the demo's, the variant's make (16-21 minutes, cached) aside."""
+    from layerprune.evaluate.suites import plan_tasks
+    from layerprune.pipeline.plan import load_run_recipe
+    from layerprune.pipeline.studies.sweep import SweepStudy
+
+    recipe = load_run_recipe("recipes/demo-math.yaml")
+    sweep = SweepStudy.load("limits-sweep-math-dolly-embedded")
+    assert recipe.model == sweep.model == "variant:math-embedded" and recipe.prune.drop == sweep.ratios[0]
+    assert recipe.prune.model_dump(exclude={"drop"}) == sweep.prune.model_dump(exclude={"drop"})
+    resolved = recipe.recover.resolve("<pruned>", recipe.model)
+    assert resolved.model_dump(exclude={"name"}) == sweep.arm_recipe("local-dolly", "<pruned>").model_dump(
+        exclude={"name"})
+    planned, skipped = plan_tasks(recipe.evaluate, shared_data)
+    assert not skipped
+    assert {t.spec.name: t.limit for t in planned} == {"arc_easy": 200, "piqa": 200, "arith_2d_sub": 500}
+    assert {t.spec.name for t in planned} <= set(sweep.classification) | set(sweep.probes.candidates)
+    seconds = demo_plan_seconds(planned, resolved)
+    assert sum(seconds.values()) + UNPLANNED_S < 25 * 60, seconds
+
+
 def test_overlap_finds_copied_probe_items_and_not_longer_numbers():
     from layerprune.evaluate.overlap import contains, count_overlap, evaluated_rows
     from layerprune.evaluate.schema import EvalSettings
