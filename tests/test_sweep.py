@@ -668,4 +668,12 @@ def test_a_finished_sweep_given_another_arm_resumes_and_a_changed_arm_is_still_r
     state = read_report(paths.state, RunState)
     assert set(state.recipe["arms"]) == {"lora", "local"} and state.provenance == provenance
     assert sweep.adopt_added_arms(more, paths) == []  # adopted once
+    for stage in ("calibrate-probes", "recover-lora-k1"):  # the dry run says what is done and what is left
+        sweep.stage_output(paths.root, stage).parent.mkdir(parents=True, exist_ok=True)
+        sweep.stage_output(paths.root, stage).write_text("{}")
+    stages = [name for name in sweep.stage_names(more) if name != "report"]
+    (line,) = sweep.progress_lines(more, paths.root)
+    assert f"2 of {len(stages)} stages complete" in line and "recover-local-k1, eval-local-k1" in line
+    assert "left: score, " in line and "recover-lora-k1," not in line
+    assert sweep.progress_lines(more, tmp_path / "elsewhere") == []
     assert sweep.adopt_added_arms(_tiny_study(tiny_llama, tmp_path), paths) == []  # no arms: nothing to add

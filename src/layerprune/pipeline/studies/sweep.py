@@ -481,8 +481,20 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
              _replicate_line(study, shared, answer_sets),
              f"recoveries: {sum(runs.values())}; stages: {len(stage_names(study))} ({', '.join(stage_names(study))})",
              *(line for arm in plans for line in _memory_lines(study, settings, arm)),
+             *progress_lines(study, study.run_dir()),
              _estimate(study, seconds)]
     return "\n".join(lines)
+
+
+def progress_lines(study: SweepStudy, root: Path) -> list[str]:
+    """Where the output already holds a run: how many of the sweep's stages are complete there (a run resumes, so
+    they are skipped) and which are left."""
+    if not (root / "run.json").is_file():
+        return []
+    names = [name for name in stage_names(study) if name != "report"]
+    left = [name for name in names if not stage_output(root, name).exists()]
+    return [f"{root} holds a run: {len(names) - len(left)} of {len(names)} stages complete (skipped when it resumes; "
+            f"the estimate below counts them all); left: {', '.join(left) or 'none, only the report is redrawn'}"]
 
 
 def _training(recipe: RecoverRecipe) -> tuple[float, str, float]:
