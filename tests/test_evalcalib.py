@@ -264,8 +264,9 @@ def test_demo_recipe_is_the_local_sweeps_clearest_point_and_fits_in_25_minutes(s
 
 
 def test_demo_math_is_the_math_sweeps_k2_local_point_and_fits_in_25_minutes_once_the_variant_is_made(shared_data):
-    """demo-math is limits-sweep-math-dolly-embedded's k = 2 point recovered by its local-dolly arm (the same cut,
-    recovery and instrument), on the variant, and scores 2-digit subtraction beside classification; its planned work
+    """demo-math is limits-sweep-math-dolly-embedded's k = 2 point recovered by its local-dolly arm (the same cut and
+    recovery; the sweep's tasks, on more items), on the variant, and scores 2-digit subtraction beside classification;
+    its planned work
     fits 25 minutes like the demo's, the variant's make (16-21 minutes, cached) aside."""
     from layerprune.evaluate.suites import plan_tasks
     from layerprune.pipeline.plan import load_run_recipe

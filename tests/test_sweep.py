@@ -658,8 +658,12 @@ def test_a_finished_sweep_given_another_arm_resumes_and_a_changed_arm_is_still_r
     changed = _tiny_study(tiny_llama, tmp_path, arms={**ARMS, "lora": {"method": "lora", "lora": {"r": 4}}})
     other_cut = _tiny_study(tiny_llama, tmp_path, arms=ARMS, ratios=[1, 3],
                             prune={**first.prune.model_dump(), "drop": 3})
-    for study in (changed, other_cut, first):  # an arm it ran changed, another cut, nothing added: run.json untouched
-        assert sweep.adopt_added_arms(study, paths) == []
+    other_recovery = _tiny_study(tiny_llama, tmp_path, arms=ARMS)
+    other_recovery.recover["overrides"]["train"]["learning_rate"] = 1e-3  # the shared recovery every arm derives from
+    for study in (changed, other_cut, other_recovery, first):  # an arm changed, another cut or shared recovery,
+        assert sweep.adopt_added_arms(study, paths) == []  # nothing added: run.json untouched
+    (line,) = sweep.progress_lines(other_cut, paths.root)
+    assert "holds another recipe's run" in line and "would be refused" in line
     with pytest.raises(LayerpruneError, match="holds outputs of another recipe"):
         claim_run_dir(paths, sweep._Protocol(changed), overwrite=False)
     more = _tiny_study(tiny_llama, tmp_path, arms={**lora, "local": ARMS["local"]}, replicates=3, controls=True)
@@ -673,7 +677,18 @@ def test_a_finished_sweep_given_another_arm_resumes_and_a_changed_arm_is_still_r
         sweep.stage_output(paths.root, stage).write_text("{}")
     stages = [name for name in sweep.stage_names(more) if name != "report"]
     (line,) = sweep.progress_lines(more, paths.root)
-    assert f"2 of {len(stages)} stages complete" in line and "recover-local-k1, eval-local-k1" in line
+    assert "holds a run of this sweep:" in line and f"2 of {len(stages)} stages complete" in line
+    assert "recover-local-k1, eval-local-k1" in line
     assert "left: score, " in line and "recover-lora-k1," not in line
     assert sweep.progress_lines(more, tmp_path / "elsewhere") == []
+    # a grid for the added arm alone is the added arm's business; a run recorded without arms is not adopted
+    grid = _tiny_study(tiny_llama, tmp_path, arms={**more.arms, "kd": {"method": "kd"}}, lr_grid={"kd": [1e-4, 1e-3]})
+    assert "arms kd would be added" in sweep.progress_lines(grid, paths.root)[0]
+    assert sweep.adopt_added_arms(grid, paths) == ["kd"]
+    armless = RunPaths(tmp_path / "armless")
+    claim_run_dir(armless, sweep._Protocol(_tiny_study(tiny_llama, tmp_path)), overwrite=False)
+    assert sweep.adopt_added_arms(more, armless) == []
+    armless.state.write_text("{not json")  # a torn run.json: left to claim_run_dir's one-line error
+    assert sweep.adopt_added_arms(more, armless) == []
+    assert "would be refused" in sweep.progress_lines(more, armless.root)[0]
     assert sweep.adopt_added_arms(_tiny_study(tiny_llama, tmp_path), paths) == []  # no arms: nothing to add

@@ -26,17 +26,20 @@ import functools
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from layerprune.core.errors import LayerpruneError
 from layerprune.core.recipe_loading import validation_message
+from layerprune.core.reports import read_report, write_report
 from layerprune.core.settings import RunSettings
 from layerprune.evaluate.calibrated import ProbeCalibration
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.recipe import PipelineRecipe, RecoverStage
 from layerprune.pipeline.runner import Stage, run_stages
+from layerprune.pipeline.stages import RunPaths, RunState, claim_run_dir, recipe_fingerprint
 from layerprune.pipeline.studies import lr_search
 from layerprune.pipeline.studies.lr_search import check_lr_grid, lr_search_file, with_learning_rate
 from layerprune.pipeline.studies.recovery import (
@@ -52,9 +55,6 @@ from layerprune.pipeline.studies.recovery import (
 )
 from layerprune.recover.job import leftover_of
 from layerprune.recover.schema import RecoverRecipe
-
-if TYPE_CHECKING:
-    from layerprune.pipeline.stages import RunPaths
 
 log = logging.getLogger(__name__)
 GSM8K = "gsm8k"
@@ -245,8 +245,6 @@ def ranking(root: Path, ratios: list[int]) -> dict[int, list[int]]:
 def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False) -> Path:
     """Run every incomplete stage in order; return sweep.md."""
     from layerprune.pipeline.plan import validate_data
-    from layerprune.pipeline.stages import RunPaths, claim_run_dir
-
     root = study.run_dir()
     validate_data(study, settings, prune_pending=overwrite or not stage_output(root, "score").exists())
     if both_formats(study):
@@ -259,32 +257,37 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
 
 
 def adopt_added_arms(study: SweepStudy, paths: RunPaths) -> list[str]:
-    """A sweep given another arm resumes where it stands: when paths' run.json records this sweep with fewer arms,
-    each of them unchanged and everything else the same, run.json is rewritten to this recipe (its provenance kept),
-    so the new arms' stages run and the others are skipped. Return the arms added (none: run.json untouched, and
-    claim_run_dir judges the directory as before)."""
-    from layerprune.core.errors import LayerpruneError
-    from layerprune.core.reports import read_report, write_report
-    from layerprune.pipeline.stages import RunState, recipe_fingerprint
-
-    if study.arms is None or not paths.state.is_file():
+    """A sweep given another arm resumes where it stands: when paths' run.json records this sweep with fewer arms
+    (arms_added), run.json is rewritten to this recipe (its provenance kept), so the new arms' stages run and the
+    others are skipped. Return the arms added (none: run.json untouched, and claim_run_dir judges the directory as
+    before)."""
+    found = arms_added(study, paths)
+    if found is None:
         return []
+    state, added = found
+    write_report(paths.state, state.model_copy(update={
+        "fingerprint": recipe_fingerprint(_Protocol(study)), "recipe": _Protocol(study).model_dump(mode="json")}))
+    log.info("%s: arms %s added to the sweep's %s; its stages are kept", paths.root, ", ".join(added),
+             ", ".join(a for a in study.arms or {} if a not in added))
+    return added
+
+
+def arms_added(study: SweepStudy, paths: RunPaths) -> tuple[RunState, list[str]] | None:
+    """(run.json, the arms this sweep adds) when run.json records this sweep with fewer arms: each recorded arm
+    unchanged and, the added arms' learning-rate grids aside, the fingerprint stored there this sweep's; else None."""
+    if study.arms is None or not paths.state.is_file():
+        return None
     try:
         state = read_report(paths.state, RunState)
         recorded = SweepStudy.model_validate(state.recipe)
     except (LayerpruneError, ValueError):
-        return []  # claim_run_dir says what is wrong with it
+        return None  # claim_run_dir says what is wrong with it
     kept = recorded.arms or {}
     added = [arm for arm in study.arms if arm not in kept]
-    if (not kept or not added or any(study.arms.get(arm) != recipe for arm, recipe in kept.items())
-            or recipe_fingerprint(_Protocol(study.model_copy(update={"arms": kept})))
-            != recipe_fingerprint(_Protocol(recorded))):
-        return []
-    write_report(paths.state, state.model_copy(update={
-        "fingerprint": recipe_fingerprint(_Protocol(study)), "recipe": _Protocol(study).model_dump(mode="json")}))
-    log.info("%s: arms %s added to the sweep's %s; its stages are kept", paths.root, ", ".join(added),
-             ", ".join(kept))
-    return added
+    if not kept or not added or any(study.arms.get(arm) != recipe for arm, recipe in kept.items()):
+        return None
+    before = study.model_copy(update={"arms": kept, "lr_grid": {a: g for a, g in study.lr_grid.items() if a in kept}})
+    return (state, added) if recipe_fingerprint(_Protocol(before)) == state.fingerprint else None
 
 
 def sweep_stages(study: SweepStudy, settings: RunSettings, root: Path) -> list[Stage]:
@@ -488,13 +491,23 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
 
 def progress_lines(study: SweepStudy, root: Path) -> list[str]:
     """Where the output already holds a run: how many of the sweep's stages are complete there (a run resumes, so
-    they are skipped) and which are left."""
-    if not (root / "run.json").is_file():
+    they are skipped) and which are left, or that the sweep would be refused there."""
+    paths = RunPaths(root)
+    if not paths.state.is_file():
         return []
+    try:
+        owned = read_report(paths.state, RunState).fingerprint == recipe_fingerprint(_Protocol(study))
+    except LayerpruneError:
+        owned = False
+    added = arms_added(study, paths)
+    if not owned and added is None:
+        return [f"{root} holds another recipe's run (or this sweep changed): the sweep would be refused there; "
+                "--overwrite starts it over, --output chooses another folder"]
     names = [name for name in stage_names(study) if name != "report"]
     left = [name for name in names if not stage_output(root, name).exists()]
-    return [f"{root} holds a run: {len(names) - len(left)} of {len(names)} stages complete (skipped when it resumes; "
-            f"the estimate below counts them all); left: {', '.join(left) or 'none, only the report is redrawn'}"]
+    arms = f"; arms {', '.join(added[1])} would be added to it" if added else ""
+    return [f"{root} holds a run of this sweep{arms}: {len(names) - len(left)} of {len(names)} stages complete "
+            f"(skipped when it resumes; the estimate below counts them all); left: {', '.join(left) or 'none'}"]
 
 
 def _training(recipe: RecoverRecipe) -> tuple[float, str, float]:
