@@ -137,6 +137,29 @@ def test_a_model_without_a_source_gguf_is_refused_in_one_line(tiny_llama, tmp_pa
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "t.gguf").exists()
 
 
+def test_a_model_pruned_from_a_variant_exports_with_the_variants_source_tokenizer(tiny_llama, tmp_path, capsys):
+    """`layerprune variant` keeps its source model's tokenizer: a variant of the embedded SmolLM2 (variant_report.json
+    names it), and a model pruned from that variant, carry the embedded GGUF's tokenizer; a variant of a model with no
+    GGUF source is still refused in one line."""
+    import shutil
+
+    from layerprune.export.tokenizer import source_gguf
+    from layerprune.models.lineage import VARIANT_REPORT
+
+    smollm = embedded.gguf_path(embedded.EMBEDDED_MODELS["smollm2-135m-instruct"], RunSettings().resolved_cache_dir())
+    variant = tmp_path / "variant"
+    shutil.copytree(tiny_llama, variant)
+    (variant / VARIANT_REPORT).write_text(json.dumps({"kind": "sft", "source_model": "embedded", "source_identity": {
+        "gguf_file": smollm.name, "embedded": "smollm2-135m-instruct"}}))
+    assert run_cli(capsys, ["prune", "--model", str(variant), "--layers", "1", "-o", str(tmp_path / "pruned")])[0] == 0
+    assert source_gguf(variant) == source_gguf(tmp_path / "pruned") == smollm
+    (variant / VARIANT_REPORT).write_text(json.dumps({"kind": "sft", "source_model": str(tiny_llama),
+                                                      "source_identity": {"path": str(tiny_llama)}}))
+    code, _, err = run_cli(capsys, ["export", str(tmp_path / "pruned"), "--gguf", str(tmp_path / "t.gguf")])
+    assert code == 2 and err.startswith("error: export --gguf carries the tokenizer from the model's source GGUF")
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "t.gguf").exists()
+
+
 def test_the_run_report_says_how_to_chat_with_the_gguf_and_the_serving_check(tmp_path):
     from layerprune.pipeline.serving import serving_lines
 

@@ -2,7 +2,9 @@
 
 A model that came from a GGUF (the embedded models, a .gguf spec) has the exact tokenizer llama.cpp expects in that
 file (vocabulary, merges or scores, token types, pre-tokenizer, special ids); the chat template is the model
-directory's own (a recovered model may have changed it). A model without a GGUF source is refused in one line.
+directory's own (a recovered model may have changed it). A post-trained variant (`layerprune variant`) keeps its
+source model's tokenizer, so a model pruned from one is followed back to that source. A model without a GGUF source
+is refused in one line.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from layerprune.core.errors import LayerpruneError
 from layerprune.core.settings import RunSettings
 from layerprune.models.gguf_once import fast_reader
 from layerprune.models.gguf_source import converted_from, recorded_gguf
-from layerprune.models.lineage import read_lineage
+from layerprune.models.lineage import VARIANT_REPORT, read_lineage
 
 RECOVER_REPORT = "recover_report.json"
 
@@ -26,13 +28,31 @@ def source_record(directory: Path) -> dict[str, Any] | None:
     """The original model a pruned (prune_report.json) or recovered (recover_report.json) directory came from."""
     lineage = read_lineage(directory)
     if lineage is not None:
-        return lineage.source.model_dump(mode="json")
+        source = lineage.source.model_dump(mode="json")
+        location = Path(source.get("location") or "")
+        if source["kind"] == "local" and (location / VARIANT_REPORT).is_file() and location != directory:
+            return variant_source(location)
+        return source
+    if (directory / VARIANT_REPORT).is_file():
+        return variant_source(directory)
     report = directory / RECOVER_REPORT
     if report.is_file():
         student = Path(json.loads(report.read_text())["student"]["location"])
         return source_record(student) if student.is_dir() and student != directory else None
     converted = converted_from(directory)  # a GGUF converted by layerprune's loader
     return {"kind": "gguf", "spec": converted, "identity": {}} if converted is not None else None
+
+
+def variant_source(directory: Path) -> dict[str, Any] | None:
+    """The model a post-trained variant was made from, as a source record (its tokenizer is the variant's)."""
+    report = json.loads((directory / VARIANT_REPORT).read_text())
+    spec, identity = report.get("source_model"), report.get("source_identity") or {}
+    if "embedded" in identity:
+        return {"kind": "embedded", "spec": spec, "identity": identity}
+    if "gguf_file" in identity:
+        return {"kind": "gguf", "spec": spec, "identity": identity}
+    parent = Path(spec or "").expanduser()
+    return source_record(parent) if spec and parent.is_dir() and parent.resolve() != directory.resolve() else None
 
 
 def source_gguf(directory: Path, settings: RunSettings | None = None) -> Path:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from layerprune.models.loading import ModelSource
 
 PRUNE_REPORT = "prune_report.json"
+VARIANT_REPORT = "variant_report.json"  # how `layerprune variant` made a model, and from which
 
 
 class SourceRecord(BaseModel):

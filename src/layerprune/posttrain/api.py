@@ -20,6 +20,7 @@ from layerprune.core.outputs import atomic_output_dir, cache_lock, write_atomic
 from layerprune.core.provenance import collect_provenance
 from layerprune.core.settings import RunSettings
 from layerprune.models.identity import model_hash
+from layerprune.models.lineage import VARIANT_REPORT
 from layerprune.models.loading import load_model, load_tokenizer, resolve_model
 from layerprune.posttrain.items import Item, load_items, probe_items
 from layerprune.posttrain.methods import METHODS, Job, draws_per_item, prompt_text
@@ -28,7 +29,7 @@ from layerprune.posttrain.train import Row, TrainResult, planned_steps, token_co
 from layerprune.tasks.data import resolve_data_dir
 
 log = logging.getLogger(__name__)
-REPORT = "variant_report.json"
+REPORT = VARIANT_REPORT
 VARIANT_VERSION = 1  # bump when the same recipe would train differently
 SECONDS_PER_STEP = (5.0, 8.0)  # full fp32 SmolLM2-135M, ~850 tokens a step, 2 idle CPU cores: 7.1 s measured with
 # TRL's recomputation on (math variant v2, 821 tokens a step); the low end, without it, is estimated, not measured
