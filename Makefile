@@ -67,14 +67,14 @@ test:   ## ruff, unit tests on tiny models + the real-model tests marked slow, a
 	$(MAKE) -s lint; tests=$$?; \
 	if [ $$tests -ne 0 ]; then kill -TERM $$(tree $$beside) 2>/dev/null; wait $$beside; rm -rf $$vlog $$vtmp; \
 	  echo "lint failed: the real-vLLM lane was stopped"; exit $$tests; fi; \
-	$(BIN)/python -m pytest -q -m "not gpu and not vllm" -n $(TEST_WORKERS) --dist loadfile \
-	  --no-loadscope-reorder --timeout=1200 --durations=15; tests=$$?; \
+	$(BIN)/python -m pytest -q -m "not gpu and not vllm" -n $(TEST_WORKERS) --dist loadfile --timeout=1200 \
+	  --durations=15; tests=$$?; \
 	wait $$beside; vllm=$$?; echo "--- real vLLM (.venv-vllm), run beside the tests above:"; cat $$vlog; \
 	rm -rf $$vlog $$vtmp; \
 	if [ $$tests -ne 0 ]; then exit $$tests; fi; exit $$vllm
 
 test-fast: lint
-	$(BIN)/python -m pytest -q -m "not gpu and not slow and not vllm" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -m "not gpu and not slow and not vllm" -n $(TEST_WORKERS) --dist loadfile
 
 test-gpu: $(STAMP)        ## the tests marked gpu (QLoRA needs the qlora extra: bitsandbytes)
 	$(BIN)/pip install -q -e '.[qlora]'

@@ -89,23 +89,7 @@ def pytest_terminal_summary(terminalreporter, config):
     terminalreporter.write_line(f"{sum(_MODULE_SECONDS.values()):8.2f}s in all {len(ranked)} modules")
 
 
-# The longest modules first (seconds a module took in `make test` on 2 cores, 2026-12-05): with --no-loadscope-reorder
-# xdist hands the workers whole modules in collection order, so the long ones start first and the short ones fill the
-# end (longest-first scheduling) instead of a 35-90 s module starting last while the other worker waits. A module not
-# listed keeps its place after them; a renamed one only loses its head start.
-LONGEST_FIRST = ("test_evaluate_slow", "test_export", "test_analyze", "test_recover_memory", "test_verify_blockwise",
-                 "test_recover_slow", "test_sweep", "test_recover_resume", "test_export_deci",
-                 "test_recover_distributed", "test_study", "test_real_models", "test_prune_target", "test_gpu_check",
-                 "test_sandbox_catalog")
-
-
-def _module_rank(item: pytest.Item) -> int:
-    stem = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
-    return LONGEST_FIRST.index(stem) if stem in LONGEST_FIRST else len(LONGEST_FIRST)
-
-
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=_module_rank)  # stable: each module's tests keep their order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")
