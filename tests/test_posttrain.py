@@ -13,9 +13,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from helpers import assert_one_line_error, run_cli, write_rows
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.settings import RunSettings
+from layerprune.models.lineage import VARIANT_REPORT
 from layerprune.posttrain import VariantRecipe, make_variant
 from layerprune.posttrain import methods as variant_methods
-from layerprune.posttrain.api import REPORT
 from layerprune.posttrain.items import Item, gsm8k_items, load_items
 from layerprune.posttrain.methods import METHODS, Job
 from layerprune.posttrain.schema import KINDS, DataSection
@@ -58,7 +58,7 @@ def test_sft_lowers_the_loss_on_its_data_and_writes_a_checkpoint_that_says_how_i
     rows = [Row(item, item.answer) for item in load_items(recipe.data, None)[0]]
     out = make_variant(recipe, settings, tmp_path / "variant")
     assert completion_loss(out, rows) < completion_loss(tiny_llama, rows) - 0.3
-    report = json.loads((out / REPORT).read_text())
+    report = json.loads((out / VARIANT_REPORT).read_text())
     assert report["kind"] == "sft" and report["train"]["steps"] == 6 and report["train"]["sequences"] == 24
     assert report["data"]["per_source"] == {"arith_2d_add": 8} and report["data"]["scored_items_trained"] == 0
     assert report["train"]["target_tokens"] > 0 and report["provenance"]["layerprune"]
@@ -113,7 +113,7 @@ def test_rft_end_to_end_samples_grades_and_trains_on_the_right_ones(tiny_llama, 
     recipe = recipe_of(taught, kind="rft", data=data, sample={"k": 6, "temperature": 1.0, "max_new_tokens": 4},
                        train={**FAST, "max_steps": 2})
     out = make_variant(recipe, settings, tmp_path / "rft")
-    report = json.loads((out / REPORT).read_text())
+    report = json.loads((out / VARIANT_REPORT).read_text())
     kept = report["data"]["kept_right"]
     assert report["kind"] == "rft" and report["data"]["sampled"] == 24 and 0 < kept < 24  # some, not all, kept
     assert 1 <= report["data"]["problems_solved"] <= 4 and report["data"]["scored_items_trained"] == 0
@@ -161,7 +161,7 @@ def test_distill_trains_on_the_teachers_greedy_answers(tiny_models, settings, tm
     teacher = tiny_models("llama", 2)
     recipe = recipe_of(tiny_models("llama", 6), kind="distill", teacher=str(teacher),
                        sample={"max_new_tokens": 4, "temperature": 0.0}, train={**FAST, "max_steps": 1})
-    report = json.loads((make_variant(recipe, settings, tmp_path / "d") / REPORT).read_text())
+    report = json.loads((make_variant(recipe, settings, tmp_path / "d") / VARIANT_REPORT).read_text())
     assert report["teacher"] == str(teacher) and report["data"]["teacher_answers"] == 8
     assert report["train"]["steps"] == 1
     card = (tmp_path / "d" / "README.md").read_text()
@@ -309,7 +309,7 @@ def test_a_variant_spec_names_the_seed_0_variant_and_warns_of_one_made_under_ano
     made_3 = make_variant(build_from_recipe(VariantRecipe, "variant", str(path), {}), seed3)  # variant --seed 3
     with caplog.at_level("WARNING", logger="layerprune"):
         named = Path(resolve_model(f"variant:{path}", seed3).location)
-    assert named != made_3 and json.loads((named / REPORT).read_text())["settings"]["seed"] == 0
+    assert named != made_3 and json.loads((named / VARIANT_REPORT).read_text())["settings"]["seed"] == 0
     assert f"{made_3} holds this recipe's variant made under another seed" in caplog.text
 
 
@@ -327,7 +327,7 @@ def test_a_variant_spec_is_made_once_and_found_again_wherever_a_model_is_accepte
     made = resolve_model(spec, settings)
     folder = Path(made.location)
     assert folder.parent == settings.resolved_cache_dir() / "variants" and folder.name.startswith("tiny-math-")
-    assert made.kind == "local" and made.identity["fingerprint"] == json.loads((folder / REPORT).read_text())[
+    assert made.kind == "local" and made.identity["fingerprint"] == json.loads((folder / VARIANT_REPORT).read_text())[
         "fingerprint"]
 
     def refuse(job: Job) -> None:

@@ -29,7 +29,6 @@ from layerprune.posttrain.train import Row, TrainResult, planned_steps, token_co
 from layerprune.tasks.data import resolve_data_dir
 
 log = logging.getLogger(__name__)
-REPORT = VARIANT_REPORT
 VARIANT_VERSION = 1  # bump when the same recipe would train differently
 SECONDS_PER_STEP = (5.0, 8.0)  # full fp32 SmolLM2-135M, ~850 tokens a step, 2 idle CPU cores: 7.1 s measured with
 # TRL's recomputation on (math variant v2, 821 tokens a step); the low end, without it, is estimated, not measured
@@ -62,7 +61,7 @@ def variant_dir(recipe: VariantRecipe, settings: RunSettings, digest: str) -> Pa
 def cached_fingerprint(folder: Path) -> str | None:
     """The fingerprint a finished variant folder records (None: no finished variant there)."""
     try:
-        return str(json.loads((folder / REPORT).read_text(encoding="utf-8"))["fingerprint"])
+        return str(json.loads((folder / VARIANT_REPORT).read_text(encoding="utf-8"))["fingerprint"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -74,14 +73,14 @@ def trained_questions(folder: Path) -> frozenset[str]:
     from pydantic import ValidationError
 
     try:
-        report = json.loads((folder / REPORT).read_text(encoding="utf-8"))
+        report = json.loads((folder / VARIANT_REPORT).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return frozenset()
     try:
         data = VariantRecipe.model_validate(report["recipe"]).data
     except (KeyError, TypeError, ValidationError) as exc:
-        raise LayerpruneError(f"{folder / REPORT}: its recipe does not read ({str(exc).splitlines()[0]}), so the "
-                              "problems it was trained on are unknown") from exc
+        raise LayerpruneError(f"{folder / VARIANT_REPORT}: its recipe does not read ({str(exc).splitlines()[0]}), so "
+                              "the problems it was trained on are unknown") from exc
     return frozenset(item.messages[-1][1] for task, wanted in data.probes.items()
                      for item in probe_items(task, wanted, data)[0])
 
@@ -122,7 +121,7 @@ def build_variant(recipe: VariantRecipe, settings: RunSettings, target: Path, di
         _remove_tree(tmp / ".trainer")
         report = variant_report(recipe, settings, digest, card, result, time.perf_counter() - start,
                                 loaded.source.identity)
-        write_atomic(tmp / REPORT, json.dumps(report, indent=2, default=str) + "\n")
+        write_atomic(tmp / VARIANT_REPORT, json.dumps(report, indent=2, default=str) + "\n")
         write_atomic(tmp / "README.md", model_card(report))
 
 

@@ -51,12 +51,12 @@ def other_seeds(recipe: VariantRecipe, folder: Path) -> list[Path]:
     """The finished variants beside `folder` made from the same recipe under another seed."""
     import json
 
-    from layerprune.posttrain.api import REPORT
+    from layerprune.models.lineage import VARIANT_REPORT
 
     found = []
     for other in sorted(folder.parent.glob(f"{recipe.name or recipe.kind}-*")):
         try:
-            report = json.loads((other / REPORT).read_text(encoding="utf-8"))
+            report = json.loads((other / VARIANT_REPORT).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
         if report.get("recipe") == recipe.model_dump(mode="json") and report["settings"].get("seed") != VARIANT_SEED:
