@@ -106,22 +106,23 @@ def test_the_gate_passes_over_what_a_variant_was_trained_on(tiny_llama, tmp_path
     import shutil
 
     from layerprune.core.settings import RunSettings
+    from layerprune.models.lineage import VARIANT_REPORT
     from layerprune.pipeline.studies.sweep import CALIBRATION_FILE, calibrate
-    from layerprune.posttrain.api import REPORT, trained_questions
+    from layerprune.posttrain.api import trained_questions
     from layerprune.posttrain.schema import VariantRecipe
 
     recipe = VariantRecipe(data={"probes": {"arith_2d_sub": 150, "brackets_mix": 40}, "seed": 0})
     variant = tmp_path / "variant"
     shutil.copytree(tiny_llama, variant)
-    (variant / REPORT).write_text(json.dumps({"recipe": recipe.model_dump(mode="json")}))
+    (variant / VARIANT_REPORT).write_text(json.dumps({"recipe": recipe.model_dump(mode="json")}))
     trained = trained_questions(variant)
     assert len(trained) == 190 and trained_questions(tiny_llama) == frozenset()  # any other model: nothing
     gsm8k = tmp_path / "gsm8k-variant"  # GSM8K rows are not probe questions: nothing reads the GSM8K mirror
     gsm8k.mkdir()
-    (gsm8k / REPORT).write_text(json.dumps({"recipe": VariantRecipe(
+    (gsm8k / VARIANT_REPORT).write_text(json.dumps({"recipe": VariantRecipe(
         data={"probes": {"arith_2d_sub": 5}, "gsm8k": 100}).model_dump(mode="json")}))
     assert len(trained_questions(gsm8k)) == 5
-    (gsm8k / REPORT).write_text(json.dumps({"recipe": {"kind": "sft", "trian": {}}}))
+    (gsm8k / VARIANT_REPORT).write_text(json.dumps({"recipe": {"kind": "sft", "trian": {}}}))
     with pytest.raises(LayerpruneError, match="its recipe does not read"):
         trained_questions(gsm8k)
     stream = generate_probes(probe_tasks()["arith_2d_sub"], 30, 0, stream="calib")
