@@ -148,7 +148,7 @@ def test_every_shipped_sweep_dry_runs(capsys, path, monkeypatch, tmp_path):
     assert code == 0, err
     # arms x 3 replicates at 3 k with the k = 0 controls (local has none), the baseline and one pruned model per k
     models = {"limits-sweep-arms-embedded": 25, "limits-sweep-math-embedded": 37,
-              "limits-sweep-math-gsm8k-embedded": 16, "limits-sweep-math-dolly-embedded": 25}.get(path.stem, 11)
+              "limits-sweep-math-gsm8k-embedded": 16, "limits-sweep-math-dolly-embedded": 37}.get(path.stem, 11)
     assert "pruning-ratio sweep" in out and f"models evaluated: {models} " in out and "memory plan:" in out
     assert ("total about" in out) == path.stem.endswith("embedded") and not (tmp_path / "s").exists()
     assert path.read_text().startswith(f"# layerprune study {path.stem} ")
