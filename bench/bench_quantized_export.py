@@ -9,10 +9,11 @@ k-quants, each run by llama.cpp (llama-cpp-python) against transformers on the s
         --scores arc_easy,piqa,copy_l7 --limit 200 --work /tmp/bench-quant-run
 
 Per (model, type): file size, the tensor types llama.cpp's quantizer chose, mean KL(transformers || llama.cpp) and
-top-1 agreement at every position of the verification prompts (39 positions), tokenization and greedy continuation
-agreement (4 prompts, 16 tokens). F16 and Q8_0 are written by the gguf package; the others by llama.cpp's quantizer
-from the F16 file. With --speed, llama.cpp's prefill and decode tokens/s of every file, measured in rounds that
-alternate the files (medians; ratios to the unpruned file of the same type). With --scores, every file scored by
+top-1 agreement at every position of prompt + continuation where transformers' top-2 margin is above the type's
+near-tie threshold, the verdict and the near-ties that flipped (models/verification.compare), tokenization and greedy
+continuation agreement (4 prompts, 16 tokens). F16 and Q8_0 are written by the gguf package; the others by llama.cpp's
+quantizer from the F16 file. With --speed, llama.cpp's prefill and decode tokens/s of every file, measured in rounds
+that alternate the files (medians; ratios to the unpruned file of the same type). With --scores, every file scored by
 llama.cpp itself (`layerprune evaluate --backend llamacpp`), each pruned file paired with the unpruned file of the
 same type (95% paired intervals), and each unpruned file paired with the unpruned F16 file (the bits' own cost).
 Markdown rows at the end.
@@ -65,11 +66,11 @@ def main() -> None:
         _recovery_table(files, args.scores, args.limit, work)
     elif args.scores:
         _score_table(files, args.scores, args.limit, work)
-    print("\n| model | type | MB | tensor types | mean KL (nats) | top-1 | greedy equal |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| model | type | MB | tensor types | mean KL (nats) | top-1 | verdict | near-ties | greedy equal |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['model']} | {row['outtype']} | {row['mb']} | {row['tensor_types']} | {row['mean_kl']} | "
-              f"{row['top1']} | {row['greedy']} |")
+              f"{row['top1']} | {row['verdict']} | {row['near_ties']} | {row['greedy']} |")
 
 
 def _models(work: Path, run: Path | None) -> dict[str, Path]:
@@ -108,7 +109,9 @@ def _measure(model: Path, path: Path, outtype: str) -> dict:
     ran = compare_with_transformers(path, model)
     types = (report.quantized or {}).get("tensor_types") or {f"{outtype.upper()} (2-D; gguf package)": report.tensors}
     return {"mb": round(report.bytes / 1e6, 1), "tensor_types": " ".join(f"{k}:{v}" for k, v in types.items()),
-            "mean_kl": logits["mean_kl"], "top1": logits["top1_agreement"], "tokenization": ran["tokenization_equal"],
+            "mean_kl": logits["mean_kl"], "top1": logits["top1_agreement"], "verdict": ran["verdict"],
+            "near_ties": f"{ran['near_ties_differing']} of {ran['near_ties']} flipped",
+            "tokenization": ran["tokenization_equal"],
             "greedy": f"{ran['continuations']['equal']}/{ran['continuations']['of']}",
             "first_difference": ran["continuations"]["first_difference"]}
 

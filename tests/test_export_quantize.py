@@ -58,7 +58,7 @@ def test_a_k_quant_is_llama_cpps_own_smaller_than_f16_and_runs_in_llama_cpp(k_qu
     assert report.bytes < 0.6 * f16_bytes
     back = report.readback  # llama.cpp loaded and ran it, within the type's bound
     assert back["runner"] == "llama.cpp" and 0 <= back["mean_kl"] <= quantize.TOLERANCE[name.lower()]
-    assert back["top1_agreement"].endswith("/39")
+    assert back["positions"] >= 39 and back["passed"]  # prompt + continuation; 4-bit: near-ties below 1.0 nats
     assert report.per_layer["block_count"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["q.export.json", "q.gguf"]
 

@@ -10,6 +10,7 @@ import pytest
 
 from helpers import run_cli
 from layerprune.core.settings import RunSettings
+from layerprune.models.verification import Reference
 from layerprune.models.vllm_engine import EngineSettings, engine_settings, llm_kwargs, lm_eval_kwargs
 
 
@@ -60,20 +61,25 @@ def test_the_serving_check_runs_the_engine_in_this_process_and_leaves_the_enviro
     from layerprune.models.vllm_engine import MULTIPROCESSING_ENV
 
     seen = []
+    logprob = types.SimpleNamespace(logprob=-0.1, rank=1)
 
     class LLM:
         def __init__(self, **kwargs):
             seen.append(os.environ.get(MULTIPROCESSING_ENV))
 
         def generate(self, prompts, params):
-            return [types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=[5, 6])]) for _ in prompts]
+            answer = types.SimpleNamespace(token_ids=[5, 6], logprobs=[{5: logprob}])
+            return [types.SimpleNamespace(prompt_logprobs=[None] + [{5: logprob}] * (len(p["prompt_token_ids"]) - 1),
+                                          outputs=[answer]) for p in prompts]
 
     fake = types.SimpleNamespace(LLM=LLM, SamplingParams=lambda **kw: kw)
     monkeypatch.setitem(sys.modules, "vllm", fake)
     monkeypatch.setattr(serving, "shutdown_llm", lambda llm: None)
     monkeypatch.delenv(MULTIPROCESSING_ENV, raising=False)
-    found, _ = serving.vllm_continuations("m", [[1, 2], [3]], RunSettings(device="cpu"))
-    assert found == [[5, 6], [5, 6]] and seen == ["0"] and MULTIPROCESSING_ENV not in os.environ
+    expected = Reference([[1, 2], [3]], [[4], []], [], [], [2])
+    found, _ = serving.vllm_answers("m", expected, RunSettings(device="cpu"))
+    assert found.continuations == [[5, 6], [5, 6]] and found.top1 == [[5, 5, 5], [5]]
+    assert found.logprobs[1] == [{5: -0.1}] and seen == ["0"] and MULTIPROCESSING_ENV not in os.environ
     monkeypatch.setenv(MULTIPROCESSING_ENV, "1")
-    serving.vllm_continuations("m", [[1, 2]], RunSettings(device="cpu"))
+    serving.vllm_answers("m", expected, RunSettings(device="cpu"))
     assert seen == ["0", "1"] and os.environ[MULTIPROCESSING_ENV] == "1"

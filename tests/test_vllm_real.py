@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from layerprune.cli import main
 from layerprune.models.serving import SERVE_CHECK
 from tiny import tiny_tokenizer
+from verdict_models import confident, end_early, save
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
@@ -54,6 +55,23 @@ def test_vllm_serves_a_pruned_model_as_transformers_continues_it(pruned_tiny, ca
     assert result["passed"] and result["equal"] == result["of"] == 4 and result["dtype"] == "float32"
     assert result["vllm"] == result["transformers"] and sum(map(len, result["vllm"])) > 0
     assert "serving check passed" in out
+
+
+def test_vllm_serves_a_model_whose_continuation_ends_inside_the_window(tmp_path, capsys):
+    """Issue 57: vLLM keeps the stop token in its token ids, transformers' generate cuts at it; the check failed
+    (2/4) on models vLLM serves correctly. A tiny model made to emit its end token 2 tokens into the first prompt."""
+    tokenizer = tiny_tokenizer()
+    folder = save(end_early(confident(LlamaConfig(**TINY)), tokenizer, end_id=2), tokenizer, tmp_path / "early")
+    code = main(["check-serve", str(folder)])
+    out = capsys.readouterr().out
+    result = json.loads((folder / SERVE_CHECK).read_text())
+    assert code == 0, out
+    assert len(result["transformers"][0]) <= 2 and result["vllm_as_generated"][0][-1] == 2  # vLLM kept it
+    assert result["passed"] and result["verdict"].startswith("equal") and result["equal"] == result["of"] == 4
+    assert result["vllm"] == result["transformers"] and result["max_abs_logprob_diff"] < 1e-3
+    decisive = int(result["top1_agreement"].split("/")[1])
+    assert decisive >= 0.5 * result["positions"]  # a confident model: most positions are compared, not near-ties
+    assert f"reads {result['verdict']}" in out
 
 
 def test_vllm_serves_a_sublayer_pruned_model_in_the_nemotron_nas_layout(pruned_tiny, capsys):

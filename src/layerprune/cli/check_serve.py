@@ -1,4 +1,5 @@
-"""`layerprune check-serve DIR`: vLLM loads the model and continues the verification prompts as transformers does."""
+"""`layerprune check-serve DIR`: vLLM loads the model and answers the verification prompts as transformers does (top-1
+at every position, up to near-ties, and the greedy continuations); only a "different" verdict fails."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     verdict = "passed" if result["passed"] else "FAILED"
-    print(f"serving check {verdict}: {result['engine']} ({result['dtype']}) gives transformers' greedy continuation "
-          f"on {result['equal']}/{result['of']} verification prompts; engine start {result['engine_start_s']} s")
+    print(f"serving check {verdict}: {result['engine']} ({result['dtype']}) reads {result['verdict']}: top-1 "
+          f"{result['top1_agreement']} where transformers' top-2 margin is >= {result['near_tie_threshold']} "
+          f"(near-ties below it: {result['near_ties']}), greedy continuation equal on {result['equal']}/{result['of']} "
+          f"verification prompts, max |log-prob diff| {result['max_abs_logprob_diff']}; "
+          f"engine start {result['engine_start_s']} s")
     return 0 if result["passed"] else 1

@@ -35,11 +35,12 @@ def run(args: argparse.Namespace) -> int:
           f"{report.tensors} tensors) in {report.seconds} s; tokenizer from {Path(report.tokenizer_from).name}")
     if report.quantized and report.readback:
         back = report.readback
-        print(f"run by llama.cpp: top-1 {back['top1_agreement']} with transformers, mean KL {back['mean_kl']} nats "
-              f"(tolerance {back['tolerance']}); tensor types {report.quantized['tensor_types']}")
+        print(f"run by llama.cpp: {back['verdict']}, top-1 {back['top1_agreement']} with transformers, mean KL "
+              f"{back['mean_kl']} nats (tolerance {back['tolerance']}); "
+              f"tensor types {report.quantized['tensor_types']}")
     elif report.readback:
         back = report.readback
-        print(f"read back by transformers: top-1 {back['top1_agreement']}, max |logit diff| "
+        print(f"read back by transformers: {back['verdict']}, top-1 {back['top1_agreement']}, max |logit diff| "
               f"{back['max_abs_logit_diff']} (logits up to {back['logit_scale']}), tokenizer ids equal: "
               f"{back['tokenizer_ids_equal']}")
     print(f"chat with it: llama-cli -m {report.output} -cnv   (or Ollama: FROM {report.output} in a Modelfile)")

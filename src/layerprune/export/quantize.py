@@ -3,11 +3,12 @@ this package writes, quantized by llama.cpp itself (llama-cpp-python's `llama_mo
 llama.cpp on the verification prompts against transformers before it takes its final name.
 
 The check is the mean KL divergence of llama.cpp's next-token distribution from transformers' over every prompt
-position, bounded per type; top-1 agreement is reported beside it. The bounds are loose on purpose: they catch a
-broken file, not a lossy one (bench/bench_quantized_export.py, SmolLM2-135M: F16 0.00001 nats; Q6_K 0.03 and
-Q4_K_M 0.09 unpruned, 0.12 and 0.42 with 7 sublayers removed; Q2_K 0.56; a file missing 4 blocks 1.29). A k-quant
-needs rows that are multiples of 256: llama.cpp gives a narrower tensor a fallback type (SmolLM2's 576-wide rows get
-Q5_0 in Q4_K_M), and the report counts the types it chose.
+position, bounded per type; the verdict of models/verification.compare (top-1 up to near-ties over prompt + greedy
+continuation, largest logit error) is reported beside it, not gated: a 4-bit type's rounding flips decisive tokens.
+The bounds are loose on purpose: they catch a broken file, not a lossy one (bench/bench_quantized_export.py,
+SmolLM2-135M: F16 0.00001 nats; Q6_K 0.03 and Q4_K_M 0.09 unpruned, 0.12 and 0.42 with 7 sublayers removed; Q2_K
+0.56; a file missing 4 blocks 1.29). A k-quant needs rows that are multiples of 256: llama.cpp gives a narrower
+tensor a fallback type (SmolLM2's 576-wide rows get Q5_0 in Q4_K_M), and the report counts the types it chose.
 """
 
 from __future__ import annotations
@@ -98,20 +99,23 @@ def check_quantized(path: Path, model_dir: Path, name: str) -> dict[str, Any]:
 
 
 def logit_agreement(path: Path, model_dir: Path) -> dict[str, Any]:
-    """llama.cpp on the GGUF against transformers on the directory (float32), at every position of the verification
-    prompts: mean KL(transformers || llama.cpp) in nats, and top-1 agreement."""
+    """llama.cpp on the GGUF against transformers on the directory (float32): mean KL(transformers || llama.cpp) in
+    nats at every prompt position of the verification prompts, and models/verification.compare's verdict at every
+    position of prompt + transformers' continuation (teacher-forced; top-1 up to near-ties, largest logit error)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from layerprune.models.verification import reference
+    from layerprune.export.readback import file_encoding
+    from layerprune.models.verification import compare, max_abs_error, near_tie_for, reference
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    expected = reference(model, AutoTokenizer.from_pretrained(model_dir), max_new_tokens=0)
-    found = llama_cpp_logits(path, expected.prompt_ids)
-    pairs = list(zip(expected.logits, found, strict=True))
-    positions = sum(len(row) for row in expected.top1)
-    same = sum((e.argmax(-1) == f.argmax(-1)).sum().item() for e, f in pairs)
-    kl = sum(_kl(e, f).sum().item() for e, f in pairs) / positions
-    return {"runner": "llama.cpp", "mean_kl": round(kl, 5), "top1_agreement": f"{same}/{positions}"}
+    expected = reference(model, AutoTokenizer.from_pretrained(model_dir))
+    found = llama_cpp_logits(path, expected.sequences)
+    prompts = [(e[: len(ids)], f[: len(ids)]) for e, f, ids in zip(expected.logits, found, expected.prompt_ids,
+                                                                      strict=True)]
+    kl = sum(_kl(e, f).sum().item() for e, f in prompts) / sum(len(ids) for ids in expected.prompt_ids)
+    verdict = compare(expected, [row.argmax(-1).tolist() for row in found], None,
+                      {"max_abs_logit_diff": max_abs_error(expected.logits, found)}, near_tie_for(file_encoding(path)))
+    return {"runner": "llama.cpp", "mean_kl": round(kl, 5), **verdict}
 
 
 def _kl(expected: torch.Tensor, found: torch.Tensor) -> torch.Tensor:
@@ -126,7 +130,7 @@ def _kl(expected: torch.Tensor, found: torch.Tensor) -> torch.Tensor:
 
 
 def llama_cpp_logits(path: Path, prompt_ids: list[list[int]]) -> list[torch.Tensor]:
-    """llama.cpp's logits at every position of each prompt (token ids), as float32 tensors."""
+    """llama.cpp's logits at every position of each sequence (token ids), as float32 tensors."""
     from llama_cpp import Llama  # type: ignore[import-not-found]
 
     try:

@@ -57,7 +57,8 @@ def _serve_check(model: Path, settings: RunSettings) -> dict[str, Any]:
             result = check_serve(model, settings)
         except LayerpruneError as exc:
             return {"not_run": one_line(exc)}
-    return {key: result[key] for key in ("engine", "dtype", "equal", "of", "passed", "engine_start_s")}
+    keys = ("engine", "dtype", "verdict", "equal", "of", "passed", "engine_start_s")
+    return {key: result[key] for key in keys if key in result}
 
 
 def serving_lines(folder: Path) -> list[str]:
@@ -70,8 +71,10 @@ def serving_lines(folder: Path) -> list[str]:
     gguf = record.get("gguf")
     if gguf:
         back = gguf.get("readback") or {}
+        reads = f"{back['verdict']}, " if "verdict" in back else ""
         lines += [f"`{gguf['output']}` ({gguf['outtype']}, {gguf['bytes'] / 1e6:.0f} MB; read back by transformers: "
-                  f"top-1 {back.get('top1_agreement', '?')}, max |logit diff| {back.get('max_abs_logit_diff', '?')}).",
+                  f"{reads}top-1 {back.get('top1_agreement', '?')}, "
+                  f"max |logit diff| {back.get('max_abs_logit_diff', '?')}).",
                   "", f"- llama.cpp: `llama-cli -m {gguf['output']} -cnv`",
                   f"- Ollama: a `Modelfile` with `FROM {gguf['output']}`, then `ollama create pruned -f Modelfile` "
                   "and `ollama run pruned` (the chat template is in the GGUF)"]
@@ -83,7 +86,8 @@ def serving_lines(folder: Path) -> list[str]:
                      "where vLLM is installed (make vllm-install; `make demo` then runs it in .venv-vllm)")
     else:
         verdict = "passed" if check["passed"] else "FAILED"
-        lines.append(f"- vLLM serving check {verdict}: {check['engine']} ({check['dtype']}) continues "
+        reads = f" reads {check['verdict']} against transformers and" if "verdict" in check else ""
+        lines.append(f"- vLLM serving check {verdict}: {check['engine']} ({check['dtype']}){reads} continues "
                      f"{check['equal']}/{check['of']} verification prompts as transformers does; serve with "
                      f"`vllm serve {record['model']}`")
     return lines
