@@ -1,7 +1,13 @@
-"""Streaming prune vs `cp -r` vs the in-memory path, on a random bf16 Llama-shaped checkpoint in 256 MB shards.
+"""Streaming prune vs `cp -r` vs the in-memory path, on random bf16 Llama-shaped checkpoints in 256 MB shards.
 
-    nice -n 15 python bench/bench_stream_prune.py [--gb 1.1] [--repeats 3] [--skip-in-memory] [--threads N]
-        [--baseline-src OTHER/src] [--only stream]
+    nice -n 15 python bench/bench_stream_prune.py [--shapes 32x1024,8b] [--repeats 3] [--skip-in-memory]
+        [--threads N] [--baseline-src OTHER/src] [--only stream]
+
+Shapes, printed side by side (issue 57): `32x1024` (32 blocks of hidden 1024, MHA, intermediate 4096, vocabulary
+32000: 1.20 GB) and `8b` (Llama-3.1-8B's shape: 32 blocks of hidden 4096, intermediate 14336, 8 KV heads,
+vocabulary 128256: 16.1 GB), both pruned with `--layers 3,4,5,6,7,20,21,22`; `gb` is the older 9-block hidden-2048
+checkpoint of `--gb` GB, pruned with `--layers 2,5`. A shape whose checkpoint, copy and output do not fit the free
+disk (three times its size) is skipped with a line saying so.
 
 Each variant runs in a fresh interpreter; its peak RSS (VmHWM) is reported over an idle interpreter that made
 the same imports, and its work time excludes interpreter start and imports. Each run of a variant is paired with a
@@ -27,7 +33,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -41,17 +49,18 @@ from layerprune.prune.recipe import PruneRecipe
 from layerprune.core.settings import RunSettings
 from layerprune.models import drop_blocks
 import layerprune.models.identity, transformers.models.llama.modeling_llama, safetensors.torch  # imports are not work
-mode, source, out, cache = sys.argv[1:5]
+mode, source, out, cache, layers = sys.argv[1:6]
+layers = json.loads(layers)
 settings = RunSettings(max_shard_size="256MB", cache_dir=Path(cache))
 start, cpu = time.perf_counter(), time.process_time()
 check, phases = None, {}
 if mode in ("stream", "stream-no-verify"):
-    report = prune_model(source, PruneRecipe(layers=[2, 5], verify=mode == "stream"), settings, output=Path(out)).report
+    report = prune_model(source, PruneRecipe(layers=layers, verify=mode == "stream"), settings, output=Path(out)).report
     check = report["verification"].get("logits_check", "none (--no-verify)")
     phases = {"save": report["timings"]["save_s"], **report["verification"].get("phase_seconds", {})}
 elif mode == "memory":
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16)
-    drop_blocks(model, [2, 5])
+    drop_blocks(model, layers)
     model.save_pretrained(out, max_shard_size="256MB")
 seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
 hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")) * 1024
@@ -60,21 +69,57 @@ print(json.dumps({"seconds": seconds, "cpu": cpu, "hwm": hwm, "check": check, "p
 """
 
 
-def make_checkpoint(directory: Path, gb: float) -> int:
-    """Random bf16 tensors named and shaped like a Llama (hidden 2048), written shard by shard (256 MB); returns the
+@dataclass(frozen=True)
+class Shape:
+    """A Llama-shaped checkpoint and the blocks its prune drops."""
+
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    layers: int
+    drop: tuple[int, ...]
+
+    def config(self) -> Any:
+        from transformers import LlamaConfig
+
+        return LlamaConfig(vocab_size=self.vocab, hidden_size=self.hidden, intermediate_size=self.intermediate,
+                           num_hidden_layers=self.layers, num_attention_heads=self.heads,
+                           num_key_value_heads=self.kv_heads, tie_word_embeddings=False, dtype="bfloat16")
+
+    @property
+    def block_bytes(self) -> int:
+        kv = self.hidden // self.heads * self.kv_heads
+        return 2 * (2 * self.hidden * self.hidden + 2 * self.hidden * kv + 3 * self.hidden * self.intermediate)
+
+    @property
+    def nbytes(self) -> int:
+        return self.layers * self.block_bytes + 2 * 2 * self.vocab * self.hidden
+
+
+ISSUE_DROP = (3, 4, 5, 6, 7, 20, 21, 22)  # issue 57's case
+
+
+def shapes(gb: float) -> dict[str, Shape]:
+    per_layer = Shape(2048, 5632, 16, 4, 32000, 1, ()).block_bytes
+    return {"32x1024": Shape(1024, 4096, 16, 16, 32000, 32, ISSUE_DROP),
+            "8b": Shape(4096, 14336, 32, 8, 128256, 32, ISSUE_DROP),
+            "gb": Shape(2048, 5632, 16, 4, 32000, max(4, round((gb * 1e9 - 2 * 2 * 32000 * 2048) / per_layer)), (2, 5))}
+
+
+def make_checkpoint(directory: Path, shape: Shape) -> int:
+    """Random bf16 tensors named and shaped like a Llama of `shape`, written shard by shard (256 MB); returns the
     bytes of one block."""
     import torch
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoModelForCausalLM
 
     sys.path.insert(0, str(ROOT / "tests"))
     from tiny import tiny_tokenizer
 
-    per_layer = 2 * (2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 5632)
-    layers = max(4, round((gb * 1e9 - 2 * 2 * 32000 * 2048) / per_layer))
-    config = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers,
-                         num_attention_heads=16, num_key_value_heads=4, tie_word_embeddings=False, dtype="bfloat16")
+    config = shape.config()
     with torch.device("meta"):
         meta = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).state_dict()
     split = split_torch_state_dict_into_shards(meta, max_shard_size="256MB")
@@ -86,15 +131,16 @@ def make_checkpoint(directory: Path, gb: float) -> int:
     (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     config.save_pretrained(directory)
     tiny_tokenizer().save_pretrained(directory)
-    return per_layer
+    return shape.block_bytes
 
 
-def run_child(mode: str, source: Path, out: Path, cache: Path, src: Path = ROOT / "src",
+def run_child(mode: str, source: Path, out: Path, cache: Path, drop: tuple[int, ...], src: Path = ROOT / "src",
               threads: int | None = None) -> dict:
     env = {"PYTHONPATH": str(src), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
-    done = subprocess.run([sys.executable, "-c", CHILD, mode, str(source), str(out), str(cache)], env=env,
+    done = subprocess.run([sys.executable, "-c", CHILD, mode, str(source), str(out), str(cache),
+                           json.dumps(list(drop))], env=env,
                           capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -108,7 +154,7 @@ def time_cp(source: Path, target: Path) -> tuple[float, float]:
     return seconds, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def check_bits(source: Path, out: Path) -> tuple[int, set[str]]:
+def check_bits(source: Path, out: Path, drop: tuple[int, ...]) -> tuple[int, set[str]]:
     """Every output tensor equals its source tensor (renamed), byte for byte; return count and dtypes."""
     import torch
     from safetensors import safe_open
@@ -118,7 +164,7 @@ def check_bits(source: Path, out: Path) -> tuple[int, set[str]]:
     src, dst = read_checkpoint(source), read_checkpoint(out)
     depth = json.loads((source / "config.json").read_text())["num_hidden_layers"]
     renamed = rename_map(list(src.weight_map), block_prefix(list(src.weight_map), depth),
-                         [i for i in range(depth) if i not in (2, 5)], depth)
+                         [i for i in range(depth) if i not in drop], depth)
     dtypes = set()
     for old, new in renamed.items():
         with safe_open(source / src.weight_map[old], "pt") as a, safe_open(out / dst.weight_map[new], "pt") as b:
@@ -131,7 +177,8 @@ def check_bits(source: Path, out: Path) -> tuple[int, set[str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gb", type=float, default=1.1, help="checkpoint size in GB (>= 1)")
+    parser.add_argument("--shapes", default="32x1024,8b", help="comma-separated: 32x1024, 8b, gb (see above)")
+    parser.add_argument("--gb", type=float, default=1.1, help="the `gb` shape's checkpoint size in GB (>= 1)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per variant (the median is printed)")
     parser.add_argument("--skip-in-memory", action="store_true", help="skip the load + save_pretrained reference")
     parser.add_argument("--baseline-src", type=Path, help="another checkout's src/, run side by side (before/after)")
@@ -139,43 +186,54 @@ def main() -> None:
     parser.add_argument("--only", choices=["stream", "stream-no-verify"], help="run only this mode's variants")
     args = parser.parse_args()
     trees = [("this tree", ROOT / "src")] + ([("baseline", args.baseline_src.resolve())] if args.baseline_src else [])
-    with tempfile.TemporaryDirectory(prefix="bench-stream-") as tmp:
-        root = Path(tmp)
-        source = root / "source"
-        source.mkdir()
-        block = make_checkpoint(source, args.gb)
-        shards = sorted(source.glob("*.safetensors"))
-        total, largest = sum(s.stat().st_size for s in shards), max(s.stat().st_size for s in shards)
-        depth = json.loads((source / "config.json").read_text())["num_hidden_layers"]
-        print(f"checkpoint: {total / 1e9:.2f} GB bf16 in {len(shards)} shards, largest {largest / 2**20:.0f} MiB, "
-              f"{depth} blocks of {block / 2**20:.0f} MiB; drop blocks 2 and 5")
-        time_cp(source, root / "warm")  # page cache warm for everyone
-        idle = run_child("idle", source, root / "none", root / "cache")
-        variants = [("streamed, first run (hashes the source), verification on", "stream", None),
-                    ("streamed, first run (hashes the source), --no-verify", "stream-no-verify", None),
-                    ("streamed, hash memoized, verification on", "stream", "memo"),
-                    ("streamed, hash memoized, --no-verify", "stream-no-verify", "memo")]
-        if args.only:
-            variants = [variant for variant in variants if variant[1] == args.only]
-        if not args.skip_in_memory:
-            variants.append(("load + drop_blocks + save_pretrained (old path, bf16)", "memory", "memo"))
-        pairs: dict[tuple[str, str], list[tuple]] = {}
-        for index in range(args.repeats):  # every variant once per round, cp -r just before each
-            for label, mode, cache in variants:
-                for tree, src in trees:
-                    cp, cp_cpu = time_cp(source, root / "cp")
-                    out = root / "out"
-                    cache_dir = root / (f"memo-{tree}" if cache else f"fresh-{tree}-{mode}-{index}")
-                    result = run_child(mode, source, out, cache_dir, src, args.threads)
-                    out_largest = max(f.stat().st_size for f in out.glob("*.safetensors"))
-                    pairs.setdefault((tree, label), []).append(
-                        (result["seconds"] / cp, result["cpu"] / cp_cpu, result, cp, cp_cpu,
-                         max(largest, out_largest)))
-                    if mode.startswith("stream"):
-                        count, dtypes = check_bits(source, out)
-                    shutil.rmtree(out)
-        print_table(pairs, idle["hwm"])
-        print(f"bit-identical: {count} tensors, dtypes {sorted(dtypes)}")
+    known = shapes(args.gb)
+    for name in args.shapes.split(","):
+        shape = known[name]
+        with tempfile.TemporaryDirectory(prefix="bench-stream-") as tmp:
+            free = shutil.disk_usage(tmp).free
+            if 3 * shape.nbytes > free:
+                print(f"{name}: skipped: {shape.nbytes / 1e9:.1f} GB checkpoint, needs {3 * shape.nbytes / 1e9:.0f} "
+                      f"GB free for it, its copy and the output; {free / 1e9:.0f} GB free")
+                continue
+            run_shape(name, shape, Path(tmp), trees, args)
+
+
+def run_shape(name: str, shape: Shape, root: Path, trees: list[tuple[str, Path]], args: argparse.Namespace) -> None:
+    """Build the checkpoint, run every variant `args.repeats` times next to a `cp -r`, print the table."""
+    source = root / "source"
+    source.mkdir()
+    block = make_checkpoint(source, shape)
+    files = sorted(source.glob("*.safetensors"))
+    total, largest = sum(f.stat().st_size for f in files), max(f.stat().st_size for f in files)
+    print(f"\n{name}: {total / 1e9:.2f} GB bf16 in {len(files)} shards, largest {largest / 2**20:.0f} MiB, "
+          f"{shape.layers} blocks of {block / 2**20:.0f} MiB (hidden {shape.hidden}); --layers "
+          f"{','.join(map(str, shape.drop))}")
+    time_cp(source, root / "warm")  # page cache warm for everyone
+    idle = run_child("idle", source, root / "none", root / "cache", shape.drop)
+    variants = [("streamed, first run (hashes the source), verification on", "stream", None),
+                ("streamed, first run (hashes the source), --no-verify", "stream-no-verify", None),
+                ("streamed, hash memoized, verification on", "stream", "memo"),
+                ("streamed, hash memoized, --no-verify", "stream-no-verify", "memo")]
+    if args.only:
+        variants = [variant for variant in variants if variant[1] == args.only]
+    if not args.skip_in_memory:
+        variants.append(("load + drop_blocks + save_pretrained (old path, bf16)", "memory", "memo"))
+    pairs: dict[tuple[str, str], list[tuple]] = {}
+    for index in range(args.repeats):  # every variant once per round, cp -r just before each
+        for label, mode, cache in variants:
+            for tree, src in trees:
+                cp, cp_cpu = time_cp(source, root / "cp")
+                out = root / "out"
+                cache_dir = root / (f"memo-{tree}" if cache else f"fresh-{tree}-{mode}-{index}")
+                result = run_child(mode, source, out, cache_dir, shape.drop, src, args.threads)
+                out_largest = max(f.stat().st_size for f in out.glob("*.safetensors"))
+                pairs.setdefault((tree, label), []).append(
+                    (result["seconds"] / cp, result["cpu"] / cp_cpu, result, cp, cp_cpu, max(largest, out_largest)))
+                if mode.startswith("stream"):
+                    count, dtypes = check_bits(source, out, shape.drop)
+                shutil.rmtree(out)
+    print_table(pairs, idle["hwm"])
+    print(f"bit-identical: {count} tensors, dtypes {sorted(dtypes)}")
 
 
 def print_table(pairs: dict[tuple[str, str], list[tuple]], idle: int) -> None:

@@ -8,7 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from layerprune.core.settings import RunSettings
-from layerprune.prune import from_files, in_memory
+from layerprune.models.copy_check import CopyCheck
+from layerprune.prune import in_memory
 from layerprune.prune.api import prune_model
 from layerprune.prune.recipe import PruneRecipe
 from layerprune.prune.report import read_prune_report
@@ -25,7 +26,7 @@ def test_a_wrongly_typed_timing_fails_where_it_is_set(tiny_llama, tmp_path, monk
 
 
 def test_a_wrongly_typed_check_fails_where_it_is_made(tiny_llama, tmp_path, monkeypatch):
-    monkeypatch.setattr(from_files, "check_copied", lambda plan, tmp: "all of them")
+    monkeypatch.setattr(CopyCheck, "rest", lambda self: "all of them")
     with pytest.raises(ValidationError, match="bytes_compared"):
         prune_model(str(tiny_llama), PruneRecipe(layers=[2]), output=tmp_path / "out")  # streamed from the files
     assert not (tmp_path / "out").exists()

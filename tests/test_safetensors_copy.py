@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import shutil
 import tracemalloc
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
+import xxhash
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -66,8 +66,7 @@ def test_copied_file_is_byte_for_byte_what_save_file_writes(tmp_path):
             assert torch.equal(got.reshape(-1).view(torch.uint8), tensor.reshape(-1).view(torch.uint8)), name
 
 
-@pytest.mark.parametrize("kernel", [True, False])
-def test_copy_holds_one_chunk_whatever_the_tensor_size(tmp_path, monkeypatch, kernel):
+def test_copy_holds_one_chunk_whatever_the_tensor_size_and_digests_what_it_wrote(tmp_path, monkeypatch):
     big = torch.randn(1024, 1024, generator=torch.Generator().manual_seed(0))  # 4 MiB
     save_file({"big": big, "small": torch.ones(3)}, tmp_path / "src.safetensors")
     stored = read_header(tmp_path / "src.safetensors")
@@ -81,23 +80,50 @@ def test_copy_holds_one_chunk_whatever_the_tensor_size(tmp_path, monkeypatch, ke
 
     monkeypatch.setattr(safetensors_copy, "CHUNK", chunk)
     monkeypatch.setattr(safetensors_copy, "_write_all", counted)
-    if not kernel:  # a system without copy_file_range: the bytes pass through the buffer
-        monkeypatch.delattr(safetensors_copy.os, "copy_file_range")
     target = tmp_path / "out"
     target.mkdir()
     layout = plan_layout({"renamed.big": stored["big"], "small": stored["small"]})
     tracemalloc.start()
     try:
-        copy_tensors(tmp_path, {"out.safetensors": layout}, target)
+        result = copy_tensors(tmp_path, {"out.safetensors": layout}, target)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    if not kernel:
-        assert max(writes[1:]) == chunk and sum(writes) == layout.size  # writes[0]: the header
+    assert max(writes[1:]) == chunk and sum(writes) == layout.size  # writes[0]: the header
     assert (target / "out.safetensors").stat().st_size == layout.size
-    assert peak < 2 * chunk < big.numel() * 4 / 16
+    assert peak < 3 * chunk < big.numel() * 4 / 16  # two buffers, never a tensor
     with safe_open(target / "out.safetensors", "pt") as handle:
         assert torch.equal(handle.get_tensor("renamed.big"), big)
+    assert result.tensor_digests == {stored["big"]: xxhash.xxh3_128(big.numpy().tobytes()).hexdigest(),
+                                     stored["small"]: xxhash.xxh3_128(torch.ones(3).numpy().tobytes()).hexdigest()}
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 1 << 20])  # chunks that split tensors anywhere, and one for the file
+def test_a_file_read_whole_once_gives_its_sha256_and_the_same_copy(tmp_path, monkeypatch, chunk):
+    tensors = mixed_tensors()
+    save_file(tensors, tmp_path / "src.safetensors", metadata={"format": "pt"})
+    stored = read_header(tmp_path / "src.safetensors")
+    kept = {f"new.{name}": stored[name] for name in list(stored)[::2]}
+    reads: list[int] = []
+    real = safetensors_copy._whole_chunks
+
+    def counted(*args):  # noqa: ANN002, ANN202
+        for start, part in real(*args):
+            reads.append(len(part))
+            yield start, part
+
+    monkeypatch.setattr(safetensors_copy, "CHUNK", chunk)
+    monkeypatch.setattr(safetensors_copy, "_whole_chunks", counted)
+    layouts = {"out.safetensors": plan_layout(kept)}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    whole = copy_tensors(tmp_path, layouts, tmp_path / "a", {"src.safetensors"})
+    ranges = copy_tensors(tmp_path, layouts, tmp_path / "b")
+    size = (tmp_path / "src.safetensors").stat().st_size
+    assert sum(reads) == size  # every byte of the file read once, by the copy and the hash together
+    assert whole.file_sha256["src.safetensors"][2] == identity.sha256_of(tmp_path / "src.safetensors")
+    assert (tmp_path / "a" / "out.safetensors").read_bytes() == (tmp_path / "b" / "out.safetensors").read_bytes()
+    assert whole.tensor_digests == ranges.tensor_digests and len(whole.tensor_digests) == len(kept)
 
 
 def _tensors(directory: Path) -> dict[str, torch.Tensor]:
@@ -171,31 +197,31 @@ def test_a_source_cut_short_during_the_copy_is_one_line_and_leaves_nothing(capsy
 
 
 def test_a_failed_hash_stops_the_copy_at_once_and_leaves_nothing(capsys, tiny_llama, tmp_path, monkeypatch):
-    """The hash thread's error surfaces in the copy loop (not after the whole shard), as one line."""
+    """The hash thread's error surfaces in the copy loop within two chunks (not after the whole shard), as one
+    line."""
     model = tmp_path / "model"
     shutil.copytree(tiny_llama, model)
-    futures, copied = [], []
+    chunk, written = 4096, []
 
-    class Pool(ThreadPoolExecutor):
-        def submit(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-            futures.append(super().submit(*args, **kwargs))
-            return futures[-1]
+    class FailingSha:
+        def update(self, data):  # noqa: ANN001, ANN202
+            raise LayerpruneError(f"the hash could not read {len(data)} bytes")
 
-    def failing_hash(path, *args):  # noqa: ANN001, ANN002, ANN202
-        raise LayerpruneError(f"{path} could not be read whole")
+        def hexdigest(self):  # noqa: ANN202
+            return "0" * 64
 
-    def copy_after_the_hash_failed(*args):  # noqa: ANN002, ANN202
-        assert futures[0].exception(timeout=60) is not None
-        copied.append(args[2])
-        return real_copy(*args)
+    class Hashlib:
+        sha256 = FailingSha
 
-    real_copy = safetensors_copy._kernel_copy
-    monkeypatch.setattr(safetensors_copy, "ThreadPoolExecutor", Pool)
-    monkeypatch.setattr(safetensors_copy, "_sha256", failing_hash)
-    monkeypatch.setattr(safetensors_copy, "_kernel_copy", copy_after_the_hash_failed)
+    real = safetensors_copy._write_all
+    monkeypatch.setattr(safetensors_copy, "CHUNK", chunk)
+    monkeypatch.setattr(safetensors_copy, "hashlib", Hashlib)
+    monkeypatch.setattr(safetensors_copy, "_write_all", lambda fd, data, offset: written.append(len(data))
+                        or real(fd, data, offset))
+    monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))  # a first run: the source is hashed
     code, _, err = run_cli(capsys, ["prune", "--model", str(model), "--output", str(tmp_path / "out"),
                                     "--layers", "1,3"])
-    assert_one_line_error(code, err, "could not be read whole")
-    assert len(futures) == 1 and len(copied) <= 1
+    assert_one_line_error(code, err, "the hash could not read")
+    shard = max(path.stat().st_size for path in model.glob("*.safetensors"))
+    assert shard > 8 * chunk and sum(written) < 4 * chunk + 65536  # the headers, then two chunks at most
     assert not (tmp_path / "out").exists()
-    assert not list(tmp_path.glob(".out.tmp-*"))

@@ -113,9 +113,7 @@ def test_streamed_prune_verifies_without_loading_the_model(tiny_llama, tmp_path,
         assert verification["max_abs_diff"] <= verification["tolerance"]
 
 
-def test_streamed_verification_refuses_kept_blocks_written_in_the_wrong_order(tiny_llama, tmp_path, monkeypatch):
-    """A wrong block mapping copies every tensor faithfully and the byte comparison follows the same map: only the
-    logits (the original run with its own blocks skipped) can see it."""
+def _swap_first_two_blocks(monkeypatch):  # noqa: ANN001, ANN202
     real = shards.rename_map
 
     def swapped(names, prefix, kept, depth):  # noqa: ANN001, ANN202
@@ -126,18 +124,51 @@ def test_streamed_verification_refuses_kept_blocks_written_in_the_wrong_order(ti
                 for old, new in renamed.items()}
 
     monkeypatch.setattr(shards, "rename_map", swapped)
-    with pytest.raises(LayerpruneError, match="logits differ"):
+
+
+def test_streamed_verification_refuses_kept_blocks_written_in_the_wrong_order(tiny_llama, tmp_path, monkeypatch):
+    """A wrong block mapping copies every tensor faithfully; the byte check works out which source block belongs at
+    each written name from the kept blocks alone (not from the copy's map), so it refuses the copy."""
+    _swap_first_two_blocks(monkeypatch)
+    with pytest.raises(LayerpruneError, match=r"model\.layers\.0\.\S+ in .* is not a copy of model\.layers\.0\."):
         prune_model(str(tiny_llama), PruneRecipe(layers=DROP), output=tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_logits_alone_refuse_kept_blocks_in_the_wrong_order(tiny_llama, tmp_path, monkeypatch):
+    """Without the byte check (no digests), the original run with its own blocks skipped still sees the swap."""
+    _swap_first_two_blocks(monkeypatch)
+    prune_model(str(tiny_llama), PruneRecipe(layers=DROP, verify=False), output=tmp_path / "out")
+    with pytest.raises(LayerpruneError, match="logits differ"):
+        verify_block_major(AutoConfig.from_pretrained(tiny_llama), tmp_path / "out", DROP, _ids(), None, CPU,
+                           torch.float32, 1e-3, source_dir=tiny_llama)
 
 
 def test_streamed_verification_reports_where_its_time_went(tiny_llama, tmp_path):
     report = prune_model(str(tiny_llama), PruneRecipe(layers=DROP), output=tmp_path / "out").report
     verification = report["verification"]
     phases = verification["phase_seconds"]
-    assert list(phases) == ["bytes", "settings", "reference", "written"]
+    assert list(phases) == ["settings", "written", "bytes", "reference"]  # the bytes checked as the written loads
     assert verification["tokens"] == 2 * from_files.PROBE_POSITIONS  # the fixed text's two rows, cut
     assert all(seconds >= 0 for seconds in phases.values()) and sum(phases.values()) <= verification["seconds"] + 0.01
+
+
+def test_the_reference_reads_only_the_kept_blocks_from_the_one_before_the_first_dropped(tiny_llama, tmp_path,
+                                                                                           monkeypatch):
+    """The written model loads each of its blocks once (its bytes checked as they load); the original never reads a
+    dropped block and starts at the block before the first dropped one, from the written model's state there."""
+    from layerprune.models import verify_blockwise
+
+    loads: list[tuple[str, int]] = []
+    real = verify_blockwise.fill_block
+    monkeypatch.setattr(verify_blockwise, "fill_block",
+                        lambda bw, index: loads.append((bw.checkpoint.directory.name, index)) or real(bw, index))
+    report = prune_model(str(tiny_llama), PruneRecipe(layers=[3, 4]), output=tmp_path / "out").report
+    assert report["verification"]["checked"] is True
+    assert report["verification"]["max_abs_diff"] <= report["verification"]["tolerance"]
+    written = [index for name, index in loads if name != tiny_llama.name]
+    assert written == [0, 1, 2, 3]
+    assert [index for name, index in loads if name == tiny_llama.name] == [2, 5]
 
 
 @pytest.mark.parametrize("side", ["left", "right"])

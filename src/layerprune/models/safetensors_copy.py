@@ -5,20 +5,18 @@ the data section; `__metadata__`) padded with spaces to a multiple of 8, then th
 holds the source's tensors under new names, so each output file is its new header followed by byte ranges of the
 source files, written at their planned offsets: nothing is deserialised, and the layout is the one
 `safetensors.torch.save_file` writes (its dtype order, then names), so the files are byte for byte what `save_file`
-would have made of the same tensors. The ranges are copied by the kernel (`copy_file_range`, as `cp` does) where
-it can, else through one CHUNK buffer. A source file whose sha256 is wanted is read whole through a second buffer
-and hashed by a thread while its kept ranges are copied (both reads fill and share one page cache; `hashlib` and
-the copy release the GIL, so on a machine with a free core the hash costs no wall time).
+would have made of the same tensors. Each source byte is read once, into one of two CHUNK buffers: the range's
+xxh3-128 digest is taken from the buffer the bytes are written from (so the written model can later be checked
+against the source without reading the source again), and a source file whose sha256 is wanted is read whole in
+order, a thread hashing each chunk while the kept ranges in it are written (`hashlib` releases the GIL).
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
 import struct
-import threading
 from collections import defaultdict
 from collections.abc import Collection, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy
+import xxhash
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.models.safetensors_check import check_safetensors_file
@@ -116,33 +115,36 @@ def plan_layout(tensors: Mapping[str, Stored]) -> Layout:
 
 @dataclass
 class CopyResult:
-    """What a copy read: the sha256 of each source file it read whole, with the size and mtime it had throughout."""
+    """What a copy read: the sha256 of each source file it read whole, with the size and mtime it had throughout,
+    and the xxh3-128 digest of every source tensor it copied, of the very bytes it wrote."""
 
     file_sha256: dict[str, tuple[int, int, str]] = field(default_factory=dict)  # file -> size, mtime_ns, sha256
+    tensor_digests: dict[Stored, str] = field(default_factory=dict)  # source tensor -> xxh3-128 of its bytes
 
 
 def copy_tensors(source_dir: Path, layouts: Mapping[str, Layout], target: Path,
                  hash_files: Collection[str] = ()) -> CopyResult:
     """Write each output file of `layouts` into `target`: its header, then every tensor's bytes copied from its
-    source file. Source files are read in turn, each range once, one CHUNK in memory (two while a file is hashed);
-    a file in `hash_files` is read whole, by a thread beside the copy, and its sha256 returned. A source shorter
-    than its header says is a one-line error."""
+    source file through one CHUNK buffer, each tensor's digest taken from the buffer as it is written. A file in
+    `hash_files` is read whole, once: its sha256 (by a thread, from a second buffer) and the copy share that read.
+    A source shorter than its header says is a one-line error."""
     jobs: dict[str, list[tuple[Stored, str, int]]] = defaultdict(list)
     for out, layout in layouts.items():
         for _, tensor, offset in layout.places:
             jobs[tensor.file].append((tensor, out, offset))
     result = CopyResult()
-    buffers = (memoryview(bytearray(CHUNK)), memoryview(bytearray(CHUNK)) if hash_files else None)
+    buffers = (memoryview(bytearray(CHUNK)), memoryview(bytearray(CHUNK)))
     fds: dict[str, int] = {}
     try:
         for out, layout in layouts.items():
             fds[out] = os.open(target / out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             _write_all(fds[out], memoryview(layout.header), 0)
         for file in sorted(set(jobs) | set(hash_files)):
-            digest = _copy_file(source_dir / file, sorted(jobs[file], key=lambda job: job[0].start), fds, buffers,
-                                file in hash_files)
-            if digest is not None:
-                result.file_sha256[file] = digest
+            ordered = sorted(jobs[file], key=lambda job: job[0].start)
+            if file in hash_files:
+                result.file_sha256[file] = _copy_whole(source_dir / file, ordered, fds, buffers, result.tensor_digests)
+            else:
+                _copy_ranges(source_dir / file, ordered, fds, buffers[0], result.tensor_digests)
     finally:
         for fd in fds.values():
             os.close(fd)
@@ -152,75 +154,85 @@ def copy_tensors(source_dir: Path, layouts: Mapping[str, Layout], target: Path,
     return result
 
 
-def _copy_file(path: Path, jobs: list[tuple[Stored, str, int]], fds: dict[str, int],
-               buffers: tuple[memoryview, memoryview | None], whole: bool) -> tuple[int, int, str] | None:
-    """Copy the ranges of `jobs` out of `path` (in offset order) by the kernel (`copy_file_range`: no bytes pass
-    through this process) or, where it cannot, through the first buffer; with `whole`, a thread reads every byte
-    of the file through the second buffer meanwhile and hashes it."""
+def _copy_ranges(path: Path, jobs: list[tuple[Stored, str, int]], fds: dict[str, int], buffer: memoryview,
+                 digests: dict[Stored, str]) -> None:
+    """The kept ranges of `path`, in offset order, one chunk at a time: each chunk hashed and written."""
+    with path.open("rb", buffering=0) as handle:
+        for tensor, out, offset in jobs:
+            digest = xxhash.xxh3_128()
+            for start, chunk in _chunks(handle, path, tensor.start, tensor.end, buffer, digest, seek=True):
+                _write_all(fds[out], chunk, offset + start - tensor.start)
+            digests[tensor] = digest.hexdigest()
+
+
+def _copy_whole(path: Path, jobs: list[tuple[Stored, str, int]], fds: dict[str, int],
+                buffers: tuple[memoryview, memoryview], digests: dict[Stored, str]) -> tuple[int, int, str]:
+    """Read all of `path` once, in order: a thread feeds each chunk to the file's sha256 (the GIL released) while
+    the kept ranges in it are hashed and written; the two buffers take turns. The file must keep its size and
+    modification time throughout."""
     before = path.stat()
-    stop = threading.Event()
-    with ThreadPoolExecutor(1) as pool:
-        hashing: Future[str] | None = None
-        if whole:
-            assert buffers[1] is not None
-            hashing = pool.submit(_sha256, path, before.st_size, buffers[1], stop)
+    sha = hashlib.sha256()
+    pending: list[Future[None] | None] = [None, None]
+    cursor = _RangeCursor(jobs, fds, digests)
+    with ThreadPoolExecutor(1) as pool, path.open("rb", buffering=0) as handle:
         try:
-            _copy_ranges(path, jobs, fds, buffers[0], hashing)
-            digest = hashing.result() if hashing is not None else None
-        except BaseException:
-            stop.set()  # the hash is not wanted any more: the thread ends at its next chunk
-            raise
-    if digest is None:
-        return None
+            for turn, (start, chunk) in enumerate(_whole_chunks(handle, path, before.st_size, buffers, pending)):
+                pending[turn % 2] = pool.submit(sha.update, chunk)
+                cursor.feed(start, chunk)
+        finally:
+            for future in pending:
+                if future is not None:
+                    future.result()
+    cursor.finish(path)
     after = path.stat()
     if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
         raise LayerpruneError(f"{path} changed while it was read; nothing was written")
-    return before.st_size, before.st_mtime_ns, digest
+    return before.st_size, before.st_mtime_ns, sha.hexdigest()
 
 
-def _copy_ranges(path: Path, jobs: list[tuple[Stored, str, int]], fds: dict[str, int], buffer: memoryview,
-                 hashing: Future[str] | None) -> None:
-    """The ranges, one tensor at a time; the hash thread's error (a truncation it found) raised before the next."""
-    with path.open("rb", buffering=0) as handle:
-        for tensor, out, offset in jobs:
-            if hashing is not None and hashing.done():
-                hashing.result()
-            if not _kernel_copy(handle, path, tensor, fds[out], offset):
-                for start, chunk in _chunks(handle, path, tensor.start, tensor.end, buffer, None, seek=True):
-                    _write_all(fds[out], chunk, offset + start - tensor.start)
+def _whole_chunks(handle: Any, path: Path, size: int, buffers: tuple[memoryview, memoryview],
+                  pending: list[Future[None] | None]) -> Iterator[tuple[int, memoryview]]:
+    """(offset, bytes) of the whole file, the buffers in turn; a buffer is refilled only once its hash is done."""
+    position, turn = 0, 0
+    while position < size:
+        if (future := pending[turn % 2]) is not None:
+            future.result()
+        buffer = buffers[turn % 2]
+        read = handle.readinto(buffer[: min(len(buffer), size - position)])
+        if not read:
+            raise LayerpruneError(f"{path} ends at byte {position}, its size was {size}: truncated while read; "
+                                  "nothing was written")
+        yield position, buffer[:read]
+        position, turn = position + read, turn + 1
 
 
-def _sha256(path: Path, size: int, buffer: memoryview, stop: threading.Event) -> str:
-    """The sha256 of `path`'s first `size` bytes (its whole length when the copy began); stops early, with a
-    meaningless digest, once `stop` is set (the copy failed)."""
-    digest = hashlib.sha256()
-    with path.open("rb", buffering=0) as handle:
-        for _ in _chunks(handle, path, 0, size, buffer, digest, seek=True):
-            if stop.is_set():
-                break
-    return digest.hexdigest()
+class _RangeCursor:
+    """The kept ranges of one file (sorted, disjoint), fed the file's chunks in order: each range's part of a
+    chunk is hashed and written at its place in its output file."""
 
+    def __init__(self, jobs: list[tuple[Stored, str, int]], fds: dict[str, int], digests: dict[Stored, str]) -> None:
+        self.jobs, self.fds, self.digests = jobs, fds, digests
+        self.index, self.digest = 0, xxhash.xxh3_128()
 
-def _kernel_copy(handle: Any, path: Path, tensor: Stored, fd: int, offset: int) -> bool:
-    """Copy `tensor`'s bytes to `offset` of `fd` with `os.copy_file_range`, CHUNK at a time; False when the system
-    cannot (then nothing was copied by it)."""
-    copy = getattr(os, "copy_file_range", None)
-    position = tensor.start
-    while position < tensor.end:
-        try:
-            done = copy(handle.fileno(), fd, min(CHUNK, tensor.end - position), position,  # type: ignore[misc]
-                        offset + position - tensor.start) if copy else None
-        except OSError as exc:
-            if position == tensor.start and exc.errno in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
-                return False
-            raise
-        if done is None:
-            return False
-        if not done:
-            raise LayerpruneError(f"{path} ends at byte {position}, its header says {tensor.end}: truncated while "
+    def feed(self, start: int, chunk: memoryview) -> None:
+        end = start + len(chunk)
+        while self.index < len(self.jobs):
+            tensor, out, offset = self.jobs[self.index]
+            low, high = max(tensor.start, start), min(tensor.end, end)
+            if low < high:
+                part = chunk[low - start : high - start]
+                self.digest.update(part)
+                _write_all(self.fds[out], part, offset + low - tensor.start)
+            if tensor.end > end:
+                return
+            self.digests[tensor] = self.digest.hexdigest()
+            self.index, self.digest = self.index + 1, xxhash.xxh3_128()
+
+    def finish(self, path: Path) -> None:
+        if self.index < len(self.jobs):
+            tensor = self.jobs[self.index][0]
+            raise LayerpruneError(f"{path} is shorter than its header says ({tensor.end} bytes): truncated while "
                                   "read; nothing was written")
-        position += done
-    return True
 
 
 def _chunks(handle: Any, path: Path, start: int, end: int, buffer: memoryview, digest: Any,

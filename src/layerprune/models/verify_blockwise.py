@@ -2,10 +2,14 @@
 
 The model's own forward runs on a skeleton (embeddings, final norm and head loaded; blocks on the meta device)
 with each block's weights loaded from its own files just before it runs and emptied right after, so the hidden
-states of a few sequences are carried from block to block by the model's code itself. The original runs with the
-dropped blocks skipped (their output replaced by their input); the written model runs as written; the logits
-must agree. Beside the logits, the blocks built from the new config must be the kept blocks of the old one
-(attention kind, sliding window and every other per-layer setting), which a short probe cannot always show.
+states of a few sequences are carried from block to block by the model's code itself. The written model runs as
+written (with a streamed prune, each tensor it loads is checked against the copy's digest of its source tensor as
+it is read: `CopyCheck`); the original runs with the dropped blocks skipped (their output replaced by their input,
+their weights never read); the logits must agree. When the bytes are checked, the original does not recompute the
+blocks before the one before the first dropped block: it starts there from the written model's hidden state (both
+have the same bytes there), and it shares the written skeleton's embeddings, norm and head. Beside the logits, the
+blocks built from the new config must be the kept blocks of the old one (attention kind, sliding window and every
+other per-layer setting), which a short probe cannot always show.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import gc
 import os
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,27 +30,71 @@ from torch import nn
 from layerprune.core.errors import LayerpruneError
 from layerprune.models.blocks import find_decoder_stack
 from layerprune.models.blockwise import BlockwiseModel, empty_block, empty_model, fill_block, load_skeleton
+from layerprune.models.copy_check import copy_check
+from layerprune.models.safetensors_copy import Stored
 from layerprune.models.shards import block_prefix, read_checkpoint
 
 PER_LAYER_NAMES = ("layer_idx", "layer_index")  # renumbered by the surgery: the one setting that may differ
 
 
+@dataclass
+class Relay:
+    """What one block-major forward hands the next: the hidden state entering block `at` (taken by the first, put in
+    by the second), and what each block class returns (a tensor: None; a tuple: its length), so a block that is not
+    run can return its input the way the model's loop expects it."""
+
+    at: int = 0
+    state: torch.Tensor | None = None
+    returns: dict[type, int | None] = field(default_factory=dict)
+
+
 @contextlib.contextmanager
-def streamed_blocks(bw: BlockwiseModel, skip: Sequence[int] = ()) -> Iterator[None]:
-    """While open, the skeleton's own forward loads each block just before it runs and empties it after;
-    a block in `skip` returns its input (it still runs, so the model sees the same call pattern)."""
-    skipped = set(skip)
-    handles = []
+def streamed_blocks(bw: BlockwiseModel, skip: Sequence[int] = (), relay: Relay | None = None,
+                    start: int = 0) -> Iterator[None]:
+    """While open, the skeleton's own forward loads each block just before it runs and empties it after. A block in
+    `skip` and, from `start` > 0, every block before it return their input without their weights being read (when
+    `relay` knows what their class returns; else they run and their output is replaced by their input); block
+    `start` takes `relay.state` as its input. With `start` 0, `relay` (if any) is filled: the state entering block
+    `relay.at`, what each block class returns."""
+    passed = set(skip) | set(range(start))
+    handles, patched = [], []
     for index, block in enumerate(bw.stack.layers):
+        if index in passed and relay is not None and type(block) in relay.returns:
+            block.forward = _passthrough(relay.returns[type(block)])
+            patched.append(block)
+            continue
         handles.append(block.register_forward_pre_hook(_before(bw, index)))
-        handles.append(block.register_forward_hook(_after(bw, index, index in skipped), with_kwargs=True))
+        handles.append(block.register_forward_hook(_after(bw, index, index in passed, relay), with_kwargs=True))
+        if relay is not None and index == relay.at and (start or relay.at):
+            handles.append(block.register_forward_pre_hook(_relay(relay, put=bool(start)), with_kwargs=True))
     try:
         yield
     finally:
         for handle in handles:
             handle.remove()
+        for block in patched:
+            del block.forward
         for index in range(len(bw)):
             empty_block(bw, index)
+
+
+def _passthrough(returns: int | None) -> Any:
+    def forward(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        return hidden_states if returns is None else (hidden_states, *([None] * (returns - 1)))
+
+    return forward
+
+
+def _relay(relay: Relay, put: bool) -> Any:
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        if not put:
+            relay.state = (args[0] if args else kwargs["hidden_states"]).clone()
+            return None
+        if args:
+            return (relay.state, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": relay.state}
+
+    return hook
 
 
 def _before(bw: BlockwiseModel, index: int) -> Any:
@@ -55,9 +104,11 @@ def _before(bw: BlockwiseModel, index: int) -> Any:
     return hook
 
 
-def _after(bw: BlockwiseModel, index: int, skipped: bool) -> Any:
+def _after(bw: BlockwiseModel, index: int, skipped: bool, relay: Relay | None) -> Any:
     def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
         empty_block(bw, index)
+        if relay is not None and not skipped:
+            relay.returns.setdefault(type(module), len(output) if isinstance(output, tuple) else None)
         if not skipped:
             return None
         hidden = args[0] if args else kwargs["hidden_states"]
@@ -67,12 +118,13 @@ def _after(bw: BlockwiseModel, index: int, skipped: bool) -> Any:
 
 
 def block_major_logits(
-    bw: BlockwiseModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, skip: Sequence[int] = ()
+    bw: BlockwiseModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, skip: Sequence[int] = (),
+    relay: Relay | None = None, start: int = 0,
 ) -> torch.Tensor:
-    """The model's own logits (float32), computed one loaded block at a time."""
+    """The model's own logits (float32), computed one loaded block at a time (see `streamed_blocks`)."""
     device = bw.device
     mask = attention_mask.to(device) if attention_mask is not None else None
-    with torch.inference_mode(), streamed_blocks(bw, skip):
+    with torch.inference_mode(), streamed_blocks(bw, skip, relay, start):
         out = bw.model(input_ids=input_ids.to(device), attention_mask=mask, use_cache=False)
     return out.logits.float()
 
@@ -106,11 +158,14 @@ def block_settings(block: nn.Module) -> dict[str, Any]:
     return found
 
 
-def check_per_layer_settings(source_config: Any, written_config: Any, kept: Sequence[int]) -> int:
+def check_per_layer_settings(source_config: Any, written_config: Any, kept: Sequence[int],
+                             models: tuple[nn.Module, nn.Module] | None = None) -> int:
     """The blocks the written config builds are the kept blocks of the source config, setting by setting (on
-    the meta device); raise naming the first difference. Returns how many settings were compared."""
-    before = find_decoder_stack(empty_model(source_config)).layers
-    after = find_decoder_stack(empty_model(written_config)).layers
+    the meta device; `models`: both empty models when the caller has built them); raise naming the first
+    difference. Returns how many settings were compared."""
+    source, written = models or (empty_model(source_config), empty_model(written_config))
+    before = find_decoder_stack(source).layers
+    after = find_decoder_stack(written).layers
     if len(after) != len(kept):
         raise LayerpruneError(f"surgery check failed: the written config builds {len(after)} blocks, not {len(kept)}")
     compared = 0
@@ -141,19 +196,20 @@ def check_block_keys(bw: BlockwiseModel) -> None:
                 )
 
 
-def skeleton(directory: Path, config: Any, device: torch.device, dtype: torch.dtype) -> BlockwiseModel:
-    """`load_skeleton`, refused up front (`BlockMajorUnsupported`) when a block's weights cannot be found."""
+def skeleton(directory: Path, config: Any, device: torch.device, dtype: torch.dtype, **given: Any) -> BlockwiseModel:
+    """`load_skeleton` (`given`: its optional arguments), refused up front (`BlockMajorUnsupported`) when a block's
+    weights cannot be found."""
     try:
-        bw = load_skeleton(directory, config, device, dtype)
+        bw = load_skeleton(directory, config, device, dtype, **given)
     except LayerpruneError as exc:
         raise BlockMajorUnsupported(str(exc)) from exc
     check_block_keys(bw)
     return bw
 
 
-def _keys_only(directory: Path, config: Any) -> BlockwiseModel:
+def _keys_only(directory: Path, config: Any, model: nn.Module | None = None) -> BlockwiseModel:
     """A skeleton with nothing loaded: enough to check the names of the block weights."""
-    model = empty_model(config)
+    model = model if model is not None else empty_model(config)
     checkpoint = read_checkpoint(directory)
     stack = find_decoder_stack(model)
     prefix = block_prefix(list(checkpoint.weight_map), len(stack))
@@ -180,28 +236,49 @@ def verify_block_major(
     rtol: float,
     reference: torch.Tensor | None = None,
     source_dir: Path | None = None,
+    digests: Mapping[Stored, str] | None = None,
 ) -> dict[str, Any]:
     """Compare the written model with the original-with-skips, one block at a time; raise on a mismatch.
 
     `reference` is the original's logits with `drop` skipped when the caller has them; else they are computed
-    block-major from `source_dir`. With `source_config`, the per-layer settings are compared as well."""
+    block-major from `source_dir`. With `source_config`, the per-layer settings are compared as well. With
+    `digests` (the copy's, of each source tensor it wrote), every written tensor is checked against the source
+    tensor that belongs at its name as the written model loads it; then the original starts from the written
+    model's state entering the block before the first dropped one and shares its embeddings, norm and head."""
     from transformers import AutoConfig
 
     start = time.perf_counter()
     written_config = AutoConfig.from_pretrained(written_dir)
-    check_block_keys(_keys_only(written_dir, written_config))  # refused before any weight is read
+    written_model = empty_model(written_config, dtype)
+    check_block_keys(_keys_only(written_dir, written_config, written_model))  # refused before any weight is read
     settings: int | str = "skipped: no source config"
+    source_model = None
     if source_config is not None:
-        text = source_config.get_text_config() if hasattr(source_config, "get_text_config") else source_config
-        kept = [i for i in range(text.num_hidden_layers) if i not in set(drop)]
-        settings = check_per_layer_settings(source_config, written_config, kept)
+        source_model = empty_model(source_config, dtype)
+        depth = len(find_decoder_stack(source_model))
+        kept = [i for i in range(depth) if i not in set(drop)]
+        settings = check_per_layer_settings(source_config, written_config, kept, (source_model, written_model))
     phases = {"settings": time.perf_counter() - start}
+    copies = None
+    if digests is not None:
+        assert source_dir is not None and source_model is not None
+        copies = copy_check(source_dir, written_dir, drop, len(find_decoder_stack(source_model)), digests)
+    relay = Relay(at=max(min(drop) - 1, 0) if copies is not None and drop else 0)
+    written = skeleton(written_dir, written_config, device, dtype, model=written_model,
+                       on_load=copies.tensor if copies is not None else None)
+    logits = block_major_logits(written, input_ids, attention_mask, relay=relay)
+    phases["written"] = time.perf_counter() - start - sum(phases.values())
+    record: dict[str, Any] = {}
+    if copies is not None:
+        record["bytes_compared"] = copies.rest()  # what the forward did not load (none in a plain decoder)
+        phases["bytes"] = time.perf_counter() - start - sum(phases.values())
     if reference is None:
         assert source_dir is not None and source_config is not None
-        reference = _reference_logits(source_dir, source_config, input_ids, attention_mask, drop, device, dtype)
+        shared = written if copies is not None else None
+        del written
+        reference = _reference_logits(source_dir, source_config, input_ids, attention_mask, drop, device, dtype,
+                                      source_model, relay, shared)
         phases["reference"] = time.perf_counter() - start - sum(phases.values())
-    logits = block_major_logits(skeleton(written_dir, written_config, device, dtype), input_ids, attention_mask)
-    phases["written"] = time.perf_counter() - start - sum(phases.values())
     diff = float((logits - reference.to(logits.device)).abs().max())
     scale = float(reference.abs().max())
     tolerance = rtol * scale + 1e-4
@@ -211,21 +288,26 @@ def verify_block_major(
             f"(max |diff| {diff:.3g} > {tolerance:.3g}, block-major); nothing was written"
         )
     return {"logits_check": "block-major", "max_abs_diff": diff, "tolerance": tolerance, "reference_max_abs": scale,
-            "per_layer_settings": settings, "tokens": int(input_ids.numel()),
+            "per_layer_settings": settings, "tokens": int(input_ids.numel()), **record,
             "seconds": round(time.perf_counter() - start, 2),
             "phase_seconds": {name: round(seconds, 3) for name, seconds in phases.items()}}
 
 
 def _reference_logits(source_dir: Path, source_config: Any, input_ids: torch.Tensor,
                       attention_mask: torch.Tensor | None, drop: Sequence[int], device: torch.device,
-                      dtype: torch.dtype) -> torch.Tensor:
-    """The original's logits with `drop` skipped, its skeleton freed before they are returned (by reference
-    counting; a full garbage collection, 0.1-0.6 s with transformers loaded, only if a cycle keeps it alive)."""
-    bw = skeleton(source_dir, source_config, device, dtype)
+                      dtype: torch.dtype, model: nn.Module | None = None, relay: Relay | None = None,
+                      shared: BlockwiseModel | None = None) -> torch.Tensor:
+    """The original's logits with `drop` skipped, from block `relay.at` on (the blocks before it shared), its
+    non-block tensors taken from `shared` where given; a skeleton with tensors of its own is freed before they are
+    returned (by reference counting; a full garbage collection, 0.1-0.6 s with transformers loaded, only if a
+    cycle keeps it alive)."""
+    bw = skeleton(source_dir, source_config, device, dtype, model=model, shared=shared)
+    own_tensors = shared is None  # else its embeddings, norm and head are the shared ones: nothing to free early
+    del model, shared
     alive = weakref.ref(bw.model)
-    logits = block_major_logits(bw, input_ids, attention_mask, drop)
+    start = relay.at if relay is not None and relay.state is not None else 0
+    logits = block_major_logits(bw, input_ids, attention_mask, drop, relay, start)
     del bw
-    if alive() is not None:
+    if own_tensors and alive() is not None:
         gc.collect()
     return logits
-

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,11 @@ import torch
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.settings import RunSettings
 from layerprune.models import ModelSource, load_model
+from layerprune.models.copy_check import copy_check
 from layerprune.models.layer_fields import check_layer_fields
 from layerprune.models.loading import device_map_kwargs, load_tokenizer
-from layerprune.models.shards import StreamPlan, check_copied, count_parameters, plan_stream, read_checkpoint
+from layerprune.models.safetensors_copy import Stored
+from layerprune.models.shards import count_parameters, plan_stream, read_checkpoint
 from layerprune.models.surgery import checkpoint_dtype, compare_reloaded_logits, dtype_name
 from layerprune.models.verify_blockwise import BlockMajorUnsupported, fits_whole, verify_block_major
 from layerprune.prune.calib import CalibSet, load_calibration, tokenize_calibration
@@ -38,7 +41,7 @@ from layerprune.prune.streaming import describe_source, per_layer_config, save_s
 from layerprune.tasks.data import resolve_data_dir
 
 log = logging.getLogger(__name__)
-PROBE_POSITIONS = 16  # per row, in the streamed block-major check
+PROBE_POSITIONS = 8  # per row, in the streamed block-major check
 
 
 def prune_from_files(
@@ -114,14 +117,17 @@ def prune_from_files(
     if writes:
         assert output is not None
 
+        written: dict[str, Any] = {}
+
         def finish(tmp: Path, report: dict[str, Any]) -> None:
             if recipe.verify:
-                _verify_streamed(source, source_dir, config, settings, tmp, report, result.drop, calib, plan)
+                _verify_streamed(source, source_dir, config, settings, tmp, report, result.drop, calib,
+                                 written["tensor_digests"])
             write_report_files(tmp, report)
 
         report["dtype"] = _streamed_dtypes(config, source_dir, settings)
         save_streamed(source, source_dir, result.drop, report, output, overwrite, settings, finish, recipe.force,
-                      hash_weights=hash_in_copy)
+                      hash_weights=hash_in_copy, written_out=written)
     return close_report(report, started)
 
 
@@ -141,35 +147,43 @@ def _verify_streamed(
     report: dict[str, Any],
     drop: list[int],
     calib: CalibSet | None,
-    plan: StreamPlan,
+    digests: Mapping[Stored, str],
 ) -> None:
-    """Every written tensor byte for byte the source tensor it was copied from (both files' headers and data read
-    back), then the logits of the written model against the original with `drop` skipped, block-major (one block
-    in memory at a time); for a family whose files the block-major way cannot read, both reloaded whole one after
-    the other when that fits. The streamed files were already checked by name and against the new config on the
-    meta device."""
+    """Every written tensor byte for byte the source tensor that belongs at its name (its digest against the one the
+    copy took of the source bytes it wrote: the source is not read again), checked as the written model's
+    block-major forward loads it; then the written model's logits against the original with `drop` skipped, from
+    the block before the first dropped one on (one block in memory at a time). For a family whose files the
+    block-major way cannot read, the bytes are read and checked on their own, and both models reloaded whole one
+    after the other when that fits. The streamed files were already checked by name and against the new config on
+    the meta device."""
     start = time.perf_counter()
     meta: Verification = report["verification"]
-    meta.bytes_compared = check_copied(plan, tmp)
-    bytes_seconds = time.perf_counter() - start
     device = settings.resolved_device()
     stored = checkpoint_dtype(config, source_dir)  # not float32 on the CPU: one block of the stored size at a time
     compute = stored if settings.dtype == "auto" and stored is not None else settings.resolved_dtype()
     ids, mask = probe_positions(*probe_inputs(load_tokenizer(source, settings), calib, device))
     rtol = 1e-3 if compute == torch.float32 else 2e-2  # the streamed files are the source's tensors, bit for bit
     try:
-        record = verify_block_major(config, tmp, drop, ids, mask, device, compute, rtol, source_dir=source_dir)
+        record = verify_block_major(config, tmp, drop, ids, mask, device, compute, rtol, source_dir=source_dir,
+                                    digests=digests)
     except BlockMajorUnsupported as exc:
-        record = _verify_whole(source, source_dir, settings, tmp, drop, calib, rtol, str(exc))
+        bytes_start = time.perf_counter()
+        compared = copy_check(source_dir, tmp, drop, _depth(config), digests).rest()
+        bytes_seconds = round(time.perf_counter() - bytes_start, 3)
+        record = {**_verify_whole(source, source_dir, settings, tmp, drop, calib, rtol, str(exc)),
+                  "bytes_compared": compared, "phase_seconds": {"bytes": bytes_seconds}}
     verification = Verification(**{
         **meta.model_dump(),
         **record,
         "checked": isinstance(record.get("max_abs_diff"), float),
-        "phase_seconds": {"bytes": round(bytes_seconds, 3), **record.get("phase_seconds", {})},
         "seconds": round((meta.seconds or 0.0) + time.perf_counter() - start, 2),
     })
     report["verification"] = verification
     report["timings"].verify_s = verification.seconds
+
+
+def _depth(config: Any) -> int:
+    return int((config.get_text_config() if hasattr(config, "get_text_config") else config).num_hidden_layers)
 
 
 def probe_positions(ids: torch.Tensor, mask: torch.Tensor | None,

@@ -55,7 +55,8 @@ def stream_pruned(source_dir: Path, drop: list[int], target: Path, settings: Run
                   force: bool = False, label: Path | str | None = None,
                   hash_files: Collection[str] = ()) -> dict[str, Any]:
     """Write the weights of the model without `drop`, plus its config, into `target`; return what was written
-    (with `file_sha256`: the sha256 of each source file in `hash_files`, read whole by the copy).
+    (with `file_sha256`: the sha256 of each source file in `hash_files`, read whole by the copy; `tensor_digests`:
+    the digest of each source tensor copied, for the byte check).
 
     The new config is checked before it is kept: the model class built from it on the meta device expects exactly
     the written tensors (names and shapes)."""
@@ -84,6 +85,7 @@ def stream_pruned(source_dir: Path, drop: list[int], target: Path, settings: Run
     copy_side_files(source_dir, target)
     return {"shards": len(plan.shards), "bytes": plan.total_bytes, "dtypes": plan.dtypes, "kept": plan.kept,
             "seconds": round(time.perf_counter() - start, 2), "file_sha256": copied.file_sha256,
+            "tensor_digests": copied.tensor_digests,
             "meta_check": {"keys": keys, "seconds": round(time.perf_counter() - verify_start, 2)}}
 
 
@@ -129,17 +131,20 @@ def per_layer_config(config: Any, kept: list[int] | None = None) -> dict[str, An
 
 def save_streamed(source: ModelSource, source_dir: Path, drop: list[int], report: dict[str, Any], output: Path,
                   overwrite: bool, settings: RunSettings, finish: Any, force: bool = False,
-                  hash_weights: bool = False) -> None:
+                  hash_weights: bool = False, written_out: dict[str, Any] | None = None) -> None:
     """Stream the weights into a temp dir, add tokenizer and report files (`finish(tmp)`), rename into place.
 
     With `hash_weights` (a local source whose hash the caller left for now), the weight files the hash memo does
-    not know are hashed by the copy's own read, and `source.identity["weights_sha256"]` is set before `finish`."""
+    not know are hashed by the copy's own read, and `source.identity["weights_sha256"]` is set before `finish`.
+    `written_out`, when given, receives what `stream_pruned` returned (the copy's digests among it) before `finish`."""
     start = time.perf_counter()
     cache = settings.resolved_cache_dir()
     pending = unhashed_files(source_dir, cache) if hash_weights else []
     with atomic_output_dir(output, overwrite) as tmp:
         written = stream_pruned(source_dir, drop, tmp, settings, force=force, label=output,
                                 hash_files={path.name for path in pending if path.suffix == ".safetensors"})
+        if written_out is not None:
+            written_out.update(written)
         if hash_weights:
             remember_hashes(source_dir, cache, written["file_sha256"])
             add_weights_hash(source, settings)
