@@ -1,21 +1,28 @@
 """Held out, measured: the recovery data (prompts and the teacher's answers) against every scored task's items.
 
 A task is held out when its evaluated items do not appear in what the recovery trained on, not when no recovery
-prompt was drawn from its name. The test is lm-eval's decontamination (Janitor, after GPT-3): an item overlaps
-when one of its word n-grams (N = 8 here, GPT-3's lower bound; lm-eval uses 13) appears in the prompts, in the
-answers, or across a prompt and its answer (the sequence a recovery trains on). Two departures, both for this
-project's symbolic probes: tokens are `analyze.metrics.words` (lower-cased words and single punctuation marks;
-lm-eval deletes punctuation, which would erase every bracket and operator of a probe item), and a probe item (or any
-item under N tokens) overlaps only when all of it appears, token for token: its tokens come from an alphabet of a
-few symbols, so any 8 of them stand in many other items (by 8-grams, each of 60 depth-7 bracket questions
-'overlapped' 60 calibration-stream prompts that hold none of them), and the item is the unit.
+prompt was drawn from its name. Each item is examined by one of two checks, both on normalized text
+(`tasks.contamination`), and the report says per task how many items its check examined and how many it could not,
+and why (no document logged, no text, a question outside its family's template):
 
-An item is its question and its gold answer: a probe's question alone (its few-shot prefix left out; its answer
-follows from it, and a question seen is an item seen, whatever answer came with it); an lm-eval document's text
-fields of at least `evaluate.overlap.MIN_FIELD_CHARS` characters (question, passage, a written-out answer; labels
-and ids are shorter), joined. A task is flagged when at least FLAG_SHARE of its items overlap: a share s of
-contaminated items can move its accuracy by at most s, and below 1% that is under a point, well inside the
-standard error of the 100-500 items a task is scored on.
+- text (an lm-eval document): lm-eval's decontamination (Janitor, after GPT-3) on its normalization (case folded,
+  punctuation dropped, whitespace collapsed): an item overlaps when one of its word n-grams (N = 8 here, GPT-3's
+  lower bound; lm-eval uses 13) appears in the prompts, in the answers, or across a prompt and its answer (the
+  sequence a recovery trains on); an item under N tokens overlaps only when all of it appears.
+- template (a probe item): its payload (the numbers, letters, words or brackets its template holds, digits to a
+  placeholder of their length in the template's shape) found whole in any wording of its family's template ('What is
+  81 - 50?' for '81 - 50 =', 'k, d, m' for 'k d m', 'Repeat:' for 'Copy:'). Probe tokens come from alphabets of a few
+  symbols, so any 8 of them stand in many other items: the item is the unit. A payload of the same shape with one
+  value changed is a near duplicate; near duplicates flag a task only beyond what chance gives in a family that small
+  (`tasks.contamination.near_chance`). Recovery records holding the task's template with other values are counted
+  too: a recovery that asks the task's kind of question trains its format (near transfer), if not its items.
+
+An item is its question and its gold answer: a probe's question alone (its few-shot prefix left out; a question seen
+is an item seen, whatever answer came with it); an lm-eval document's text fields of at least
+`evaluate.overlap.MIN_FIELD_CHARS` characters (question, passage, a written-out answer), nested ones (ARC's choices)
+included, joined; a document with no field that long, all its text but ids and labels. A task is flagged when at
+least FLAG_SHARE of its examined items overlap: a share s of contaminated items can move its accuracy by at most s,
+and below 1% that is under a point, well inside the standard error of the 100-500 items a task is scored on.
 
 The teacher's answers are also measured for copying (a run of >= N consecutive tokens of their own prompt: the
 `local` method regresses every position of prompt + answer, so answers that re-emit their prompt's items train the
@@ -28,8 +35,8 @@ from __future__ import annotations
 
 import functools
 import json
-from collections import defaultdict
-from collections.abc import Sequence
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,16 +45,31 @@ from layerprune.core.errors import LayerpruneError
 from layerprune.core.outputs import write_atomic
 from layerprune.evaluate.items import SAMPLES_DIR
 from layerprune.evaluate.overlap import MIN_FIELD_CHARS, normalize
+from layerprune.tasks.contamination import (
+    Payload,
+    PayloadIndex,
+    document_strings,
+    find_payloads,
+    identifying,
+    item_payload,
+    janitor_tokens,
+    near_chance,
+    poisson_tail,
+)
 from layerprune.tasks.data import iter_jsonl
-from layerprune.tasks.probes import EVAL_SEED, LIST_FAMILIES, generate_probes, probe_tasks
+from layerprune.tasks.probes import EVAL_SEED, LIST_FAMILIES, family_of, generate_probes, probe_tasks
 
-NGRAM = 8  # GPT-3's smallest N (it used 8-13 by item length); probe items are shorter, matched whole
+NGRAM = 8  # GPT-3's smallest N (it used 8-13 by item length); probe items are matched whole by their payload
 FLAG_SHARE = 0.01  # flag a task when this share of its items overlaps: at most a point of accuracy below it
+NEAR_P = 0.001  # near duplicates flag a task when chance alone gives that many this rarely
 COPY_NOTE_SHARE = 0.05  # the near-transfer note on list probes when this share of teacher answers copies its prompt
 REP_NS = (2, 3, 4)
 AUDIT_FILE = "audit.json"
 EVAL_LABEL = "baseline"  # the evaluation folder whose samples give the items (every model answered the same ones)
 HELD_OUT = "held out (measured)"
+NO_DOC = "no document in the samples log"
+NO_TEXT = "no text"
+NO_TEMPLATE = "question not in its family's template"
 
 
 def gram_hashes(tokens: Sequence[str], size: int) -> set[int]:
@@ -73,10 +95,26 @@ class DataIndex:
         return self._built[size]
 
 
-def gram_size(whole: bool, tokens: Sequence[str], n: int) -> int:
-    """n, or the item's whole length: for a probe (`whole`: a few symbols of a small alphabet, so that any n of them
-    stand in many other items; the item is the unit) and for an item shorter than n."""
-    return len(tokens) if whole else min(n, len(tokens))
+class PayloadData:
+    """The probe templates' payloads in the recovery data: in the prompts, in the answers, across the two, and the
+    records holding each shape."""
+
+    def __init__(self, records: Sequence[dict[str, Any]]) -> None:
+        prompts = [find_payloads(str(r["prompt"])) for r in records]
+        answers = [find_payloads(str(r["response"])) for r in records]
+        joined = [find_payloads(f"{r['prompt']}\n{r['response']}") for r in records]
+        self.prompts, self.answers = PayloadIndex(_flat(prompts)), PayloadIndex(_flat(answers))
+        self.across = PayloadIndex(_flat(joined))
+        self.anywhere = PayloadIndex(_flat([*prompts, *answers, *joined]))
+        self.record_shapes = [frozenset(p.shape for p in found) for found in joined]
+
+    def records_in(self, shapes: set[str]) -> int:
+        """How many records hold a payload of one of `shapes`."""
+        return sum(bool(held & shapes) for held in self.record_shapes)
+
+
+def _flat(found: Iterable[list[Payload]]) -> list[Payload]:
+    return [p for payloads in found for p in payloads]
 
 
 def longest_copied_span(prompt: Sequence[str], response: Sequence[str]) -> int:
@@ -110,72 +148,127 @@ def _copy_stats(prompts: list[list[str]], answers: list[list[str]], n: int) -> d
     return stats
 
 
-def found_shares(tokens: Sequence[str], size: int, data: DataIndex, n: int) -> tuple[float, float, bool]:
-    """The shares of an item's grams of `size` tokens found in the prompts and in the answers, and whether one is
-    across a prompt and its answer. A whole item longer than n is looked for only where its first n tokens stand."""
-    grams = gram_hashes(tokens, size)
+def found_shares(tokens: Sequence[str], data: DataIndex, n: int) -> tuple[float, float, bool]:
+    """The shares of an item's n-grams (the whole item, under n tokens) found in the prompts and in the answers, and
+    whether one is across a prompt and its answer."""
+    grams = gram_hashes(tokens, min(n, len(tokens)))
     if not grams:
         return 0.0, 0.0, False
-    if size > n and not any(hash(tuple(tokens[:n])) in found for found in data.at(n)):
-        return 0.0, 0.0, False
-    prompts, answers, across = data.at(size)
+    prompts, answers, across = data.at(min(n, len(tokens)))
     return len(grams & prompts) / len(grams), len(grams & answers) / len(grams), bool(grams & across)
 
 
-def task_overlap(items: Sequence[Sequence[str]], sizes: Sequence[int], data: DataIndex, n: int) -> dict[str, Any]:
-    """Items (token lists, each with its gram size) whose grams appear in the prompts, in the answers, in either
-    (across the two included), and the largest share of one item's grams found in the prompts and in the answers."""
-    counts = {"prompts": 0, "answers": 0, "either": 0}
-    most = {"prompts": 0.0, "answers": 0.0}
-    for tokens, size in zip(items, sizes, strict=True):
-        in_prompts, in_answers, across = found_shares(tokens, size, data, n)
-        for where, share in (("prompts", in_prompts), ("answers", in_answers)):
-            counts[where] += share > 0
-            most[where] = max(most[where], share)
-        counts["either"] += in_prompts > 0 or in_answers > 0 or across
-    return {"items": len(items), **counts, "share": counts["either"] / len(items) if items else None,
-            "max_prompts": most["prompts"], "max_answers": most["answers"]}
+def _row(items: int, not_examined: Counter[str], check: str) -> dict[str, Any]:
+    return {"items": items, "check": check, "examined": items - sum(not_examined.values()),
+            "not_examined": dict(not_examined), "prompts": 0, "answers": 0, "either": 0,
+            "max_prompts": 0.0, "max_answers": 0.0}
+
+
+def _count(row: dict[str, Any], in_prompts: float, in_answers: float, across: bool) -> None:
+    for where, share in (("prompts", in_prompts), ("answers", in_answers)):
+        row[where] += share > 0
+        row[f"max_{where}"] = max(row[f"max_{where}"], share)
+    row["either"] += in_prompts > 0 or in_answers > 0 or across
+
+
+def text_check(texts: Sequence[str | None], data: DataIndex, n: int) -> dict[str, Any]:
+    """Documents whose normalized n-grams (all of an item under n tokens) appear in the prompts, in the answers, in
+    either (across the two included), and the largest share of one item's n-grams found in each."""
+    tokens = [None if text is None else janitor_tokens(text) for text in texts]
+    row = _row(len(texts), Counter(NO_DOC if t is None else NO_TEXT for t in tokens if not t), "text")
+    row["whole"] = sum(0 < len(t) < n for t in tokens if t)
+    for item in (t for t in tokens if t):
+        _count(row, *found_shares(item, data, n))
+    return row
+
+
+def template_check(task: str, questions: Sequence[str | None], data: PayloadData) -> dict[str, Any]:
+    """Probe items whose payload stands whole in the prompts / the answers / across, those one value from a
+    recovery payload (near) against how many chance would give, and the recovery records in the task's template."""
+    family = family_of(task)
+    payloads = [None if q is None else item_payload(q, family) for q in questions]
+    row = _row(len(questions), Counter(NO_DOC if q is None else NO_TEMPLATE
+                                       for q, p in zip(questions, payloads, strict=True) if p is None), "template")
+    found = [p for p in payloads if p is not None]
+    for payload in found:
+        _count(row, float(payload in data.prompts.exact), float(payload in data.answers.exact),
+               payload in data.across.exact)
+    near = [p for p in found if p not in data.anywhere.exact and data.anywhere.near(p)]
+    expected = sum(near_chance(p, data.anywhere.shapes[p.shape]) for p in found)
+    shapes = {p.shape for p in found}
+    row.update(near=len(near), near_expected=round(expected, 3), near_p=poisson_tail(len(near), expected),
+               template_records=data.records_in(shapes))
+    return row
 
 
 def verdict(task: str, row: dict[str, Any], copying: float | None) -> tuple[bool, str]:
     """(flagged, the verdict line) of one task."""
-    if not row["items"]:
-        return False, "not measured (no items)"
-    if row["either"] >= FLAG_SHARE * row["items"]:
-        return True, f"FLAG: {task} items appear in the recovery prompts/answers ({row['either']} of {row['items']})"
+    examined, why = row["examined"], "; ".join(f"{k} {r}" for r, k in row.get("not_examined", {}).items())
+    if not examined:
+        return False, f"not measured ({why or 'no items'})"
+    if row["either"] >= FLAG_SHARE * examined:
+        return True, f"FLAG: {task} items appear in the recovery prompts/answers ({row['either']} of {examined})"
+    near = row.get("near", 0)
+    if near >= FLAG_SHARE * examined and row["near_p"] < NEAR_P:
+        return True, (f"FLAG: {near} of {examined} {task} items are one value from a recovery question (near "
+                      f"duplicates; {row['near_expected']:.1f} expected by chance)")
     text = HELD_OUT if not row["either"] else (
-        f"{HELD_OUT[:-1]}: {row['either']} of {row['items']} items overlap, under {FLAG_SHARE:.0%})")
-    family = probe_tasks().get(task, {}).get("family")
-    if family in LIST_FAMILIES and copying is not None and copying >= COPY_NOTE_SHARE:
+        f"{HELD_OUT[:-1]}: {row['either']} of {examined} items overlap, under {FLAG_SHARE:.0%})")
+    if row.get("template_records"):
+        text += (f"; near transfer: {row['template_records']} recovery record(s) ask this task's kind of question "
+                 f"with other values ({near} item(s) one value away, {row['near_expected']:.1f} expected by chance)")
+    if why:
+        text += f"; not examined: {why}"
+    listing = task in probe_tasks() and family_of(task) in LIST_FAMILIES
+    if listing and copying is not None and copying >= COPY_NOTE_SHARE:
         text += (f"; near transfer: {copying:.0%} of the teacher's answers copy their prompt, and a recovery that "
-                 "regresses prompt + answer trains re-emitting items")
+                     "regresses prompt + answer trains re-emitting items")
     return False, text
 
 
-def audit_recovery_data(records: Sequence[dict[str, Any]], tasks: dict[str, list[str]],
+def audit_recovery_data(records: Sequence[dict[str, Any]], tasks: dict[str, Sequence[str | None]],
                         n: int = NGRAM) -> dict[str, Any]:
-    """The audit of recovery records ({prompt, response}) against each task's item texts: per task the items
-    overlapping the prompts / the answers (n-grams of `words` tokens, items under n tokens matched whole), the
-    largest share of one item found, and a verdict; over the records, copying and repetition (`copy_stats`)."""
+    """The audit of recovery records ({prompt, response}) against each task's item texts (None: an item whose
+    document was not logged): per task what its check (text or template) examined, could not examine and found, and
+    a verdict; over the records, copying and repetition (`copy_stats`)."""
     if n < 1:
         raise LayerpruneError(f"the audit's n-gram size must be at least 1, got {n}")
-    prompt_tokens = [words(str(r["prompt"])) for r in records]
-    answer_tokens = [words(str(r["response"])) for r in records]
-    data = DataIndex(prompt_tokens, answer_tokens)
-    copying = _copy_stats(prompt_tokens, answer_tokens, n)
+    data = DataIndex([janitor_tokens(str(r["prompt"])) for r in records],
+                     [janitor_tokens(str(r["response"])) for r in records])
+    payloads = PayloadData(records) if any(t in probe_tasks() for t in tasks) else None
+    copying = _copy_stats([words(str(r["prompt"])) for r in records], [words(str(r["response"])) for r in records], n)
     rows = {}
     for task, texts in tasks.items():
-        items, whole = [words(text) for text in texts], task in probe_tasks()
-        row = task_overlap(items, [gram_size(whole, tokens, n) for tokens in items], data, n)
+        probe = payloads is not None and task in probe_tasks()
+        row = template_check(task, texts, payloads) if payloads and probe else text_check(texts, data, n)
+        row["share"] = row["either"] / row["examined"] if row["examined"] else None
         row["flagged"], row["verdict"] = verdict(task, row, copying["share"])
         rows[task] = row
     return {"n": n, "records": len(records), "tasks": rows, "copy": copying,
-            "thresholds": {"flag_share": FLAG_SHARE, "copy_note_share": COPY_NOTE_SHARE},
-            "definitions": {"tokens": "analyze.metrics.words: lower-cased words and single punctuation marks",
-                            "overlap": f"an item shares a {n}-gram with the prompts, the answers or a prompt + "
-                                       f"answer (a probe item, or an item under {n} tokens: all of it)",
-                            "copying": f"an answer holds a run of >= {n} consecutive tokens of its own prompt",
-                            "rep_n": "1 - unique/total word n-grams within an answer, mean over answers"}}
+            "thresholds": {"flag_share": FLAG_SHARE, "near_p": NEAR_P, "copy_note_share": COPY_NOTE_SHARE},
+            "definitions": {
+                "text": f"lm-eval's normalization (case folded, punctuation dropped); an item shares a {n}-gram with "
+                        f"the prompts, the answers or a prompt + answer (an item under {n} tokens: all of it)",
+                "template": "a probe item's payload (numbers under a digits placeholder, letters, words, brackets) "
+                            "whole in any wording of its family's template; near: one value changed",
+                "copying": f"an answer holds a run of >= {n} consecutive tokens of its own prompt",
+                "rep_n": "1 - unique/total word n-grams within an answer, mean over answers"}}
+
+
+def item_text(task: str, sample: dict[str, Any]) -> str | None:
+    """The question and gold answer of one logged lm-eval sample, a probe's question alone (None when it logged no
+    document): its fields of MIN_FIELD_CHARS or more, else all its text but ids and labels."""
+    doc = sample.get("doc")
+    if not isinstance(doc, dict):
+        return None
+    if task in probe_tasks() and isinstance(doc.get("prompt"), str):
+        return probe_question(doc["prompt"], task)
+    texts = [s for s in document_strings(doc) if identifying(s)]
+    target = sample.get("target")
+    if isinstance(target, str) and identifying(target) and target not in texts:
+        texts.append(target)
+    long = [s for s in texts if len(normalize(s)) >= MIN_FIELD_CHARS]
+    return "\n".join(long or texts)
 
 
 @functools.cache
@@ -190,33 +283,29 @@ def probe_question(prompt: str, task: str) -> str:
     return "\n".join(prompt.split("\n")[-question_lines(task):])
 
 
-def item_text(task: str, sample: dict[str, Any]) -> str | None:
-    """The question and gold answer of one logged lm-eval sample, a probe's question alone (None when it logged no
-    document)."""
-    doc = sample.get("doc")
-    if not isinstance(doc, dict):
-        return None
-    if task in probe_tasks() and isinstance(doc.get("prompt"), str):
-        return probe_question(doc["prompt"], task)
-    fields = [v for v in doc.values() if isinstance(v, str) and len(normalize(v)) >= MIN_FIELD_CHARS]
-    target = sample.get("target")
-    if isinstance(target, str) and len(normalize(target)) >= MIN_FIELD_CHARS and target not in fields:
-        fields.append(target)
-    return "\n".join(fields) or None
-
-
-def task_items(folder: Path, task: str) -> list[str] | None:
-    """The item texts of one evaluated task, one per document (lm-eval logs a document once per filter), from
-    `folder`/samples/`task`.jsonl; None when that file is not there."""
+def task_items(folder: Path, task: str) -> list[str | None] | None:
+    """The item texts of one evaluated task, one per document (lm-eval logs a document once per filter; None for one
+    whose document it did not log), from `folder`/samples/`task`.jsonl; None when that file is not there."""
     path = folder / SAMPLES_DIR / f"{task}.jsonl"
     if not path.is_file():
         return None
-    texts: dict[str, str] = {}
+    texts: dict[str, str | None] = {}
     for sample in iter_jsonl(path):
         key = f"{sample.get('subtask', '')}/{sample.get('doc_id')}"
-        if key not in texts and (text := item_text(task, sample)) is not None:
-            texts[key] = text
+        if texts.get(key) is None:
+            texts[key] = item_text(task, sample)
     return list(texts.values())
+
+
+def scored_tasks(root: Path) -> dict[str, Path]:
+    """Every task any model of a study was scored on (eval/ and eval-chat/ folders), with the evaluation folder its
+    items are read from: the baseline's where it has the task, else the first folder that does."""
+    found: dict[str, Path] = {}
+    for path in sorted(root.glob(f"eval*/*/{SAMPLES_DIR}/*.jsonl")):
+        folder = path.parent.parent
+        if path.stem not in found or folder.name == EVAL_LABEL and found[path.stem].name != EVAL_LABEL:
+            found[path.stem] = folder
+    return found
 
 
 def recovery_records(root: Path) -> tuple[Path, list[dict[str, Any]]]:
@@ -228,64 +317,68 @@ def recovery_records(root: Path) -> tuple[Path, list[dict[str, Any]]]:
     return path, [r for r in iter_jsonl(path) if isinstance(r.get("response"), str) and "prompt" in r]
 
 
-def audit_study(root: Path, tasks: list[str] | None = None, n: int = NGRAM) -> dict[str, Any]:
-    """Audit a study or sweep folder's recovery data (every teacher answer, the recovery's held-out ones included)
-    against the items its baseline answered (eval/baseline/samples; every task there when `tasks` is None); writes
-    `audit.json` in `root` and returns it. A task without samples is listed as not measured."""
-    source, records = recovery_records(root)
-    folder = root / "eval" / EVAL_LABEL
-    if tasks is None:
-        tasks = sorted(p.stem for p in (folder / SAMPLES_DIR).glob("*.jsonl"))
-    found = {task: task_items(folder, task) for task in tasks}
+def audit_folder(root: Path, records_root: Path, tasks: list[str] | None = None, n: int = NGRAM) -> dict[str, Any]:
+    """The audit of every task scored in `root` (`scored_tasks`; only `tasks` when given, a task without samples
+    listed as not measured) against the teacher answers of `records_root`."""
+    source, records = recovery_records(records_root)
+    scored = scored_tasks(root)
+    folders = {t: scored.get(t, root / "eval" / EVAL_LABEL) for t in (sorted(scored) if tasks is None else tasks)}
+    found = {task: task_items(folder, task) for task, folder in folders.items()}
     audit = audit_recovery_data(records, {t: items for t, items in found.items() if items is not None}, n)
     for task in (t for t, items in found.items() if items is None):
-        audit["tasks"][task] = {"items": 0, "flagged": False,
+        audit["tasks"][task] = {"items": 0, "examined": 0, "flagged": False,
                                 "verdict": f"not measured (no {SAMPLES_DIR}/{task}.jsonl)"}
     audit["source"] = str(source)
+    audit["items_from"] = {t: str(folder.relative_to(root)) for t, folder in folders.items()}
+    return audit
+
+
+def audit_study(root: Path, tasks: list[str] | None = None, n: int = NGRAM) -> dict[str, Any]:
+    """Audit a study or sweep folder's recovery data (every teacher answer, the recovery's held-out ones included)
+    against the items of every task its models were scored on (the baseline's items where it has them); writes
+    `audit.json` in `root` and returns it."""
+    audit = audit_folder(root, root, tasks, n)
     write_atomic(root / AUDIT_FILE, json.dumps(audit, indent=1) + "\n")
     return audit
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
-
-
-def audit_lines(audit: dict[str, Any]) -> list[str]:
-    """The audit as a markdown section for study.md / sweep.md."""
-    n, copy = audit["n"], audit["copy"]
-    lines = ["## Held out, measured", "",
-             f"Each scored task's items (a document's question and gold answer, a probe's question) against the "
-             f"{audit['records']} recovery prompts and the teacher's answers: an item overlaps when one of its "
-             f"{n}-grams (lower-cased words and punctuation; a probe item, or one under {n} tokens: all of it) appears "
-             f"in a prompt, in an answer, or across a prompt and its answer (the sequence trained on; 'either' counts "
-             f"all three). A task is flagged at {FLAG_SHARE:.0%} of its items or more.", "",
-             "| task | items | in prompts | in answers | either | largest share of one item (prompts / answers) "
-             "| verdict |", "|---|---|---|---|---|---|---|"]
-    for task, row in audit["tasks"].items():
-        if not row["items"]:
-            lines.append(f"| {task} | 0 | - | - | - | - | {row['verdict']} |")
-            continue
-        lines.append(f"| {task} | {row['items']} | {row['prompts']} | {row['answers']} | {row['either']} | "
-                     f"{_pct(row['max_prompts'])} / {_pct(row['max_answers'])} | {row['verdict']} |")
-    rep = ", ".join(f"rep-{k} {copy[f'rep_{k}']:.3f}" for k in REP_NS if copy.get(f"rep_{k}") is not None)
-    lines += ["", f"Teacher answers that copy a run of >= {n} tokens of their own prompt: {copy['copying']} of "
-              f"{copy['answers']} ({_pct(copy['share'])}); mean longest copied run "
-              + ("-" if copy["mean_longest_span"] is None else f"{copy['mean_longest_span']:.1f}")
-              + f" tokens; repetition of the answers: {rep or '-'}."]
-    if copy["share"] is not None and copy["share"] >= COPY_NOTE_SHARE:
-        lines.append(f"At {_pct(copy['share'])} (the note's threshold {COPY_NOTE_SHARE:.0%}), the list probes "
-                     f"({', '.join(LIST_FAMILIES)}) are near transfer, not held-out skills: a recovery that "
-                     "regresses every position of prompt + answer learns to re-emit the prompt's items.")
-    return lines
-
-
-def audit_section(root: Path, tasks: list[str] | None = None) -> list[str]:
-    """`audit_lines` of `audit_study` (audit.json written); where the folder holds no teacher answers, those of the
-    audit.json it keeps (a run unpacked from its records, which leave the answers out), else no lines (a study of
-    training-free arms only, or before any recovery ran)."""
+def records_root(root: Path, others: Sequence[Path] = ()) -> Path:
+    """Where the teacher answers of `root`'s models are: `root`, else a folder of the same recipe fingerprint
+    (run.json) among `others` or at the recipe's own `output` (a folder of tasks scored after a sweep, laid out as
+    the sweep's, holds its run.json and no teacher answers)."""
     try:
         recovery_records(root)
-    except LayerpruneError:
-        kept = root / AUDIT_FILE
-        return ["", *audit_lines(json.loads(kept.read_text()))] if kept.is_file() else []
-    return ["", *audit_lines(audit_study(root, tasks))]
+        return root
+    except LayerpruneError as err:
+        state = _run_state(root)
+        output = state.get("recipe", {}).get("output")
+        for other in [*others, *([Path(output), root.parent / Path(output).name] if output else [])]:
+            if other != root and state and _run_state(other).get("fingerprint") == state.get("fingerprint"):
+                try:
+                    recovery_records(other)
+                    return other
+                except LayerpruneError:
+                    continue
+        raise LayerpruneError(f"{err}; nor a folder of its recipe (run.json fingerprint) that holds them") from None
+
+
+def _run_state(root: Path) -> dict[str, Any]:
+    try:
+        state = json.loads((root / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def audit_runs(roots: Sequence[Path]) -> dict[str, Any]:
+    """Per run folder of a join (`layerprune analyze sweeps`), the audit of every task scored there against the
+    teacher answers its models trained on (`records_root`), or why it could not be audited."""
+    audits: dict[str, Any] = {}
+    for root in roots:
+        try:
+            audits[str(root)] = audit_folder(root, records_root(root, roots))
+        except LayerpruneError as err:
+            kept = root / AUDIT_FILE  # a run unpacked from its records (the answers left out): its audit as made
+            audits[str(root)] = json.loads(kept.read_text()) if kept.is_file() else {
+                "error": str(err), "tasks": sorted(scored_tasks(root))}
+    return audits

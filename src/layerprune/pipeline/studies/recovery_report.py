@@ -583,7 +583,7 @@ def write_study_report(study: Any, root: Path) -> Path:
     """study.md, study.json and study.png in the study directory."""
     source = study.shared_recipe(str(root / "pruned")).prompts.source
     trained = trained_tasks(source, kept_prompts(root, list(study.arms)))
-    from layerprune.pipeline.audit import audit_section
+    from layerprune.pipeline.audit_report import audit_section
     from layerprune.pipeline.studies.recovery import fixed_tasks, physical_labels
 
     controlled = [CONTROL + label for label in study.controlled()]

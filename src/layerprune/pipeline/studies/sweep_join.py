@@ -23,6 +23,8 @@ from typing import Any
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.paired import format_interval
 from layerprune.evaluate.summary import SUMMARY_FILE, read_summary
+from layerprune.pipeline.audit import audit_runs
+from layerprune.pipeline.audit_report import join_audit_lines
 from layerprune.pipeline.paired_table import Figures
 from layerprune.pipeline.studies.recovery import split_label
 from layerprune.pipeline.studies.sweep import recovered_label
@@ -241,6 +243,9 @@ def analyze_sweeps(config: Any, settings: Any, out: Path) -> dict[str, Any]:
         lines += ["## Probes through the chat template", "", *chat[1]]
     elif chat is not None:
         lines += ["## Probes through the chat template", "", f"Not compared: {chat}.", ""]
+    audits = audit_runs(roots)  # every task scored in every run folder, a folder of later tasks included
+    (out / "audit.json").write_text(json.dumps(audits, indent=1) + "\n")
+    lines += join_audit_lines(audits)
     lines += ["Rerun: `layerprune analyze sweeps --runs " + " ".join(map(str, roots))
               + (" --own-models" if own else "") + " --output DIR`."]
     (out / "sweeps.json").write_text(json.dumps(paired_json(data), indent=1))

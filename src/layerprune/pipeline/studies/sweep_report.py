@@ -428,7 +428,7 @@ def plot_losses(curves: dict[int | str, dict[str, Any]], path: Path) -> None:
 
 def write_sweep_report(study: Any, root: Path) -> Path:
     """sweep.md, sweep.json, sweep.png (retention against k) and sweep_loss.png in the sweep directory."""
-    from layerprune.pipeline.audit import audit_section
+    from layerprune.pipeline.audit_report import audit_section
     from layerprune.pipeline.studies.sweep import CALIBRATION_FILE, arm_names, ranking
 
     folders = evaluated(study, root)
