@@ -9,7 +9,7 @@ import pytest
 
 from layerprune.analyze import metrics
 from layerprune.analyze.agreement import profile_agreement, resampled_drops
-from layerprune.analyze.stats import bootstrap_indices, score
+from layerprune.core.paired import bootstrap_indices, score
 
 
 def correctness_result(killed: dict[int, list[int]], items: int = 20, blocks: int = 4) -> dict:
@@ -164,41 +164,64 @@ def test_score_shift_is_paired():
     assert 0 <= low <= 0.5 <= high <= 1  # per-item differences are 0 or 1
 
 
-def _agreement(spearman: float | None, jaccard: float | None) -> dict:
-    return {"spearman": {"ratio": spearman}, "jaccard": {"ratio": jaccard}}
+def _ci(value: float, low: float, high: float) -> dict:
+    return {"value": value, "low": low, "high": high}
+
+
+def _measure(ratio: float | None, low: float = 0.0, high: float = 0.0, control: tuple | None = None,
+             control_ratio: tuple | None = None) -> dict:
+    """A ratio_comparison: ratio with its interval [low, high], ratio - control and the control's own ratio."""
+    if ratio is None:
+        return {"ratio": None, "vs_ceiling": None, "vs_control": None, "control_vs_ceiling": None}
+    return {"ratio": ratio, "vs_ceiling": _ci(ratio - 1, low - 1, high - 1),
+            "vs_control": None if control is None else _ci(*control),
+            "control_vs_ceiling": None if control_ratio is None else _ci(*(r - 1 for r in control_ratio))}
+
+
+def _agreement(spearman: dict, jaccard: dict) -> dict:
+    return {"spearman": spearman, "jaccard": jaccard}
 
 
 def test_invariance_verdict_rules():
-    from layerprune.analyze.agreement import invariance_verdict
+    """Paper A's verdict from intervals: against the ceiling (margin 0.9) and against the positive control."""
+    from layerprune.core.paired import invariance_verdict
 
     moved, still = {"shift": 0.3, "interval": [0.2, 0.4]}, {"shift": 0.01, "interval": [-0.02, 0.04]}
-    control = _agreement(0.95, 0.4)
-    assert invariance_verdict(moved, _agreement(0.97, 1.0), control)["verdict"] == "invariant"
-    out = invariance_verdict(still, _agreement(0.97, 1.0), control)  # a pair that did not move
+    good = _agreement(_measure(0.97, 0.93, 1.0, (0.3, 0.2, 0.4), (0.6, 0.5, 0.7)), _measure(1.0, 0.95, 1.0))
+    assert invariance_verdict(moved, good, True)["verdict"] == "invariant"
+    out = invariance_verdict(still, good, True)  # a pair that did not move
     assert out["verdict"] == "not shown" and "target moved +1.0 points" in out["reasons"][0]
-    assert invariance_verdict({"shift": 0.12, "interval": [-0.01, 0.25]}, _agreement(0.97, 1.0),
-                              control)["verdict"] == "not shown"  # big but not off 0
-    out = invariance_verdict({"shift": -0.3, "interval": [-0.4, -0.2]}, _agreement(0.97, 1.0), control)
-    assert out["verdict"] == "not shown" and "target moved -30.0 points" in out["reasons"][0]  # a variant that got
-    # worse at its target did not learn what it was post-trained for: its profile says nothing of paper A's claim
-    assert invariance_verdict(moved, control, None)["verdict"] == "different"  # the control, against the original
-    assert invariance_verdict(moved, _agreement(0.97, None), None)["reasons"] == ["no positive control"]
-    out = invariance_verdict(moved, _agreement(0.97, 0.95), _agreement(0.95, 0.92))
+    assert invariance_verdict({"shift": 0.12, "interval": [-0.01, 0.25]}, good, True)["verdict"] == "not shown"
+    out = invariance_verdict({"shift": -0.3, "interval": [-0.4, -0.2]}, good, True)
+    assert out["verdict"] == "not shown" and "target moved -30.0 points" in out["reasons"][0]
+    assert invariance_verdict(moved, good, False)["reasons"] == ["no positive control"]
+    # a point below the bar is not a difference: its interval must lie below it (the issue's GRPO accuracy case)
+    wide = _agreement(_measure(0.79, 0.66, 1.05), _measure(0.92, 0.88, 1.0))
+    out = invariance_verdict(moved, wide, True)
+    assert out["verdict"] == "not shown" and "reaches across 0.9" in out["reasons"][0]
+    below = _agreement(_measure(0.7, 0.6, 0.8, (0.1, 0.02, 0.2)), _measure(0.95, 0.92, 1.0))
+    out = invariance_verdict(moved, below, True)
+    assert out["verdict"] == "different" and "above the control" in out["reasons"][0]
+    # the variant within the margin but not above the control, or the control itself within it: cannot fail
+    level = _agreement(_measure(0.97, 0.93, 1.0, (0.01, -0.05, 0.07), (0.96, 0.92, 1.0)), _measure(None))
+    out = invariance_verdict(moved, level, True)
     assert out["verdict"] == "not shown" and "cannot fail" in out["reasons"][0]
+    passing = _agreement(_measure(0.99, 0.97, 1.0, (0.04, 0.03, 0.06), (0.95, 0.92, 0.99)), _measure(None))
+    assert "cannot fail" in invariance_verdict(moved, passing, True)["reasons"][0]  # grpo factual: the control passes
 
 
 def test_a_model_without_drops_is_not_compared_and_gets_no_verdict():
     """Below min_base_score the analysis gives no drops and an empty critical set: that is not 'no critical block',
     so neither the Jaccard point (0 against anything) nor the resamples' interval is reported, and the verdict is
     'not shown' even where the half-item ratios (which apply no floor) fall below the bar."""
-    from layerprune.analyze.agreement import invariance_verdict
+    from layerprune.core.paired import invariance_verdict
 
     a = correctness_result({1: list(range(20)), 3: list(range(10))})
     floor = {**a, "drops": [None] * 4, "critical": [], "undefined": "full-model score 0.01 is below min_base_score"}
     out = profile_agreement(a, floor, "mean", 0.2, resamples=100)
     assert out["critical_jaccard"] is None and out["jaccard_interval"] is None and out["spearman_interval"] is None
     assert "below min_base_score" in out["undefined"]
-    moved, control = {"shift": 0.3, "interval": [0.2, 0.4]}, _agreement(0.1, 0.2)
-    assert invariance_verdict(moved, _agreement(0.2, 0.3), control)["verdict"] == "different"
-    out = invariance_verdict(moved, _agreement(0.2, 0.3), control, undefined=["variant: below the floor"])
+    moved, low = {"shift": 0.3, "interval": [0.2, 0.4]}, _agreement(_measure(0.2, 0.1, 0.3), _measure(0.3, 0.2, 0.4))
+    assert invariance_verdict(moved, low, True)["verdict"] == "different"
+    out = invariance_verdict(moved, low, True, undefined=["variant: below the floor"])
     assert out == {"verdict": "not shown", "reasons": ["no drops to compare: variant: below the floor"]}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from layerprune.analyze import stats
 from layerprune.analyze.tasks import ANALYSIS_TASKS, TaskItem, triviaqa_answer
+from layerprune.core import paired as stats
 from layerprune.tasks.grading import final_number, grade_number, grade_short_answer, numbers_equal, triviaqa_cut
 
 

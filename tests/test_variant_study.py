@@ -132,7 +132,7 @@ def test_posttrain_variant_is_made_once_through_the_cache(capsys, tiny_llama, tm
     monkeypatch.setenv("LAYERPRUNE_DATA_DIR", str(shared_data))
     monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))
     (tmp_path / "sft.yaml").write_text(yaml.safe_dump({
-        "kind": "sft", "model": "ignored: the study's", "data": {"probes": {"arith_2d_add": 8}},
+        "kind": "variant", "method": "sft", "model": "ignored: the study's", "data": {"probes": {"arith_2d_add": 8}},
         "train": {"batch_size": 4, "grad_accum": 1, "max_steps": 1, "learning_rate": 1e-3, "logging_steps": 1}}))
     recipe = {"name": "tiny-posttrain", "model": str(tiny_llama), "output": str(tmp_path / "v"), "resamples": 100,
               "variant": {"posttrain": str(tmp_path / "sft.yaml")}, "splits": 2,
@@ -190,13 +190,17 @@ def test_a_living_control_drops_the_largest_drop_whose_removal_keeps_the_origina
 
 
 def test_a_collapsed_control_cannot_show_that_the_comparison_can_fail():
-    from layerprune.analyze.agreement import invariance_verdict
+    from layerprune.core.paired import invariance_verdict
 
-    agree = {"spearman": {"ratio": 0.97}, "jaccard": {"ratio": 0.95}}
-    control = {"spearman": {"ratio": 0.05}, "jaccard": {"ratio": 0.3}}
+    def measure(ratio: float, control: float) -> dict:
+        return {"ratio": ratio, "vs_ceiling": {"value": ratio - 1, "low": ratio - 1.03, "high": 0.0},
+                "vs_control": {"value": ratio - control, "low": ratio - control - 0.05, "high": ratio - control + 0.05},
+                "control_vs_ceiling": {"value": control - 1, "low": control - 1.1, "high": control - 0.9}}
+
+    agree = {"spearman": measure(0.97, 0.05), "jaccard": measure(0.95, 0.3)}
     moved = {"shift": 0.3, "interval": [0.2, 0.4]}
-    assert invariance_verdict(moved, agree, control)["verdict"] == "invariant"
-    out = invariance_verdict(moved, agree, control, control_undefined="full-model score 1e-07 is below 0.05")
+    assert invariance_verdict(moved, agree, True)["verdict"] == "invariant"
+    out = invariance_verdict(moved, agree, True, control_undefined="full-model score 1e-07 is below 0.05")
     assert out["verdict"] == "not shown" and "positive control has no drops" in out["reasons"][0]
 
 

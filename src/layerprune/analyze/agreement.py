@@ -15,7 +15,7 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from layerprune.analyze import metrics
-from layerprune.analyze.stats import Score, bootstrap_indices, score
+from layerprune.core.paired import Score, bootstrap_indices, score
 
 
 def per_item(result: dict[str, Any], kind: Score) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -180,13 +180,22 @@ def _ratio(means: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 def relative_agreement(original: Matrix, variant: Matrix, kind: Score, threshold: float, splits: int = 4,
                        resamples: int = 1000, alpha: float = 0.05, seed: int = 0) -> dict[str, Any]:
+    """`relative_agreement_draws` without the resampled ratios."""
+    return relative_agreement_draws(original, variant, kind, threshold, splits, resamples, alpha, seed)[0]
+
+
+def relative_agreement_draws(original: Matrix, variant: Matrix, kind: Score, threshold: float, splits: int = 4,
+                             resamples: int = 1000, alpha: float = 0.05,
+                             seed: int = 0) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The two models' agreement as a fraction of its reliability ceiling, like for like at half the items.
 
     On each of `splits` seeded halvings of the shared items, the original's profile on one half is compared with
     the variant's on the other (both ways; `cross`), and each model with itself across the halves (its split-half
     reliability). ratio = cross / sqrt(reliability_original * reliability_variant), per measure (Spearman of the
     drops, Jaccard of the critical sets). Interval: (1 - alpha) percentile over `resamples` bootstrap resamples,
-    each half resampled within itself (so the halves stay disjoint), the whole ratio recomputed."""
+    each half resampled within itself (so the halves stay disjoint), the whole ratio recomputed. Also returns each
+    measure's resampled ratios [resamples]: two calls on the same number of items with the same seed draw the same
+    halves and items, so their ratios are paired resample by resample (the variant's against the control's)."""
     n = len(original[0])
     if original[1].shape != variant[1].shape:
         raise ValueError(f"profiles of different shapes: {original[1].shape} and {variant[1].shape} (same items and "
@@ -198,12 +207,14 @@ def relative_agreement(original: Matrix, variant: Matrix, kind: Score, threshold
              for a, b in halves]
     boot = _split_means(original, variant, kind, threshold, drawn)
     out: dict[str, Any] = {"splits": splits, "half_items": n // 2, "resamples": resamples, "alpha": alpha}
+    draws = {}
     for m in MEASURES:
         ceiling, ratio = _ratio(point[m])
+        draws[m] = _ratio(boot[m])[1]
         out[m] = {"agreement": _value(point[m]["cross"][0]), "ceiling": _value(ceiling[0]),
                   "reliability": [_value(point[m]["original"][0]), _value(point[m]["variant"][0])],
-                  "ratio": _value(ratio[0]), "ratio_interval": interval(_ratio(boot[m])[1].tolist(), alpha)}
-    return out
+                  "ratio": _value(ratio[0]), "ratio_interval": interval(draws[m].tolist(), alpha)}
+    return out, draws
 
 
 def score_shift(original: Matrix, variant: Matrix, kind: Score, resamples: int = 1000, alpha: float = 0.05,
@@ -218,44 +229,3 @@ def score_shift(original: Matrix, variant: Matrix, kind: Score, resamples: int =
         - score(original[0][index], None if original[2] is None else original[2][index], kind)
     return {"before": float(before), "after": float(after), "shift": float(after - before),
             "interval": interval(diffs.tolist(), alpha)}
-
-
-def invariance_verdict(shift: dict[str, Any] | None, agreement: dict[str, Any], control: dict[str, Any] | None,
-                       min_shift: float = 0.10, bar: float = 0.9, undefined: list[str] | None = None,
-                       control_undefined: str | None = None) -> dict[str, Any]:
-    """'invariant', 'different' or 'not shown', with the reasons.
-
-    `undefined`: why either model has no drops on the task (its full score below the analysis's min_base_score):
-    then 'not shown', whatever the half-item agreements say (they do not apply that floor). `control_undefined`: the
-    same of the positive control, which then shows nothing (a collapsed model disagrees with anything).
-
-    `agreement` and `control` are relative_agreement results (the variant's and the positive control's against
-    the original); `shift` is score_shift on the target task. 'different': a defined ratio (Spearman or Jaccard)
-    below `bar`. Otherwise 'not shown' unless all of: the target score rose by at least `min_shift` (a fraction:
-    0.10 is 10 points) with its interval above 0 (a variant worse at its target did not learn it); a defined ratio
-    at or above the bar; and the control below the bar on at least one measure (the comparison can fail). Else
-    'invariant'."""
-    if undefined:
-        return {"verdict": "not shown", "reasons": [f"no drops to compare: {why}" for why in undefined]}
-    ratios = {m: agreement[m]["ratio"] for m in MEASURES if agreement[m]["ratio"] is not None}
-    below = sorted(m for m, r in ratios.items() if r < bar)
-    if below:
-        return {"verdict": "different", "reasons": [f"{m} ratio {ratios[m]:.2f} < {bar:g}" for m in below]}
-    reasons = []
-    if not ratios:
-        reasons.append("no defined agreement ratio")
-    if shift is None:
-        reasons.append("no target score")
-    else:
-        low, high = shift["interval"] or (0.0, 0.0)
-        if shift["shift"] < min_shift or low <= 0:
-            reasons.append(f"target moved {100 * shift['shift']:+.1f} points [{100 * low:+.1f}, {100 * high:+.1f}]"
-                           f"; needs >= +{100 * min_shift:g} with the interval above 0")
-    if control is None:
-        reasons.append("no positive control")
-    elif control_undefined:
-        reasons.append(f"the positive control has no drops ({control_undefined}): it cannot show that the comparison "
-                       "can fail")
-    elif not any(control[m]["ratio"] is not None and control[m]["ratio"] < bar for m in MEASURES):
-        reasons.append(f"the positive control is not below {bar:g} (the comparison cannot fail)")
-    return {"verdict": "not shown" if reasons else "invariant", "reasons": reasons}

@@ -7,11 +7,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from layerprune.analyze import charts, importance_cache, metrics, stats
+from layerprune.analyze import charts, importance_cache, metrics
 from layerprune.analyze.records import Timer, clean_json, loaded_models, resolve_models, run_record, write_json
 from layerprune.analyze.schemas import ImportanceAnalysis
 from layerprune.analyze.tasks import ANALYSIS_TASKS, Task, TaskItem, task_items
 from layerprune.analyze.walk import GenerationPlan, ablate_blocks, ablate_generation, build_batches
+from layerprune.core import paired
 from layerprune.core.settings import RunSettings
 from layerprune.models import LoadedModel, ModelSource, find_decoder_stack
 from layerprune.tasks.data import resolve_data_dir
@@ -40,7 +41,7 @@ def measure_block_importance(loaded: LoadedModel, task: str, items: list[TaskIte
         else:
             base_items, ablated_items, kind = result.base_item_correct, result.ablated_item_correct, "mean"
             scores = result.ablated_accuracy
-    statistics = stats.block_statistics(base_items, ablated_items, kind, config.threshold, tokens, config.resamples,
+    statistics = paired.block_statistics(base_items, ablated_items, kind, config.threshold, tokens, config.resamples,
                                         config.alpha, config.min_base_score, seed)
     per_item = {"prompts": [item.prompt for item in items], "answers": [item.answer for item in items], **vars(result)}
     return {**statistics, "scores": scores, "depth": len(scores), "generation": vars(plan) if plan else None,

@@ -11,6 +11,13 @@ see `bootstrap`), and `spread` gives its run-to-run SD beside its item SE.
 
 For 0/1 scores a difference also gets its discordant counts (b: right before and wrong after, c: the reverse) and
 McNemar's exact two-sided p-value.
+
+This is the project's one statistics module: every report takes its intervals from here. Besides the paired bootstrap
+it holds the family-wise adjustment of declared comparisons (`holm_intervals`, `holm`), the recovered share that is
+stated only where its drop is bounded away from 0 (`share_interval`, `SHARE_MARGIN`), the run-variance share of a
+replicated model (`run_variance`), paper A's verdict from paired differences of agreement ratios
+(`ratio_comparison`, `invariance_verdict`), and the per-block drops of an ablation with their intervals
+(`block_statistics`, for `analyze importance`).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Any, Literal
 
 import numpy as np
 
@@ -62,19 +70,35 @@ class Bootstrap:
     alpha: float = ALPHA
     replicates: tuple[int, ...] = ()
 
-    def interval(self, statistic: Callable[[np.ndarray], np.ndarray | float]) -> dict[str, float | None]:
-        """statistic(task means [..., models, tasks]) on the data and its percentile interval over the resamples.
+    def draws(self, statistic: Callable[[np.ndarray], np.ndarray | float]) -> tuple[float, np.ndarray]:
+        """statistic(task means [..., models, tasks]) on the data and on every resample ([R])."""
+        return float(statistic(self.point)), np.asarray(statistic(self.resampled), dtype=np.float64).reshape(-1)
+
+    def interval(self, statistic: Callable[[np.ndarray], np.ndarray | float],
+                 alpha: float | None = None) -> dict[str, float | None]:
+        """statistic(task means [..., models, tasks]) on the data and its percentile interval over the resamples
+        (at level 1 - alpha; the bootstrap's own alpha by default).
 
         A statistic that is undefined on a resample (nan, a ratio over a zero drop) leaves that resample out; the
         share of resamples left out is returned as `undefined`."""
-        value = float(statistic(self.point))
-        draws = np.asarray(statistic(self.resampled), dtype=np.float64).reshape(-1)
-        finite = draws[np.isfinite(draws)]
-        if not math.isfinite(value) or len(finite) == 0:
-            return {"value": value if math.isfinite(value) else None, "low": None, "high": None, "undefined": 1.0}
-        low, high = np.quantile(finite, [self.alpha / 2, 1 - self.alpha / 2])
-        return {"value": value, "low": float(low), "high": float(high),
-                "undefined": float(1 - len(finite) / len(draws))}
+        return percentile_interval(*self.draws(statistic), self.alpha if alpha is None else alpha)
+
+    def family(self, statistics: dict[Any, Callable[[np.ndarray], np.ndarray | float]],
+               alpha: float | None = None) -> dict[Any, dict[str, Any]]:
+        """Each statistic's Holm interval over the family of all of them (`holm_intervals`)."""
+        return holm_intervals({key: self.draws(f) for key, f in statistics.items()},
+                              self.alpha if alpha is None else alpha)
+
+
+def percentile_interval(value: float, draws: np.ndarray, alpha: float = ALPHA) -> dict[str, float | None]:
+    """The value and the (1 - alpha) percentile interval of its resampled draws, the non-finite draws left out
+    (`undefined`: their share)."""
+    draws = np.asarray(draws, dtype=np.float64).reshape(-1)
+    finite = draws[np.isfinite(draws)]
+    if not math.isfinite(value) or len(finite) == 0:
+        return {"value": value if math.isfinite(value) else None, "low": None, "high": None, "undefined": 1.0}
+    low, high = np.quantile(finite, [alpha / 2, 1 - alpha / 2])
+    return {"value": value, "low": float(low), "high": float(high), "undefined": float(1 - len(finite) / len(draws))}
 
 
 def bootstrap(tasks: Sequence[np.ndarray], resamples: int = RESAMPLES, seed: int = SEED, alpha: float = ALPHA,
@@ -108,7 +132,10 @@ def bootstrap(tasks: Sequence[np.ndarray], resamples: int = RESAMPLES, seed: int
     arm-vs-arm difference 0.95-0.98 for run SDs from 0 to 1 logit, where the item-only bootstrap (the replicate mean
     taken as one fixed model) covered down to 0.32. With sqrt(n / (n - 1)) alone the arm's mean fell to 0.90 (5
     replicates, run SD 1 logit); without s, at no run variance, the interval was 1.7 times the item-only one's
-    width (5 replicates; 1.14 times with s) and covered 1.00.
+    width (5 replicates; 1.14 times with s) and covered 1.00. At 3 replicates, as the sweeps run (the test's
+    studies: 300, run SD 0 and 0.5 logit), the recovered share covered 0.963 / 0.937 and an arm difference 0.960 /
+    0.980, where the plain two-level bootstrap (c = s = 1) covered 0.977 / 0.86 and 0.993 / 0.88: too wide without
+    run variance, too narrow with it.
     A model with one replicate is not drawn over runs: its run variance is unknown, not zero, and
     `Bootstrap.replicates` says so. Without groups, or with one row per group, the numbers are exactly those of the
     item-only bootstrap for the same seed (the replicate draws use a random stream of their own)."""
@@ -213,15 +240,39 @@ def spread(tasks: Sequence[np.ndarray], rows: Sequence[int],
     `run_sd`: the SD (ddof 1) across its replicates (`rows` of the per-task [rows, items] matrices) of each
     replicate's score (its mean of task means); None with one replicate (unknown, not zero). `item_se`: the mean over
     replicates of the item standard error of that score, sqrt(sum over tasks of sd(items, ddof 1)^2 / items) / tasks.
-    `replicates`: their number."""
+    `replicates`: their number. With two replicates or more, also `run_variance` (see `run_variance`)."""
     index = range(len(tasks)) if task_index is None else task_index
     chosen = [np.asarray(tasks[t], dtype=np.float64)[list(rows)] for t in index]
     if not chosen or not len(rows):
         raise LayerpruneError("spread needs at least one task and one replicate row")
     scores = np.mean([m.mean(axis=1) for m in chosen], axis=0)
     se = np.sqrt(sum(m.var(axis=1, ddof=1) / m.shape[1] if m.shape[1] > 1 else 0.0 for m in chosen)) / len(chosen)
-    return {"run_sd": float(scores.std(ddof=1)) if len(rows) > 1 else None, "item_se": float(se.mean()),
-            "replicates": len(rows)}
+    out: dict[str, Any] = {"run_sd": float(scores.std(ddof=1)) if len(rows) > 1 else None,
+                           "item_se": float(se.mean()), "replicates": len(rows)}
+    if len(rows) > 1:
+        out["run_variance"] = run_variance(chosen)
+    return out
+
+
+def run_variance(runs: Sequence[np.ndarray]) -> dict[str, Any]:
+    """The run-variance share s^2 that the two-level bootstrap gives one replicated model on each task (`_run_share`:
+    the share of the variance of its replicate means that is run variance, not replicate x item noise; method of
+    moments, floored at 0), from its replicates' [n, items] scores per task. `share`: the mean over tasks; `zero`: the
+    tasks where it is estimated at 0, on which the interval holds no run variance at all (a floor, not a finding
+    that the runs agree: with few replicates the estimate is often 0); `tasks`: their number."""
+    shares = [_run_share(np.asarray(m, dtype=np.float64)) ** 2 for m in runs]
+    return {"share": float(np.mean(shares)), "zero": sum(v == 0.0 for v in shares), "tasks": len(shares)}
+
+
+def run_variance_note(spread_row: dict[str, Any]) -> str:
+    """'0.42', or '0 (estimated at 0 on 2 of 3 tasks: no run variance in the interval there)', '-' without one."""
+    rv = spread_row.get("run_variance")
+    if not rv:
+        return "-"
+    if rv["zero"]:
+        return (f"{rv['share']:.2f} (estimated at 0 on {rv['zero']} of {rv['tasks']} task(s): no run variance in the "
+                "interval there)")
+    return f"{rv['share']:.2f}"
 
 
 def difference(before: np.ndarray, after: np.ndarray, resamples: int = RESAMPLES, seed: int = SEED,
@@ -249,13 +300,6 @@ def holds_zero(ci: dict[str, float | None]) -> bool | None:
     return ci["low"] <= 0 <= ci["high"]  # type: ignore[operator]
 
 
-def share(base: np.ndarray, pruned: np.ndarray, other: np.ndarray) -> np.ndarray:
-    """(other - pruned) / (base - pruned), nan where the drop is not positive."""
-    drop = np.asarray(base - pruned, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(drop > 0, (other - pruned) / np.where(drop > 0, drop, 1.0), np.nan)
-
-
 def normalised(value: np.ndarray, base: np.ndarray, chance: np.ndarray | float) -> np.ndarray:
     """Chance-normalised retention (value - chance) / (base - chance), nan where the original is not above chance."""
     head = np.asarray(base - chance, dtype=np.float64)
@@ -271,3 +315,274 @@ def format_interval(ci: dict[str, object] | None, digits: int = 1, missing: str 
     if ci.get("low") is None:
         return value
     return f"{value} [{100 * ci['low']:.{digits}f}, {100 * ci['high']:.{digits}f}]"  # type: ignore[operator]
+
+
+# --- families of declared comparisons ------------------------------------------------------------------------------
+
+def bootstrap_p(draws: np.ndarray, margin: float = 0.0) -> tuple[float, str]:
+    """The two-sided bootstrap p-value of a difference against +-margin from its resampled values, and the side it
+    points to: twice the share of resamples at or below +margin ('above') or at or above -margin ('below'), whichever
+    is smaller, at most 1 (the share at or below +margin is under alpha / 2 about where the percentile interval at
+    level 1 - alpha lies above +margin). No finite draw: (1, 'not distinguished')."""
+    finite = np.asarray(draws, dtype=np.float64).reshape(-1)
+    finite = finite[np.isfinite(finite)]
+    if not len(finite):
+        return 1.0, "not distinguished"
+    less, more = float(np.mean(finite <= margin)), float(np.mean(finite >= -margin))
+    return min(1.0, 2 * min(less, more)), "above" if less <= more else "below"
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the given order: the i-th smallest p times (m - i + 1), made
+    non-decreasing along that order, at most 1; a hypothesis is rejected at family-wise level alpha where its adjusted
+    p is below alpha."""
+    m, adjusted, running = len(pvalues), [1.0] * len(pvalues), 0.0
+    for rank, index in enumerate(sorted(range(m), key=lambda i: pvalues[i])):
+        running = max(running, min(1.0, (m - rank) * pvalues[index]))
+        adjusted[index] = running
+    return adjusted
+
+
+def holm_intervals(family: dict[Any, tuple[float, np.ndarray]], alpha: float = ALPHA) -> dict[Any, dict[str, Any]]:
+    """Holm-adjusted intervals of a family of differences, from each one's (value, resampled draws).
+
+    Holm's step-down (1979) tests the comparisons in order of their bootstrap p-values (`bootstrap_p` against 0): the
+    j-th (from 0) at level alpha / (m - j), as long as every earlier one was declared. Each comparison's interval here
+    is its percentile interval at the level Holm tests it at: 1 - alpha / (m - j) for the declared ones, and for the
+    rest the level of the first comparison the step-down stopped at (at least as wide as that one's, so none of them
+    excludes 0). So a comparison is declared (`declared`: its interval excludes 0) exactly where Holm rejects, and
+    the family-wise error rate of the declarations is at most alpha. Why these and not Bonferroni-width intervals
+    with Holm decisions: the interval then says the same as the decision beside it (a Bonferroni interval can hold 0
+    beside a Holm rejection). These are not simultaneous intervals (no interval consistent with Holm's step-down is
+    both simultaneous and informative: Strassburger and Bretz 2008); the first one tested is Bonferroni's.
+    A difference undefined on every resample is not declared and its interval is None. `level`: the interval's
+    coverage level; `family`: m; `p`: the unadjusted bootstrap p; `p_holm`: Holm's adjusted p."""
+    keys = list(family)
+    m = len(keys)
+    pvalues = [bootstrap_p(family[k][1])[0] for k in keys]
+    adjusted = holm(pvalues)
+    out: dict[Any, dict[str, Any]] = {}
+    level, stopped = alpha / max(m, 1), False
+    for rank, i in enumerate(sorted(range(m), key=lambda i: pvalues[i])):
+        level = level if stopped else alpha / (m - rank)
+        ci = percentile_interval(*family[keys[i]], level)
+        declared = not stopped and ci["low"] is not None and (ci["low"] > 0 or ci["high"] < 0)  # type: ignore[operator]
+        stopped = not declared
+        out[keys[i]] = {**ci, "level": 1 - level, "family": m, "p": pvalues[i], "p_holm": adjusted[i],
+                        "declared": bool(declared)}
+    return {k: out[k] for k in keys}
+
+
+def differ_text(holm_ci: dict[str, Any] | None) -> str:
+    """What a family-wise interval says of two arms: 'differ (Holm)' where it excludes 0, else 'not shown to differ'."""
+    if not holm_ci or holm_ci.get("low") is None:
+        return "not shown to differ"
+    return "differ (Holm)" if holm_ci.get("declared") else "not shown to differ"
+
+
+# --- the recovered share -------------------------------------------------------------------------------------------
+
+SHARE_MARGIN = 0.02  # a share is stated only where the drop's interval stays this far above 0 (2 points of a 0-1 score)
+NO_CLEAR_DROP = "n/a (no clear drop)"  # the drop's interval holds 0: no share of it to speak of
+
+
+def share(base: np.ndarray, pruned: np.ndarray, other: np.ndarray) -> np.ndarray:
+    """(other - pruned) / (base - pruned), nan where the drop is not positive."""
+    drop = np.asarray(base - pruned, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(drop > 0, (other - pruned) / np.where(drop > 0, drop, 1.0), np.nan)
+
+
+def share_state(drop: dict[str, Any] | None, margin: float = SHARE_MARGIN) -> str | None:
+    """None where a share of the drop can be stated; else why not: NO_CLEAR_DROP where the drop's interval holds 0
+    (or there is none), 'unbounded ...' where its lower end comes within `margin` of 0.
+
+    A ratio over a drop whose interval nearly reaches 0 has no useful interval (Fieller 1954: the ratio's confidence
+    set is bounded only where the denominator's excludes 0, and it widens without limit as the denominator's lower
+    end nears 0): its percentile interval then reads as a finding ('won back 11.8% [-150.0, 66.7]') where there is
+    none. So such a share is printed as unbounded, with the drop's interval, not as a ratio."""
+    if not drop or drop.get("low") is None or drop["low"] <= 0:
+        return NO_CLEAR_DROP
+    if drop["low"] < margin:
+        return (f"unbounded (the drop's interval [{100 * drop['low']:.1f}, {100 * drop['high']:.1f}] comes within "
+                f"{100 * margin:g} points of 0)")
+    return None
+
+
+def share_interval(boot: Bootstrap, drop: dict[str, Any] | None, statistic: Callable[[np.ndarray], np.ndarray],
+                   margin: float = SHARE_MARGIN) -> dict[str, Any] | str:
+    """The share's interval where its drop is bounded away from 0 (`share_state`), else the string saying why not."""
+    state = share_state(drop, margin)
+    return state if state is not None else boot.interval(statistic)
+
+
+def is_stated(ci: Any) -> bool:
+    """Whether a share (or any figure) is an interval, not a string saying why there is none."""
+    return isinstance(ci, dict)
+
+
+# --- paper A: agreement ratios against the ceiling and the control -------------------------------------------------
+
+MEASURES_A = ("spearman", "jaccard")  # the agreement measures of paper A's verdict
+
+def ratio_comparison(value: float | None, draws: np.ndarray, control: tuple[float | None, np.ndarray] | None,
+                     alpha: float = ALPHA) -> dict[str, Any]:
+    """An agreement ratio (agreement / split-half ceiling) against the ceiling, ratio - 1, and against the positive
+    control's ratio on the same resamples, ratio - control (paired: both drawn with the same halves and items), each
+    with its percentile interval, and the control's own ratio - 1 (`control_vs_ceiling`); None where undefined."""
+    out: dict[str, Any] = {"ratio": value, "vs_ceiling": None, "vs_control": None, "control_vs_ceiling": None}
+    if control is not None and control[0] is not None:
+        out["control_vs_ceiling"] = percentile_interval(control[0] - 1.0, np.asarray(control[1]) - 1.0, alpha)
+    if value is None:
+        return out
+    out["vs_ceiling"] = percentile_interval(value - 1.0, np.asarray(draws) - 1.0, alpha)
+    if control is not None and control[0] is not None:
+        out["vs_control"] = percentile_interval(value - control[0], np.asarray(draws) - np.asarray(control[1]), alpha)
+    return out
+
+
+def invariance_verdict(shift: dict[str, Any] | None, measures: dict[str, dict[str, Any]], has_control: bool,
+                       min_shift: float = 0.10, bar: float = 0.9, undefined: list[str] | None = None,
+                       control_undefined: str | None = None) -> dict[str, Any]:
+    """Paper A's verdict, 'invariant', 'different' or 'not shown', with the reasons, from paired differences with
+    intervals (`measures`: per measure the `ratio_comparison` of the variant's ratio).
+
+    The bar is a margin below the ceiling: agreement at or above `bar` of the ceiling counts as the ceiling's.
+    'different': on some measure the interval of ratio - 1 lies wholly below bar - 1 (the variant is shown to agree
+    less than the margin allows). 'invariant', with no measure different: on some measure the interval of ratio - 1
+    lies wholly at or above bar - 1 (shown within the margin), the interval of ratio - control lies above 0 (the
+    variant agrees more than the positive control does) and the control is not itself shown within the margin (so the
+    comparison could have failed); the target score rose
+    by at least `min_shift` with its interval above 0 (a variant worse at its target did not learn it); and the
+    control has drops. Anything else, including an interval that reaches across the margin, is 'not shown'.
+    `undefined`: why either model has no drops (then 'not shown'); `control_undefined`: the same of the control."""
+    if undefined:
+        return {"verdict": "not shown", "reasons": [f"no drops to compare: {why}" for why in undefined]}
+    defined = {m: measures[m] for m in sorted(measures)
+               if measures[m].get("vs_ceiling") and measures[m]["vs_ceiling"].get("low") is not None}
+    below = [m for m, c in defined.items() if c["vs_ceiling"]["high"] < bar - 1]
+    if below:
+        return {"verdict": "different", "reasons": [_below_reason(m, defined[m], bar) for m in below]}
+    reasons = [] if defined else ["no defined agreement ratio"]
+    within = [m for m, c in defined.items() if c["vs_ceiling"]["low"] >= bar - 1]
+    if defined and not within:
+        reasons += [f"{m} ratio {_ratio_text(c)}: its interval reaches across {bar:g} of the ceiling, so neither "
+                    "invariance nor a difference is shown" for m, c in defined.items()]
+    reasons += _shift_reasons(shift, min_shift)
+    if not has_control:
+        reasons.append("no positive control")
+    elif control_undefined:
+        reasons.append(f"the positive control has no drops ({control_undefined}): it cannot show that the comparison "
+                       "can fail")
+    elif within and not any(_can_fail(defined[m], bar) for m in within):
+        reasons.append(f"the positive control is not shown below {bar:g} of the ceiling and below the variant (control "
+                       "- 1, ratio - control: " + "; ".join(
+                           f"{m} {_signed_ci(defined[m].get('control_vs_ceiling'))}, "
+                           f"{_signed_ci(defined[m].get('vs_control'))}" for m in within)
+                       + "): the comparison cannot fail")
+    return {"verdict": "not shown" if reasons else "invariant", "reasons": reasons}
+
+
+def _can_fail(c: dict[str, Any], bar: float) -> bool:
+    """Whether the control shows the comparison can fail on a measure: the variant's ratio above the control's
+    (paired) and the control not itself shown within the margin."""
+    control, own = c.get("vs_control"), c.get("control_vs_ceiling")
+    return bool(control and control.get("low") is not None and control["low"] > 0 and own
+                and own.get("low") is not None and own["low"] < bar - 1)
+
+
+def _signed_ci(ci: dict[str, Any] | None) -> str:
+    if not ci or ci.get("value") is None:
+        return "n/a"
+    bounds = "" if ci.get("low") is None else f" [{ci['low']:+.2f}, {ci['high']:+.2f}]"
+    return f"{ci['value']:+.2f}{bounds}"
+
+
+def _ratio_text(c: dict[str, Any]) -> str:
+    ci = c["vs_ceiling"]
+    return f"{c['ratio']:.2f} [{1 + ci['low']:.2f}, {1 + ci['high']:.2f}]"
+
+
+def _below_reason(measure: str, c: dict[str, Any], bar: float) -> str:
+    control = c.get("vs_control")
+    than = ("" if not control or control.get("low") is None else
+            "; below the control too" if control["high"] < 0 else
+            "; above the control" if control["low"] > 0 else "; not told apart from the control")
+    return (f"{measure} ratio {_ratio_text(c)} < {bar:g} (ratio - 1 {_signed_ci(c['vs_ceiling'])}; ratio - control "
+            f"{_signed_ci(control)}{than})")
+
+
+def _shift_reasons(shift: dict[str, Any] | None, min_shift: float) -> list[str]:
+    if shift is None:
+        return ["no target score"]
+    low, high = shift["interval"] or (0.0, 0.0)
+    if shift["shift"] < min_shift or low <= 0:
+        return [f"target moved {100 * shift['shift']:+.1f} points [{100 * low:+.1f}, {100 * high:+.1f}]"
+                f"; needs >= +{100 * min_shift:g} with the interval above 0"]
+    return []
+
+
+# --- block ablation: each block's drop with its interval (analyze importance) --------------------------------------
+
+Score = Literal["mean", "probability"]
+
+
+def score(values: np.ndarray, tokens: np.ndarray | None, kind: Score) -> np.ndarray:
+    """Score over the last axis: mean (per-item correctness) or exp(-sum NLL / sum tokens) (per-item NLL sums)."""
+    if kind == "mean":
+        return values.mean(axis=-1)
+    assert tokens is not None
+    return np.exp(-values.sum(axis=-1) / np.maximum(tokens.sum(axis=-1), 1))
+
+
+def bootstrap_indices(n: int, resamples: int, seed: int) -> np.ndarray:
+    """[resamples, n] item indices drawn with replacement (the first task's draw of `bootstrap` for the same seed)."""
+    return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+
+
+@dataclass
+class DropStat:
+    """One block's relative drop with its (1 - alpha) percentile interval and one-sided bootstrap p-value."""
+
+    drop: float | None
+    low: float | None
+    high: float | None
+    p_value: float | None
+    significant: bool
+
+
+def drop_stat(base: np.ndarray, ablated: np.ndarray, tokens: np.ndarray | None, kind: Score, index: np.ndarray,
+              alpha: float) -> DropStat:
+    """Relative drop (base - ablated) / base of one block, its paired bootstrap interval and p(drop <= 0)."""
+    full, skipped = float(score(base, tokens, kind)), float(score(ablated, tokens, kind))
+    resampled_tokens = tokens[index] if tokens is not None else None
+    b, a = score(base[index], resampled_tokens, kind), score(ablated[index], resampled_tokens, kind)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        drops = np.where(b > 0, (b - a) / b, np.nan)
+    drops = drops[np.isfinite(drops)]
+    low, high = (float(v) for v in np.quantile(drops, [alpha / 2, 1 - alpha / 2]))
+    p_value = float((1 + np.sum(drops <= 0)) / (1 + len(drops)))
+    return DropStat((full - skipped) / full, low, high, p_value, low > 0)
+
+
+def block_statistics(base: Sequence[float], ablated: Sequence[Sequence[float]], kind: Score, threshold: float,
+                     tokens: Sequence[int] | None = None, resamples: int = 1000, alpha: float = 0.05,
+                     min_base_score: float = 0.05, seed: int = 0) -> dict[str, Any]:
+    """Per-item statistics of block ablation: each block's relative drop with its paired bootstrap interval (items
+    resampled, the same resample for the full and the skipped model) and p-value, and the critical blocks (drop above
+    the threshold AND significant: the interval's lower end above 0). Below `min_base_score` the drops are undefined
+    (None), not 0: there is nothing to lose."""
+    base_values = np.asarray(base, dtype=np.float64)
+    token_counts = np.asarray(tokens, dtype=np.float64) if tokens is not None else None
+    full = float(score(base_values, token_counts, kind))
+    if full < min_base_score or full <= 0:
+        return {"base_score": full, "drops": [None] * len(ablated), "intervals": [None] * len(ablated),
+                "p_values": [None] * len(ablated), "significant": [False] * len(ablated), "critical": [],
+                "undefined": f"full-model score {full:.3g} is below min_base_score {min_base_score:g}"}
+    index = bootstrap_indices(len(base_values), resamples, seed)
+    stats = [drop_stat(base_values, np.asarray(a, dtype=np.float64), token_counts, kind, index, alpha)
+             for a in ablated]
+    return {"base_score": full, "drops": [s.drop for s in stats], "intervals": [[s.low, s.high] for s in stats],
+            "p_values": [s.p_value for s in stats], "significant": [s.significant for s in stats],
+            "critical": [i for i, s in enumerate(stats) if s.drop is not None and s.drop > threshold and s.significant],
+            "undefined": None}

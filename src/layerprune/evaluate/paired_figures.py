@@ -27,7 +27,8 @@ def task_figures(roles: Sequence[str], tasks: Sequence[tuple[np.ndarray, np.ndar
                  resamples: int = paired.RESAMPLES, seed: int = paired.SEED) -> dict[str, Any]:
     """Paired figures of the roles over one task or several (their unweighted mean), from per-task ([roles, items]
     matrix, per-item chance) pairs: each pair's difference (mean, paired SE, interval, within noise; McNemar for one
-    0/1 task), whether the drop is clear (its interval above 0), retention and the recovered share with intervals."""
+    0/1 task), whether the drop is clear (its interval above 0), retention and the recovered share with intervals (the
+    share: a string saying why not where the drop's interval holds 0 or comes within `paired.SHARE_MARGIN` of it)."""
     index = {role: i for i, role in enumerate(roles)}
     boot = paired.bootstrap([m for m, _ in tasks], resamples, seed)
     chance = float(np.mean([c.mean() for _, c in tasks]))
@@ -50,8 +51,10 @@ def task_figures(roles: Sequence[str], tasks: Sequence[tuple[np.ndarray, np.ndar
                 _mean_over_tasks(m, r), _mean_over_tasks(m, base), chance))
     if "recovered" in index:
         p, rec = index["pruned"], index["recovered"]
-        out["recovered_share"] = _ci(boot, lambda m: paired.share(_mean_over_tasks(m, base), _mean_over_tasks(m, p),
-                                                                 _mean_over_tasks(m, rec)))
+        lost = {"low": None if drop["high"] is None else -drop["high"],
+                "high": None if drop["low"] is None else -drop["low"]}  # baseline - pruned
+        out["recovered_share"] = paired.share_interval(boot, lost, lambda m: paired.share(
+            _mean_over_tasks(m, base), _mean_over_tasks(m, p), _mean_over_tasks(m, rec)))
     return out
 
 

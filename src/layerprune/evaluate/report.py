@@ -152,7 +152,10 @@ def _paired(row: dict[str, Any], roles: list[str], tasks: list[Aligned]) -> dict
     out["intervals"] = intervals
     clear = bool(out["clear_drop"])
     for key in ("retention_pruned", "retention_recovered", "recovered_share"):
-        out[key] = intervals[key]["value"] if clear and key in intervals else None
+        stated = clear and isinstance(intervals.get(key), dict)
+        out[key] = intervals[key]["value"] if stated else None
+    if clear and isinstance(intervals.get("recovered_share"), str):  # the drop's interval nearly reaches 0
+        out["recovered_share_note"] = intervals["recovered_share"]
     return out
 
 
@@ -227,6 +230,8 @@ def _share_cell(row: dict[str, Any], column: str) -> str:
         return _interval_pct(intervals.get(column))
     if not row.get("clear_drop"):
         return NO_CLEAR_DROP
+    if column == "recovered_share" and row.get("recovered_share_note"):
+        return str(row["recovered_share_note"])
     value = row.get(column)
     if value is None:
         return "-"
@@ -291,7 +296,9 @@ NOISE_NOTE = ("Values are shown ± one standard error. Where every model answere
               "\"within noise\" when the interval holds 0. Retention is model / baseline; chance-normalised retention "
               "is (model - chance) / (baseline - chance), chance being 1/choices for multiple choice and 0 for exact "
               "match. Retention and the recovered share (recovered - pruned) / (baseline - pruned) are shown with "
-              "their intervals only where the drop is clear (its interval above 0), else \"n/a (no clear drop)\". A "
+              "their intervals only where the drop is clear (its interval above 0), else \"n/a (no clear drop)\"; "
+              "the share is printed as \"unbounded\" where the drop's interval comes within 2 points of 0 (a ratio "
+              "over a drop that may be nearly 0 has no useful interval). A "
               "row that cannot be paired says why and falls back to the unpaired rule: within noise under twice the "
               "combined standard error sqrt(SE1^2 + SE2^2).")
 

@@ -91,6 +91,13 @@ class Figures:
     def interval(self, statistic: Any) -> dict[str, Any]:
         return self.boot.interval(statistic)
 
+    def family(self, statistics: dict[Any, Any]) -> dict[Any, dict[str, Any]]:
+        """Holm intervals over a declared family of statistics (`paired.holm_intervals`); a None statistic (a
+        comparison that cannot be stated) counts in the family and is never declared."""
+        undefined = (float("nan"), np.full(1, np.nan))
+        return paired.holm_intervals({key: undefined if f is None else self.boot.draws(f)
+                                      for key, f in statistics.items()}, self.boot.alpha)
+
     def score(self, label: str, group: str) -> dict[str, Any]:
         return self.interval(lambda m: self.mean(m, label, group))
 

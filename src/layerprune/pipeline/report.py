@@ -111,6 +111,8 @@ def _recovery_phrase(kind: str, avg: dict[str, Any]) -> str:
     text = f"{kind} {_change(avg, 'recovered_vs_pruned')} over the pruned model"
     if change["within_noise"]:
         return text + " (within noise: nothing won back beyond noise)"
+    if avg.get("clear_drop") and avg.get("recovered_share_note"):
+        return text + " (the drop's interval comes near 0: the share won back is unbounded)"
     if avg.get("clear_drop") and avg.get("recovered_share") is not None:
         ci = (avg.get("intervals") or {}).get("recovered_share") or {}
         bounds = f" [{100 * ci['low']:.0f}, {100 * ci['high']:.0f}]" if ci.get("low") is not None else ""

@@ -34,13 +34,16 @@ def _won_back(row: dict[str, Any]) -> str:
         return "n/a (settings differ)"
     if not row.get("clear_drop"):
         return "no clear drop"
+    if row.get("recovered_share_note"):
+        return "unbounded (drop near 0)"
     ci = (row.get("intervals") or {}).get("recovered_share")
     return format_interval(ci) if ci else format_interval({"value": row.get("recovered_share")})
 
 
 def glance_table(rows: list[dict[str, Any]], averages: list[dict[str, Any]], roles: list[str]) -> str:
     """Markdown: task, what it measures, items, each role's score (percent for 0-1 metrics), and the share of the
-    drop won back (recovered - pruned) / (original - pruned) with its 95% paired interval where the drop is clear."""
+    drop won back (recovered - pruned) / (original - pruned) with its 95% paired interval where the drop is clear
+    ('unbounded' where the drop's interval comes within core.paired.SHARE_MARGIN of 0)."""
     shown = [r for r in roles if r in ROLE_TITLES] or roles
     won = "recovered" in shown and "pruned" in shown
     head = ["task", "measures", "n", *(ROLE_TITLES.get(r, r) for r in shown), *(["won back [95%]"] if won else [])]

@@ -20,14 +20,14 @@ interval lies wholly beyond the control shift.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from layerprune.core import paired
 from layerprune.core.outputs import write_atomic
-from layerprune.core.paired import ALPHA, format_interval
+from layerprune.core.paired import ALPHA, format_interval, holm
 from layerprune.pipeline.paired_table import Figures, load_matrix
 from layerprune.pipeline.studies.grain import CONTROL, PLAN_FILE, GrainStudy, cell, logical_models
 
@@ -50,27 +50,10 @@ def grain_figures(study: GrainStudy, root: Path) -> Figures:
 
 
 def tail_p(draws: np.ndarray, margin: float) -> tuple[float, str]:
-    """The two-sided bootstrap p-value of (finer - block) against the margin from its resampled values, and the side
-    it points to: twice the share of resamples at or below +margin ('costs less') or at or above -margin ('costs
-    more'), whichever is smaller, at most 1 (the share at or below +margin is under alpha / 2 about where the
-    percentile interval at level 1 - alpha lies above +margin)."""
-    finite = np.asarray(draws, dtype=np.float64).reshape(-1)
-    finite = finite[np.isfinite(finite)]
-    if not len(finite):
-        return 1.0, "not distinguished"
-    less, more = float(np.mean(finite <= margin)), float(np.mean(finite >= -margin))
-    return min(1.0, 2 * min(less, more)), "costs less" if less <= more else "costs more"
-
-
-def holm(pvalues: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p-values, in the given order: the i-th smallest p times (m - i + 1), made
-    non-decreasing along that order, at most 1; a hypothesis is rejected at family-wise level alpha where its adjusted
-    p is below alpha."""
-    m, adjusted, running = len(pvalues), [1.0] * len(pvalues), 0.0
-    for rank, index in enumerate(sorted(range(m), key=lambda i: pvalues[i])):
-        running = max(running, min(1.0, (m - rank) * pvalues[index]))
-        adjusted[index] = running
-    return adjusted
+    """The two-sided bootstrap p-value of (finer - block) against the margin (`paired.bootstrap_p`) and the side it
+    points to: 'costs less' (above +margin) or 'costs more'."""
+    p, side = paired.bootstrap_p(draws, margin)
+    return p, {"above": "costs less", "below": "costs more"}.get(side, side)
 
 
 def verdict(p_holm: float, side: str, informative: bool, alpha: float = ALPHA) -> str:
@@ -100,7 +83,9 @@ def cell_figures(figures: Figures, name: str, plan: dict[str, Any]) -> dict[str,
                       "change": figures.difference(label, "baseline", GROUP),
                       "tasks": {t: figures.score(label, f"task:{t}") for t in figures.tasks}}
     if "recovered" in out and "pruned" in out:
-        out["recovered"]["share"] = figures.interval(lambda m: figures.share_of(name, f"pruned-{name}", GROUP, m))
+        out["recovered"]["share"] = paired.share_interval(
+            figures.boot, figures.difference("baseline", f"pruned-{name}", GROUP),
+            lambda m: figures.share_of(name, f"pruned-{name}", GROUP, m))
         out["recovered"]["spread"] = figures.spread(name, GROUP)
     return out
 
@@ -179,8 +164,9 @@ def _budget(runs: list[dict[str, Any]]) -> str:
                                 f"{span('learning_rate', 'g')}"
 
 
-def _pct(ci: dict[str, Any] | None) -> str:
-    return format_interval(ci, digits=1)
+def _pct(ci: dict[str, Any] | str | None) -> str:
+    """A percent with its interval, or the string saying why there is none (a share over a drop near 0)."""
+    return ci if isinstance(ci, str) else format_interval(ci, digits=1)
 
 
 def _points(ci: dict[str, Any]) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from layerprune.core import paired
-from layerprune.core.paired import format_interval
+from layerprune.core.paired import differ_text, format_interval
 from layerprune.evaluate.summary import SUMMARY_FILE, read_summary
 from layerprune.pipeline.studies.lr_search import lr_lines
 from layerprune.pipeline.studies.recovery import CHAT_EVAL, CONTROL, NO_CONTROL, calibration_file
@@ -212,7 +212,8 @@ def apply_paired(rows: list[dict[str, Any]], root: Path, trained: frozenset[str]
         return
     figures = _figures(names, matrices, chance, {**groups, **{f"task:{t}": [t] for t in matrices}}, runs)
     arms = [label for label in labels if label not in ("baseline", "pruned") and not label.startswith(CONTROL)]
-    for row in rows:
+    family: dict[tuple[int, str], Any] = {}  # every arm against the first, every share and the classification score
+    for index, row in enumerate(rows):
         row["pairing"] = "paired"
         row["intervals"] = {g: figures.score(row["model"], g) for g in GROUPS if figures.has(g)}
         row["spread"] = {g: figures.spread(row["model"], g) for g in GROUPS if figures.has(g)}
@@ -222,14 +223,28 @@ def apply_paired(rows: list[dict[str, Any]], root: Path, trained: frozenset[str]
             if figures.has(group):
                 row[share_key] = _paired_share(figures, row["model"], group)
                 if row["model"] != arms[0]:
-                    row[f"{share_key}_vs_{arms[0]}"] = figures.interval(
-                        lambda m, a=row["model"], g=group: figures.share_of(a, "pruned", g, m)
-                        - figures.share_of(arms[0], "pruned", g, m))
+                    gap = _share_gap(figures, row["model"], arms[0], group)
+                    stated = isinstance(row[share_key], dict)
+                    row[f"{share_key}_vs_{arms[0]}"] = figures.interval(gap) if stated else row[share_key]
+                    family[(index, f"{share_key}_vs_{arms[0]}")] = gap if stated else None
         if row["model"] != arms[0] and figures.has("classification"):
             row[f"classification_vs_{arms[0]}"] = figures.difference(row["model"], arms[0], "classification")
+            family[(index, f"classification_vs_{arms[0]}")] = _score_gap(figures, row["model"], arms[0])
         if CONTROL + row["model"] in labels:
             row.update(control_figures(figures, row["model"], CONTROL + row["model"]))
         row["skills_lost"] = lost_skills(figures, row["model"], list(matrices))
+    for (index, key), ci in figures.family(family).items():  # Holm over the declared family (paired.holm_intervals)
+        rows[index][f"{key}_holm"] = ci
+
+
+def _share_gap(figures: Any, arm: str, first: str, group: str) -> Any:
+    """The statistic: arm's recovered share of the group's drop minus the first arm's."""
+    return lambda m: figures.share_of(arm, "pruned", group, m) - figures.share_of(first, "pruned", group, m)
+
+
+def _score_gap(figures: Any, arm: str, first: str) -> Any:
+    """The statistic: arm's classification average minus the first arm's."""
+    return lambda m: figures.mean(m, arm, "classification") - figures.mean(m, first, "classification")
 
 
 def _figures(names: list[str], matrices: dict[str, Any], chance: dict[str, float], groups: dict[str, list[str]],
@@ -255,7 +270,8 @@ def control_figures(figures: Any, arm: str, control: str) -> dict[str, Any]:
         if not figures.has(group):
             continue
         drop = figures.difference("baseline", "pruned", group)
-        out[f"{share_key}_net"] = "n/a (no clear drop)" if drop["low"] is None or drop["low"] <= 0 else \
+        state = paired.share_state(drop)
+        out[f"{share_key}_net"] = state if state is not None else \
             figures.interval(lambda m, g=group: _net_share(figures, m, arm, control, g))
     return out
 
@@ -273,9 +289,7 @@ def lost_skills(figures: Any, arm: str, tasks: list[str]) -> list[dict[str, Any]
 
 def _paired_share(figures: Any, arm: str, group: str) -> dict[str, Any] | str:
     drop = figures.difference("baseline", "pruned", group)
-    if drop["low"] is None or drop["low"] <= 0:
-        return "n/a (no clear drop)"
-    return figures.interval(lambda m: figures.share_of(arm, "pruned", group, m))
+    return paired.share_interval(figures.boot, drop, lambda m: figures.share_of(arm, "pruned", group, m))
 
 
 def _pm(value: tuple[float, float | None] | None) -> str:
@@ -425,8 +439,8 @@ def classification_lines(arms: list[dict[str, Any]]) -> list[str]:
     shares = [f"{r['model']} {_pct(r.get(CLS_SHARE))}" for r in arms if r.get(CLS_SHARE) is not None]
     if shares:
         lines.append("Share of the classification drop recovered (unseen, paired 95%): " + ", ".join(shares) + ".")
-    diffs = [f"{r['model']} {_points(r[f'classification_vs_{first}'])}" for r in arms[1:]
-             if f"classification_vs_{first}" in r]
+    diffs = [f"{r['model']} {_points(r[f'classification_vs_{first}'])}{_holm(r, f'classification_vs_{first}')}"
+             for r in arms[1:] if f"classification_vs_{first}" in r]
     if diffs:
         lines.append(f"Classification average, each arm minus {first} (paired 95% interval, points): "
                      + ", ".join(diffs) + ".")
@@ -473,11 +487,21 @@ def arm_differences(arms: list[dict[str, Any]], named: dict[str, str]) -> list[s
     first = arms[0]["model"]
     lines = []
     for share, what in named.items():
-        cells = [f"{r['model']} {_pct(r[f'{share}_vs_{first}'])}" for r in arms[1:] if f"{share}_vs_{first}" in r]
+        cells = [f"{r['model']} {_pct(r[f'{share}_vs_{first}'])}{_holm(r, f'{share}_vs_{first}')}" for r in arms[1:]
+                 if f"{share}_vs_{first}" in r]
         if cells:
-            lines.append(f"Share of the drop on {what}, each arm minus {first} (paired 95% interval, points): "
-                         + ", ".join(cells) + ".")
+            lines.append(f"Share of the drop on {what}, each arm minus {first} (paired 95% interval, points; Holm: "
+                         "its interval over the family of every arm minus the first, every share and the "
+                         "classification score, and whether the arms differ by it): " + ", ".join(cells) + ".")
     return lines
+
+
+def _holm(row: dict[str, Any], key: str) -> str:
+    """' (Holm [-3, 20], not shown to differ)', '' where the comparison has no Holm interval."""
+    ci = row.get(f"{key}_holm")
+    if not ci or ci.get("low") is None:
+        return ""
+    return f" (Holm [{100 * ci['low']:.0f}, {100 * ci['high']:.0f}], {differ_text(ci)})"
 
 
 def _value(share: Any) -> float | None:

@@ -7,7 +7,10 @@ chance), the recovered share (recovered - pruned) / (original - pruned), and the
 
 With arms (several recoveries of every k), every figure is given per arm (a point carries its `arm`), the verdicts
 per arm, and every pair of arms is compared at every k: the paired difference of their recovered shares and of their
-recovered scores, two-level over runs and items where there are replicates.
+recovered scores, two-level over runs and items where there are replicates, each also with its Holm interval over its
+family (every pair of arms at every k and kind, in one format: the shares one family, the scores another); two arms
+are said to differ only where that family-wise interval excludes 0. A share is stated only where the drop's interval
+stays `paired.SHARE_MARGIN` above 0 (else 'unbounded'). The statistics are all core/paired.py's.
 """
 
 from __future__ import annotations
@@ -21,14 +24,13 @@ import numpy as np
 
 from layerprune.core import paired
 from layerprune.core.errors import LayerpruneError
-from layerprune.core.paired import format_interval
+from layerprune.core.paired import NO_CLEAR_DROP, differ_text, format_interval, run_variance_note
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.paired_table import Figures, load_matrix
 from layerprune.pipeline.studies.lr_search import lr_lines
 from layerprune.pipeline.studies.sweep import recovered_label
 
 KINDS = ("classification", "generative")
-NO_CLEAR_DROP = "n/a (no clear drop)"  # the drop's interval holds 0: no share of it to speak of
 CONTROL = "recovered-k0"  # the k = 0 control: the same recovery of the unpruned original (ARM-k0 with arms)
 SIDE = {"shown": "above 0", "not shown": "holds 0", "contradicted": "below 0"}  # where a difference's interval lies
 
@@ -50,12 +52,12 @@ def point(study: Any, figures: Figures, k: int, arm: str | None = None, models: 
         if rec in figures.labels:
             row["recovered"] = figures.score(rec, kind)
             row["retention_recovered"] = figures.interval(lambda m, kind=kind: figures.retention(rec, kind, m, base))
-            clear = _above(row["drop"])
+            state = paired.share_state(row["drop"])  # None: the drop is bounded away from 0, a share can be stated
             row["recovered_share"] = figures.interval(
-                lambda m, kind=kind: _share(figures, k, kind, m, arm, models)) if clear else NO_CLEAR_DROP
+                lambda m, kind=kind: _share(figures, k, kind, m, arm, models)) if state is None else state
             if control:
                 row["recovered_share_net"] = figures.interval(
-                    lambda m, kind=kind: _net_share(figures, k, kind, m, arm, models)) if clear else NO_CLEAR_DROP
+                    lambda m, kind=kind: _net_share(figures, k, kind, m, arm, models)) if state is None else state
             row["gain"] = figures.difference(rec, pruned, kind)
             row["spread"] = spread(figures, rec, kind)
         out[kind] = row
@@ -187,32 +189,45 @@ def comparisons(figures: Figures, points: list[dict[str, Any]], arms: list[str],
     of their recovered shares (where the drop is clear) and of their recovered scores, each with its interval
     (two-level over runs and items with replicates) and where it lies against 0. `models`: each arm's prefix of the
     original's and pruned models' labels (sweeps joined with their own models); the shares are then each against
-    the arm's own drop, net of each arm's own control where both have one (`share_net_of_controls`)."""
-    out = []
+    the arm's own drop, net of each arm's own control where both have one (`share_net_of_controls`). Each difference
+    also gets its Holm interval over its family (`share_holm`, `score_holm`: `paired.holm_intervals` over every pair,
+    k and kind here; a share difference that cannot be stated counts in its family, never declared)."""
+    out: list[dict[str, Any]] = []
+    families: dict[str, dict[tuple[int, str], Any]] = {"share": {}, "score": {}}
     for k in dict.fromkeys(p["k"] for p in points):
         for high, low in combinations(arms, 2):
             if not {recovered_label(high, k), recovered_label(low, k)} <= set(figures.labels):
                 continue
             row: dict[str, Any] = {"k": k, "arms": [high, low]}
             for kind in (kind for kind in KINDS if figures.has(kind)):
-                clear = all(isinstance(_point(points, k, arm).get(kind, {}).get("recovered_share"), dict)
-                            for arm in (high, low))
+                states = [_point(points, k, arm).get(kind, {}).get("recovered_share") for arm in (high, low)]
+                clear = all(isinstance(state, dict) for state in states)
                 net = models is not None and clear and all(recovered_label(arm, 0) in figures.labels
                                                            for arm in (high, low))
-                share = _share_difference(figures, k, kind, high, low, models, net) if clear else NO_CLEAR_DROP
-                score = figures.difference(recovered_label(high, k), recovered_label(low, k), kind)
+                gap = _share_difference(figures, k, kind, high, low, models, net)
+                share = figures.interval(gap) if clear else next(
+                    (state for state in states if isinstance(state, str)), NO_CLEAR_DROP)
+                ranks = (recovered_label(high, k), recovered_label(low, k))
+                families["share"][(len(out), kind)] = gap if clear else None
+                families["score"][(len(out), kind)] = (
+                    lambda m, kind=kind, a=ranks: figures.mean(m, a[0], kind) - figures.mean(m, a[1], kind))
+                score = figures.difference(*ranks, kind)
                 row[kind] = {"share": share, "share_status": shown(share) if clear else "not shown",
                              **({"share_net_of_controls": net} if models is not None else {}),
                              "score": score, "score_status": shown(score)}
             out.append(row)
+    for name, family in families.items():
+        for (i, kind), ci in figures.family(family).items():
+            out[i][kind][f"{name}_holm"] = ci
     return out
 
 
 def _share_difference(figures: Figures, k: int, kind: str, high: str, low: str,
-                      models: dict[str, str] | None = None, net: bool = False) -> dict[str, Any]:
+                      models: dict[str, str] | None = None, net: bool = False) -> Any:
+    """The statistic (task means -> values) of high's recovered share minus low's."""
     share, own = (_net_share if net else _share), models or {}
-    return figures.interval(lambda m: share(figures, k, kind, m, high, own.get(high, ""))
-                            - share(figures, k, kind, m, low, own.get(low, "")))
+    return lambda m: (share(figures, k, kind, m, high, own.get(high, ""))
+                      - share(figures, k, kind, m, low, own.get(low, "")))
 
 
 def format_comparisons(rows: list[dict[str, Any]], replicates: int) -> list[str]:
@@ -220,8 +235,13 @@ def format_comparisons(rows: list[dict[str, Any]], replicates: int) -> list[str]
     27.0] (undefined 0.0%), above 0; recovered score ...'."""
     runs = ("two-level over runs and items: run-to-run variance is in them" if replicates > 1 else
             "one replicate: item sampling only, run-to-run variance not measured")
+    size = {name: max((c[f"{name}_holm"]["family"] for r in rows for kind, c in r.items() if kind in KINDS
+                       and f"{name}_holm" in c), default=0) for name in ("share", "score")}
     lines = [f"Arms compared, paired on the same items (first - second arm, 95% intervals, {runs}; above 0: the "
-             "interval is above 0, holds 0, or below 0):", ""]
+             "interval is above 0, holds 0, or below 0). Each difference is one of a family declared here, every "
+             f"pair of arms at every k and kind ({size['share']} share differences, {size['score']} score "
+             "differences); Holm: its interval at the level Holm's step-down tests it at (core/paired.py "
+             "holm_intervals), and two arms are said to differ only where that interval excludes 0:", ""]
     for row in rows:
         high, low = row["arms"]
         for kind in KINDS:
@@ -231,9 +251,17 @@ def format_comparisons(rows: list[dict[str, Any]], replicates: int) -> list[str]
             share = (f"{_signed(c['share'])} (undefined {100 * (c['share'].get('undefined') or 0.0):.1f}%), "
                      f"{SIDE[c['share_status']]}" if isinstance(c["share"], dict) else c["share"])
             name = "recovered share net of each arm's control" if c.get("share_net_of_controls") else "recovered share"
-            lines.append(f"- {high} - {low} at k = {row['k']}, {kind}: {name} {share}; recovered score "
-                         f"{_signed(c['score'])}, {SIDE[c['score_status']]}")
+            lines.append(f"- {high} - {low} at k = {row['k']}, {kind}: {name} {share}{_holm_text(c.get('share_holm'))};"
+                         f" recovered score {_signed(c['score'])}, {SIDE[c['score_status']]}"
+                         f"{_holm_text(c.get('score_holm'))}")
     return lines
+
+
+def _holm_text(ci: dict[str, Any] | None) -> str:
+    """' (Holm 99.2%: +3.0% [-1.0, 7.0], not shown to differ)', '' without one or where nothing can be stated."""
+    if not ci or ci.get("low") is None:
+        return ""
+    return f" (Holm {100 * ci['level']:.1f}%: {_signed(ci)}, {differ_text(ci)})"
 
 
 def _signed(ci: dict[str, Any]) -> str:
@@ -308,12 +336,12 @@ def format_spread(points: list[dict[str, Any]], control: dict[str, Any] | None,
     rows += [(p.get("arm"), p["k"], kind, p[kind]["spread"]) for p in points for kind in KINDS
              if "spread" in p.get(kind, {})]
     arms = any(arm is not None for arm, *_ in rows)
-    lines = ["| k |" + (" arm |" if arms else "") + " kind | replicates | across-run SD (points) | item SE (points) |",
-             "|---|---|---|---|---|" + ("---|" if arms else "")]
+    lines = ["| k |" + (" arm |" if arms else "") + " kind | replicates | across-run SD (points) | item SE (points) | "
+             "run-variance share in the interval |", "|---|---|---|---|---|---|" + ("---|" if arms else "")]
     for arm, k, kind, sp in rows:
         run = f"{100 * sp['run_sd']:.1f}" if sp.get("run_sd") is not None else "not measured (one replicate)"
         lines.append(f"| {k} |" + (f" {arm} |" if arms else "")
-                     + f" {kind} | {sp['replicates']} | {run} | {100 * sp['item_se']:.1f} |")
+                     + f" {kind} | {sp['replicates']} | {run} | {100 * sp['item_se']:.1f} | {run_variance_note(sp)} |")
     return "\n".join(lines)
 
 

@@ -318,13 +318,8 @@ def compare(study: VariantStudy, report: dict[str, Any], seed: int, control: tup
     fraction of the split-half ceiling, the control's the same way (on the blocks it kept), and the verdict."""
     import numpy as np
 
-    from layerprune.analyze.agreement import (
-        invariance_verdict,
-        per_item,
-        profile_agreement,
-        relative_agreement,
-        score_shift,
-    )
+    from layerprune.analyze.agreement import per_item, profile_agreement, relative_agreement_draws, score_shift
+    from layerprune.core.paired import MEASURES_A, invariance_verdict, ratio_comparison
 
     kind = "probability" if report["config"]["metric"] == "nll" else "mean"
     threshold = report["config"]["threshold"]
@@ -336,21 +331,25 @@ def compare(study: VariantStudy, report: dict[str, Any], seed: int, control: tup
     for task, per_model in report["tasks"].items():
         original, variant = per_model.values()
         a, b = per_item(original, kind), per_item(variant, kind)
+        relative, draws = relative_agreement_draws(a, b, kind, threshold, study.splits, study.resamples, study.alpha,
+                                                   seed)
         row = {"base_scores": [original["base_score"], variant["base_score"]],
                **profile_agreement(original, variant, kind, threshold, study.resamples, study.alpha, seed),
-               "relative": relative_agreement(a, b, kind, threshold, study.splits, study.resamples, study.alpha,
-                                              seed), "control": None}
-        dead = None
+               "relative": relative, "control": None}
+        dead, against = None, {}
         if control is not None:
             block, scored = control
             kept = (a[0], np.delete(a[1], block, axis=0), a[2])
             result = next(iter(scored["tasks"][task].values()))
-            row["control"] = relative_agreement(kept, per_item(result, kind), kind, threshold, study.splits,
-                                                study.resamples, study.alpha, seed)
+            row["control"], control_draws = relative_agreement_draws(kept, per_item(result, kind), kind, threshold,
+                                                                     study.splits, study.resamples, study.alpha, seed)
+            against = {m: (row["control"][m]["ratio"], control_draws[m]) for m in MEASURES_A}
             dead = result.get("undefined")
+        row["comparison"] = {m: ratio_comparison(relative[m]["ratio"], draws[m], against.get(m), study.alpha)
+                             for m in MEASURES_A}
         undefined = [f"{role}: {r['undefined']}" for role, r in (("original", original), ("variant", variant))
                      if r.get("undefined")]
-        row["verdict"] = invariance_verdict(shift, row["relative"], row["control"], study.min_shift, study.bar,
+        row["verdict"] = invariance_verdict(shift, row["comparison"], control is not None, study.min_shift, study.bar,
                                             undefined, dead)
         row["control_undefined"] = dead
         out[task] = row
@@ -438,9 +437,13 @@ def verdict_lines(study: VariantStudy, result: dict[str, Any]) -> list[str]:
              "one model's profile on one half against the other's on the other half (agreement), over the geometric "
              "mean of each model's agreement with itself across the halves (ceiling, the split-half reliability; no "
              f"Spearman-Brown step-up, both are at half the items); {1 - study.alpha:.0%} interval: each half "
-             f"resampled within itself. 'invariant' needs the ratio >= {study.bar:g}, the target score moved by >= "
-             f"{100 * study.min_shift:g} points up with its interval above 0, and the positive control below "
-             f"{study.bar:g}; 'different': a ratio below {study.bar:g}; else 'not shown'.", ""]
+             "resampled within itself. The ratio is compared with the ceiling (ratio - 1) and with the positive "
+             "control's ratio on the same resamples (ratio - control, paired), each with its interval; "
+             f"{study.bar:g} of the ceiling is the margin. 'different': on a measure, the interval of ratio - 1 lies "
+             f"wholly below {study.bar - 1:+.2f} (the ratio's below {study.bar:g}). 'invariant': on a measure it lies "
+             f"wholly at or above {study.bar - 1:+.2f}, ratio - control lies above 0 (the comparison can fail), and "
+             f"the target score moved by >= {100 * study.min_shift:g} points up with its interval above 0. Else "
+             "'not shown' (an interval that reaches across the margin decides nothing).", ""]
     if shift is None:
         lines.append("Target: none named (the recipe's `target`), so no verdict can be 'invariant'.")
     else:
@@ -453,14 +456,25 @@ def verdict_lines(study: VariantStudy, result: dict[str, Any]) -> list[str]:
                                         "tasks (a collapsed model, with no drops there): its ratios on those show "
                                         "nothing, and no verdict rests on them." if dead else ""))
     lines += ["", "| task | Spearman: agreement / ceiling = ratio | Jaccard: agreement / ceiling = ratio | "
-              "control Spearman | control Jaccard | verdict |", "|---|---|---|---|---|---|"]
+              "control Spearman | control Jaccard | ratio - 1 (Spearman / Jaccard) | ratio - control (Spearman / "
+              "Jaccard) | verdict |", "|---|---|---|---|---|---|---|---|"]
     for task, row in result["tasks"].items():
         verdict = row["verdict"]
         why = f" ({'; '.join(verdict['reasons'])})" if verdict["reasons"] else ""
         lines.append(f"| {task} | {_ratio(row['relative'], 'spearman')} | {_ratio(row['relative'], 'jaccard')} | "
                      f"{_ratio(row['control'], 'spearman')} | {_ratio(row['control'], 'jaccard')} | "
-                     f"**{verdict['verdict']}**{why} |")
+                     f"{_against(row, 'vs_ceiling')} | {_against(row, 'vs_control')} | **{verdict['verdict']}**{why} |")
     return lines
+
+
+def _against(row: dict[str, Any], key: str) -> str:
+    """'-0.22 [-0.35, -0.08] / +0.01 [-0.10, 0.12]': a paired difference of ratios per measure, with its interval."""
+    cells = []
+    for measure in ("spearman", "jaccard"):
+        ci = (row.get("comparison") or {}).get(measure, {}).get(key)
+        cells.append("-" if not ci or ci.get("value") is None else f"{ci['value']:+.2f}" + (
+            "" if ci.get("low") is None else f" [{ci['low']:+.2f}, {ci['high']:+.2f}]"))
+    return " / ".join(cells)
 
 
 def dry_run(study: VariantStudy, settings: RunSettings) -> str:
