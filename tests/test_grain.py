@@ -287,11 +287,11 @@ def test_a_tiny_grain_study_runs_end_to_end_with_two_replicates(capsys, nas_sour
 @pytest.mark.parametrize(("name", "tasks"), [("grain-embedded", "arc_easy, piqa, copy_l7"),
                                            ("grain-math-embedded", "arith_2d_sub, arith_3d_sub, brackets_mix")])
 def test_the_shipped_protocol_dry_runs_matched_and_sized(capsys, monkeypatch, tmp_path, name, tasks):
-    from layerprune.core.recipe_loading import find_recipe
+    from layerprune.core.recipe_loading import find_recipe, shipped_command
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    kind, path = find_recipe(name)
-    assert kind == "grain-study" and path.read_text().startswith(f"# layerprune study {name} ")
+    kind, _ = find_recipe(name)
+    assert kind == "grain-study" and shipped_command(kind, name).startswith(f"layerprune study {name} ")
     code, out, err = run_cli(capsys, ["study", name, "--dry-run", "--output", str(tmp_path / "s")])
     assert f"evaluation: 3 tasks ({tasks})" in out
     assert code == 0, err
@@ -316,12 +316,12 @@ def test_more_replicates_resume_the_directory_and_another_protocol_is_refused(tm
 
     paths = RunPaths(tmp_path / "study")
     study = grain.GrainStudy.model_validate(tiny_grain("x", paths.root))
-    claim_run_dir(paths, grain._Protocol(study), overwrite=False)
+    claim_run_dir(paths, study, overwrite=False)
     more = study.model_copy(update={"replicates": 5, "controls": False})
-    claim_run_dir(paths, grain._Protocol(more), overwrite=False)  # only adds stages: the same directory
+    claim_run_dir(paths, more, overwrite=False)  # only adds stages: the same directory
     other = study.model_copy(update={"tolerance": 0.5})
     with pytest.raises(LayerpruneError, match="holds outputs of another recipe"):
-        claim_run_dir(paths, grain._Protocol(other), overwrite=False)
+        claim_run_dir(paths, other, overwrite=False)
 
 
 def _speeds(table: dict[int, float], asked: list[int]):
@@ -412,7 +412,7 @@ def test_a_speed_match_is_its_own_protocol_and_a_params_run_keeps_its_fingerprin
 
     paths = RunPaths(tmp_path / "study")
     study = grain.GrainStudy.model_validate(tiny_grain("x", paths.root))
-    assert "speed_repeats" not in grain._Protocol(study).model_dump_json(exclude={})
-    claim_run_dir(paths, grain._Protocol(study), overwrite=False)
+    assert "speed_repeats" not in study.model_dump(exclude_defaults=True)
+    claim_run_dir(paths, study, overwrite=False)
     with pytest.raises(LayerpruneError, match="holds outputs of another recipe"):
-        claim_run_dir(paths, grain._Protocol(study.model_copy(update={"match": "speedup"})), overwrite=False)
+        claim_run_dir(paths, study.model_copy(update={"match": "speedup"}), overwrite=False)

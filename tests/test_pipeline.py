@@ -12,28 +12,29 @@ import yaml
 
 from helpers import assert_one_line_error, fingerprint, run_cli
 from layerprune.core.provenance import collect_provenance
-from layerprune.core.recipe_loading import shipped_recipes
+from layerprune.core.recipe_loading import load_recipe, shipped_command, shipped_recipes
 
-RUN_RECIPES = sorted(p for (kind, _), p in shipped_recipes().items() if kind in ("run", "study"))
+RUN_RECIPES = sorted(name for kind, name in shipped_recipes("run"))
 
 
 def test_studies_cover_three_models_three_arms_two_recoveries():
-    names = [p.stem for p in RUN_RECIPES if p.parent.name == "studies" and p.stem.startswith("limits-")]
+    names = [name for name in RUN_RECIPES if name.startswith("limits-")]
     assert len(names) == 18
     for model in ("llama31-8b", "qwen25-7b", "mistral-7b"):
         for arm in ("reverse", "bi", "ablation"):
             assert sum(n.startswith(f"limits-{model}-{arm}") for n in names) == 2
-    for path in RUN_RECIPES:
-        data = yaml.safe_load(path.read_text())
+    for name in RUN_RECIPES:
+        data = load_recipe(name, "run")[0]
         if data["prune"].get("calib"):
             assert "test" not in data["prune"]["calib"]  # calibration never on test items
-        assert path.read_text().startswith("# layerprune run ")
+        command = shipped_command("run", name)
+        assert command.startswith("layerprune run ") and name in command
 
 
-@pytest.mark.parametrize("path", RUN_RECIPES, ids=[p.stem for p in RUN_RECIPES])
-def test_every_shipped_run_recipe_dry_runs(capsys, path, monkeypatch, tmp_path):
+@pytest.mark.parametrize("name", RUN_RECIPES)
+def test_every_shipped_run_recipe_dry_runs(capsys, name, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    code, out, err = run_cli(capsys, ["run", str(path), "--dry-run", "--output", str(tmp_path / "run")])
+    code, out, err = run_cli(capsys, ["run", name, "--dry-run", "--output", str(tmp_path / "run")])
     assert code == 0, err
     assert "recipe: valid" in out and "memory" in out
     assert not (tmp_path / "run").exists()

@@ -205,7 +205,7 @@ def write_recipe(path: Path, data: dict) -> Path:
 
 
 def test_cli_dry_run_prints_the_plan(capsys, tiny_llama, tmp_path):
-    recipe = write_recipe(tmp_path / "v.yaml", {"kind": "sft", "model": str(tiny_llama),
+    recipe = write_recipe(tmp_path / "v.yaml", {"kind": "variant", "method": "sft", "model": str(tiny_llama),
                                                 "data": {"probes": {"arith_2d_add": 20, "brackets_mix": 12}},
                                                 "train": {"batch_size": 4, "grad_accum": 2}})
     code, out, _ = run_cli(capsys, ["variant", str(recipe), "--dry-run", "--epochs", "2"])
@@ -215,11 +215,12 @@ def test_cli_dry_run_prints_the_plan(capsys, tiny_llama, tmp_path):
 
 
 @pytest.mark.parametrize(("fields", "needle"), [({"trian": {}}, "unknown key 'trian'"),
-                                                 ({"kind": "sfft"}, "did you mean: sft"),
-                                                 ({"kind": "distill"}, "needs a teacher"),
+                                                 ({"method": "sfft"}, "did you mean: sft"),
+                                                 ({"kind": "rft"}, "is a rft recipe (its `kind:`), not a variant"),
+                                                 ({"method": "distill"}, "needs a teacher"),
                                                  ({"data": {"probes": {"arith_2d_ad": 3}}}, "arith_2d_add")])
 def test_cli_bad_recipe_is_one_line(capsys, tmp_path, fields, needle):
-    recipe = write_recipe(tmp_path / "bad.yaml", {"kind": "sft", **fields})
+    recipe = write_recipe(tmp_path / "bad.yaml", {"kind": "variant", "method": "sft", **fields})
     code, out, err = run_cli(capsys, ["variant", str(recipe), "--dry-run"])
     assert_one_line_error(code, err, needle)
 
@@ -303,8 +304,9 @@ def test_a_variant_spec_names_the_seed_0_variant_and_warns_of_one_made_under_ano
     from layerprune.core.recipe_loading import build_from_recipe
     from layerprune.models.loading import resolve_model
 
-    path = write_recipe(tmp_path / "v.yaml", {"kind": "sft", "model": str(tiny_llama), "name": "tiny-seeds",
-                                              "data": {"probes": {"arith_2d_add": 8}}, "train": FAST})
+    path = write_recipe(tmp_path / "v.yaml", {"kind": "variant", "method": "sft", "model": str(tiny_llama),
+                                              "name": "tiny-seeds", "data": {"probes": {"arith_2d_add": 8}},
+                                              "train": FAST})
     seed3 = settings.model_copy(update={"seed": 3})
     made_3 = make_variant(build_from_recipe(VariantRecipe, "variant", str(path), {}), seed3)  # variant --seed 3
     with caplog.at_level("WARNING", logger="layerprune"):
@@ -317,8 +319,9 @@ def test_a_variant_spec_is_made_once_and_found_again_wherever_a_model_is_accepte
                                                                                    monkeypatch, capsys):
     from layerprune.models.loading import planning, resolve_model
 
-    recipe = write_recipe(tmp_path / "v.yaml", {"kind": "sft", "model": str(tiny_llama), "name": "tiny-math",
-                                                "data": {"probes": {"arith_2d_add": 8}}, "train": FAST})
+    recipe = write_recipe(tmp_path / "v.yaml", {"kind": "variant", "method": "sft", "model": str(tiny_llama),
+                                                "name": "tiny-math", "data": {"probes": {"arith_2d_add": 8}},
+                                                "train": FAST})
     spec = f"variant:{recipe}"
     with planning():  # a dry run: nothing made, planned on the source
         planned = resolve_model(spec, settings)
@@ -349,9 +352,10 @@ def test_rft_dry_run_estimates_its_sampling_at_the_measured_rates(capsys, tiny_l
     from layerprune.posttrain.items import load_items
     from layerprune.posttrain.schema import VariantRecipe
 
-    fields = {"kind": "rft", "model": str(tiny_llama), "format": "plain", "data": {"probes": {"arith_2d_add": 20}},
+    fields = {"method": "rft", "model": str(tiny_llama), "format": "plain", "data": {"probes": {"arith_2d_add": 20}},
               "sample": {"k": 4, "max_new_tokens": 6}}
-    code, out, _ = run_cli(capsys, ["variant", str(write_recipe(tmp_path / "r.yaml", fields)), "--dry-run"])
+    recipe = write_recipe(tmp_path / "r.yaml", {"kind": "variant", **fields})
+    code, out, _ = run_cli(capsys, ["variant", str(recipe), "--dry-run"])
     items, _ = load_items(VariantRecipe.model_validate(fields).data, None)
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
     tokens = 4 * sum(len(tokenizer(item.prompt)["input_ids"]) for item in items)

@@ -9,7 +9,7 @@ from layerprune.cli import main
 from layerprune.cli.recipe_kinds import RECIPE_SCHEMAS, validate_recipe
 from layerprune.core import recipe_loading as recipes
 from layerprune.core.errors import LayerpruneError
-from layerprune.core.recipe_loading import RECIPE_FILES, RecipeFiles, find_recipe, shipped_recipes
+from layerprune.core.recipe_loading import find_recipe, shipped_recipes
 from layerprune.recover.schema import LoraSection, RecoverRecipe
 
 EXPECTED = {"selfgen-gsm8k", "selfgen-dolly", "selfgen-alpaca", "kd-gsm8k", "demo"}
@@ -23,7 +23,7 @@ def test_every_expected_recover_recipe_is_shipped():
 def test_shipped_recipe_validates_and_shows_its_command(name):
     kind, path = find_recipe(name, "recover")
     assert kind == "recover"
-    _, recipe = validate_recipe(path, kind)
+    _, recipe = validate_recipe(name, kind)
     assert recipe.name == name
     assert path.read_text().startswith(f"# recover --recipe {name}")
 
@@ -43,16 +43,27 @@ def test_validate_all_list_show_cp(capsys, tmp_path):
 
 
 def test_a_name_shared_by_two_kinds_asks_for_the_kind(capsys, monkeypatch, tmp_path):
-    (tmp_path / "recover").mkdir()
-    (tmp_path / "other").mkdir()
-    for folder in ("recover", "other"):
-        (tmp_path / folder / "same.yaml").write_text("name: same\n")
-    monkeypatch.setattr(recipes, "RECIPES_DIR", tmp_path)
-    monkeypatch.setitem(RECIPE_FILES, "other", RecipeFiles("other"))
-    monkeypatch.setitem(RECIPE_SCHEMAS, "other", RecoverRecipe)
+    for folder, kind in (("recover", "recover"), ("other", "prune")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "same.yaml").write_text(f"kind: {kind}\nname: same\n")
+    use_recipes_dir(monkeypatch, tmp_path)
     assert main(["recipes", "show", "same"]) == 2
     assert "pass --kind" in capsys.readouterr().err
-    assert find_recipe("same", "other")[0] == "other"
+    assert find_recipe("same", "prune")[0] == "prune"
+
+
+def use_recipes_dir(monkeypatch: pytest.MonkeyPatch, path) -> None:
+    """Shipped recipes read from `path` (the index is cached: cleared before and after)."""
+    monkeypatch.setattr(recipes, "RECIPES_DIR", path)
+    recipes.forget_shipped()
+    monkeypatch.setattr(recipes, "RECIPES_DIR", path)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_index():
+    recipes.forget_shipped()
+    yield
+    recipes.forget_shipped()
 
 
 def test_unknown_recipe_suggests_close_names(capsys):
@@ -87,20 +98,26 @@ def test_filter_correct_needs_known_answers():
         RecoverRecipe.model_validate({"prompts": {"source": "dolly"}, "generate": {"filter": "correct"}})
 
 
-def test_every_recipe_kind_has_its_files_and_its_schema():
-    """The base floor's where-table and the top floor's schema table name the same kinds, in the same order."""
-    assert list(RECIPE_SCHEMAS) == list(RECIPE_FILES)
+def test_every_shipped_recipe_says_a_kind_of_the_one_table():
+    """The kind is written in each file (no filename globs); the top floor's table holds every kind used."""
+    kinds = {kind for kind, _ in shipped_recipes()}
+    assert kinds <= set(RECIPE_SCHEMAS)
     assert all(isinstance(schema, type) and issubclass(schema, BaseModel) for schema in RECIPE_SCHEMAS.values())
 
 
-def test_a_new_recipe_kind_is_one_entry_in_each_table(tmp_path, monkeypatch):
+def test_a_new_recipe_kind_is_one_entry_in_the_table(tmp_path, monkeypatch):
     (tmp_path / "toy").mkdir()
-    (tmp_path / "toy" / "one.yaml").write_text("# layerprune run --recipe one\nname: one\n")
-    monkeypatch.setattr(recipes, "RECIPES_DIR", tmp_path)
-    monkeypatch.setitem(RECIPE_FILES, "toy", RecipeFiles("toy"))
+    (tmp_path / "toy" / "one.yaml").write_text("# layerprune run --recipe one\nkind: toy\nname: one\n")
+    use_recipes_dir(monkeypatch, tmp_path)
     monkeypatch.setitem(RECIPE_SCHEMAS, "toy", LoraSection)
-    monkeypatch.setitem(RECIPE_FILES, "recover", RecipeFiles("missing"))
-    kind, path = find_recipe("one")
+    kind, _ = find_recipe("one")
     assert kind == "toy"
     with pytest.raises(LayerpruneError, match="unknown key 'name'"):
-        validate_recipe(path, kind)
+        validate_recipe("one", kind)
+
+
+def test_a_misspelled_kind_is_one_line_with_the_close_ones(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("kind: recovr\nname: r\n")
+    with pytest.raises(LayerpruneError, match="unknown recipe kind 'recovr'.*recover"):
+        validate_recipe(path, None)

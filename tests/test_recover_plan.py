@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig
 
 from helpers import assert_one_line_error, make_pruned_student, run_cli
@@ -22,7 +21,6 @@ from layerprune.recover.job import RecoverJob
 from layerprune.recover.schema import GenerationSection, PromptSource, RecoverRecipe
 from layerprune.recover.student_teacher import plan_recover
 
-ROOT = Path(__file__).resolve().parents[1]
 SMALL = dict(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=6, num_attention_heads=8,
              num_key_value_heads=4, max_position_embeddings=1024, tie_word_embeddings=False)
 
@@ -121,13 +119,14 @@ def test_switch_reasons_name_what_is_trained_and_8bit_is_never_chosen_when_shard
 
 
 def test_study_full_sft_arms_use_a_full_fine_tuning_learning_rate():
+    from layerprune.core.recipe_loading import shipped_recipes
     from layerprune.pipeline.recipe import RunRecipe
 
-    arms = sorted((ROOT / "src" / "layerprune" / "recipes" / "studies").glob("*-gsm8k-full.yaml"))
+    arms = sorted(name for _, name in shipped_recipes("run") if name.endswith("-gsm8k-full"))
     assert len(arms) == 9
-    for path in arms:
-        recover = RunRecipe.model_validate(yaml.safe_load(path.read_text())).recover.resolve("<pruned>", None)
-        assert recover.method == "full" and recover.train.learning_rate <= 5e-5, path.name
+    for name in arms:
+        recover = RunRecipe.load(name).recover.resolve("<pruned>", None)
+        assert recover.method == "full" and recover.train.learning_rate <= 5e-5, name
 
 
 # -- generation ------------------------------------------------------------------------------------------------------

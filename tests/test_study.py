@@ -9,11 +9,11 @@ import pytest
 import yaml
 
 from helpers import run_cli
-from layerprune.core.recipe_loading import shipped_recipes
+from layerprune.core.recipe_loading import shipped_command, shipped_recipes
 from layerprune.pipeline.studies import recovery_report
 from layerprune.pipeline.studies.recovery import RecoveryStudy
 
-STUDIES = sorted(p for (kind, _), p in shipped_recipes("recovery-study").items())
+STUDIES = sorted(name for _, name in shipped_recipes("recovery-study"))
 
 
 def tiny_study(model: Path, output: Path) -> dict:
@@ -93,19 +93,19 @@ def test_study_schema_demands_a_matched_budget_and_known_arm_fields(tiny_llama):
         RecoveryStudy.model_validate(data)
 
 
-@pytest.mark.parametrize("path", STUDIES, ids=[p.stem for p in STUDIES])
-def test_every_shipped_recovery_study_dry_runs(capsys, path, monkeypatch, tmp_path):
+@pytest.mark.parametrize("name", STUDIES)
+def test_every_shipped_recovery_study_dry_runs(capsys, name, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    code, out, err = run_cli(capsys, ["study", str(path), "--dry-run", "--output", str(tmp_path / "s")])
+    code, out, err = run_cli(capsys, ["study", name, "--dry-run", "--output", str(tmp_path / "s")])
     assert code == 0, err
     label = "opd" if "arm opd" in out else "kd"  # every study has a distillation arm
     assert "budget (every arm)" in out and f"arm {label}" in out and not (tmp_path / "s").exists()
     arm = out.split(f"arm {label}: method {label}\n")[1].split("\narm ")[0]
     assert "memory plan:" in arm and f"method {label}," in arm  # named as the arm's method, planned with its teacher
     assert "teacher (unpruned, beside the student)" in arm and "config was not readable" not in out
-    assert path.read_text().startswith("# layerprune study ")
+    assert shipped_command("recovery-study", name).startswith("layerprune study ")
     assert len(STUDIES) >= 3
-    if path.stem == "recovery-transfer-replicated-embedded":  # issue 36's rerun: the protocol as committed
+    if name == "recovery-transfer-replicated-embedded":  # issue 36's rerun: the protocol as committed
         for line in ("16000 target (answer) tokens", "replicates: 5 per arm", "lr search local: 0.001, 0.003",
                      "controls (k = 0, the recipe on the original): sft, kd; n/a (no cut at k = 0): local, merge",
                      "probe formats: plain and chat", "kept above cosine similarity 0.65", "stages (100)"):
@@ -182,8 +182,7 @@ def test_paired_study_verdict_needs_the_share_interval_to_clear_the_threshold(tm
 
 
 def test_embedded_study_recovers_on_plain_arithmetic_prompts_only():
-    path = next(p for p in STUDIES if p.stem == "recovery-methods-embedded")
-    shared = RecoveryStudy.load(path).shared_recipe("<pruned>")
+    shared = RecoveryStudy.load("recovery-methods-embedded").shared_recipe("<pruned>")
     assert shared.generate.chat_template is False and shared.prompts.samples == 160
     trained = recovery_report.trained_tasks(shared.prompts.source)
     assert trained == {"arith_1dc", "arith_2d_add", "arith_2d_sub", "arith_2d_mul", "arith_3d_add", "arith_3d_sub"}
@@ -414,13 +413,15 @@ def test_study_dry_run_lists_the_gate_and_both_probe_formats_or_refuses_a_model_
 
 
 def test_study_schema_checks_the_gate_and_keeps_its_fingerprint_without_one(tiny_llama):
-    from layerprune.pipeline.studies.recovery import _Owner, both_formats, stage_names
+    from layerprune.pipeline.stages import recipe_fingerprint
+    from layerprune.pipeline.studies.recovery import both_formats, stage_names
 
     data = tiny_study(tiny_llama, Path("x"))
     study = RecoveryStudy.model_validate(data)
-    assert study.probes is None and "probes" not in json.loads(_Owner(study).model_dump_json(exclude={}))
+    assert study.probes is None and "probes" not in study.model_dump(exclude_defaults=True)
     gated = RecoveryStudy.model_validate({**data, "probes": {}})
-    assert "probes" in json.loads(_Owner(gated).model_dump_json(exclude={}))
+    assert "probes" in gated.model_dump(exclude_defaults=True)
+    assert recipe_fingerprint(gated) != recipe_fingerprint(study)
     plain = copy_with(data, generate={"chat_template": False})
     assert not both_formats(RecoveryStudy.model_validate(plain))
     assert stage_names(RecoveryStudy.model_validate(plain)) == [

@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from helpers import assert_one_line_error, run_cli
-from layerprune.core.recipe_loading import find_recipe, shipped_recipes
+from layerprune.core.recipe_loading import find_recipe, load_recipe, shipped_command, shipped_recipes
 from layerprune.pipeline.studies.sweep import SweepStudy
 
-SWEEPS = sorted(p for (kind, _), p in shipped_recipes("sweep-study").items())
+SWEEPS = sorted(name for _, name in shipped_recipes("sweep-study"))
 
 
 def tiny_sweep(model: Path, output: Path) -> dict:
@@ -138,25 +138,25 @@ def test_only_picks_tasks_of_the_suite_and_names_a_missing_one(capsys, tiny_llam
 
 def test_the_sweep_recipe_is_its_own_kind():
     assert find_recipe("limits-sweep-embedded")[0] == "sweep-study"
-    assert ("study", "limits-sweep-embedded") not in shipped_recipes("study")
+    assert ("run", "limits-sweep-embedded") not in shipped_recipes("run")
 
 
-@pytest.mark.parametrize("path", SWEEPS, ids=[p.stem for p in SWEEPS])
-def test_every_shipped_sweep_dry_runs(capsys, path, monkeypatch, tmp_path):
+@pytest.mark.parametrize("name", SWEEPS)
+def test_every_shipped_sweep_dry_runs(capsys, name, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    code, out, err = run_cli(capsys, ["study", str(path), "--dry-run", "--output", str(tmp_path / "s")])
+    code, out, err = run_cli(capsys, ["study", name, "--dry-run", "--output", str(tmp_path / "s")])
     assert code == 0, err
     # arms x 3 replicates at 3 k with the k = 0 controls (local has none), the baseline and one pruned model per k
     models = {"limits-sweep-arms-embedded": 25, "limits-sweep-math-embedded": 37,
-              "limits-sweep-math-gsm8k-embedded": 16, "limits-sweep-math-dolly-embedded": 37}.get(path.stem, 11)
+              "limits-sweep-math-gsm8k-embedded": 16, "limits-sweep-math-dolly-embedded": 37}.get(name, 11)
     assert "pruning-ratio sweep" in out and f"models evaluated: {models} " in out and "memory plan:" in out
-    assert ("total about" in out) == path.stem.endswith("embedded") and not (tmp_path / "s").exists()
-    assert path.read_text().startswith(f"# layerprune study {path.stem} ")
+    assert ("total about" in out) == name.endswith("embedded") and not (tmp_path / "s").exists()
+    assert shipped_command("sweep-study", name).startswith(f"layerprune study {name} ")
     assert len(SWEEPS) == 9
-    if path.stem == "limits-sweep-arms-embedded":  # the issue's protocol: sft and local paired, 3 replicates, k 2-4
+    if name == "limits-sweep-arms-embedded":  # the issue's protocol: sft and local paired, 3 replicates, k 2-4
         assert "arms (2, each at every k, paired on the same items): sft, local" in out
         assert "3 replicates of every recovery" in out and "k = 0 controls" in out and "recoveries: 21;" in out
-    if path.stem == "limits-sweep-local-embedded":  # the local step's own budget and rate, not SFT's epochs
+    if name == "limits-sweep-local-embedded":  # the local step's own budget and rate, not SFT's epochs
         assert "recovery at every k: local on 160" in out and "72 local steps, lr 0.001" in out
         assert "about 54k trained tokens per k" in out and "training 13 min" in out  # 72 x 4 x 188 at 340/s
 
@@ -267,12 +267,15 @@ def test_the_k0_control_nets_the_recovered_share_and_every_share_says_how_often_
     text = sweep_report.format_control(control, "lora", False)
     assert "| generative | 75.0% [" in text and "| 10.0% [" in text
     assert "needs a cut" in sweep_report.format_control(None, "local", True)
-    # a drop of 5 items of 200: clear, but on some resamples none of the 5 is drawn and the share is undefined there
+    # a drop of 5 items of 200: clear, but its interval comes within 2 points of 0, so its share is unbounded, not a
+    # ratio (issue 56); without that margin, on some resamples none of the 5 is drawn and the share is undefined there
     _, figures = _figures({1: 3, 4: 10}, lost=5)
-    share = sweep_report.point(study, figures, 1)["generative"]["recovered_share"]
+    point = sweep_report.point(study, figures, 1)
+    assert point["generative"]["recovered_share"].startswith("unbounded (the drop's interval [")
+    assert "unbounded" in sweep_report.format_table([point])
+    share = figures.interval(lambda m: sweep_report._share(figures, 1, "generative", m))
     assert 0 < share["undefined"] < 0.05
-    table = sweep_report.format_table([sweep_report.point(study, figures, 1)])
-    assert f"(undefined {100 * share['undefined']:.1f}%)" in table
+    assert f"(undefined {100 * share['undefined']:.1f}%)" in sweep_report.share_pct(share)
 
 
 def _tiny_study(tiny_llama, tmp_path, **fields):  # noqa: ANN001, ANN202 (a SweepStudy)
@@ -312,10 +315,9 @@ def test_replicates_and_the_control_add_stages_and_leave_replicate_0_as_it_was(t
     # more replicates or the control only add stages: the run directory stays this sweep's
     from layerprune.pipeline.stages import recipe_fingerprint
 
-    assert recipe_fingerprint(sweep._Protocol(plain)) == recipe_fingerprint(sweep._Protocol(more))  # type: ignore[arg-type]
-    assert recipe_fingerprint(sweep._Protocol(plain)) != recipe_fingerprint(  # type: ignore[arg-type]
-        sweep._Protocol(_tiny_study(tiny_llama, tmp_path, ratios=[1, 3], prune={**plain.prune.model_dump(),
-                                                                                 "drop": 3})))
+    assert recipe_fingerprint(plain) == recipe_fingerprint(more)
+    assert recipe_fingerprint(plain) != recipe_fingerprint(
+        _tiny_study(tiny_llama, tmp_path, ratios=[1, 3], prune={**plain.prune.model_dump(), "drop": 3}))
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
@@ -447,10 +449,10 @@ def test_arms_recover_every_k_with_every_arm_and_a_sweep_without_arms_is_as_it_w
     assert study.arm_recipe(None, "p") == study.shared_recipe("p")
     # without arms: the same labels, stages and fingerprint as before arms existed
     plain = _tiny_study(tiny_llama, tmp_path)
-    assert "arms" not in json.loads(sweep._Protocol(plain).model_dump_json(exclude={}))
-    assert recipe_fingerprint(sweep._Protocol(plain)) != recipe_fingerprint(sweep._Protocol(study))  # type: ignore[arg-type]
+    assert "arms" not in plain.model_dump(exclude_defaults=True)
+    assert recipe_fingerprint(plain) != recipe_fingerprint(study)
     one = _tiny_study(tiny_llama, tmp_path, arms=ARMS)  # more replicates (or the controls) resume the arms' sweep
-    assert recipe_fingerprint(sweep._Protocol(one)) == recipe_fingerprint(sweep._Protocol(study))  # type: ignore[arg-type]
+    assert recipe_fingerprint(one) == recipe_fingerprint(study)
     for label in ("pruned", "recovered", "a@r1", "baseline"):
         with pytest.raises(Exception, match=f"arm label '{label}'"):
             _tiny_study(tiny_llama, tmp_path, arms={label: {"method": "lora"}})
@@ -477,7 +479,7 @@ def test_every_arm_recovers_with_its_recipe_and_shares_the_teacher_answers(tiny_
 
 def test_the_dry_run_plans_every_arm_at_its_own_rate(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    data = yaml.safe_load(find_recipe("limits-sweep-embedded")[1].read_text())
+    data = load_recipe("limits-sweep-embedded", "sweep-study")[0]
     data.update(ratios=[2, 3, 4], replicates=3, controls=True, output=str(tmp_path / "s"),
                 arms={"sft": {"method": "lora"}, "local": {"method": "local", "local": {"steps": 72,
                                                                                        "learning_rate": 1.0e-3}}})
@@ -533,7 +535,12 @@ def test_arms_are_compared_pairwise_at_every_k_with_the_two_level_interval(tmp_p
     assert rows[0]["classification"]["score_status"] == "not shown"
     text = "\n".join(sweep_report.format_comparisons(rows, replicates=2))
     assert f"- local - lora at k = 1, generative: recovered share +40.0% [{100 * share['low']:.1f}, " in text
-    assert "above 0; recovered score +20.0% [" in text and "run-to-run variance is in them" in text
+    assert "recovered score +20.0% [" in text and "run-to-run variance is in them" in text
+    # each difference also has its Holm interval over the declared family: every pair at every k and kind (2 x 2)
+    holm = rows[0]["generative"]["share_holm"]
+    assert holm["family"] == 4 and holm["level"] >= 0.95 and holm["low"] <= share["low"]
+    assert holm["declared"] == (holm["low"] > 0) and "(4 share differences, 4 score differences)" in text
+    assert f"(Holm {100 * holm['level']:.1f}%: +40.0% [{100 * holm['low']:.1f}, " in text
     # per arm: the verdicts on its own points, one table with an arm column, the spread per arm
     lines, tests = sweep_report.verdicts(study, figures, [p for p in points if p["arm"] == "local"], "local")
     assert tests["b"]["difference"]["value"] == pytest.approx(0.65 - 0.25) and tests["b"]["status"] == "shown"
@@ -606,7 +613,7 @@ def test_the_2_core_rates_estimate_a_variant_of_the_embedded_model_and_nothing_e
     from layerprune.pipeline.studies.sweep import rates_apply
 
     other = tmp_path / "v.yaml"
-    other.write_text(yaml.safe_dump({"kind": "sft", "model": "Qwen/Qwen2.5-7B",
+    other.write_text(yaml.safe_dump({"kind": "variant", "method": "sft", "model": "Qwen/Qwen2.5-7B",
                                      "data": {"probes": {"arith_2d_add": 8}}}))
     assert rates_apply(None) and rates_apply("embedded") and rates_apply("variant:math-embedded")
     assert not rates_apply(f"variant:{other}") and not rates_apply(str(tmp_path))
@@ -628,20 +635,34 @@ def test_the_sweep_s_lr_grid_is_a_stage_per_arm_checked_and_out_of_a_gridless_fi
         with pytest.raises(Exception, match=message):
             _tiny_study(tiny_llama, tmp_path, **fields)
     gridless = _tiny_study(tiny_llama, tmp_path, arms=ARMS)
-    dumped = json.loads(sweep._Protocol(gridless).model_dump_json(exclude={}))
-    assert "lr_grid" not in dumped and "lr_at" not in dumped  # runs made before the grid existed resume
-    assert recipe_fingerprint(sweep._Protocol(gridless)) != recipe_fingerprint(sweep._Protocol(study))  # type: ignore[arg-type]
+    dumped = gridless.model_dump(exclude_defaults=True)
+    assert "lr_grid" not in dumped and "lr_at" not in dumped  # at their defaults: out of the fingerprint
+    assert recipe_fingerprint(gridless) != recipe_fingerprint(study)
 
 
-@pytest.mark.parametrize(("name", "fingerprint"), [("limits-sweep-math-gsm8k-embedded", "a7d7e1500d80f58f"),
-                                                   ("limits-sweep-arms-embedded", "f19a49d709b8a179")])
-def test_a_field_added_at_its_default_keeps_the_fingerprint_runs_were_made_under(name, fingerprint):
-    """These shipped sweeps' runs (docs/benchmarks.md) claimed their folders under these fingerprints; a schema field
-    added since (prune.outtype) must leave them alone, or resuming the run is refused as another recipe's."""
-    from layerprune.pipeline.stages import recipe_fingerprint
-    from layerprune.pipeline.studies.sweep import SweepStudy, _Protocol
+@pytest.mark.parametrize("name", ["limits-sweep-math-gsm8k-embedded", "limits-sweep-arms-embedded"])
+def test_a_field_added_at_its_default_changes_no_fingerprint_and_older_runs_keep_their_folder(name, tmp_path):
+    """One rule for every recipe and study: the non-default fields in a canonical order. A schema field added later at
+    its default leaves every fingerprint alone (no per-field shim), and a folder claimed under an older rule (its
+    run.json's fingerprint) is still this recipe's: its stored recipe is fingerprinted by today's rule."""
+    from pydantic import Field
 
-    assert recipe_fingerprint(_Protocol(SweepStudy.load(name))) == fingerprint
+    from layerprune.core.reports import read_report, write_report
+    from layerprune.pipeline.stages import RunPaths, RunState, claim_run_dir, recipe_fingerprint
+    from layerprune.pipeline.studies.sweep import SweepStudy
+
+    class Later(SweepStudy):  # the schema as a later release might have it
+        added_later: int = Field(3, description="a new knob at its default")
+
+    study = SweepStudy.load(name)
+    assert recipe_fingerprint(Later.model_validate(study.model_dump())) == recipe_fingerprint(study)
+    reordered = SweepStudy.model_validate(dict(reversed(list(study.model_dump().items()))))
+    assert recipe_fingerprint(reordered) == recipe_fingerprint(study)
+    paths = RunPaths(tmp_path / "run")
+    claim_run_dir(paths, study, overwrite=False)
+    state = read_report(paths.state, RunState)
+    write_report(paths.state, state.model_copy(update={"fingerprint": "0123456789abcdef"}))  # an older rule's
+    claim_run_dir(paths, study, overwrite=False)  # resumes: not refused as another recipe's
 
 
 def test_a_finished_sweep_given_another_arm_resumes_and_a_changed_arm_is_still_refused(tiny_llama, tmp_path):
@@ -653,7 +674,7 @@ def test_a_finished_sweep_given_another_arm_resumes_and_a_changed_arm_is_still_r
     lora = {"lora": ARMS["lora"]}
     first = _tiny_study(tiny_llama, tmp_path, arms=lora, replicates=2, controls=True)
     paths = RunPaths(tmp_path / "s")
-    claim_run_dir(paths, sweep._Protocol(first), overwrite=False)
+    claim_run_dir(paths, first, overwrite=False)
     provenance = read_report(paths.state, RunState).provenance
     changed = _tiny_study(tiny_llama, tmp_path, arms={**ARMS, "lora": {"method": "lora", "lora": {"r": 4}}})
     other_cut = _tiny_study(tiny_llama, tmp_path, arms=ARMS, ratios=[1, 3],
@@ -665,10 +686,10 @@ def test_a_finished_sweep_given_another_arm_resumes_and_a_changed_arm_is_still_r
     (line,) = sweep.progress_lines(other_cut, paths.root)
     assert "holds another recipe's run" in line and "would be refused" in line
     with pytest.raises(LayerpruneError, match="holds outputs of another recipe"):
-        claim_run_dir(paths, sweep._Protocol(changed), overwrite=False)
+        claim_run_dir(paths, changed, overwrite=False)
     more = _tiny_study(tiny_llama, tmp_path, arms={**lora, "local": ARMS["local"]}, replicates=3, controls=True)
     assert sweep.adopt_added_arms(more, paths) == ["local"]
-    claim_run_dir(paths, sweep._Protocol(more), overwrite=False)  # the directory is now this sweep's
+    claim_run_dir(paths, more, overwrite=False)  # the directory is now this sweep's
     state = read_report(paths.state, RunState)
     assert set(state.recipe["arms"]) == {"lora", "local"} and state.provenance == provenance
     assert sweep.adopt_added_arms(more, paths) == []  # adopted once
@@ -686,7 +707,7 @@ def test_a_finished_sweep_given_another_arm_resumes_and_a_changed_arm_is_still_r
     assert "arms kd would be added" in sweep.progress_lines(grid, paths.root)[0]
     assert sweep.adopt_added_arms(grid, paths) == ["kd"]
     armless = RunPaths(tmp_path / "armless")
-    claim_run_dir(armless, sweep._Protocol(_tiny_study(tiny_llama, tmp_path)), overwrite=False)
+    claim_run_dir(armless, _tiny_study(tiny_llama, tmp_path), overwrite=False)
     assert sweep.adopt_added_arms(more, armless) == []
     armless.state.write_text("{not json")  # a torn run.json: left to claim_run_dir's one-line error
     assert sweep.adopt_added_arms(more, armless) == []

@@ -12,7 +12,8 @@ from pydantic import BaseModel
 
 from layerprune.analyze.schemas import DegenerationAnalysis, ImportanceAnalysis, NmiAnalysis, SweepsAnalysis
 from layerprune.cli.flags import add_schema_flags, typed_layer
-from layerprune.core.recipe_loading import RECIPE_FILES, build_from_recipe, build_schema
+from layerprune.cli.recipe_kinds import RECIPE_SCHEMAS
+from layerprune.core.recipe_loading import build_from_recipe, build_schema
 from layerprune.core.settings import RunSettings
 
 SUBCOMMANDS: dict[str, tuple[type[BaseModel], str]] = {
@@ -39,7 +40,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def build_config(args: argparse.Namespace) -> tuple[Any, RunSettings]:
     """Schema defaults < --recipe < explicit flags; and the run settings."""
     schema, _ = SUBCOMMANDS[args.analysis]
-    kind = args.analysis if args.analysis in RECIPE_FILES else None
+    kind = args.analysis if args.analysis in RECIPE_SCHEMAS else None
     config = build_from_recipe(schema, kind, args.recipe, typed_layer(args, schema))
     return config, build_schema(RunSettings, typed_layer(args, RunSettings))
 

@@ -1,10 +1,9 @@
-"""Recipe kind -> the schema its files follow: the top floor's table, the one floor that may name every stage's
-and the pipeline's schemas.
+"""Recipe kind -> the schema its files follow: the one table of kinds, on the top floor, the one floor that may name
+every stage's and the pipeline's schemas.
 
-Where a kind's files live is the base floor's `layerprune.core.recipe_loading.RECIPE_FILES`; that floor finds and reads
-recipes by kind and names no schema (a pipeline or stage caller passes its own schema class to
-`build_from_recipe`). The two tables list the same kinds in the same order (tests/test_recipes.py); the first is
-tried first for a file of unknown kind.
+A recipe file says its kind (`kind: NAME`); the base floor (`layerprune.core.recipe_loading`) finds and reads recipes by
+that kind and names no schema (a pipeline or stage caller passes its own schema class to `build_from_recipe`). A file
+that says no kind is tried against each schema in this table's order.
 """
 
 from __future__ import annotations
@@ -15,7 +14,8 @@ from pydantic import BaseModel, ValidationError
 
 from layerprune.analyze.schemas import ImportanceAnalysis
 from layerprune.core.errors import LayerpruneError
-from layerprune.core.recipe_loading import read_recipe_dict, validation_message
+from layerprune.core.recipe_loading import find_recipe, load_recipe, validation_message
+from layerprune.core.registry import unknown_name_message
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.pipeline.recipe import RunRecipe
 from layerprune.pipeline.studies.grain import GrainStudy
@@ -31,7 +31,6 @@ RECIPE_SCHEMAS: dict[str, type[BaseModel]] = {
     "prune": PruneRecipe,
     "evaluate": EvalSettings,
     "run": RunRecipe,
-    "study": RunRecipe,
     "sweep-study": SweepStudy,
     "importance": ImportanceAnalysis,
     "recovery-study": RecoveryStudy,
@@ -41,9 +40,19 @@ RECIPE_SCHEMAS: dict[str, type[BaseModel]] = {
 }
 
 
-def validate_recipe(path: Path, kind: str | None) -> tuple[str, BaseModel]:
-    """Validate a recipe file against its kind's schema (or each kind's in turn, when unknown): (kind, recipe)."""
-    data = read_recipe_dict(path)
+def check_kind(kind: str | None, path: Path) -> None:
+    """One line for a kind this table does not hold (a file's `kind:` misspelled), with the close ones."""
+    if kind is not None and kind not in RECIPE_SCHEMAS:
+        raise LayerpruneError(f"{path.name}: " + unknown_name_message("recipe kind", kind, set(RECIPE_SCHEMAS)))
+
+
+def validate_recipe(recipe: str | Path, kind: str | None) -> tuple[str, BaseModel]:
+    """Validate one recipe (a file, or a shipped name: a grid's cell too) against its kind's schema, or each kind's in
+    turn when it says none: (kind, recipe)."""
+    found_kind, path = find_recipe(recipe, kind)
+    check_kind(found_kind, path)
+    kind = kind or found_kind
+    data, _ = load_recipe(recipe, kind)
     errors = []
     for candidate in [kind] if kind else list(RECIPE_SCHEMAS):
         schema = RECIPE_SCHEMAS[candidate]

@@ -65,16 +65,17 @@ def run_grain(args: argparse.Namespace, settings: RunSettings) -> int:
 
 
 def is_grain(recipe: str) -> bool:
-    """A grain study: a shipped grain-* recipe, or a file with `grains` or `levels`."""
-    from layerprune.core.recipe_loading import find_recipe, read_recipe_dict
+    """A grain study: a recipe of kind grain-study, or a file that says no kind and has `grains` or `levels`."""
+    from layerprune.core.recipe_loading import find_recipe, load_recipe
 
-    kind, path = find_recipe(recipe)
-    return kind == "grain-study" or (kind is None and bool({"grains", "levels"} & set(read_recipe_dict(path))))
+    kind, _ = find_recipe(recipe)
+    return kind == "grain-study" or (kind is None and bool({"grains", "levels"} & set(load_recipe(recipe, None)[0])))
 
 
 def is_sweep(recipe: str) -> bool:
-    """A pruning-ratio sweep (a shipped limits-sweep-* recipe, or a file with `ratios`), else a recovery study."""
-    from layerprune.core.recipe_loading import find_recipe, read_recipe_dict
+    """A pruning-ratio sweep (a recipe of kind sweep-study, or a file that says no kind and has `ratios`), else a
+    recovery study."""
+    from layerprune.core.recipe_loading import find_recipe, load_recipe
 
-    kind, path = find_recipe(recipe)
-    return kind == "sweep-study" or (kind is None and "ratios" in read_recipe_dict(path))
+    kind, _ = find_recipe(recipe)
+    return kind == "sweep-study" or (kind is None and "ratios" in load_recipe(recipe, None)[0])

@@ -1,14 +1,25 @@
 """Recipes as data: find a shipped recipe by name, read its YAML, merge layers with one precedence rule.
 
 Precedence (one rule, tested): schema defaults < recipe file < explicit overrides (CLI flags, a run's overrides).
-Each recipe kind has its files under `layerprune/recipes/` (`RECIPE_FILES`, here) and a pydantic schema; this base
-floor finds and reads recipes by kind and names no schema: a caller passes its schema class (`build_from_recipe`),
-and the kind -> schema table for checking any file lives on the top floor (`layerprune.cli.recipe_kinds`). A new
-kind is one line in each table.
+
+A recipe file says what it is: `kind: NAME` (the kind -> schema table lives on the top floor,
+`layerprune.cli.recipe_kinds.RECIPE_SCHEMAS`; this floor names no schema). Two more keys are read here and never
+reach a schema:
+- `base: NAME` (a shipped recipe, or a path relative to the file): the file holds only what differs from its base,
+  merged over it key by key at any depth; a base may have a base; a missing or circular one is a one-line error.
+- `grid: {AXIS: {LABEL: FIELDS}}`: the file is a grid of recipes, one cell per combination of one label from each
+  axis (in the file's order), each the file's other fields with its labels' FIELDS merged over them. `name`,
+  `output` and `description` are templates: `{AXIS}` is the label (or the label's `tag:` where it sets one) and
+  `{a.b}` a field of the resolved cell. A cell is named by its `name`, or by the grid's `cells:` template where the
+  schema has no name. A shipped cell is found by its name like a file; the grid's own name (its file) lists them.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,81 +31,106 @@ from layerprune.core.registry import unknown_name_message
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 Model = TypeVar("Model", bound=BaseModel)
+TEMPLATED = ("name", "output", "description")  # a grid's fields formatted per cell
+PLACEHOLDER = re.compile(r"\{([\w.-]+)\}")
 
 
 @dataclass(frozen=True)
-class RecipeFiles:
-    """Where the recipes of one kind live: a folder under recipes/ and the files of it that are theirs."""
+class Shipped:
+    """One shipped recipe: its kind, the file it lives in, and its cell when the file is a grid."""
 
-    folder: str
-    glob: str = "*.yaml"
-    exclude: str | None = None  # a glob of files in the folder that belong to another kind
-
-    def directory(self) -> Path:
-        return RECIPES_DIR / self.folder
-
-    def files(self) -> list[Path]:
-        found = sorted(self.directory().glob(self.glob)) if self.directory().is_dir() else []
-        return [path for path in found if self.exclude is None or not path.match(self.exclude)]
-
-
-# kind -> where its recipes live (its schema: layerprune.cli.recipe_kinds.RECIPE_SCHEMAS, same kinds, same order)
-RECIPE_FILES: dict[str, RecipeFiles] = {
-    "recover": RecipeFiles("recover"),
-    "prune": RecipeFiles("prune"),
-    "evaluate": RecipeFiles("evaluate"),
-    "run": RecipeFiles("."),
-    "study": RecipeFiles("studies", "limits-*.yaml", "limits-sweep-*.yaml"),
-    "sweep-study": RecipeFiles("studies", "limits-sweep-*.yaml"),
-    "importance": RecipeFiles("studies", "importance-*.yaml"),
-    "recovery-study": RecipeFiles("studies", "recovery-*.yaml"),
-    "variant-study": RecipeFiles("studies", "variant-*.yaml"),
-    "grain-study": RecipeFiles("studies", "grain-*.yaml"),
-    "variant": RecipeFiles("variant"),
-}
+    kind: str
+    path: Path
+    cell: str | None = None
 
 
 def shipped_recipes(kind: str | None = None) -> dict[tuple[str, str], Path]:
-    """(kind, name) -> file of every shipped recipe (of one kind, or all)."""
-    kinds = [kind] if kind else list(RECIPE_FILES)
-    return {(k, path.stem): path for k in kinds for path in RECIPE_FILES[k].files()}
+    """(kind, name) -> file of every shipped recipe, a grid's cells included (of one kind, or all)."""
+    return {key: found.path for key, found in _shipped().items() if kind is None or key[0] == kind}
+
+
+def shipped_grids(kind: str | None = None) -> dict[tuple[str, str], list[str]]:
+    """(kind, grid name) -> its cells' names, for every shipped grid file."""
+    return {(k, path.stem): list(cells) for (k, _), (path, cells) in _grid_files().items()
+            if kind is None or k == kind}
+
+
+@functools.cache
+def _grid_files() -> dict[tuple[str, str], tuple[Path, tuple[str, ...]]]:
+    found = {}
+    for path in _recipe_files():
+        data = resolved_file(path)
+        if "grid" in data:
+            found[(str(data.get("kind")), path.stem)] = (path, tuple(grid_cells(data, path)))
+    return found
+
+
+@functools.cache
+def _shipped() -> dict[tuple[str, str], Shipped]:
+    found: dict[tuple[str, str], Shipped] = {}
+    for path in _recipe_files():
+        data = resolved_file(path)
+        kind = data.get("kind")
+        if not isinstance(kind, str):
+            raise LayerpruneError(f"shipped recipe {path} says no `kind:`")
+        names = [(name, name) for name in grid_cells(data, path)] if "grid" in data else [(path.stem, None)]
+        for name, cell in names:
+            if (kind, name) in found:
+                raise LayerpruneError(f"two shipped {kind} recipes are named '{name}' ({found[kind, name].path}, "
+                                      f"{path})")
+            found[(kind, name)] = Shipped(kind, path, cell)
+    return found
+
+
+def forget_shipped() -> None:
+    """Read the shipped recipes again on the next look-up (they are indexed once per process)."""
+    _shipped.cache_clear()
+    _grid_files.cache_clear()
+
+
+def _recipe_files() -> list[Path]:
+    return sorted(RECIPES_DIR.rglob("*.yaml"))
 
 
 def find_recipe(name_or_path: str | Path, kind: str | None = None) -> tuple[str | None, Path]:
     """A shipped recipe by name, or a YAML file by path; returns (kind if known, path)."""
+    found = _locate(name_or_path, kind)
+    return found.kind or None, found.path
+
+
+def _locate(name_or_path: str | Path, kind: str | None) -> Shipped:
     path = Path(name_or_path).expanduser()
     if path.suffix in (".yaml", ".yml") or path.is_file():
         if not path.is_file():
             raise LayerpruneError(f"recipe file not found: {name_or_path}")
-        return kind or _kind_of(path), path
-    matches = {key: p for key, p in shipped_recipes(kind).items() if key[1] == str(name_or_path)}
-    if len(matches) > 1:
-        kinds = ", ".join(sorted(k for k, _ in matches))
+        return Shipped(kind or str(resolved_file(path).get("kind") or ""), path)
+    matches = {key: found for key, found in _shipped().items()
+               if key[1] == str(name_or_path) and kind in (None, key[0])}
+    grids = {key: path for key, (path, _) in _grid_files().items()
+             if key[1] == str(name_or_path) and kind in (None, key[0])}
+    if len(matches) + len(grids) > 1:
+        kinds = ", ".join(sorted(k for k, _ in [*matches, *grids]))
         raise LayerpruneError(f"recipe '{name_or_path}' exists for several kinds ({kinds}); pass --kind")
+    if grids:
+        ((found_kind, _), grid), = grids.items()
+        return Shipped(found_kind, grid)
     if not matches:
-        known = {name for _, name in shipped_recipes(kind)}
+        known = {name for k, name in [*_shipped(), *_grid_files()] if kind in (None, k)}
         raise LayerpruneError(unknown_name_message("recipe", str(name_or_path), known))
-    ((found_kind, _), found), = matches.items()
-    return found_kind, found
-
-
-def _kind_of(path: Path) -> str | None:
-    resolved = path.resolve()
-    for kind, spec in RECIPE_FILES.items():
-        if resolved.parent == spec.directory().resolve() and resolved.match(spec.glob) and not (
-                spec.exclude and resolved.match(spec.exclude)):
-            return kind
-    return None
+    (found,) = matches.values()
+    return found
 
 
 def read_recipe_dict(path: Path) -> dict[str, Any]:
-    """The YAML mapping in a recipe file (one-line error when it is not one)."""
+    """The YAML mapping in a recipe file, as written (one-line error when it is not one)."""
     import yaml
 
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise LayerpruneError(f"{path} is not valid YAML: {' '.join(str(exc).split())[:200]}") from exc
+    except OSError as exc:
+        raise LayerpruneError(f"cannot read recipe {path}: {exc.strerror or exc}") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -102,10 +138,126 @@ def read_recipe_dict(path: Path) -> dict[str, Any]:
     return data
 
 
+def resolved_file(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A recipe file with its `base` chain merged under it (`kind` and `grid` kept, `base` gone)."""
+    path = path.resolve()
+    if path in seen:
+        chain = " -> ".join(p.stem for p in (*seen, path))
+        raise LayerpruneError(f"recipe {seen[0].name}: circular base ({chain})")
+    data = read_recipe_dict(path)
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str) or not base:
+        raise LayerpruneError(f"recipe {path.name}: base must name one recipe (a shipped name or a path)")
+    parent = resolved_file(_base_path(base, path), (*seen, path))
+    if "kind" in data and "kind" in parent and data["kind"] != parent["kind"]:
+        raise LayerpruneError(f"recipe {path.name} is a {data['kind']} recipe; its base '{base}' is a "
+                              f"{parent['kind']} recipe")
+    return deep_merge(parent, data)
+
+
+def _base_path(base: str, child: Path) -> Path:
+    """A base's file: a path beside the child, or a shipped recipe file by name (a grid's file, never one cell)."""
+    beside = child.parent / base
+    if beside.suffix in (".yaml", ".yml"):
+        if not beside.is_file():
+            raise LayerpruneError(f"recipe {child.name}: base file not found: {beside}")
+        return beside
+    files = [path for path in _recipe_files() if path.stem == base]
+    if len(files) != 1:
+        known = {path.stem for path in _recipe_files()}
+        raise LayerpruneError(f"recipe {child.name}: base " + (
+            unknown_name_message("recipe", base, known) if not files else
+            f"'{base}' names {len(files)} shipped files; give its path relative to {child.name}"))
+    return files[0]
+
+
+def deep_merge(under: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """`over` merged into `under` at every depth (a mapping over a mapping merges; anything else replaces)."""
+    merged = dict(under)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def grid_cells(data: Mapping[str, Any], path: Path) -> dict[str, dict[str, Any]]:
+    """A grid's cells by name, each a recipe mapping (no `kind`, `grid`); in the file's axis order."""
+    grid = data["grid"]
+    if not isinstance(grid, Mapping) or not grid or not all(
+            isinstance(values, Mapping) and values for values in grid.values()):
+        raise LayerpruneError(f"recipe {path.name}: grid must map each axis to its labels and their fields")
+    common = {key: value for key, value in data.items() if key not in ("kind", "grid", "cells")}
+    cells: dict[str, dict[str, Any]] = {}
+    for combination in itertools.product(*(list(values.items()) for values in grid.values())):
+        cell, tags = dict(common), {}
+        for axis, (label, fields) in zip(grid, combination, strict=True):
+            fields = dict(fields or {})
+            tags[axis] = str(fields.pop("tag", label))
+            cell = deep_merge(cell, fields)
+        cell = _formatted(cell, tags, path)
+        name = _cell_name(data.get("cells"), cell, tags, path)
+        if name in cells:
+            raise LayerpruneError(f"recipe {path.name}: two cells are named '{name}' (the name template must use "
+                                  "every axis)")
+        cells[name] = cell
+    return cells
+
+
+def _cell_name(template: Any, cell: Mapping[str, Any], tags: Mapping[str, str], path: Path) -> str:
+    if isinstance(template, str):
+        return PLACEHOLDER.sub(lambda m: _placeholder(m.group(1), cell, tags, path), template)
+    if isinstance(cell.get("name"), str):
+        return str(cell["name"])
+    raise LayerpruneError(f"recipe {path.name}: a grid names its cells by a `name` template (or `cells:` where its "
+                          "schema has no name)")
+
+
+def _formatted(cell: dict[str, Any], tags: dict[str, str], path: Path) -> dict[str, Any]:
+    for field in TEMPLATED:  # name first: output and description may use {name}
+        if isinstance(cell.get(field), str):
+            cell[field] = PLACEHOLDER.sub(lambda m: _placeholder(m.group(1), cell, tags, path), cell[field])
+    return cell
+
+
+def _placeholder(key: str, cell: Mapping[str, Any], tags: Mapping[str, str], path: Path) -> str:
+    if key in tags:
+        return tags[key]
+    value: Any = cell
+    for part in key.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            raise LayerpruneError(f"recipe {path.name}: '{{{key}}}' names no axis and no field of the cell")
+        value = value[part]
+    return str(value)
+
+
 def load_recipe(name_or_path: str | Path, kind: str | None) -> tuple[dict[str, Any], Path]:
-    """The raw mapping and file of a recipe of `kind` (validated by the caller, after its overrides)."""
-    _, path = find_recipe(name_or_path, kind)
-    return read_recipe_dict(path), path
+    """The raw mapping and file of one recipe of `kind` (validated by the caller, after its overrides): its base
+    merged in, its cell taken from a grid, `kind` gone."""
+    found = _locate(name_or_path, kind)
+    data = resolved_file(found.path)
+    if kind is not None and data.get("kind", kind) != kind:
+        raise LayerpruneError(f"{found.path.name} is a {data['kind']} recipe (its `kind:`), not a {kind} recipe")
+    if "grid" in data:
+        cells = grid_cells(data, found.path)
+        if found.cell is None:
+            raise LayerpruneError(f"recipe '{name_or_path}' is a grid of {len(cells)} recipes; name one: "
+                                  + ", ".join(cells))
+        data = cells[found.cell]
+    data.pop("kind", None)
+    return data, found.path
+
+
+def shipped_command(kind: str, name: str) -> str:
+    """The command a shipped recipe shows in its file's opening comment (a grid's header shows its first cell's: a
+    cell shows it with its own name)."""
+    path = shipped_recipes(kind)[(kind, name)]
+    command = first_comment(path)
+    grid = _grid_files().get((kind, path.stem))
+    return command.replace(grid[1][0], name, 1) if grid else command
 
 
 def first_comment(path: Path) -> str:

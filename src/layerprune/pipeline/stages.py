@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -68,30 +69,18 @@ class RunPaths:
                 "export": self.gguf / "export.json", "report": self.report}[stage]
 
 
-class Owner(Protocol):
-    """What claims a run directory: a recipe, or a study's view of itself that hashes fewer fields."""
-
-    name: str
-
-    def model_dump_json(self, *, exclude: Any) -> str: ...
-
-    def model_dump(self, **kwargs: Any) -> dict[str, Any]: ...
+# What a run directory's fingerprint leaves out: the prose, where it is written, and settings that change no result
+UNOWNED: dict[str, Any] = {"description": True, "output": True, "degeneration": True,
+                           "prune": {"stack_candidates", "verify", "force"}, "evaluate": {"allow_overlap"}}
 
 
-def recipe_fingerprint(recipe: Owner) -> str:
-    """What makes a run directory this recipe's: all but the prose, where it is written and settings that change
-    no result."""
-    exclude = {
-        "description": True,
-        "output": True,
-        "degeneration": True,
-        "prune": {"stack_candidates", "verify", "force"},
-        "evaluate": {"allow_overlap"},
-    }
-    prune = recipe.model_dump(include={"prune"}).get("prune")
-    if isinstance(prune, dict) and prune.get("outtype", "") is None:  # added later: at its default, runs made
-        exclude["prune"] = exclude["prune"] | {"outtype"}  # before it keep their fingerprint (and their stages)
-    return hashlib.sha256(recipe.model_dump_json(exclude=exclude).encode()).hexdigest()[:16]
+def recipe_fingerprint(recipe: BaseModel) -> str:
+    """What makes a run directory this recipe's: its fields that differ from their defaults, in a canonical order
+    (a field added later at its default changes no fingerprint), less `UNOWNED` and the fields the recipe says only
+    add stages (`adds_stages`: a study given more replicates resumes where it stands)."""
+    adds = dict.fromkeys(getattr(recipe, "adds_stages", ()), True)
+    dumped = recipe.model_dump(mode="json", exclude={**UNOWNED, **adds}, exclude_defaults=True)
+    return hashlib.sha256(json.dumps(dumped, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
 class RunState(BaseModel):
@@ -105,12 +94,19 @@ class RunState(BaseModel):
     provenance: Provenance
 
 
-def _stored_fingerprint(state: RunState) -> str | None:
-    """The fingerprint of the recipe a run directory records, by today's rule (older runs hashed more fields)."""
+def stored_fingerprint(state: RunState, schema: type[BaseModel]) -> str | None:
+    """The fingerprint of the recipe a run directory records, by today's rule (a run claimed under an older rule
+    keeps its directory)."""
     try:
-        return recipe_fingerprint(RunRecipe.model_validate(state.recipe))
+        return recipe_fingerprint(schema.model_validate(state.recipe))
     except ValueError:
         return None
+
+
+def owns(state: RunState, recipe: BaseModel) -> bool:
+    """Whether a run directory's run.json is this recipe's (by the fingerprint it stored, or its recipe's today)."""
+    fingerprint = recipe_fingerprint(recipe)
+    return fingerprint in (state.fingerprint, stored_fingerprint(state, type(recipe)))
 
 
 def _read_state(path: Path, overwrite: bool) -> RunState | None:
@@ -123,12 +119,12 @@ def _read_state(path: Path, overwrite: bool) -> RunState | None:
         raise LayerpruneError(f"{exc}; pass --overwrite to start the run over") from exc
 
 
-def claim_run_dir(paths: RunPaths, recipe: Owner, overwrite: bool) -> None:
-    """A run directory belongs to one recipe: refuse another recipe's outputs unless --overwrite."""
-    fingerprint = recipe_fingerprint(recipe)
+def claim_run_dir(paths: RunPaths, recipe: Any, overwrite: bool) -> None:
+    """A run directory belongs to one recipe (a pydantic recipe or study with a `name`): refuse another recipe's
+    outputs unless --overwrite."""
     if paths.state.is_file():
         other = _read_state(paths.state, overwrite)
-        if other is not None and fingerprint in (other.fingerprint, _stored_fingerprint(other)):
+        if other is not None and owns(other, recipe):
             return
         if not overwrite:
             assert other is not None
@@ -148,7 +144,7 @@ def claim_run_dir(paths: RunPaths, recipe: Owner, overwrite: bool) -> None:
         paths.state,
         RunState(
             name=recipe.name,
-            fingerprint=fingerprint,
+            fingerprint=recipe_fingerprint(recipe),
             recipe=recipe.model_dump(mode="json"),
             provenance=collect_provenance(),
         ),

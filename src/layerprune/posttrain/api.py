@@ -55,7 +55,7 @@ def fingerprint(recipe: VariantRecipe, settings: RunSettings) -> str:
 
 def variant_dir(recipe: VariantRecipe, settings: RunSettings, digest: str) -> Path:
     """The cache folder of a variant: CACHE/variants/NAME-DIGEST16."""
-    return settings.resolved_cache_dir() / "variants" / f"{recipe.name or recipe.kind}-{digest[:16]}"
+    return settings.resolved_cache_dir() / "variants" / f"{recipe.name or recipe.method}-{digest[:16]}"
 
 
 def cached_fingerprint(folder: Path) -> str | None:
@@ -115,7 +115,7 @@ def build_variant(recipe: VariantRecipe, settings: RunSettings, target: Path, di
     with atomic_output_dir(target) as tmp:
         job = Job(loaded.model, loaded.tokenizer, items, recipe, tmp / ".trainer", settings.seed,
                   load_teacher=lambda: teacher_pair(recipe, settings), card=card)
-        model, result = METHODS.get(recipe.kind)(job)
+        model, result = METHODS.get(recipe.method)(job)
         model.save_pretrained(tmp, safe_serialization=True)
         loaded.tokenizer.save_pretrained(tmp)
         _remove_tree(tmp / ".trainer")
@@ -145,7 +145,7 @@ def variant_report(recipe: VariantRecipe, settings: RunSettings, digest: str, ca
                    result: TrainResult, seconds: float, source: dict[str, Any]) -> dict[str, Any]:
     """How the variant was made: kind, source, data (counts, the scored-item check), steps, tokens, time,
     provenance."""
-    return {"fingerprint": digest, "kind": recipe.kind, "source_model": recipe.model, "source_identity": source,
+    return {"fingerprint": digest, "kind": recipe.method, "source_model": recipe.model, "source_identity": source,
             "teacher": recipe.teacher, "format": recipe.format, "data": card,
             "train": {"method": recipe.train.method, "steps": result.steps, "sequences": result.sequences,
                       "tokens": result.tokens, "target_tokens": result.target_tokens,
@@ -205,7 +205,7 @@ def dry_run(recipe: VariantRecipe, settings: RunSettings | None = None, data_dir
     tokenizer = load_tokenizer(resolve_model(recipe.model, settings), settings)
     plan = plan_numbers(recipe, items, tokenizer)
     low, high = (plan["steps"] * plan["tokens_per_step"] / TOKENS_PER_MEASURED_STEP * s / 60 for s in SECONDS_PER_STEP)
-    lines = [f"variant {recipe.kind} of {recipe.model} ({recipe.format} format, {recipe.train.method})",
+    lines = [f"variant {recipe.method} of {recipe.model} ({recipe.format} format, {recipe.train.method})",
              f"data: {card['items']} problems: " + ", ".join(f"{k} {v}" for k, v in card["per_source"].items()),
              f"dropped as scored (probe seeds {recipe.data.exclude_probe_seeds}): {card['dropped_scored']}; "
              f"evaluation items kept: {card['scored_items_trained']}",
@@ -213,10 +213,10 @@ def dry_run(recipe: VariantRecipe, settings: RunSettings | None = None, data_dir
              f"{plan['tokens']} unpadded tokens ({plan['target_tokens']} target), ~{plan['tokens_per_step']} a step",
              f"estimate (full fp32 SmolLM2-135M on 2 idle CPU cores, {SECONDS_PER_STEP[0]:g}-{SECONDS_PER_STEP[1]:g} "
              f"s per {TOKENS_PER_MEASURED_STEP} tokens): {low:.0f}-{high:.0f} min"]
-    if recipe.kind == "rft":
+    if recipe.method == "rft":
         lines.append(sampling_estimate(recipe, items, tokenizer))
-    elif recipe.kind in ("grpo", "distill"):
-        lines.append(f"plus sampling: {len(items)} problems x {recipe.sample.k if recipe.kind != 'distill' else 1} "
+    elif recipe.method in ("grpo", "distill"):
+        lines.append(f"plus sampling: {len(items)} problems x {recipe.sample.k if recipe.method != 'distill' else 1} "
                      f"answers of up to {recipe.sample.max_new_tokens} tokens (not in the estimate)")
     return "\n".join(lines)
 

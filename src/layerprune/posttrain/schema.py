@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from layerprune.core.registry import check_name
 from layerprune.tasks.probes import probe_tasks
@@ -105,11 +105,15 @@ class GrpoSection(Section):
 class VariantRecipe(Section):
     """Post-train `model` into a variant: SFT on gold solutions, rejection-sampling FT, GRPO, or distillation."""
 
-    kind: str = Field("sft", description="sft (gold solutions), rft (the model's own graded-right samples), grpo "
-                      "(exact-answer reward) or distill (the teacher's greedy answers)")
+    model_config = ConfigDict(extra="forbid", serialize_by_alias=True)
+    # `kind:` in a recipe file is the recipe's kind (variant); the method was called `kind` before, so a variant
+    # report's recorded recipe still reads, and the fingerprint (dumped by alias) of every variant made is unchanged
+    method: str = Field("sft", validation_alias=AliasChoices("method", "kind"), serialization_alias="kind",
+                        description="sft (gold solutions), rft (the model's own graded-right samples), grpo "
+                        "(exact-answer reward) or distill (the teacher's greedy answers)")
     model: str = Field("embedded", description="Source model: embedded name, directory, .gguf or hub id")
     teacher: str | None = Field(None, description="distill: the stronger model whose answers the variant learns")
-    name: str | None = Field(None, description="Label of the cached variant's folder (default: the kind)")
+    name: str | None = Field(None, description="Label of the cached variant's folder (default: the method)")
     description: str | None = Field(None, description="What the variant is for (shown by `layerprune recipes`)")
     format: Literal["plain", "chat"] = Field(
         "plain", description="plain: the few-shot text the probes are scored in, the answer and its stop ('\\n'); "
@@ -119,10 +123,10 @@ class VariantRecipe(Section):
     sample: SampleSection = Field(default_factory=SampleSection)
     grpo: GrpoSection = Field(default_factory=GrpoSection)
 
-    @field_validator("kind")
+    @field_validator("method")
     @classmethod
-    def _known_kind(cls, kind: str) -> str:
-        return check_name("variant kind", kind, KINDS)
+    def _known_method(cls, method: str) -> str:
+        return check_name("variant method", method, KINDS)
 
     @field_validator("name")
     @classmethod
@@ -133,10 +137,10 @@ class VariantRecipe(Section):
 
     @model_validator(mode="after")
     def _teacher_for_distill(self) -> VariantRecipe:
-        if self.kind == "distill" and not self.teacher:
-            raise ValueError("kind distill needs a teacher model")
-        if self.kind != "distill" and self.teacher:
-            raise ValueError(f"teacher is read by kind distill only, not {self.kind}")
-        if self.kind == "grpo" and self.sample.k < 2:
+        if self.method == "distill" and not self.teacher:
+            raise ValueError("method distill needs a teacher model")
+        if self.method != "distill" and self.teacher:
+            raise ValueError(f"teacher is read by method distill only, not {self.method}")
+        if self.method == "grpo" and self.sample.k < 2:
             raise ValueError("grpo compares several generations per prompt: sample.k at least 2")
         return self

@@ -54,7 +54,7 @@ def other_seeds(recipe: VariantRecipe, folder: Path) -> list[Path]:
     from layerprune.models.lineage import VARIANT_REPORT
 
     found = []
-    for other in sorted(folder.parent.glob(f"{recipe.name or recipe.kind}-*")):
+    for other in sorted(folder.parent.glob(f"{recipe.name or recipe.method}-*")):
         try:
             report = json.loads((other / VARIANT_REPORT).read_text(encoding="utf-8"))
         except (OSError, ValueError):

@@ -122,9 +122,9 @@ class PruneRecipe(BaseModel):
 
     @model_serializer(mode="wrap")
     def _flat_score_params(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
-        """Every score's parameters written back as flat keys (the defaults too) where the score places them, as
-        recipes, reports and run fingerprints had them; include, exclude and exclude_defaults apply to them."""
-        from layerprune.prune.scores import all_score_params, score_parameters
+        """Every score's parameters written back as flat keys after the recipe's own (the defaults too, unless
+        exclude_defaults); include and exclude apply to them."""
+        from layerprune.prune.scores import all_score_params
 
         data = handler(self)
         if not isinstance(data, dict):
@@ -132,14 +132,8 @@ class PruneRecipe(BaseModel):
         data.pop("score_params", None)
         params = all_score_params(self.score_params, info.mode)
         defaults = all_score_params({}, info.mode) if info.exclude_defaults else {}
-        wanted = {key: value for key, value in params.items() if _wanted(key, info)
-                  and not (key in defaults and defaults[key] == value)}
-        owners = score_parameters()
-        out: dict[str, Any] = {}
-        for key, value in data.items():
-            out[key] = value
-            out.update({k: v for k, v in wanted.items() if owners[k].params.after == key})
-        return {**out, **{k: v for k, v in wanted.items() if k not in out}}
+        return {**data, **{key: value for key, value in params.items() if _wanted(key, info)
+                           and not (key in defaults and defaults[key] == value)}}
 
     @field_validator("score")
     @classmethod

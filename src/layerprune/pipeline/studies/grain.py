@@ -82,6 +82,7 @@ class GrainStudy(PipelineRecipe):
     """score each grain -> matched cells -> prune, evaluate, recover (replicated), evaluate -> one report."""
 
     kind: ClassVar[str] = "grain-study"
+    adds_stages: ClassVar[tuple[str, ...]] = ("replicates", "controls")  # more of them resume the study
     grains: list[Grain] = Field(["block", "attention", "mlp"], min_length=2,
                                 description="The grains compared; block first (the reference every cell matches)")
     levels: list[int] = Field(min_length=1, description="Savings levels as the blocks the block arm removes (k); each "
@@ -479,24 +480,9 @@ def run_study(study: GrainStudy, settings: RunSettings, overwrite: bool = False)
     if pending:
         check_reachable(study, settings)
     validate_data(study, settings, prune_pending=pending)
-    claim_run_dir(RunPaths(root), _Protocol(study), overwrite)
+    claim_run_dir(RunPaths(root), study, overwrite)
     run_stages(study_stages(study, settings, root), root)
     return root / "grain.md"
-
-
-class _Protocol:
-    """The study as its run directory's owner: replicates and controls only add stages, so a study given more of them
-    resumes where it stands instead of being refused as another recipe."""
-
-    def __init__(self, study: GrainStudy) -> None:
-        self.study, self.name = study, study.name
-
-    def model_dump_json(self, exclude: dict[str, Any]) -> str:
-        timing = {} if self.study.match == "speedup" else {"speed_repeats": True}  # a run before the field existed
-        return self.study.model_dump_json(exclude={**exclude, "replicates": True, "controls": True, **timing})
-
-    def model_dump(self, **kwargs: Any) -> dict[str, Any]:
-        return self.study.model_dump(**kwargs)
 
 
 # --- the dry run -----------------------------------------------------------------------------------------------------

@@ -289,7 +289,7 @@ def run_study(study: RecoveryStudy, settings: RunSettings, overwrite: bool = Fal
     validate_data(study, settings, prune_pending=pending)  # data checked before any work
     if both_formats(study):
         check_chat_template(study.model, settings)
-    claim_run_dir(paths, _Owner(study), overwrite)
+    claim_run_dir(paths, study, overwrite)
     run_stages(study_stages(study, settings, paths), paths.root)
     return paths.root / "study.md"
 
@@ -300,21 +300,6 @@ def study_stages(study: RecoveryStudy, settings: RunSettings, paths: RunPaths) -
                   refresh=name == "report", leftover=leftover_of(stage_output(paths.root, name)))
             for name in stage_names(study)]
 
-
-
-class _Owner:
-    """The study as its run directory's owner: a study without a probe gate keeps the fingerprint it had before the
-    field existed (its stages and numbers are the same)."""
-
-    def __init__(self, study: RecoveryStudy) -> None:
-        self.study, self.name = study, study.name
-
-    def model_dump_json(self, exclude: dict[str, Any]) -> str:
-        return self.study.model_dump_json(exclude={**exclude, **({"probes": True} if self.study.probes is None
-                                                                 else {})})
-
-    def model_dump(self, **kwargs: Any) -> dict[str, Any]:
-        return self.study.model_dump(**kwargs)
 
 
 def check_chat_template(model: str | None, settings: RunSettings) -> str:

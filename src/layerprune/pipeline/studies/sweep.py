@@ -39,7 +39,7 @@ from layerprune.evaluate.schema import EvalSettings
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.recipe import PipelineRecipe, RecoverStage
 from layerprune.pipeline.runner import Stage, run_stages
-from layerprune.pipeline.stages import RunPaths, RunState, claim_run_dir, recipe_fingerprint
+from layerprune.pipeline.stages import RunPaths, RunState, claim_run_dir, owns, recipe_fingerprint
 from layerprune.pipeline.studies import lr_search
 from layerprune.pipeline.studies.lr_search import check_lr_grid, lr_search_file, with_learning_rate
 from layerprune.pipeline.studies.recovery import (
@@ -76,6 +76,7 @@ class SweepStudy(PipelineRecipe):
     """Prune at several ratios from one ranking, recover each, evaluate all on the same items, one report."""
 
     kind: ClassVar[str] = "sweep-study"
+    adds_stages: ClassVar[tuple[str, ...]] = ("replicates", "controls")  # more of them resume the sweep
     ratios: list[int] = Field(min_length=2, description="Blocks dropped at each point of the sweep (k)")
     recover: dict[str, Any] = Field(description="Recover recipe of every k: {recipe: NAME, overrides: {...}}")
     classification: list[str] = Field(min_length=1, description="Classification tasks of the suite to score")
@@ -251,7 +252,7 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
         check_chat_template(study.model, settings)
     if not overwrite:
         adopt_added_arms(study, RunPaths(root))
-    claim_run_dir(RunPaths(root), _Protocol(study), overwrite)
+    claim_run_dir(RunPaths(root), study, overwrite)
     run_stages(sweep_stages(study, settings, root), root)
     return stage_output(root, "report")
 
@@ -266,7 +267,7 @@ def adopt_added_arms(study: SweepStudy, paths: RunPaths) -> list[str]:
         return []
     state, added = found
     write_report(paths.state, state.model_copy(update={
-        "fingerprint": recipe_fingerprint(_Protocol(study)), "recipe": _Protocol(study).model_dump(mode="json")}))
+        "fingerprint": recipe_fingerprint(study), "recipe": study.model_dump(mode="json")}))
     log.info("%s: arms %s added to the sweep's %s; its stages are kept", paths.root, ", ".join(added),
              ", ".join(a for a in study.arms or {} if a not in added))
     return added
@@ -287,7 +288,7 @@ def arms_added(study: SweepStudy, paths: RunPaths) -> tuple[RunState, list[str]]
     if not kept or not added or any(study.arms.get(arm) != recipe for arm, recipe in kept.items()):
         return None
     before = study.model_copy(update={"arms": kept, "lr_grid": {a: g for a, g in study.lr_grid.items() if a in kept}})
-    return (state, added) if recipe_fingerprint(_Protocol(before)) == state.fingerprint else None
+    return (state, added) if owns(state, before) else None
 
 
 def sweep_stages(study: SweepStudy, settings: RunSettings, root: Path) -> list[Stage]:
@@ -295,22 +296,6 @@ def sweep_stages(study: SweepStudy, settings: RunSettings, root: Path) -> list[S
     return [Stage(name, stage_output(root, name), functools.partial(run_stage, study, settings, root, name),
                   refresh=name == "report", leftover=leftover_of(stage_output(root, name)))
             for name in stage_names(study)]
-
-
-class _Protocol:
-    """The sweep as its run directory's owner: replicates and controls only add stages, so a sweep given more
-    replicates (or its control) resumes where it stands instead of being refused as another recipe."""
-
-    def __init__(self, study: SweepStudy) -> None:
-        self.study, self.name = study, study.name
-
-    def model_dump_json(self, exclude: dict[str, Any]) -> str:
-        arms = {"arms": True} if self.study.arms is None else {}  # a sweep without arms: the fingerprint it had
-        grid = {} if self.study.lr_grid else {"lr_grid": True, "lr_at": True}  # likewise a sweep without a grid
-        return self.study.model_dump_json(exclude={**exclude, "replicates": True, "controls": True, **arms, **grid})
-
-    def model_dump(self, **kwargs: Any) -> dict[str, Any]:
-        return self.study.model_dump(**kwargs)
 
 
 def run_stage(study: SweepStudy, settings: RunSettings, root: Path, stage: str) -> None:
@@ -496,7 +481,7 @@ def progress_lines(study: SweepStudy, root: Path) -> list[str]:
     if not paths.state.is_file():
         return []
     try:
-        owned = read_report(paths.state, RunState).fingerprint == recipe_fingerprint(_Protocol(study))
+        owned = owns(read_report(paths.state, RunState), study)
     except LayerpruneError:
         owned = False
     added = arms_added(study, paths)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from torch import nn
@@ -27,8 +27,6 @@ class ScoreParams(BaseModel):
     `layerprune prune`, its description the help text; keys are unique among scores and the recipe's fields."""
 
     model_config = ConfigDict(extra="forbid")
-    after: ClassVar[str | None] = None  # the recipe key these are written after (None: at the end), so that recipe
-    # dumps and run fingerprints keep the order they had when the parameters were fields of the recipe
 
     @classmethod
     def of(cls: type[P], values: Mapping[str, Any]) -> P:

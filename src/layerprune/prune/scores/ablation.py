@@ -31,7 +31,6 @@ K = TypeVar("K")
 
 
 class AblationParams(ScoreParams):
-    after = "batch_size"
     stack_candidates: int = Field(
         1,
         ge=0,

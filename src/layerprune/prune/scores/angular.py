@@ -19,7 +19,6 @@ from layerprune.prune.scores.influence import hidden_state_sums
 
 
 class AngularParams(ScoreParams):
-    after = "max_new_tokens"
     angular_tokens: Literal["last", "all"] = Field(
         "last",
         description="Angular score: distance at each sequence's last token (Gromov et al.) or averaged over all tokens",
