@@ -169,6 +169,13 @@ def test_tiny_pipeline_runs_resumes_and_reruns_from_a_stage(capsys, tiny_run, ca
     assert "(within noise)" not in table_row(report, "arith_1dc")[6]
     assert_figures_are_the_records(run, report)
     assert_stage_figures_are_the_reports(run, report)
+    from huggingface_hub import ModelCard
+
+    for role, values in (("pruned", [0.0, 1.0, 0.0, 0.0]), ("recovered", [1.0, 1.0, 0.0, 0.0])):  # the report stage
+        card = ModelCard.load(run / role / "README.md")  # put each model's scores on its card (model-index)
+        assert [(r.dataset_name, r.metric_value) for r in card.data.eval_results] == [
+            ("arith_1dc", statistics.fmean(values))]
+        assert "| task | measures | n | original | pruned | recovered |" in card.text
 
 
 def test_run_directory_of_another_recipe_is_refused(capsys, tiny_run, tiny_llama, tmp_path):

@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("layerprune.cli.export", "write a pruned or recovered model as GGUF for llama.cpp / Ollama"),
     "check-serve": ("layerprune.cli.check_serve", "vLLM loads a model and continues as transformers does"),
     "records": ("layerprune.cli.records", "pack a run's per-item records (no document text) to keep, or unpack them"),
+    "push": ("layerprune.cli.push", "share a pruned, recovered or variant folder, or a GGUF file, on the hub"),
 }
 
 

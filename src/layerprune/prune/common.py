@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from layerprune.core.errors import LayerpruneError
+from layerprune.core.model_card import write_card
 from layerprune.core.provenance import collect_provenance
 from layerprune.core.settings import RunSettings
 from layerprune.models import LoadedModel, ModelSource
@@ -117,7 +118,7 @@ def write_report_files(directory: Path, report: dict[str, Any]) -> None:
             directory / "block_scores.png", report["scores"], report["dropped"], report["method"]["protect"], title
         )
         report["scores_png"] = "block_scores.png"
-    model_card(write_prune_report(directory, report)).save(directory / "README.md")
+    write_card(directory, str(model_card(write_prune_report(directory, report))))
 
 
 def close_report(report: dict[str, Any], started: float) -> dict[str, Any]:

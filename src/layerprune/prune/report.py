@@ -14,6 +14,8 @@ from layerprune.prune.recipe import PruneRecipe
 if TYPE_CHECKING:
     from huggingface_hub import ModelCard
 
+    from layerprune.models.hub_ids import BaseModelRef
+
 
 class Timings(BaseModel):
     """Seconds per phase, set as each phase ends: a misspelled phase or a value that is not a number fails where it
@@ -182,17 +184,23 @@ def plot_scores(path: Path, scores: list[float | None], dropped: list[int], prot
 
 
 def model_card(report: PruneReport) -> ModelCard:
-    """README.md of a pruned model: hub metadata (base model, tags) and how it was made."""
+    """README.md of a pruned model: hub metadata (the source's hub id as base model, the removals, tags) and how it
+    was made."""
     from huggingface_hub import ModelCard, ModelCardData
 
+    from layerprune.core.model_card import card_text
+    from layerprune.models.hub_ids import base_model_of
+
     method, spec = report.method, report.source.spec or report.source.location
-    data = ModelCardData(base_model=spec, library_name="transformers", pipeline_tag="text-generation",
-                         tags=["layerprune", "pruned"], layerprune={
-                             "dropped_blocks": report.dropped, "score": method.score,
-                             "calibration": report.calibration.description if report.calibration else None})
+    base = base_model_of(report.source)
+    data = ModelCardData(base_model=base.base_model, library_name="transformers", pipeline_tag="text-generation",
+                         tags=["layerprune", "pruned"], layerprune=_known({
+                             "source": spec, "variant": base.variant, "dropped_blocks": report.dropped,
+                             "removed_sublayers": report.removed_sublayers, "score": method.score,
+                             "calibration": report.calibration.description if report.calibration else None}))
     lines = [
         f"# {spec} pruned to {report.num_blocks_after} blocks", "",
-        f"Made with layerprune {report.provenance.layerprune} from `{spec}`: "
+        f"Made with layerprune {report.provenance.layerprune} from `{spec}`{_base_words(spec, base)}: "
         f"{report.num_blocks_before} -> {report.num_blocks_after} decoder blocks, "
         f"{report.params_before / 1e6:.1f}M -> {report.params_after / 1e6:.1f}M parameters.", "",
         f"- score: `{method.score}`" + (f" (metric {method.metric}, {'iterative' if method.iterative else 'one-shot'})"
@@ -207,4 +215,16 @@ def model_card(report: PruneReport) -> ModelCard:
     ]
     if report.scores_png:
         lines += ["", f"![block scores]({report.scores_png})"]
-    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")
+    return ModelCard(card_text(data, lines))
+
+
+def _known(values: dict[str, Any]) -> dict[str, Any]:
+    """The values that are set (the card leaves out what does not apply rather than write null)."""
+    return {key: value for key, value in values.items() if value is not None}
+
+
+def _base_words(spec: str, base: BaseModelRef) -> str:
+    """', the variant NAME of HUB_ID' or ' (HUB_ID)' where the spec is not the hub id itself."""
+    if base.variant:
+        return f", the variant `{base.variant}` of `{base.base_model}`"
+    return f" (`{base.base_model}`)" if base.base_model != spec else ""

@@ -76,32 +76,63 @@ def read_recover_report(directory: Path) -> RecoverReport:
 
 
 def model_card(report: RecoverReport, lineage: PrunedLineage | None) -> ModelCard:
-    """README.md of a recovered model: hub metadata (the original as base model, tags) and the recovery recipe."""
+    """README.md of a recovered model: hub metadata (the original's hub id as base model, the removals, the recovery
+    recipe and teacher, tags) and the same in words."""
     from huggingface_hub import ModelCard, ModelCardData
 
+    from layerprune.core.model_card import card_text
+    from layerprune.models.hub_ids import base_model_of
+
     recipe, student = report.recipe, report.student.spec or report.student.location
-    base = (lineage.source.spec or lineage.source.location) if lineage is not None else student
-    data = ModelCardData(base_model=base, library_name="transformers", pipeline_tag="text-generation",
+    source = lineage.source if lineage is not None else report.student
+    original = source.spec or source.location
+    base = base_model_of(source)
+    data = ModelCardData(base_model=base.base_model, library_name="transformers", pipeline_tag="text-generation",
                          tags=["layerprune", "pruned", "recovered", f"recover-{recipe.method}"], layerprune={
+                             "source": original, "variant": base.variant,
                              "dropped_blocks": lineage.dropped if lineage is not None else None,
                              "removed_sublayers": lineage.removed_sublayers if lineage is not None else None,
                              "score": lineage.method.score if lineage is not None else None,
-                             "recover_method": recipe.method, "recover_recipe": recipe.name, "teacher": report.teacher})
+                             "recover_method": recipe.method, "recover_recipe": recipe.name,
+                             "recover_settings": recipe_summary(recipe),
+                             "teacher": report.teacher, "teacher_base_model": base_model_of_teacher(report)})
+    data.layerprune = {key: value for key, value in data.layerprune.items() if value is not None}
     loss = report.held_out_loss
+    named = f"`{base.base_model}`" + (f" (variant `{base.variant}`)" if base.variant else "")
     lines = [
-        f"# {base} pruned and recovered with {recipe.method}", "",
-        f"Made with layerprune {report.provenance.layerprune}: the pruned model `{student}` fine-tuned on the "
-        f"teacher `{report.teacher}`'s answers with recipe `{recipe.name}` (method {recipe.method}).", "",
+        f"# {original} pruned and recovered with {recipe.method}", "",
+        f"Made with layerprune {report.provenance.layerprune}: {named} pruned to `{student}`, then fine-tuned on "
+        f"the teacher `{report.teacher}`'s answers with recipe `{recipe.name}` (method {recipe.method}).", "",
         f"- {lineage.removal() if lineage is not None else 'dropped blocks: unknown'}",
         f"- score: {f'`{lineage.method.score}`' if lineage is not None else 'unknown'}",
-        f"- teacher: `{report.teacher}`",
+        f"- recovery: recipe `{recipe.name}`, method {recipe.method}; teacher `{report.teacher}`",
         f"- held-out loss on teacher answers: {_loss(loss.before)} -> {_loss(loss.after)}",
         f"- {_tokens(report)}, {report.data.get('steps', '?')} optimizer steps, "
         f"{report.seconds.total:.0f} s", "",
         "Recovery wins back part of what pruning cost; evaluate with `layerprune evaluate` before use. "
         "See `recover_report.json` for the full recipe, the data and the loss curve.",
     ]
-    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")
+    return ModelCard(card_text(data, lines))
+
+
+def recipe_summary(recipe: RecoverRecipe) -> dict[str, Any]:
+    """The recipe's name and method, its prompts, the method's own section and the training's main settings (all of
+    it is in recover_report.json)."""
+    dump = recipe.model_dump(mode="json", exclude_none=True)
+    train = {key: value for key, value in dump.get("train", {}).items() if key in TRAIN_KEYS}
+    own = {recipe.method: dump[recipe.method]} if isinstance(dump.get(recipe.method), dict) else {}
+    return {"name": recipe.name, "method": recipe.method, "prompts": dump.get("prompts"), **own, "train": train}
+
+
+TRAIN_KEYS = ("learning_rate", "epochs", "max_steps", "max_tokens", "batch_size", "grad_accum", "max_length")
+
+
+def base_model_of_teacher(report: RecoverReport) -> str | None:
+    """The teacher's hub id where one is known and it is not named by it (embedded: the hub model), else None."""
+    from layerprune.models.hub_ids import base_model_of_spec
+
+    base = base_model_of_spec(report.teacher)
+    return base.base_model if base.on_hub and base.base_model != report.teacher else None
 
 
 def _tokens(report: RecoverReport) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 from layerprune.core import errors
 from layerprune.core.errors import LayerpruneError
+from layerprune.core.model_card import write_card
 from layerprune.core.outputs import atomic_output_dir, check_output_dir
 from layerprune.core.provenance import collect_provenance
 from layerprune.core.reports import write_report
@@ -296,7 +297,7 @@ def save_outputs(
         shutil.copy2(job.work / "responses.jsonl", tmp / "data" / "responses.jsonl")
         (tmp / "data" / "card.json").write_text(json.dumps(report.data, indent=2))
         write_report(tmp / RECOVER_REPORT, report)
-        model_card(report, lineage).save(tmp / "README.md")
+        write_card(tmp, str(model_card(report, lineage)))
         train.plot_loss_curve(result.curve, tmp / "loss_curve.png", f"recover {recipe.name}: {student.spec}")
     log.info("saved %s (held-out loss %s -> %s)", job.output, _fmt(result.loss_before), _fmt(result.loss_after))
 
