@@ -14,7 +14,7 @@ VLLM_VENV ?= .venv-vllm
 TEST_WORKERS ?= 2
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install vllm-install demo demo-math lint test test-fast test-gpu bench bench-engines clean
+.PHONY: install vllm-install demo demo-math lint test test-fast test-gpu bench bench-engines results clean
 
 # uv installs what pip would (pip's indexes, links and constraints handed on; .ci/uv_install.py), ~7x faster
 UV_INSTALL := $(PYTHON) .ci/uv_install.py
@@ -79,6 +79,10 @@ test-fast: lint
 test-gpu: $(STAMP)        ## the tests marked gpu (QLoRA needs the qlora extra: bitsandbytes)
 	$(BIN)/pip install -q -e '.[qlora]'
 	$(BIN)/python -m pytest -q -m gpu --timeout=1200
+
+# every page of docs/results/, its index and the README's "What we found" table, drawn again from docs/records/
+results: $(STAMP)         ## redraw the result pages from the per-item records (tests/test_results.py checks them)
+	$(BIN)/layerprune records report docs/records/*.tar.gz --output docs/results --index --readme README.md
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_prune.py

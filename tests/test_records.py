@@ -60,8 +60,8 @@ def test_pack_keeps_scores_and_reports_and_leaves_out_document_text_and_weights(
     packed = pack_records(run, tmp_path / "rec.tar.gz")
     members = _members(packed.archive)
     assert sorted(members) == ["eval/baseline/results/arc.json", "eval/baseline/samples/arc.jsonl",
-                               "eval/baseline/summary.json", "pruned-k2/prune_report.json", "study.md",
-                               "tables/lm_eval.json"]
+                               "eval/baseline/summary.json", "pruned-k2/prune_report.json", "records-manifest.json",
+                               "study.md", "tables/lm_eval.json"]
     assert (packed.sample_files, packed.items, packed.other_files) == (1, 6, 5)
     assert not any(SECRET.encode() in data for data in members.values())
     first = json.loads(members["eval/baseline/samples/arc.jsonl"].splitlines()[0])

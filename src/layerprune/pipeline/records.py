@@ -13,7 +13,9 @@ redo any paired comparison later.
   is packed whatever its size;
 - its other small report files (Markdown, CSV, YAML, PNG); every kept file at most `MAX_FILE` bytes (the ones over it
   are listed, not packed); of a folder that holds model weights, only its `*report*.json`. Other JSONL files
-  (teacher answers, generations: prompts and all) are left out.
+  (teacher answers, generations: prompts and all) are left out;
+- `records-manifest.json`: what packed it (the layerprune version and commit of the code that packed it) and what
+  the run was (its recipe's name and fingerprint and the commit it ran at, from run.json or a variant study's record).
 The archive is reproducible: sorted members, no owners, times or gzip stamp, so packing the same run twice gives the
 same bytes. `unpack_records(archive, out)` gives the tree back, which `evaluate.items.read_items` and the paired
 tables read as they read the run itself.
@@ -44,6 +46,7 @@ TEXT_KEYS = frozenset({"text", "prompt", "answer", "question", "response", "inst
                        "doc", "arguments", "shots", "examples", "prompts", "answers"})
 ANALYSIS_RECORDS = "importance.json"  # `analyze importance`: every item's score with each block skipped, per model
 DROPPED_KEYS = frozenset({"configs"})  # lm-eval's task configs: a custom task carries its dataset inline
+MANIFEST = "records-manifest.json"
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,8 @@ def record_files(run: Path) -> tuple[list[Path], list[Path]]:
     weights: dict[Path, bool] = {}
     for path in sorted(run.rglob("*")):
         relative = path.relative_to(run)
-        if path.is_symlink() or not path.is_file() or any(part.startswith(".") for part in relative.parts):
+        if path.is_symlink() or not path.is_file() or any(part.startswith(".") for part in relative.parts) \
+                or relative.as_posix() == MANIFEST:  # an unpacked archive's: a new one is written
             continue
         if path.parent not in weights:
             weights[path.parent] = _holds_weights(path.parent)
@@ -174,6 +178,7 @@ def pack_records(run: Path, archive: Path, overwrite: bool = False) -> Packed:
     samples, others = record_files(run)
     buffer, items, too_large = io.BytesIO(), 0, []
     with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as zipped, tarfile.open(fileobj=zipped, mode="w") as tar:
+        _add(tar, MANIFEST, json.dumps(manifest(run), indent=1, sort_keys=True).encode())
         for path in sorted([*samples, *others]):
             data, count = _member(path)
             if count == 0 and len(data) > MAX_FILE:
@@ -190,6 +195,51 @@ def pack_records(run: Path, archive: Path, overwrite: bool = False) -> Packed:
         raise LayerpruneError(f"could not write {archive}: {exc}") from exc
     return Packed(archive, len(samples), items, len(others) - len(too_large), archive.stat().st_size,
                   tuple(too_large))
+
+
+def _read(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def run_identity(run: Path) -> dict[str, Any]:
+    """The run's recipe name and fingerprint and the commit it ran at: run.json's, or for a variant study (which has
+    none) the study's name and a hash of the study record in variant.json; {} when neither is there."""
+    state, variant = _read(run / "run.json"), _read(run / "variant.json")
+    if isinstance(state, dict) and "fingerprint" in state:
+        git = ((state.get("provenance") or {}).get("git") or {})
+        return {"name": state.get("name"), "fingerprint": state["fingerprint"], "commit": git.get("commit")}
+    if isinstance(variant, dict) and isinstance(variant.get("study"), dict):
+        canonical = json.dumps(variant["study"], sort_keys=True, separators=(",", ":")).encode()
+        digest = hashlib.sha256(canonical).hexdigest()[:16]
+        return {"name": variant["study"].get("name"), "fingerprint": f"study:{digest}", "commit": None}
+    return {}
+
+
+def manifest(run: Path) -> dict[str, Any]:
+    """What an archive says of itself: the code that packed it and the run it holds."""
+    from layerprune.core.provenance import source_checkout
+    from layerprune.core.version import package_version
+
+    git = source_checkout()
+    return {"format": 1, "packed_by": {"layerprune": package_version(), "commit": git.commit if git else None,
+                                       "dirty": git.dirty if git else None}, "run": run_identity(run)}
+
+
+def records_origin(root: Path) -> list[str]:
+    """Lines saying what an unpacked archive was made with (its manifest, else what its run records)."""
+    packed = _read(root / MANIFEST)
+    run = (packed or {}).get("run") or run_identity(root)
+    by = (packed or {}).get("packed_by") or {}
+    lines = [f"packed by layerprune {by.get('layerprune')} at commit {by.get('commit') or 'unknown'}"
+             + (" (uncommitted changes)" if by.get("dirty") else "") if packed else
+             "no commit recorded: the archive has no manifest (packed before manifests)"]
+    if run.get("fingerprint"):
+        lines.append(f"recipe {run.get('name')}, fingerprint {run['fingerprint']}"
+                     + (f", run at commit {run['commit'][:12]}" if run.get("commit") else ""))
+    return lines
 
 
 def unpack_records(archive: Path, output: Path, overwrite: bool = False) -> list[str]:
