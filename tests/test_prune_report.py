@@ -33,7 +33,7 @@ def test_a_wrongly_typed_check_fails_where_it_is_made(tiny_llama, tmp_path, monk
 
 
 CHECKS = {"auto": {"checked", "keys", "tokens", "logits_check", "max_abs_diff", "tolerance", "reference_max_abs",
-                   "per_layer_settings", "bytes_compared", "phase_seconds", "seconds"},
+                   "per_layer_settings", "bytes_compared", "reference_blocks", "phase_seconds", "seconds"},
           "float32": {"checked", "keys", "tokens", "logits_check", "max_abs_diff", "tolerance", "reference_max_abs",
                       "seconds"}}
 

@@ -3,7 +3,9 @@ and verification that refuses any written byte that is not the source's."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 import tracemalloc
 from pathlib import Path
@@ -66,7 +68,8 @@ def test_copied_file_is_byte_for_byte_what_save_file_writes(tmp_path):
             assert torch.equal(got.reshape(-1).view(torch.uint8), tensor.reshape(-1).view(torch.uint8)), name
 
 
-def test_copy_holds_one_chunk_whatever_the_tensor_size_and_digests_what_it_wrote(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kernel", [True, False])  # copy_file_range, and a file system that refuses it
+def test_copy_holds_one_chunk_whatever_the_tensor_size_and_digests_what_it_wrote(tmp_path, monkeypatch, kernel):
     big = torch.randn(1024, 1024, generator=torch.Generator().manual_seed(0))  # 4 MiB
     save_file({"big": big, "small": torch.ones(3)}, tmp_path / "src.safetensors")
     stored = read_header(tmp_path / "src.safetensors")
@@ -78,8 +81,13 @@ def test_copy_holds_one_chunk_whatever_the_tensor_size_and_digests_what_it_wrote
         writes.append(len(data))
         real(fd, data, offset)
 
+    def refused(*args):  # noqa: ANN002, ANN202
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
     monkeypatch.setattr(safetensors_copy, "CHUNK", chunk)
     monkeypatch.setattr(safetensors_copy, "_write_all", counted)
+    if not kernel:
+        monkeypatch.setattr(safetensors_copy.os, "copy_file_range", refused)
     target = tmp_path / "out"
     target.mkdir()
     layout = plan_layout({"renamed.big": stored["big"], "small": stored["small"]})
@@ -89,7 +97,10 @@ def test_copy_holds_one_chunk_whatever_the_tensor_size_and_digests_what_it_wrote
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert max(writes[1:]) == chunk and sum(writes) == layout.size  # writes[0]: the header
+    if kernel:
+        assert writes == [len(layout.header)]  # the tensors copied by the kernel, not through this process
+    else:
+        assert max(writes[1:]) == chunk and sum(writes) == layout.size  # writes[0]: the header
     assert (target / "out.safetensors").stat().st_size == layout.size
     assert peak < 3 * chunk < big.numel() * 4 / 16  # two buffers, never a tensor
     with safe_open(target / "out.safetensors", "pt") as handle:
@@ -98,29 +109,45 @@ def test_copy_holds_one_chunk_whatever_the_tensor_size_and_digests_what_it_wrote
                                      stored["small"]: xxhash.xxh3_128(torch.ones(3).numpy().tobytes()).hexdigest()}
 
 
+def test_a_source_changed_during_the_copy_is_refused(tmp_path, monkeypatch):
+    """The digests come from the mapped file and the bytes from the kernel's copy: a file rewritten in between
+    (a new modification time) is refused, not copied with digests of other bytes."""
+    save_file({"a": torch.ones(4), "b": torch.zeros(4)}, tmp_path / "src.safetensors")
+    stored = read_header(tmp_path / "src.safetensors")
+    real = safetensors_copy._kernel_copy
+
+    def touched(handle, path, *args):  # noqa: ANN001, ANN002, ANN202
+        os.utime(path, ns=(0, path.stat().st_mtime_ns + 10**9))
+        return real(handle, path, *args)
+
+    monkeypatch.setattr(safetensors_copy, "_kernel_copy", touched)
+    (tmp_path / "out").mkdir()
+    with pytest.raises(LayerpruneError, match="changed while it was read"):
+        copy_tensors(tmp_path, {"out.safetensors": plan_layout(stored)}, tmp_path / "out")
+
+
 @pytest.mark.parametrize("chunk", [7, 64, 1 << 20])  # chunks that split tensors anywhere, and one for the file
 def test_a_file_read_whole_once_gives_its_sha256_and_the_same_copy(tmp_path, monkeypatch, chunk):
     tensors = mixed_tensors()
     save_file(tensors, tmp_path / "src.safetensors", metadata={"format": "pt"})
     stored = read_header(tmp_path / "src.safetensors")
     kept = {f"new.{name}": stored[name] for name in list(stored)[::2]}
-    reads: list[int] = []
-    real = safetensors_copy._whole_chunks
+    maps: list[int] = []
+    real = safetensors_copy._mapped
 
-    def counted(*args):  # noqa: ANN002, ANN202
-        for start, part in real(*args):
-            reads.append(len(part))
-            yield start, part
+    def counted(fd, size):  # noqa: ANN001, ANN202
+        maps.append(size)
+        return real(fd, size)
 
     monkeypatch.setattr(safetensors_copy, "CHUNK", chunk)
-    monkeypatch.setattr(safetensors_copy, "_whole_chunks", counted)
+    monkeypatch.setattr(safetensors_copy, "_mapped", counted)
     layouts = {"out.safetensors": plan_layout(kept)}
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     whole = copy_tensors(tmp_path, layouts, tmp_path / "a", {"src.safetensors"})
     ranges = copy_tensors(tmp_path, layouts, tmp_path / "b")
     size = (tmp_path / "src.safetensors").stat().st_size
-    assert sum(reads) == size  # every byte of the file read once, by the copy and the hash together
+    assert maps == [size, size]  # each copy maps the file once; with the hash, the hash reads that mapping
     assert whole.file_sha256["src.safetensors"][2] == identity.sha256_of(tmp_path / "src.safetensors")
     assert (tmp_path / "a" / "out.safetensors").read_bytes() == (tmp_path / "b" / "out.safetensors").read_bytes()
     assert whole.tensor_digests == ranges.tensor_digests and len(whole.tensor_digests) == len(kept)

@@ -153,22 +153,79 @@ def test_streamed_verification_reports_where_its_time_went(tiny_llama, tmp_path)
     assert all(seconds >= 0 for seconds in phases.values()) and sum(phases.values()) <= verification["seconds"] + 0.01
 
 
-def test_the_reference_reads_only_the_kept_blocks_from_the_one_before_the_first_dropped(tiny_llama, tmp_path,
-                                                                                           monkeypatch):
-    """The written model loads each of its blocks once (its bytes checked as they load); the original never reads a
-    dropped block and starts at the block before the first dropped one, from the written model's state there."""
+def _count_loads(monkeypatch) -> list[tuple[str, int]]:  # noqa: ANN001
     from layerprune.models import verify_blockwise
 
     loads: list[tuple[str, int]] = []
     real = verify_blockwise.fill_block
     monkeypatch.setattr(verify_blockwise, "fill_block",
                         lambda bw, index: loads.append((bw.checkpoint.directory.name, index)) or real(bw, index))
-    report = prune_model(str(tiny_llama), PruneRecipe(layers=[3, 4]), output=tmp_path / "out").report
-    assert report["verification"]["checked"] is True
-    assert report["verification"]["max_abs_diff"] <= report["verification"]["tolerance"]
-    written = [index for name, index in loads if name != tiny_llama.name]
-    assert written == [0, 1, 2, 3]
-    assert [index for name, index in loads if name == tiny_llama.name] == [2, 5]
+    return loads
+
+
+def test_the_reference_replays_the_kept_blocks_from_the_written_forward(tiny_llama, tmp_path, monkeypatch):
+    """The written model loads each of its blocks once (its bytes checked as they load); the original runs its own
+    forward from the start, never reads a dropped block, and reads no kept block either: each is built like its
+    written block, holds the bytes checked, and is called with the written block's very arguments."""
+    loads = _count_loads(monkeypatch)
+    verification = prune_model(str(tiny_llama), PruneRecipe(layers=[3, 4]), output=tmp_path / "out").report[
+        "verification"]
+    assert verification["checked"] is True and verification["max_abs_diff"] == 0.0
+    assert [index for name, index in loads if name != tiny_llama.name] == [0, 1, 2, 3]
+    assert [index for name, index in loads if name == tiny_llama.name] == []
+    assert verification["reference_blocks"] == {"replayed": 4, "computed": 0}
+
+
+def test_a_block_called_with_other_arguments_is_computed_not_replayed(tiny_llama, tmp_path, monkeypatch):
+    """Where the arguments are not proven equal, the original's block is loaded from its own files and run."""
+    from layerprune.models import verify_blockwise
+
+    monkeypatch.setattr(verify_blockwise, "same_value", lambda a, b: False)
+    loads = _count_loads(monkeypatch)
+    verification = prune_model(str(tiny_llama), PruneRecipe(layers=[3, 4]), output=tmp_path / "out").report[
+        "verification"]
+    assert verification["checked"] is True and verification["max_abs_diff"] <= verification["tolerance"]
+    assert [index for name, index in loads if name == tiny_llama.name] == [0, 1, 2, 5]
+    assert verification["reference_blocks"] == {"replayed": 0, "computed": 4}
+
+
+def _source_digests(directory: Path) -> dict:
+    import xxhash
+
+    from layerprune.models.safetensors_copy import read_headers
+
+    digests = {}
+    for stored in read_headers(directory, shards.read_checkpoint(directory).files).values():
+        with (directory / stored.file).open("rb") as handle:
+            handle.seek(stored.start)
+            digests[stored] = xxhash.xxh3_128(handle.read(stored.nbytes)).hexdigest()
+    return digests
+
+
+def _capped_logits(config: dict) -> None:
+    config["final_logit_softcapping"] = 1e-3
+
+
+def test_a_model_level_config_change_is_not_replayed_and_is_refused(tiny_models, tmp_path, monkeypatch):
+    """The bytes are right and every block is built alike, but the written config caps the logits (the model does
+    it, not a block): the configs are not alike, so the original computes its blocks, and the logits differ."""
+    source, bad = _pruned_copy(tiny_models, "gemma3_text", tmp_path, _capped_logits)
+    loads = _count_loads(monkeypatch)
+    with pytest.raises(LayerpruneError, match="logits differ"):
+        verify_block_major(AutoConfig.from_pretrained(source), bad, DROP, _ids(), None, CPU, torch.float32, 1e-3,
+                           source_dir=source, digests=_source_digests(source))
+    assert [index for name, index in loads if name == source.name]  # computed from the original's files
+
+
+def test_same_value_is_exact():
+    from layerprune.models.block_replay import same_value
+
+    x = torch.arange(6.0).reshape(2, 3)
+    assert same_value((x, {"a": (x, None), "b": 1}), (x.clone(), {"a": (x.clone(), None), "b": 1}))
+    assert not same_value((x,), (x + 1e-7,))
+    assert not same_value((x,), (x.double(),))
+    assert not same_value({"a": x}, {"a": x, "b": None})
+    assert not same_value(1, 1.0) and not same_value(object(), object())
 
 
 @pytest.mark.parametrize("side", ["left", "right"])

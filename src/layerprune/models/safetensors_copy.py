@@ -5,21 +5,25 @@ the data section; `__metadata__`) padded with spaces to a multiple of 8, then th
 holds the source's tensors under new names, so each output file is its new header followed by byte ranges of the
 source files, written at their planned offsets: nothing is deserialised, and the layout is the one
 `safetensors.torch.save_file` writes (its dtype order, then names), so the files are byte for byte what `save_file`
-would have made of the same tensors. Each source byte is read once, into one of two CHUNK buffers: the range's
-xxh3-128 digest is taken from the buffer the bytes are written from (so the written model can later be checked
-against the source without reading the source again), and a source file whose sha256 is wanted is read whole in
-order, a thread hashing each chunk while the kept ranges in it are written (`hashlib` releases the GIL).
+would have made of the same tensors. Each source file is mapped in memory (the page cache, no copy into this
+process): each kept range's xxh3-128 digest is taken there (so the written model can later be checked against the
+source without reading the source again) and its bytes are copied by the kernel (`copy_file_range`, as `cp` does);
+where a source file's sha256 is wanted, a thread hashes the whole mapping meanwhile (`hashlib` releases the GIL).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
+import mmap
 import os
 import struct
+import threading
 from collections import defaultdict
 from collections.abc import Collection, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +39,7 @@ CHUNK = 8 << 20  # bytes read and written at a time: the copy's whole working me
 DTYPE_ORDER = ("U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF16", "F16", "U16", "I16", "F8_E8M0", "F8_E4M3",
                "F8_E5M2", "I8", "U8", "F6_E3M2", "F6_E2M3", "F4", "BOOL")
 METADATA = {"format": "pt"}
+NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EPERM, errno.EBADF}
 
 
 @dataclass(frozen=True)
@@ -115,8 +120,9 @@ def plan_layout(tensors: Mapping[str, Stored]) -> Layout:
 
 @dataclass
 class CopyResult:
-    """What a copy read: the sha256 of each source file it read whole, with the size and mtime it had throughout,
-    and the xxh3-128 digest of every source tensor it copied, of the very bytes it wrote."""
+    """What a copy read: the sha256 of each source file it hashed whole, with the size and mtime it had throughout,
+    and the xxh3-128 digest of every source tensor it copied (of the source's bytes, which kept their size and mtime
+    while they were hashed and copied)."""
 
     file_sha256: dict[str, tuple[int, int, str]] = field(default_factory=dict)  # file -> size, mtime_ns, sha256
     tensor_digests: dict[Stored, str] = field(default_factory=dict)  # source tensor -> xxh3-128 of its bytes
@@ -125,15 +131,15 @@ class CopyResult:
 def copy_tensors(source_dir: Path, layouts: Mapping[str, Layout], target: Path,
                  hash_files: Collection[str] = ()) -> CopyResult:
     """Write each output file of `layouts` into `target`: its header, then every tensor's bytes copied from its
-    source file through one CHUNK buffer, each tensor's digest taken from the buffer as it is written. A file in
-    `hash_files` is read whole, once: its sha256 (by a thread, from a second buffer) and the copy share that read.
-    A source shorter than its header says is a one-line error."""
+    mapped source file by the kernel (through one CHUNK buffer where the kernel cannot), each tensor's digest taken
+    from the mapping. The sha256 of a file in `hash_files` is taken from the same mapping by a thread meanwhile.
+    A source shorter than its header says, or changed while copied, is a one-line error."""
     jobs: dict[str, list[tuple[Stored, str, int]]] = defaultdict(list)
     for out, layout in layouts.items():
         for _, tensor, offset in layout.places:
             jobs[tensor.file].append((tensor, out, offset))
     result = CopyResult()
-    buffers = (memoryview(bytearray(CHUNK)), memoryview(bytearray(CHUNK)))
+    buffer = memoryview(bytearray(CHUNK))
     fds: dict[str, int] = {}
     try:
         for out, layout in layouts.items():
@@ -141,10 +147,9 @@ def copy_tensors(source_dir: Path, layouts: Mapping[str, Layout], target: Path,
             _write_all(fds[out], memoryview(layout.header), 0)
         for file in sorted(set(jobs) | set(hash_files)):
             ordered = sorted(jobs[file], key=lambda job: job[0].start)
-            if file in hash_files:
-                result.file_sha256[file] = _copy_whole(source_dir / file, ordered, fds, buffers, result.tensor_digests)
-            else:
-                _copy_ranges(source_dir / file, ordered, fds, buffers[0], result.tensor_digests)
+            sha = _copy_ranges(source_dir / file, ordered, fds, buffer, result.tensor_digests, file in hash_files)
+            if sha is not None:
+                result.file_sha256[file] = sha
     finally:
         for fd in fds.values():
             os.close(fd)
@@ -155,84 +160,79 @@ def copy_tensors(source_dir: Path, layouts: Mapping[str, Layout], target: Path,
 
 
 def _copy_ranges(path: Path, jobs: list[tuple[Stored, str, int]], fds: dict[str, int], buffer: memoryview,
-                 digests: dict[Stored, str]) -> None:
-    """The kept ranges of `path`, in offset order, one chunk at a time: each chunk hashed and written."""
+                 digests: dict[Stored, str], whole_sha: bool = False) -> tuple[int, int, str] | None:
+    """The kept ranges of `path`, in offset order: each hashed where the file is mapped (the page cache, no copy)
+    and copied by the kernel (`copy_file_range`, as `cp` does; through `buffer` where the kernel cannot). With
+    `whole_sha`, a thread hashes the whole mapped file meanwhile (`hashlib` releases the GIL): its size, mtime and
+    sha256 are returned; a failed hash stops the copy before its next tensor. A file whose size or modification
+    time changed meanwhile is refused: the digests are then not those of the bytes copied (and the verification,
+    which hashes the written bytes, would refuse the copy as well)."""
     with path.open("rb", buffering=0) as handle:
-        for tensor, out, offset in jobs:
-            digest = xxhash.xxh3_128()
-            for start, chunk in _chunks(handle, path, tensor.start, tensor.end, buffer, digest, seek=True):
-                _write_all(fds[out], chunk, offset + start - tensor.start)
-            digests[tensor] = digest.hexdigest()
-
-
-def _copy_whole(path: Path, jobs: list[tuple[Stored, str, int]], fds: dict[str, int],
-                buffers: tuple[memoryview, memoryview], digests: dict[Stored, str]) -> tuple[int, int, str]:
-    """Read all of `path` once, in order: a thread feeds each chunk to the file's sha256 (the GIL released) while
-    the kept ranges in it are hashed and written; the two buffers take turns. The file must keep its size and
-    modification time throughout."""
-    before = path.stat()
-    sha = hashlib.sha256()
-    pending: list[Future[None] | None] = [None, None]
-    cursor = _RangeCursor(jobs, fds, digests)
-    with ThreadPoolExecutor(1) as pool, path.open("rb", buffering=0) as handle:
-        try:
-            for turn, (start, chunk) in enumerate(_whole_chunks(handle, path, before.st_size, buffers, pending)):
-                pending[turn % 2] = pool.submit(sha.update, chunk)
-                cursor.feed(start, chunk)
-        finally:
-            for future in pending:
-                if future is not None:
-                    future.result()
-    cursor.finish(path)
-    after = path.stat()
+        before = os.fstat(handle.fileno())
+        if jobs and (end := max(tensor.end for tensor, _, _ in jobs)) > before.st_size:
+            raise LayerpruneError(f"{path} ends at byte {before.st_size}, its header says {end}: truncated while "
+                                  "read; nothing was written")
+        stop = threading.Event()
+        with _mapped(handle.fileno(), before.st_size) as view, ThreadPoolExecutor(1) as pool:
+            hashing = pool.submit(_sha256_of_view, view, stop) if whole_sha else None
+            try:
+                for tensor, out, offset in jobs:
+                    if hashing is not None and hashing.done():
+                        hashing.result()  # raises the hash's error at once
+                    digests[tensor] = xxhash.xxh3_128(view[tensor.start : tensor.end]).hexdigest()
+                    _kernel_copy(handle, path, tensor, fds[out], offset, buffer)
+                sha = hashing.result() if hashing is not None else None
+            finally:
+                stop.set()
+        after = os.fstat(handle.fileno())
     if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
         raise LayerpruneError(f"{path} changed while it was read; nothing was written")
-    return before.st_size, before.st_mtime_ns, sha.hexdigest()
+    return (before.st_size, before.st_mtime_ns, sha) if sha is not None else None
 
 
-def _whole_chunks(handle: Any, path: Path, size: int, buffers: tuple[memoryview, memoryview],
-                  pending: list[Future[None] | None]) -> Iterator[tuple[int, memoryview]]:
-    """(offset, bytes) of the whole file, the buffers in turn; a buffer is refilled only once its hash is done."""
-    position, turn = 0, 0
-    while position < size:
-        if (future := pending[turn % 2]) is not None:
-            future.result()
-        buffer = buffers[turn % 2]
-        read = handle.readinto(buffer[: min(len(buffer), size - position)])
-        if not read:
-            raise LayerpruneError(f"{path} ends at byte {position}, its size was {size}: truncated while read; "
-                                  "nothing was written")
-        yield position, buffer[:read]
-        position, turn = position + read, turn + 1
+def _sha256_of_view(view: memoryview, stop: threading.Event) -> str:
+    """The sha256 of the mapped bytes, CHUNK at a time; "" when `stop` is set before the end."""
+    sha = hashlib.sha256()
+    for start in range(0, len(view), CHUNK):
+        if stop.is_set():
+            return ""
+        sha.update(view[start : start + CHUNK])
+    return sha.hexdigest()
 
 
-class _RangeCursor:
-    """The kept ranges of one file (sorted, disjoint), fed the file's chunks in order: each range's part of a
-    chunk is hashed and written at its place in its output file."""
+@contextlib.contextmanager
+def _mapped(fd: int, size: int) -> Iterator[memoryview]:
+    """The file's bytes, mapped read-only (an empty view for an empty file)."""
+    if size == 0:
+        yield memoryview(b"")
+        return
+    mapping = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+    view = memoryview(mapping)
+    try:
+        yield view
+    finally:
+        with contextlib.suppress(BufferError):  # an error's traceback may still hold a slice: closed when collected
+            view.release()
+            mapping.close()
 
-    def __init__(self, jobs: list[tuple[Stored, str, int]], fds: dict[str, int], digests: dict[Stored, str]) -> None:
-        self.jobs, self.fds, self.digests = jobs, fds, digests
-        self.index, self.digest = 0, xxhash.xxh3_128()
 
-    def feed(self, start: int, chunk: memoryview) -> None:
-        end = start + len(chunk)
-        while self.index < len(self.jobs):
-            tensor, out, offset = self.jobs[self.index]
-            low, high = max(tensor.start, start), min(tensor.end, end)
-            if low < high:
-                part = chunk[low - start : high - start]
-                self.digest.update(part)
-                _write_all(self.fds[out], part, offset + low - tensor.start)
-            if tensor.end > end:
-                return
-            self.digests[tensor] = self.digest.hexdigest()
-            self.index, self.digest = self.index + 1, xxhash.xxh3_128()
-
-    def finish(self, path: Path) -> None:
-        if self.index < len(self.jobs):
-            tensor = self.jobs[self.index][0]
-            raise LayerpruneError(f"{path} is shorter than its header says ({tensor.end} bytes): truncated while "
-                                  "read; nothing was written")
+def _kernel_copy(handle: Any, path: Path, tensor: Stored, out: int, offset: int, buffer: memoryview) -> None:
+    """Bytes [tensor.start, tensor.end) of `handle` to `offset` of `out`, copied in the kernel; read through `buffer`
+    and written from it where the kernel refuses (another file system on an old kernel, a file system without it)."""
+    done = 0
+    while done < tensor.nbytes:
+        try:
+            copied = os.copy_file_range(handle.fileno(), out, tensor.nbytes - done, tensor.start + done,
+                                        offset + done)
+        except OSError as exc:
+            if exc.errno not in NO_KERNEL_COPY:
+                raise
+            for start, chunk in _chunks(handle, path, tensor.start + done, tensor.end, buffer, None, seek=True):
+                _write_all(out, chunk, offset + start - tensor.start)
+            return
+        if not copied:
+            raise LayerpruneError(f"{path} ends before byte {tensor.end}: truncated while read; nothing was written")
+        done += copied
 
 
 def _chunks(handle: Any, path: Path, start: int, end: int, buffer: memoryview, digest: Any,

@@ -196,8 +196,9 @@ def pruned_meta_model(config: Any, drop: Sequence[int], force: bool = False) -> 
     import copy
 
     from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
 
-    with torch.device("meta"):
+    with torch.device("meta"), no_init_weights():  # initialising meta tensors only costs time
         model = AutoModelForCausalLM.from_config(copy.deepcopy(config))  # drop_blocks rewrites the config in place
     kept = drop_blocks(model, drop, force)
     if len(find_decoder_stack(model)) != len(kept):

@@ -7,7 +7,9 @@ written (with a streamed prune, each tensor it loads is checked against the copy
 it is read: `CopyCheck`); the original runs with the dropped blocks skipped (their output replaced by their input,
 their weights never read); the logits must agree. When the bytes are checked, the original does not recompute the
 blocks before the one before the first dropped block: it starts there from the written model's hidden state (both
-have the same bytes there), and it shares the written skeleton's embeddings, norm and head. Beside the logits, the
+have the same bytes there), and it shares the written skeleton's embeddings, norm and head; and when the configs
+are alike, it runs its own forward from the start with each kept block proven to be the written block on the same
+arguments replayed from the written model's forward, not run again (`block_replay`). Beside the logits, the
 blocks built from the new config must be the kept blocks of the old one (attention kind, sliding window and every
 other per-layer setting), which a short probe cannot always show.
 """
@@ -28,13 +30,22 @@ import torch
 from torch import nn
 
 from layerprune.core.errors import LayerpruneError
+from layerprune.models.block_replay import (
+    PER_LAYER_NAMES,
+    Replay,
+    block_settings,
+    built_alike,
+    configs_alike,
+    recording,
+    same_value,
+)
 from layerprune.models.blocks import find_decoder_stack
 from layerprune.models.blockwise import BlockwiseModel, empty_block, empty_model, fill_block, load_skeleton
-from layerprune.models.copy_check import copy_check
+from layerprune.models.copy_check import CopyCheck, copy_check
 from layerprune.models.safetensors_copy import Stored
 from layerprune.models.shards import block_prefix, read_checkpoint
 
-PER_LAYER_NAMES = ("layer_idx", "layer_index")  # renumbered by the surgery: the one setting that may differ
+__all__ = ["PER_LAYER_NAMES", "block_settings"]  # re-exported: they moved to block_replay
 
 
 @dataclass
@@ -50,17 +61,23 @@ class Relay:
 
 @contextlib.contextmanager
 def streamed_blocks(bw: BlockwiseModel, skip: Sequence[int] = (), relay: Relay | None = None,
-                    start: int = 0) -> Iterator[None]:
+                    start: int = 0, replay: Replay | None = None) -> Iterator[None]:
     """While open, the skeleton's own forward loads each block just before it runs and empties it after. A block in
     `skip` and, from `start` > 0, every block before it return their input without their weights being read (when
     `relay` knows what their class returns; else they run and their output is replaced by their input); block
     `start` takes `relay.state` as its input. With `start` 0, `relay` (if any) is filled: the state entering block
-    `relay.at`, what each block class returns."""
+    `relay.at`, what each block class returns. A kept block that `replay` may serve returns the written block's
+    output when called with its very arguments, and is loaded and run only when not (see `block_replay`)."""
     passed = set(skip) | set(range(start))
     handles, patched = [], []
+    written_index = {old: new for new, old in enumerate(replay.kept)} if replay is not None else {}
     for index, block in enumerate(bw.stack.layers):
         if index in passed and relay is not None and type(block) in relay.returns:
             block.forward = _passthrough(relay.returns[type(block)])
+            patched.append(block)
+            continue
+        if replay is not None and index not in passed and written_index.get(index) in replay.alike:
+            block.forward = _replayer(bw, index, written_index[index], replay)
             patched.append(block)
             continue
         handles.append(block.register_forward_pre_hook(_before(bw, index)))
@@ -81,6 +98,25 @@ def streamed_blocks(bw: BlockwiseModel, skip: Sequence[int] = (), relay: Relay |
 def _passthrough(returns: int | None) -> Any:
     def forward(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         return hidden_states if returns is None else (hidden_states, *([None] * (returns - 1)))
+
+    return forward
+
+
+def _replayer(bw: BlockwiseModel, index: int, written: int, replay: Replay) -> Any:
+    """Block `index`'s forward: the written block's output when called as the written block was, else its own."""
+    block = bw.stack.layers[index]
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        args_in, kwargs_in, output = replay.calls.get(written, (None, None, None))
+        if args_in is not None and same_value(args, args_in) and same_value(kwargs, kwargs_in):
+            replay.replayed.append(index)
+            return output
+        replay.computed.append(index)
+        fill_block(bw, index)
+        try:
+            return type(block).forward(block, *args, **kwargs)
+        finally:
+            empty_block(bw, index)
 
     return forward
 
@@ -119,12 +155,12 @@ def _after(bw: BlockwiseModel, index: int, skipped: bool, relay: Relay | None) -
 
 def block_major_logits(
     bw: BlockwiseModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, skip: Sequence[int] = (),
-    relay: Relay | None = None, start: int = 0,
+    relay: Relay | None = None, start: int = 0, replay: Replay | None = None,
 ) -> torch.Tensor:
     """The model's own logits (float32), computed one loaded block at a time (see `streamed_blocks`)."""
     device = bw.device
     mask = attention_mask.to(device) if attention_mask is not None else None
-    with torch.inference_mode(), streamed_blocks(bw, skip, relay, start):
+    with torch.inference_mode(), streamed_blocks(bw, skip, relay, start, replay):
         out = bw.model(input_ids=input_ids.to(device), attention_mask=mask, use_cache=False)
     return out.logits.float()
 
@@ -144,18 +180,6 @@ def check_blockwise_head(bw: BlockwiseModel, input_ids: torch.Tensor, attention_
             "so this model is refused for this score"
         )
     return diff
-
-
-def block_settings(block: nn.Module) -> dict[str, Any]:
-    """Every plain setting (bool, int, float, str, None) of a block and its submodules, but its index."""
-    found = {}
-    for prefix, module in block.named_modules():
-        for key, value in vars(module).items():
-            if key.startswith("_") or key in PER_LAYER_NAMES or key == "training":
-                continue
-            if value is None or isinstance(value, (bool, int, float, str)):
-                found[f"{prefix}.{key}" if prefix else key] = value
-    return found
 
 
 def check_per_layer_settings(source_config: Any, written_config: Any, kept: Sequence[int],
@@ -244,7 +268,10 @@ def verify_block_major(
     block-major from `source_dir`. With `source_config`, the per-layer settings are compared as well. With
     `digests` (the copy's, of each source tensor it wrote), every written tensor is checked against the source
     tensor that belongs at its name as the written model loads it; then the original starts from the written
-    model's state entering the block before the first dropped one and shares its embeddings, norm and head."""
+    model's state entering the block before the first dropped one and shares its embeddings, norm and head; when,
+    besides, the two configs are alike (`block_replay.configs_alike`), the original runs its own forward from the
+    start and each of its kept blocks built like its written block and called with the written block's very
+    arguments returns that block's output instead of being loaded and run again (`block_replay`)."""
     from transformers import AutoConfig
 
     start = time.perf_counter()
@@ -252,7 +279,7 @@ def verify_block_major(
     written_model = empty_model(written_config, dtype)
     check_block_keys(_keys_only(written_dir, written_config, written_model))  # refused before any weight is read
     settings: int | str = "skipped: no source config"
-    source_model = None
+    source_model, kept = None, list[int]()
     if source_config is not None:
         source_model = empty_model(source_config, dtype)
         depth = len(find_decoder_stack(source_model))
@@ -263,10 +290,14 @@ def verify_block_major(
     if digests is not None:
         assert source_dir is not None and source_model is not None
         copies = copy_check(source_dir, written_dir, drop, len(find_decoder_stack(source_model)), digests)
-    relay = Relay(at=max(min(drop) - 1, 0) if copies is not None and drop else 0)
+    replay = None
+    if copies is not None and source_config is not None and configs_alike(source_config, written_config, kept):
+        replay = Replay(kept)
+    relay = Relay(at=max(min(drop) - 1, 0) if copies is not None and drop and replay is None else 0)
     written = skeleton(written_dir, written_config, device, dtype, model=written_model,
                        on_load=copies.tensor if copies is not None else None)
-    logits = block_major_logits(written, input_ids, attention_mask, relay=relay)
+    with recording(written.stack.layers, replay) if replay is not None else contextlib.nullcontext():
+        logits = block_major_logits(written, input_ids, attention_mask, relay=relay)
     phases["written"] = time.perf_counter() - start - sum(phases.values())
     record: dict[str, Any] = {}
     if copies is not None:
@@ -277,8 +308,11 @@ def verify_block_major(
         shared = written if copies is not None else None
         del written
         reference = _reference_logits(source_dir, source_config, input_ids, attention_mask, drop, device, dtype,
-                                      source_model, relay, shared)
+                                      source_model, relay, shared, _Replaying(replay, copies) if replay else None)
         phases["reference"] = time.perf_counter() - start - sum(phases.values())
+        if replay is not None:
+            record["reference_blocks"] = {"replayed": len(replay.replayed),
+                                          "computed": len(replay.kept) - len(replay.replayed)}
     diff = float((logits - reference.to(logits.device)).abs().max())
     scale = float(reference.abs().max())
     tolerance = rtol * scale + 1e-4
@@ -293,20 +327,44 @@ def verify_block_major(
             "phase_seconds": {name: round(seconds, 3) for name, seconds in phases.items()}}
 
 
+@dataclass
+class _Replaying:
+    """The written model's recorded block calls and the byte check that saw its tensors load."""
+
+    replay: Replay
+    copies: CopyCheck
+
+
+def _mark_alike(replaying: _Replaying, source: BlockwiseModel, written: BlockwiseModel) -> None:
+    """The written blocks whose source block may be replayed: every tensor of the written block was loaded and
+    hashed equal to the source tensor that belongs there, and the two blocks are built alike."""
+    replay, seen = replaying.replay, replaying.copies.seen
+    if source.prefix != written.prefix:
+        return
+    for new, old in enumerate(replay.kept):
+        block = written.stack.layers[new]
+        checked = all(f"{written.prefix}.{new}.{name}" in seen for name, _ in block.named_parameters())
+        if checked and built_alike(source.stack.layers[old], block):
+            replay.alike.add(new)
+
+
 def _reference_logits(source_dir: Path, source_config: Any, input_ids: torch.Tensor,
                       attention_mask: torch.Tensor | None, drop: Sequence[int], device: torch.device,
                       dtype: torch.dtype, model: nn.Module | None = None, relay: Relay | None = None,
-                      shared: BlockwiseModel | None = None) -> torch.Tensor:
+                      shared: BlockwiseModel | None = None, replaying: _Replaying | None = None) -> torch.Tensor:
     """The original's logits with `drop` skipped, from block `relay.at` on (the blocks before it shared), its
-    non-block tensors taken from `shared` where given; a skeleton with tensors of its own is freed before they are
-    returned (by reference counting; a full garbage collection, 0.1-0.6 s with transformers loaded, only if a
-    cycle keeps it alive)."""
+    non-block tensors taken from `shared` where given, its kept blocks replayed where `replaying` proves them the
+    written ones; a skeleton with tensors of its own is freed before they are returned (by reference counting; a
+    full garbage collection, 0.1-0.6 s with transformers loaded, only if a cycle keeps it alive)."""
     bw = skeleton(source_dir, source_config, device, dtype, model=model, shared=shared)
     own_tensors = shared is None  # else its embeddings, norm and head are the shared ones: nothing to free early
+    if replaying is not None and shared is not None:
+        _mark_alike(replaying, bw, shared)
     del model, shared
     alive = weakref.ref(bw.model)
     start = relay.at if relay is not None and relay.state is not None else 0
-    logits = block_major_logits(bw, input_ids, attention_mask, drop, relay, start)
+    logits = block_major_logits(bw, input_ids, attention_mask, drop, relay, start,
+                                replaying.replay if replaying is not None else None)
     del bw
     if own_tensors and alive() is not None:
         gc.collect()

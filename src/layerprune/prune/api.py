@@ -2,7 +2,8 @@
 
 Three routes, one module each: `in_memory` loads the model; `from_files` streams the checkpoint (blocks chosen by
 index, or scored block-major) and never loads it whole; `in_memory_sublayers` takes attention and MLP sublayers at a
-finer --granularity. This module picks the route.
+finer --granularity. This module checks the flags that no route accepts and picks the route; each route decides
+in its own module whether it applies (`from_files.stream_when_possible`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,11 @@ from layerprune.core.outputs import check_output_dir
 from layerprune.core.settings import RunSettings
 from layerprune.models import LoadedModel, resolve_model
 from layerprune.prune.common import read_calibration
-from layerprune.prune.from_files import config_only, plan_only, prune_from_files
+from layerprune.prune.from_files import config_only, plan_only, stream_when_possible
 from layerprune.prune.in_memory import prune_in_memory
 from layerprune.prune.in_memory_sublayers import prune_sublayers_in_memory
 from layerprune.prune.recipe import PruneRecipe
 from layerprune.prune.scores import SCORES
-from layerprune.prune.streaming import checkpoint_dir
 
 __all__ = ["PruneResult", "prune_model", "read_calibration"]
 
@@ -69,13 +69,8 @@ def prune_model(
     if recipe.granularity != "block":
         loaded, report = prune_sublayers_in_memory(source, recipe, settings, output, dry_run, started)
         return PruneResult(loaded, report, saved)
-    by_index = recipe.target is None and not recipe.needs_calibration
-    if (by_index and settings.dtype == "auto") or settings.block_major:  # --dtype asks for a cast: load and save
-        source_dir = checkpoint_dir(source)
-        if source_dir is not None:
-            report = prune_from_files(source, source_dir, recipe, settings, output, overwrite, dry_run, started)
-            return PruneResult(None, report, saved)
-        if settings.block_major:
-            raise LayerpruneError(f"--block-major reads the safetensors files, and {source.spec} has none")
+    streamed = stream_when_possible(source, recipe, settings, output, overwrite, dry_run, started)
+    if streamed is not None:
+        return PruneResult(None, streamed, saved)
     loaded, report = prune_in_memory(source, recipe, settings, output, overwrite, dry_run, started)
     return PruneResult(loaded, report, saved)

@@ -37,11 +37,26 @@ from layerprune.prune.common import (
 from layerprune.prune.recipe import PruneRecipe
 from layerprune.prune.report import Dtypes, Timings, Verification
 from layerprune.prune.scores import ScoreContext, ScoreResult, run_importance_score
-from layerprune.prune.streaming import describe_source, per_layer_config, save_streamed
+from layerprune.prune.streaming import checkpoint_dir, describe_source, per_layer_config, save_streamed
 from layerprune.tasks.data import resolve_data_dir
 
 log = logging.getLogger(__name__)
 PROBE_POSITIONS = 8  # per row, in the streamed block-major check
+
+
+def stream_when_possible(source: ModelSource, recipe: PruneRecipe, settings: RunSettings, output: Path | None,
+                         overwrite: bool, dry_run: bool, started: float) -> dict[str, Any] | None:
+    """The from-files route's report when it applies (blocks chosen without data, saved in the checkpoint's own
+    dtype, from safetensors files; or --block-major, which must have them); None when the model is to be loaded."""
+    by_index = recipe.target is None and not recipe.needs_calibration
+    if not ((by_index and settings.dtype == "auto") or settings.block_major):  # --dtype asks for a cast: load, save
+        return None
+    source_dir = checkpoint_dir(source)
+    if source_dir is not None:
+        return prune_from_files(source, source_dir, recipe, settings, output, overwrite, dry_run, started)
+    if settings.block_major:
+        raise LayerpruneError(f"--block-major reads the safetensors files, and {source.spec} has none")
+    return None
 
 
 def prune_from_files(
@@ -151,11 +166,12 @@ def _verify_streamed(
 ) -> None:
     """Every written tensor byte for byte the source tensor that belongs at its name (its digest against the one the
     copy took of the source bytes it wrote: the source is not read again), checked as the written model's
-    block-major forward loads it; then the written model's logits against the original with `drop` skipped, from
-    the block before the first dropped one on (one block in memory at a time). For a family whose files the
-    block-major way cannot read, the bytes are read and checked on their own, and both models reloaded whole one
-    after the other when that fits. The streamed files were already checked by name and against the new config on
-    the meta device."""
+    block-major forward loads it; then the written model's logits against the original's own forward with `drop`
+    skipped, each kept block of which is replayed from the written forward where it is proven the same computation
+    on the same arguments, else loaded and run (one block in memory at a time; `models.block_replay`). For a family
+    whose files the block-major way cannot read, the bytes are read and checked on their own, and both models
+    reloaded whole one after the other when that fits. The streamed files were already checked by name and against
+    the new config on the meta device."""
     start = time.perf_counter()
     meta: Verification = report["verification"]
     device = settings.resolved_device()

@@ -57,6 +57,10 @@ class Verification(BaseModel):
         None, description="Per-layer config settings compared block by block, or why not"
     )
     bytes_compared: int | None = Field(None, description="Tensor bytes compared with the source (streamed save)")
+    reference_blocks: dict[str, int] | None = Field(
+        None, description="Kept blocks of the original run for its logits ('computed') or proven the written block's "
+        "function on its very inputs, so its output taken from the written model's forward ('replayed')"
+    )
     phase_seconds: dict[str, float] | None = Field(None, description="Seconds per phase of the check")
     seconds: float | None = Field(None, description="Seconds of the whole check")
 

@@ -92,8 +92,9 @@ def stream_pruned(source_dir: Path, drop: list[int], target: Path, settings: Run
 def _converts_keys_on_load(config: Any, source_names: Any) -> bool:
     """Whether the model class's state dict names differ from the source files' (e.g. MoE experts fused on load)."""
     from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
 
-    with torch.device("meta"):
+    with torch.device("meta"), no_init_weights():  # initialising meta tensors only costs time
         names = set(AutoModelForCausalLM.from_config(config).state_dict())
     return not set(source_names) <= names
 
