@@ -16,7 +16,6 @@ from layerprune.recover import local, memory
 from layerprune.recover.replace import decoder_layers
 from layerprune.recover.schema import RecoverRecipe
 
-NEW_STEPS = ("merge", "local")  # the steps whose weights are reloaded and checked after saving
 PLANNED_SEQUENCES = 1000  # sequences cached per span in the plan when prompts.samples does not say
 
 
@@ -128,10 +127,11 @@ def plan(recipe: RecoverRecipe, shape: memory.ModelShape, teacher: memory.ModelS
     per_step = recipe.train.batch_size * recipe.train.grad_accum
     length = min(seq_len, recipe.local.max_length)
     sequences = recipe.prompts.samples or PLANNED_SEQUENCES
+    caches = any(method.caches_states for method in recipe.chain_methods())
     result = memory.plan_surgery(shape, teacher, recipe.chain_name(), weight_bytes, budget_gb,
-                                 trains_block="local" in recipe.surgery_steps(), cached_tokens=sequences * length,
+                                 trains_block=caches, cached_tokens=sequences * length,
                                  seq_len=length, batch_size=per_step)
-    if "local" in recipe.surgery_steps():
+    if caches:
         result.notes.append(f"local: the teacher's states of {sequences} sequences of <= {length} tokens cached per "
                             "span" + ("" if recipe.prompts.samples else " (prompts.samples unset: assumed)"))
     return result

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.registry import check_name
 from layerprune.tasks.data import HUB_DATASETS, HUB_SOURCE, parse_hub_source
 from layerprune.tasks.probes import probe_tasks
 
+if TYPE_CHECKING:
+    from layerprune.recover.methods import RecoveryMethod
+
 Optimizer = Literal["auto", "adamw_torch", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit"]
-SURGERY_METHODS = ("replace", "merge", "local")  # methods that change blocks from the teacher's weights or states
 MIRROR_ONLY_PROMPT_SETS = ("alpaca_seed",)  # read by name from the data mirror alone (no hub copy is known)
 
 
@@ -141,81 +144,6 @@ class LoraSection(Section):
         return value
 
 
-class KdSection(Section):
-    """Knowledge distillation from the teacher's token distribution (method kd)."""
-
-    temperature: float = Field(1.0, gt=0, description="Softmax temperature of teacher and student")
-    weight: float = Field(1.0, ge=0, le=1, description="Loss = weight * forward KL + (1 - weight) * cross-entropy")
-    adapter: Literal["lora", "full"] = Field("lora", description="Train LoRA adapters or all weights")
-
-
-class OpdSection(Section):
-    """On-policy distillation (method opd): the student samples, the teacher scores every token."""
-
-    beta: float = Field(1.0, ge=0, le=1, description="Divergence: 0 forward KL, 1 reverse KL, between: generalised JSD")
-    lmbda: float = Field(1.0, ge=0, le=1, description="Share of batches on the student's own samples (1: all)")
-    max_new_tokens: int = Field(128, ge=1, description="Longest student completion in tokens")
-    temperature: float = Field(1.0, gt=0, description="Temperature of the student's samples and of "
-                               "the divergence (opd.lmbda < 1, TRL GKD, cannot apply it to the divergence: 1 only)")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus top-p of the student's samples "
-                       "(both paths)")
-    adapter: Literal["lora", "full"] = Field("lora", description="Train LoRA adapters or all weights")
-
-
-class ReplaceSection(Section):
-    """Training-free block replacement (method replace): one least-squares linear map per dropped run."""
-
-    calib_samples: int = Field(64, ge=1, description="Teacher responses (prompt + answer) used as calibration text")
-    max_length: int = Field(512, ge=8, description="Longest calibration sequence in tokens")
-    ridge: float = Field(1e-4, ge=0, description="Ridge term, relative to the mean diagonal of the normal equations")
-    then: Literal["none", "kd", "opd", "local"] = Field(
-        "none", description="After the fold: distil (kd or opd sections apply) or train the folded block locally")
-
-
-class MergeSection(Section):
-    """Layer collapse after LaCo (method merge, arXiv 2402.11187): each dropped span's attention and MLP parameter
-    differences added to the kept block before it (RDSC: anchor <- anchor + sum over the span of (block - anchor), the
-    source model's weights, norms left as they are), kept only while the mean cosine similarity of the model's last
-    hidden states with the teacher's on calibration text stays above the threshold (else that span stays a plain
-    drop). Unlike LaCo, the spans are the prune stage's, not found by LaCo's own top-down search."""
-
-    threshold: float = Field(0.65, ge=-1, le=1, description="LaCo's T: a span's merge is kept only if the mean cosine "
-                             "similarity of the last hidden states with the teacher's exceeds it (0.65: the paper's "
-                             "value for Llama2-7B; -1 keeps every merge, 1 none)")
-    calib_samples: int = Field(5, ge=1, description="Teacher responses (prompt + answer) on which the similarity is "
-                               "measured (LaCo: 5 sentences)")
-    max_length: int = Field(512, ge=8, description="Longest calibration sequence in tokens")
-    weight: float = Field(1.0, ge=0, description="Not part of LaCo: per-span weight w of the summed differences (1, "
-                          "the default: LaCo's RDSC; 0: plain pruning)")
-    span_weights: list[float] | None = Field(None, description="Not part of LaCo: one weight per dropped span, in "
-                                             "block order (overrides weight)")
-    then: Literal["none", "kd", "opd", "local"] = Field(
-        "none", description="After the merge: distil (kd or opd sections apply) or train the merged block locally")
-
-    @field_validator("span_weights")
-    @classmethod
-    def _non_negative(cls, weights: list[float] | None) -> list[float] | None:
-        if weights is not None and (not weights or min(weights) < 0):
-            raise ValueError("merge.span_weights must list one weight >= 0 per dropped span")
-        return weights
-
-
-class LocalSection(Section):
-    """Span-local training (method local, after LLM-Streamline): per dropped span, only the kept block next to the cut
-    learns to map the teacher's hidden state entering it to the teacher's state leaving the span (MSE), on the
-    training text (the teacher's answers to the prompts), its states cached one span at a time."""
-
-    block: Literal["before", "after"] = Field(
-        "before", description="Train the kept block before the span (input: the teacher's state entering that block, "
-        "target: its state after the span) or the one after it (input: the state entering the span, target: the state "
-        "after that block)")
-    steps: int | None = Field(None, ge=1, description="Optimizer steps, shared out over the spans (default: "
-                              "train.max_steps, else one pass over the training text)")
-    learning_rate: float | None = Field(None, gt=0, description="AdamW learning rate (default: train.learning_rate)")
-    max_length: int = Field(512, ge=8, description="Longest training sequence in tokens")
-    then: Literal["none", "kd", "opd"] = Field("none", description="Distil after the local step (kd or opd sections)")
-
-
 class RecoverRecipe(Section):
     """Self-generated-response fine-tuning of a pruned model (what to do; RunSettings says how)."""
 
@@ -234,11 +162,7 @@ class RecoverRecipe(Section):
     generate: GenerationSection = Field(default_factory=GenerationSection)
     train: TrainSection = Field(default_factory=TrainSection)
     lora: LoraSection = Field(default_factory=LoraSection)
-    kd: KdSection = Field(default_factory=KdSection)
-    opd: OpdSection = Field(default_factory=OpdSection)
-    replace: ReplaceSection = Field(default_factory=ReplaceSection)
-    merge: MergeSection = Field(default_factory=MergeSection)
-    local: LocalSection = Field(default_factory=LocalSection)
+    # then one section per registered method that has one (kd, opd, replace, merge, local: add_section)
 
     @field_validator("method")
     @classmethod
@@ -256,41 +180,80 @@ class RecoverRecipe(Section):
             )
         if self.drop_blocks is not None and (not self.drop_blocks or min(self.drop_blocks) < 0):
             raise ValueError("drop_blocks must list block indices >= 0")
-        if self.trainer_method() == "opd" and self.opd.lmbda < 1 and self.opd.temperature != 1:
-            raise ValueError(
-                f"opd.temperature {self.opd.temperature} with opd.lmbda {self.opd.lmbda}: mixed on-policy "
-                "distillation (TRL GKD) samples at that temperature but computes its divergence at 1, while the fully "
-                "on-policy path applies it to both; use opd.lmbda 1 or opd.temperature 1")
+        for method in self.chain_methods():
+            if method.validate is not None:
+                method.validate(self)
         if self.train.max_length <= self.generate.max_new_tokens // 4:
             raise ValueError("train.max_length is shorter than a quarter of generate.max_new_tokens")
         return self
 
     def uses_lora(self) -> bool:
         """Whether training leaves a LoRA adapter."""
-        return self.method in ("lora", "qlora") or self.adapter_of(self.trainer_method()) == "lora"
+        return self.adapter_of(self.trainer_method()) == "lora"
+
+    def chain_methods(self) -> list[RecoveryMethod]:
+        """The registered methods of the chain, in order: the recipe's method, then the one its section's `then`
+        names where the method changes blocks (one hop: 'replace' then 'local', 'local' then 'kd'...)."""
+        from layerprune.recover.methods import METHODS
+
+        first = METHODS.get(self.method)
+        then = getattr(getattr(self, first.section), "then", "none") if first.section else "none"
+        return [first, METHODS.get(then)] if first.changes_blocks and then != "none" else [first]
 
     def trainer_method(self) -> str | None:
         """The method whose trainer runs (replace, merge, local: the distillation after them, or None)."""
-        if self.method in SURGERY_METHODS:
-            then = getattr(self, self.method).then
-            return then if then in ("kd", "opd") else None
-        return self.method
+        return next((m.name for m in self.chain_methods() if not m.changes_blocks), None)
 
     def surgery_steps(self) -> list[str]:
         """The steps that change blocks before any trainer runs, in order (replace or merge, then local)."""
-        if self.method in ("replace", "merge"):
-            return [self.method, "local"] if getattr(self, self.method).then == "local" else [self.method]
-        return ["local"] if self.method == "local" else []
+        return [m.name for m in self.chain_methods() if m.changes_blocks]
 
     def chain_name(self) -> str:
         """The method chain as the report names it: 'merge+local', 'replace+opd', 'kd'..."""
         trainer = self.trainer_method()
         return "+".join([*self.surgery_steps(), *([trainer] if trainer else [])])
 
+    def lr_section(self) -> str | None:
+        """The section whose learning_rate the chain trains at (the first step that trains: 'local' where a local
+        step runs, else 'train'), None where no step trains (a fold or merge alone)."""
+        return next((m.lr_section for m in self.chain_methods() if m.lr_section is not None), None)
+
+    def needs_cut(self) -> bool:
+        """Whether a step changes the blocks around a cut (no k = 0 control: the unpruned model has none)."""
+        return any(m.needs_cut for m in self.chain_methods())
+
     def adapter_of(self, method: str | None) -> str | None:
-        return {"kd": self.kd.adapter, "opd": self.opd.adapter}.get(method or "")
+        """What a method trains (lora, full): its own `adapter`, else its section's `adapter` field (kd, opd)."""
+        from layerprune.recover.methods import METHODS
+
+        found = METHODS.get(method) if method in METHODS else None
+        if found is None or found.adapter is not None:
+            return found.adapter if found else None
+        return getattr(getattr(self, found.section), "adapter", None) if found.section else None
+
+
+def add_section(name: str, model: type[Section]) -> None:
+    """Give RecoverRecipe a section `name` of type `model` (a recipe key, `recipe.NAME`, and `--NAME-FIELD` flags),
+    defaults where a recipe omits it: how a recovery method owns its section (recover.methods.recovery_method)."""
+    if name in RecoverRecipe.model_fields:
+        raise ValueError(f"recipe section '{name}' declared twice")
+    RecoverRecipe.__pydantic_fields__[name] = FieldInfo.from_annotated_attribute(model, Field(default_factory=model))
+    RecoverRecipe.__annotations__[name] = model
+    RecoverRecipe.model_rebuild(force=True)
 
 
 def _has_answers(source: str) -> bool:
     """Whether a source can carry answers (a user's file or hub dataset may: its 'answer' field)."""
     return source in ("gsm8k", "probes") or source.endswith(".jsonl") or source.startswith(("probes:", HUB_SOURCE))
+
+
+def __getattr__(name: str) -> type[Section]:
+    """A registered method's section model by its class name (`from layerprune.recover.schema import KdSection`
+    still works: the class lives in the method's own module)."""
+    for field in RecoverRecipe.model_fields.values():
+        if isinstance(field.annotation, type) and field.annotation.__name__ == name:
+            return field.annotation
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+import layerprune.recover.methods  # noqa: E402,F401  (every registered method's section, before any recipe is read)

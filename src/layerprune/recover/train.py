@@ -8,15 +8,18 @@ import math
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.settings import RunSettings
 from layerprune.models.train_log import LossLogCallback
-from layerprune.recover.schema import GenerationSection, KdSection, LoraSection, RecoverRecipe
+from layerprune.recover.schema import GenerationSection, LoraSection, RecoverRecipe
 from layerprune.recover.selfgen import chat_messages, plain_example
+
+if TYPE_CHECKING:
+    from layerprune.recover.methods.kd import KdSection
 
 log = logging.getLogger(__name__)
 TRAINING_RECORD = "training.json"  # beside the trainer folder: the seed its checkpoints were made under
@@ -98,8 +101,7 @@ def longest_example(tokenizer: Any, rows: list[dict[str, Any]], settings: Genera
 
 def trains_all_weights(recipe: RecoverRecipe) -> bool:
     """Whether the optimizer updates every weight (full SFT, or kd/opd with a full adapter, after replace too)."""
-    method = recipe.trainer_method()
-    return method == "full" or (method in ("kd", "opd") and recipe.adapter_of(method) == "full")
+    return recipe.adapter_of(recipe.trainer_method()) == "full"
 
 
 def master_fp32(recipe: RecoverRecipe, settings: RunSettings) -> bool:

@@ -29,7 +29,7 @@ def with_learning_rate(recipe: RecoverRecipe, learning_rate: float | None) -> Re
         return recipe
     from layerprune.core.recipe_loading import merge_layers
 
-    section = "local" if "local" in recipe.surgery_steps() else "train"
+    section = recipe.lr_section() or "train"
     return RecoverRecipe.model_validate(merge_layers(recipe.model_dump(mode="json"),
                                                      {section: {"learning_rate": learning_rate}}))
 
@@ -44,7 +44,7 @@ def check_lr_grid(grid: dict[str, list[float]], arms: Iterable[str], recipe_of: 
         if not rates or any(rate <= 0 for rate in rates):
             raise ValueError(f"lr_grid.{label}: give one or more learning rates > 0")
         recipe = recipe_of(label)
-        if recipe.trainer_method() is None and "local" not in recipe.surgery_steps():
+        if recipe.lr_section() is None:
             raise ValueError(f"lr_grid.{label}: arm '{label}' ({recipe.chain_name()}) trains nothing")
     if grid and not held_out:
         raise ValueError("lr_grid: the choice reads the held-out loss; set recover train.held_out > 0")

@@ -62,18 +62,32 @@ CHAT_EVAL = "eval-chat/"  # the chat-format probe evaluation: stage eval-chat/<l
 
 
 class Arm(BaseModel):
-    """One recovery method: the method and its own section; everything else comes from the shared recipe."""
+    """One recovery method: the method and its own section; everything else comes from the shared recipe. Besides
+    `lora`, an arm may set the fields of any registered method's recipe section under its name (kd, opd, replace,
+    merge, local...); any other key is an error."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
 
     method: str = Field(description="Recover method: lora, full, qlora, kd, opd, replace, merge or local")
     lora: dict[str, Any] = Field(default_factory=dict, description="LoRA fields of this arm")
-    kd: dict[str, Any] = Field(default_factory=dict, description="kd fields of this arm")
-    opd: dict[str, Any] = Field(default_factory=dict, description="opd fields of this arm")
-    replace: dict[str, Any] = Field(default_factory=dict, description="replace fields of this arm")
-    merge: dict[str, Any] = Field(default_factory=dict, description="merge fields of this arm")
-    local: dict[str, Any] = Field(default_factory=dict, description="local fields of this arm")
     learning_rate: float | None = Field(None, gt=0, description="Peak learning rate of this arm (default: shared)")
+
+    @model_validator(mode="after")
+    def _method_sections(self) -> Arm:
+        from layerprune.recover.methods import METHODS
+
+        known = sorted(METHODS.get(name).section for name in METHODS if METHODS.get(name).section)
+        for key, value in (self.model_extra or {}).items():
+            if key not in known:
+                raise ValueError(f"arm key '{key}' is neither an arm field nor a method's section ({', '.join(known)})")
+            if not isinstance(value, dict):
+                raise ValueError(f"arm section '{key}' must be a mapping of that section's fields")
+        self.__pydantic_extra__ = {key: value for key, value in (self.model_extra or {}).items() if value}
+        return self  # an empty section is the default: it changes no fingerprint
+
+    def sections(self) -> dict[str, dict[str, Any]]:
+        """The recipe sections this arm sets (lora and its methods' own), by section name."""
+        return {"lora": self.lora, **(self.model_extra or {})}
 
 
 class RecoveryStudy(PipelineRecipe):
@@ -131,7 +145,7 @@ class RecoveryStudy(PipelineRecipe):
 
     def has_control(self, label: str) -> bool:
         """Whether the arm can run on the unpruned model (no replace, merge or local step: those need a cut)."""
-        return not self.arm_recipe(label, "<pruned>").surgery_steps()
+        return not self.arm_recipe(label, "<pruned>").needs_cut()
 
     def controlled(self) -> list[str]:
         """The arms with a k = 0 control in this study."""
@@ -162,9 +176,7 @@ def derive_arm_recipe(shared: RecoverRecipe, arm: Arm, name: str, probe_seed: in
     prompt of the evaluation's probe seed (a recovery study's arms and a sweep's alike)."""
     base = shared.model_dump(mode="json")
     layer: dict[str, Any] = {"name": name, "method": arm.method,
-                             **{k: v for k, v in (("lora", arm.lora), ("kd", arm.kd), ("opd", arm.opd),
-                                                  ("replace", arm.replace), ("merge", arm.merge),
-                                                  ("local", arm.local)) if v}}
+                             **{k: v for k, v in arm.sections().items() if v}}
     if arm.learning_rate is not None:
         layer["train"] = {"learning_rate": arm.learning_rate}
     seeds = sorted({*base["prompts"]["exclude_probe_seeds"], probe_seed})
@@ -503,11 +515,9 @@ def dry_run(study: RecoveryStudy, settings: RunSettings) -> str:
         chained = recipe.chain_name()
         lines.append(f"arm {label}: method {recipe.method}" + (f" (chain {chained})" if chained != recipe.method
                                                              else ""))
-        if recipe.surgery_steps() == ["replace"] and recipe.trainer_method() is None:
-            lines.append("  no training: a least-squares fit on calibration text (forward passes only)")
-        elif recipe.surgery_steps() == ["merge"] and recipe.trainer_method() is None:
-            lines.append("  no training: LaCo's merge of each dropped span's attention and MLP differences into the "
-                         f"block before it, kept above cosine similarity {recipe.merge.threshold}")
+        untrained = recipe.chain_methods()[0].untrained if recipe.lr_section() is None else None
+        if untrained is not None:
+            lines.append(f"  no training: {untrained(recipe)}")
         elif config is not None:
             config.num_hidden_layers = teacher_config.num_hidden_layers - study.prune.n_drop
             _, plan = plan_for(recipe, config, RecoverJob(output=study.run_dir() / "arms" / label, settings=settings),

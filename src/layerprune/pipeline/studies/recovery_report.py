@@ -174,14 +174,25 @@ def _arm_cost(arm: Path) -> dict[str, Any]:
 
 def budget_spent(path: Path) -> dict[str, Any]:
     """Unpadded target tokens, sequences and optimizer steps a recovery spent (None where its report predates those
-    fields) and the learning rate it trained at (local's own where the chain has a local step)."""
+    fields) and the learning rate it trained at (the section the chain trains at: local's own where it has a local
+    step)."""
     raw = json.loads(path.read_text())
     data, recipe = raw.get("data") or {}, raw.get("recipe") or {}
-    local = "local" in str(recipe.get("method")) or (recipe.get(str(recipe.get("method"))) or {}).get("then") == "local"
-    rate = ((recipe.get("local") or {}).get("learning_rate") if local else None) or \
+    section = lr_section_of(recipe)
+    rate = ((recipe.get(section) or {}).get("learning_rate") if section != "train" else None) or \
         (recipe.get("train") or {}).get("learning_rate")
     return {"learning_rate": raw.get("learning_rate") or rate, **{key: raw.get(key, data.get(key)) for key in
                                       ("tokens_unpadded", "sequences", "optimizer_steps")}}
+
+
+def lr_section_of(recipe: dict[str, Any]) -> str:
+    """The section whose learning_rate a recorded recipe trained at ('train' where it cannot be read today)."""
+    from layerprune.recover.schema import RecoverRecipe
+
+    try:
+        return RecoverRecipe.model_validate(recipe).lr_section() or "train"
+    except ValueError:
+        return "train"
 
 
 GROUPS = ("probes", "probes_trained", "probes_unseen", "gsm8k", "classification")

@@ -1,7 +1,9 @@
 """Recovery methods: one small module each, registered by name (the recipe's `method:`).
 
 A method declares whether the teacher sits in memory beside the student while it trains (`needs_teacher`), its memory
-plan, the recipe section it reads (if it has one) and the function that trains; runner.py runs the stages around it
+plan, the recipe section it owns (if it has one: `section=(key, SectionModel)` adds it to RecoverRecipe, as a score
+declares its ScoreParams), what chains, studies and reports ask of it (`lr_section`, `needs_cut`, ...: no caller
+names a method) and the function that trains; runner.py runs the stages around it
 (self-generation, then the merge and save). Chains (replace then kd, merge then local...) run in distill.py: the
 block-changing steps' `apply` in chain order, then the trainer's `trainer` (kd, opd).
 """
@@ -20,7 +22,7 @@ from layerprune.core.settings import RunSettings
 from layerprune.models import ModelSource, resolve_model
 from layerprune.recover import heldout, memory, train
 from layerprune.recover.job import RecoverJob, TrainResult
-from layerprune.recover.schema import RecoverRecipe
+from layerprune.recover.schema import RecoverRecipe, Section, add_section
 from layerprune.recover.selfgen import Prompt
 
 
@@ -87,30 +89,56 @@ Plan = Callable[[PlanRequest], tuple[str, memory.MemoryPlan]]
 
 @dataclass(frozen=True)
 class RecoveryMethod:
-    """A registered method: how it trains, its memory plan, and what else the runner and chains ask of it."""
+    """A registered method: how it trains, its memory plan, its recipe section, and what the runner, chains, studies
+    and reports ask of it (attributes, so that no caller names a method)."""
 
     name: str
     train: Train
     plan: Plan  # the optimizer and the peak memory of one training step, from configs alone
     needs_teacher: bool  # the teacher sits in memory beside the student while it trains
-    section: str | None = None  # the RecoverRecipe section it reads (kd, opd, replace, merge, local)
+    section: str | None = None  # the RecoverRecipe section it owns and reads (kd, opd, replace, merge, local)
     check: Callable[[RecoverRecipe, RunSettings], None] | None = None  # refuse what cannot run here, before loading
+    validate: Callable[[RecoverRecipe], None] | None = None  # a cross-section check of a chain it is in (ValueError)
     answers: Callable[[RecoverRecipe, list[Prompt], int], list[Prompt]] | None = None  # the prompts the teacher answers
     apply: Callable[[ChainStep], Any] | None = None  # a block-changing step of a chain: what it did, for the report
     trainer: Callable[[TrainerInputs], Any] | None = None  # the trainer a chain ends with (kd, opd)
+    adapter: str | None = None  # what it trains (lora, full) where no section of it says (its section's `adapter`)
+    lr_section: str | None = "train"  # the section whose learning_rate it trains at (None: it trains nothing)
+    needs_cut: bool = False  # it changes the blocks around a cut: no k = 0 control on the unpruned model
+    caches_states: bool = False  # it trains a block on the teacher's cached hidden states (chain.plan counts them)
+    reload_check: bool = False  # its weights are reloaded and checked after saving (a chain without a trainer)
+    untrained: Callable[[RecoverRecipe], str] | None = None  # a study's line for it alone, where it trains nothing
+    control_note: str = ""  # why a k = 0 control of a chain ending in it would say nothing (reports)
+
+    @property
+    def changes_blocks(self) -> bool:
+        """Whether it is a block-changing step of a chain (a section's `then` may follow it), not a trainer."""
+        return self.apply is not None
 
 
 METHODS: Registry[RecoveryMethod] = Registry("method")
 
 
-def recovery_method(name: str, *, needs_teacher: bool, plan: Plan, **hooks: Any) -> Callable[[Train], Train]:
-    """Register the decorated train function as method `name` (hooks: RecoveryMethod's optional fields)."""
+def recovery_method(name: str, *, needs_teacher: bool, plan: Plan, section: tuple[str, type[Section]] | None = None,
+                    **hooks: Any) -> Callable[[Train], Train]:
+    """Register the decorated train function as method `name` (hooks: RecoveryMethod's optional fields); `section`:
+    the recipe section it owns, (key, its Section model), added to RecoverRecipe (schema.add_section)."""
 
     def add(function: Train) -> Train:
-        METHODS.register(name)(RecoveryMethod(name, function, plan, needs_teacher, **hooks))
+        if name in METHODS:
+            raise ValueError(f"method '{name}' registered twice")
+        if section is not None:
+            add_section(*section)
+        METHODS.register(name)(RecoveryMethod(name, function, plan, needs_teacher,
+                                              section=section[0] if section else None, **hooks))
         return function
 
     return add
+
+
+def cut_methods() -> str:
+    """The registered methods that need a cut, in words ('local, merge, replace'): they have no k = 0 control."""
+    return ", ".join(name for name in METHODS.names() if METHODS.get(name).needs_cut)
 
 
 def held_out_ids(prompts: list[Prompt], held_out: float, seed: int) -> set[str]:
@@ -196,4 +224,5 @@ def _config_of(spec: str, settings: RunSettings) -> Any:
         return None
 
 
-from layerprune.recover.methods import kd, local, merge, opd, replace, sft  # noqa: E402,F401  (registration)
+# registration, in the recipe's section order (kd, opd, replace, merge, local)
+from layerprune.recover.methods import kd, opd, replace, merge, local, sft  # noqa: E402,F401,I001

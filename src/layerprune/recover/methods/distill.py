@@ -91,13 +91,12 @@ def apply_steps(step: ChainStep) -> dict[str, Any]:
     """Run the recipe's block-changing steps on the loaded student, in chain order (replace or merge, then local);
     what each did, under its name."""
     done: dict[str, Any] = {}
-    for name in step.recipe.surgery_steps():
-        if name in chain.NEW_STEPS and "chain" not in done:
+    for method in step.recipe.chain_methods():
+        if method.apply is None:
+            continue  # the chain's trainer: run_trainer
+        if method.reload_check and "chain" not in done:
             done["chain"] = step.recipe.chain_name()
-        apply = METHODS.get(name).apply
-        if apply is None:
-            raise ValueError(f"method {name} has no block-changing step to run in a chain")
-        done[name] = apply(step)
+        done[method.name] = method.apply(step)
     return done
 
 
@@ -136,6 +135,7 @@ def run_trainer(recipe: RecoverRecipe, loaded: Any, teacher: Any, rows: list[dic
     callback = heldout.HeldOutCallback(teacher, encoded)
     trainer = make_trainer(recipe, method, loaded, teacher, rows, prompts, job, optimizer, trainer_dir, callback)
     counter = budget.attach(trainer, recipe.train.max_tokens)
+    budget.attach_snapshots(trainer, counter, job.snapshot_budgets, job.work / budget.SNAPSHOTS)
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     data["trainer"] = type(trainer).__name__
     steps = trainer.state.global_step
@@ -157,7 +157,7 @@ def save_trained(recipe: RecoverRecipe, trained: Trained, loaded: Any, saved: Pa
     elif state.is_main_process:
         trained.model.save_pretrained(saved, safe_serialization=True)
         loaded.tokenizer.save_pretrained(saved)
-        if any(step in chain.NEW_STEPS for step in recipe.surgery_steps()):
+        if any(method.reload_check for method in recipe.chain_methods()):
             data["verified"] = chain.verify_saved(trained.model, saved, [ids for ids, _ in encoded])
     state.wait_for_everyone()
     return saved

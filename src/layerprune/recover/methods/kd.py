@@ -6,12 +6,23 @@ KD loss of train.py (temperature and a cross-entropy share). Also the trainer of
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from layerprune.recover import kd as trl_kd
 from layerprune.recover import train
 from layerprune.recover.methods import TrainerInputs, recovery_method
 from layerprune.recover.methods.distill import plan_with_teacher, train_with_teacher
+from layerprune.recover.schema import Section
+
+
+class KdSection(Section):
+    """Knowledge distillation from the teacher's token distribution (method kd)."""
+
+    temperature: float = Field(1.0, gt=0, description="Softmax temperature of teacher and student")
+    weight: float = Field(1.0, ge=0, le=1, description="Loss = weight * forward KL + (1 - weight) * cross-entropy")
+    adapter: Literal["lora", "full"] = Field("lora", description="Train LoRA adapters or all weights")
 
 
 def kd_trainer(inputs: TrainerInputs) -> Any:
@@ -32,5 +43,5 @@ def kd_trainer(inputs: TrainerInputs) -> Any:
     return trainer
 
 
-recovery_method("kd", needs_teacher=True, plan=plan_with_teacher, section="kd", trainer=kd_trainer)(
+recovery_method("kd", needs_teacher=True, plan=plan_with_teacher, section=("kd", KdSection), trainer=kd_trainer)(
     train_with_teacher)

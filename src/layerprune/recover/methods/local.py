@@ -3,12 +3,31 @@ learns the span's map on the teacher's hidden states (recover/local.py); then kd
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from layerprune.recover import chain, heldout
 from layerprune.recover import local as streamline
 from layerprune.recover.methods import ChainStep, recovery_method
 from layerprune.recover.methods.distill import plan_chain, train_with_teacher
+from layerprune.recover.schema import Section
+
+
+class LocalSection(Section):
+    """Span-local training (method local, after LLM-Streamline): per dropped span, only the kept block next to the cut
+    learns to map the teacher's hidden state entering it to the teacher's state leaving the span (MSE), on the
+    training text (the teacher's answers to the prompts), its states cached one span at a time."""
+
+    block: Literal["before", "after"] = Field(
+        "before", description="Train the kept block before the span (input: the teacher's state entering that block, "
+        "target: its state after the span) or the one after it (input: the state entering the span, target: the state "
+        "after that block)")
+    steps: int | None = Field(None, ge=1, description="Optimizer steps, shared out over the spans (default: "
+                              "train.max_steps, else one pass over the training text)")
+    learning_rate: float | None = Field(None, gt=0, description="AdamW learning rate (default: train.learning_rate)")
+    max_length: int = Field(512, ge=8, description="Longest training sequence in tokens")
+    then: Literal["none", "kd", "opd"] = Field("none", description="Distil after the local step (kd or opd sections)")
 
 
 def local_step(step: ChainStep) -> list[dict[str, Any]]:
@@ -23,4 +42,10 @@ def local_step(step: ChainStep) -> list[dict[str, Any]]:
     return [{**fit, "learning_rate": budget.learning_rate} for fit in fits]
 
 
-recovery_method("local", needs_teacher=True, plan=plan_chain, section="local", apply=local_step)(train_with_teacher)
+LOCAL_CONTROL_NOTE = ("With nothing removed, local's target (the original's hidden states after the cut) is what the "
+                      "kept block already computes: its loss and gradient are zero, so its control would be the "
+                      "original itself.")
+
+recovery_method("local", needs_teacher=True, plan=plan_chain, section=("local", LocalSection), apply=local_step,
+                lr_section="local", needs_cut=True, caches_states=True, reload_check=True,
+                control_note=LOCAL_CONTROL_NOTE)(train_with_teacher)

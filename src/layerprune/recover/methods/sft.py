@@ -38,9 +38,9 @@ def plan_sft(request: PlanRequest) -> tuple[str, memory.MemoryPlan]:
     return plan_training(request, request.recipe.method)
 
 
-@recovery_method("full", needs_teacher=False, plan=plan_sft)
-@recovery_method("qlora", needs_teacher=False, plan=plan_sft, check=check_qlora)
-@recovery_method("lora", needs_teacher=False, plan=plan_sft)
+@recovery_method("full", needs_teacher=False, plan=plan_sft, adapter="full")
+@recovery_method("qlora", needs_teacher=False, plan=plan_sft, check=check_qlora, adapter="lora")
+@recovery_method("lora", needs_teacher=False, plan=plan_sft, adapter="lora")
 def train_sft(run: MethodRun) -> TrainResult:
     """Stage 2 with TRL on the prompts every method trains on (the same held-out prompt ids); the weights saved
     through the trainer on every rank. The held-out CE/KL are measured when saving (runner.held_out_on_saved)."""
@@ -78,6 +78,7 @@ def train_sft(run: MethodRun) -> TrainResult:
     train_set = train.to_dataset(train_rows, gen, loaded.tokenizer, cap)
     trainer = train.make_trainer(recipe, loaded.model, loaded.tokenizer, args, train_set, eval_set)
     counter = budget.attach(trainer, recipe.train.max_tokens)
+    budget.attach_snapshots(trainer, counter, job.snapshot_budgets, job.work / budget.SNAPSHOTS)
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     before = train.loss_before(trainer.state.log_history) if eval_set is not None else None
     after = train.loss_after(trainer) if eval_set is not None else None
