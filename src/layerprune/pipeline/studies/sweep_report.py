@@ -11,6 +11,9 @@ recovered scores, two-level over runs and items where there are replicates, each
 family (every pair of arms at every k and kind, in one format: the shares one family, the scores another); two arms
 are said to differ only where that family-wise interval excludes 0. A share is stated only where the drop's interval
 stays `paired.SHARE_MARGIN` above 0 (else 'unbounded'). The statistics are all core/paired.py's.
+The recipe's declared comparisons (`comparisons`, pipeline/studies/comparisons.py) are drawn family by family, each
+contrast with its paired interval and its Holm interval over exactly its family; a declared confirmatory family
+replaces the every-pair family above, an exploratory one (declared after the results were read) is said so, beside it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from layerprune.core.errors import LayerpruneError
 from layerprune.core.paired import NO_CLEAR_DROP, differ_text, format_interval, run_variance_note
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.paired_table import Figures, load_matrix
+from layerprune.pipeline.studies.comparisons import draw_families, format_families, uses_default_family
 from layerprune.pipeline.studies.lr_search import lr_lines
 from layerprune.pipeline.studies.sweep import recovered_label
 
@@ -311,10 +315,11 @@ def format_control(control: dict[str, Any] | None, chain: str, asked: bool, arm:
     """The k = 0 control's table (of `arm`), or why there is none."""
     of = "" if arm is None else f" of arm {arm}"
     if control is None:
-        identity = (" With nothing removed, local's target (the original's hidden states after the cut) is what the "
-                    "kept block already computes: its loss and gradient are zero, so its control would be the "
-                    "original itself." if chain.split("+")[-1] == "local" else "")
-        return (f"No k = 0 control{of}: {chain} needs a cut (merge, replace and local change the blocks around one), "
+        from layerprune.recover.methods import METHODS, cut_methods
+
+        last = chain.split("+")[-1]
+        identity = f" {METHODS.get(last).control_note}" if last in METHODS and METHODS.get(last).control_note else ""
+        return (f"No k = 0 control{of}: {chain} needs a cut ({cut_methods()} change the blocks around one), "
                 "so the recovered share is not net of what the recovery does to the unpruned original." + identity
                 if asked else
                 "No k = 0 control (controls: false): the recovered share is not net of what the recovery does to "
@@ -463,6 +468,7 @@ def write_sweep_report(study: Any, root: Path) -> Path:
     figures, matrices, kinds = sweep_figures(folders)
     arms = arm_names(study)
     points, controls, pairs = arm_figures(study, figures)
+    declared = draw_families(study.comparisons, figures, recovered_label)
     judged = {arm: verdicts(study, figures, [p for p in points if p.get("arm") == arm], arm) for arm in arms}
     depth = _depth(root)
     plot_retention(points, depth, root / "sweep.png")
@@ -480,11 +486,12 @@ def write_sweep_report(study: Any, root: Path) -> Path:
         "unpaired": unpaired, "curves": curves, "calibration": calibration, "ranking": ranking(root, study.ratios),
         "records": kept, **({"chat": chat} if chat else {}),
         **({} if one else {"arms": {arm: study.arm_recipe(arm, "<pruned>").chain_name() for arm in study.arms},
-                           "comparisons": pairs})}), indent=1))
+                           "comparisons": pairs}),
+        **({"declared_comparisons": declared} if declared else {})}), indent=1))
     verdict_lines = [f"- {'' if arm is None else f'{arm}: '}{v}" for arm, (lines, _) in judged.items() for v in lines]
     text = [f"# Pruning-ratio sweep: {study.name}", "", study.description, "", *verdict_lines, "",
             "![retention against pruning ratio](sweep.png)", "", format_table(points), "",
-            *_recovery_sections(study, points, controls, pairs), *(chat_text + [""] if chat_text else []),
+            *_recovery_sections(study, points, controls, pairs, declared), *(chat_text + [""] if chat_text else []),
             *_method_lines(study, root, figures, items, calibration, curves, unpaired, depth), "",
             _records_line(kept), "",
             "![held-out loss per k](sweep_loss.png)", *audit_section(root), "",
@@ -494,8 +501,9 @@ def write_sweep_report(study: Any, root: Path) -> Path:
 
 
 def _recovery_sections(study: Any, points: list[dict[str, Any]], controls: dict[str | None, dict[str, Any] | None],
-                       pairs: list[dict[str, Any]]) -> list[str]:
-    """The k = 0 control(s), the run-to-run spread and, with arms, the arms compared pairwise at every k."""
+                       pairs: list[dict[str, Any]], declared: dict[str, dict[str, Any]] | None = None) -> list[str]:
+    """The k = 0 control(s), the run-to-run spread, with arms the arms compared pairwise at every k (unless the recipe
+    declares a confirmatory family), and the recipe's declared comparisons, family by family."""
     from layerprune.pipeline.studies.sweep import arm_names, has_control
 
     chains = {arm: study.arm_recipe(arm, "<pruned>").chain_name() for arm in arm_names(study)}
@@ -505,7 +513,9 @@ def _recovery_sections(study: Any, points: list[dict[str, Any]], controls: dict[
     text += [f"Run-to-run spread ({study.replicates} replicate(s) of every recovery, seeds settings.seed + r):", "",
              format_spread(points, controls[None]) if study.arms is None else
              format_spread(points, None, {arm: c for arm, c in controls.items() if arm is not None}), ""]
-    return text + ([*format_comparisons(pairs, study.replicates), ""] if study.arms else [])
+    default = study.arms and uses_default_family(study.comparisons)
+    return text + ([*format_comparisons(pairs, study.replicates), ""] if default else []) \
+        + format_families(declared or {}, study.replicates)
 
 
 def evaluated(study: Any, root: Path, evals: str = "eval") -> dict[str, Path]:
@@ -518,13 +528,15 @@ def evaluated(study: Any, root: Path, evals: str = "eval") -> dict[str, Path]:
 
 def arm_figures(study: Any, figures: Figures) -> tuple[list[dict[str, Any]], dict[str | None, dict[str, Any] | None],
                                                      list[dict[str, Any]]]:
-    """Every k's point per arm, each arm's k = 0 control and, with arms, the arms compared pairwise."""
+    """Every k's point per arm, each arm's k = 0 control and, with arms, the arms compared pairwise (today's family:
+    drawn unless the recipe declares a confirmatory family of its own)."""
     from layerprune.pipeline.studies.sweep import arm_names
 
     arms = arm_names(study)
     points = [point(study, figures, k, arm) for k in study.ratios if f"pruned-k{k}" in figures.labels for arm in arms]
     controls = {arm: control_point(figures, arm) for arm in arms}
-    return points, controls, comparisons(figures, points, list(study.arms)) if study.arms else []
+    default = study.arms and uses_default_family(study.comparisons)
+    return points, controls, comparisons(figures, points, list(study.arms)) if default else []
 
 
 def chat_figures(study: Any, root: Path, plain_generative: list[str]) -> tuple[dict[str, Any] | None, list[str]]:
@@ -544,8 +556,9 @@ def chat_figures(study: Any, root: Path, plain_generative: list[str]) -> tuple[d
     probes = list(matrices)
     plain_more = bool(set(plain_generative) - set(probes))
     points, controls, pairs = arm_figures(study, figures)
+    declared = draw_families(study.comparisons, figures, recovered_label)
     data = {"points": points, "control": controls[None] if study.arms is None else controls, "comparisons": pairs,
-            "records": records(root, folders)}
+            "records": records(root, folders), **({"declared_comparisons": declared} if declared else {})}
     text = ["## Probes through the chat template", "",
             "The recovery data is chat-formatted, so every model's kept probe levels (" + ", ".join(probes) + ") were "
             "also scored through the chat template, on the same items (eval-chat/<model>); the figures as above for "
@@ -553,7 +566,7 @@ def chat_figures(study: Any, root: Path, plain_generative: list[str]) -> tuple[d
                               "chat template either way, so compare the probe levels' own rows in eval/)"
                               if plain_more else "") + ". Where the plain and chat figures part, the recovery moved "
             "the model's format as well as its skill.", "",
-            format_table(points), "", *_recovery_sections(study, points, controls, pairs)]
+            format_table(points), "", *_recovery_sections(study, points, controls, pairs, declared)]
     return data, text
 
 
