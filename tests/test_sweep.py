@@ -148,11 +148,12 @@ def test_every_shipped_sweep_dry_runs(capsys, name, monkeypatch, tmp_path):
     assert code == 0, err
     # arms x 3 replicates at 3 k with the k = 0 controls (local has none), the baseline and one pruned model per k
     models = {"limits-sweep-arms-embedded": 25, "limits-sweep-math-embedded": 37,
-              "limits-sweep-math-gsm8k-embedded": 16, "limits-sweep-math-dolly-embedded": 37}.get(name, 11)
+              "limits-sweep-math-gsm8k-embedded": 16, "limits-sweep-math-dolly-embedded": 37,
+              "limits-budget-math-embedded": 117}.get(name, 11)  # budgets: 4 points an arm at each k
     assert "pruning-ratio sweep" in out and f"models evaluated: {models} " in out and "memory plan:" in out
     assert ("total about" in out) == name.endswith("embedded") and not (tmp_path / "s").exists()
     assert shipped_command("sweep-study", name).startswith(f"layerprune study {name} ")
-    assert len(SWEEPS) == 9
+    assert len(SWEEPS) == 10
     if name == "limits-sweep-arms-embedded":  # the issue's protocol: sft and local paired, 3 replicates, k 2-4
         assert "arms (2, each at every k, paired on the same items): sft, local" in out
         assert "3 replicates of every recovery" in out and "k = 0 controls" in out and "recoveries: 21;" in out
@@ -713,3 +714,291 @@ def test_a_finished_sweep_given_another_arm_resumes_and_a_changed_arm_is_still_r
     assert sweep.adopt_added_arms(more, armless) == []
     assert "would be refused" in sweep.progress_lines(more, armless.root)[0]
     assert sweep.adopt_added_arms(_tiny_study(tiny_llama, tmp_path), paths) == []  # no arms: nothing to add
+
+
+def test_a_budget_checkpoint_is_saved_at_the_step_whose_target_tokens_first_reach_it(tmp_path):
+    """budget.Snapshots: the step that first reaches a budget is saved (should_save), its weights (not the
+    optimizer) copied with the counts; a budget kept by an earlier run of a resumed one is not taken again."""
+    from layerprune.recover import budget
+
+    counter = budget.TargetTokens()
+    snapshots = budget.Snapshots(counter, [20, 30, 100], tmp_path / "snap")
+    args = SimpleNamespace(output_dir=str(tmp_path / "trainer"))
+    saved = []
+    for step, tokens in enumerate([12, 7, 2, 14, 10], start=1):  # cumulative 12, 19, 21, 35, 45
+        counter.totals["tokens_unpadded"] += tokens
+        state = SimpleNamespace(global_step=step, is_world_process_zero=True)
+        control = snapshots.on_step_end(args, state, SimpleNamespace(should_save=False))
+        if control.should_save:
+            checkpoint = tmp_path / "trainer" / f"checkpoint-{step}"
+            checkpoint.mkdir(parents=True)
+            (checkpoint / "adapter_model.safetensors").write_text(str(step))
+            (checkpoint / "optimizer.pt").write_text("state")
+            snapshots.on_save(args, state, control)
+            saved.append(step)
+    assert saved == [3, 4]  # 21 >= 20 at step 3 (19 before), 35 >= 30 at step 4; 100 never
+    for target, step, reached in ((20, 3, 21), (30, 4, 35)):
+        folder = tmp_path / "snap" / str(target)
+        record = json.loads((folder / "snapshot.json").read_text())
+        assert record["budget"] == target and record["tokens_unpadded"] == reached
+        assert record["optimizer_steps"] == step and (folder / "adapter_model.safetensors").read_text() == str(step)
+        assert not (folder / "optimizer.pt").exists()
+    assert budget.Snapshots(counter, [20, 30, 100], tmp_path / "snap").budgets == [100]  # resumed: kept ones stay
+
+
+def _budget_sweep(tiny_llama: Path, output: Path, **fields: object) -> dict:
+    data = {**tiny_sweep(tiny_llama, output), "arms": ARMS, **fields}
+    data["recover"]["overrides"]["train"].update(epochs=6, warmup_steps=1)
+    return data
+
+
+def test_bad_budgets_are_one_line_errors(capsys, tiny_llama, tmp_path):
+    cases = [({"budgets": [50, 20]}, "increasing order"), ({"budgets": [20]}, "two or more"),
+             ({"budgets": [20, 50], "arms": {"merge": {"method": "merge"}}}, "trains nothing"),
+             ({"budgets": [20, 50], "dedicated_at": 50}, "below the largest")]
+    for fields, needle in cases:
+        recipe = tmp_path / "bad.yaml"
+        recipe.write_text(yaml.safe_dump(_budget_sweep(tiny_llama, tmp_path / "s", **fields)))
+        assert_one_line_error(*run_cli(capsys, ["study", str(recipe), "--dry-run"])[::2], needle)
+    decaying = _budget_sweep(tiny_llama, tmp_path / "s", budgets=[20, 50])
+    decaying["recover"]["overrides"]["train"]["lr_scheduler"] = "cosine"
+    recipe.write_text(yaml.safe_dump(decaying))
+    assert_one_line_error(*run_cli(capsys, ["study", str(recipe), "--dry-run"])[::2], "decays its rate", "cosine")
+
+
+def test_budget_points_are_labelled_staged_and_trained_to_their_budget(tiny_llama, tmp_path, monkeypatch):
+    from layerprune.core.settings import RunSettings
+    from layerprune.pipeline.studies import recovery, sweep
+
+    study = SweepStudy.model_validate(_budget_sweep(tiny_llama, tmp_path / "s", budgets=[20, 32768, 40000],
+                                                    replicates=2, controls=True, dedicated_at=20))
+    assert sweep.models(study)[:9] == ["baseline", "lora-k0", "lora-k0@r1", "pruned-k1", "lora-k1@20",
+                                       "lora-k1@20@r1", "lora-k1@32768", "lora-k1@32768@r1", "lora-k1"]
+    stages = sweep.stage_names(study)  # a checkpoint is scored after its run; local trains each budget on its own
+    assert stages.index("eval-lora-k1@20@r1") > stages.index("recover-lora-k1@r1")
+    assert "recover-lora-k1@20" not in stages and "recover-local-k1@20@r1" in stages
+    assert "eval-lora-k2@32768" in stages and not any(s.startswith("eval-lora-k0@2") for s in stages)
+    dedicated = [s for s in stages if "dedicated" in s]  # beside the checkpoint, at lr_k only, trainer arms only
+    assert dedicated == ["recover-lora-k1@20-dedicated", "eval-lora-k1@20-dedicated", "recover-lora-k1@20-dedicated@r1",
+                         "eval-lora-k1@20-dedicated@r1"]
+    calls = []
+    monkeypatch.setattr(recovery, "recover_sharing_answers", lambda recipe, job, shared: calls.append(
+        (job.output.name, recipe.train.max_tokens, {b: p.name for b, p in job.snapshots.items()})))
+    for label in ("lora-k1@r1", "local-k1@20@r1", "local-k2", "lora-k0", "lora-k1@20-dedicated@r1"):
+        sweep.recover_at(study, RunSettings(), tmp_path / "s", label)
+    assert calls == [("lora-k1@r1", 40000, {20: "lora-k1@20@r1", 32768: "lora-k1@32768@r1"}),
+                     ("local-k1@20@r1", 20, {}), ("local-k2", 40000, {}), ("lora-k0", 40000, {}),
+                     ("lora-k1@20-dedicated@r1", 20, {})]
+
+
+def test_tiny_budget_sweep_saves_and_scores_a_checkpoint_at_each_budget(capsys, tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))
+    recipe = tmp_path / "sweep.yaml"
+    recipe.write_text(yaml.safe_dump(_budget_sweep(tiny_llama, tmp_path / "sweep", budgets=[20, 50],
+                                                   arms={"lora": ARMS["lora"]}), sort_keys=False))
+    code, out, err = run_cli(capsys, ["study", str(recipe), "--dry-run"])
+    assert code == 0, err
+    assert "budget points (unpadded target tokens): 20, 50" in out
+    code, out, err = run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])
+    assert code == 0, err
+    root = tmp_path / "sweep"
+    for k in (1, 2):
+        final = json.loads((root / f"lora-k{k}" / "recover_report.json").read_text())
+        point = json.loads((root / f"lora-k{k}@20" / "recover_report.json").read_text())
+        assert final["recipe"]["train"]["max_tokens"] == 50 and final["tokens_unpadded"] >= 50
+        assert 20 <= point["tokens_unpadded"] < final["tokens_unpadded"]
+        per_step = final["tokens_unpadded"] / final["optimizer_steps"]
+        assert point["tokens_unpadded"] < 20 + 3 * per_step  # the first step that reaches it, not a later one
+        assert point["optimizer_steps"] < final["optimizer_steps"]
+        assert any("on reaching 20 target tokens" in note for note in point["notes"])
+        assert (root / "eval" / f"lora-k{k}@20" / "summary.json").is_file()
+    from safetensors.torch import load_file
+
+    early, late = (load_file(root / name / "model.safetensors") for name in ("lora-k1@20", "lora-k1"))
+    assert any(not (early[name] == late[name]).all() for name in early)  # another model than the run's end
+    assert not (root / "lora-k1.work").exists()
+    assert "| lora | 1 |" in (root / "budget.md").read_text()  # the report stage draws the curves too
+
+
+# --- declared comparisons (issue 56) -------------------------------------------------------------------------------
+
+def _armed_figures(won: dict[str, dict[int, int]], n: int = 200):  # noqa: ANN202 (Figures)
+    """Synthetic sweep with arms: generative loses 100 of the original's 150 right items at each k, arm ARM at k wins
+    back won[ARM][k] of them; classification unchanged."""
+    import numpy as np
+
+    from layerprune.pipeline.paired_table import Figures
+
+    cls = (np.random.default_rng(3).random(n) < 0.7).astype(float)
+    base = np.r_[np.ones(150), np.zeros(n - 150)]
+    pruned = np.r_[np.zeros(100), base[100:]]
+    gen = {"baseline": base, **{f"pruned-k{k}": pruned for k in (1, 2)}}
+    gen |= {f"{arm}-k{k}": np.r_[np.ones(items), pruned[items:]] for arm, per_k in won.items()
+            for k, items in per_k.items()}
+    labels = list(gen)
+    return Figures(labels, {"copy_l7": np.stack(list(gen.values())), "piqa": np.stack([cls] * len(labels))},
+                   {"copy_l7": 0.0, "piqa": 0.5}, {"classification": ["piqa"], "generative": ["copy_l7"]})
+
+
+WON = {"lora": {1: 20, 2: 10}, "local": {1: 60, 2: 20}}
+MAIN = [{"name": "local-vs-lora-k1", "a": "local", "b": "lora", "at": 1, "measure": "share"},
+        {"a": "local", "at": 1, "b_at": 2, "measure": "share"},
+        {"a": "lora", "at": 2, "measure": "gap"}]
+
+
+def test_declared_comparisons_are_checked_when_the_recipe_loads(capsys, tiny_llama, tmp_path):
+    import re
+
+    from pydantic import ValidationError
+
+    from layerprune.pipeline.stages import recipe_fingerprint
+
+    study = _tiny_study(tiny_llama, tmp_path, arms=ARMS, comparisons={"main": MAIN})
+    assert [c.label for c in study.comparisons["main"].contrasts] == [
+        "local-vs-lora-k1", "local-k1-vs-local-k2-share", "lora-k2-gap"]
+    assert recipe_fingerprint(study) == recipe_fingerprint(_tiny_study(tiny_llama, tmp_path, arms=ARMS))  # the run
+    bad = {"unknown arm": ({"f": [{"a": "sft", "b": "lora", "at": 1}]}, "arm 'sft' is not in arms (lora, local)"),
+           "unknown k": ({"f": [{"a": "lora", "b": "local", "at": 3}]}, "k = 3 is not in ratios (1, 2)"),
+           "unknown b_at": ({"f": [{"a": "lora", "at": 1, "b_at": 4}]}, "k = 4 is not in ratios"),
+           "duplicate": ({"f": MAIN[:1], "g": MAIN[:1]}, "comparisons.g.local-vs-lora-k1: a duplicate name"),
+           "no control": ({"f": [{"a": "local", "at": 1, "b_at": 2, "net_of_control": True}]},
+                          "arm 'local' has no k = 0 control"),
+           "itself": ({"f": [{"a": "lora", "b": "lora", "at": 1}]}, "compares lora at k = 1 with itself"),
+           "net gap": ({"f": [{"a": "lora", "at": 1, "measure": "gap", "net_of_control": True}]},
+                       "net_of_control applies to share and score")}
+    for families, message in bad.values():
+        with pytest.raises(ValidationError, match=re.escape(message)):
+            _tiny_study(tiny_llama, tmp_path, arms=ARMS, controls=True, comparisons=families)
+        recipe = tmp_path / "bad.yaml"  # the CLI says it in one line before any stage runs, --dry-run included
+        recipe.write_text(yaml.safe_dump({**tiny_sweep(tiny_llama, tmp_path / "s"), "arms": ARMS, "controls": True,
+                                          "comparisons": families}))
+        code, _, err = run_cli(capsys, ["study", str(recipe), "--dry-run"])
+        assert_one_line_error(code, err, message.split(" (")[0])
+        code, _, err = run_cli(capsys, ["recipes", "validate", str(recipe), "--kind", "sweep-study"])
+        assert_one_line_error(code, err, message.split(" (")[0])
+        assert not (tmp_path / "s").exists()
+    without_arms = _tiny_study(tiny_llama, tmp_path, comparisons={"f": [{"a": "recovered", "at": 1, "b_at": 2}]})
+    assert without_arms.comparisons["f"].contrasts[0].sides == [("recovered", 1), ("recovered", 2)]
+
+
+def test_a_declared_family_gets_its_holm_interval_over_exactly_its_contrasts(tiny_llama, tmp_path):
+    from layerprune.pipeline.studies import sweep_report
+    from layerprune.pipeline.studies.comparisons import draw_families
+    from layerprune.pipeline.studies.sweep import recovered_label
+
+    study = _tiny_study(tiny_llama, tmp_path, arms=ARMS, comparisons={
+        "main": MAIN, "one": [{"name": "lora-score-k1-vs-k2", "a": "lora", "at": 1, "b_at": 2, "measure": "score"}]})
+    figures = _armed_figures(WON)
+    points, controls, pairs = sweep_report.arm_figures(study, figures)
+    assert pairs == []  # a confirmatory family is declared: today's every-pair family is not drawn beside it
+    drawn = draw_families(study.comparisons, figures, recovered_label)
+    main = {c["name"]: c for c in drawn["main"]["contrasts"]}
+    assert drawn["main"]["size"] == 3 and {c["holm"]["family"] for c in main.values()} == {3}
+    assert main["local-vs-lora-k1"]["interval"]["value"] == pytest.approx(0.6 - 0.2)
+    assert main["local-k1-vs-local-k2-share"]["interval"]["value"] == pytest.approx(0.6 - 0.2)
+    assert main["lora-k2-gap"]["interval"]["value"] == pytest.approx(1.0 - 60 / 150)
+    for row in main.values():  # each Holm interval at least as wide as its plain one, at a level Holm tests it at
+        assert row["holm"]["low"] <= row["interval"]["low"] and row["holm"]["level"] >= 0.95
+    one = drawn["one"]["contrasts"][0]
+    assert one["holm"]["family"] == 1 and one["holm"]["level"] == pytest.approx(0.95)  # a family of one: as is
+    assert (one["holm"]["low"], one["holm"]["high"]) == pytest.approx((one["interval"]["low"], one["interval"]["high"]))
+    assert one["interval"]["value"] == pytest.approx(10 / 200)
+    text = "\n".join(sweep_report._recovery_sections(study, points, controls, pairs, drawn))
+    assert "Arms compared" not in text and "family main (3 contrasts; " in text and "family one (1 contrast; " in text
+    assert "exploratory" not in text
+    line = next(x for x in text.splitlines() if x.startswith("- local-vs-lora-k1: local at k = 1 - lora at k = 1"))
+    assert f"(Holm {100 * main['local-vs-lora-k1']['holm']['level']:.1f}% over 3: +40.0% [" in line
+    for row in main.values():  # 'differ' only where the Holm interval excludes 0
+        said = next(x for x in text.splitlines() if x.startswith(f"- {row['name']}:"))
+        assert ("differ" in said.replace("not shown to differ", "")) == row["holm"]["declared"]
+    assert "differs from 0 (Holm)" in text  # the gap, against 0
+
+
+def test_an_exploratory_family_is_reported_as_such_beside_todays_family(tiny_llama, tmp_path):
+    from layerprune.pipeline.studies import sweep_report
+    from layerprune.pipeline.studies.comparisons import EXPLORATORY, draw_families, uses_default_family
+    from layerprune.pipeline.studies.sweep import recovered_label
+
+    study = _tiny_study(tiny_llama, tmp_path, arms=ARMS, comparisons={"late": {"exploratory": True, "contrasts": MAIN}})
+    figures = _armed_figures(WON)
+    points, controls, pairs = sweep_report.arm_figures(study, figures)
+    assert [p["k"] for p in pairs] == [1, 2] and pairs[0]["generative"]["share_holm"]["family"] == 4  # today's
+    drawn = draw_families(study.comparisons, figures, recovered_label)
+    assert drawn["late"]["exploratory"] and {c["holm"]["family"] for c in drawn["late"]["contrasts"]} == {3}
+    text = "\n".join(sweep_report._recovery_sections(study, points, controls, pairs, drawn))
+    assert "(4 share differences, 4 score differences)" in text
+    assert f"Declared comparisons, family late (3 contrasts, {EXPLORATORY};" in text
+    assert EXPLORATORY == "exploratory (declared after the results were read)"
+    shipped = SweepStudy.load("limits-sweep-math-dolly-embedded")  # its results were read: every family exploratory
+    assert shipped.comparisons and uses_default_family(shipped.comparisons)
+
+
+def test_an_arm_with_its_own_prompts_gets_its_own_teacher_answers_without_evaluation_items(tiny_llama, tmp_path,
+                                                                                              monkeypatch):
+    from layerprune.core.settings import RunSettings
+    from layerprune.pipeline.studies import recovery, sweep
+
+    arms = {"lora": ARMS["lora"], "aligned": {"method": "lora"}}
+    own = {"source": "probes:arith_1d_sum3", "samples": 8}
+    study = SweepStudy.model_validate(_budget_sweep(tiny_llama, tmp_path / "s", arms=arms, arm_prompts={
+        "aligned": own}, replicates=2))
+    recipe = study.arm_recipe("aligned", "<pruned>")
+    assert recipe.prompts.source == own["source"] and study.evaluate.probe_seed in recipe.prompts.exclude_probe_seeds
+    assert study.arm_recipe("lora", "<pruned>").prompts.source == "dolly"
+    calls = []
+    monkeypatch.setattr(recovery, "recover_sharing_answers",
+                        lambda recipe, job, shared: calls.append((job.output.name, shared.name)))
+    for label in ("aligned-k1", "aligned-k2@r1", "lora-k1"):
+        sweep.recover_at(study, RunSettings(), tmp_path / "s", label)
+    assert calls == [("aligned-k1", "selfgen-aligned.jsonl"), ("aligned-k2@r1", "selfgen-aligned.jsonl"),
+                     ("lora-k1", "selfgen.jsonl")]
+    with pytest.raises(Exception, match="not among the arms"):
+        SweepStudy.model_validate(_budget_sweep(tiny_llama, tmp_path / "s", arm_prompts={"kd": own}))
+
+
+def test_the_saturating_fit_recovers_a_and_t_and_says_when_a_is_undetermined():
+    import numpy as np
+
+    from layerprune.pipeline.studies.budget_report import SCALES, saturating_fit, tokens_for
+
+    tokens = np.array([8000.0, 32000.0, 128000.0, 256000.0])
+    a, t = saturating_fit(tokens, 0.4 * (1 - np.exp(-tokens / 30000.0)))
+    assert float(a) == pytest.approx(0.4, rel=0.03) and float(t) == pytest.approx(30000.0, rel=0.05)
+    assert tokens_for(0.4, 30000.0, 0.25, 256000) == pytest.approx(-30000.0 * np.log(1 - 0.25 / 0.4))
+    assert tokens_for(0.4, 30000.0, 0.5, 256000) is None  # never reached below its asymptote
+    a, t = saturating_fit(tokens, 0.4 * tokens / tokens[-1])  # still linear: t at the grid's end, a far past 1
+    assert float(t) == SCALES[-1] and float(a) > 1
+    assert np.isnan(saturating_fit(tokens, np.array([0.1, np.nan, 0.2, 0.3]))[0])
+
+
+def test_the_budget_report_gives_each_curve_its_shares_fit_and_verdict(tiny_llama, tmp_path):
+    import numpy as np
+
+    from layerprune.pipeline.studies.budget_report import write_budget_report
+
+    arms = {"sft": {"method": "lora"}, "kd": {"method": "kd"}, "kd-arith": {"method": "kd"}}
+    study = SweepStudy.model_validate(_budget_sweep(tiny_llama, tmp_path / "s", arms=arms, budgets=[
+        8000, 32000, 128000, 256000], arm_prompts={"kd-arith": {"source": "probes:arith_2d_sub"}}))
+    root = tmp_path / "s"
+    base = np.r_[np.ones(180), np.zeros(20)]
+    pruned = np.r_[np.ones(20), np.zeros(180)]  # a drop of 160 items
+    curves = {"sft": [0.2, 0.3, 0.35, 0.36], "kd": [0.0125, 0.05, 0.2, 0.4], "kd-arith": [0.3, 0.55, 0.8, 0.9]}
+    rows = {"baseline": base, "pruned-k1": pruned}
+    for arm, shares in curves.items():
+        for tag, share in zip(["@8k", "@32k", "@128k", ""], shares, strict=True):
+            rows[f"{arm}-k1{tag}"] = pruned.copy()
+            rows[f"{arm}-k1{tag}"][20:20 + round(share * 160)] = 1
+    for label, scores in rows.items():
+        _eval_folder(root / "eval" / label, {"arith_2d_sub": ("generative", scores.tolist())})
+    text = write_budget_report(study, root).read_text()
+    data = json.loads((root / "budget.json").read_text())
+    by_arm = {c["arm"]: c for c in data["curves"]}
+    assert set(by_arm) == set(arms) and data["control_arm"] == "kd-arith"
+    assert by_arm["sft"]["shares"]["32000"]["value"] == pytest.approx(0.3)
+    assert by_arm["sft"]["asymptote"]["high"] < 0.5 and by_arm["sft"]["asymptote"]["value"] == pytest.approx(0.36,
+                                                                                                          abs=0.02)
+    assert data["verdicts"] == {"sft-k1": "limit structural at this scale", "kd-k1": "budget-bound"}
+    assert by_arm["kd-arith"]["tokens_for"]["0.5"] is not None and by_arm["sft"]["tokens_for"]["0.5"] is None
+    assert "| sft | 1 | arith_2d_sub |" in text and "- kd-k1: budget-bound" in text
+    assert "undetermined (still linear)" in text and "- positive control kd-arith at k = 1: 90.0%" in text
+    assert (root / "budget.png").stat().st_size > 0 and "![budget curves](budget.png)" in text

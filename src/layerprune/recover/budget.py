@@ -131,3 +131,62 @@ def combine(*parts: dict[str, Any] | None) -> dict[str, Any]:
     out: dict[str, Any] = {name: sum(int(p[name]) for p in given) for name in (*COUNTS, "optimizer_steps")}
     out["learning_rate"] = max((float(p["learning_rate"]) for p in given), default=0.0)
     return out
+
+
+SNAPSHOTS = "snapshots"  # the work folder's budget checkpoints: snapshots/<budget>/ (weights and snapshot.json)
+SNAPSHOT_RECORD = "snapshot.json"
+NOT_WEIGHTS = ("optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state*", "training_args.bin", "trainer_state.json")
+
+
+class Snapshots(TrainerCallback):
+    """Save the model when its target tokens (`counter`'s, budget.py's unit) first reach each budget: the step that
+    reaches one is saved as a trainer checkpoint (should_save, so the step is the one the counter stopped at) and its
+    weights are copied to `directory`/<budget>/ with the counts then (snapshot.json). A budget already kept there
+    (a resumed run) is not taken again. Counted from the batches, not from steps computed in advance."""
+
+    def __init__(self, counter: TargetTokens, budgets: list[int], directory: Any) -> None:
+        from pathlib import Path
+
+        self.counter, self.directory = counter, Path(directory)
+        self.budgets = sorted(b for b in budgets if not (self.directory / str(b) / SNAPSHOT_RECORD).is_file())
+        self.due: list[int] = []
+
+    def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        reached = self.counter.totals["tokens_unpadded"]
+        self.due = [b for b in self.budgets if b <= reached]
+        if self.due:
+            control.should_save = True
+        return control
+
+    def on_save(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        if self.due and state.is_world_process_zero:
+            from pathlib import Path
+
+            checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            for target in self.due:
+                keep_snapshot(checkpoint, self.directory / str(target),
+                              {"budget": target, **self.counter.summary(state.global_step)})
+        self.budgets = [b for b in self.budgets if b not in self.due]
+        self.due = []
+        return control
+
+
+def keep_snapshot(checkpoint: Any, destination: Any, record: dict[str, Any]) -> None:
+    """A trainer checkpoint's weights (an adapter, or the whole model) copied to `destination` with `record`, the
+    record written last (a snapshot without one was cut off and is taken again)."""
+    import json
+    import shutil
+
+    if destination.exists():
+        shutil.rmtree(destination)
+    shutil.copytree(checkpoint, destination, ignore=shutil.ignore_patterns(*NOT_WEIGHTS))
+    (destination / SNAPSHOT_RECORD).write_text(json.dumps(record, indent=2))
+
+
+def attach_snapshots(trainer: Any, counter: TargetTokens, budgets: list[int], directory: Any) -> Snapshots | None:
+    """Save `trainer`'s model at each of `budgets` target tokens into `directory` (none: nothing added)."""
+    if not budgets:
+        return None
+    snapshots = Snapshots(counter, budgets, directory)
+    trainer.add_callback(snapshots)
+    return snapshots

@@ -20,6 +20,12 @@ class RecoverJob:
     resume: bool = False
     data_dir: Path | None = None
     memory_budget: float = 80.0
+    snapshots: dict[int, Path] = field(default_factory=dict)  # budget (target tokens) -> the model saved on reaching it
+
+    @property
+    def snapshot_budgets(self) -> list[int]:
+        """The budgets (target tokens, budget.py's unit) at which the run saves a model besides its end's."""
+        return sorted(self.snapshots)
 
     @property
     def work(self) -> Path:

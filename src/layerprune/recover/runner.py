@@ -130,6 +130,7 @@ def recover_model(recipe: RecoverRecipe, job: RecoverJob) -> RecoverReport:
         result = METHODS.get(recipe.method).train(MethodRun(recipe, student, teacher, kept, prompts, job))
     report = build_report(recipe, job, student, teacher, generation, card, result, time.perf_counter() - start, notes)
     if state.is_main_process:
+        save_snapshots(recipe, job, student, result, report)  # before the run's own output, its completion mark
         save_outputs(recipe, job, student, result, report)
         shutil.rmtree(job.work, ignore_errors=True)
     state.wait_for_everyone()
@@ -304,6 +305,43 @@ def save_outputs(
 
 def _fmt(value: float | None) -> str:
     return "n/a (nothing held out)" if value is None else f"{value:.4f}"
+
+
+def save_snapshots(recipe: RecoverRecipe, job: RecoverJob, student: ModelSource, result: TrainResult,
+                   report: RecoverReport) -> None:
+    """Each model the run saved on reaching a budget (job.snapshots, budget.Snapshots) as a recovered model of its
+    own: merged weights, tokenizer, lineage and a recover_report.json with the counts at that checkpoint and the loss
+    curve up to it (held-out metrics are the run end's business: not measured there). Refuse a run that ended before
+    a budget or before train.max_tokens: its points would not be the tokens they are labelled with."""
+    reached = int(report.tokens_unpadded or 0)
+    short = [b for b in job.snapshot_budgets
+             if not (job.work / budget.SNAPSHOTS / str(b) / budget.SNAPSHOT_RECORD).is_file()]
+    if job.snapshots and recipe.train.max_tokens is not None and reached < recipe.train.max_tokens:
+        short.append(recipe.train.max_tokens)
+    if short:
+        raise LayerpruneError(f"{job.output.name}: the run ended at {reached} target tokens, before the budget "
+                              f"{short[0]}; raise train.epochs (or max_steps) so that it reaches every budget")
+    lineage = read_lineage(Path(student.location))
+    for target, output in sorted(job.snapshots.items()):
+        folder = job.work / budget.SNAPSHOTS / str(target)
+        record = json.loads((folder / budget.SNAPSHOT_RECORD).read_text())
+        steps = int(record["optimizer_steps"])
+        curve = {name: [p for p in points if p[0] <= steps] for name, points in result.curve.items()}
+        note = (f"a checkpoint of {job.output.name} on reaching {target} target tokens (step {steps}, "
+                f"{record['tokens_unpadded']} target tokens); held-out metrics not measured here")
+        counts = {k: record[k] for k in (*budget.COUNTS, "optimizer_steps", "learning_rate")}
+        snapshot = report.model_copy(update={**counts, "loss_curve": curve, "notes": [*report.notes, note],
+                                             "held_out_loss": HeldOutLoss(before=None, after=None),
+                                             "held_out_metrics": None})
+        with atomic_output_dir(output, True) as tmp:
+            model = merged_model(recipe, student, job.settings, folder, result.base)
+            model.save_pretrained(tmp, safe_serialization=True, max_shard_size=job.settings.max_shard_size)
+            copy_tokenizer_files(student, tmp, load_tokenizer(student, job.settings))
+            if lineage is not None:
+                shutil.copy2(Path(student.location) / PRUNE_REPORT, tmp / PRUNE_REPORT)
+            write_report(tmp / RECOVER_REPORT, snapshot)
+            write_card(tmp, str(model_card(snapshot, lineage)))
+        log.info("saved %s (%s)", output, note)
 
 
 def held_out_on_saved(recipe: RecoverRecipe, job: RecoverJob, student: ModelSource, teacher: str, model: Any,

@@ -41,6 +41,7 @@ from layerprune.pipeline.recipe import PipelineRecipe, RecoverStage
 from layerprune.pipeline.runner import Stage, run_stages
 from layerprune.pipeline.stages import RunPaths, RunState, claim_run_dir, owns, recipe_fingerprint
 from layerprune.pipeline.studies import lr_search
+from layerprune.pipeline.studies.comparisons import ComparisonFamily, check_comparisons
 from layerprune.pipeline.studies.lr_search import check_lr_grid, lr_search_file, with_learning_rate
 from layerprune.pipeline.studies.recovery import (
     CHAT_EVAL,
@@ -49,7 +50,6 @@ from layerprune.pipeline.studies.recovery import (
     check_plain_probes,
     data_dir_of,
     derive_arm_recipe,
-    recover_replicate,
     replicate_label,
     split_label,
 )
@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 GSM8K = "gsm8k"
 CALIBRATION_FILE = "probes_calibrated.json"
 TAKEN = ("baseline", "pruned", "recovered", "original")  # arm labels that would name the sweep's other models
+CONSTANT = ("constant_with_warmup", "constant")  # schedules whose checkpoint is the model a shorter run would be
 SEARCH_REPLICATE = 1000  # the learning-rate search's seed offset: settings.seed + 1000, no scored replicate's
 
 
@@ -97,6 +98,28 @@ class SweepStudy(PipelineRecipe):
         "held-out loss chosen for every k, replicate and control of the arm")
     lr_at: int | None = Field(None, description="The k whose pruned model lr_grid is searched on (default: the "
                               "middle ratio)")
+    arm_prompts: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="By arm label, the prompts section of an arm trained on other prompts than "
+        "the shared recipe's (a task-aligned positive control, e.g. source: probes:arith_2d_sub, drawn on the "
+        "recovery seed stream with the evaluation's items excluded): its own teacher answers (selfgen-ARM.jsonl), "
+        "shared by its k, replicates and control")
+    budgets: list[int] | None = Field(
+        None, description="Training budgets in unpadded target tokens (recover/budget.py's unit), increasing: every "
+        "recovery at k > 0 trains to the largest (train.max_tokens) and a trainer's run saves its model when its "
+        "counted target tokens first reach each smaller one (model ARM-kK@<budget>[@rR], e.g. sft-k2@32k@r1, scored "
+        "as every model is); local, which has no trainer, trains each budget as a run of its own; the k = 0 "
+        "controls at the largest budget only, lr_grid searched at the smallest. The rate must be constant after "
+        "warmup (lr_scheduler constant or constant_with_warmup), so a checkpoint is the model a run of that budget "
+        "would be")
+    dedicated_at: int | None = Field(
+        None, description="One of budgets below the largest at which every trainer arm also trains a run of its own "
+        "at k = lr_at (model ARM-kK@<budget>-dedicated[@rR], each replicate): the report pairs it with the checkpoint "
+        "of that budget, which it should match within its interval")
+    comparisons: dict[str, ComparisonFamily] = Field(
+        default_factory=dict, description="Declared comparisons by family (pipeline/studies/comparisons.py): each "
+        "contrast {name, a, at, b, b_at, measure, kind, net_of_control} gets its paired interval and its Holm interval "
+        "over its family; a family {exploratory: true, contrasts: [...]} was declared after the results were read. "
+        "None declared (or only exploratory ones): every pair of arms at every k, one family per measure")
 
     @model_validator(mode="after")
     def _one_ranking(self) -> SweepStudy:
@@ -119,6 +142,38 @@ class SweepStudy(PipelineRecipe):
             except ValidationError as exc:
                 raise ValueError(validation_message(exc, f"arm '{label}'")) from None
         self._check_lr_grid(shared)
+        self._check_budgets()
+        if set(self.arm_prompts) - set(self.arms or {}):
+            raise ValueError(f"arm_prompts: {', '.join(sorted(set(self.arm_prompts) - set(self.arms or {})))} "
+                             "not among the arms")
+        return self
+
+    def _check_budgets(self) -> None:
+        if self.budgets is None:
+            if self.dedicated_at is not None:
+                raise ValueError("dedicated_at: name the budgets it is one of")
+            return
+        if len(self.budgets) < 2 or sorted(set(self.budgets)) != self.budgets or self.budgets[0] < 1:
+            raise ValueError(f"budgets must be two or more distinct target-token counts >= 1 in increasing order, not "
+                             f"{self.budgets}")
+        for arm in arm_names(self):
+            recipe, name = self.arm_recipe(arm, "<pruned>"), f"arm '{arm}'" if arm else "the recovery"
+            if recipe.trainer_method() is None and "local" not in recipe.surgery_steps():
+                raise ValueError(f"budgets: {name} trains nothing ({recipe.chain_name()}): a budget curve needs "
+                                 "training")
+            if recipe.train.max_tokens is not None:
+                raise ValueError(f"budgets: leave train.max_tokens of {name} unset: each run trains to its budget")
+            if self.dedicated_at is not None and self.dedicated_at not in self.budgets[:-1]:
+                raise ValueError(f"dedicated_at: one of the budgets below the largest "
+                                 f"({', '.join(map(str, self.budgets[:-1]))}), not {self.dedicated_at}")
+            if recipe.trainer_method() is not None and recipe.train.lr_scheduler not in CONSTANT:
+                raise ValueError(f"budgets: {name} decays its rate (train.lr_scheduler {recipe.train.lr_scheduler}); "
+                                 f"a budget point is a checkpoint of one run: use {' or '.join(CONSTANT)}")
+
+    @model_validator(mode="after")
+    def _declared_comparisons(self) -> SweepStudy:
+        check_comparisons(self.comparisons, list(self.arms) if self.arms else None, self.ratios,
+                          lambda arm: has_control(self, arm))
         return self
 
     def _check_lr_grid(self, shared: RecoverRecipe) -> None:
@@ -143,8 +198,25 @@ class SweepStudy(PipelineRecipe):
         if arm is None:
             return self.shared_recipe(student)
         assert self.arms is not None
-        return derive_arm_recipe(self.shared_recipe(student), self.arms[arm], f"{self.name}-{arm}",
-                                 self.evaluate.probe_seed)
+        recipe = derive_arm_recipe(self.shared_recipe(student), self.arms[arm], f"{self.name}-{arm}",
+                                   self.evaluate.probe_seed)
+        if arm not in self.arm_prompts:
+            return recipe
+        from layerprune.core.recipe_loading import merge_layers
+
+        dumped = recipe.model_dump(mode="json")
+        seeds = sorted({*dumped["prompts"]["exclude_probe_seeds"], *self.arm_prompts[arm].get(
+            "exclude_probe_seeds", [])})  # the evaluation's probe seed stays excluded
+        layer = {"prompts": {**self.arm_prompts[arm], "exclude_probe_seeds": seeds}}
+        return RecoverRecipe.model_validate(merge_layers(dumped, layer))
+
+    def answers_file(self, arm: str | None, recipe: RecoverRecipe, replicate: int) -> str:
+        """The teacher-answer file a run shares (recovery.teacher_answers), one of its own for an arm with
+        arm_prompts."""
+        from layerprune.pipeline.studies.recovery import teacher_answers
+
+        shared = teacher_answers(recipe, replicate)
+        return shared.replace("selfgen", f"selfgen-{arm}", 1) if arm in self.arm_prompts else shared
 
     def eval_settings(self, tasks: list[str]) -> EvalSettings:
         return self.evaluate.model_copy(update={"only": tasks})
@@ -163,7 +235,7 @@ def recovered_label(arm: str | None, k: int) -> str:
 def has_control(study: SweepStudy, arm: str | None = None) -> bool:
     """Whether the k = 0 control of `arm` (None: the recovery of a sweep without arms) runs: asked for, and a
     recovery that needs no cut (merge, replace, local do)."""
-    return study.controls and not study.arm_recipe(arm, "<pruned>").surgery_steps()
+    return study.controls and not study.arm_recipe(arm, "<pruned>").needs_cut()
 
 
 def recovered(study: SweepStudy, k: int, arm: str | None = None) -> list[str]:
@@ -180,8 +252,55 @@ def models(study: SweepStudy) -> list[str]:
 
 
 def recovered_at(study: SweepStudy, k: int) -> list[str]:
-    """Every arm's replicates at k, arm by arm."""
-    return [m for arm in arm_names(study) for m in recovered(study, k, arm)]
+    """Every arm's replicates at k, arm by arm (with budgets: each arm's smaller budgets' points first)."""
+    return [m for arm in arm_names(study)
+            for m in (*budget_points(study, k, arm), *recovered(study, k, arm), *dedicated_points(study, k, arm))]
+
+
+def budget_tag(tokens: int) -> str:
+    """A budget in a label: 32000 -> 32k, 32768 -> 32768."""
+    return f"{tokens // 1000}k" if tokens % 1000 == 0 else str(tokens)
+
+
+def budget_points(study: SweepStudy, k: int, arm: str | None = None) -> list[str]:
+    """The physical labels of the arm's recovered point at k at every budget below the largest (ARM-kK@<budget>,
+    replicate r > 0 ARM-kK@<budget>@rR: a replicate suffix last, so a budget point's replicates are one logical
+    label), budget by budget; none without budgets or at k = 0 (the controls train to the largest budget only)."""
+    if not study.budgets or k == 0:
+        return []
+    return [replicate_label(f"{recovered_label(arm, k)}@{budget_tag(b)}", r)
+            for b in study.budgets[:-1] for r in range(study.replicates)]
+
+
+DEDICATED = "-dedicated"  # the tag of a budget point trained as a run of its own beside a trainer's checkpoint
+
+
+def dedicated_points(study: SweepStudy, k: int, arm: str | None = None) -> list[str]:
+    """The physical labels of a trainer arm's dedicated runs at dedicated_at (k = lr_k only), replicate by
+    replicate; none otherwise (local's budget points are all runs of their own)."""
+    if study.dedicated_at is None or k != study.lr_k or trains_each_budget(study, arm):
+        return []
+    return [replicate_label(f"{recovered_label(arm, k)}@{budget_tag(study.dedicated_at)}{DEDICATED}", r)
+            for r in range(study.replicates)]
+
+
+def budget_of(study: SweepStudy, label: str) -> tuple[str, int | None]:
+    """(the label without its budget, the budget) of a recovered point's label (kK[@B][@rR] or ARM-kK[@B][@rR]):
+    without a budget tag, the largest budget (None: the sweep has no budgets)."""
+    logical, replicate = split_label(label)
+    bare, _, tag = logical.partition("@")
+    tag = tag.removesuffix(DEDICATED)
+    tags = {budget_tag(b): b for b in study.budgets or []}
+    if tag and tag not in tags:
+        raise LayerpruneError(f"{label}: no budget {tag} in this sweep's budgets")
+    budget = tags[tag] if tag else (study.budgets[-1] if study.budgets else None)
+    return replicate_label(bare, replicate), budget
+
+
+def trains_each_budget(study: SweepStudy, arm: str | None) -> bool:
+    """Whether the arm's budget points are runs of their own (local: no trainer to save checkpoints), not
+    checkpoints of the run to the largest budget."""
+    return bool(study.budgets) and study.arm_recipe(arm, "<pruned>").trainer_method() is None
 
 
 def both_formats(study: SweepStudy) -> bool:
@@ -199,9 +318,16 @@ def stage_names(study: SweepStudy) -> list[str]:
     def recoveries(labels: list[str]) -> list[str]:
         return [s for label in labels for s in (f"recover-{label.removeprefix('recovered-')}", *evals(label))]
 
+    def arm_at(k: int, arm: str | None) -> list[str]:  # a checkpoint is scored after the run that saves it
+        points = budget_points(study, k, arm)
+        if trains_each_budget(study, arm):
+            return recoveries([*points, *recovered(study, k, arm)])
+        return [*recoveries(recovered(study, k, arm)), *(s for m in points for s in evals(m)),
+                *recoveries(dedicated_points(study, k, arm))]
+
     control = recoveries([m for arm in arm_names(study) if has_control(study, arm) for m in recovered(study, 0, arm)])
     per_k = [s for k in study.ratios
-             for s in (f"prune-k{k}", *evals(f"pruned-k{k}"), *recoveries(recovered_at(study, k)))]
+             for s in (f"prune-k{k}", *evals(f"pruned-k{k}"), *(s for a in arm_names(study) for s in arm_at(k, a)))]
     grid = [f"lr-{arm}" for arm in study.lr_grid]
     return ["calibrate-probes", "score", "gate-gsm8k", *evals("baseline"), *grid, *control, *per_k, "report"]
 
@@ -324,6 +450,10 @@ def run_stage(study: SweepStudy, settings: RunSettings, root: Path, stage: str) 
         from layerprune.pipeline.studies.sweep_report import write_sweep_report
 
         write_sweep_report(study, root)
+        if study.budgets:  # the budget curves beside it (pipeline/studies/budget_report.py)
+            from layerprune.pipeline.studies.budget_report import write_budget_report
+
+            write_budget_report(study, root)
 
 
 def calibrate(model: str | None, probes: ProbeCalibration, settings: RunSettings, root: Path) -> None:
@@ -377,14 +507,46 @@ def recover_at(study: SweepStudy, settings: RunSettings, root: Path, label: str)
     """Recovery of pruned-k (k0: the unpruned original) on the teacher's answers, generated for the first k (and arm)
     and shared by the others. `label` is kK[@rR], or ARM-kK[@rR] with arms (that arm's recipe). Replicate r runs with
     seed settings.seed + r; its teacher answers are replicate 0's at temperature 0 (greedy: the same), its own at a
-    temperature above 0."""
-    logical, replicate = split_label(label)
+    temperature above 0. With budgets, the run trains to `label`'s budget (ARM-kK@B: B, local's run of its own; else
+    the largest) and a trainer's run at k > 0 saves its checkpoints at the smaller budgets as their points."""
+    bare, tokens = budget_of(study, label)
+    logical, replicate = split_label(bare)
     arm, _, point = logical.rpartition("-")
     student = original_copy(study, settings, root) if point == "k0" else root / f"pruned-{point}"
     rate = lr_search.chosen(root, arm, study.lr_grid) if arm else None
-    recipe = with_learning_rate(study.arm_recipe(arm or None, str(student)), rate)
-    recover_replicate(recipe, stage_output(root, f"recover-{label}").parent, root, settings, replicate,
-                      data_dir_of(study))
+    recipe = with_budget(with_learning_rate(study.arm_recipe(arm or None, str(student)), rate), tokens)
+    snapshots = {} if point == "k0" or bare != label or trains_each_budget(study, arm or None) else {
+        b: stage_output(root, f"recover-{budget_label(bare, b)}").parent for b in (study.budgets or [])[:-1]}
+    answers = root / study.answers_file(arm or None, recipe, replicate)
+    recover_with_snapshots(recipe, stage_output(root, f"recover-{label}").parent, answers, settings, replicate,
+                           data_dir_of(study), snapshots)
+
+
+def budget_label(label: str, tokens: int) -> str:
+    """kK[@rR] or ARM-kK[@rR] at a budget: kK@B[@rR], ARM-kK@B[@rR]."""
+    logical, replicate = split_label(label)
+    return replicate_label(f"{logical}@{budget_tag(tokens)}", replicate)
+
+
+def with_budget(recipe: RecoverRecipe, tokens: int | None) -> RecoverRecipe:
+    """The recipe trained to `tokens` target tokens (train.max_tokens; None: as it is)."""
+    if tokens is None:
+        return recipe
+    from layerprune.core.recipe_loading import merge_layers
+
+    return RecoverRecipe.model_validate(merge_layers(recipe.model_dump(mode="json"), {"train": {"max_tokens": tokens}}))
+
+
+def recover_with_snapshots(recipe: RecoverRecipe, output: Path, answers: Path, settings: RunSettings, replicate: int,
+                           data_dir: Path | None, snapshots: dict[int, Path]) -> None:
+    """recovery.recover_replicate with the teacher answers shared in `answers`, its run also saving a model on
+    reaching each budget of `snapshots` (budget -> folder)."""
+    from layerprune.pipeline.studies import recovery
+    from layerprune.recover.job import RecoverJob
+
+    job = RecoverJob(output=output, settings=recovery.replicate_settings(settings, replicate), overwrite=True,
+                     resume=True, data_dir=data_dir, snapshots=snapshots)
+    recovery.recover_sharing_answers(recipe, job, answers)
 
 
 def search_lr(study: SweepStudy, settings: RunSettings, root: Path, arm: str) -> None:
@@ -397,9 +559,10 @@ def search_lr(study: SweepStudy, settings: RunSettings, root: Path, arm: str) ->
         prune_at(study, settings, root, k)
     student = str(root / f"pruned-k{k}")
 
-    def train(rate: float, output: Path) -> None:
-        recipe = with_learning_rate(study.arm_recipe(arm, student), rate)
-        recover_replicate(recipe, output, root, settings, SEARCH_REPLICATE, data_dir_of(study))
+    def train(rate: float, output: Path) -> None:  # with budgets: at the smallest
+        recipe = with_budget(with_learning_rate(study.arm_recipe(arm, student), rate), (study.budgets or [None])[0])
+        answers = root / study.answers_file(arm, recipe, SEARCH_REPLICATE)
+        recover_with_snapshots(recipe, output, answers, settings, SEARCH_REPLICATE, data_dir_of(study), {})
 
     record = lr_search.search(root, arm, study.lr_grid[arm], train, k=k, seed_offset=SEARCH_REPLICATE)
     lr_search.write_search(root, record)
@@ -438,13 +601,18 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
     answers = shared.prompts.samples or 256
     plans = {arm: _training(study.arm_recipe(arm, "<pruned>")) for arm in arm_names(study)}
     runs = {arm: (len(study.ratios) + has_control(study, arm)) * study.replicates
-            + len(study.lr_grid.get(arm or "", [])) for arm in plans}
+            + len(study.lr_grid.get(arm or "", [])) if not study.budgets else len(budget_runs(study, arm))
+            for arm in plans}
     answer_sets = study.replicates if shared.generate.temperature > 0 else 1
     seconds = {"calibrate": len(study.probes.candidates) * study.probes.items / RATES["calibration items/s"],
                "gate": study.gsm8k_gate.limit / RATES["gsm8k items/s"],
                "teacher answers": answer_sets * answers * shared.generate.max_new_tokens / RATES["teacher tokens/s"],
-               **{"training" if arm is None else f"training {arm}": runs[arm] * trained / rate
-                  for arm, (trained, _, rate) in plans.items()},
+               **{f"teacher answers {arm}": answer_sets * (study.arm_recipe(arm, "<pruned>").prompts.samples or 256)
+                  * shared.generate.max_new_tokens / RATES["teacher tokens/s"] for arm in study.arm_prompts},
+               **({"training" if arm is None else f"training {arm}": runs[arm] * trained / rate
+                   for arm, (trained, _, rate) in plans.items()} if not study.budgets else
+                  {"training" if arm is None else f"training {arm}": budget_seconds(study, arm)
+                   for arm in plans}),
                "evaluation": n_models * per_model,
                **({"chat-format probes": n_models * most_probes * probe_limit / RATES["probe items/s"]}
                   if both_formats(study) else {})}
@@ -466,6 +634,11 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
               if both_formats(study) else
               "probe format: plain few-shot text (the recovery data is plain: generate.chat_template false)"),
              *_recovery_lines(study, shared, plans, runs),
+             *budget_lines(study),
+             *(f"arm {arm} trains on its own prompts: {study.arm_recipe(arm, '<pruned>').prompts.samples} from "
+               f"{study.arm_recipe(arm, '<pruned>').prompts.source} (evaluation probe seeds "
+               f"{study.arm_recipe(arm, '<pruned>').prompts.exclude_probe_seeds} excluded, the count in its report), "
+               f"answered by the teacher once (selfgen-{arm}.jsonl)" for arm in study.arm_prompts),
              _replicate_line(study, shared, answer_sets),
              f"recoveries: {sum(runs.values())}; stages: {len(stage_names(study))} ({', '.join(stage_names(study))})",
              *(line for arm in plans for line in _memory_lines(study, settings, arm)),
@@ -500,7 +673,7 @@ def _training(recipe: RecoverRecipe) -> tuple[float, str, float]:
     and the measured CPU rate it trains at (the local step on cached states has its own)."""
     train, per_answer = recipe.train, recipe.generate.max_new_tokens + 60
     answers = recipe.prompts.samples or 256
-    if recipe.trainer_method() is None and "local" in recipe.surgery_steps():
+    if recipe.trainer_method() is None and recipe.lr_section() is not None:
         # the local step's own budget: local.steps (else train.max_steps, else one pass) of batch x accum
         from layerprune.recover.chain import local_budget
 
@@ -530,7 +703,8 @@ def _recovery_lines(study: SweepStudy, shared: RecoverRecipe, plans: dict[str | 
                 f"held-out {train.held_out:g} every {train.eval_steps} steps: about {trained / 1000:.0f}k trained "
                 f"tokens per k {tail}"]
     lines = [f"arms ({len(study.arms)}, each at every k, paired on the same items): {', '.join(study.arms)}; every "
-             f"arm on the same {answers} (generated once for every arm and k; {gen.max_new_tokens} new tokens at "
+             f"arm{' but ' + ', '.join(study.arm_prompts) if study.arm_prompts else ''} on the same {answers} "
+             f"(generated once for every arm and k; {gen.max_new_tokens} new tokens at "
              f"temperature {gen.temperature:g}), batch {train.batch_size} x {train.grad_accum}, held-out "
              f"{train.held_out:g}"]
     for arm, (trained, schedule, _) in plans.items():
@@ -539,8 +713,65 @@ def _recovery_lines(study: SweepStudy, shared: RecoverRecipe, plans: dict[str | 
         search = (f" (lr from the grid {', '.join(f'{rate:g}' for rate in grid)}: the arm's recipe trained at "
                   f"each on pruned-k{study.lr_k} under a seed of its own, the lowest held-out loss chosen; "
                   f"{len(grid)} of the recoveries are that search, never scored)" if grid else "")
-        lines.append(f"arm {arm}: {recipe.chain_name()}, {schedule}{search}: about {trained / 1000:.0f}k trained "
-                     f"tokens per k; {runs[arm]} recoveries {tail}")
+        size = (f"about {trained / 1000:.0f}k trained tokens per k" if not study.budgets else
+                "each run to its budget (below)")
+        lines.append(f"arm {arm}: {recipe.chain_name()}, {schedule}{search}: {size}; {runs[arm]} recoveries {tail}")
+    return lines
+
+
+def budget_runs(study: SweepStudy, arm: str | None) -> list[int]:
+    """The target tokens of every run of an arm with budgets: each replicate at every k to the largest budget (local
+    also to each smaller one, a run of its own), the controls to the largest, the lr grid's runs to the smallest."""
+    largest, smallest = study.budgets[-1], study.budgets[0]  # type: ignore[index]
+    per_point = list(study.budgets or []) if trains_each_budget(study, arm) else [largest]
+    points = len(study.ratios) * study.replicates * per_point
+    control = [largest] * study.replicates if has_control(study, arm) else []
+    dedicated = [study.dedicated_at] * len(dedicated_points(study, study.lr_k, arm)) if study.dedicated_at else []
+    return [*points, *control, *dedicated, *[smallest] * len(study.lr_grid.get(arm or "", []))]
+
+
+def budget_seconds(study: SweepStudy, arm: str | None) -> float:
+    """The arm's training time with budgets at the measured rates: a target token planned as (max_new_tokens + 60) /
+    max_new_tokens trained tokens (every answer max_new_tokens long; shorter answers cost more a target token)."""
+    recipe = study.arm_recipe(arm, "<pruned>")
+    new = recipe.generate.max_new_tokens
+    rate = RATES["local tokens/s"] if trains_each_budget(study, arm) else RATES["trained tokens/s"]
+    return sum(budget_runs(study, arm)) * (new + 60) / new / rate
+
+
+def budget_lines(study: SweepStudy) -> list[str]:
+    """The budget points, how each is made, and where an arm's epochs (local: steps) cannot reach the largest."""
+    if not study.budgets:
+        return []
+    largest = study.budgets[-1]
+    lines = [f"budget points (unpadded target tokens): {', '.join(map(str, study.budgets))}; every recovery at k > 0 "
+             f"trains to {largest} (train.max_tokens; the k = 0 controls too, their only point), scored at each "
+             f"budget as ARM-kK@<budget>[@rR] ({', '.join(budget_tag(b) for b in study.budgets[:-1])}; the largest is "
+             f"ARM-kK itself)" + (f"; lr grids searched at {study.budgets[0]}" if study.lr_grid else "")
+             + (f"; a dedicated run of every trainer arm at {study.dedicated_at} and k = {study.lr_k} beside its "
+                f"checkpoint (ARM-k{study.lr_k}@{budget_tag(study.dedicated_at)}{DEDICATED}[@rR])"
+                if study.dedicated_at else "")]
+    for arm in arm_names(study):
+        recipe, name = study.arm_recipe(arm, "<pruned>"), arm or "the recovery"
+        answers = int((recipe.prompts.samples or 256) * (1 - recipe.train.held_out))
+        new, train = recipe.generate.max_new_tokens, recipe.train
+        if trains_each_budget(study, arm):
+            from layerprune.recover.chain import local_budget
+
+            steps = local_budget(recipe, answers)
+            reach = steps.steps * steps.sequences_per_step * new
+            how, more = "a run of its own per budget (no trainer to save checkpoints)", "local.steps"
+        else:
+            reach = int(train.epochs * answers * new) if train.max_steps is None else \
+                train.max_steps * train.batch_size * train.grad_accum * new
+            how = (f"checkpoints of the one run (a trainer callback counts the target tokens of each batch and saves "
+                   f"the step that first reaches a budget), lr {train.lr_scheduler} after {train.warmup_steps} warmup "
+                   "steps")
+            more = "train.epochs" if train.max_steps is None else "train.max_steps"
+        runs = budget_runs(study, arm)
+        lines.append(f"arm {name}: budget points as {how}; {len(runs)} runs, {sum(runs) / 1000:.0f}k target tokens "
+                     f"in all" + ("" if reach >= largest else f"; WARNING: at most {reach} target tokens reachable "
+                                  f"({answers} answers of at most {new} tokens): raise {more}"))
     return lines
 
 
@@ -549,17 +780,19 @@ def _replicate_line(study: SweepStudy, shared: RecoverRecipe, answer_sets: int) 
     runs = (f"{study.replicates} replicates of every recovery (seeds settings.seed + 0..{study.replicates - 1}: "
             f"held-out split, data order, adapter init; {answer_sets} teacher answer set(s))"
             if study.replicates > 1 else "1 replicate of every recovery (run-to-run variance not measured)")
+    from layerprune.recover.methods import cut_methods
+
     if not study.controls:
         control = "no k = 0 control (controls: false)"
     elif study.arms is not None:
         cut = [arm for arm in study.arms if not has_control(study, arm)]
         control = (f"k = 0 controls (the arm's recovery of the unpruned original, ARM-k0): "
                    f"{', '.join(a for a in study.arms if a not in cut) or 'none'}"
-                   + (f"; none for {', '.join(cut)} (a cut is needed: merge, replace, local)" if cut else ""))
+                   + (f"; none for {', '.join(cut)} (a cut is needed: {cut_methods()})" if cut else ""))
     elif has_control(study):
         control = "k = 0 control: the same recovery of the unpruned original (recovered-k0), scored on the same items"
     else:
-        control = f"no k = 0 control: {shared.chain_name()} needs a cut (merge, replace, local change cut blocks)"
+        control = f"no k = 0 control: {shared.chain_name()} needs a cut ({cut_methods()} change cut blocks)"
     return f"{runs}; {control}"
 
 
