@@ -19,7 +19,7 @@ from layerprune.pipeline.studies.lr_search import with_learning_rate
 from layerprune.pipeline.studies.recovery import RecoveryStudy
 from layerprune.pipeline.studies.recovery_report import lr_section_of
 from layerprune.recover.methods import METHODS
-from layerprune.recover.schema import RecoverRecipe
+from layerprune.recover.schema import RecoverRecipe, rebuild_recipe
 
 BEFORE = json.loads((Path(__file__).parent / "data" / "recover_recipe_before_sections.json").read_text())
 
@@ -35,7 +35,7 @@ def toy(monkeypatch):
     RecoverRecipe.__pydantic_fields__ = fields
     RecoverRecipe.__annotations__.clear()
     RecoverRecipe.__annotations__.update(annotations)
-    RecoverRecipe.model_rebuild(force=True)
+    rebuild_recipe()
 
 
 def test_the_recipe_built_from_the_registry_is_the_one_the_fixed_fields_made():

@@ -11,7 +11,7 @@ from layerprune.core.provenance import Provenance
 from layerprune.core.reports import read_report
 from layerprune.core.settings import RunSettings
 from layerprune.models.lineage import PrunedLineage, SourceRecord
-from layerprune.recover.schema import RecoverRecipe
+from layerprune.recover.schema import RecoverRecipe, embeds_recipe
 
 if TYPE_CHECKING:
     from huggingface_hub import ModelCard
@@ -36,6 +36,7 @@ class Seconds(BaseModel):
     training: float
 
 
+@embeds_recipe
 class RecoverReport(BaseModel):
     """recover_report.json: the recipe as it ran, the data, what the training did, and what it cost."""
 

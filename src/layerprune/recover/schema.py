@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
@@ -11,6 +11,8 @@ from layerprune.core.errors import LayerpruneError
 from layerprune.core.registry import check_name
 from layerprune.tasks.data import HUB_DATASETS, HUB_SOURCE, parse_hub_source
 from layerprune.tasks.probes import probe_tasks
+
+M = TypeVar("M", bound=BaseModel)
 
 if TYPE_CHECKING:
     from layerprune.recover.methods import RecoveryMethod
@@ -239,7 +241,24 @@ def add_section(name: str, model: type[Section]) -> None:
         raise ValueError(f"recipe section '{name}' declared twice")
     RecoverRecipe.__pydantic_fields__[name] = FieldInfo.from_annotated_attribute(model, Field(default_factory=model))
     RecoverRecipe.__annotations__[name] = model
+    rebuild_recipe()
+
+
+EMBEDDING: list[type[BaseModel]] = []  # models with a RecoverRecipe field (recover_report.json's): rebuilt with it
+
+
+def embeds_recipe(model: type[M]) -> type[M]:
+    """Register a model that holds a RecoverRecipe field: pydantic copies a field's validator when it builds a model,
+    so a section added later would be unknown to it (a recorded recipe read back without its method's section)."""
+    EMBEDDING.append(model)
+    return model
+
+
+def rebuild_recipe() -> None:
+    """RecoverRecipe and every model embedding it, built again from RecoverRecipe's fields as they are now."""
     RecoverRecipe.model_rebuild(force=True)
+    for model in EMBEDDING:
+        model.model_rebuild(force=True)
 
 
 def _has_answers(source: str) -> bool:
