@@ -163,6 +163,18 @@ def tiny_llama(tiny_models) -> Path:
 
 
 @pytest.fixture
+def pruned(capsys, tiny_llama, tmp_path) -> Path:
+    """tiny_llama pruned of blocks 2 and 4 by `layerprune prune` (the CLI, as a user would); the recover tests' own
+    `pruned` fixtures (a module-scoped pruned copy) override it in their modules."""
+    from helpers import run_cli
+
+    out = tmp_path / "pruned"
+    code, _, err = run_cli(capsys, ["prune", "--model", str(tiny_llama), "--output", str(out), "--layers", "2,4"])
+    assert code == 0, err
+    return out
+
+
+@pytest.fixture
 def data_dir(tmp_path) -> Path:
     """An empty data mirror at tmp_path/data (fill it with helpers.write_rows; a module's own `data_dir` does)."""
     root = tmp_path / "data"

@@ -19,14 +19,6 @@ from layerprune.models.lineage import VARIANT_REPORT, SourceRecord
 SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
-@pytest.fixture
-def pruned(capsys, tiny_llama, tmp_path) -> Path:
-    out = tmp_path / "pruned"
-    code, _, err = run_cli(capsys, ["prune", "--model", str(tiny_llama), "--output", str(out), "--layers", "2,4"])
-    assert code == 0, err
-    return out
-
-
 def summary(scores: dict[str, float]) -> Summary:
     results = [TaskResult(task=task, kind="classification", metric="acc", value=value, stderr=0.01, n=200,
                           headline=True, settings={}, seconds=1.0) for task, value in scores.items()]

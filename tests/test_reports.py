@@ -34,14 +34,6 @@ def test_drop_blocks_record_reads_back_in_the_run_report(tiny_llama, tmp_path):
     assert "Score `explicit`; calibration: none." in text and "Dropped (original numbering): [2, 3]" in text
 
 
-@pytest.fixture
-def pruned(capsys, tiny_llama, tmp_path) -> Path:
-    out = tmp_path / "pruned"
-    code, _, err = run_cli(capsys, ["prune", "--model", str(tiny_llama), "--output", str(out), "--layers", "2,4"])
-    assert code == 0, err
-    return out
-
-
 def test_pruned_model_card_names_the_base_model_and_the_dropped_blocks(pruned, tiny_llama):
     from layerprune.prune.report import read_prune_report
 
