@@ -55,13 +55,13 @@ def shipped_grids(kind: str | None = None) -> dict[tuple[str, str], list[str]]:
             if kind is None or k == kind}
 
 
-@functools.cache
 def _grid_files() -> dict[tuple[str, str], tuple[Path, tuple[str, ...]]]:
-    found = {}
-    for path in _recipe_files():
-        data = resolved_file(path)
-        if "grid" in data:
-            found[(str(data.get("kind")), path.stem)] = (path, tuple(grid_cells(data, path)))
+    """(kind, grid file's name) -> (its file, its cells in order), from the one index of the shipped recipes."""
+    found: dict[tuple[str, str], tuple[Path, tuple[str, ...]]] = {}
+    for (kind, name), shipped in _shipped().items():
+        if shipped.cell is not None:
+            path, cells = found.get((kind, shipped.path.stem), (shipped.path, ()))
+            found[(kind, shipped.path.stem)] = (path, (*cells, name))
     return found
 
 
@@ -85,7 +85,6 @@ def _shipped() -> dict[tuple[str, str], Shipped]:
 def forget_shipped() -> None:
     """Read the shipped recipes again on the next look-up (they are indexed once per process)."""
     _shipped.cache_clear()
-    _grid_files.cache_clear()
 
 
 def _recipe_files() -> list[Path]:
