@@ -20,7 +20,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.outputs import write_atomic
@@ -59,8 +58,7 @@ def _sweep(root: Path, out: Path) -> tuple[str, dict[str, Any]]:
 
     curves = {(int(k) if k.isdigit() else k): v for k, v in _load(root / "sweep.json")["curves"].items()}
     study = _study(SweepStudy, root)
-    with mock.patch.object(sweep_report, "loss_curves", lambda *args: curves):
-        sweep_report.write_sweep_report(study, root)
+    sweep_report.write_sweep_report(study, root, curves)
     return (root / "sweep.md").read_text(), {"sweep.json": _load(root / "sweep.json")}
 
 

@@ -459,8 +459,10 @@ def plot_losses(curves: dict[int | str, dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def write_sweep_report(study: Any, root: Path) -> Path:
-    """sweep.md, sweep.json, sweep.png (retention against k) and sweep_loss.png in the sweep directory."""
+def write_sweep_report(study: Any, root: Path, curves: dict[int | str, dict[str, Any]] | None = None) -> Path:
+    """sweep.md, sweep.json, sweep.png (retention against k) and sweep_loss.png in the sweep directory. `curves`: the
+    held-out loss curves where the recover reports cannot give them (a records archive's, whose reports are scrubbed);
+    else read from them."""
     from layerprune.pipeline.audit_report import audit_section
     from layerprune.pipeline.studies.sweep import CALIBRATION_FILE, arm_names, ranking
 
@@ -472,7 +474,7 @@ def write_sweep_report(study: Any, root: Path) -> Path:
     judged = {arm: verdicts(study, figures, [p for p in points if p.get("arm") == arm], arm) for arm in arms}
     depth = _depth(root)
     plot_retention(points, depth, root / "sweep.png")
-    curves = loss_curves(study, root)
+    curves = loss_curves(study, root) if curves is None else curves
     plot_losses(curves, root / "sweep_loss.png")
     calibration = json.loads((root / CALIBRATION_FILE).read_text())
     items = {t: int(m.shape[1]) for t, m in matrices.items()}
