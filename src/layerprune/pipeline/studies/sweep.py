@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import logging
 from pathlib import Path
 from typing import Any, ClassVar
@@ -329,7 +330,16 @@ def stage_names(study: SweepStudy) -> list[str]:
     per_k = [s for k in study.ratios
              for s in (f"prune-k{k}", *evals(f"pruned-k{k}"), *(s for a in arm_names(study) for s in arm_at(k, a)))]
     grid = [f"lr-{arm}" for arm in study.lr_grid]
-    return ["calibrate-probes", "score", "gate-gsm8k", *evals("baseline"), *grid, *control, *per_k, "report"]
+    # replicate by replicate (a stable sort: each replicate's cuts, then its controls), so a study run in parts holds
+    # whole replicates of the design after each part, not every replicate of its first cells
+    cells = sorted([*per_k, *control], key=stage_replicate)
+    return ["calibrate-probes", "score", "gate-gsm8k", *evals("baseline"), *grid, *cells, "report"]
+
+
+def stage_replicate(stage: str) -> int:
+    """The replicate a stage belongs to: R of a name ending @rR, else 0."""
+    found = re.search(r"@r(\d+)$", stage)
+    return int(found.group(1)) if found else 0
 
 
 def stage_output(root: Path, stage: str) -> Path:
