@@ -10,7 +10,7 @@ import pytest
 from layerprune.analyze import metrics
 from layerprune.core.errors import LayerpruneError
 from layerprune.pipeline import audit, audit_report
-from layerprune.pipeline.studies.recovery import RecoveryStudy
+from layerprune.pipeline.studies.recovery_grid import RecoveryStudy
 from layerprune.tasks.data import read_jsonl
 from layerprune.tasks.probes import EVAL_SEED, generate_probes, probe_tasks
 

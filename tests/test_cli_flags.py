@@ -10,7 +10,7 @@ from layerprune.analyze.schemas import ImportanceAnalysis
 from layerprune.cli.flags import add_schema_flags, typed_layer
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.recipe_loading import build_schema
-from layerprune.pipeline.studies.recovery import Arm
+from layerprune.pipeline.studies.cells import Arm
 from layerprune.prune.recipe import PruneRecipe
 from layerprune.recover.schema import RecoverRecipe
 

@@ -221,7 +221,8 @@ UNPLANNED_S = 120 + 208 + 21 + 30  # not in the sweep's plan: installs, prune (a
 def demo_plan_seconds(planned: list, recover) -> dict[str, float]:
     """The demo's stages at the measured 2-core rates, planned as the sweep's dry run plans them (sweep.RATES and
     its training plan): three evaluations of the planned items, the teacher's answers, the recovery's tokens."""
-    from layerprune.pipeline.studies.sweep import RATES, _training
+    from layerprune.pipeline.studies.cells import RATES
+    from layerprune.pipeline.studies.sweep_plan import _training
 
     docs = {kind: sum(t.limit for t in planned if t.spec.kind == kind) for kind in ("classification", "generative")}
     trained, _, rate = _training(recover)
@@ -237,7 +238,7 @@ def test_demo_recipe_is_the_local_sweeps_clearest_point_and_fits_in_25_minutes(s
     tokens it trains on), at the rates the sweep's dry run plans with, fits 25 minutes with the unplanned stages."""
     from layerprune.evaluate.suites import plan_tasks
     from layerprune.pipeline.plan import load_run_recipe
-    from layerprune.pipeline.studies.sweep import SweepStudy
+    from layerprune.pipeline.studies.sweep_grid import SweepStudy
 
     recipe = load_run_recipe("recipes/demo.yaml")
     sweep = SweepStudy.load("limits-sweep-local-embedded")
@@ -270,7 +271,7 @@ def test_demo_math_is_the_math_sweeps_k2_local_point_and_fits_in_25_minutes_once
     fits 25 minutes like the demo's, the variant's make (16-21 minutes, cached) aside."""
     from layerprune.evaluate.suites import plan_tasks
     from layerprune.pipeline.plan import load_run_recipe
-    from layerprune.pipeline.studies.sweep import SweepStudy
+    from layerprune.pipeline.studies.sweep_grid import SweepStudy
 
     recipe = load_run_recipe("recipes/demo-math.yaml")
     sweep = SweepStudy.load("limits-sweep-math-dolly-embedded")

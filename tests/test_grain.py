@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 from helpers import run_cli
 from layerprune.core.errors import LayerpruneError
 from layerprune.models.sublayers import Sublayer
-from layerprune.pipeline.studies import grain, grain_report
+from layerprune.pipeline.studies import grain, grain_grid, grain_report
 from test_sweep import _eval_folder
 from tiny import tiny_config, tiny_tokenizer
 
@@ -55,7 +55,7 @@ def tiny_grain(model: Path | str, output: Path, **fields) -> dict:
 def test_the_plan_matches_every_grain_to_the_block_arms_savings(nas_source, tmp_path):
     from layerprune.core.settings import RunSettings
 
-    study = grain.GrainStudy.model_validate(tiny_grain(nas_source, tmp_path / "g"))
+    study = grain_grid.GrainStudy.model_validate(tiny_grain(nas_source, tmp_path / "g"))
     sizes = grain.study_sizes(study, RunSettings(device="cpu"))
     order = grain.order_rankings(study, 6, [0])
     plan = grain.plan_cells(study, sizes, order)
@@ -85,7 +85,7 @@ def test_sublayer_rankings_are_prefixes_the_layout_serves(tmp_path):
     ranked = grain.read_ranking(tmp_path, "attention")
     assert ranked == [Sublayer(2, "attn"), Sublayer(1, "attn")]  # 0.attn: the first kept block's, or the last one
     assert all(removal_refusal(3, ranked[:n]) is None for n in range(1, len(ranked) + 1))
-    study = grain.GrainStudy.model_validate(tiny_grain("x", tmp_path, grains=["block", "attention"],
+    study = grain_grid.GrainStudy.model_validate(tiny_grain("x", tmp_path, grains=["block", "attention"],
                                                        prune={"drop": 1, "protect": []}))
     assert grain.order_rankings(study, 3, [])["attention"] == ranked
 
@@ -131,10 +131,10 @@ def test_the_matched_prefix_is_the_nearest_and_the_shorter_on_a_tie():
 ])
 def test_the_schema_refuses_what_the_study_cannot_compare(tmp_path, fields, message):
     with pytest.raises(ValidationError, match=message):
-        grain.GrainStudy.model_validate(tiny_grain("x", tmp_path, **fields))
+        grain_grid.GrainStudy.model_validate(tiny_grain("x", tmp_path, **fields))
 
 
-def _synthetic(root: Path, finer: float, study: grain.GrainStudy, **right: int) -> dict:
+def _synthetic(root: Path, finer: float, study: grain_grid.GrainStudy, **right: int) -> dict:
     """Eval folders where the original gets 90 of 120 copy items, the pruned block arm 40 and its recoveries 60; the
     attention arm gets `finer` x those scores (`right`: other counts by label, '@' written '_'); the plan and the
     controls alongside."""
@@ -153,13 +153,13 @@ def _synthetic(root: Path, finer: float, study: grain.GrainStudy, **right: int) 
                                              "copy_l3": ("generative", scores(right))})
     plan = {f"{g}-k1": {"grain": g, "level": 1, "removals": [5] if g == "block" else ["5.attn"],
                         "params_fraction": 0.1, "kv_fraction": 0.2, "gap": 0.0} for g in ("block", "attention")}
-    (root / grain.PLAN_FILE).write_text(json.dumps({"cells": plan}))
+    (root / grain_grid.PLAN_FILE).write_text(json.dumps({"cells": plan}))
     return grain_report.grain_record(study, root)
 
 
 @pytest.mark.parametrize(("finer", "verdict"), [(1.5, "costs less"), (0.5, "costs more"), (1.0, "not distinguished")])
 def test_the_verdicts_come_from_the_paired_intervals_and_can_falsify_the_claim(tmp_path, finer, verdict):
-    study = grain.GrainStudy.model_validate(tiny_grain("x", tmp_path, grains=["block", "attention"]))
+    study = grain_grid.GrainStudy.model_validate(tiny_grain("x", tmp_path, grains=["block", "attention"]))
     record = _synthetic(tmp_path, finer, study)
     assert {(c["stage"], c["verdict"]) for c in record["comparisons"]} == {("pruned", verdict),
                                                                          ("recovered", verdict)}
@@ -174,7 +174,7 @@ def test_the_verdicts_come_from_the_paired_intervals_and_can_falsify_the_claim(t
 
 
 def test_a_level_without_a_clear_drop_is_uninformative_and_a_moving_control_fails_its_gate(tmp_path):
-    study = grain.GrainStudy.model_validate(tiny_grain("x", tmp_path, grains=["block", "attention"],
+    study = grain_grid.GrainStudy.model_validate(tiny_grain("x", tmp_path, grains=["block", "attention"],
                                                        gates={"control_shift": 0.0}))
     record = _synthetic(tmp_path, 1.5, study)
     assert record["control"]["passed"]  # 89 and 91 of 120 against 90: no shift shown
@@ -188,7 +188,7 @@ def test_a_level_without_a_clear_drop_is_uninformative_and_a_moving_control_fail
 
 
 def test_a_level_whose_block_arm_keeps_the_original_score_is_uninformative(tmp_path):
-    study = grain.GrainStudy.model_validate(tiny_grain("x", tmp_path, grains=["block", "attention"]))
+    study = grain_grid.GrainStudy.model_validate(tiny_grain("x", tmp_path, grains=["block", "attention"]))
     record = _synthetic(tmp_path, 1.5, study, pruned_block_k1=90)  # no drop: the finer arm's +20 items say nothing
     assert record["comparisons"][0]["difference"]["high"] < 0  # the interval alone would call "costs more"
     assert [c["verdict"] for c in record["comparisons"]] == ["uninformative (no clear drop at this level)"] * 2
@@ -205,7 +205,7 @@ def test_holm_adjusts_in_the_step_down_order():
 def test_the_family_of_comparisons_is_held_at_five_percent_where_each_alone_would_call(tmp_path):
     """4 of 120 copy items right for the finer arm alone at both stages: each 95% interval lies above 0, but their
     bootstrap p-values (about 0.03 each) are not below 5% / 2 and 5% in Holm's order."""
-    study = grain.GrainStudy.model_validate(tiny_grain("x", tmp_path, grains=["block", "attention"]))
+    study = grain_grid.GrainStudy.model_validate(tiny_grain("x", tmp_path, grains=["block", "attention"]))
     record = _synthetic(tmp_path, 1.0, study, pruned_attention_k1=44, attention_k1=64, attention_k1_r1=64,
                         block_k1_r1=60)  # no run-to-run spread: items alone
     rows = record["comparisons"]
@@ -246,7 +246,7 @@ def test_a_speed_matched_report_plots_and_tabulates_the_measured_speedup(tmp_pat
     record = {"match": "speedup", "cells": [cell("block", 1.2, 0.1), cell("attention", 1.19, 0.05)]}
     grain_report.plot_grains(record, tmp_path / "grain.png")
     assert drawn == [([1.0, 1.2], [1.0, 0.5]), ([1.0, 1.19], [1.0, 0.5])] and labels == ["measured speedup (x)"]
-    study = grain.GrainStudy.model_validate(tiny_grain("x", tmp_path, match="speedup"))
+    study = grain_grid.GrainStudy.model_validate(tiny_grain("x", tmp_path, match="speedup"))
     text = grain_report.format_report(study, {**record, "baseline": None, "tasks": ["arc_easy"], "comparisons": [],
                                               "family": {"alpha": 0.05, "comparisons": 0}, "control": None})
     assert "| measured speedup |" in text and "| 1.190x |" in text
@@ -263,7 +263,7 @@ def test_a_tiny_grain_study_runs_end_to_end_with_two_replicates(capsys, nas_sour
     code, out, err = run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])
     assert code == 0, err
     root = tmp_path / "study"
-    plan = json.loads((root / grain.PLAN_FILE).read_text())["cells"]
+    plan = json.loads((root / grain_grid.PLAN_FILE).read_text())["cells"]
     assert {name: len(c["removals"]) for name, c in plan.items()} == {"block-k1": 1, "attention-k1": 5}
     config = json.loads((root / "pruned" / "attention-k1" / "config.json").read_text())
     assert sum(b["attention"].get("no_op", False) for b in config["block_configs"]) == 5
@@ -315,7 +315,7 @@ def test_more_replicates_resume_the_directory_and_another_protocol_is_refused(tm
     from layerprune.pipeline.stages import RunPaths, claim_run_dir
 
     paths = RunPaths(tmp_path / "study")
-    study = grain.GrainStudy.model_validate(tiny_grain("x", paths.root))
+    study = grain_grid.GrainStudy.model_validate(tiny_grain("x", paths.root))
     claim_run_dir(paths, study, overwrite=False)
     more = study.model_copy(update={"replicates": 5, "controls": False})
     claim_run_dir(paths, more, overwrite=False)  # only adds stages: the same directory
@@ -367,7 +367,7 @@ def test_the_speed_matched_prefix_is_the_nearest_measured_one_searched_from_the_
 def test_a_speed_matched_plan_times_the_block_arm_and_keeps_every_measurement(nas_source, tmp_path):
     from layerprune.core.settings import RunSettings
 
-    study = grain.GrainStudy.model_validate(tiny_grain(nas_source, tmp_path / "g", match="speedup", tolerance=0.5))
+    study = grain_grid.GrainStudy.model_validate(tiny_grain(nas_source, tmp_path / "g", match="speedup", tolerance=0.5))
     sizes = grain.study_sizes(study, RunSettings(device="cpu"))
     order = grain.order_rankings(study, 6, [0])
     calls: list[list] = []
@@ -397,7 +397,7 @@ def test_speed_is_timed_on_one_thread_and_the_thread_count_comes_back(nas_source
     seen: list[int] = []
     monkeypatch.setattr(speed_module, "measured_speedup", lambda *a: seen.append(torch.get_num_threads()) or
                         {"speedup": 1.1})
-    study = grain.GrainStudy.model_validate(tiny_grain(nas_source, Path("g"), match="speedup"))
+    study = grain_grid.GrainStudy.model_validate(tiny_grain(nas_source, Path("g"), match="speedup"))
     speed, _ = grain.measured_speed(study, RunSettings(device="cpu"))
     before = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -411,7 +411,7 @@ def test_a_speed_match_is_its_own_protocol_and_a_params_run_keeps_its_fingerprin
     from layerprune.pipeline.stages import RunPaths, claim_run_dir
 
     paths = RunPaths(tmp_path / "study")
-    study = grain.GrainStudy.model_validate(tiny_grain("x", paths.root))
+    study = grain_grid.GrainStudy.model_validate(tiny_grain("x", paths.root))
     assert "speed_repeats" not in study.model_dump(exclude_defaults=True)
     claim_run_dir(paths, study, overwrite=False)
     with pytest.raises(LayerpruneError, match="holds outputs of another recipe"):

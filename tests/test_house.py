@@ -114,3 +114,47 @@ def test_the_rule_sees_function_level_and_relative_imports_and_judges_arrows():
     assert not goes_up_or_sideways("layerprune.pipeline.stages", "layerprune.prune.api")
     assert not goes_up_or_sideways("layerprune.cli.prune", "layerprune.core.recipe_loading")
     assert not goes_up_or_sideways("layerprune.prune.api", "layerprune.prune.scores")
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in list(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_pipeline_module_sits_in_an_import_cycle():
+    """The study engine's modules are layered (cells < the kinds' grids < reports < runners): no two import each
+    other, directly or round a circle, lazily or not."""
+    graph: dict[str, set[str]] = {}
+    for importer, _, target in arrows():
+        if importer != target and importer.startswith("layerprune.pipeline") and target.startswith(
+                "layerprune.pipeline"):
+            graph.setdefault(importer, set()).add(target)
+    assert cycles(graph) == []
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check sees a circle

@@ -107,7 +107,7 @@ def test_the_gate_passes_over_what_a_variant_was_trained_on(tiny_llama, tmp_path
 
     from layerprune.core.settings import RunSettings
     from layerprune.models.lineage import VARIANT_REPORT
-    from layerprune.pipeline.studies.sweep import CALIBRATION_FILE, calibrate
+    from layerprune.pipeline.studies.cells import CALIBRATION_FILE, calibrate
     from layerprune.posttrain.api import trained_questions
     from layerprune.posttrain.schema import VariantRecipe
 

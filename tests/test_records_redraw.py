@@ -60,7 +60,7 @@ def _unbounded(path: str, new: Any) -> bool:
 
 def _sweep(name: str, root: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     from layerprune.pipeline.studies import sweep_report
-    from layerprune.pipeline.studies.sweep import SweepStudy
+    from layerprune.pipeline.studies.sweep_grid import SweepStudy
 
     old = json.loads((root / "sweep.json").read_text())
     monkeypatch.setattr(sweep_report, "loss_curves", lambda study, root: {
@@ -74,7 +74,7 @@ def _sweep(name: str, root: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def _grain(name: str, root: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     from layerprune.core.recipe_loading import build_from_recipe
     from layerprune.pipeline.studies import grain_report
-    from layerprune.pipeline.studies.grain import GrainStudy
+    from layerprune.pipeline.studies.grain_grid import GrainStudy
 
     monkeypatch.setattr(grain_report, "plot_grain", lambda *args: None, raising=False)
     grain_report.write_grain_report(build_from_recipe(GrainStudy, GrainStudy.kind, name, {}), root)

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from helpers import run_cli
 from layerprune.cli.flags import add_schema_flags
 from layerprune.pipeline.studies.lr_search import with_learning_rate
-from layerprune.pipeline.studies.recovery import RecoveryStudy
+from layerprune.pipeline.studies.recovery_grid import RecoveryStudy
 from layerprune.pipeline.studies.recovery_report import lr_section_of
 from layerprune.recover.methods import METHODS
 from layerprune.recover.schema import RecoverRecipe, rebuild_recipe

@@ -11,7 +11,7 @@ import yaml
 from helpers import run_cli
 from layerprune.core.recipe_loading import shipped_command, shipped_recipes
 from layerprune.pipeline.studies import recovery_report
-from layerprune.pipeline.studies.recovery import RecoveryStudy
+from layerprune.pipeline.studies.recovery_grid import RecoveryStudy
 
 STUDIES = sorted(name for _, name in shipped_recipes("recovery-study"))
 
@@ -414,7 +414,7 @@ def test_study_dry_run_lists_the_gate_and_both_probe_formats_or_refuses_a_model_
 
 def test_study_schema_checks_the_gate_and_keeps_its_fingerprint_without_one(tiny_llama):
     from layerprune.pipeline.stages import recipe_fingerprint
-    from layerprune.pipeline.studies.recovery import both_formats, stage_names
+    from layerprune.pipeline.studies.recovery_grid import both_formats, stage_names
 
     data = tiny_study(tiny_llama, Path("x"))
     study = RecoveryStudy.model_validate(data)
@@ -438,7 +438,7 @@ def test_study_schema_checks_the_gate_and_keeps_its_fingerprint_without_one(tiny
 
 def test_a_gated_study_scores_its_fixed_tasks_plus_the_kept_levels_and_the_probes_alone_in_chat(tiny_llama,
                                                                                                tmp_path):
-    from layerprune.pipeline.studies.recovery import chat_eval_settings, eval_settings
+    from layerprune.pipeline.studies.recovery_grid import chat_eval_settings, eval_settings
 
     data = tiny_study(tiny_llama, tmp_path)
     data.update(evaluate={"suite": "sweep-cpu", "only": ["arc_easy", "piqa", "copy_l7"]},

@@ -12,7 +12,7 @@ import yaml
 
 from helpers import assert_one_line_error, run_cli
 from layerprune.core.recipe_loading import find_recipe, load_recipe, shipped_command, shipped_recipes
-from layerprune.pipeline.studies.sweep import SweepStudy
+from layerprune.pipeline.studies.sweep_grid import SweepStudy
 
 SWEEPS = sorted(name for _, name in shipped_recipes("sweep-study"))
 
@@ -284,39 +284,39 @@ def _tiny_study(tiny_llama, tmp_path, **fields):  # noqa: ANN001, ANN202 (a Swee
 
 
 def test_replicates_and_the_control_add_stages_and_leave_replicate_0_as_it_was(tiny_llama, tmp_path):
-    from layerprune.pipeline.studies import sweep
+    from layerprune.pipeline.studies import sweep_grid
 
     plain = _tiny_study(tiny_llama, tmp_path)
-    assert sweep.stage_names(plain) == [
+    assert sweep_grid.stage_names(plain) == [
         "calibrate-probes", "score", "gate-gsm8k", "eval-baseline", "prune-k1", "eval-pruned-k1", "recover-k1",
         "eval-recovered-k1", "prune-k2", "eval-pruned-k2", "recover-k2", "eval-recovered-k2", "report"]
     more = _tiny_study(tiny_llama, tmp_path, replicates=2, controls=True)
-    assert sweep.models(more) == ["baseline", "recovered-k0", "recovered-k0@r1", "pruned-k1", "recovered-k1",
+    assert sweep_grid.models(more) == ["baseline", "recovered-k0", "recovered-k0@r1", "pruned-k1", "recovered-k1",
                                   "recovered-k1@r1", "pruned-k2", "recovered-k2", "recovered-k2@r1"]
-    stages = sweep.stage_names(more)
+    stages = sweep_grid.stage_names(more)
     # replicate by replicate: replicate 0 of every cut and its control before any stage of replicate 1
     assert stages[4:] == ["prune-k1", "eval-pruned-k1", "recover-k1", "eval-recovered-k1", "prune-k2",
                           "eval-pruned-k2", "recover-k2", "eval-recovered-k2", "recover-k0", "eval-recovered-k0",
                           "recover-k1@r1", "eval-recovered-k1@r1", "recover-k2@r1", "eval-recovered-k2@r1",
                           "recover-k0@r1", "eval-recovered-k0@r1", "report"]
-    assert set(sweep.stage_names(plain)) < set(stages) and len(stages) == 13 + 4 + 4
+    assert set(sweep_grid.stage_names(plain)) < set(stages) and len(stages) == 13 + 4 + 4
     root = tmp_path / "s"
-    assert sweep.stage_output(root, "recover-k2@r1") == root / "recovered-k2@r1" / "recover_report.json"
-    assert sweep.stage_output(root, "eval-recovered-k0@r1") == root / "eval" / "recovered-k0@r1" / "summary.json"
+    assert sweep_grid.stage_output(root, "recover-k2@r1") == root / "recovered-k2@r1" / "recover_report.json"
+    assert sweep_grid.stage_output(root, "eval-recovered-k0@r1") == root / "eval" / "recovered-k0@r1" / "summary.json"
     chat = SweepStudy.model_validate(chat_sweep(tiny_sweep(tiny_llama, tmp_path / "s")))  # chat-formatted data
-    assert sweep.stage_names(chat) == [
+    assert sweep_grid.stage_names(chat) == [
         "calibrate-probes", "score", "gate-gsm8k", "eval-baseline", "eval-chat/baseline", "prune-k1",
         "eval-pruned-k1", "eval-chat/pruned-k1", "recover-k1", "eval-recovered-k1", "eval-chat/recovered-k1",
         "prune-k2", "eval-pruned-k2", "eval-chat/pruned-k2", "recover-k2", "eval-recovered-k2",
         "eval-chat/recovered-k2", "report"]
-    assert sweep.stage_output(root, "eval-chat/pruned-k1") == root / "eval-chat" / "pruned-k1" / "summary.json"
+    assert sweep_grid.stage_output(root, "eval-chat/pruned-k1") == root / "eval-chat" / "pruned-k1" / "summary.json"
     chat_data = chat_sweep(tiny_sweep(tiny_llama, tmp_path / "s"))
     chat_data["evaluate"]["probe_format"] = "chat"
     with pytest.raises(Exception, match="leave it plain"):
         SweepStudy.model_validate(chat_data)
     local = _tiny_study(tiny_llama, tmp_path, controls=True)
     local.recover["overrides"]["method"] = "local"
-    assert not sweep.has_control(local) and "recover-k0" not in sweep.stage_names(local)
+    assert not sweep_grid.has_control(local) and "recover-k0" not in sweep_grid.stage_names(local)
     # more replicates or the control only add stages: the run directory stays this sweep's
     from layerprune.pipeline.stages import recipe_fingerprint
 
@@ -329,10 +329,10 @@ def test_replicates_and_the_control_add_stages_and_leave_replicate_0_as_it_was(t
 def test_replicate_r_recovers_with_seed_plus_r_and_shares_answers_only_when_greedy(tiny_llama, tmp_path, monkeypatch,
                                                                                    temperature):
     from layerprune.core.settings import RunSettings
-    from layerprune.pipeline.studies import recovery, sweep
+    from layerprune.pipeline.studies import sweep
 
     calls = []
-    monkeypatch.setattr(recovery, "recover_sharing_answers",
+    monkeypatch.setattr(sweep, "recover_sharing_answers",
                         lambda recipe, job, shared: calls.append((recipe.model, job.output.name, job.settings.seed,
                                                                   shared.name)))
     study = _tiny_study(tiny_llama, tmp_path, replicates=3, controls=True)
@@ -434,22 +434,22 @@ ARMS = {"lora": {"method": "lora"}, "local": {"method": "local", "local": {"step
 
 def test_arms_recover_every_k_with_every_arm_and_a_sweep_without_arms_is_as_it_was(tiny_llama, tmp_path):
     from layerprune.pipeline.stages import recipe_fingerprint
-    from layerprune.pipeline.studies import sweep
+    from layerprune.pipeline.studies import sweep_grid
 
     study = _tiny_study(tiny_llama, tmp_path, arms=ARMS, replicates=2, controls=True)
-    assert sweep.models(study) == ["baseline", "lora-k0", "lora-k0@r1", "pruned-k1", "lora-k1", "lora-k1@r1",
+    assert sweep_grid.models(study) == ["baseline", "lora-k0", "lora-k0@r1", "pruned-k1", "lora-k1", "lora-k1@r1",
                                    "local-k1", "local-k1@r1", "pruned-k2", "lora-k2", "lora-k2@r1", "local-k2",
                                    "local-k2@r1"]  # local needs a cut: no k = 0 control
-    stages = sweep.stage_names(study)
+    stages = sweep_grid.stage_names(study)
     assert stages[4:8] == ["prune-k1", "eval-pruned-k1", "recover-lora-k1", "eval-lora-k1"]
-    first = [sweep.stage_replicate(s) for s in stages[4:-1]]
+    first = [sweep_grid.stage_replicate(s) for s in stages[4:-1]]
     assert first == sorted(first) and stages[stages.index("recover-lora-k1@r1") - 2:][:2] == [
         "recover-lora-k0", "eval-lora-k0"]  # replicate 0 whole (its cuts, then its control) before replicate 1
     assert len(stages) == 4 + 4 + 2 * (2 + 8) + 1 and "recover-local-k0" not in stages
     root = tmp_path / "s"
-    assert sweep.stage_output(root, "recover-local-k2@r1") == root / "local-k2@r1" / "recover_report.json"
-    assert sweep.stage_output(root, "recover-k2@r1") == root / "recovered-k2@r1" / "recover_report.json"
-    assert sweep.stage_output(root, "eval-local-k2") == root / "eval" / "local-k2" / "summary.json"
+    assert sweep_grid.stage_output(root, "recover-local-k2@r1") == root / "local-k2@r1" / "recover_report.json"
+    assert sweep_grid.stage_output(root, "recover-k2@r1") == root / "recovered-k2@r1" / "recover_report.json"
+    assert sweep_grid.stage_output(root, "eval-local-k2") == root / "eval" / "local-k2" / "summary.json"
     # each arm's recipe is the recovery study's derivation from the shared one (the probe seed excluded too)
     assert study.arm_recipe("local", "p").method == "local" and study.arm_recipe("lora", "p").method == "lora"
     assert study.evaluate.probe_seed in study.arm_recipe("lora", "p").prompts.exclude_probe_seeds
@@ -469,10 +469,10 @@ def test_arms_recover_every_k_with_every_arm_and_a_sweep_without_arms_is_as_it_w
 
 def test_every_arm_recovers_with_its_recipe_and_shares_the_teacher_answers(tiny_llama, tmp_path, monkeypatch):
     from layerprune.core.settings import RunSettings
-    from layerprune.pipeline.studies import recovery, sweep
+    from layerprune.pipeline.studies import sweep
 
     calls = []
-    monkeypatch.setattr(recovery, "recover_sharing_answers",
+    monkeypatch.setattr(sweep, "recover_sharing_answers",
                         lambda recipe, job, shared: calls.append((recipe.method, recipe.model, job.output.name,
                                                                   job.settings.seed, shared.name)))
     study = _tiny_study(tiny_llama, tmp_path, arms=ARMS, replicates=2, controls=True)
@@ -617,7 +617,7 @@ def test_a_missing_control_says_why_and_local_s_would_be_the_original():
 
 
 def test_the_2_core_rates_estimate_a_variant_of_the_embedded_model_and_nothing_else(tmp_path):
-    from layerprune.pipeline.studies.sweep import rates_apply
+    from layerprune.pipeline.studies.cells import rates_apply
 
     other = tmp_path / "v.yaml"
     other.write_text(yaml.safe_dump({"kind": "variant", "method": "sft", "model": "Qwen/Qwen2.5-7B",
@@ -628,11 +628,11 @@ def test_the_2_core_rates_estimate_a_variant_of_the_embedded_model_and_nothing_e
 
 def test_the_sweep_s_lr_grid_is_a_stage_per_arm_checked_and_out_of_a_gridless_fingerprint(tiny_llama, tmp_path):
     from layerprune.pipeline.stages import recipe_fingerprint
-    from layerprune.pipeline.studies import sweep
+    from layerprune.pipeline.studies import sweep_grid
 
     study = _tiny_study(tiny_llama, tmp_path, arms=ARMS, lr_grid={"local": [1e-3, 3e-3]})
-    assert sweep.stage_names(study)[3:5] == ["eval-baseline", "lr-local"] and study.lr_k == 1
-    assert sweep.stage_output(tmp_path, "lr-local") == tmp_path / "lr_search" / "local.json"
+    assert sweep_grid.stage_names(study)[3:5] == ["eval-baseline", "lr-local"] and study.lr_k == 1
+    assert sweep_grid.stage_output(tmp_path, "lr-local") == tmp_path / "lr_search" / "local.json"
     assert _tiny_study(tiny_llama, tmp_path, arms=ARMS, lr_grid={"lora": [1e-4]}, lr_at=2).lr_k == 2
     for fields, message in (({"lr_grid": {"lora": [1e-4]}}, "name the recovery methods in arms"),
                             ({"arms": ARMS, "lr_grid": {"kd": [1e-4]}}, "'kd' is no arm"),
@@ -656,7 +656,7 @@ def test_a_field_added_at_its_default_changes_no_fingerprint_and_older_runs_keep
 
     from layerprune.core.reports import read_report, write_report
     from layerprune.pipeline.stages import RunPaths, RunState, claim_run_dir, recipe_fingerprint
-    from layerprune.pipeline.studies.sweep import SweepStudy
+    from layerprune.pipeline.studies.sweep_grid import SweepStudy
 
     class Later(SweepStudy):  # the schema as a later release might have it
         added_later: int = Field(3, description="a new knob at its default")
@@ -676,7 +676,7 @@ def test_a_finished_sweep_given_another_arm_resumes_and_a_changed_arm_is_still_r
     from layerprune.core.errors import LayerpruneError
     from layerprune.core.reports import read_report
     from layerprune.pipeline.stages import RunPaths, RunState, claim_run_dir
-    from layerprune.pipeline.studies import sweep
+    from layerprune.pipeline.studies import sweep, sweep_grid, sweep_plan
 
     lora = {"lora": ARMS["lora"]}
     first = _tiny_study(tiny_llama, tmp_path, arms=lora, replicates=2, controls=True)
@@ -690,7 +690,7 @@ def test_a_finished_sweep_given_another_arm_resumes_and_a_changed_arm_is_still_r
     other_recovery.recover["overrides"]["train"]["learning_rate"] = 1e-3  # the shared recovery every arm derives from
     for study in (changed, other_cut, other_recovery, first):  # an arm changed, another cut or shared recovery,
         assert sweep.adopt_added_arms(study, paths) == []  # nothing added: run.json untouched
-    (line,) = sweep.progress_lines(other_cut, paths.root)
+    (line,) = sweep_plan.progress_lines(other_cut, paths.root)
     assert "holds another recipe's run" in line and "would be refused" in line
     with pytest.raises(LayerpruneError, match="holds outputs of another recipe"):
         claim_run_dir(paths, changed, overwrite=False)
@@ -701,24 +701,24 @@ def test_a_finished_sweep_given_another_arm_resumes_and_a_changed_arm_is_still_r
     assert set(state.recipe["arms"]) == {"lora", "local"} and state.provenance == provenance
     assert sweep.adopt_added_arms(more, paths) == []  # adopted once
     for stage in ("calibrate-probes", "recover-lora-k1"):  # the dry run says what is done and what is left
-        sweep.stage_output(paths.root, stage).parent.mkdir(parents=True, exist_ok=True)
-        sweep.stage_output(paths.root, stage).write_text("{}")
-    stages = [name for name in sweep.stage_names(more) if name != "report"]
-    (line,) = sweep.progress_lines(more, paths.root)
+        sweep_grid.stage_output(paths.root, stage).parent.mkdir(parents=True, exist_ok=True)
+        sweep_grid.stage_output(paths.root, stage).write_text("{}")
+    stages = [name for name in sweep_grid.stage_names(more) if name != "report"]
+    (line,) = sweep_plan.progress_lines(more, paths.root)
     assert "holds a run of this sweep:" in line and f"2 of {len(stages)} stages complete" in line
     assert "recover-local-k1, eval-local-k1" in line
     assert "left: score, " in line and "recover-lora-k1," not in line
-    assert sweep.progress_lines(more, tmp_path / "elsewhere") == []
+    assert sweep_plan.progress_lines(more, tmp_path / "elsewhere") == []
     # a grid for the added arm alone is the added arm's business; a run recorded without arms is not adopted
     grid = _tiny_study(tiny_llama, tmp_path, arms={**more.arms, "kd": {"method": "kd"}}, lr_grid={"kd": [1e-4, 1e-3]})
-    assert "arms kd would be added" in sweep.progress_lines(grid, paths.root)[0]
+    assert "arms kd would be added" in sweep_plan.progress_lines(grid, paths.root)[0]
     assert sweep.adopt_added_arms(grid, paths) == ["kd"]
     armless = RunPaths(tmp_path / "armless")
     claim_run_dir(armless, _tiny_study(tiny_llama, tmp_path), overwrite=False)
     assert sweep.adopt_added_arms(more, armless) == []
     armless.state.write_text("{not json")  # a torn run.json: left to claim_run_dir's one-line error
     assert sweep.adopt_added_arms(more, armless) == []
-    assert "would be refused" in sweep.progress_lines(more, armless.root)[0]
+    assert "would be refused" in sweep_plan.progress_lines(more, armless.root)[0]
     assert sweep.adopt_added_arms(_tiny_study(tiny_llama, tmp_path), paths) == []  # no arms: nothing to add
 
 
@@ -774,13 +774,13 @@ def test_bad_budgets_are_one_line_errors(capsys, tiny_llama, tmp_path):
 
 def test_budget_points_are_labelled_staged_and_trained_to_their_budget(tiny_llama, tmp_path, monkeypatch):
     from layerprune.core.settings import RunSettings
-    from layerprune.pipeline.studies import recovery, sweep
+    from layerprune.pipeline.studies import sweep, sweep_grid
 
     study = SweepStudy.model_validate(_budget_sweep(tiny_llama, tmp_path / "s", budgets=[20, 32768, 40000],
                                                     replicates=2, controls=True, dedicated_at=20))
-    assert sweep.models(study)[:9] == ["baseline", "lora-k0", "lora-k0@r1", "pruned-k1", "lora-k1@20",
+    assert sweep_grid.models(study)[:9] == ["baseline", "lora-k0", "lora-k0@r1", "pruned-k1", "lora-k1@20",
                                        "lora-k1@20@r1", "lora-k1@32768", "lora-k1@32768@r1", "lora-k1"]
-    stages = sweep.stage_names(study)  # a checkpoint is scored after its run; local trains each budget on its own
+    stages = sweep_grid.stage_names(study)  # a checkpoint is scored after its run; local trains each budget on its own
     assert stages.index("eval-lora-k1@20@r1") > stages.index("recover-lora-k1@r1")
     assert "recover-lora-k1@20" not in stages and "recover-local-k1@20@r1" in stages
     assert "eval-lora-k2@32768" in stages and not any(s.startswith("eval-lora-k0@2") for s in stages)
@@ -788,7 +788,7 @@ def test_budget_points_are_labelled_staged_and_trained_to_their_budget(tiny_llam
     assert dedicated == ["recover-lora-k1@20-dedicated", "eval-lora-k1@20-dedicated", "recover-lora-k1@20-dedicated@r1",
                          "eval-lora-k1@20-dedicated@r1"]
     calls = []
-    monkeypatch.setattr(recovery, "recover_sharing_answers", lambda recipe, job, shared: calls.append(
+    monkeypatch.setattr(sweep, "recover_sharing_answers", lambda recipe, job, shared: calls.append(
         (job.output.name, recipe.train.max_tokens, {b: p.name for b, p in job.snapshots.items()})))
     for label in ("lora-k1@r1", "local-k1@20@r1", "local-k2", "lora-k0", "lora-k1@20-dedicated@r1"):
         sweep.recover_at(study, RunSettings(), tmp_path / "s", label)
@@ -890,7 +890,7 @@ def test_declared_comparisons_are_checked_when_the_recipe_loads(capsys, tiny_lla
 def test_a_declared_family_gets_its_holm_interval_over_exactly_its_contrasts(tiny_llama, tmp_path):
     from layerprune.pipeline.studies import sweep_report
     from layerprune.pipeline.studies.comparisons import draw_families
-    from layerprune.pipeline.studies.sweep import recovered_label
+    from layerprune.pipeline.studies.sweep_grid import recovered_label
 
     study = _tiny_study(tiny_llama, tmp_path, arms=ARMS, comparisons={
         "main": MAIN, "one": [{"name": "lora-score-k1-vs-k2", "a": "lora", "at": 1, "b_at": 2, "measure": "score"}]})
@@ -923,7 +923,7 @@ def test_a_declared_family_gets_its_holm_interval_over_exactly_its_contrasts(tin
 def test_an_exploratory_family_is_reported_as_such_beside_todays_family(tiny_llama, tmp_path):
     from layerprune.pipeline.studies import sweep_report
     from layerprune.pipeline.studies.comparisons import EXPLORATORY, draw_families, uses_default_family
-    from layerprune.pipeline.studies.sweep import recovered_label
+    from layerprune.pipeline.studies.sweep_grid import recovered_label
 
     study = _tiny_study(tiny_llama, tmp_path, arms=ARMS, comparisons={"late": {"exploratory": True, "contrasts": MAIN}})
     figures = _armed_figures(WON)
@@ -942,7 +942,7 @@ def test_an_exploratory_family_is_reported_as_such_beside_todays_family(tiny_lla
 def test_an_arm_with_its_own_prompts_gets_its_own_teacher_answers_without_evaluation_items(tiny_llama, tmp_path,
                                                                                               monkeypatch):
     from layerprune.core.settings import RunSettings
-    from layerprune.pipeline.studies import recovery, sweep
+    from layerprune.pipeline.studies import sweep
 
     arms = {"lora": ARMS["lora"], "aligned": {"method": "lora"}}
     own = {"source": "probes:arith_1d_sum3", "samples": 8}
@@ -952,7 +952,7 @@ def test_an_arm_with_its_own_prompts_gets_its_own_teacher_answers_without_evalua
     assert recipe.prompts.source == own["source"] and study.evaluate.probe_seed in recipe.prompts.exclude_probe_seeds
     assert study.arm_recipe("lora", "<pruned>").prompts.source == "dolly"
     calls = []
-    monkeypatch.setattr(recovery, "recover_sharing_answers",
+    monkeypatch.setattr(sweep, "recover_sharing_answers",
                         lambda recipe, job, shared: calls.append((job.output.name, shared.name)))
     for label in ("aligned-k1", "aligned-k2@r1", "lora-k1"):
         sweep.recover_at(study, RunSettings(), tmp_path / "s", label)

@@ -18,9 +18,9 @@ from layerprune.core.recipe_loading import find_recipe, load_recipe, validation_
 from layerprune.core.registry import unknown_name_message
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.pipeline.recipe import RunRecipe
-from layerprune.pipeline.studies.grain import GrainStudy
-from layerprune.pipeline.studies.recovery import RecoveryStudy
-from layerprune.pipeline.studies.sweep import SweepStudy
+from layerprune.pipeline.studies.grain_grid import GrainStudy
+from layerprune.pipeline.studies.recovery_grid import RecoveryStudy
+from layerprune.pipeline.studies.sweep_grid import SweepStudy
 from layerprune.pipeline.studies.variant import VariantStudy
 from layerprune.posttrain.schema import VariantRecipe
 from layerprune.prune.recipe import PruneRecipe

@@ -10,7 +10,7 @@ from pathlib import Path
 from layerprune.cli.flags import add_schema_flags, typed_layer
 from layerprune.core.recipe_loading import build_from_recipe, build_schema
 from layerprune.core.settings import RunSettings
-from layerprune.pipeline.studies.recovery import RecoveryStudy
+from layerprune.pipeline.studies.recovery_grid import RecoveryStudy
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +26,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from layerprune.pipeline.studies import recovery, sweep
+    from layerprune.pipeline.studies import recovery, sweep, sweep_plan
 
     settings = build_schema(RunSettings, typed_layer(args, RunSettings))
     if is_sweep(args.recipe):
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         if args.replicates is not None:  # defaults < recipe < flags
             ratios = sweep.SweepStudy.model_validate({**ratios.model_dump(), "replicates": args.replicates})
         if args.dry_run:
-            print(sweep.dry_run(ratios, settings))
+            print(sweep_plan.dry_run(ratios, settings))
         else:
             print(f"sweep: {sweep.run_sweep(ratios, settings, args.overwrite)}")
         return 0

@@ -54,7 +54,7 @@ def _sweep(root: Path, out: Path) -> tuple[str, dict[str, Any]]:
     """A sweep's sweep.json and sweep.md; the loss curves come from the archived sweep.json (the recover reports are
     scrubbed of their data text and do not read back)."""
     from layerprune.pipeline.studies import sweep_report
-    from layerprune.pipeline.studies.sweep import SweepStudy
+    from layerprune.pipeline.studies.sweep_grid import SweepStudy
 
     curves = {(int(k) if k.isdigit() else k): v for k, v in _load(root / "sweep.json")["curves"].items()}
     study = _study(SweepStudy, root)
@@ -73,7 +73,7 @@ def _study(kind: Any, root: Path) -> Any:
 
 
 def _grain(root: Path, out: Path) -> tuple[str, dict[str, Any]]:
-    from layerprune.pipeline.studies.grain import GrainStudy
+    from layerprune.pipeline.studies.grain_grid import GrainStudy
     from layerprune.pipeline.studies.grain_report import write_grain_report
 
     write_grain_report(_study(GrainStudy, root), root)

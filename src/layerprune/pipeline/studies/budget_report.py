@@ -50,7 +50,7 @@ def tokens_for(a: float, t: float, share: float, largest: int) -> float | None:
 
 def budget_labels(study: Any, arm: str | None, k: int) -> list[tuple[int, str]]:
     """(budget, logical label) of an arm's points at k, budget by budget (the largest: the recovered label itself)."""
-    from layerprune.pipeline.studies.sweep import budget_tag, recovered_label
+    from layerprune.pipeline.studies.sweep_grid import budget_tag, recovered_label
 
     label = recovered_label(arm, k)
     return [(b, f"{label}@{budget_tag(b)}") for b in study.budgets[:-1]] + [(study.budgets[-1], label)]
@@ -102,7 +102,7 @@ def verdict(arm_curve: dict[str, Any] | None, control: dict[str, Any] | None) ->
 
 def budget_figures(study: Any, root: Path) -> tuple[Figures, list[str]]:
     """The sweep's paired figures with every task its own group."""
-    from layerprune.pipeline.studies.recovery import split_label
+    from layerprune.pipeline.studies.cells import split_label
     from layerprune.pipeline.studies.sweep_report import evaluated
 
     labels, matrices, chance, _ = load_matrix(evaluated(study, root))
@@ -115,7 +115,7 @@ def budget_figures(study: Any, root: Path) -> tuple[Figures, list[str]]:
 def write_budget_report(study: Any, root: Path, control_arm: str | None = None) -> Path:
     """budget.md and budget.json: every arm's curve per k and task, the fits and the verdicts; `control_arm`: the
     positive control (default: the arm with its own prompts, study.arm_prompts, if there is one)."""
-    from layerprune.pipeline.studies.sweep import arm_names
+    from layerprune.pipeline.studies.sweep_grid import arm_names
 
     figures, tasks = budget_figures(study, root)
     control_arm = control_arm or next(iter(getattr(study, "arm_prompts", {}) or {}), None)
@@ -166,7 +166,7 @@ def plot_curves(curves: list[dict[str, Any]], budgets: list[int], path: Path) ->
 def format_budget(study: Any, curves: list[dict[str, Any]], verdicts: dict[str, str],
                   control_arm: str | None) -> list[str]:
     """The curve table (arm x k x task, a share column per budget), the fits and the verdicts."""
-    from layerprune.pipeline.studies.sweep import budget_tag
+    from layerprune.pipeline.studies.sweep_grid import budget_tag
 
     tags = [budget_tag(b) for b in study.budgets]
     lines = [f"# Budget curves: {study.name}", "",

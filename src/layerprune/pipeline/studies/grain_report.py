@@ -29,7 +29,7 @@ from layerprune.core import paired
 from layerprune.core.outputs import write_atomic
 from layerprune.core.paired import ALPHA, format_interval, holm
 from layerprune.pipeline.paired_table import Figures, load_matrix
-from layerprune.pipeline.studies.grain import CONTROL, PLAN_FILE, GrainStudy, cell, logical_models
+from layerprune.pipeline.studies.grain_grid import CONTROL, PLAN_FILE, GrainStudy, cell, logical_models
 
 GROUP = "instrument"
 

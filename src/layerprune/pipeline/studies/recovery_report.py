@@ -25,8 +25,9 @@ from typing import Any
 from layerprune.core import paired
 from layerprune.core.paired import differ_text, format_interval
 from layerprune.evaluate.summary import SUMMARY_FILE, read_summary
+from layerprune.pipeline.studies.cells import CHAT_EVAL
 from layerprune.pipeline.studies.lr_search import lr_lines
-from layerprune.pipeline.studies.recovery import CHAT_EVAL, CONTROL, NO_CONTROL, calibration_file
+from layerprune.pipeline.studies.recovery_grid import CONTROL, NO_CONTROL, calibration_file
 from layerprune.tasks.probes import distinct_items, family_label, probe_tasks
 
 GSM8K = "gsm8k"
@@ -619,7 +620,7 @@ def write_study_report(study: Any, root: Path) -> Path:
     source = study.shared_recipe(str(root / "pruned")).prompts.source
     trained = trained_tasks(source, kept_prompts(root, list(study.arms)))
     from layerprune.pipeline.audit_report import audit_section
-    from layerprune.pipeline.studies.recovery import fixed_tasks, physical_labels
+    from layerprune.pipeline.studies.recovery_grid import fixed_tasks, physical_labels
 
     controlled = [CONTROL + label for label in study.controlled()]
     runs = {label: physical_labels(study, label) for label in [*study.arms, *controlled]}

@@ -26,8 +26,8 @@ from layerprune.evaluate.summary import SUMMARY_FILE, read_summary
 from layerprune.pipeline.audit import audit_runs
 from layerprune.pipeline.audit_report import join_audit_lines
 from layerprune.pipeline.paired_table import Figures
-from layerprune.pipeline.studies.recovery import split_label
-from layerprune.pipeline.studies.sweep import recovered_label
+from layerprune.pipeline.studies.cells import split_label
+from layerprune.pipeline.studies.sweep_grid import recovered_label
 from layerprune.pipeline.studies.sweep_report import (
     KINDS,
     comparisons,

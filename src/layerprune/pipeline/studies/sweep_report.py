@@ -32,7 +32,7 @@ from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.paired_table import Figures, load_matrix
 from layerprune.pipeline.studies.comparisons import draw_families, format_families, uses_default_family
 from layerprune.pipeline.studies.lr_search import lr_lines
-from layerprune.pipeline.studies.sweep import recovered_label
+from layerprune.pipeline.studies.sweep_grid import recovered_label
 
 KINDS = ("classification", "generative")
 CONTROL = "recovered-k0"  # the k = 0 control: the same recovery of the unpruned original (ARM-k0 with arms)
@@ -392,7 +392,7 @@ def plot_retention(points: list[dict[str, Any]], depth: int | None, path: Path) 
 def loss_curves(study: Any, root: Path) -> dict[int | str, dict[str, Any]]:
     """Per k (with arms: per ARM-kK), replicate 0: the held-out loss curve, tokens trained and optimizer steps from
     its recover report."""
-    from layerprune.pipeline.studies.sweep import arm_names, stage_output
+    from layerprune.pipeline.studies.sweep_grid import arm_names, stage_output
     from layerprune.recover.report import RECOVER_REPORT, read_recover_report
 
     out: dict[int | str, dict[str, Any]] = {}
@@ -464,7 +464,8 @@ def write_sweep_report(study: Any, root: Path, curves: dict[int | str, dict[str,
     held-out loss curves where the recover reports cannot give them (a records archive's, whose reports are scrubbed);
     else read from them."""
     from layerprune.pipeline.audit_report import audit_section
-    from layerprune.pipeline.studies.sweep import CALIBRATION_FILE, arm_names, ranking
+    from layerprune.pipeline.studies.cells import CALIBRATION_FILE
+    from layerprune.pipeline.studies.sweep_grid import arm_names, ranking
 
     folders = evaluated(study, root)
     figures, matrices, kinds = sweep_figures(folders)
@@ -506,7 +507,7 @@ def _recovery_sections(study: Any, points: list[dict[str, Any]], controls: dict[
                        pairs: list[dict[str, Any]], declared: dict[str, dict[str, Any]] | None = None) -> list[str]:
     """The k = 0 control(s), the run-to-run spread, with arms the arms compared pairwise at every k (unless the recipe
     declares a confirmatory family), and the recipe's declared comparisons, family by family."""
-    from layerprune.pipeline.studies.sweep import arm_names, has_control
+    from layerprune.pipeline.studies.sweep_grid import arm_names, has_control
 
     chains = {arm: study.arm_recipe(arm, "<pruned>").chain_name() for arm in arm_names(study)}
     text = [line for arm in chains for line in (
@@ -523,7 +524,7 @@ def _recovery_sections(study: Any, points: list[dict[str, Any]], controls: dict[
 def evaluated(study: Any, root: Path, evals: str = "eval") -> dict[str, Path]:
     """The eval folder of every model the sweep scored (physical labels: replicates apart); `evals`: eval, or
     eval-chat (the probe levels through the chat template)."""
-    from layerprune.pipeline.studies.sweep import models
+    from layerprune.pipeline.studies.sweep_grid import models
 
     return {m: root / evals / m for m in models(study) if (root / evals / m / SUMMARY_FILE).is_file()}
 
@@ -532,7 +533,7 @@ def arm_figures(study: Any, figures: Figures) -> tuple[list[dict[str, Any]], dic
                                                      list[dict[str, Any]]]:
     """Every k's point per arm, each arm's k = 0 control and, with arms, the arms compared pairwise (today's family:
     drawn unless the recipe declares a confirmatory family of its own)."""
-    from layerprune.pipeline.studies.sweep import arm_names
+    from layerprune.pipeline.studies.sweep_grid import arm_names
 
     arms = arm_names(study)
     points = [point(study, figures, k, arm) for k in study.ratios if f"pruned-k{k}" in figures.labels for arm in arms]
@@ -546,7 +547,7 @@ def chat_figures(study: Any, root: Path, plain_generative: list[str]) -> tuple[d
     k the scores, drop, retention and recovered share, the controls, the spread and the arms compared; (None, [])
     where the recovery data is plain, (None, a line) where nothing was scored that way. `plain_generative`: the
     generative tasks of the plain figures (GSM8K among them where it passed its gate)."""
-    from layerprune.pipeline.studies.sweep import both_formats
+    from layerprune.pipeline.studies.sweep_grid import both_formats
 
     if not both_formats(study):
         return None, []
@@ -577,7 +578,7 @@ def sweep_figures(folders: dict[str, Path],
     """Figures over the logical labels (a recovered point's replicates are one label: their mean, the interval with
     the run-to-run variance), the per-task matrices and the tasks' kinds; `common`: on the items every model
     answered (sweeps joined across runs)."""
-    from layerprune.pipeline.studies.recovery import split_label
+    from layerprune.pipeline.studies.cells import split_label
 
     labels, matrices, chance, kinds = load_matrix(folders, common)
     if not matrices:
@@ -618,7 +619,7 @@ def _depth(root: Path) -> int | None:
 def _method_lines(study: Any, root: Path, figures: Figures, items: dict[str, int], calibration: dict[str, Any],
                   curves: dict[int | str, dict[str, Any]], unpaired: dict[str, str],
                   depth: int | None) -> list[str]:
-    from layerprune.pipeline.studies.sweep import ranking
+    from layerprune.pipeline.studies.sweep_grid import ranking
 
     cuts = ranking(root, study.ratios)
     kept = ", ".join(f"{t} ({100 * r['score']:.0f}%)" for t, r in calibration["levels"].items() if r["kept"])

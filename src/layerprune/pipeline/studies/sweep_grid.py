@@ -1,0 +1,363 @@
+"""The pruning-ratio sweep as data: its recipe (SweepStudy), the models its grid expands to (cuts x arms x budgets x
+replicates, the k = 0 controls), their labels, and its stages with their outputs, replicate by replicate. The runner
+(sweep.py), the dry run (sweep_plan.py) and the reports (sweep_report.py, budget_report.py, sweep_join.py) read it; it
+imports none of them."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.recipe_loading import validation_message
+from layerprune.evaluate.calibrated import ProbeCalibration
+from layerprune.evaluate.schema import EvalSettings
+from layerprune.evaluate.summary import SUMMARY_FILE
+from layerprune.pipeline.recipe import PipelineRecipe, RecoverStage
+from layerprune.pipeline.studies.cells import (
+    CALIBRATION_FILE,
+    CHAT_EVAL,
+    Arm,
+    check_plain_probes,
+    derive_arm_recipe,
+    replicate_label,
+    split_label,
+)
+from layerprune.pipeline.studies.comparisons import ComparisonFamily, check_comparisons
+from layerprune.pipeline.studies.lr_search import check_lr_grid, lr_search_file
+from layerprune.recover.schema import RecoverRecipe
+
+log = logging.getLogger(__name__)
+
+
+GSM8K = "gsm8k"
+
+
+TAKEN = ("baseline", "pruned", "recovered", "original")  # arm labels that would name the sweep's other models
+
+
+CONSTANT = ("constant_with_warmup", "constant")  # schedules whose checkpoint is the model a shorter run would be
+
+
+class Gsm8kGate(BaseModel):
+    """GSM8K is scored only when the original reaches `min_score` on the first `limit` test items."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_score: float = Field(0.15, ge=0, le=1, description="The original's GSM8K score (strict match) needed")
+    limit: int = Field(20, ge=1, description="GSM8K test items the gate scores the original on")
+
+
+class SweepStudy(PipelineRecipe):
+    """Prune at several ratios from one ranking, recover each, evaluate all on the same items, one report."""
+
+    kind: ClassVar[str] = "sweep-study"
+    adds_stages: ClassVar[tuple[str, ...]] = ("replicates", "controls")  # more of them resume the sweep
+    ratios: list[int] = Field(min_length=2, description="Blocks dropped at each point of the sweep (k)")
+    recover: dict[str, Any] = Field(description="Recover recipe of every k: {recipe: NAME, overrides: {...}}")
+    classification: list[str] = Field(min_length=1, description="Classification tasks of the suite to score")
+    probes: ProbeCalibration = Field(default_factory=ProbeCalibration, description="probes-calibrated selection")
+    gsm8k_gate: Gsm8kGate = Field(default_factory=Gsm8kGate, description="When GSM8K is scored")
+    replicates: int = Field(1, ge=1, description="Recoveries per point: replicate r runs with seed settings.seed + r "
+                            "(held-out split, data order, adapter init, sampled teacher answers), r = 0 as a single "
+                            "run, r > 0 in recovered-kK@rR; the report gives the across-run spread")
+    controls: bool = Field(False, description="The k = 0 control: the same recovery of the unpruned original "
+                           "(recovered-k0, per replicate), scored on the same items (none for merge, replace, local)")
+    arms: dict[str, Arm] | None = Field(None, min_length=1, description="Recovery methods by label, each applied at "
+                                        "every k (model ARM-kK): the shared recover recipe with the arm's method and "
+                                        "section, as a recovery study's arms; none: the recover recipe alone")
+    lr_grid: dict[str, list[float]] = Field(
+        default_factory=dict, description="Candidate learning rates by arm label: the arm's replicate-0 recipe trained "
+        "at each on the model pruned at k = lr_at under a seed of its own (stage lr-ARM, runs in lr_search/, never "
+        "scored), the lowest "
+        "held-out loss chosen for every k, replicate and control of the arm")
+    lr_at: int | None = Field(None, description="The k whose pruned model lr_grid is searched on (default: the "
+                              "middle ratio)")
+    arm_prompts: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="By arm label, the prompts section of an arm trained on other prompts than "
+        "the shared recipe's (a task-aligned positive control, e.g. source: probes:arith_2d_sub, drawn on the "
+        "recovery seed stream with the evaluation's items excluded): its own teacher answers (selfgen-ARM.jsonl), "
+        "shared by its k, replicates and control")
+    budgets: list[int] | None = Field(
+        None, description="Training budgets in unpadded target tokens (recover/budget.py's unit), increasing: every "
+        "recovery at k > 0 trains to the largest (train.max_tokens) and a trainer's run saves its model when its "
+        "counted target tokens first reach each smaller one (model ARM-kK@<budget>[@rR], e.g. sft-k2@32k@r1, scored "
+        "as every model is); local, which has no trainer, trains each budget as a run of its own; the k = 0 "
+        "controls at the largest budget only, lr_grid searched at the smallest. The rate must be constant after "
+        "warmup (lr_scheduler constant or constant_with_warmup), so a checkpoint is the model a run of that budget "
+        "would be")
+    dedicated_at: int | None = Field(
+        None, description="One of budgets below the largest at which every trainer arm also trains a run of its own "
+        "at k = lr_at (model ARM-kK@<budget>-dedicated[@rR], each replicate): the report pairs it with the checkpoint "
+        "of that budget, which it should match within its interval")
+    comparisons: dict[str, ComparisonFamily] = Field(
+        default_factory=dict, description="Declared comparisons by family (pipeline/studies/comparisons.py): each "
+        "contrast {name, a, at, b, b_at, measure, kind, net_of_control} gets its paired interval and its Holm interval "
+        "over its family; a family {exploratory: true, contrasts: [...]} was declared after the results were read. "
+        "None declared (or only exploratory ones): every pair of arms at every k, one family per measure")
+
+    @model_validator(mode="after")
+    def _one_ranking(self) -> SweepStudy:
+        if sorted(set(self.ratios)) != self.ratios or self.ratios[0] < 1:
+            raise ValueError(f"ratios must be distinct block counts >= 1 in increasing order, not {self.ratios}")
+        if self.prune.layers is not None or self.prune.iterative:
+            raise ValueError("the sweep cuts one one-shot ranking: set prune.drop and score (not layers or iterative)")
+        if self.prune.drop != self.ratios[-1]:
+            raise ValueError(f"prune.drop must be the largest ratio ({self.ratios[-1]}): one scoring pass ranks them")
+        if self.evaluate.suite is None:
+            raise ValueError("evaluate.suite: name the suite whose settings every task is scored with")
+        shared = self.shared_recipe("<pruned>")
+        check_plain_probes(self.evaluate, shared)
+        for label in self.arms or {}:
+            if not label.replace("+", "").replace("-", "").replace("_", "").isalnum() or label in TAKEN:
+                raise ValueError(f"arm label '{label}': letters, digits, '+', '-' and '_' only, and none of "
+                                 f"{', '.join(TAKEN)} (they name the sweep's other models)")
+            try:
+                self.arm_recipe(label, "<pruned>")
+            except ValidationError as exc:
+                raise ValueError(validation_message(exc, f"arm '{label}'")) from None
+        self._check_lr_grid(shared)
+        self._check_budgets()
+        if set(self.arm_prompts) - set(self.arms or {}):
+            raise ValueError(f"arm_prompts: {', '.join(sorted(set(self.arm_prompts) - set(self.arms or {})))} "
+                             "not among the arms")
+        return self
+
+    def _check_budgets(self) -> None:
+        if self.budgets is None:
+            if self.dedicated_at is not None:
+                raise ValueError("dedicated_at: name the budgets it is one of")
+            return
+        if len(self.budgets) < 2 or sorted(set(self.budgets)) != self.budgets or self.budgets[0] < 1:
+            raise ValueError(f"budgets must be two or more distinct target-token counts >= 1 in increasing order, not "
+                             f"{self.budgets}")
+        for arm in arm_names(self):
+            recipe, name = self.arm_recipe(arm, "<pruned>"), f"arm '{arm}'" if arm else "the recovery"
+            if recipe.trainer_method() is None and "local" not in recipe.surgery_steps():
+                raise ValueError(f"budgets: {name} trains nothing ({recipe.chain_name()}): a budget curve needs "
+                                 "training")
+            if recipe.train.max_tokens is not None:
+                raise ValueError(f"budgets: leave train.max_tokens of {name} unset: each run trains to its budget")
+            if self.dedicated_at is not None and self.dedicated_at not in self.budgets[:-1]:
+                raise ValueError(f"dedicated_at: one of the budgets below the largest "
+                                 f"({', '.join(map(str, self.budgets[:-1]))}), not {self.dedicated_at}")
+            if recipe.trainer_method() is not None and recipe.train.lr_scheduler not in CONSTANT:
+                raise ValueError(f"budgets: {name} decays its rate (train.lr_scheduler {recipe.train.lr_scheduler}); "
+                                 f"a budget point is a checkpoint of one run: use {' or '.join(CONSTANT)}")
+
+    @model_validator(mode="after")
+    def _declared_comparisons(self) -> SweepStudy:
+        check_comparisons(self.comparisons, list(self.arms) if self.arms else None, self.ratios,
+                          lambda arm: has_control(self, arm))
+        return self
+
+    def _check_lr_grid(self, shared: RecoverRecipe) -> None:
+        if self.lr_grid and self.arms is None:
+            raise ValueError("lr_grid: name the recovery methods in arms (a grid is given per arm)")
+        if self.lr_at is not None and (not self.lr_grid or self.lr_at not in self.ratios):
+            raise ValueError(f"lr_at: one of ratios ({', '.join(map(str, self.ratios))}), with an lr_grid")
+        check_lr_grid(self.lr_grid, self.arms or {}, lambda label: self.arm_recipe(label, "<pruned>"),
+                      shared.train.held_out)
+
+    @property
+    def lr_k(self) -> int:
+        """The k the learning-rate grid is searched at: lr_at, else the middle ratio."""
+        return self.lr_at if self.lr_at is not None else self.ratios[(len(self.ratios) - 1) // 2]
+
+    def shared_recipe(self, student: str) -> RecoverRecipe:
+        return RecoverStage.model_validate(self.recover).resolve(student, self.model)
+
+    def arm_recipe(self, arm: str | None, student: str) -> RecoverRecipe:
+        """The recover recipe of one arm (None: the sweep without arms, the shared recipe itself), derived from the
+        shared one exactly as a recovery study derives its arms (derive_arm_recipe)."""
+        if arm is None:
+            return self.shared_recipe(student)
+        assert self.arms is not None
+        recipe = derive_arm_recipe(self.shared_recipe(student), self.arms[arm], f"{self.name}-{arm}",
+                                   self.evaluate.probe_seed)
+        if arm not in self.arm_prompts:
+            return recipe
+        from layerprune.core.recipe_loading import merge_layers
+
+        dumped = recipe.model_dump(mode="json")
+        seeds = sorted({*dumped["prompts"]["exclude_probe_seeds"], *self.arm_prompts[arm].get(
+            "exclude_probe_seeds", [])})  # the evaluation's probe seed stays excluded
+        layer = {"prompts": {**self.arm_prompts[arm], "exclude_probe_seeds": seeds}}
+        return RecoverRecipe.model_validate(merge_layers(dumped, layer))
+
+    def answers_file(self, arm: str | None, recipe: RecoverRecipe, replicate: int) -> str:
+        """The teacher-answer file a run shares (recovery.teacher_answers), one of its own for an arm with
+        arm_prompts."""
+        from layerprune.pipeline.studies.cells import teacher_answers
+
+        shared = teacher_answers(recipe, replicate)
+        return shared.replace("selfgen", f"selfgen-{arm}", 1) if arm in self.arm_prompts else shared
+
+    def eval_settings(self, tasks: list[str]) -> EvalSettings:
+        return self.evaluate.model_copy(update={"only": tasks})
+
+
+def arm_names(study: SweepStudy) -> list[str | None]:
+    """The arms' labels; [None] for a sweep without arms (its one recovery)."""
+    return list(study.arms) if study.arms else [None]
+
+
+def recovered_label(arm: str | None, k: int) -> str:
+    """The logical label of a recovered point: recovered-kK without arms, ARM-kK with (k = 0: the control)."""
+    return f"recovered-k{k}" if arm is None else f"{arm}-k{k}"
+
+
+def has_control(study: SweepStudy, arm: str | None = None) -> bool:
+    """Whether the k = 0 control of `arm` (None: the recovery of a sweep without arms) runs: asked for, and a
+    recovery that needs no cut (merge, replace, local do)."""
+    return study.controls and not study.arm_recipe(arm, "<pruned>").needs_cut()
+
+
+def recovered(study: SweepStudy, k: int, arm: str | None = None) -> list[str]:
+    """The physical labels of every replicate of the arm's recovered point at k (k = 0: its control)."""
+    return [replicate_label(recovered_label(arm, k), r) for r in range(study.replicates)]
+
+
+def models(study: SweepStudy) -> list[str]:
+    """The evaluated models' labels: baseline, the controls' replicates (per arm), then pruned-k and each arm's
+    recovered-k (each replicate) for each k."""
+    control = [m for arm in arm_names(study) if has_control(study, arm) for m in recovered(study, 0, arm)]
+    return ["baseline", *control, *(m for k in study.ratios
+                                    for m in (f"pruned-k{k}", *recovered_at(study, k)))]
+
+
+def recovered_at(study: SweepStudy, k: int) -> list[str]:
+    """Every arm's replicates at k, arm by arm (with budgets: each arm's smaller budgets' points first)."""
+    return [m for arm in arm_names(study)
+            for m in (*budget_points(study, k, arm), *recovered(study, k, arm), *dedicated_points(study, k, arm))]
+
+
+def budget_tag(tokens: int) -> str:
+    """A budget in a label: 32000 -> 32k, 32768 -> 32768."""
+    return f"{tokens // 1000}k" if tokens % 1000 == 0 else str(tokens)
+
+
+def budget_points(study: SweepStudy, k: int, arm: str | None = None) -> list[str]:
+    """The physical labels of the arm's recovered point at k at every budget below the largest (ARM-kK@<budget>,
+    replicate r > 0 ARM-kK@<budget>@rR: a replicate suffix last, so a budget point's replicates are one logical
+    label), budget by budget; none without budgets or at k = 0 (the controls train to the largest budget only)."""
+    if not study.budgets or k == 0:
+        return []
+    return [replicate_label(f"{recovered_label(arm, k)}@{budget_tag(b)}", r)
+            for b in study.budgets[:-1] for r in range(study.replicates)]
+
+
+DEDICATED = "-dedicated"  # the tag of a budget point trained as a run of its own beside a trainer's checkpoint
+
+
+def dedicated_points(study: SweepStudy, k: int, arm: str | None = None) -> list[str]:
+    """The physical labels of a trainer arm's dedicated runs at dedicated_at (k = lr_k only), replicate by
+    replicate; none otherwise (local's budget points are all runs of their own)."""
+    if study.dedicated_at is None or k != study.lr_k or trains_each_budget(study, arm):
+        return []
+    return [replicate_label(f"{recovered_label(arm, k)}@{budget_tag(study.dedicated_at)}{DEDICATED}", r)
+            for r in range(study.replicates)]
+
+
+def budget_of(study: SweepStudy, label: str) -> tuple[str, int | None]:
+    """(the label without its budget, the budget) of a recovered point's label (kK[@B][@rR] or ARM-kK[@B][@rR]):
+    without a budget tag, the largest budget (None: the sweep has no budgets)."""
+    logical, replicate = split_label(label)
+    bare, _, tag = logical.partition("@")
+    tag = tag.removesuffix(DEDICATED)
+    tags = {budget_tag(b): b for b in study.budgets or []}
+    if tag and tag not in tags:
+        raise LayerpruneError(f"{label}: no budget {tag} in this sweep's budgets")
+    budget = tags[tag] if tag else (study.budgets[-1] if study.budgets else None)
+    return replicate_label(bare, replicate), budget
+
+
+def trains_each_budget(study: SweepStudy, arm: str | None) -> bool:
+    """Whether the arm's budget points are runs of their own (local: no trainer to save checkpoints), not
+    checkpoints of the run to the largest budget."""
+    return bool(study.budgets) and study.arm_recipe(arm, "<pruned>").trainer_method() is None
+
+
+def both_formats(study: SweepStudy) -> bool:
+    """Whether the probe levels are scored in both formats, plain few-shot text and through the chat template: the
+    recovery data is chat-formatted (generate.chat_template), as a recovery study decides."""
+    return study.shared_recipe("<pruned>").generate.chat_template
+
+
+def stage_names(study: SweepStudy) -> list[str]:
+    chat = both_formats(study)
+
+    def evals(label: str) -> list[str]:
+        return [f"eval-{label}", *([CHAT_EVAL + label] if chat else [])]
+
+    def recoveries(labels: list[str]) -> list[str]:
+        return [s for label in labels for s in (f"recover-{label.removeprefix('recovered-')}", *evals(label))]
+
+    def arm_at(k: int, arm: str | None) -> list[str]:  # a checkpoint is scored after the run that saves it
+        points = budget_points(study, k, arm)
+        if trains_each_budget(study, arm):
+            return recoveries([*points, *recovered(study, k, arm)])
+        return [*recoveries(recovered(study, k, arm)), *(s for m in points for s in evals(m)),
+                *recoveries(dedicated_points(study, k, arm))]
+
+    control = recoveries([m for arm in arm_names(study) if has_control(study, arm) for m in recovered(study, 0, arm)])
+    per_k = [s for k in study.ratios
+             for s in (f"prune-k{k}", *evals(f"pruned-k{k}"), *(s for a in arm_names(study) for s in arm_at(k, a)))]
+    grid = [f"lr-{arm}" for arm in study.lr_grid]
+    # replicate by replicate (a stable sort: each replicate's cuts, then its controls), so a study run in parts holds
+    # whole replicates of the design after each part, not every replicate of its first cells
+    cells = sorted([*per_k, *control], key=stage_replicate)
+    return ["calibrate-probes", "score", "gate-gsm8k", *evals("baseline"), *grid, *cells, "report"]
+
+
+def stage_replicate(stage: str) -> int:
+    """The replicate a stage belongs to: R of a name ending @rR, else 0."""
+    found = re.search(r"@r(\d+)$", stage)
+    return int(found.group(1)) if found else 0
+
+
+def stage_output(root: Path, stage: str) -> Path:
+    name = stage.split("-", 1)[1] if "-" in stage else stage
+    if stage.startswith("lr-"):
+        return lr_search_file(root, name)
+    if stage.startswith(CHAT_EVAL):
+        return root / CHAT_EVAL / stage.removeprefix(CHAT_EVAL) / SUMMARY_FILE
+    if stage.startswith("eval-"):
+        return root / "eval" / name / SUMMARY_FILE
+    if stage.startswith("prune-"):
+        return root / f"pruned-{name}" / "prune_report.json"
+    if stage.startswith("recover-"):  # kK[@rR] (no arms): recovered-kK[@rR]; ARM-kK[@rR]: the label itself
+        return root / (name if "-" in name else f"recovered-{name}") / "recover_report.json"
+    return {"calibrate-probes": root / CALIBRATION_FILE, "gate-gsm8k": root / "eval" / "gate-gsm8k" / SUMMARY_FILE,
+            "score": root / "scored" / "prune_report.json", "report": root / "sweep.md"}[stage]
+
+
+def evaluated_tasks(study: SweepStudy, root: Path) -> list[str]:
+    """Classification tasks, the kept probe levels, and GSM8K where the original passed the gate."""
+    from layerprune.evaluate.calibrated import kept_tasks
+    from layerprune.evaluate.summary import read_summary
+
+    tasks = [*study.classification, *kept_tasks(root / CALIBRATION_FILE)]
+    gate = read_summary(stage_output(root, "gate-gsm8k")).headlines()[GSM8K]
+    return tasks + ([GSM8K] if gate.value >= study.gsm8k_gate.min_score else [])
+
+
+def ranking(root: Path, ratios: list[int]) -> dict[int, list[int]]:
+    """The blocks each k drops: the k lowest of the one scoring pass (the largest k is what the pass dropped)."""
+    from layerprune.prune.metrics import select_lowest
+    from layerprune.prune.report import read_prune_report
+
+    report = read_prune_report(root / "scored")
+    cuts = {k: select_lowest(report.scores, k, report.method.protect) for k in ratios}
+    assert cuts[ratios[-1]] == sorted(report.dropped), "the scoring pass dropped other blocks than its ranking's lowest"
+    return cuts
+
+
+def budget_label(label: str, tokens: int) -> str:
+    """kK[@rR] or ARM-kK[@rR] at a budget: kK@B[@rR], ARM-kK@B[@rR]."""
+    logical, replicate = split_label(label)
+    return replicate_label(f"{logical}@{budget_tag(tokens)}", replicate)

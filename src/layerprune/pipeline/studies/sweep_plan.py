@@ -1,0 +1,281 @@
+"""The sweep's dry run: the grid it would run, each arm's recovery plan and memory, the budget points, the stages
+already complete in its directory, and a time estimate from the measured 2-core rates (cells.RATES)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from layerprune.core.errors import LayerpruneError
+from layerprune.core.reports import read_report
+from layerprune.core.settings import RunSettings
+from layerprune.pipeline.stages import RunPaths, RunState, owns
+from layerprune.pipeline.studies.cells import RATES, check_chat_template, rates_apply
+from layerprune.pipeline.studies.sweep import arms_added
+from layerprune.pipeline.studies.sweep_grid import (
+    DEDICATED,
+    GSM8K,
+    SweepStudy,
+    arm_names,
+    both_formats,
+    budget_tag,
+    dedicated_points,
+    has_control,
+    models,
+    stage_names,
+    stage_output,
+    trains_each_budget,
+)
+from layerprune.recover.schema import RecoverRecipe
+
+log = logging.getLogger(__name__)
+
+
+def dry_run(study: SweepStudy, settings: RunSettings) -> str:
+    """The plan: model and data, the sweep's points, what each model is scored on, the budget and a time estimate
+    from the measured CPU rates; no work."""
+    from layerprune.evaluate.suites import plan_tasks
+    from layerprune.pipeline.plan import check_data, check_model
+    from layerprune.tasks.data import resolve_data_dir
+    from layerprune.tasks.probes import family_of
+
+    shared = study.shared_recipe("<pruned>")
+    planned, _ = plan_tasks(study.evaluate.model_copy(update={"only": None}), resolve_data_dir(study.evaluate.data_dir))
+    limits = {t.spec.name: t.limit for t in planned}
+    cls_docs = sum(int(limits[t]) if (limits.get(t) or 0) >= 1 else 0 for t in study.classification)
+    probe_limit = int(max((limits.get(t) or 0) for t in study.probes.candidates))
+    families = {family_of(task) for task in study.probes.candidates}
+    most_probes = len(families) * study.probes.per_family
+    per_model = cls_docs / RATES["classification docs/s"] + most_probes * probe_limit / RATES["probe items/s"]
+    n_models = len(models(study))
+    answers = shared.prompts.samples or 256
+    plans = {arm: _training(study.arm_recipe(arm, "<pruned>")) for arm in arm_names(study)}
+    runs = {arm: (len(study.ratios) + has_control(study, arm)) * study.replicates
+            + len(study.lr_grid.get(arm or "", [])) if not study.budgets else len(budget_runs(study, arm))
+            for arm in plans}
+    answer_sets = study.replicates if shared.generate.temperature > 0 else 1
+    seconds = {"calibrate": len(study.probes.candidates) * study.probes.items / RATES["calibration items/s"],
+               "gate": study.gsm8k_gate.limit / RATES["gsm8k items/s"],
+               "teacher answers": answer_sets * answers * shared.generate.max_new_tokens / RATES["teacher tokens/s"],
+               **{f"teacher answers {arm}": answer_sets * (study.arm_recipe(arm, "<pruned>").prompts.samples or 256)
+                  * shared.generate.max_new_tokens / RATES["teacher tokens/s"] for arm in study.arm_prompts},
+               **({"training" if arm is None else f"training {arm}": runs[arm] * trained / rate
+                   for arm, (trained, _, rate) in plans.items()} if not study.budgets else
+                  {"training" if arm is None else f"training {arm}": budget_seconds(study, arm)
+                   for arm in plans}),
+               "evaluation": n_models * per_model,
+               **({"chat-format probes": n_models * most_probes * probe_limit / RATES["probe items/s"]}
+                  if both_formats(study) else {})}
+    lines = [f"pruning-ratio sweep '{study.name}' -> {study.run_dir()}",
+             f"model: {check_model(study.model, settings)}",
+             *[f"data: {line}" for line in check_data(study)],
+             f"score once: {study.prune.score} ({study.prune.metric}, one-shot) on {study.prune.calib} "
+             f"({study.prune.calib_samples} items); cut at k = {', '.join(map(str, study.ratios))} blocks",
+             f"probes-calibrated: {len(study.probes.candidates)} candidate levels x {study.probes.items} "
+             f"calibration-stream items; keep {100 * study.probes.low:.0f}-{100 * study.probes.high:.0f}%, at most "
+             f"{study.probes.per_family} per family ({len(families)} families: {', '.join(sorted(families))})",
+             f"gsm8k: scored only if the original reaches {100 * study.gsm8k_gate.min_score:.0f}% on "
+             f"{study.gsm8k_gate.limit} items (then {_size(limits.get(GSM8K))} items per model)",
+             f"models evaluated: {n_models} ({', '.join(models(study))}) on the same items each: "
+             f"{', '.join(f'{t} {_size(limits.get(t))}' for t in study.classification)}; at most {most_probes} "
+             f"probe levels x {probe_limit} items",
+             ("probe format: plain few-shot text and, as the recovery data is chat-formatted, through the chat "
+              "template too (the same items; eval-chat/<model>); " + check_chat_template(study.model, settings)
+              if both_formats(study) else
+              "probe format: plain few-shot text (the recovery data is plain: generate.chat_template false)"),
+             *_recovery_lines(study, shared, plans, runs),
+             *budget_lines(study),
+             *(f"arm {arm} trains on its own prompts: {study.arm_recipe(arm, '<pruned>').prompts.samples} from "
+               f"{study.arm_recipe(arm, '<pruned>').prompts.source} (evaluation probe seeds "
+               f"{study.arm_recipe(arm, '<pruned>').prompts.exclude_probe_seeds} excluded, the count in its report), "
+               f"answered by the teacher once (selfgen-{arm}.jsonl)" for arm in study.arm_prompts),
+             _replicate_line(study, shared, answer_sets),
+             f"recoveries: {sum(runs.values())}; stages: {len(stage_names(study))} ({', '.join(stage_names(study))})",
+             *(line for arm in plans for line in _memory_lines(study, settings, arm)),
+             *progress_lines(study, study.run_dir()),
+             _estimate(study, seconds)]
+    return "\n".join(lines)
+
+
+def progress_lines(study: SweepStudy, root: Path) -> list[str]:
+    """Where the output already holds a run: how many of the sweep's stages are complete there (a run resumes, so
+    they are skipped) and which are left, or that the sweep would be refused there."""
+    paths = RunPaths(root)
+    if not paths.state.is_file():
+        return []
+    try:
+        owned = owns(read_report(paths.state, RunState), study)
+    except LayerpruneError:
+        owned = False
+    added = arms_added(study, paths)
+    if not owned and added is None:
+        return [f"{root} holds another recipe's run (or this sweep changed): the sweep would be refused there; "
+                "--overwrite starts it over, --output chooses another folder"]
+    names = [name for name in stage_names(study) if name != "report"]
+    left = [name for name in names if not stage_output(root, name).exists()]
+    arms = f"; arms {', '.join(added[1])} would be added to it" if added else ""
+    return [f"{root} holds a run of this sweep{arms}: {len(names) - len(left)} of {len(names)} stages complete "
+            f"(skipped when it resumes; the estimate below counts them all); left: {', '.join(left) or 'none'}"]
+
+
+def _training(recipe: RecoverRecipe) -> tuple[float, str, float]:
+    """One recovery's plan: the tokens it trains (from max_new_tokens + 60 a teacher answer), its schedule in words,
+    and the measured CPU rate it trains at (the local step on cached states has its own)."""
+    train, per_answer = recipe.train, recipe.generate.max_new_tokens + 60
+    answers = recipe.prompts.samples or 256
+    if recipe.trainer_method() is None and recipe.lr_section() is not None:
+        # the local step's own budget: local.steps (else train.max_steps, else one pass) of batch x accum
+        from layerprune.recover.chain import local_budget
+
+        budget = local_budget(recipe, int(answers * (1 - train.held_out)))
+        trained = budget.steps * budget.sequences_per_step * per_answer
+        if train.max_tokens is not None:
+            trained = min(trained, train.max_tokens)
+        return trained, f"{budget.steps} local steps, lr {budget.learning_rate:g}", RATES["local tokens/s"]
+    if recipe.trainer_method() is None:
+        return 0.0, "no training (forward passes only)", RATES["trained tokens/s"]
+    trained = answers * (1 - train.held_out) * per_answer * train.epochs if train.max_steps is None else \
+        train.max_steps * train.batch_size * train.grad_accum * per_answer
+    return trained, f"{train.epochs:g} epochs, lr {train.learning_rate:g}", RATES["trained tokens/s"]
+
+
+def _recovery_lines(study: SweepStudy, shared: RecoverRecipe, plans: dict[str | None, tuple[float, str, float]],
+                    runs: dict[str | None, int]) -> list[str]:
+    """The recovery at every k (without arms), or the shared teacher answers and each arm's method, schedule and
+    recoveries."""
+    train, gen = shared.train, shared.generate
+    answers = f"{shared.prompts.samples or 256} teacher answers to {shared.prompts.source} prompts"
+    tail = f"(planned from {gen.max_new_tokens} + 60 tokens per answer; the report counts them)"
+    if study.arms is None:
+        trained, schedule, _ = plans[None]
+        return [f"recovery at every k: {shared.method} on {answers} (generated once; {gen.max_new_tokens} new tokens "
+                f"at temperature {gen.temperature:g}), {schedule}, batch {train.batch_size} x {train.grad_accum}, "
+                f"held-out {train.held_out:g} every {train.eval_steps} steps: about {trained / 1000:.0f}k trained "
+                f"tokens per k {tail}"]
+    lines = [f"arms ({len(study.arms)}, each at every k, paired on the same items): {', '.join(study.arms)}; every "
+             f"arm{' but ' + ', '.join(study.arm_prompts) if study.arm_prompts else ''} on the same {answers} "
+             f"(generated once for every arm and k; {gen.max_new_tokens} new tokens at "
+             f"temperature {gen.temperature:g}), batch {train.batch_size} x {train.grad_accum}, held-out "
+             f"{train.held_out:g}"]
+    for arm, (trained, schedule, _) in plans.items():
+        recipe = study.arm_recipe(arm, "<pruned>")
+        grid = study.lr_grid.get(arm or "")
+        search = (f" (lr from the grid {', '.join(f'{rate:g}' for rate in grid)}: the arm's recipe trained at "
+                  f"each on pruned-k{study.lr_k} under a seed of its own, the lowest held-out loss chosen; "
+                  f"{len(grid)} of the recoveries are that search, never scored)" if grid else "")
+        size = (f"about {trained / 1000:.0f}k trained tokens per k" if not study.budgets else
+                "each run to its budget (below)")
+        lines.append(f"arm {arm}: {recipe.chain_name()}, {schedule}{search}: {size}; {runs[arm]} recoveries {tail}")
+    return lines
+
+
+def budget_runs(study: SweepStudy, arm: str | None) -> list[int]:
+    """The target tokens of every run of an arm with budgets: each replicate at every k to the largest budget (local
+    also to each smaller one, a run of its own), the controls to the largest, the lr grid's runs to the smallest."""
+    largest, smallest = study.budgets[-1], study.budgets[0]  # type: ignore[index]
+    per_point = list(study.budgets or []) if trains_each_budget(study, arm) else [largest]
+    points = len(study.ratios) * study.replicates * per_point
+    control = [largest] * study.replicates if has_control(study, arm) else []
+    dedicated = [study.dedicated_at] * len(dedicated_points(study, study.lr_k, arm)) if study.dedicated_at else []
+    return [*points, *control, *dedicated, *[smallest] * len(study.lr_grid.get(arm or "", []))]
+
+
+def budget_seconds(study: SweepStudy, arm: str | None) -> float:
+    """The arm's training time with budgets at the measured rates: a target token planned as (max_new_tokens + 60) /
+    max_new_tokens trained tokens (every answer max_new_tokens long; shorter answers cost more a target token)."""
+    recipe = study.arm_recipe(arm, "<pruned>")
+    new = recipe.generate.max_new_tokens
+    rate = RATES["local tokens/s"] if trains_each_budget(study, arm) else RATES["trained tokens/s"]
+    return sum(budget_runs(study, arm)) * (new + 60) / new / rate
+
+
+def budget_lines(study: SweepStudy) -> list[str]:
+    """The budget points, how each is made, and where an arm's epochs (local: steps) cannot reach the largest."""
+    if not study.budgets:
+        return []
+    largest = study.budgets[-1]
+    lines = [f"budget points (unpadded target tokens): {', '.join(map(str, study.budgets))}; every recovery at k > 0 "
+             f"trains to {largest} (train.max_tokens; the k = 0 controls too, their only point), scored at each "
+             f"budget as ARM-kK@<budget>[@rR] ({', '.join(budget_tag(b) for b in study.budgets[:-1])}; the largest is "
+             f"ARM-kK itself)" + (f"; lr grids searched at {study.budgets[0]}" if study.lr_grid else "")
+             + (f"; a dedicated run of every trainer arm at {study.dedicated_at} and k = {study.lr_k} beside its "
+                f"checkpoint (ARM-k{study.lr_k}@{budget_tag(study.dedicated_at)}{DEDICATED}[@rR])"
+                if study.dedicated_at else "")]
+    for arm in arm_names(study):
+        recipe, name = study.arm_recipe(arm, "<pruned>"), arm or "the recovery"
+        answers = int((recipe.prompts.samples or 256) * (1 - recipe.train.held_out))
+        new, train = recipe.generate.max_new_tokens, recipe.train
+        if trains_each_budget(study, arm):
+            from layerprune.recover.chain import local_budget
+
+            steps = local_budget(recipe, answers)
+            reach = steps.steps * steps.sequences_per_step * new
+            how, more = "a run of its own per budget (no trainer to save checkpoints)", "local.steps"
+        else:
+            reach = int(train.epochs * answers * new) if train.max_steps is None else \
+                train.max_steps * train.batch_size * train.grad_accum * new
+            how = (f"checkpoints of the one run (a trainer callback counts the target tokens of each batch and saves "
+                   f"the step that first reaches a budget), lr {train.lr_scheduler} after {train.warmup_steps} warmup "
+                   "steps")
+            more = "train.epochs" if train.max_steps is None else "train.max_steps"
+        runs = budget_runs(study, arm)
+        lines.append(f"arm {name}: budget points as {how}; {len(runs)} runs, {sum(runs) / 1000:.0f}k target tokens "
+                     f"in all" + ("" if reach >= largest else f"; WARNING: at most {reach} target tokens reachable "
+                                  f"({answers} answers of at most {new} tokens): raise {more}"))
+    return lines
+
+
+def _replicate_line(study: SweepStudy, shared: RecoverRecipe, answer_sets: int) -> str:
+    """What the replicates vary and the control adds."""
+    runs = (f"{study.replicates} replicates of every recovery (seeds settings.seed + 0..{study.replicates - 1}: "
+            f"held-out split, data order, adapter init; {answer_sets} teacher answer set(s))"
+            if study.replicates > 1 else "1 replicate of every recovery (run-to-run variance not measured)")
+    from layerprune.recover.methods import cut_methods
+
+    if not study.controls:
+        control = "no k = 0 control (controls: false)"
+    elif study.arms is not None:
+        cut = [arm for arm in study.arms if not has_control(study, arm)]
+        control = (f"k = 0 controls (the arm's recovery of the unpruned original, ARM-k0): "
+                   f"{', '.join(a for a in study.arms if a not in cut) or 'none'}"
+                   + (f"; none for {', '.join(cut)} (a cut is needed: {cut_methods()})" if cut else ""))
+    elif has_control(study):
+        control = "k = 0 control: the same recovery of the unpruned original (recovered-k0), scored on the same items"
+    else:
+        control = f"no k = 0 control: {shared.chain_name()} needs a cut ({cut_methods()} change cut blocks)"
+    return f"{runs}; {control}"
+
+
+def _memory_lines(study: SweepStudy, settings: RunSettings, arm: str | None) -> list[str]:
+    """The recovery's (an arm's) memory plan at the smallest k (the largest student: the original itself with the
+    control), as the recovery study plans an arm."""
+    import copy
+
+    from layerprune.pipeline.plan import model_config
+    from layerprune.recover import memory
+    from layerprune.recover.job import RecoverJob
+    from layerprune.recover.methods import plan_for
+
+    config, note = model_config(study.model, settings)
+    if config is None:
+        return [f"memory plan: not made ({note or 'the config was not readable'})"]
+    teacher = copy.deepcopy(config)
+    first = 0 if has_control(study, arm) else study.ratios[0]
+    config.num_hidden_layers = teacher.num_hidden_layers - first
+    _, plan = plan_for(study.arm_recipe(arm, "<pruned>"), config,
+                       RecoverJob(output=study.run_dir() / "recovered-k1", settings=settings), cuda=True,
+                       teacher_config=teacher)
+    text = memory.format_plan(plan, f"{study.model or 'embedded'} minus {first} blocks")
+    return [text if arm is None else f"arm {arm}: {text}"]
+
+
+def _estimate(study: SweepStudy, seconds: dict[str, float]) -> str:
+    if not rates_apply(study.model):
+        return "time: no estimate (the rates were measured for the embedded model on 2 CPU cores)"
+    return ("time estimate at the embedded model's measured 2-core rates (" + ", ".join(
+        f"{k} {v:g}" for k, v in RATES.items()) + "): " + ", ".join(f"{k} {v / 60:.0f} min" for k, v in seconds.items())
+        + f"; total about {sum(seconds.values()) / 60:.0f} min")
+
+
+def _size(limit: float | None) -> str:
+    return "all" if limit is None else f"{100 * limit:g}%" if limit < 1 else str(int(limit))
