@@ -9,15 +9,16 @@ vocabulary 128256: 16.1 GB), both pruned with `--layers 3,4,5,6,7,20,21,22`; `gb
 checkpoint of `--gb` GB, pruned with `--layers 2,5`. A shape whose checkpoint, copy and output do not fit the free
 disk (three times its size) is skipped with a line saying so.
 
-Each variant runs in a fresh interpreter; its peak RSS (VmHWM) is reported over an idle interpreter that made
-the same imports, and its work time excludes interpreter start and imports. Each run of a variant is paired with a
+Each variant runs in a fresh interpreter; its peak RSS (VmHWM) is reported over an idle interpreter that made the
+same imports, and its work time excludes interpreter start and imports. Each run of a variant is paired with a
 `cp -r` of the checkpoint just before it (same load, same page cache) and the median ratio is printed. "first run"
-variants get a fresh cache, so the source's sha256 (the report's weights hash) is computed; "memoized" ones reuse
-it. `--baseline-src` runs the same variants with another checkout's `src` too, interleaved (before/after in one
-run). Times are wall and CPU (user + sys of every thread; for `cp -r` its own, from the kernel's account of the
-child), both as ratios to the same `cp -r`: on a busy machine the wall ratio moves with the load, the CPU one much
-less. The breakdown columns come from the prune report: save (copy, with the hash on a first run), the byte-for-byte
-comparison, the per-layer settings, the original's block-major logits with the blocks skipped, the written model's.
+variants get a fresh cache, so the source's identity (the report's `weights_xxh3_128`) is computed, from the copy's
+own pass; "memoized" ones reuse it. `--baseline-src` runs the same variants with another checkout's `src` too,
+interleaved (before/after in one run). Times are wall and CPU (user + sys of every thread; for `cp -r` its own, from
+the kernel's account of the child), both as ratios to the same `cp -r`: on a busy machine the wall ratio moves with
+the load, the CPU one much less. The breakdown columns come from the prune report: save (copy, with the identity on
+a first run), the byte-for-byte comparison, the per-layer settings, the original's block-major logits with the
+blocks skipped, the written model's.
 `--threads N` sets OMP_NUM_THREADS for the prune (default: torch's own choice). Targets (issue 39): streamed time
 <= 2x `cp -r` with verification on, peak RSS <= 1.5x the larger of the largest input and output shard, every tensor
 bit-identical and in bf16.

@@ -3,7 +3,6 @@ and verification that refuses any written byte that is not the source's."""
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -22,9 +21,8 @@ import layerprune.prune.streaming as streaming
 from helpers import assert_one_line_error, run_cli
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.settings import RunSettings
-from layerprune.models.identity import model_hash
-from layerprune.models.loading import ModelSource
-from layerprune.models.safetensors_copy import copy_tensors, plan_layout, read_header
+from layerprune.models.identity import weights_digest
+from layerprune.models.safetensors_copy import copy_tensors, file_digest, plan_layout, read_header
 from layerprune.prune.api import prune_model
 from layerprune.prune.recipe import PruneRecipe
 from test_shards import bf16_model
@@ -68,66 +66,69 @@ def test_copied_file_is_byte_for_byte_what_save_file_writes(tmp_path):
             assert torch.equal(got.reshape(-1).view(torch.uint8), tensor.reshape(-1).view(torch.uint8)), name
 
 
-@pytest.mark.parametrize("kernel", [True, False])  # copy_file_range, and a file system that refuses it
-def test_copy_holds_one_chunk_whatever_the_tensor_size_and_digests_what_it_wrote(tmp_path, monkeypatch, kernel):
+def test_copy_holds_one_chunk_whatever_the_tensor_size_and_digests_what_it_wrote(tmp_path, monkeypatch):
+    """Each chunk is hashed and then written from the source's mapping: the digests are of the bytes handed to the
+    writes, no buffer is allocated, and the kernel's copy (which would need a second read for the digest) is not
+    used."""
     big = torch.randn(1024, 1024, generator=torch.Generator().manual_seed(0))  # 4 MiB
     save_file({"big": big, "small": torch.ones(3)}, tmp_path / "src.safetensors")
     stored = read_header(tmp_path / "src.safetensors")
     chunk = 64 << 10
     writes: list[int] = []
+    wrote: dict[int, xxhash.xxh3_128] = {}  # output offset of a tensor -> hash of the bytes written into it
     real = safetensors_copy._write_all
+    layout = plan_layout({"renamed.big": stored["big"], "small": stored["small"]})
 
     def counted(fd, data, offset):  # noqa: ANN001, ANN202
         writes.append(len(data))
+        for _, tensor, start in layout.places:
+            if start <= offset < start + tensor.nbytes:
+                wrote.setdefault(start, xxhash.xxh3_128()).update(data)
         real(fd, data, offset)
 
-    def refused(*args):  # noqa: ANN002, ANN202
-        raise OSError(errno.EXDEV, "Invalid cross-device link")
-
-    monkeypatch.setattr(safetensors_copy, "CHUNK", chunk)
+    monkeypatch.setattr(safetensors_copy, "WRITE_CHUNK", chunk)
     monkeypatch.setattr(safetensors_copy, "_write_all", counted)
-    if not kernel:
-        monkeypatch.setattr(safetensors_copy.os, "copy_file_range", refused)
+    monkeypatch.setattr(safetensors_copy.os, "copy_file_range", lambda *a: pytest.fail("a kernel copy"),
+                        raising=False)
     target = tmp_path / "out"
     target.mkdir()
-    layout = plan_layout({"renamed.big": stored["big"], "small": stored["small"]})
     tracemalloc.start()
     try:
         result = copy_tensors(tmp_path, {"out.safetensors": layout}, target)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    if kernel:
-        assert writes == [len(layout.header)]  # the tensors copied by the kernel, not through this process
-    else:
-        assert max(writes[1:]) == chunk and sum(writes) == layout.size  # writes[0]: the header
+    assert max(writes[1:]) == chunk and sum(writes) == layout.size  # writes[0]: the header
     assert (target / "out.safetensors").stat().st_size == layout.size
-    assert peak < 3 * chunk < big.numel() * 4 / 16  # two buffers, never a tensor
+    assert peak < 3 * chunk < big.numel() * 4 / 16  # no buffer, never a tensor
     with safe_open(target / "out.safetensors", "pt") as handle:
         assert torch.equal(handle.get_tensor("renamed.big"), big)
+    for name, tensor, offset in layout.places:  # each digest is of the bytes written at the tensor's place
+        assert result.tensor_digests[tensor] == wrote[offset].hexdigest(), name
     assert result.tensor_digests == {stored["big"]: xxhash.xxh3_128(big.numpy().tobytes()).hexdigest(),
                                      stored["small"]: xxhash.xxh3_128(torch.ones(3).numpy().tobytes()).hexdigest()}
 
 
 def test_a_source_changed_during_the_copy_is_refused(tmp_path, monkeypatch):
-    """The digests come from the mapped file and the bytes from the kernel's copy: a file rewritten in between
-    (a new modification time) is refused, not copied with digests of other bytes."""
+    """A file rewritten while its ranges are hashed and written (a new modification time) is refused, not copied
+    with digests of another version."""
     save_file({"a": torch.ones(4), "b": torch.zeros(4)}, tmp_path / "src.safetensors")
     stored = read_header(tmp_path / "src.safetensors")
-    real = safetensors_copy._kernel_copy
+    real = safetensors_copy._write_hashed
+    path = tmp_path / "src.safetensors"
 
-    def touched(handle, path, *args):  # noqa: ANN001, ANN002, ANN202
+    def touched(*args):  # noqa: ANN002, ANN202
         os.utime(path, ns=(0, path.stat().st_mtime_ns + 10**9))
-        return real(handle, path, *args)
+        return real(*args)
 
-    monkeypatch.setattr(safetensors_copy, "_kernel_copy", touched)
+    monkeypatch.setattr(safetensors_copy, "_write_hashed", touched)
     (tmp_path / "out").mkdir()
     with pytest.raises(LayerpruneError, match="changed while it was read"):
         copy_tensors(tmp_path, {"out.safetensors": plan_layout(stored)}, tmp_path / "out")
 
 
 @pytest.mark.parametrize("chunk", [7, 64, 1 << 20])  # chunks that split tensors anywhere, and one for the file
-def test_a_file_read_whole_once_gives_its_sha256_and_the_same_copy(tmp_path, monkeypatch, chunk):
+def test_a_file_read_whole_once_gives_its_digest_and_the_same_copy(tmp_path, monkeypatch, chunk):
     tensors = mixed_tensors()
     save_file(tensors, tmp_path / "src.safetensors", metadata={"format": "pt"})
     stored = read_header(tmp_path / "src.safetensors")
@@ -139,7 +140,7 @@ def test_a_file_read_whole_once_gives_its_sha256_and_the_same_copy(tmp_path, mon
         maps.append(size)
         return real(fd, size)
 
-    monkeypatch.setattr(safetensors_copy, "CHUNK", chunk)
+    monkeypatch.setattr(safetensors_copy, "WRITE_CHUNK", chunk)
     monkeypatch.setattr(safetensors_copy, "_mapped", counted)
     layouts = {"out.safetensors": plan_layout(kept)}
     (tmp_path / "a").mkdir()
@@ -147,10 +148,26 @@ def test_a_file_read_whole_once_gives_its_sha256_and_the_same_copy(tmp_path, mon
     whole = copy_tensors(tmp_path, layouts, tmp_path / "a", {"src.safetensors"})
     ranges = copy_tensors(tmp_path, layouts, tmp_path / "b")
     size = (tmp_path / "src.safetensors").stat().st_size
-    assert maps == [size, size]  # each copy maps the file once; with the hash, the hash reads that mapping
-    assert whole.file_sha256["src.safetensors"][2] == identity.sha256_of(tmp_path / "src.safetensors")
+    assert maps == [size, size]  # each copy maps the file once; with the digest, from that mapping
+    monkeypatch.undo()
+    assert whole.file_digests["src.safetensors"][2] == file_digest(tmp_path / "src.safetensors")
+    assert ranges.file_digests == {}
     assert (tmp_path / "a" / "out.safetensors").read_bytes() == (tmp_path / "b" / "out.safetensors").read_bytes()
     assert whole.tensor_digests == ranges.tensor_digests and len(whole.tensor_digests) == len(kept)
+
+
+@pytest.mark.parametrize("where", ["header", "kept tensor", "dropped tensor", "last byte"])
+def test_a_file_digest_changes_with_any_byte(tmp_path, where):
+    save_file(mixed_tensors(), tmp_path / "src.safetensors", metadata={"format": "pt"})
+    path = tmp_path / "src.safetensors"
+    stored = read_header(path)
+    before = file_digest(path)
+    at = {"header": 12, "kept tensor": stored["z.f32"].start + 3, "dropped tensor": stored["g.f64"].start,
+          "last byte": path.stat().st_size - 1}[where]
+    data = bytearray(path.read_bytes())
+    data[at] ^= 1
+    path.write_bytes(bytes(data))
+    assert file_digest(path) != before
 
 
 def _tensors(directory: Path) -> dict[str, torch.Tensor]:
@@ -162,17 +179,23 @@ def _tensors(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def test_first_run_hashes_the_source_in_the_copys_own_read(tiny_llama, tmp_path, monkeypatch):
-    hashed: list[str] = []
-    real = identity.sha256_of
-    monkeypatch.setattr(identity, "sha256_of", lambda path: hashed.append(Path(path).name) or real(path))
+    """The source's identity is the fast digest, under a key naming it, taken from the copy's own pass: no file
+    is read for it but config.json, and no sha256 (the evaluation caches' key, at a tenth of the speed) is taken."""
+    digested: list[str] = []
+    real = safetensors_copy.file_digest
+    monkeypatch.setattr(safetensors_copy, "file_digest", lambda path: digested.append(Path(path).name) or real(path))
+    monkeypatch.setattr(identity, "sha256_of", lambda path: pytest.fail(f"sha256 of {path}"))
     settings = RunSettings(max_shard_size="60KB", cache_dir=tmp_path / "cache")
     result = prune_model(str(tiny_llama), PruneRecipe(layers=DROP), settings, output=tmp_path / "out")
-    assert hashed == ["config.json"]  # the weights' sha256 came from the copy's read
+    assert digested == ["config.json"]  # the weights' digests came from the copy's pass
     monkeypatch.undo()
-    fresh = model_hash(ModelSource(spec=str(tiny_llama), kind="local", location=str(tiny_llama)), tmp_path / "c2")
+    fresh = weights_digest(tiny_llama, tmp_path / "c2")
     report = json.loads((tmp_path / "out" / "prune_report.json").read_text())
-    assert report["source"]["identity"]["weights_sha256"] == fresh
-    assert result.report["source"]["identity"]["weights_sha256"] == fresh
+    assert report["source"]["identity"]["weights_xxh3_128"] == fresh
+    assert result.report["source"]["identity"]["weights_xxh3_128"] == fresh
+    assert "weights_sha256" not in report["source"]["identity"]
+    again = prune_model(str(tiny_llama), PruneRecipe(layers=DROP), settings, output=tmp_path / "again")
+    assert again.report["source"]["identity"]["weights_xxh3_128"] == fresh
     out = tmp_path / "out"
     index = json.loads((out / "model.safetensors.index.json").read_text())
     for shard in sorted(out.glob("model-*.safetensors")):
@@ -224,31 +247,25 @@ def test_a_source_cut_short_during_the_copy_is_one_line_and_leaves_nothing(capsy
 
 
 def test_a_failed_hash_stops_the_copy_at_once_and_leaves_nothing(capsys, tiny_llama, tmp_path, monkeypatch):
-    """The hash thread's error surfaces in the copy loop within two chunks (not after the whole shard), as one
-    line."""
+    """A hash that fails stops the copy before the chunk it could not hash is written, as one line."""
     model = tmp_path / "model"
     shutil.copytree(tiny_llama, model)
     chunk, written = 4096, []
 
-    class FailingSha:
+    class Failing:
         def update(self, data):  # noqa: ANN001, ANN202
             raise LayerpruneError(f"the hash could not read {len(data)} bytes")
 
-        def hexdigest(self):  # noqa: ANN202
-            return "0" * 64
-
-    class Hashlib:
-        sha256 = FailingSha
+    class Xxhash:
+        xxh3_128 = Failing
 
     real = safetensors_copy._write_all
-    monkeypatch.setattr(safetensors_copy, "CHUNK", chunk)
-    monkeypatch.setattr(safetensors_copy, "hashlib", Hashlib)
+    monkeypatch.setattr(safetensors_copy, "WRITE_CHUNK", chunk)
+    monkeypatch.setattr(safetensors_copy, "xxhash", Xxhash)
     monkeypatch.setattr(safetensors_copy, "_write_all", lambda fd, data, offset: written.append(len(data))
                         or real(fd, data, offset))
-    monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))  # a first run: the source is hashed
     code, _, err = run_cli(capsys, ["prune", "--model", str(model), "--output", str(tmp_path / "out"),
                                     "--layers", "1,3"])
     assert_one_line_error(code, err, "the hash could not read")
-    shard = max(path.stat().st_size for path in model.glob("*.safetensors"))
-    assert shard > 8 * chunk and sum(written) < 4 * chunk + 65536  # the headers, then two chunks at most
+    assert 0 < len(written) <= 4 and sum(written) < 65536  # the headers only: no tensor byte was written unhashed
     assert not (tmp_path / "out").exists()

@@ -235,7 +235,8 @@ def test_the_streamed_probe_is_cut_so_every_row_keeps_its_real_tokens(side):
     cut_ids, cut_mask = from_files.probe_positions(ids, torch.tensor([[1] * 30, short]), positions=16)
     assert cut_ids.shape == cut_mask.shape == (2, 16) and cut_mask.sum(-1).tolist() == [16, 3]
     assert cut_ids[0].tolist() == (list(range(16)) if side == "right" else list(range(14, 30)))
-    assert from_files.probe_positions(ids[:, :8], None)[0].shape == (2, 8)
+    assert from_files.probe_positions(ids[:, :3], None)[0].shape == (2, 3)  # as short as the cut: uncut
+    assert from_files.probe_positions(ids, None)[0].shape == (2, from_files.PROBE_POSITIONS)
     assert from_files.probe_positions(ids, None, positions=16)[0].tolist() == ids[:, :16].tolist()
 
 

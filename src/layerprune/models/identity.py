@@ -1,8 +1,13 @@
 """What identifies a model's exact weights: the hashes of its files, or its hub id and revision.
 
-Hashing a large checkpoint takes a while, so each file's sha256 is remembered in a memo file in the cache, by
+Hashing a large checkpoint takes a while, so each file's hash is remembered in a memo file in the cache, by
 path, size and modification time. The memo is written atomically and read defensively: an entry that is
 garbled, or whose file has since changed size or time, is hashed again, never trusted.
+
+Two hashes, each with its own memo and its own name wherever it is recorded: `model_hash` (sha256 of each file,
+`file_hashes.json`), the key of the evaluation, importance and post-training caches; and `weights_digest`
+(xxh3-128 of each file's header and tensor ranges, `file_digests.json`, about ten times faster), the record of
+which weights a prune read, which a streamed prune takes from its own copy's pass (`safetensors_copy.file_digest`).
 """
 
 from __future__ import annotations
@@ -10,9 +15,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import xxhash
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from layerprune.core.outputs import write_atomic
@@ -23,6 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 HASH_CHUNK = 8 << 20
 MEMO_FILE = "file_hashes.json"
+DIGEST_MEMO_FILE = "file_digests.json"
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
 
@@ -37,6 +45,19 @@ class FileHash(BaseModel):
 
 
 Memo = dict[str, FileHash]  # resolved path -> its hash
+
+
+class FileDigest(BaseModel):
+    """A file's `safetensors_copy.file_digest` (xxh3-128) and the size and modification time it had then."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    size: int = Field(ge=0)
+    mtime_ns: int
+    xxh3_128: str = Field(pattern=r"^[0-9a-f]{32}$")
+
+
+DigestMemo = dict[str, FileDigest]  # resolved path -> its digest
 
 
 def sha256_of(path: Path) -> str:
@@ -73,24 +94,25 @@ def file_sha256(path: Path, memo: Memo) -> str:
     return memo[key].sha256
 
 
-def read_memo(path: Path) -> Memo:
-    """The remembered hashes; a missing, empty, truncated or garbled memo (or entry) is left out, never an error."""
+def read_memo(path: Path, entry: type[BaseModel] = FileHash) -> dict[str, Any]:
+    """The remembered hashes (entries of `entry`); a missing, empty, truncated or garbled memo (or entry) is left
+    out, never an error."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):  # ValueError: bad JSON or bytes that are not text
         return {}
     if not isinstance(data, dict):
         return {}
-    memo: Memo = {}
-    for key, entry in data.items():
+    memo: dict[str, Any] = {}
+    for key, value in data.items():
         try:
-            memo[key] = FileHash.model_validate(entry)
+            memo[key] = entry.model_validate(value)
         except ValidationError:
             log.debug("ignoring a garbled entry of %s: %s", path, key)
     return memo
 
 
-def write_memo(path: Path, memo: Memo) -> None:
+def write_memo(path: Path, memo: Mapping[str, BaseModel]) -> None:
     """Save the memo whole or not at all; a cache that cannot be written costs a re-hash next time, nothing more."""
     body = json.dumps({key: entry.model_dump() for key, entry in sorted(memo.items())}, indent=0)
     try:
@@ -104,28 +126,38 @@ def weight_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix in WEIGHT_SUFFIXES or p.name == "config.json")
 
 
-def unhashed_files(folder: Path, cache_dir: Path) -> list[Path]:
-    """The weight files of `folder` whose sha256 the memo in `cache_dir` does not hold for their present size and
-    modification time: the ones `model_hash` would read."""
-    memo = read_memo(cache_dir / MEMO_FILE)
-    stale = []
+def undigested_files(folder: Path, cache_dir: Path) -> list[Path]:
+    """The weight files of `folder` whose digest the digest memo in `cache_dir` does not hold for their present size
+    and modification time: the ones `weights_digest` would read."""
+    memo = read_memo(cache_dir / DIGEST_MEMO_FILE, FileDigest)
+    return [path for path in weight_files(folder) if not _current(memo.get(str(path.resolve())), path)]
+
+
+def weights_digest(folder: Path, cache_dir: Path, known: Mapping[str, tuple[int, int, str]] | None = None) -> str:
+    """The xxh3-128 over `name:digest` lines of the weight files of `folder` (and config.json), each file's
+    `file_digest` taken from `known` (file name -> size, mtime_ns and digest computed elsewhere, e.g. by a copy's
+    own read), else from the memo in `cache_dir` while the file keeps its size and time, else read; remembered."""
+    from layerprune.models.safetensors_copy import file_digest
+
+    memo_path = cache_dir / DIGEST_MEMO_FILE
+    memo: DigestMemo = read_memo(memo_path, FileDigest)
+    for name, (size, mtime_ns, digest) in (known or {}).items():
+        memo[str((folder / name).resolve())] = FileDigest(size=size, mtime_ns=mtime_ns, xxh3_128=digest)
+    top, changed = xxhash.xxh3_128(), bool(known)
     for path in weight_files(folder):
-        stat, known = path.stat(), memo.get(str(path.resolve()))
-        if known is None or (known.size, known.mtime_ns) != (stat.st_size, stat.st_mtime_ns):
-            stale.append(path)
-    return stale
+        key = str(path.resolve())
+        if not _current(memo.get(key), path):
+            stat, changed = path.stat(), True
+            memo[key] = FileDigest(size=stat.st_size, mtime_ns=stat.st_mtime_ns, xxh3_128=file_digest(path))
+        top.update(f"{path.name}:{memo[key].xxh3_128}\n".encode())
+    if changed:
+        write_memo(memo_path, memo)
+    return top.hexdigest()
 
 
-def remember_hashes(folder: Path, cache_dir: Path, hashes: dict[str, tuple[int, int, str]]) -> None:
-    """Add sha256s computed elsewhere (file name in `folder` -> size, mtime_ns and sha256 of the bytes read) to the
-    memo, so that `model_hash` does not read those files again while they keep that size and time."""
-    if not hashes:
-        return
-    memo_path = cache_dir / MEMO_FILE
-    memo = read_memo(memo_path)
-    for name, (size, mtime_ns, sha256) in hashes.items():
-        memo[str((folder / name).resolve())] = FileHash(size=size, mtime_ns=mtime_ns, sha256=sha256)
-    write_memo(memo_path, memo)
+def _current(known: FileHash | FileDigest | None, path: Path) -> bool:
+    stat = path.stat()
+    return known is not None and (known.size, known.mtime_ns) == (stat.st_size, stat.st_mtime_ns)
 
 
 def model_hash(source: ModelSource, cache_dir: Path) -> str:

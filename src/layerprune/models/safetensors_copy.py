@@ -6,24 +6,21 @@ holds the source's tensors under new names, so each output file is its new heade
 source files, written at their planned offsets: nothing is deserialised, and the layout is the one
 `safetensors.torch.save_file` writes (its dtype order, then names), so the files are byte for byte what `save_file`
 would have made of the same tensors. Each source file is mapped in memory (the page cache, no copy into this
-process): each kept range's xxh3-128 digest is taken there (so the written model can later be checked against the
-source without reading the source again) and its bytes are copied by the kernel (`copy_file_range`, as `cp` does);
-where a source file's sha256 is wanted, a thread hashes the whole mapping meanwhile (`hashlib` releases the GIL).
+process), and each kept range is hashed (xxh3-128) and written from there a chunk at a time, so its digest is of
+the very bytes written (the written model is later checked against it without reading the source again). Where a
+source file's own digest is wanted (the source's identity on a first run), it is made from the same pass: the kept
+ranges' digests, the header and the dropped ranges hashed besides (`file_digest` computes the same from a file).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import hashlib
 import json
 import mmap
 import os
 import struct
-import threading
 from collections import defaultdict
 from collections.abc import Collection, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,12 +31,12 @@ import xxhash
 from layerprune.core.errors import LayerpruneError
 from layerprune.models.safetensors_check import check_safetensors_file
 
-CHUNK = 8 << 20  # bytes read and written at a time: the copy's whole working memory
+CHUNK = 8 << 20  # bytes read at a time by the comparisons
+WRITE_CHUNK = 1 << 20  # bytes hashed, then written, at a time: still in the CPU's cache when written
 # safetensors' own data order (its Dtype enum, largest first), so the files match what `save_file` writes
 DTYPE_ORDER = ("U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF16", "F16", "U16", "I16", "F8_E8M0", "F8_E4M3",
                "F8_E5M2", "I8", "U8", "F6_E3M2", "F6_E2M3", "F4", "BOOL")
 METADATA = {"format": "pt"}
-NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EPERM, errno.EBADF}
 
 
 @dataclass(frozen=True)
@@ -120,36 +117,35 @@ def plan_layout(tensors: Mapping[str, Stored]) -> Layout:
 
 @dataclass
 class CopyResult:
-    """What a copy read: the sha256 of each source file it hashed whole, with the size and mtime it had throughout,
-    and the xxh3-128 digest of every source tensor it copied (of the source's bytes, which kept their size and mtime
-    while they were hashed and copied)."""
+    """What a copy read: the digest of each source file it digested whole (`file_digest`'s, with the size and mtime
+    the file had throughout) and the xxh3-128 digest of every source tensor it copied, taken of the very bytes it
+    wrote (the source's, which kept their size and mtime while they were hashed and written)."""
 
-    file_sha256: dict[str, tuple[int, int, str]] = field(default_factory=dict)  # file -> size, mtime_ns, sha256
+    file_digests: dict[str, tuple[int, int, str]] = field(default_factory=dict)  # file -> size, mtime_ns, digest
     tensor_digests: dict[Stored, str] = field(default_factory=dict)  # source tensor -> xxh3-128 of its bytes
 
 
 def copy_tensors(source_dir: Path, layouts: Mapping[str, Layout], target: Path,
-                 hash_files: Collection[str] = ()) -> CopyResult:
-    """Write each output file of `layouts` into `target`: its header, then every tensor's bytes copied from its
-    mapped source file by the kernel (through one CHUNK buffer where the kernel cannot), each tensor's digest taken
-    from the mapping. The sha256 of a file in `hash_files` is taken from the same mapping by a thread meanwhile.
-    A source shorter than its header says, or changed while copied, is a one-line error."""
+                 digest_files: Collection[str] = ()) -> CopyResult:
+    """Write each output file of `layouts` into `target`: its header, then every tensor's bytes from its mapped
+    source file, hashed and written `WRITE_CHUNK` at a time (the digest is of the bytes written). The digest of a
+    file in `digest_files` is made from the same pass (its dropped ranges and header hashed besides, nothing read
+    twice). A source shorter than its header says, or changed while copied, is a one-line error."""
     jobs: dict[str, list[tuple[Stored, str, int]]] = defaultdict(list)
     for out, layout in layouts.items():
         for _, tensor, offset in layout.places:
             jobs[tensor.file].append((tensor, out, offset))
     result = CopyResult()
-    buffer = memoryview(bytearray(CHUNK))
     fds: dict[str, int] = {}
     try:
         for out, layout in layouts.items():
             fds[out] = os.open(target / out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             _write_all(fds[out], memoryview(layout.header), 0)
-        for file in sorted(set(jobs) | set(hash_files)):
+        for file in sorted(set(jobs) | set(digest_files)):
             ordered = sorted(jobs[file], key=lambda job: job[0].start)
-            sha = _copy_ranges(source_dir / file, ordered, fds, buffer, result.tensor_digests, file in hash_files)
-            if sha is not None:
-                result.file_sha256[file] = sha
+            whole = _copy_ranges(source_dir / file, ordered, fds, result.tensor_digests, file in digest_files)
+            if whole is not None:
+                result.file_digests[file] = whole
     finally:
         for fd in fds.values():
             os.close(fd)
@@ -159,45 +155,85 @@ def copy_tensors(source_dir: Path, layouts: Mapping[str, Layout], target: Path,
     return result
 
 
-def _copy_ranges(path: Path, jobs: list[tuple[Stored, str, int]], fds: dict[str, int], buffer: memoryview,
-                 digests: dict[Stored, str], whole_sha: bool = False) -> tuple[int, int, str] | None:
-    """The kept ranges of `path`, in offset order: each hashed where the file is mapped (the page cache, no copy)
-    and copied by the kernel (`copy_file_range`, as `cp` does; through `buffer` where the kernel cannot). With
-    `whole_sha`, a thread hashes the whole mapped file meanwhile (`hashlib` releases the GIL): its size, mtime and
-    sha256 are returned; a failed hash stops the copy before its next tensor. A file whose size or modification
-    time changed meanwhile is refused: the digests are then not those of the bytes copied (and the verification,
-    which hashes the written bytes, would refuse the copy as well)."""
+def _copy_ranges(path: Path, jobs: list[tuple[Stored, str, int]], fds: dict[str, int], digests: dict[Stored, str],
+                 whole: bool = False) -> tuple[int, int, str] | None:
+    """The kept ranges of `path`, in offset order, each hashed and written from the file's mapping (`_write_hashed`).
+    With `whole`, the file's `file_digest` (made from the kept ranges' digests, the rest hashed from the same
+    mapping) is returned with its size and mtime. A file whose size or modification time changed meanwhile is
+    refused: the digests are then not those of one version of the file."""
     with path.open("rb", buffering=0) as handle:
         before = os.fstat(handle.fileno())
         if jobs and (end := max(tensor.end for tensor, _, _ in jobs)) > before.st_size:
             raise LayerpruneError(f"{path} ends at byte {before.st_size}, its header says {end}: truncated while "
                                   "read; nothing was written")
-        stop = threading.Event()
-        with _mapped(handle.fileno(), before.st_size) as view, ThreadPoolExecutor(1) as pool:
-            hashing = pool.submit(_sha256_of_view, view, stop) if whole_sha else None
-            try:
-                for tensor, out, offset in jobs:
-                    if hashing is not None and hashing.done():
-                        hashing.result()  # raises the hash's error at once
-                    digests[tensor] = xxhash.xxh3_128(view[tensor.start : tensor.end]).hexdigest()
-                    _kernel_copy(handle, path, tensor, fds[out], offset, buffer)
-                sha = hashing.result() if hashing is not None else None
-            finally:
-                stop.set()
+        with _mapped(handle.fileno(), before.st_size) as view:
+            for tensor, out, offset in jobs:
+                digests[tensor] = _write_hashed(view, tensor, fds[out], offset)
+            known = {(tensor.start, tensor.end): digests[tensor] for tensor, _, _ in jobs}
+            digest = digest_of_ranges(view, digest_ranges(path, before.st_size), known) if whole else None
         after = os.fstat(handle.fileno())
     if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
         raise LayerpruneError(f"{path} changed while it was read; nothing was written")
-    return (before.st_size, before.st_mtime_ns, sha) if sha is not None else None
+    return (before.st_size, before.st_mtime_ns, digest) if digest is not None else None
 
 
-def _sha256_of_view(view: memoryview, stop: threading.Event) -> str:
-    """The sha256 of the mapped bytes, CHUNK at a time; "" when `stop` is set before the end."""
-    sha = hashlib.sha256()
-    for start in range(0, len(view), CHUNK):
-        if stop.is_set():
-            return ""
-        sha.update(view[start : start + CHUNK])
-    return sha.hexdigest()
+def _write_hashed(view: memoryview, tensor: Stored, out: int, offset: int) -> str:
+    """Bytes [tensor.start, tensor.end) of the mapped `view` to `offset` of `out`, `WRITE_CHUNK` at a time, each
+    chunk hashed and then written while it is still in the CPU's cache; returns the xxh3-128 of what was written.
+    (The kernel's own `copy_file_range` would need a second read of the source for the digest, and is no faster.)"""
+    digest = xxhash.xxh3_128()
+    for start in range(tensor.start, tensor.end, WRITE_CHUNK):
+        with view[start : min(start + WRITE_CHUNK, tensor.end)] as chunk:
+            digest.update(chunk)
+            _write_all(out, chunk, offset + start - tensor.start)
+    return digest.hexdigest()
+
+
+def digest_ranges(path: Path, size: int) -> list[tuple[int, int]]:
+    """The byte ranges a file's digest is made of, in file order, covering it: for a safetensors file its header,
+    then each tensor's data (any byte between or after them a range of its own); any other file is one range."""
+    bounds = {0, size}
+    if path.suffix == ".safetensors":
+        bounds |= {min(offset, size) for offset in _data_bounds(path)}
+    ordered = sorted(bounds)
+    return list(zip(ordered[:-1], ordered[1:], strict=True))
+
+
+def _data_bounds(path: Path) -> set[int]:
+    """Where each tensor's data starts and ends in `path`, from its header as written (nothing when the header
+    cannot be read: the file is then digested as one range; the copy refuses such a file before this)."""
+    try:
+        with path.open("rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            if length > os.fstat(handle.fileno()).st_size:
+                return set()
+            header = json.loads(handle.read(length))
+        return {8 + length + int(offset) for name, info in header.items() if name != "__metadata__"
+                for offset in info["data_offsets"]}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, struct.error):
+        return set()
+
+
+def digest_of_ranges(view: memoryview, ranges: list[tuple[int, int]], known: Mapping[tuple[int, int], str]) -> str:
+    """xxh3-128 over `start:end:digest` lines, one per range, each range's digest its xxh3-128 (from `known` where
+    a copy took it of the same bytes, else hashed from `view`): a file's digest, which changes with any byte."""
+    top = xxhash.xxh3_128()
+    for start, end in ranges:
+        digest = known.get((start, end))
+        if digest is None:
+            with view[start:end] as part:
+                digest = xxhash.xxh3_128(part).hexdigest()
+        top.update(f"{start}:{end}:{digest}\n".encode())
+    return top.hexdigest()
+
+
+def file_digest(path: Path) -> str:
+    """A file's digest (`digest_of_ranges` over `digest_ranges`), read once from its mapping: the identity a streamed
+    copy computes from its own pass, and what any other route computes for the same file."""
+    with path.open("rb", buffering=0) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        with _mapped(handle.fileno(), size) as view:
+            return digest_of_ranges(view, digest_ranges(path, size), {})
 
 
 @contextlib.contextmanager
@@ -214,25 +250,6 @@ def _mapped(fd: int, size: int) -> Iterator[memoryview]:
         with contextlib.suppress(BufferError):  # an error's traceback may still hold a slice: closed when collected
             view.release()
             mapping.close()
-
-
-def _kernel_copy(handle: Any, path: Path, tensor: Stored, out: int, offset: int, buffer: memoryview) -> None:
-    """Bytes [tensor.start, tensor.end) of `handle` to `offset` of `out`, copied in the kernel; read through `buffer`
-    and written from it where the kernel refuses (another file system on an old kernel, a file system without it)."""
-    done = 0
-    while done < tensor.nbytes:
-        try:
-            copied = os.copy_file_range(handle.fileno(), out, tensor.nbytes - done, tensor.start + done,
-                                        offset + done)
-        except OSError as exc:
-            if exc.errno not in NO_KERNEL_COPY:
-                raise
-            for start, chunk in _chunks(handle, path, tensor.start + done, tensor.end, buffer, None, seek=True):
-                _write_all(out, chunk, offset + start - tensor.start)
-            return
-        if not copied:
-            raise LayerpruneError(f"{path} ends before byte {tensor.end}: truncated while read; nothing was written")
-        done += copied
 
 
 def _chunks(handle: Any, path: Path, start: int, end: int, buffer: memoryview, digest: Any,

@@ -137,13 +137,14 @@ def plan_stream(checkpoint: Checkpoint, drop: Sequence[int], depth: int, max_sha
                       dict(split.metadata), split.is_sharded, dict(dtypes), kept, prefix)
 
 
-def write_stream(plan: StreamPlan, target: Path, hash_files: Collection[str] = ()) -> CopyResult:
-    """Write the planned shards (and index) into `target` as byte copies of the source's tensor data (one chunk in
-    memory); the source files in `hash_files` are read whole by a thread beside the copy and their sha256 returned."""
+def write_stream(plan: StreamPlan, target: Path, digest_files: Collection[str] = ()) -> CopyResult:
+    """Write the planned shards (and index) into `target` as byte copies of the source's tensor data (one chunk at a
+    time), each tensor's digest taken of the bytes written; the source files in `digest_files` get their
+    `file_digest` from the same pass."""
     stored = read_headers(plan.checkpoint.directory, plan.checkpoint.files)
     old_name = {new: old for old, new in plan.renamed.items()}
     layouts = {f: plan_layout({name: stored[old_name[name]] for name in names}) for f, names in plan.shards.items()}
-    result = copy_tensors(plan.checkpoint.directory, layouts, target, hash_files)
+    result = copy_tensors(plan.checkpoint.directory, layouts, target, digest_files)
     if plan.sharded:
         weight_map = {name: f for f, names in plan.shards.items() for name in names}
         index = {

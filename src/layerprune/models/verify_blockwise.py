@@ -46,6 +46,8 @@ from layerprune.models.safetensors_copy import Stored
 from layerprune.models.shards import block_prefix, read_checkpoint
 
 __all__ = ["PER_LAYER_NAMES", "block_settings"]  # re-exported: they moved to block_replay
+THREAD_WORK = 1 << 28  # multiply-adds of a check's largest product per CPU thread (about 10 ms of one core)
+READ_ROWS = 16  # rows below which a product costs about what reading its weight costs
 
 
 @dataclass
@@ -278,53 +280,76 @@ def verify_block_major(
     written_config = AutoConfig.from_pretrained(written_dir)
     written_model = empty_model(written_config, dtype)
     check_block_keys(_keys_only(written_dir, written_config, written_model))  # refused before any weight is read
-    settings: int | str = "skipped: no source config"
-    source_model, kept = None, list[int]()
-    if source_config is not None:
-        source_model = empty_model(source_config, dtype)
-        depth = len(find_decoder_stack(source_model))
-        kept = [i for i in range(depth) if i not in set(drop)]
-        settings = check_per_layer_settings(source_config, written_config, kept, (source_model, written_model))
-    phases = {"settings": time.perf_counter() - start}
-    copies = None
-    if digests is not None:
-        assert source_dir is not None and source_model is not None
-        copies = copy_check(source_dir, written_dir, drop, len(find_decoder_stack(source_model)), digests)
-    replay = None
-    if copies is not None and source_config is not None and configs_alike(source_config, written_config, kept):
-        replay = Replay(kept)
-    relay = Relay(at=max(min(drop) - 1, 0) if copies is not None and drop and replay is None else 0)
-    written = skeleton(written_dir, written_config, device, dtype, model=written_model,
-                       on_load=copies.tensor if copies is not None else None)
-    with recording(written.stack.layers, replay) if replay is not None else contextlib.nullcontext():
-        logits = block_major_logits(written, input_ids, attention_mask, relay=relay)
-    phases["written"] = time.perf_counter() - start - sum(phases.values())
-    record: dict[str, Any] = {}
-    if copies is not None:
-        record["bytes_compared"] = copies.rest()  # what the forward did not load (none in a plain decoder)
-        phases["bytes"] = time.perf_counter() - start - sum(phases.values())
-    if reference is None:
-        assert source_dir is not None and source_config is not None
-        shared = written if copies is not None else None
-        del written
-        reference = _reference_logits(source_dir, source_config, input_ids, attention_mask, drop, device, dtype,
-                                      source_model, relay, shared, _Replaying(replay, copies) if replay else None)
-        phases["reference"] = time.perf_counter() - start - sum(phases.values())
-        if replay is not None:
-            record["reference_blocks"] = {"replayed": len(replay.replayed),
-                                          "computed": len(replay.kept) - len(replay.replayed)}
-    diff = float((logits - reference.to(logits.device)).abs().max())
-    scale = float(reference.abs().max())
-    tolerance = rtol * scale + 1e-4
-    if not diff <= tolerance:
-        raise LayerpruneError(
-            f"surgery check failed: the written model's logits differ from the original with the blocks skipped "
-            f"(max |diff| {diff:.3g} > {tolerance:.3g}, block-major); nothing was written"
-        )
-    return {"logits_check": "block-major", "max_abs_diff": diff, "tolerance": tolerance, "reference_max_abs": scale,
-            "per_layer_settings": settings, "tokens": int(input_ids.numel()), **record,
-            "seconds": round(time.perf_counter() - start, 2),
-            "phase_seconds": {name: round(seconds, 3) for name, seconds in phases.items()}}
+    with check_threads(find_decoder_stack(written_model).layers, device, input_ids.numel()):
+        settings: int | str = "skipped: no source config"
+        source_model, kept = None, list[int]()
+        if source_config is not None:
+            source_model = empty_model(source_config, dtype)
+            depth = len(find_decoder_stack(source_model))
+            kept = [i for i in range(depth) if i not in set(drop)]
+            settings = check_per_layer_settings(source_config, written_config, kept, (source_model, written_model))
+        phases = {"settings": time.perf_counter() - start}
+        copies = None
+        if digests is not None:
+            assert source_dir is not None and source_model is not None
+            copies = copy_check(source_dir, written_dir, drop, len(find_decoder_stack(source_model)), digests)
+        replay = None
+        if copies is not None and source_config is not None and configs_alike(source_config, written_config, kept):
+            replay = Replay(kept)
+        relay = Relay(at=max(min(drop) - 1, 0) if copies is not None and drop and replay is None else 0)
+        written = skeleton(written_dir, written_config, device, dtype, model=written_model,
+                           on_load=copies.tensor if copies is not None else None)
+        with recording(written.stack.layers, replay) if replay is not None else contextlib.nullcontext():
+            logits = block_major_logits(written, input_ids, attention_mask, relay=relay)
+        phases["written"] = time.perf_counter() - start - sum(phases.values())
+        record: dict[str, Any] = {}
+        if copies is not None:
+            record["bytes_compared"] = copies.rest()  # what the forward did not load (none in a plain decoder)
+            phases["bytes"] = time.perf_counter() - start - sum(phases.values())
+        if reference is None:
+            assert source_dir is not None and source_config is not None
+            shared = written if copies is not None else None
+            del written
+            reference = _reference_logits(source_dir, source_config, input_ids, attention_mask, drop, device, dtype,
+                                          source_model, relay, shared, _Replaying(replay, copies) if replay else None)
+            phases["reference"] = time.perf_counter() - start - sum(phases.values())
+            if replay is not None:
+                record["reference_blocks"] = {"replayed": len(replay.replayed),
+                                              "computed": len(replay.kept) - len(replay.replayed)}
+        diff = float((logits - reference.to(logits.device)).abs().max())
+        scale = float(reference.abs().max())
+        tolerance = rtol * scale + 1e-4
+        if not diff <= tolerance:
+            raise LayerpruneError(
+                f"surgery check failed: the written model's logits differ from the original with the blocks skipped "
+                f"(max |diff| {diff:.3g} > {tolerance:.3g}, block-major); nothing was written"
+            )
+        return {"logits_check": "block-major", "max_abs_diff": diff, "tolerance": tolerance, "reference_max_abs": scale,
+                "per_layer_settings": settings, "tokens": int(input_ids.numel()), **record,
+                "seconds": round(time.perf_counter() - start, 2),
+                "phase_seconds": {name: round(seconds, 3) for name, seconds in phases.items()}}
+
+
+@contextlib.contextmanager
+def check_threads(blocks: nn.Module, device: torch.device, tokens: int) -> Iterator[int]:
+    """While open, a check's CPU work on `tokens` tokens through `blocks` uses one thread per `THREAD_WORK`
+    multiply-adds of its largest product (tokens x elements of the largest block weight, at least `READ_ROWS` rows:
+    below that a product costs what reading its weight costs), at least one and at most torch's own count;
+    restored on exit. A check multiplies each weight by a handful of rows: memory-bound work that one core does at
+    memory speed, where each extra thread adds a barrier per product, and a barrier waits for a thread the scheduler
+    may not run for a whole time slice on a busy machine (16 rows by a 4096 x 1024 bf16 weight: 2.4 ms on one
+    thread, 20 ms on two with the other core busy). Yields the count."""
+    before = torch.get_num_threads()
+    if device.type != "cpu":
+        yield before
+        return
+    largest = max((p.numel() for p in blocks.parameters()), default=0)
+    count = max(1, min(before, max(tokens, READ_ROWS) * largest // THREAD_WORK))
+    torch.set_num_threads(count)
+    try:
+        yield count
+    finally:
+        torch.set_num_threads(before)
 
 
 @dataclass

@@ -41,7 +41,7 @@ from layerprune.prune.streaming import checkpoint_dir, describe_source, per_laye
 from layerprune.tasks.data import resolve_data_dir
 
 log = logging.getLogger(__name__)
-PROBE_POSITIONS = 8  # per row, in the streamed block-major check
+PROBE_POSITIONS = 4  # per row, in the streamed block-major check
 
 
 def stream_when_possible(source: ModelSource, recipe: PruneRecipe, settings: RunSettings, output: Path | None,

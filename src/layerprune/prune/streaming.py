@@ -8,13 +8,11 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.outputs import atomic_output_dir
 from layerprune.core.settings import RunSettings
 from layerprune.models.blocks import slice_layer_config
-from layerprune.models.identity import remember_hashes, unhashed_files
+from layerprune.models.identity import undigested_files
 from layerprune.models.loading import (
     ModelSource,
     _load_config,
@@ -53,10 +51,10 @@ def checkpoint_dir(source: ModelSource) -> Path | None:
 
 def stream_pruned(source_dir: Path, drop: list[int], target: Path, settings: RunSettings, config: Any = None,
                   force: bool = False, label: Path | str | None = None,
-                  hash_files: Collection[str] = ()) -> dict[str, Any]:
+                  digest_files: Collection[str] = ()) -> dict[str, Any]:
     """Write the weights of the model without `drop`, plus its config, into `target`; return what was written
-    (with `file_sha256`: the sha256 of each source file in `hash_files`, read whole by the copy; `tensor_digests`:
-    the digest of each source tensor copied, for the byte check).
+    (with `file_digests`: the `file_digest` of each source file in `digest_files`, from the copy's own pass;
+    `tensor_digests`: the digest of each source tensor copied, of the bytes written, for the byte check).
 
     The new config is checked before it is kept: the model class built from it on the meta device expects exactly
     the written tensors (names and shapes)."""
@@ -68,7 +66,7 @@ def stream_pruned(source_dir: Path, drop: list[int], target: Path, settings: Run
     label = label or target
     check_free_space(target, plan.total_bytes, label)
     try:
-        copied = write_stream(plan, target, hash_files)
+        copied = write_stream(plan, target, digest_files)
     except Exception as exc:
         if NO_SPACE.search(str(exc)) or getattr(exc, "errno", None) == 28:
             raise LayerpruneError(f"no space left on device while writing {label}: it needs about "
@@ -76,7 +74,7 @@ def stream_pruned(source_dir: Path, drop: list[int], target: Path, settings: Run
         raise
     verify_start = time.perf_counter()
     keys: int | str = "skipped: this family converts its checkpoint keys on load (checked by reloading instead)"
-    if not _converts_keys_on_load(config, plan.checkpoint.weight_map):
+    if not _converts_keys_on_load(meta, plan.renamed.values()):
         keys = check_config_matches_weights(meta, written_shapes(target))
     else:
         check_config_builds(meta)
@@ -84,19 +82,16 @@ def stream_pruned(source_dir: Path, drop: list[int], target: Path, settings: Run
     verify_stream(plan, target, meta.config)
     copy_side_files(source_dir, target)
     return {"shards": len(plan.shards), "bytes": plan.total_bytes, "dtypes": plan.dtypes, "kept": plan.kept,
-            "seconds": round(time.perf_counter() - start, 2), "file_sha256": copied.file_sha256,
+            "seconds": round(time.perf_counter() - start, 2), "file_digests": copied.file_digests,
             "tensor_digests": copied.tensor_digests,
             "meta_check": {"keys": keys, "seconds": round(time.perf_counter() - verify_start, 2)}}
 
 
-def _converts_keys_on_load(config: Any, source_names: Any) -> bool:
-    """Whether the model class's state dict names differ from the source files' (e.g. MoE experts fused on load)."""
-    from transformers import AutoModelForCausalLM
-    from transformers.initialization import no_init_weights
-
-    with torch.device("meta"), no_init_weights():  # initialising meta tensors only costs time
-        names = set(AutoModelForCausalLM.from_config(config).state_dict())
-    return not set(source_names) <= names
+def _converts_keys_on_load(meta: Any, written_names: Collection[str]) -> bool:
+    """Whether the pruned model class's state dict names (`meta`, built on the meta device) differ from the names
+    the files are written with (e.g. MoE experts fused on load): the same answer as for the source, whose names
+    are these but for the block numbers, without building the source model a second time."""
+    return not set(written_names) <= set(meta.state_dict())
 
 
 def _source_config(source_dir: Path) -> Any:
@@ -135,20 +130,20 @@ def save_streamed(source: ModelSource, source_dir: Path, drop: list[int], report
                   hash_weights: bool = False, written_out: dict[str, Any] | None = None) -> None:
     """Stream the weights into a temp dir, add tokenizer and report files (`finish(tmp)`), rename into place.
 
-    With `hash_weights` (a local source whose hash the caller left for now), the weight files the hash memo does
-    not know are hashed by the copy's own read, and `source.identity["weights_sha256"]` is set before `finish`.
+    With `hash_weights` (a local source whose identity the caller left for now), the weight files the digest memo
+    does not know are digested by the copy's own pass, and `source.identity["weights_xxh3_128"]` is set before
+    `finish`.
     `written_out`, when given, receives what `stream_pruned` returned (the copy's digests among it) before `finish`."""
     start = time.perf_counter()
     cache = settings.resolved_cache_dir()
-    pending = unhashed_files(source_dir, cache) if hash_weights else []
+    pending = undigested_files(source_dir, cache) if hash_weights else []
     with atomic_output_dir(output, overwrite) as tmp:
         written = stream_pruned(source_dir, drop, tmp, settings, force=force, label=output,
-                                hash_files={path.name for path in pending if path.suffix == ".safetensors"})
+                                digest_files={path.name for path in pending if path.suffix == ".safetensors"})
         if written_out is not None:
             written_out.update(written)
         if hash_weights:
-            remember_hashes(source_dir, cache, written["file_sha256"])
-            add_weights_hash(source, settings)
+            add_weights_hash(source, settings, written["file_digests"])
         copy_tokenizer_files(source, tmp, load_tokenizer(source, settings))
         report["saved"] = Saved(how="streamed from the source safetensors files", shards=written["shards"],
                                 bytes=written["bytes"], dtypes=written["dtypes"])
