@@ -58,6 +58,9 @@ def test_audit_flags_exactly_the_tasks_whose_items_the_recovery_data_holds(tmp_p
     assert tasks["reverse_l7"]["template_records"] == 3  # the copy prompts' 7-letter lists: its kind of question
     assert tasks["reverse_l7"]["verdict"].startswith("held out (measured); near transfer: 3 recovery record(s)")
     assert tasks["piqa"]["verdict"] == "not measured (no samples/piqa.jsonl)"
+    import hashlib  # the audited data's digest: the data is not archived, a re-audit must show it is the same data
+
+    assert found["source_sha256"] == hashlib.sha256((tmp_path / "selfgen.jsonl").read_bytes()).hexdigest()
     assert json.loads((tmp_path / "audit.json").read_text())["tasks"]["copy_l7"]["either"] == 3
     text = "\n".join(audit_report.audit_lines(found))
     assert "| copy_l7 | 20 | 3 | 0 | 3 | 100% / 0% | 0 (0.0) | 3 | 0 | FLAG: copy_l7 items appear" in text
@@ -329,3 +332,22 @@ def test_every_scored_task_is_audited_those_of_later_folders_too(tmp_path):
     found = audit.audit_study(sweep)
     assert set(found["tasks"]) == {"arith_2d_sub", "brackets_d6"} and found["tasks"]["brackets_d6"]["flagged"]
     assert found["items_from"] == {"arith_2d_sub": "eval/baseline", "brackets_d6": "eval/pruned-k2"}
+
+
+def test_an_arm_trained_on_prompts_of_its_own_is_audited_too(tmp_path):
+    """A sweep's positive control (arm_prompts: kd on arithmetic prompts, selfgen-kd-arith.jsonl) is audited against
+    the same scored items as the shared answers: an item planted in its prompts is flagged there (and only there),
+    and the section names the arm. (Before: only selfgen.jsonl was audited; the arm's data went unseen.)"""
+    arith = probe_items("arith_2d_add", 20)
+    (tmp_path / "selfgen.jsonl").write_text("".join(json.dumps(r) + "\n" for r in PLAIN))
+    own = [{"prompt": p.prompt, "response": p.answer} for p in arith[:2]]
+    (tmp_path / "selfgen-kd-arith.jsonl").write_text("".join(json.dumps(r) + "\n" for r in own))
+    write_eval_samples(tmp_path, "arith_2d_add", [{"prompt": p.prompt, "answer": p.answer} for p in arith])
+    found = audit.audit_study(tmp_path, ["arith_2d_add"])
+    assert not found["tasks"]["arith_2d_add"]["flagged"]
+    arm = found["arms"]["kd-arith"]
+    assert arm["tasks"]["arith_2d_add"]["flagged"] and arm["tasks"]["arith_2d_add"]["either"] == 2
+    assert arm["records"] == 2 and arm["source"].endswith("selfgen-kd-arith.jsonl")
+    text = "\n".join(audit_report.audit_lines(found))
+    assert "Arm kd-arith, trained on answers to prompts of its own (2 records, selfgen-kd-arith.jsonl)" in text
+    assert text.count("| task | items |") == 2

@@ -34,6 +34,7 @@ definition, their `context` missing from the prompt), so the note says the teach
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -297,6 +298,9 @@ def task_items(folder: Path, task: str) -> list[str | None] | None:
     return list(texts.values())
 
 
+ARM_ANSWERS = "selfgen-"  # an arm's own teacher answers: selfgen-ARM[@rR].jsonl (a sweep's arm_prompts)
+
+
 def scored_tasks(root: Path) -> dict[str, Path]:
     """Every task any model of a study was scored on (eval/ and eval-chat/ folders), with the evaluation folder its
     items are read from: the baseline's where it has the task, else the first folder that does."""
@@ -314,22 +318,40 @@ def recovery_records(root: Path) -> tuple[Path, list[dict[str, Any]]]:
     path = next((p for p in candidates if p.is_file()), None)
     if path is None:
         raise LayerpruneError(f"{root}: no teacher answers to audit (selfgen.jsonl or arms/*/data/responses.jsonl)")
-    return path, [r for r in iter_jsonl(path) if isinstance(r.get("response"), str) and "prompt" in r]
+    return path, answer_records(path)
+
+
+def answer_records(path: Path) -> list[dict[str, Any]]:
+    """The {prompt, response} records of a teacher-answer file."""
+    return [r for r in iter_jsonl(path) if isinstance(r.get("response"), str) and "prompt" in r]
 
 
 def audit_folder(root: Path, records_root: Path, tasks: list[str] | None = None, n: int = NGRAM) -> dict[str, Any]:
     """The audit of every task scored in `root` (`scored_tasks`; only `tasks` when given, a task without samples
-    listed as not measured) against the teacher answers of `records_root`."""
+    listed as not measured) against the teacher answers of `records_root`; with arms trained on prompts of their own
+    (selfgen-ARM.jsonl, a sweep's arm_prompts), each of those answer sets audited the same way under "arms"."""
     source, records = recovery_records(records_root)
     scored = scored_tasks(root)
     folders = {t: scored.get(t, root / "eval" / EVAL_LABEL) for t in (sorted(scored) if tasks is None else tasks)}
     found = {task: task_items(folder, task) for task, folder in folders.items()}
+    audit = audit_source(source, records, found, n)
+    arms = {path.stem.removeprefix(ARM_ANSWERS): path for path in sorted(records_root.glob(f"{ARM_ANSWERS}*.jsonl"))}
+    if arms:
+        audit["arms"] = {arm: audit_source(path, answer_records(path), found, n) for arm, path in arms.items()}
+    audit["items_from"] = {t: str(folder.relative_to(root)) for t, folder in folders.items()}
+    return audit
+
+
+def audit_source(source: Path, records: list[dict[str, Any]], found: dict[str, list[str | None] | None],
+                 n: int) -> dict[str, Any]:
+    """One answer set's audit against the items `found` per task (None: the task has no per-item samples)."""
     audit = audit_recovery_data(records, {t: items for t, items in found.items() if items is not None}, n)
     for task in (t for t, items in found.items() if items is None):
         audit["tasks"][task] = {"items": 0, "examined": 0, "flagged": False,
                                 "verdict": f"not measured (no {SAMPLES_DIR}/{task}.jsonl)"}
     audit["source"] = str(source)
-    audit["items_from"] = {t: str(folder.relative_to(root)) for t, folder in folders.items()}
+    # the data itself is not archived: a later audit of regenerated answers is this audit only where the digest agrees
+    audit["source_sha256"] = hashlib.sha256(source.read_bytes()).hexdigest()
     return audit
 
 

@@ -40,6 +40,10 @@ def task_line(task: str, row: dict[str, Any]) -> str:
             f"{row.get('template_records', '-')} | {_not_examined(row)} | {row['verdict']} |")
 
 
+TABLE = ["| task | items | in prompts | in answers | either | largest share of one item (prompts / answers) | near "
+         "(expected) | template records | not examined | verdict |", "|---" * 10 + "|"]
+
+
 def audit_lines(audit: dict[str, Any]) -> list[str]:
     """The audit as a markdown section for study.md / sweep.md."""
     n, copy = audit["n"], audit["copy"]
@@ -53,8 +57,7 @@ def audit_lines(audit: dict[str, Any]) -> list[str]:
              "50 ='); near: one value changed (with the number chance gives); template records: recovery records "
              f"asking the task's kind of question. A task is flagged at {FLAG_SHARE:.0%} of its examined items or "
              "more, or for near duplicates beyond chance.", "",
-             "| task | items | in prompts | in answers | either | largest share of one item (prompts / answers) "
-             "| near (expected) | template records | not examined | verdict |", "|---" * 10 + "|"]
+             *TABLE]
     lines += [task_line(task, row) for task, row in audit["tasks"].items()]
     rep = ", ".join(f"rep-{k} {copy[f'rep_{k}']:.3f}" for k in REP_NS if copy.get(f"rep_{k}") is not None)
     lines += ["", f"Teacher answers that copy a run of >= {n} tokens of their own prompt: {copy['copying']} of "
@@ -65,6 +68,10 @@ def audit_lines(audit: dict[str, Any]) -> list[str]:
         lines.append(f"At {_pct(copy['share'])} (the note's threshold {COPY_NOTE_SHARE:.0%}), the list probes "
                      f"({', '.join(LIST_FAMILIES)}) are near transfer, not held-out skills: a recovery that "
                      "regresses every position of prompt + answer learns to re-emit the prompt's items.")
+    for arm, own in audit.get("arms", {}).items():
+        lines += ["", f"Arm {arm}, trained on answers to prompts of its own ({own['records']} records, "
+                      f"{Path(own['source']).name}): the same checks.", "", *TABLE,
+                  *(task_line(task, row) for task, row in own["tasks"].items())]
     return lines
 
 
