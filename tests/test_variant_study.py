@@ -35,7 +35,10 @@ def test_bad_variant_study_recipes(capsys, tmp_path):
                            ({"nmi": {"model": "x"}}, "nmi sets ['model']"),
                            ({"nmi": {"k": 1}}, "k"),
                            ({"variant": {"posttrain": "math-embedded", "recipe": "x"}}, "variant"),
-                           ({"variant": {"posttrain": "no-such-variant"}}, "no-such-variant")):
+                           ({"variant": {"posttrain": "no-such-variant"}}, "no-such-variant"),
+                           ({"variant_seeds": [0, 1]}, "variant_seeds needs a posttrain variant"),
+                           ({"variant": {"posttrain": "math-embedded"}, "variant_seeds": [1, 1]}, "distinct"),
+                           ({"variant": {"posttrain": "math-embedded"}, "variant_seeds": []}, "variant_seeds")):
         path = tmp_path / "bad.yaml"
         path.write_text(yaml.safe_dump({**good, **change}))
         code, _, err = run_cli(capsys, ["variant-study", str(path), "--dry-run"])
@@ -313,3 +316,151 @@ def test_a_study_unpacked_elsewhere_reuses_its_analyses(tmp_path):
         {"config": two, "run": {"settings": {"seed": 0}}}))
     assert not made_alike(done, {**config, "models": [str(moved / "control-b0"), str(moved / "control-b1")]},
                           RunSettings())
+
+
+# --- the variant made under several seeds (issue 58 part 5) --------------------------------------------------------
+
+def _seeds_study(seeds: list[int]):
+    from layerprune.pipeline.studies.variant import VariantStudy
+
+    return VariantStudy.model_validate({"name": "s", "variant": {"posttrain": "math-embedded"}, "target": "arithmetic",
+                                        "importance": {"tasks": ["arithmetic"]}, "control": {}, "resamples": 200,
+                                        "variant_seeds": seeds})
+
+
+def _profile(right: int, n: int = 40) -> dict:
+    """Right answers on the first `right` items; block 1 kills all, block 3 the even items (as the verdict test's)."""
+    base = [i < right for i in range(n)]
+    return synthetic(base, [base, [False] * n, base, [b and i % 2 == 1 for i, b in enumerate(base)]])
+
+
+def _elsewhere(right: int, n: int = 40) -> dict:
+    """A variant whose function moved: block 0 kills all, block 1 nothing, block 2 the evens, block 3 nothing."""
+    base = [i < right for i in range(n)]
+    return synthetic(base, [[False] * n, base, [b and i % 2 == 1 for i, b in enumerate(base)], base])
+
+
+def _control(n: int = 40) -> tuple[int, dict]:
+    full = [True] * n
+    return 1, {"tasks": {"arithmetic": {"control": synthetic(
+        [i < 30 for i in range(n)], [[False] * n, full[:30] + [False] * 10,
+                                     [i < 30 and i % 2 == 1 for i in range(n)]])}}}
+
+
+def _report(variant: dict) -> dict:
+    return {"config": {"metric": "accuracy", "threshold": 0.2},
+            "tasks": {"arithmetic": {"original": _profile(30), "variant": variant}}}
+
+
+def test_makes_that_disagree_widen_the_verdict_intervals_and_the_report_gives_their_spread():
+    """Seed 0's make kept the original's profile (alone: 'invariant'), seed 1's moved it (alone: 'different'): as one
+    variant the ratio is their mean, its interval draws the makes too, so it is wider than either make's own and the
+    verdict is 'not shown'; makes that agree give the one make's interval exactly."""
+    from layerprune.pipeline.studies.variant import compare, variant_table
+
+    study, control = _seeds_study([0, 1]), _control()
+    kept, moved = _report(_profile(40)), _report(_elsewhere(36))
+    alone = [compare(_seeds_study([s]), r, 0, control)["tasks"]["arithmetic"] for s, r in ((0, kept), (1, moved))]
+    assert [a["verdict"]["verdict"] for a in alone] == ["invariant", "different"]
+    result = compare(study, kept, 0, control, {0: kept, 1: moved})
+    row = result["tasks"]["arithmetic"]
+    assert row["spread"]["values"] == {"0": 1.0, "1": 0.9} and row["spread"]["sd"] == pytest.approx(0.0707, abs=1e-4)
+    assert row["base_scores"] == [0.75, pytest.approx(0.95)]
+    for measure in ("spearman", "jaccard"):
+        ratios = [a["relative"][measure]["ratio"] for a in alone]
+        pooled = row["relative"][measure]
+        assert pooled["ratio"] == pytest.approx(sum(ratios) / 2) and pooled["ratios"] == {"0": ratios[0],
+                                                                                          "1": ratios[1]}
+        width = pooled["ratio_interval"][1] - pooled["ratio_interval"][0]
+        assert width > 2 * max(b - a for a, b in (x["relative"][measure]["ratio_interval"] for x in alone))
+    assert row["verdict"]["verdict"] == "not shown"
+    assert [row["seeds"][s]["spearman"] for s in ("0", "1")] == [a["spearman"] for a in alone]
+    assert result["target"]["shift"] == pytest.approx((0.25 + 0.15) / 2)
+    assert result["target"]["seeds"]["1"]["shift"] == pytest.approx(0.15)
+    table = variant_table(study, result)
+    assert "## The variant across its seeds" in table and "| arithmetic | 0.75 | 1.00 | 0.90 | 0.95 | 0.07 |" in table
+    assert "| arithmetic (seed 1) | 0.75 / 0.90 |" in table and "draws the makes, then the items" in table
+    same = compare(study, kept, 0, control, {0: kept, 1: kept})["tasks"]["arithmetic"]
+    assert same["relative"]["spearman"]["ratio_interval"] == alone[0]["relative"]["spearman"]["ratio_interval"]
+    assert same["spread"]["sd"] == 0.0 and same["verdict"]["verdict"] == "invariant"
+
+
+def test_one_seed_reads_as_before():
+    """The default seed: no new key in variant.json's study (so `layerprune records` fingerprints it as before) and
+    the comparison and table of a study without seeds; the archives redraw unchanged (tests/test_records_redraw.py)."""
+    from layerprune.pipeline.studies.variant import compare, variant_table
+
+    study, control, report = _seeds_study([0]), _control(), _report(_profile(40))
+    assert "variant_seeds" not in study.record() and not study.replicated()
+    assert _seeds_study([2]).record()["variant_seeds"] == [2]
+    assert compare(study, report, 0, control, {0: report}) == compare(study, report, 0, control)
+    assert "across its seeds" not in variant_table(study, compare(study, report, 0, control))
+    assert study.importance_dir(0) == "importance" and _seeds_study([3, 1]).importance_dir(1) == "importance-seed1"
+
+
+def test_pooled_draws_of_item_means_match_the_two_level_bootstrap_of_replicates():
+    """For an item mean, pooling the makes' item-resampled draws gives `bootstrap`'s interval for a replicated model:
+    the same item and replicate draws, the run share estimated from the draws instead of the interaction mean square."""
+    import numpy as np
+
+    from layerprune.core.paired import bootstrap, bootstrap_indices, pool_replicate_draws
+
+    rng = np.random.default_rng(5)
+    for run_sd in (0.0, 0.08):
+        runs = (rng.random((3, 200)) < np.clip(0.5 + rng.normal(0, run_sd, (3, 1)), 0, 1)).astype(float)
+        boot = bootstrap([runs], 2000, 0, replicates=[[0, 1, 2]])
+        want = boot.interval(lambda m: m[..., 0, 0])
+        index = bootstrap_indices(200, 2000, 0)
+        value, draws = pool_replicate_draws(list(runs.mean(axis=1)), [r[index].mean(axis=1) for r in runs], 0)
+        low, high = np.quantile(draws, [0.025, 0.975])
+        assert value == pytest.approx(want["value"])
+        assert low == pytest.approx(want["low"], abs=0.01) and high == pytest.approx(want["high"], abs=0.01)
+    value, draws = pool_replicate_draws([0.5], [np.arange(4.0)])
+    assert value == 0.5 and list(draws) == [0.0, 1.0, 2.0, 3.0]  # one make: its own draws
+
+
+def test_a_study_of_two_seeds_makes_two_variants_and_scores_each(capsys, tiny_llama, tmp_path, shared_data,
+                                                                 monkeypatch):
+    import json
+
+    monkeypatch.setenv("LAYERPRUNE_DATA_DIR", str(shared_data))
+    monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "sft.yaml").write_text(yaml.safe_dump({
+        "kind": "variant", "method": "sft", "model": "ignored: the study's", "data": {"probes": {"arith_2d_add": 8}},
+        "train": {"batch_size": 4, "grad_accum": 1, "max_steps": 1, "learning_rate": 1e-2, "logging_steps": 1}}))
+    recipe = {"name": "tiny-seeds", "model": str(tiny_llama), "output": str(tmp_path / "v"), "resamples": 100,
+              "variant": {"posttrain": str(tmp_path / "sft.yaml")}, "splits": 2, "variant_seeds": [0, 1],
+              "importance": {"tasks": ["arithmetic", "factual"], "samples": 6, "metric": "accuracy"}}
+    (tmp_path / "v.yaml").write_text(yaml.safe_dump(recipe))
+    code, out, err = run_cli(capsys, ["variant-study", str(tmp_path / "v.yaml"), "--dry-run"])
+    assert code == 0, err
+    assert "variant seeds 0, 1: one make under each (cached by fingerprint); made already: none; to make: 0, 1 " \
+           "(2 x " in out and "importance-seed1/" in out
+    code, out, err = run_cli(capsys, ["variant-study", str(tmp_path / "v.yaml")])
+    assert code == 0, err
+    run = tmp_path / "v"
+    study = json.loads((run / "variant.json").read_text())
+    made = {int(s): Path(p) for s, p in study["variant_dirs"].items()}
+    assert sorted(made) == [0, 1] and made[0] != made[1] and study["variant_dir"] == str(made[0])
+    assert sorted((tmp_path / "cache" / "variants").iterdir()) == sorted(made.values())
+    seeds = [json.loads((made[s] / "variant_report.json").read_text())["settings"]["seed"] for s in (0, 1)]
+    assert seeds == [0, 1]
+    for folder, variant in (("importance", made[0]), ("importance-seed1", made[1])):
+        report = json.loads((run / folder / "importance.json").read_text())
+        assert report["config"]["models"] == [str(tiny_llama), str(variant)]
+    for task, row in study["tasks"].items():
+        assert set(row["spread"]["values"]) == {"0", "1"} and set(row["seeds"]) == {"0", "1"}
+        assert f"| {task} (seed 1) |" in out
+    assert study["variant_seeds"] == [0, 1] and "## The variant across its seeds" in out
+    code, out, err = run_cli(capsys, ["variant-study", str(tmp_path / "v.yaml"), "--dry-run"])
+    assert code == 0 and "made already: 0, 1; to make: none (0 x " in out  # found again in the cache
+
+
+def test_the_shipped_seeds_cell_plans_three_makes(capsys, shared_data, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAYERPRUNE_DATA_DIR", str(shared_data))
+    monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))
+    code, out, err = run_cli(capsys, ["variant-study", "variant-math-accuracy-seeds-embedded", "--dry-run"])
+    assert code == 0, err
+    assert "variant seeds 0, 1, 2: one make under each (cached by fingerprint); made already: none; to make: 0, 1, " \
+           "2 (3 x " in out and " min on 2 idle CPU cores, training only)" in out
+    assert "embedded / arith_2d_add: teacher-forced accuracy (no generation), 100 items" in out

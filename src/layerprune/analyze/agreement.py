@@ -221,6 +221,13 @@ def score_shift(original: Matrix, variant: Matrix, kind: Score, resamples: int =
                 seed: int = 0) -> dict[str, Any]:
     """The unablated scores of both models on the shared items, variant - original, with a (1 - alpha) paired
     bootstrap interval (the same resample of the items for both)."""
+    return score_shift_draws(original, variant, kind, resamples, alpha, seed)[0]
+
+
+def score_shift_draws(original: Matrix, variant: Matrix, kind: Score, resamples: int = 1000, alpha: float = 0.05,
+                      seed: int = 0) -> tuple[dict[str, Any], np.ndarray]:
+    """`score_shift` and its resampled shifts [resamples] (the same items on resample r for any variant scored on
+    the same number of items with the same seed)."""
     if original[0].shape != variant[0].shape:
         raise ValueError(f"scores on different items: {original[0].shape} and {variant[0].shape}")
     index = bootstrap_indices(len(original[0]), resamples, seed)
@@ -228,4 +235,4 @@ def score_shift(original: Matrix, variant: Matrix, kind: Score, resamples: int =
     diffs = score(variant[0][index], None if variant[2] is None else variant[2][index], kind) \
         - score(original[0][index], None if original[2] is None else original[2][index], kind)
     return {"before": float(before), "after": float(after), "shift": float(after - before),
-            "interval": interval(diffs.tolist(), alpha)}
+            "interval": interval(diffs.tolist(), alpha)}, diffs

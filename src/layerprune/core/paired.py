@@ -7,17 +7,18 @@ sd(d) / sqrt(n), and every figure gets a percentile interval from one seeded boo
 every model. Over several tasks the bootstrap draws items within each task (clustered by task) and averages task
 means, so a task with many items does not outweigh one with few. A model trained several times under other seeds
 (replicates) is one logical model, the mean of its replicates: the bootstrap then draws the replicates too (two-level,
-see `bootstrap`), and `spread` gives its run-to-run SD beside its item SE.
+see `bootstrap`; `pool_replicate_draws` for a statistic that is not an item mean, such as paper A's agreement
+ratio), and `spread` gives its run-to-run SD beside its item SE.
 
 For 0/1 scores a difference also gets its discordant counts (b: right before and wrong after, c: the reverse) and
 McNemar's exact two-sided p-value.
 
 This is the project's one statistics module: every report takes its intervals from here. Besides the paired bootstrap
-it holds the family-wise adjustment of declared comparisons (`holm_intervals`, `holm`), the recovered share that is
-stated only where its drop is bounded away from 0 (`share_interval`, `SHARE_MARGIN`), the run-variance share of a
-replicated model (`run_variance`), paper A's verdict from paired differences of agreement ratios
-(`ratio_comparison`, `invariance_verdict`), and the per-block drops of an ablation with their intervals
-(`block_statistics`, for `analyze importance`).
+it holds the refusal to pair models scored on different items (`check_same_items`), the family-wise adjustment of
+declared comparisons (`holm_intervals`, `holm`), the recovered share that is stated only where its drop is bounded
+away from 0 (`share_interval`, `SHARE_MARGIN`), the run-variance share of a replicated model (`run_variance`), paper
+A's verdict from paired differences of agreement ratios (`ratio_comparison`, `invariance_verdict`), and the
+per-block drops of an ablation with their intervals (`block_statistics`, for `analyze importance`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,33 @@ def mcnemar_exact(b: int, c: int) -> float:
         return 1.0
     tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2.0**n
     return min(1.0, 2.0 * tail)
+
+
+def differing_items(first: Sequence[tuple[str, str]], other: Sequence[tuple[str, str]]) -> int:
+    """How many items two models' per-item records do not share, each record a sequence of (item id, its check: the
+    doc hash and prompt hash): ids in one record only, ids whose checks differ, and ids recorded a different number
+    of times (a record with an item twice pairs no row with certainty)."""
+    mine: dict[str, list[str]] = {}
+    theirs: dict[str, list[str]] = {}
+    for record, into in ((first, mine), (other, theirs)):
+        for key, check in record:
+            into.setdefault(key, []).append(check)
+    return sum(sorted(mine.get(key, [])) != sorted(theirs.get(key, [])) for key in mine.keys() | theirs.keys())
+
+
+def check_same_items(task: str, records: dict[str, Sequence[tuple[str, str]]]) -> None:
+    """Raise LayerpruneError (one line naming the models, the task and how many items differ) unless every model's
+    per-item record of `task` (see `differing_items`) holds the same items as the first model's: a paired comparison
+    is taken item by item, so it is refused rather than drawn on a subset or on rows that do not match."""
+    if not records:
+        return
+    first, *others = records
+    for other in others:
+        count = differing_items(records[first], records[other])
+        if count:
+            raise LayerpruneError(f"models scored on different items: {first} and {other} on {task} differ in "
+                                  f"{count} item(s) (doc ids, or doc and prompt hashes); a paired comparison needs "
+                                  "the same items for every model")
 
 
 def paired_se(before: np.ndarray, after: np.ndarray) -> float:
@@ -203,6 +231,47 @@ def run_inflation(n: int, alpha: float = ALPHA) -> float:
     if n < 2:
         return 1.0
     return math.sqrt(n / (n - 1)) * t_quantile(1 - alpha / 2, n - 1) / NormalDist().inv_cdf(1 - alpha / 2)
+
+
+def pool_replicate_draws(values: Sequence[float | None], draws: Sequence[np.ndarray], seed: int = SEED,
+                         alpha: float = ALPHA) -> tuple[float | None, np.ndarray]:
+    """One logical model's statistic from its n replicates (a variant made under n seeds): its value, the mean of the
+    replicates' values (None where any is undefined), and its two-level resampled draws [R], from each replicate's
+    item-resampled draws ([R] each, resample r drawing the same items for every replicate, as a seeded
+    `relative_agreement_draws` or `bootstrap_indices` does), for a statistic that is not an item mean (an agreement
+    ratio, a score shift over NLL).
+
+    The same construction as `bootstrap`'s for replicate groups: resample r draws n replicate positions with
+    replacement (the replicate stream of `bootstrap` for the same seed) and moves the replicates' mean on its items by
+    c(n) * s times the drawn replicates' mean deviation from it. s^2 is the share of the variance of the replicates'
+    values that is run variance (method of moments, floored at 0): their variance less what the item draw already
+    gives it, the mean over the replicates of the resampled variance of each one's deviation from the replicates'
+    mean (for item means, exactly the interaction mean square over items that `bootstrap` subtracts). Replicates that
+    agree up to item noise get the item-only interval; replicates that disagree widen it toward the Student t interval
+    of their values. One replicate: its own value and draws, unchanged."""
+    point = np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
+    runs = np.stack([np.asarray(d, dtype=np.float64).reshape(-1) for d in draws], axis=1)  # [R, n]
+    if runs.shape[1] != len(point):
+        raise LayerpruneError(f"{len(point)} replicate values but {runs.shape[1]} replicates' draws")
+    value = float(point.mean()) if np.isfinite(point).all() else None
+    n = len(point)
+    if n == 1:
+        return value, runs[:, 0]
+    pick = _replicate_draws([n], len(runs), seed)[n]
+    centre = runs.mean(axis=1)
+    drawn = np.take_along_axis(runs, pick, axis=1).mean(axis=1)
+    return value, centre + run_inflation(n, alpha) * _draws_run_share(point, runs, centre) * (drawn - centre)
+
+
+def _draws_run_share(point: np.ndarray, runs: np.ndarray, centre: np.ndarray) -> float:
+    """sqrt of the run-variance share of n replicates' values `point` [n], the item noise of their differences read
+    from their resampled draws `runs` [R, n] (resamples where any is undefined left out); 0 where none is left."""
+    finite = np.isfinite(runs).all(axis=1)
+    if not np.isfinite(point).all() or finite.sum() < 2:
+        return 0.0
+    total = point.var(ddof=1)
+    noise = (runs[finite] - centre[finite, None]).var(axis=0, ddof=1).sum() / (len(point) - 1)
+    return math.sqrt(max(0.0, total - noise) / total) if total > 0 else 0.0
 
 
 def t_quantile(q: float, df: int) -> float:

@@ -81,15 +81,9 @@ def _grain(root: Path, out: Path) -> tuple[str, dict[str, Any]]:
 
 
 def _variant(root: Path, out: Path) -> tuple[str, dict[str, Any]]:
-    from layerprune.pipeline.studies.variant import VariantStudy, compare, write_variant_report
+    from layerprune.pipeline.studies.variant import redraw_variant_report
 
-    old = _load(root / "variant.json")
-    study = VariantStudy.model_validate(old["study"])
-    report = _load(root / "importance" / "importance.json")
-    block = old.get("control_block")
-    control = None if block is None else (block, _load(root / f"importance-control-b{block}" / "importance.json"))
-    result = compare(study, report, report["run"]["settings"]["seed"], control)
-    write_variant_report(study, root, Path(old["variant_dir"]), {**result, "nmi": old.get("nmi")})
+    redraw_variant_report(root)  # every seed's importance report, with several makes of the variant
     return (root / "variant.md").read_text(), {"variant.json": _load(root / "variant.json")}
 
 

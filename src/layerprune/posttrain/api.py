@@ -225,7 +225,7 @@ def dry_run(recipe: VariantRecipe, settings: RunSettings | None = None, data_dir
     items, card = load_items(recipe.data, resolve_data_dir(data_dir))
     tokenizer = load_tokenizer(resolve_model(recipe.model, settings), settings)
     plan = plan_numbers(recipe, items, tokenizer)
-    low, high = (plan["steps"] * plan["tokens_per_step"] / TOKENS_PER_MEASURED_STEP * s / 60 for s in SECONDS_PER_STEP)
+    low, high = train_minutes(plan)
     lines = [f"variant {recipe.method} of {recipe.model} ({recipe.format} format, {recipe.train.method})",
              f"data: {card['items']} problems: " + ", ".join(f"{k} {v}" for k, v in card["per_source"].items()),
              f"dropped as scored (probe seeds {recipe.data.exclude_probe_seeds}): {card['dropped_scored']}; "
@@ -240,6 +240,21 @@ def dry_run(recipe: VariantRecipe, settings: RunSettings | None = None, data_dir
         lines.append(f"plus sampling: {len(items)} problems x {recipe.sample.k if recipe.method != 'distill' else 1} "
                      f"answers of up to {recipe.sample.max_new_tokens} tokens (not in the estimate)")
     return "\n".join(lines)
+
+
+def train_minutes(plan: dict[str, int]) -> tuple[float, float]:
+    """The training's CPU time estimate in minutes (low, high) from `plan_numbers` (sampling not included)."""
+    low, high = (plan["steps"] * plan["tokens_per_step"] / TOKENS_PER_MEASURED_STEP * s / 60 for s in SECONDS_PER_STEP)
+    return low, high
+
+
+def estimate_minutes(recipe: VariantRecipe, settings: RunSettings | None = None,
+                     data_dir: Path | None = None) -> tuple[float, float]:
+    """`dry_run`'s training estimate of one make of the variant, in minutes (low, high; sampling not included)."""
+    settings = settings or RunSettings()
+    items, _ = load_items(recipe.data, resolve_data_dir(data_dir))
+    tokenizer = load_tokenizer(resolve_model(recipe.model, settings), settings)
+    return train_minutes(plan_numbers(recipe, items, tokenizer))
 
 
 def sampling_estimate(recipe: VariantRecipe, items: list[Item], tokenizer: Any) -> str:

@@ -11,14 +11,17 @@ Stages (pipeline/runner.py), each reusing what it finds when it was made by the 
 cache), importance (importance/: analyze importance on [original, variant]), with `nmi`: nmi (nmi-original/ and
 nmi-variant/: analyze nmi on each, its critical blocks the importance report's on the target task), with a control:
 control (control-b<N>/, the original without block N, and importance-control-b<N>/), then report (variant.json,
-variant.md, always redrawn).
+variant.md, always redrawn). With `variant_seeds` of two or more, the posttrain variant is made under each seed
+(variant-seed<N>, each from the cache when made) and scored on the same items (importance-seed<N>: importance/ for
+the first seed, importance-seed<N>/ for the others), and the report takes the makes as one variant
+(pipeline/studies/variant_seeds.py): the make-to-make SD of its scores, intervals that draw the makes, then the items.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -29,6 +32,12 @@ from layerprune.core.settings import RunSettings
 from layerprune.pipeline.recipe import RecoverStage
 from layerprune.pipeline.runner import Stage, run_stages
 from layerprune.posttrain.schema import VariantRecipe
+from layerprune.posttrain.spec import VARIANT_SEED
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from layerprune.core.paired import Score
 
 log = logging.getLogger(__name__)
 STUDY_OWNED = ("models", "output", "overwrite", "dry_run", "tokenizers")  # importance fields the study sets itself
@@ -73,6 +82,11 @@ class VariantStudy(BaseModel):
     variant: RecoverStage | PosttrainVariant = Field(
         description="How the variant is made: {recipe, overrides}, a recover recipe run on the unpruned model with "
         "itself as the teacher; or {posttrain, overrides}, a posttrain variant recipe")
+    variant_seeds: list[int] = Field(
+        default_factory=lambda: [VARIANT_SEED], min_length=1,
+        description="Seeds the posttrain variant is made under, each made once (cached) and scored on the same "
+        "items: the report gives the make-to-make SD of the variant's scores, and with two or more the verdict's "
+        "intervals resample the seeds, then the items (default: the one seed `variant:NAME` names)")
     importance: dict[str, Any] = Field(default_factory=dict, description="`analyze importance` fields (tasks, "
                                                                          "metric, samples, ...) used for both models")
     resamples: int = Field(1000, ge=100, description="Bootstrap resamples of the items for the agreement intervals")
@@ -110,7 +124,30 @@ class VariantStudy(BaseModel):
         if isinstance(self.control, ControlSpec) and isinstance(self.control.skip_block, int) \
                 and self.control.skip_block < 0:
             raise ValueError("control.skip_block must be 'critical' or a block index >= 0")
+        self._check_seeds()
         return self
+
+    def _check_seeds(self) -> None:
+        if len(set(self.variant_seeds)) != len(self.variant_seeds) or min(self.variant_seeds) < 0:
+            raise ValueError(f"variant_seeds must be distinct seeds >= 0, got {self.variant_seeds}")
+        if isinstance(self.variant, RecoverStage) and self.variant_seeds != [VARIANT_SEED]:
+            raise ValueError("variant_seeds needs a posttrain variant ({posttrain: ...}); a recover variant is made "
+                             "under the run's --seed")
+
+    def replicated(self) -> bool:
+        """Whether the variant is made under several seeds (the report's intervals then resample them)."""
+        return len(self.variant_seeds) > 1
+
+    def importance_dir(self, seed: int) -> str:
+        """The folder of the importance analysis of the variant made under `seed`: importance/ for the first seed
+        (the one a study of one seed has), importance-seed<N>/ for the others."""
+        return "importance" if seed == self.variant_seeds[0] else f"importance-seed{seed}"
+
+    def record(self) -> dict[str, Any]:
+        """The study as variant.json keeps it; variant_seeds only where it is not the default, so a study of the one
+        default seed is recorded (and fingerprinted by `layerprune records`) as it was before the field."""
+        default = self.variant_seeds == [VARIANT_SEED]
+        return self.model_dump(mode="json", exclude={"variant_seeds"} if default else None)
 
     def target_task(self, tasks: list[str]) -> str:
         return self.target or tasks[0]
@@ -146,8 +183,9 @@ def load_variant_study(name_or_path: str, output: Path | None = None) -> Variant
                              {"output": str(output)} if output is not None else {})
 
 
-def make_variant(study: VariantStudy, settings: RunSettings, root: Path) -> Path:
-    """The variant's directory: a posttrain variant from the cache (made once), or root/variant made by recover."""
+def make_variant(study: VariantStudy, settings: RunSettings, root: Path, seed: int | None = None) -> Path:
+    """The variant's directory: a posttrain variant made under `seed` (default: the study's first variant seed) from
+    the cache (made once), or root/variant made by recover."""
     from layerprune.pipeline.student import original_as_student
     from layerprune.recover.job import RecoverJob
     from layerprune.recover.report import read_recover_report
@@ -156,9 +194,9 @@ def make_variant(study: VariantStudy, settings: RunSettings, root: Path) -> Path
     data_dir = study.importance.get("data_dir")
     if isinstance(study.variant, PosttrainVariant):
         from layerprune.posttrain import make_variant as posttrain_variant
-        from layerprune.posttrain.spec import VARIANT_SEED
 
-        fixed = settings.model_copy(update={"seed": VARIANT_SEED})  # the model variant:NAME names
+        made_under = study.variant_seeds[0] if seed is None else seed  # by default, the model variant:NAME names
+        fixed = settings.model_copy(update={"seed": made_under})
         return posttrain_variant(study.posttrain_recipe(), fixed, None, Path(data_dir) if data_dir else None)
     target = root / "variant"
     recipe = study.variant.resolve(str(root / "student"), study.model)
@@ -216,8 +254,22 @@ def score_models(config: ImportanceAnalysis, settings: RunSettings, target: Path
     return json.loads(done.read_text())
 
 
-def score_both(study: VariantStudy, settings: RunSettings, root: Path, variant: Path) -> dict[str, Any]:
-    return score_models(study.importance_config(variant), settings, root / "importance")
+def score_both(study: VariantStudy, settings: RunSettings, root: Path, variant: Path,
+               seed: int | None = None) -> dict[str, Any]:
+    """The importance report of the original and the variant made under `seed` (default: the first variant seed)."""
+    folder = study.importance_dir(study.variant_seeds[0] if seed is None else seed)
+    return score_models(study.importance_config(variant), settings, root / folder)
+
+
+def seed_reports(study: VariantStudy, root: Path) -> dict[int, dict[str, Any]] | None:
+    """Every variant seed's importance report as the study's folder keeps it, by seed; None with one seed (the
+    report is importance/'s alone). For redrawing a study's report from its records."""
+    import json
+
+    if not study.replicated():
+        return None
+    return {s: json.loads((root / study.importance_dir(s) / "importance.json").read_text())
+            for s in study.variant_seeds}
 
 
 def score_nmi(study: VariantStudy, settings: RunSettings, root: Path, variant: Path, report: dict[str, Any]
@@ -312,15 +364,16 @@ def score_control(study: VariantStudy, settings: RunSettings, root: Path, report
     return block, score_models(config, settings, root / f"importance-control-b{block}")
 
 
-def compare(study: VariantStudy, report: dict[str, Any], seed: int, control: tuple[int, dict[str, Any]] | None = None
-            ) -> dict[str, Any]:
+def compare(study: VariantStudy, report: dict[str, Any], seed: int, control: tuple[int, dict[str, Any]] | None = None,
+            seeds: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Per task: the agreement of the original's and the variant's profiles, with intervals; the agreement as a
-    fraction of the split-half ceiling, the control's the same way (on the blocks it kept), and the verdict."""
-    import numpy as np
+    fraction of the split-half ceiling, the control's the same way (on the blocks it kept), and the verdict.
+    `seeds`: with the variant made under two or more seeds, every seed's importance report by seed (`report` is the
+    first's): the variant is then the seeds' mean, see `compare_seeds`."""
+    from layerprune.analyze.agreement import per_item, score_shift
 
-    from layerprune.analyze.agreement import per_item, profile_agreement, relative_agreement_draws, score_shift
-    from layerprune.core.paired import MEASURES_A, invariance_verdict, ratio_comparison
-
+    if seeds is not None and len(seeds) > 1:
+        return compare_seeds(study, seeds, seed, control)
     kind = "probability" if report["config"]["metric"] == "nll" else "mean"
     threshold = report["config"]["threshold"]
     target = study.target_task(list(report["tasks"]))
@@ -330,30 +383,122 @@ def compare(study: VariantStudy, report: dict[str, Any], seed: int, control: tup
     out = {}
     for task, per_model in report["tasks"].items():
         original, variant = per_model.values()
-        a, b = per_item(original, kind), per_item(variant, kind)
-        relative, draws = relative_agreement_draws(a, b, kind, threshold, study.splits, study.resamples, study.alpha,
-                                                   seed)
-        row = {"base_scores": [original["base_score"], variant["base_score"]],
-               **profile_agreement(original, variant, kind, threshold, study.resamples, study.alpha, seed),
-               "relative": relative, "control": None}
-        dead, against = None, {}
-        if control is not None:
-            block, scored = control
-            kept = (a[0], np.delete(a[1], block, axis=0), a[2])
-            result = next(iter(scored["tasks"][task].values()))
-            row["control"], control_draws = relative_agreement_draws(kept, per_item(result, kind), kind, threshold,
-                                                                     study.splits, study.resamples, study.alpha, seed)
-            against = {m: (row["control"][m]["ratio"], control_draws[m]) for m in MEASURES_A}
-            dead = result.get("undefined")
-        row["comparison"] = {m: ratio_comparison(relative[m]["ratio"], draws[m], against.get(m), study.alpha)
-                             for m in MEASURES_A}
+        row, draws = pair_row(study, original, variant, kind, threshold, seed)
+        against = control_row(study, row, original, control, task, kind, threshold, seed)
         undefined = [f"{role}: {r['undefined']}" for role, r in (("original", original), ("variant", variant))
                      if r.get("undefined")]
-        row["verdict"] = invariance_verdict(shift, row["comparison"], control is not None, study.min_shift, study.bar,
-                                            undefined, dead)
-        row["control_undefined"] = dead
-        out[task] = row
+        out[task] = judged(study, row, draws, against, shift, undefined)
     return {"target": shift, "control_block": control[0] if control else None, "tasks": out}
+
+
+def pair_row(study: VariantStudy, original: dict[str, Any], variant: dict[str, Any], kind: Score, threshold: float,
+             seed: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """One original-variant pair on one task: full scores, agreement with intervals, the agreement against its
+    ceiling (`relative`), and the ceiling ratio's resampled draws per measure."""
+    from layerprune.analyze.agreement import per_item, profile_agreement, relative_agreement_draws
+
+    relative, draws = relative_agreement_draws(per_item(original, kind), per_item(variant, kind), kind, threshold,
+                                               study.splits, study.resamples, study.alpha, seed)
+    row = {"base_scores": [original["base_score"], variant["base_score"]],
+           **profile_agreement(original, variant, kind, threshold, study.resamples, study.alpha, seed),
+           "relative": relative, "control": None}
+    return row, draws
+
+
+# the control's ratio draws per measure, and why it has no drops
+Against: TypeAlias = "tuple[dict[str, np.ndarray] | None, str | None]"
+
+
+def control_row(study: VariantStudy, row: dict[str, Any], original: dict[str, Any],
+                control: tuple[int, dict[str, Any]] | None, task: str, kind: Score, threshold: float,
+                seed: int) -> Against:
+    """The control's agreement with the original on the blocks it kept, set as row["control"]; its ratio's resampled
+    draws per measure and why it has no drops (None, None without a control)."""
+    import numpy as np
+
+    from layerprune.analyze.agreement import per_item, relative_agreement_draws
+
+    if control is None:
+        return None, None
+    block, scored = control
+    a = per_item(original, kind)
+    kept = (a[0], np.delete(a[1], block, axis=0), a[2])
+    result = next(iter(scored["tasks"][task].values()))
+    row["control"], draws = relative_agreement_draws(kept, per_item(result, kind), kind, threshold, study.splits,
+                                                     study.resamples, study.alpha, seed)
+    return draws, result.get("undefined")
+
+
+def judged(study: VariantStudy, row: dict[str, Any], draws: dict[str, np.ndarray], against: Against,
+           shift: dict[str, Any] | None, undefined: list[str]) -> dict[str, Any]:
+    """The row with its ratio comparisons (against the ceiling and, paired, the control) and its verdict."""
+    from layerprune.core.paired import MEASURES_A, invariance_verdict, ratio_comparison
+
+    control_draws, dead = against
+    controls = {} if control_draws is None else \
+        {m: (row["control"][m]["ratio"], control_draws[m]) for m in MEASURES_A}
+    row["comparison"] = {m: ratio_comparison(row["relative"][m]["ratio"], draws[m], controls.get(m), study.alpha)
+                         for m in MEASURES_A}
+    row["verdict"] = invariance_verdict(shift, row["comparison"], control_draws is not None, study.min_shift,
+                                        study.bar, undefined, dead)
+    row["control_undefined"] = dead
+    return row
+
+
+def compare_seeds(study: VariantStudy, reports: dict[int, dict[str, Any]], seed: int,
+                  control: tuple[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`compare` with the variant made under several seeds, one logical model: each seed's pair as `compare` makes
+    it (`seeds`, all on the same halves and item resamples), the make-to-make spread of the variant's full scores
+    (`spread`), and the verdict's quantities for the seeds' mean with two-level intervals (the seeds drawn, then the
+    items: `pooled_relative`), so the verdict rests on the variant's training variance too. The original and the
+    control are the first seed's report's: the same model on the same items in every report."""
+    from layerprune.pipeline.studies.variant_seeds import pooled_relative, score_spread
+
+    first = reports[study.variant_seeds[0]]
+    kind = "probability" if first["config"]["metric"] == "nll" else "mean"
+    threshold = first["config"]["threshold"]
+    target = study.target_task(list(first["tasks"]))
+    shift = pooled_shift(study, target, reports, kind, seed) if study.target else None
+    out = {}
+    for task in first["tasks"]:
+        original = _pair(first, task)[0]
+        variants = {s: _pair(reports[s], task)[1] for s in study.variant_seeds}
+        rows = {s: pair_row(study, original, v, kind, threshold, seed) for s, v in variants.items()}
+        relative, draws = pooled_relative({s: r[0]["relative"] for s, r in rows.items()},
+                                          {s: r[1] for s, r in rows.items()}, seed, study.alpha)
+        spread = score_spread({s: v["base_score"] for s, v in variants.items()})
+        row = {"base_scores": [original["base_score"], spread["mean"]], "spread": spread,
+               "seeds": {str(s): r[0] for s, r in rows.items()}, "relative": relative, "control": None}
+        against = control_row(study, row, original, control, task, kind, threshold, seed)
+        undefined = [f"{role}: {r['undefined']}" for role, r in (("original", original), *(
+            (f"variant (seed {s})", v) for s, v in variants.items())) if r.get("undefined")]
+        out[task] = judged(study, row, draws, against, shift, undefined)
+    return {"target": shift, "control_block": control[0] if control else None, "tasks": out,
+            "variant_seeds": list(study.variant_seeds)}
+
+
+def _pair(report: dict[str, Any], task: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    original, variant = report["tasks"][task].values()
+    return original, variant
+
+
+def pooled_shift(study: VariantStudy, task: str, reports: dict[int, dict[str, Any]], kind: Score,
+                 seed: int) -> dict[str, Any]:
+    """The target's full-score shift of the seeds' mean variant over the original (each seed's shift on the same
+    item resamples; the interval two-level, seeds then items), with each seed's own shift."""
+    import numpy as np
+
+    from layerprune.analyze.agreement import interval, per_item, score_shift_draws
+    from layerprune.core.paired import pool_replicate_draws
+
+    original = per_item(_pair(reports[study.variant_seeds[0]], task)[0], kind)
+    made = {s: score_shift_draws(original, per_item(_pair(reports[s], task)[1], kind), kind, study.resamples,
+                                 study.alpha, seed) for s in study.variant_seeds}
+    value, draws = pool_replicate_draws([m[0]["shift"] for m in made.values()], [m[1] for m in made.values()], seed,
+                                        study.alpha)
+    return {"task": task, "before": made[study.variant_seeds[0]][0]["before"],
+            "after": float(np.mean([m[0]["after"] for m in made.values()])), "shift": value,
+            "interval": interval(draws.tolist(), study.alpha), "seeds": {str(s): m[0] for s, m in made.items()}}
 
 
 def run_variant_study(study: VariantStudy, settings: RunSettings) -> Path:
@@ -368,37 +513,63 @@ def run_variant_study(study: VariantStudy, settings: RunSettings) -> Path:
 
 
 def variant_stages(study: VariantStudy, settings: RunSettings, root: Path) -> list[Stage]:
-    """variant, importance, control (with one), report: none has a completion marker (each reuses the variant, the
-    importance reports and the control it finds when they were made the same way); each hands the next its result."""
-    made: dict[str, Any] = {}
+    """variant, importance (with several variant seeds: variant-seed<N> for each, then importance-seed<N> for each),
+    nmi (with it, on the first seed's variant), control (with one), report: none has a completion marker (each reuses
+    the variants, the importance reports and the control it finds when they were made the same way); each hands the
+    next its result."""
+    made: dict[str, Any] = {"variants": {}, "reports": {}}
+    first = study.variant_seeds[0]
 
-    def variant() -> None:
-        made["variant"] = make_variant(study, settings, root)
+    def variant(seed: int) -> None:
+        made["variants"][seed] = make_variant(study, settings, root, seed)
 
-    def importance() -> None:
-        made["report"] = score_both(study, settings, root, made["variant"])
+    def importance(seed: int) -> None:
+        made["reports"][seed] = score_both(study, settings, root, made["variants"][seed], seed)
 
     def nmi() -> None:
-        made["nmi"] = score_nmi(study, settings, root, made["variant"], made["report"])
+        made["nmi"] = score_nmi(study, settings, root, made["variants"][first], made["reports"][first])
 
     def control() -> None:
-        made["control"] = score_control(study, settings, root, made["report"])
+        made["control"] = score_control(study, settings, root, made["reports"][first])
 
     def report() -> None:
-        result = compare(study, made["report"], settings.seed, made.get("control"))
-        write_variant_report(study, root, made["variant"], {**result, "nmi": made.get("nmi")})
+        result = compare(study, made["reports"][first], settings.seed, made.get("control"),
+                         made["reports"] if study.replicated() else None)
+        write_variant_report(study, root, made["variants"][first], {**result, "nmi": made.get("nmi")},
+                             made["variants"] if study.replicated() else None)
 
-    return [Stage("variant", None, variant), Stage("importance", None, importance),
+    named = (lambda stage, s: f"{stage}-seed{s}") if study.replicated() else (lambda stage, s: stage)
+    return [*(Stage(named("variant", s), None, lambda s=s: variant(s)) for s in study.variant_seeds),
+            *(Stage(named("importance", s), None, lambda s=s: importance(s)) for s in study.variant_seeds),
             *([Stage("nmi", None, nmi)] if study.nmi is not None else []),
             *([Stage("control", None, control)] if study.control is not None else []), Stage("report", None, report)]
 
 
-def write_variant_report(study: VariantStudy, root: Path, variant: Path, result: dict[str, Any]) -> None:
-    """variant.json (the study, the variant's folder and the comparison) and variant.md."""
+def write_variant_report(study: VariantStudy, root: Path, variant: Path, result: dict[str, Any],
+                         variants: dict[int, Path] | None = None) -> None:
+    """variant.json (the study, the variant's folder, with several seeds every seed's, and the comparison) and
+    variant.md."""
     from layerprune.analyze.records import write_json
 
-    write_json(root / "variant.json", {"study": study.model_dump(mode="json"), "variant_dir": str(variant), **result})
+    dirs = {"variant_dirs": {str(s): str(p) for s, p in variants.items()}} if variants else {}
+    write_json(root / "variant.json", {"study": study.record(), "variant_dir": str(variant), **dirs, **result})
     (root / "variant.md").write_text(variant_table(study, result), encoding="utf-8")
+
+
+def redraw_variant_report(root: Path) -> None:
+    """variant.json and variant.md drawn again from a study's records under today's statistics: its importance
+    reports (every seed's), the control's, the NMI and the variants' folders as variant.json keeps them."""
+    import json
+
+    old = json.loads((root / "variant.json").read_text())
+    study = VariantStudy.model_validate(old["study"])
+    report = json.loads((root / "importance" / "importance.json").read_text())
+    block = old.get("control_block")
+    control = None if block is None else (block, json.loads(
+        (root / f"importance-control-b{block}" / "importance.json").read_text()))
+    result = compare(study, report, report["run"]["settings"]["seed"], control, seed_reports(study, root))
+    variants = {int(s): Path(p) for s, p in old["variant_dirs"].items()} if "variant_dirs" in old else None
+    write_variant_report(study, root, Path(old["variant_dir"]), {**result, "nmi": old.get("nmi")}, variants)
 
 
 def _fmt(value: float | None, interval: list[float] | None = None) -> str:
@@ -422,11 +593,16 @@ def variant_table(study: VariantStudy, result: dict[str, Any]) -> str:
              "resamples); a resample's critical set is the blocks above the threshold.", "",
              "| task | full score (original / variant) | Spearman of drops | Jaccard of critical sets | "
              "critical (original) | critical (variant) |", "|---|---|---|---|---|---|"]
-    for task, row in tasks.items():
-        base = " / ".join(_fmt(v) for v in row["base_scores"])
-        lines.append(f"| {task} | {base} | {_fmt(row['spearman'], row['spearman_interval'])} | "
-                     f"{_fmt(row['critical_jaccard'], row['jaccard_interval'])} | {row['critical'][0]} | "
-                     f"{row['critical'][1]} |")
+    if "variant_seeds" in result:  # several makes of the variant: a row per make, then the makes side by side
+        from layerprune.pipeline.studies.variant_seeds import pair_rows, seeds_lines
+
+        lines += pair_rows(tasks) + seeds_lines(result, level)
+    else:
+        for task, row in tasks.items():
+            base = " / ".join(_fmt(v) for v in row["base_scores"])
+            lines.append(f"| {task} | {base} | {_fmt(row['spearman'], row['spearman_interval'])} | "
+                         f"{_fmt(row['critical_jaccard'], row['jaccard_interval'])} | {row['critical'][0]} | "
+                         f"{row['critical'][1]} |")
     return "\n".join(lines + verdict_lines(study, result) + nmi_lines(study, result.get("nmi"))) + "\n"
 
 
@@ -444,11 +620,17 @@ def verdict_lines(study: VariantStudy, result: dict[str, Any]) -> list[str]:
              f"wholly at or above {study.bar - 1:+.2f}, ratio - control lies above 0 (the comparison can fail), and "
              f"the target score moved by >= {100 * study.min_shift:g} points up with its interval above 0. Else "
              "'not shown' (an interval that reaches across the margin decides nothing).", ""]
+    seeds = result.get("variant_seeds")
+    if seeds:
+        lines[-2] += (f" The variant is the mean of its {len(seeds)} makes (seeds {', '.join(map(str, seeds))}): "
+                      "its ratio, target score and shift are the makes' means, and every interval of them draws the "
+                      "makes, then the items (see the section above).")
     if shift is None:
         lines.append("Target: none named (the recipe's `target`), so no verdict can be 'invariant'.")
     else:
         lines.append(f"Target {shift['task']}: {_fmt(shift['before'])} -> {_fmt(shift['after'])}, shift "
-                     f"{_fmt(shift['shift'], shift['interval'])} (paired, unablated models).")
+                     f"{_fmt(shift['shift'], shift['interval'])} (paired, unablated models"
+                     + ("; the makes' mean, seeds then items)." if seeds else ")."))
     dead = [task for task, row in result["tasks"].items() if row.get("control_undefined")]
     lines.append("Control: none." if block is None else
                  f"Control: the original with block {block} dropped (control-b{block}/), compared with the original on "
@@ -504,15 +686,41 @@ def dry_run(study: VariantStudy, settings: RunSettings) -> str:
     return "\n".join(lines)
 
 
+def seeds_plan(study: VariantStudy, settings: RunSettings) -> str:
+    """Which makes of the variant the cache holds, the time of the others, and where each is scored."""
+    from layerprune.posttrain.api import cached_fingerprint, estimate_minutes, fingerprint, variant_dir
+
+    recipe = study.posttrain_recipe()
+    data_dir = study.importance.get("data_dir")
+    made, missing = [], []
+    for seed in study.variant_seeds:
+        under = settings.model_copy(update={"seed": seed})
+        digest = fingerprint(recipe, under)
+        folder = variant_dir(recipe, under, digest)
+        (made if cached_fingerprint(folder) == digest else missing).append(seed)
+    low, high = estimate_minutes(recipe, settings, Path(data_dir) if data_dir else None)
+    extra = "" if recipe.method == "sft" else "; sampling not included"
+    names = ", ".join(f"importance-seed{s}/" for s in study.variant_seeds[1:])
+    return (f"variant seeds {', '.join(map(str, study.variant_seeds))}: one make under each (cached by fingerprint); "
+            f"made already: {', '.join(map(str, made)) or 'none'}; to make: {', '.join(map(str, missing)) or 'none'}"
+            f" ({len(missing)} x {low:.0f}-{high:.0f} min = {len(missing) * low:.0f}-{len(missing) * high:.0f} min "
+            f"on 2 idle CPU cores, training only{extra})\n"
+            f"importance on each make, the same items: importance/ (seed {study.variant_seeds[0]}), {names} (the "
+            "original's and the control's read from the cache once made); the report gives each task's score per "
+            "make with their SD, and the verdict's intervals draw the makes, then the items"
+            + ("\nnmi: on the first seed's make only" if study.nmi is not None else ""))
+
+
 def variant_plan(study: VariantStudy, settings: RunSettings) -> str:
     """One line (recover) or the posttrain dry run: how the variant is made."""
     if isinstance(study.variant, PosttrainVariant):
         from layerprune.posttrain import dry_run as posttrain_plan
 
         data_dir = study.importance.get("data_dir")
-        return (f"variant: posttrain recipe '{study.variant.posttrain}' on {study.model} (made once, cached by "
+        text = (f"variant: posttrain recipe '{study.variant.posttrain}' on {study.model} (made once, cached by "
                 f"fingerprint)\n" + posttrain_plan(study.posttrain_recipe(), settings,
                                                    Path(data_dir) if data_dir else None))
+        return text + ("\n" + seeds_plan(study, settings) if study.replicated() else "")
     recipe = study.recover_recipe()
     length = f"{recipe.train.max_steps} steps" if recipe.train.max_steps else f"{recipe.train.epochs:g} epoch(s)"
     return (f"variant: recover recipe '{study.variant.recipe}' on {study.model} (teacher: itself), method "
