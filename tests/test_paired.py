@@ -125,3 +125,58 @@ def test_averages_are_paired_and_clustered_and_missing_errors_stay_unknown(tmp_p
     share = avg["intervals"]["recovered_share"]
     assert share["low"] <= avg["recovered_share"] <= share["high"]
     assert "retention recovered (chance-norm.)" in report["table"]
+
+
+# --- models scored on different items are refused, not paired on a subset (issue 56) -------------------------------
+
+def test_differing_items_counts_ids_in_one_record_only_other_hashes_and_repeated_ids():
+    from layerprune.core.errors import LayerpruneError
+
+    base = [(f"/{i}", f"d{i}:p{i}") for i in range(10)]
+    assert paired.differing_items(base, list(reversed(base))) == 0  # the order does not matter
+    assert paired.differing_items(base, base[2:] + [("/10", "d10:p10"), ("/11", "d11:p11")]) == 4
+    assert paired.differing_items(base, base[:3] + [("/3", "d3:q3")] + base[4:]) == 1  # same id, another prompt
+    assert paired.differing_items(base, base + base[:2]) == 2  # items 0 and 1 recorded twice
+    paired.check_same_items("arith_1dc", {"baseline": base, "pruned": list(base)})  # the same items: no error
+    with pytest.raises(LayerpruneError, match=r"^models scored on different items: baseline and kd on "
+                       r"arith_1dc differ in 4 item\(s\)"):
+        paired.check_same_items("arith_1dc", {"baseline": base, "pruned": base, "kd": base[4:]})
+
+
+def _scored(folder: Path, scores: dict[str, np.ndarray], ids: dict[str, list[int]] | None = None) -> Path:
+    """A model's folder: summary.json (its headlines) and samples/<task>.jsonl, item i under doc id ids[task][i]."""
+    from layerprune.evaluate.summary import write_summary
+
+    for task, values in scores.items():
+        (folder / "samples").mkdir(parents=True, exist_ok=True)
+        docs = (ids or {}).get(task, list(range(len(values))))
+        (folder / "samples" / f"{task}.jsonl").write_text("".join(
+            json.dumps({"doc_id": d, "filter": "none", "exact_match": float(v), "doc_hash": f"d{d}",
+                        "prompt_hash": f"p{d}"}) + "\n" for d, v in zip(docs, values, strict=True)))
+    write_summary(folder, _summary({task: float(np.mean(v)) for task, v in scores.items()}))
+    return folder
+
+
+def test_a_sweep_refuses_models_scored_on_different_items_instead_of_leaving_the_task_out(tmp_path):
+    """Planted records: kd-k1 was scored on other copy_l7 items (doc ids 5..44, not 0..39), then on copy_l7's items
+    with two of them recorded twice; the sweep used to leave copy_l7 out and pair the rest (or pair the repeated rows
+    by their last record)."""
+    from layerprune.core.errors import LayerpruneError
+    from layerprune.pipeline.studies.sweep_report import sweep_figures
+
+    rng = np.random.default_rng(0)
+    scores = {label: {"copy_l7": (rng.random(40) < 0.6).astype(float), "arith_1dc": (rng.random(40) < 0.5) * 1.0}
+              for label in ("baseline", "pruned-k1", "kd-k1")}
+    folders = {label: _scored(tmp_path / label, s) for label, s in scores.items()}
+    figures, matrices, _ = sweep_figures(folders)  # the same items: paired
+    assert set(matrices) == {"copy_l7", "arith_1dc"} and figures.labels == ["baseline", "pruned-k1", "kd-k1"]
+    _scored(folders["kd-k1"], scores["kd-k1"], {"copy_l7": list(range(5, 45))})
+    with pytest.raises(LayerpruneError, match=r"^models scored on different items: baseline and kd-k1 on copy_l7 "
+                       r"differ in 10 item\(s\)"):
+        sweep_figures(folders)
+    _, joined, _ = sweep_figures(folders, common=True)  # a join across runs pairs on the items in common, as stated
+    assert joined["copy_l7"].shape == (3, 35)
+    twice = {"copy_l7": np.r_[scores["kd-k1"]["copy_l7"], [1.0, 1.0]], "arith_1dc": scores["kd-k1"]["arith_1dc"]}
+    _scored(folders["kd-k1"], twice, {"copy_l7": [*range(40), 0, 1]})
+    with pytest.raises(LayerpruneError, match=r"baseline and kd-k1 on copy_l7 differ in 2 item\(s\)"):
+        sweep_figures(folders)

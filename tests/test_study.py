@@ -154,13 +154,15 @@ def test_each_arm_is_reported_on_trained_and_on_unseen_skills(tmp_path):
     assert all(r["pairing"].startswith("unpaired") for r in rows.values())
 
 
-def _with_samples(root: Path, label: str, scores: dict[str, list[int]], evals: str = "eval") -> None:
+def _with_samples(root: Path, label: str, scores: dict[str, list[int]], evals: str = "eval",
+                  first_id: int = 0) -> None:
+    """A model's summary and per-item records; item i of every task under doc id first_id + i."""
     _summary(root, label, {task: sum(v) / len(v) for task, v in scores.items()}, evals)
     (root / evals / label / "samples").mkdir()
     for task, values in scores.items():
         lines = [json.dumps({"doc_id": i, "filter": "none", "acc": float(v), "doc_hash": f"{task}{i}",
                              "prompt_hash": f"p{i}", "arguments": [["a", "b"], ["a", "c"]]})
-                 for i, v in enumerate(values)]
+                 for i, v in enumerate(values, start=first_id)]
         (root / evals / label / "samples" / f"{task}.jsonl").write_text("\n".join(lines) + "\n")
 
 
@@ -527,3 +529,130 @@ def test_study_figure_draws_each_arms_two_level_interval_not_its_item_se(tmp_pat
     (below, above), = drawn
     assert below[0] == pytest.approx(3.0) and above[0] == pytest.approx(3.0)  # no interval: +-1 SE
     assert below[1] == pytest.approx(14.4) and above[1] == pytest.approx(13.9)  # the interval, not +-4.5
+
+
+# --- declared comparisons (issue 56) -------------------------------------------------------------------------------
+
+COPY = {"baseline": [1] * 50 + [0] * 10, "pruned": [1] * 10 + [0] * 50, "sft": [1] * 22 + [0] * 38,
+        "opd": [1] * 40 + [0] * 20, "replace": [1] * 12 + [0] * 48, "control-sft": [1] * 46 + [0] * 14}
+PIQA = {"baseline": [1] * 45 + [0] * 15, "pruned": [1] * 30 + [0] * 30, "sft": [1] * 33 + [0] * 27,
+        "opd": [1] * 34 + [0] * 26, "replace": [1] * 31 + [0] * 29, "control-sft": [1] * 45 + [0] * 15}
+DECLARED = {"main": [{"a": "opd", "b": "sft", "kind": "probes_unseen"},
+                     {"a": "sft", "b": "pruned", "measure": "score", "kind": "classification"},
+                     {"a": "sft", "net_of_control": True}],
+            "late": {"exploratory": True, "contrasts": [{"a": "replace", "b": "opd"}]}}
+
+
+def _study_with(tiny_llama: Path, tmp_path: Path, **fields: object) -> RecoveryStudy:
+    return RecoveryStudy.model_validate({**tiny_study(tiny_llama, tmp_path / "s"), "controls": True, **fields})
+
+
+def _planted(root: Path) -> tuple[list[dict], object]:
+    """Every model scored on the same 60 copy_l7 (a probe task, unseen) and 60 piqa items."""
+    for label in COPY:
+        _with_samples(root, label, {"copy_l7": COPY[label], "piqa": PIQA[label]})
+    return recovery_report.study_tables(root, ["sft", "opd", "replace", "control-sft"], frozenset())
+
+
+def test_recovery_comparisons_are_declared_without_a_k_and_checked_on_load(capsys, tiny_llama, tmp_path):
+    import re
+
+    from pydantic import ValidationError
+
+    from helpers import assert_one_line_error
+
+    study = _study_with(tiny_llama, tmp_path, comparisons=DECLARED)
+    assert [c.label for c in study.comparisons["main"].contrasts] == [
+        "opd-vs-sft-share", "sft-vs-pruned-score", "sft-share-net"]
+    bad = {"a k": ({"f": [{"a": "opd", "b": "sft", "at": 2}]}, "comparisons.f.opd-k2-vs-sft-k2-share: names at, "
+                   "which only a sweep's contrast takes (a recovery study has one cut and one budget)"),
+           "a task": ({"f": [{"a": "opd", "task": "copy_l7"}]}, "names task, which only a sweep's contrast takes"),
+           "unknown arm": ({"f": [{"a": "kd", "b": "sft"}]}, "arm 'kd' is not in arms (sft, opd, replace)"),
+           "unknown b": ({"f": [{"a": "sft", "b": "baseline"}]}, "b 'baseline' is neither an arm"),
+           "no control": ({"f": [{"a": "replace", "net_of_control": True}]}, "'replace' has no k = 0 control"),
+           "pruned's control": ({"f": [{"a": "sft", "b": "pruned", "net_of_control": True}]},
+                                "'pruned' has no k = 0 control"),
+           "itself": ({"f": [{"a": "sft", "b": "sft"}]}, "compares sft with itself"),
+           "duplicate": ({"f": [{"a": "sft", "b": "opd"}], "g": [{"a": "sft", "b": "opd"}]}, "a duplicate name")}
+    for families, message in bad.values():
+        with pytest.raises(ValidationError, match=re.escape(message)):
+            _study_with(tiny_llama, tmp_path, comparisons=families)
+    recipe = tmp_path / "bad.yaml"  # the CLI says it in one line
+    recipe.write_text(yaml.safe_dump({**tiny_study(tiny_llama, tmp_path / "s"), "comparisons": bad["unknown arm"][0]}))
+    code, _, err = run_cli(capsys, ["recipes", "validate", str(recipe), "--kind", "recovery-study"])
+    assert_one_line_error(code, err, "arm 'kd' is not in arms")
+    from layerprune.pipeline.studies.comparisons import ComparisonFamily, check_comparisons
+
+    for contrast, said in (({"a": "sft", "b": "opd", "at": 1, "kind": "probes_unseen"}, "kind probes_unseen is a "
+                            "recovery study's measure"), ({"a": "sft", "b": "opd"}, "name the k of the first side")):
+        with pytest.raises(ValueError, match=re.escape(said)):  # a sweep's contrast: its own kinds, and a k
+            check_comparisons({"f": ComparisonFamily.model_validate([contrast])}, ["sft", "opd"], [1, 2],
+                              lambda _: False)
+
+
+def test_without_a_declared_family_every_pair_of_arms_is_compared_on_every_measure(tiny_llama, tmp_path):
+    """The report used to print each arm minus the first arm (sft), a family nobody declared; now the default family:
+    every pair of arms on each measure, Holm over all of them, 'differ' only where a Holm interval excludes 0."""
+    rows, figures = _planted(tmp_path)
+    study = _study_with(tiny_llama, tmp_path)
+    drawn = recovery_report.draw_comparisons(study, figures)
+    family = drawn["default"]["default"]
+    contrasts = {c["name"]: c for c in family["contrasts"]}
+    pairs = ("sft-vs-opd", "sft-vs-replace", "opd-vs-replace")  # the recipe's order, every pair
+    measures = ("share-probe-average", "share-unseen-probe-tasks", "share-classification-average",
+                "score-classification-average")  # no trained probe task here: that share is not drawn
+    assert sorted(contrasts) == sorted(f"{p}-{m}" for p in pairs for m in measures) and drawn["declared"] == {}
+    assert {c["holm"]["family"] for c in contrasts.values()} == {12}
+    assert contrasts["sft-vs-opd-share-probe-average"]["interval"]["value"] == pytest.approx(12 / 40 - 30 / 40)
+    assert contrasts["opd-vs-replace-share-classification-average"]["interval"]["value"] == pytest.approx(
+        4 / 15 - 1 / 15)
+    assert contrasts["sft-vs-opd-score-classification-average"]["interval"]["value"] == pytest.approx(-1 / 60)
+    text = "\n".join(recovery_report.comparison_lines(study, drawn, rows))
+    assert "so the default family is drawn" in text and "Default comparisons, family default (12 contrasts;" in text
+    for row in contrasts.values():  # 'differ' only from a Holm interval that excludes 0
+        said = next(x for x in text.splitlines() if x.startswith(f"- {row['name']}:"))
+        assert ("differ (Holm)" in said) == row["holm"]["declared"]
+    assert contrasts["opd-vs-replace-share-probe-average"]["holm"]["declared"]  # 70 points apart on 60 items
+    assert not contrasts["sft-vs-opd-score-classification-average"]["holm"]["declared"]
+    note = "\n".join(recovery_report.closing_note(rows))
+    assert "minus sft" not in note and "Holm" not in note  # the undeclared family, gone from the rows too
+    assert "recovered_share_vs_sft" not in json.dumps(rows) and "_holm" not in json.dumps(rows)
+    assert "whether two arms differ: the comparisons below" in note
+
+
+def test_declared_families_replace_the_default_and_an_exploratory_one_is_labelled(tiny_llama, tmp_path):
+    """Arm against arm, an arm against the pruned model and an arm net of its k = 0 control, Holm over exactly the
+    three; the exploratory family drawn apart and labelled."""
+    rows, figures = _planted(tmp_path)
+    study = _study_with(tiny_llama, tmp_path, comparisons=DECLARED)
+    drawn = recovery_report.draw_comparisons(study, figures)
+    assert drawn["default"] == {} and set(drawn["declared"]) == {"main", "late"}
+    main = {c["name"]: c for c in drawn["declared"]["main"]["contrasts"]}
+    assert {c["holm"]["family"] for c in main.values()} == {3}
+    assert main["opd-vs-sft-share"]["interval"]["value"] == pytest.approx(30 / 40 - 12 / 40)
+    assert main["sft-vs-pruned-score"]["interval"]["value"] == pytest.approx(3 / 60)
+    assert main["sft-share-net"]["interval"]["value"] == pytest.approx((12 + 4) / 40)  # the recipe costs 4 items
+    late = drawn["declared"]["late"]
+    assert late["exploratory"] and late["contrasts"][0]["holm"]["family"] == 1
+    text = "\n".join(recovery_report.comparison_lines(study, drawn, rows))
+    assert "default family" not in text and "Declared comparisons, family main (3 contrasts; 95%" in text
+    assert "family late (1 contrast, exploratory (declared after the results were read);" in text
+    assert "- sft-vs-pruned-score: sft - pruned, classification average, recovered score: +5.0% [" in text
+    assert "- sft-share-net: sft, probe average, recovered share net of the k = 0 control: +40.0% [" in text
+    only_late = _study_with(tiny_llama, tmp_path, comparisons={"late": DECLARED["late"]})
+    assert recovery_report.draw_comparisons(only_late, figures)["default"]  # exploratory only: the default as well
+
+
+def test_a_recovery_study_refuses_models_scored_on_different_items(tmp_path):
+    """Planted records: opd was scored on other copy_l7 items (doc ids 5..64, not 0..59). The report used to fall back
+    to unpaired figures without a word in study.md; now it stops with one line naming the models, task and count."""
+    from layerprune.core.errors import LayerpruneError
+
+    for label in ("baseline", "pruned", "sft"):
+        _with_samples(tmp_path, label, {"copy_l7": COPY[label], "piqa": PIQA[label]})
+    _with_samples(tmp_path, "opd", {"copy_l7": COPY["opd"]}, first_id=5)
+    (tmp_path / "eval" / "opd" / "samples" / "piqa.jsonl").write_text(
+        (tmp_path / "eval" / "sft" / "samples" / "piqa.jsonl").read_text())
+    with pytest.raises(LayerpruneError, match=r"^models scored on different items: baseline and opd on copy_l7 "
+                       r"differ in 10 item\(s\)"):
+        recovery_report.study_rows(tmp_path, ["sft", "opd"], frozenset())

@@ -1,29 +1,52 @@
 """budget.md of a sweep with `budgets` (issue 58): the share of the drop won back against the training budget, per
-arm, k and task, and a saturating fit per curve.
+arm, k and task, a saturating fit per curve, the comparisons of the curves (paired and family-wise), the dedicated
+runs against their checkpoints, and the verdicts on the limit.
 
 Every budget point of an arm (ARM-kK@<budget>, the largest ARM-kK itself; replicates one logical label) is scored on
 the same items as the original and the pruned model, so the sweep's one paired bootstrap (items within each task,
 two-level over replicates) gives every share its interval, and the fit share = a (1 - exp(-tokens / t)) is made on
 the data and on every resample alike: a's interval is the percentile interval of its refits. The tokens a curve needs
 for 25% and 50% of the drop are read off the fit where the fit reaches them within the largest budget.
+
+The comparisons are the recipe's budget families (`comparisons`, contrasts naming a task or a budget:
+pipeline/studies/comparisons.py), or, where it declares no confirmatory one, the default family of each task
+(`default_families`): each arm's share at the largest budget against the smallest, every pair of arms at the largest
+budget, each arm's share net of its k = 0 control against 0; each contrast with its paired interval and its Holm
+interval over its family. A study runs in parts: what is not scored yet is listed, and every figure is drawn from the
+cells that are there (a fit from a complete curve only).
 """
 
 from __future__ import annotations
 
 import json
+from itertools import combinations
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from layerprune.core import paired
+from layerprune.core.errors import LayerpruneError
 from layerprune.core.outputs import write_atomic
 from layerprune.core.paired import format_interval
 from layerprune.pipeline.paired_table import Figures, load_matrix
+from layerprune.pipeline.studies.comparisons import (
+    NO_ARMS,
+    ComparisonFamily,
+    Contrast,
+    check_budget_contrasts,
+    draw_families,
+    format_families,
+    uses_default_family,
+)
 
 LIMIT_TASK = "arith_2d_sub"  # the drop whose limit the study asks about (the positive control must win half of it)
+GATE = 0.5  # the share of LIMIT_TASK's drop the positive control must win back at the largest budget
 TARGETS = (0.25, 0.5)  # shares of the drop whose token cost is read off each fit
 SCALES = np.geomspace(1e2, 1e8, 241)  # the fit's t grid (tokens); a t at the top end: still linear, a undetermined
+KINDS = ("classification", "generative")
+STRUCTURAL, BOUND, NOT_SHOWN = "limit structural at this scale", "budget-bound", "not shown"
+NOT_SCORED = "not scored"
 
 
 def saturating_fit(tokens: np.ndarray, shares: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -56,103 +79,269 @@ def budget_labels(study: Any, arm: str | None, k: int) -> list[tuple[int, str]]:
     return [(b, f"{label}@{budget_tag(b)}") for b in study.budgets[:-1]] + [(study.budgets[-1], label)]
 
 
+def at_budget(study: Any, arm: str | None, k: int, budget: int) -> str:
+    """The logical label of an arm's point at k and a budget (one of budgets; else an error naming them)."""
+    labels = dict(budget_labels(study, arm, k))
+    if budget not in labels:
+        raise LayerpruneError(f"budget {budget} is not one of budgets ({', '.join(map(str, study.budgets))})")
+    return labels[budget]
+
+
 def curve(figures: Figures, study: Any, arm: str | None, k: int, task: str) -> dict[str, Any] | None:
-    """One arm's curve at k on one task: the drop, the share at each budget (or why none can be stated), the fit's
-    a (with its interval) and t, the tokens for TARGETS, and whether the share still rises at the largest budget."""
-    points = [(b, label) for b, label in budget_labels(study, arm, k) if label in figures.labels]
-    if len(points) != len(study.budgets) or not figures.has(task):
+    """One arm's curve at k on one task (None: no point of it scored): the drop, the share at each budget (or why none
+    can be stated), and, on a complete curve, the fit's a (with its interval) and t, the tokens for TARGETS; with the
+    two largest budgets scored, whether the share still rises at the largest."""
+    points = budget_labels(study, arm, k)
+    present = [(b, label) for b, label in points if label in figures.labels]
+    if not present or not figures.has(task):
         return None
     base, pruned = "baseline", f"pruned-k{k}"
-    drop = figures.difference(base, pruned, task)
-    out: dict[str, Any] = {"arm": arm, "k": k, "task": task, "drop": drop}
-    state = paired.share_state(drop)
+    out: dict[str, Any] = {"arm": arm, "k": k, "task": task}
+    absent = [m for m in (base, pruned) if m not in figures.labels]
+    state = f"n/a ({', '.join(absent)} {NOT_SCORED})" if absent else None
+    if state is None:
+        out["drop"] = figures.difference(base, pruned, task)
+        state = paired.share_state(out["drop"])
     if state is not None:
         return {**out, "shares": {str(b): state for b, _ in points}, "state": state}
 
-    def shares(m: np.ndarray) -> np.ndarray:
-        return np.stack([figures.share_of(label, pruned, task, m, base) for _, label in points], axis=-1)
+    def share(label: str) -> Any:
+        return lambda m: figures.share_of(label, pruned, task, m, base)
 
-    tokens = np.array([b for b, _ in points], dtype=np.float64)
-    out["shares"] = {str(b): figures.interval(lambda m, i=i: shares(m)[..., i]) for i, (b, _) in enumerate(points)}
-    out["asymptote"] = figures.interval(lambda m: saturating_fit(tokens, shares(m))[0])
-    a, t = (float(v) for v in saturating_fit(tokens, shares(figures.boot.point)))
-    out["scale"] = t
-    out["tokens_for"] = {str(p): tokens_for(a, t, p, int(tokens[-1])) for p in TARGETS}
-    out["rising"] = figures.interval(lambda m: shares(m)[..., -1] - shares(m)[..., -2])
+    out["shares"] = {str(b): figures.interval(share(label)) if (b, label) in present else NOT_SCORED
+                     for b, label in points}
+    if len(present) == len(points):
+        out.update(_fit(figures, [share(label) for _, label in points], [b for b, _ in points]))
+    else:
+        out["fit"] = f"waits for {', '.join(str(b) for b, label in points if (b, label) not in present)}"
+    if all(p in present for p in points[-2:]):
+        before, last = (share(label) for _, label in points[-2:])
+        out["rising"] = figures.interval(lambda m: last(m) - before(m))
     return out
 
 
-def verdict(arm_curve: dict[str, Any] | None, control: dict[str, Any] | None) -> str:
-    """The protocol's verdict on an arm's curve of LIMIT_TASK, given the positive control's: 'limit structural at
-    this scale' (a's upper end below 50% and the control at 50% or more at the largest budget), 'budget-bound' (the
-    share still rises at the largest budget and a is undetermined: its interval open or reaching past 100%), else
-    'not shown'."""
-    if not arm_curve or "asymptote" not in arm_curve:
-        return "not shown"
+def _fit(figures: Figures, shares: list[Any], budgets: list[int]) -> dict[str, Any]:
+    """The saturating fit of a complete curve: a's interval from the refits on every resample, t, the tokens for
+    TARGETS."""
+    tokens = np.array(budgets, dtype=np.float64)
+
+    def stacked(m: np.ndarray) -> np.ndarray:
+        return np.stack([s(m) for s in shares], axis=-1)
+
+    a, t = (float(v) for v in saturating_fit(tokens, stacked(figures.boot.point)))
+    return {"asymptote": figures.interval(lambda m: saturating_fit(tokens, stacked(m))[0]), "scale": t,
+            "tokens_for": {str(p): tokens_for(a, t, p, int(tokens[-1])) for p in TARGETS}}
+
+
+def undetermined(arm_curve: dict[str, Any]) -> bool:
+    """Whether a curve's asymptote is undetermined: the fit still linear (t at the grid's end), or a's interval open
+    or reaching past 100% of the drop."""
     upper = arm_curve["asymptote"].get("high")
-    largest = list(control["shares"].values())[-1] if control and "shares" in control else None
-    control_ok = isinstance(largest, dict) and (largest.get("value") or 0) >= 0.5
-    if upper is not None and upper < 0.5 and control_ok:
-        return "limit structural at this scale"
-    rising = (arm_curve["rising"].get("low") or 0) > 0
-    if rising and (upper is None or upper > 1.0):
-        return "budget-bound"
-    return "not shown"
+    return arm_curve["scale"] >= SCALES[-1] or upper is None or upper > 1.0
 
 
-def budget_figures(study: Any, root: Path) -> tuple[Figures, list[str]]:
-    """The sweep's paired figures with every task its own group."""
+def control_gate(figures: Figures, study: Any, control_arm: str | None, k: int) -> dict[str, Any]:
+    """The positive control's share of LIMIT_TASK's drop at the largest budget at k, and whether it reached GATE:
+    without it at GATE the instrument cannot show a limit."""
+    from layerprune.pipeline.studies.sweep_grid import recovered_label
+
+    out: dict[str, Any] = {"arm": control_arm, "k": k, "share": None, "reached": False}
+    if control_arm is None:
+        return {**out, "why": "no positive control declared (an arm with arm_prompts)"}
+    label, pruned = recovered_label(control_arm, k), f"pruned-k{k}"
+    absent = [m for m in ("baseline", pruned, label) if m not in figures.labels]
+    if absent or not figures.has(LIMIT_TASK):
+        return {**out, "why": f"{', '.join(absent) or LIMIT_TASK} {NOT_SCORED} yet"}
+    state = paired.share_state(figures.difference("baseline", pruned, LIMIT_TASK))
+    if state is not None:
+        return {**out, "why": f"the {LIMIT_TASK} drop: {state}"}
+    out["share"] = figures.interval(lambda m: figures.share_of(label, pruned, LIMIT_TASK, m))
+    out["reached"] = (out["share"]["value"] or 0) >= GATE
+    return {**out, "why": "" if out["reached"] else f"won back under {GATE:.0%} of the drop"}
+
+
+def verdict(arm_curve: dict[str, Any] | None, gate: dict[str, Any]) -> tuple[str, str]:
+    """The protocol's verdict on an arm's curve of LIMIT_TASK and why: 'limit structural at this scale' (a's upper
+    end below 50% and the positive control at 50% or more of the drop at the largest budget, `control_gate`),
+    'budget-bound' (the share still rises at the largest budget, its paired step from the budget before above 0, and
+    a undetermined), else 'not shown'."""
+    if not arm_curve:
+        return NOT_SHOWN, f"its {LIMIT_TASK} curve is {NOT_SCORED} yet"
+    if "asymptote" not in arm_curve:
+        return NOT_SHOWN, arm_curve.get("state") or f"no fit yet: it {arm_curve.get('fit', 'waits')}"
+    upper = arm_curve["asymptote"].get("high")
+    if upper is not None and upper < GATE:
+        if gate["reached"]:
+            return STRUCTURAL, f"a's upper end {100 * upper:.1f}% < 50%, the positive control reached 50%"
+        return NOT_SHOWN, (f"a's upper end {100 * upper:.1f}% < 50%, but the positive control: {gate['why']}, so the "
+                           "instrument cannot show a limit")
+    rising = "rising" in arm_curve and (arm_curve["rising"].get("low") or 0) > 0
+    if rising and undetermined(arm_curve):
+        return BOUND, "the share still rises at the largest budget and a is undetermined"
+    return NOT_SHOWN, ("a is undetermined but the share is not shown to rise at the largest budget" if
+                       undetermined(arm_curve) else "a's upper end reaches 50% and a is determined")
+
+
+def budget_figures(study: Any, folders: dict[str, Path]) -> tuple[Figures, list[str], dict[str, str]]:
+    """The sweep's paired figures with every task its own group (and the kinds' groups), the paired tasks, and the
+    tasks left out as unpaired (why)."""
     from layerprune.pipeline.studies.cells import split_label
-    from layerprune.pipeline.studies.sweep_report import evaluated
 
-    labels, matrices, chance, _ = load_matrix(evaluated(study, root))
+    labels, matrices, chance, kinds = load_matrix(folders)
     replicates: dict[str, list[str]] = {}
     for label in labels:
         replicates.setdefault(split_label(label)[0], []).append(label)
-    return Figures(labels, matrices, chance, {t: [t] for t in matrices}, replicates=replicates), list(matrices)
+    groups = {**{t: [t] for t in matrices}, **{kind: [t for t in matrices if kinds[t] == kind] for kind in KINDS}}
+    unpaired = {t: why for t, why in kinds.items() if t not in matrices}
+    return Figures(labels, matrices, chance, groups, replicates=replicates), list(matrices), unpaired
+
+
+def missing_cells(study: Any, folders: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    """The design's models not scored yet: logical label -> {replicates: those missing, of: how many it has}."""
+    from layerprune.pipeline.studies.cells import split_label
+    from layerprune.pipeline.studies.sweep_grid import models
+
+    design: dict[str, list[tuple[int, bool]]] = {}
+    for model in models(study):
+        logical, replicate = split_label(model)
+        design.setdefault(logical, []).append((replicate, model in folders))
+    return {label: {"replicates": [r for r, scored in runs if not scored], "of": len(runs)}
+            for label, runs in design.items() if not all(scored for _, scored in runs)}
+
+
+def default_families(study: Any, tasks: list[str]) -> dict[str, ComparisonFamily]:
+    """One family per task where the recipe declares no budget family: each arm's share at the largest budget
+    against the smallest (does it rise?), every pair of arms at the largest budget, each arm's share net of its k = 0
+    control (where it has one) against 0; at every k."""
+    from layerprune.pipeline.studies.sweep_grid import arm_names, has_control
+
+    arms = [(arm or NO_ARMS, has_control(study, arm)) for arm in arm_names(study)]
+    out = {}
+    for task in tasks:
+        rise = [Contrast(name=f"{a}-k{k}-rise-{task}", a=a, at=k, b_budget=study.budgets[0], task=task)
+                for k in study.ratios for a, _ in arms]
+        pairs = [Contrast(name=f"{a}-vs-{b}-k{k}-{task}", a=a, b=b, at=k, task=task)
+                 for k in study.ratios for (a, _), (b, _) in combinations(arms, 2)]
+        net = [Contrast(name=f"{a}-k{k}-net-{task}", a=a, at=k, net_of_control=True, task=task)
+               for k in study.ratios for a, controlled in arms if controlled]
+        out[task] = ComparisonFamily(contrasts=[*rise, *pairs, *net])
+    return out
+
+
+def draw_budget_families(study: Any, figures: Figures,
+                         tasks: list[str]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The default families drawn where the recipe declares no confirmatory budget family (else none), and the
+    recipe's budget families drawn."""
+    from layerprune.pipeline.studies.sweep_grid import recovered_label
+
+    def label(arm: str | None, k: int, budget: int) -> str:
+        return at_budget(study, arm, k, budget)
+
+    default = default_families(study, tasks) if uses_default_family(study.comparisons, budget=True) else {}
+    return (draw_families(default, figures, recovered_label, label),
+            draw_families(study.comparisons, figures, recovered_label, label))
+
+
+def agreement(figures: Figures, study: Any, arm: str | None, tasks: list[str]) -> dict[str, Any] | None:
+    """A trainer arm's dedicated run at dedicated_at (k = lr_k) against the checkpoint of that budget: per task the
+    paired difference of their scores, dedicated - checkpoint, on the replicates both have (paired by seed), with its
+    interval and 'agrees' (the interval holds 0) or 'differs'. None: the arm has no dedicated run."""
+    from layerprune.pipeline.studies.cells import replicate_label, split_label
+    from layerprune.pipeline.studies.sweep_grid import dedicated_points
+
+    runs = dedicated_points(study, study.lr_k, arm)
+    if not runs:
+        return None
+    own = split_label(runs[0])[0]
+    checkpoint = at_budget(study, arm, study.lr_k, study.dedicated_at)
+    pairs = [(replicate_label(checkpoint, r), run) for run in runs for r in [split_label(run)[1]]
+             if run in figures.physical and replicate_label(checkpoint, r) in figures.physical]
+    out: dict[str, Any] = {"arm": arm, "k": study.lr_k, "budget": study.dedicated_at, "dedicated": own,
+                           "checkpoint": checkpoint, "replicates": [split_label(run)[1] for _, run in pairs]}
+    if not pairs:
+        return {**out, "why": f"no replicate of {own} with its checkpoint scored yet"}
+    pair = _pair_figures(figures, {checkpoint: [c for c, _ in pairs], own: [d for _, d in pairs]})
+    rows = {}
+    for task in tasks:
+        ci = pair.difference(own, checkpoint, task)
+        holds = paired.holds_zero(ci)
+        rows[task] = {"difference": ci, "verdict": NOT_SHOWN if holds is None else "agrees" if holds else "differs"}
+    return {**out, "tasks": rows}
+
+
+def _pair_figures(figures: Figures, groups: dict[str, list[str]]) -> Figures:
+    """Figures of a few physical models of `figures` only, grouped into logical ones (replicates in seed order)."""
+    physical = [m for members in groups.values() for m in members]
+    index = [figures.physical.index(m) for m in physical]
+    matrices = {t: np.asarray(m)[index] for t, m in zip(figures.tasks, figures.matrices, strict=True)}
+    return Figures(physical, matrices, {t: figures.chance[t] for t in figures.tasks}, {t: [t] for t in figures.tasks},
+                   replicates=groups)
 
 
 def write_budget_report(study: Any, root: Path, control_arm: str | None = None) -> Path:
-    """budget.md and budget.json: every arm's curve per k and task, the fits and the verdicts; `control_arm`: the
-    positive control (default: the arm with its own prompts, study.arm_prompts, if there is one)."""
-    from layerprune.pipeline.studies.sweep_grid import arm_names
+    """budget.md and budget.json: every arm's curve per k and task, the fits, the comparisons, the dedicated runs
+    against their checkpoints, the verdicts, and the cells not scored yet; `control_arm`: the positive control
+    (default: the arm with its own prompts, study.arm_prompts, if there is one)."""
+    from layerprune.pipeline.studies.sweep_report import evaluated
 
-    figures, tasks = budget_figures(study, root)
+    try:
+        check_budget_contrasts(study.comparisons, study.budgets)
+    except ValueError as exc:
+        raise LayerpruneError(str(exc)) from None
+    folders = evaluated(study, root)
     control_arm = control_arm or next(iter(getattr(study, "arm_prompts", {}) or {}), None)
-    curves = [c for k in study.ratios for arm in arm_names(study) for task in tasks
-              if (c := curve(figures, study, arm, k, task)) is not None]
-    by = {(c["arm"], c["k"], c["task"]): c for c in curves}
-    verdicts = {f"{arm}-k{k}": verdict(by.get((arm, k, LIMIT_TASK)), by.get((control_arm, k, LIMIT_TASK)))
-                for k in study.ratios for arm in arm_names(study)
-                if arm != control_arm and any(key[:2] == (arm, k) for key in by)}
-    write_atomic(root / "budget.json", json.dumps({"budgets": study.budgets, "control_arm": control_arm,
-                                                   "curves": curves, "verdicts": verdicts}, indent=1, default=str))
-    plot_curves(curves, study.budgets, root / "budget.png")
-    text = format_budget(study, curves, verdicts, control_arm) + ["", "![budget curves](budget.png)"]
+    record: dict[str, Any] = {"budgets": study.budgets, "control_arm": control_arm,
+                              "missing": missing_cells(study, folders), **_drawn(study, folders, control_arm)}
+    write_atomic(root / "budget.json", json.dumps(record, indent=1, default=str))
+    plot_curves(record["curves"], study.budgets, root / "budget.png")
+    text = format_budget(study, record) + ["", "![budget curves](budget.png)"]
     write_atomic(root / "budget.md", "\n".join(text) + "\n")
     return root / "budget.md"
 
 
+def _drawn(study: Any, folders: dict[str, Path], control_arm: str | None) -> dict[str, Any]:
+    """Every figure the scored cells support (all empty where nothing is scored yet)."""
+    from layerprune.pipeline.studies.sweep_grid import arm_names
+
+    if not folders:
+        return {"curves": [], "verdicts": {}, "verdict_reasons": {}, "gates": [], "default_families": {},
+                "families": {}, "dedicated": [], "unpaired": {}}
+    figures, tasks, unpaired = budget_figures(study, folders)
+    curves = [c for k in study.ratios for arm in arm_names(study) for task in tasks
+              if (c := curve(figures, study, arm, k, task)) is not None]
+    by = {(c["arm"], c["k"], c["task"]): c for c in curves}
+    gates = {k: control_gate(figures, study, control_arm, k) for k in study.ratios}
+    judged = {f"{arm or NO_ARMS}-k{k}": verdict(by.get((arm, k, LIMIT_TASK)), gates[k])
+              for k in study.ratios for arm in arm_names(study)
+              if arm != control_arm and any(key[:2] == (arm, k) for key in by)}  # the rest: not scored yet
+    default, declared = draw_budget_families(study, figures, tasks)
+    dedicated = [a for arm in arm_names(study) if (a := agreement(figures, study, arm, tasks)) is not None]
+    return {"curves": curves, "verdicts": {label: v for label, (v, _) in judged.items()},
+            "verdict_reasons": {label: why for label, (_, why) in judged.items()}, "gates": list(gates.values()),
+            "default_families": default, "families": declared, "dedicated": dedicated, "unpaired": unpaired}
+
+
 def plot_curves(curves: list[dict[str, Any]], budgets: list[int], path: Path) -> None:
-    """One panel per task: each arm's share (per k) against the budget on a log axis, its interval as error bars."""
+    """One panel per task: each arm's share (per k) against the budget on a log axis, its interval as error bars
+    (the budgets scored so far)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    stated = [c for c in curves if all(isinstance(s, dict) and s.get("value") is not None
-                                       for s in c["shares"].values())]
+    stated = [c for c in curves if any(_stated(s) for s in c["shares"].values())]
     tasks = sorted({c["task"] for c in stated})
     fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(4.5 * max(1, len(tasks)), 3.6), squeeze=False)
     for ax, task in zip(axes[0], tasks or [""], strict=True):
         for c in (c for c in stated if c["task"] == task):
-            shares = list(c["shares"].values())
-            values = [s["value"] for s in shares]
-            low = [s["value"] - (s["low"] if s.get("low") is not None else s["value"]) for s in shares]
-            high = [(s["high"] if s.get("high") is not None else s["value"]) - s["value"] for s in shares]
-            ax.errorbar(budgets, values, yerr=[low, high], marker="o", capsize=3, label=f"{c['arm']} k={c['k']}")
+            points = [(b, s) for b, s in zip(budgets, c["shares"].values(), strict=True) if _stated(s)]
+            values = [s["value"] for _, s in points]
+            low = [s["value"] - (s["low"] if s.get("low") is not None else s["value"]) for _, s in points]
+            high = [(s["high"] if s.get("high") is not None else s["value"]) - s["value"] for _, s in points]
+            ax.errorbar([b for b, _ in points], values, yerr=[low, high], marker="o", capsize=3,
+                        label=f"{c['arm'] or 'recovered'} k={c['k']}")
         ax.set_xscale("log")
-        ax.axhline(0.5, color="grey", lw=0.8, ls="--")
+        ax.axhline(GATE, color="grey", lw=0.8, ls="--")
         ax.set_title(task or "no share could be stated")
         ax.set_xlabel("unpadded target tokens")
         ax.set_ylabel("share of the drop won back")
@@ -163,44 +352,99 @@ def plot_curves(curves: list[dict[str, Any]], budgets: list[int], path: Path) ->
     plt.close(fig)
 
 
-def format_budget(study: Any, curves: list[dict[str, Any]], verdicts: dict[str, str],
-                  control_arm: str | None) -> list[str]:
-    """The curve table (arm x k x task, a share column per budget), the fits and the verdicts."""
+def _stated(share: Any) -> bool:
+    return isinstance(share, dict) and share.get("value") is not None
+
+
+def format_budget(study: Any, record: dict[str, Any]) -> list[str]:
+    """budget.md: what is not scored yet, the curve table (arm x k x task, a share column per budget), the fits, the
+    positive control, the verdicts, the dedicated runs and the comparisons."""
     from layerprune.pipeline.studies.sweep_grid import budget_tag
 
     tags = [budget_tag(b) for b in study.budgets]
-    lines = [f"# Budget curves: {study.name}", "",
+    lines = [f"# Budget curves: {study.name}", "", *_format_missing(record["missing"]),
              "Share of the drop won back, (recovered - pruned) / (original - pruned), at each budget of unpadded "
              "target tokens, with its paired interval (items, and replicates where there are several); the fit "
-             "share = a (1 - exp(-tokens / t)) per curve, a's interval from the same bootstrap; the tokens for 25% "
-             "and 50% of the drop from the fit, where it reaches them within the largest budget.", "",
+             "share = a (1 - exp(-tokens / t)) per complete curve, a's interval from the same bootstrap; the tokens "
+             "for 25% and 50% of the drop from the fit, where it reaches them within the largest budget. Arms and "
+             "budgets are compared below only through their paired differences, never by setting two intervals side "
+             "by side.", "",
              "| arm | k | task | drop | " + " | ".join(tags) + " | a (fit) | t | 25% at | 50% at |",
              "|" + "---|" * (8 + len(tags))]
-    for c in curves:
+    for c in record["curves"]:
         shares = [format_interval(s) if isinstance(s, dict) else str(s) for s in c["shares"].values()]
         fit = c.get("tokens_for", {})
-        lines.append(f"| {c['arm'] or 'recovered'} | {c['k']} | {c['task']} | {format_interval(c['drop'])} | "
+        lines.append(f"| {c['arm'] or 'recovered'} | {c['k']} | {c['task']} | {format_interval(c.get('drop'))} | "
                      + " | ".join(shares) + f" | {_asymptote(c)} | "
                      + (f"{c['scale']:.3g}" if "scale" in c else "-") + " | "
-                     + " | ".join(_tokens(fit.get(str(p))) for p in TARGETS) + " |")
-    lines += ["", f"## Verdicts (on {LIMIT_TASK}; positive control: {control_arm or 'none declared'})", ""]
-    lines += [f"- {label}: {text}" for label, text in verdicts.items()]
-    for c in curves:
-        if c["arm"] == control_arm and c["task"] == LIMIT_TASK:
-            last = list(c["shares"].values())[-1]
-            reached = isinstance(last, dict) and (last.get("value") or 0) >= 0.5
-            share = format_interval(last) if isinstance(last, dict) else last
-            lines.append(f"- positive control {control_arm} at k = {c['k']}: {share} of the {LIMIT_TASK} drop won "
-                         f"back at {tags[-1]}" + ("" if reached else
-                                                  ": under half, so the instrument cannot show a limit at this k"))
+                     + " | ".join(_tokens(fit.get(str(p))) if fit else "-" for p in TARGETS) + " |")
+    lines += [f"- {task}: left out, {why}" for task, why in record["unpaired"].items()]
+    lines += ["", *_format_verdicts(record, tags[-1]), *_format_dedicated(record["dedicated"], study)]
+    lines += _format_comparisons(record, study.replicates)
     return lines
+
+
+def _format_missing(missing: dict[str, dict[str, Any]]) -> list[str]:
+    if not missing:
+        return ["Every cell of the design is scored.", ""]
+    cells = [label + ("" if len(m["replicates"]) == m["of"] else f" (replicate{'s' * (len(m['replicates']) > 1)} "
+                                                                 f"{', '.join(map(str, m['replicates']))})")
+             for label, m in missing.items()]
+    return [f"Not scored yet ({len(cells)} cells; every figure below is drawn from the cells that are): "
+            + ", ".join(cells) + ".", ""]
+
+
+def _format_verdicts(record: dict[str, Any], largest: str) -> list[str]:
+    control = record["control_arm"]
+    lines = [f"## Verdicts (on {LIMIT_TASK}; positive control: {control or 'none declared'})", ""]
+    for gate in record["gates"]:
+        share = format_interval(gate["share"]) if gate["share"] else "-"
+        said = (f"{share} of the {LIMIT_TASK} drop won back at {largest}" if gate["share"] else gate["why"])
+        lines.append(f"- positive control {control or '-'} at k = {gate['k']}: {said}" + (
+            "" if gate["reached"] else ": the instrument cannot show a limit at this k" + (
+                f" ({gate['why']})" if gate["share"] else "")))
+    lines += [f"- {label}: {text} ({record['verdict_reasons'][label]})" for label, text in record["verdicts"].items()]
+    return lines + [""]
+
+
+def _format_dedicated(rows: list[dict[str, Any]], study: Any) -> list[str]:
+    if study.dedicated_at is None:
+        return []
+    lines = [f"## Dedicated runs against their checkpoints ({study.dedicated_at} tokens, k = {study.lr_k})", "",
+             "Score of the run trained to this budget alone minus that of the checkpoint of the longer run, paired by "
+             "item and seed (the replicates both have), 95% interval; 'agrees' where it holds 0.", ""]
+    for row in rows:
+        head = f"- {row['dedicated']} - {row['checkpoint']}"
+        if "tasks" not in row:
+            lines.append(f"{head}: {row['why']}")
+            continue
+        reps = f"replicates {', '.join(map(str, row['replicates']))}"
+        lines.append(f"{head} ({reps}): " + "; ".join(
+            f"{task} {format_interval(t['difference'])} {t['verdict']}" for task, t in row["tasks"].items()))
+    return lines + [""]
+
+
+def _format_comparisons(record: dict[str, Any], replicates: int) -> list[str]:
+    default, declared = record["default_families"], record["families"]
+    if not (default or declared):
+        return []
+    lines = ["## Comparisons", "", "A contrast that names no budget is at the largest budget.", ""]
+    if default:
+        lines += ["The recipe declares no confirmatory budget comparison (contrasts naming a task or a budget), so "
+                  "each task's default family is drawn: each arm's share at the largest budget minus at the smallest "
+                  "(its rise), every pair of arms at the largest budget, and each arm's share net of its k = 0 "
+                  "control against 0 (arms with one), at every k; Holm over each task's family.", "",
+                  *format_families(default, replicates, declared=False)]
+    return lines + format_families(declared, replicates)
 
 
 def _asymptote(c: dict[str, Any]) -> str:
     """a with its interval, or 'undetermined' where the fit is still linear (t at the grid's end)."""
-    if "scale" in c and c["scale"] >= SCALES[-1]:
+    if "scale" not in c:
+        return c.get("fit", "-")
+    if c["scale"] >= SCALES[-1]:
         return "undetermined (still linear)"
-    return format_interval(c.get("asymptote"))
+    return format_interval(c.get("asymptote")) + (" (undetermined)" if undetermined(c) else "")
 
 
 def _tokens(value: float | None) -> str:

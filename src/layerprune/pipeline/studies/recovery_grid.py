@@ -19,6 +19,7 @@ from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.recipe import PipelineRecipe, RecoverStage
 from layerprune.pipeline.studies import lr_search
 from layerprune.pipeline.studies.cells import CHAT_EVAL, Arm, check_plain_probes, derive_arm_recipe, replicate_label
+from layerprune.pipeline.studies.comparisons import ComparisonFamily, check_recovery_comparisons
 from layerprune.pipeline.studies.lr_search import check_lr_grid, lr_search_file, with_learning_rate
 from layerprune.recover.schema import RecoverRecipe
 
@@ -55,6 +56,12 @@ class RecoveryStudy(PipelineRecipe):
         None, description="The probe gate: a calibrate-probes stage scores each candidate level on the original "
                           "(calibration stream, never an evaluation item), and every model is scored on evaluate's "
                           "tasks (evaluate.only or evaluate.tasks: the fixed ones) plus the levels it keeps")
+    comparisons: dict[str, ComparisonFamily] = Field(
+        default_factory=dict, description="Declared comparisons by family (pipeline/studies/comparisons.py): each "
+        "contrast {name, a, b, measure, kind, net_of_control} (no k: one cut) sets arm a against arm b, against the "
+        "pruned model (b: pruned) or, without b, against 0, and gets its paired interval and its Holm interval over "
+        "its family; a family {exploratory: true, contrasts: [...]} was declared after the results were read. None "
+        "declared (or only exploratory ones): the default family, every pair of arms on every measure")
 
     @model_validator(mode="after")
     def _arms_resolve(self) -> RecoveryStudy:
@@ -73,6 +80,7 @@ class RecoveryStudy(PipelineRecipe):
         check_lr_grid(self.lr_grid, self.arms, lambda label: self.arm_recipe(label, "<pruned>"),
                       shared.train.held_out)
         self._check_probes()
+        check_recovery_comparisons(self.comparisons, list(self.arms), lambda label: label in self.controlled())
         return self
 
     def _check_probes(self) -> None:

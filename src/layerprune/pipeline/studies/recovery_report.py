@@ -13,24 +13,44 @@ another depth.
 With a probe gate, study.md lists every candidate level with its family (arithmetic, brackets, or retrieval: copy
 and the list families), its calibration score, interval and why it was kept or left out. Where the probes are scored
 in both formats (chat-formatted recovery data), the probe figures are given for each format, labelled.
+
+Arms are set against each other only in the comparisons (issue 56): the recipe's declared families (`comparisons:`,
+pipeline/studies/comparisons.py), each contrast with its paired interval (two-level over runs and items with
+replicates) and its Holm interval over exactly its family; where none is confirmatory, the default family, every pair
+of arms on every measure (`default_family`). Two arms are said to differ only where that Holm interval of their paired
+difference excludes 0. Models whose per-item records hold different items are refused, not paired on a subset.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from itertools import combinations
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from layerprune.core import paired
-from layerprune.core.paired import differ_text, format_interval
+from layerprune.core.paired import format_interval
 from layerprune.evaluate.summary import SUMMARY_FILE, read_summary
 from layerprune.pipeline.studies.cells import CHAT_EVAL
+from layerprune.pipeline.studies.comparisons import (
+    NO_ARMS,
+    ComparisonFamily,
+    Contrast,
+    check_scored_items,
+    draw_families,
+    format_families,
+    uses_default_family,
+)
 from layerprune.pipeline.studies.lr_search import lr_lines
 from layerprune.pipeline.studies.recovery_grid import CONTROL, NO_CONTROL, calibration_file
 from layerprune.tasks.probes import distinct_items, family_label, probe_tasks
 
+if TYPE_CHECKING:
+    from layerprune.pipeline.paired_table import Figures
+
 GSM8K = "gsm8k"
+GENERATIVE = "generative"  # a contrast's kind: in a recovery study, the probe average (the group `probes`)
 
 
 def mean_with_se(results: list[Any]) -> tuple[float, float | None] | None:
@@ -110,6 +130,14 @@ def study_rows(root: Path, labels: list[str], trained: frozenset[str] = frozense
     tokens. `replicates` maps a label to its replicates' folders under `evals`/ (default: the label alone); a row's
     measures are the means over the replicates evaluated. `evals`: eval (every task), or eval-chat (the probes in
     chat format)."""
+    return study_tables(root, labels, trained, replicates, evals)[0]
+
+
+def study_tables(root: Path, labels: list[str], trained: frozenset[str] = frozenset(),
+                 replicates: dict[str, list[str]] | None = None,
+                 evals: str = "eval") -> tuple[list[dict[str, Any]], Figures | None]:
+    """`study_rows`, and the paired figures they were drawn from (None where the models cannot be paired: the
+    rows' `pairing` says why), from which the report draws its comparisons."""
     runs = {label: [name for name in (replicates or {}).get(label, [label])
                     if (root / evals / name / SUMMARY_FILE).is_file()] for label in ["baseline", "pruned", *labels]}
     values = {label: _mean_measures([measures(read_summary(root / evals / n / SUMMARY_FILE), trained) for n in names])
@@ -126,14 +154,14 @@ def study_rows(root: Path, labels: list[str], trained: frozenset[str] = frozense
         folder = root / "controls" / label.removeprefix(CONTROL) if label.startswith(CONTROL) else root / "arms" / label
         row.update(_arm_cost(folder))
         rows.append(row)
-    apply_paired(rows, root, trained, {label: names for label, names in runs.items() if names}, evals)
+    figures = apply_paired(rows, root, trained, {label: names for label, names in runs.items() if names}, evals)
     # the pruned model's own held-out CE / KL (every arm measured it on the same held-out prompts' answers)
     before = next((r for r in rows if r.get("held_out_ce_pruned") is not None), None)
     pruned_row = next((r for r in rows if r["model"] == "pruned"), None)
     if pruned_row is not None and before is not None:
         pruned_row["held_out_ce"], pruned_row["held_out_kl"] = before["held_out_ce_pruned"], \
             before.get("held_out_kl_pruned")
-    return rows
+    return rows, figures
 
 
 def _mean_measures(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -200,20 +228,24 @@ GROUPS = ("probes", "probes_trained", "probes_unseen", "gsm8k", "classification"
 
 
 def apply_paired(rows: list[dict[str, Any]], root: Path, trained: frozenset[str],
-                 replicates: dict[str, list[str]] | None = None, evals: str = "eval") -> None:
-    """Where every model answered the same items, each measure gets its paired 95% interval, and each arm's
-    recovered share (and its difference from the first arm's) is taken from one clustered paired bootstrap; with
-    replicates, a two-level one (items, then runs), each figure the mean over the arm's replicates."""
+                 replicates: dict[str, list[str]] | None = None, evals: str = "eval") -> Figures | None:
+    """Where every model answered the same items, each measure gets its paired 95% interval and each arm's recovered
+    share is taken from one clustered paired bootstrap; with replicates, a two-level one (items, then runs), each
+    figure the mean over the arm's replicates. Returns those figures (None: the models cannot be paired, and each
+    row's `pairing` says why). Models whose per-item records hold different items are refused (LayerpruneError), not
+    paired on a subset. Arms are set against each other only in the declared comparisons (`draw_comparisons`)."""
     from layerprune.pipeline.paired_table import load_matrix
 
     labels = [r["model"] for r in rows]
     runs = {label: (replicates or {}).get(label, [label]) for label in labels}
     if "baseline" not in labels or "pruned" not in labels:
-        return
+        return None
+    folders = {n: root / evals / n for label in labels for n in runs[label]}
     try:
-        names, matrices, chance, kinds = load_matrix({n: root / evals / n for label in labels for n in runs[label]})
+        check_scored_items(folders)
+        names, matrices, chance, kinds = load_matrix(folders)
     except (OSError, KeyError, ValueError):
-        return
+        return None
     probes = [t for t in matrices if t in probe_tasks()]
     groups = {"probes": probes, "probes_trained": [t for t in probes if t in trained],
               "probes_unseen": [t for t in probes if t not in trained], "gsm8k": [t for t in matrices if t == GSM8K],
@@ -221,11 +253,11 @@ def apply_paired(rows: list[dict[str, Any]], root: Path, trained: frozenset[str]
     if not matrices or any(kinds[t].startswith("unpaired") for t in kinds):
         for row in rows:
             row["pairing"] = "unpaired: " + "; ".join(f"{t}: {w}" for t, w in kinds.items() if w.startswith("unp"))
-        return
-    figures = _figures(names, matrices, chance, {**groups, **{f"task:{t}": [t] for t in matrices}}, runs)
+        return None
+    figures = _figures(names, matrices, chance, {**groups, GENERATIVE: probes, **{f"task:{t}": [t] for t in matrices}},
+                       runs)
     arms = [label for label in labels if label not in ("baseline", "pruned") and not label.startswith(CONTROL)]
-    family: dict[tuple[int, str], Any] = {}  # every arm against the first, every share and the classification score
-    for index, row in enumerate(rows):
+    for row in rows:
         row["pairing"] = "paired"
         row["intervals"] = {g: figures.score(row["model"], g) for g in GROUPS if figures.has(g)}
         row["spread"] = {g: figures.spread(row["model"], g) for g in GROUPS if figures.has(g)}
@@ -234,29 +266,68 @@ def apply_paired(rows: list[dict[str, Any]], root: Path, trained: frozenset[str]
         for share_key, group in ALL_SHARES.items():
             if figures.has(group):
                 row[share_key] = _paired_share(figures, row["model"], group)
-                if row["model"] != arms[0]:
-                    gap = _share_gap(figures, row["model"], arms[0], group)
-                    stated = isinstance(row[share_key], dict)
-                    row[f"{share_key}_vs_{arms[0]}"] = figures.interval(gap) if stated else row[share_key]
-                    family[(index, f"{share_key}_vs_{arms[0]}")] = gap if stated else None
-        if row["model"] != arms[0] and figures.has("classification"):
+        if row["model"] != arms[0] and figures.has("classification"):  # the goal's own criterion (goal_line)
             row[f"classification_vs_{arms[0]}"] = figures.difference(row["model"], arms[0], "classification")
-            family[(index, f"classification_vs_{arms[0]}")] = _score_gap(figures, row["model"], arms[0])
         if CONTROL + row["model"] in labels:
             row.update(control_figures(figures, row["model"], CONTROL + row["model"]))
         row["skills_lost"] = lost_skills(figures, row["model"], list(matrices))
-    for (index, key), ci in figures.family(family).items():  # Holm over the declared family (paired.holm_intervals)
-        rows[index][f"{key}_holm"] = ci
+    return figures
 
 
-def _share_gap(figures: Any, arm: str, first: str, group: str) -> Any:
-    """The statistic: arm's recovered share of the group's drop minus the first arm's."""
-    return lambda m: figures.share_of(arm, "pruned", group, m) - figures.share_of(first, "pruned", group, m)
+# --- comparisons: the recipe's declared families, or the default family --------------------------------------------
+
+DEFAULT_MEASURES = (("share", GENERATIVE), ("share", "probes_trained"), ("share", "probes_unseen"),
+                    ("share", "classification"), ("score", "classification"))
+KIND_NAMES = {GENERATIVE: "probe average", "probes_trained": "trained probe tasks",
+              "probes_unseen": "unseen probe tasks", "gsm8k": "GSM8K", "classification": "classification average"}
+DEFAULT_FAMILY = "default"
 
 
-def _score_gap(figures: Any, arm: str, first: str) -> Any:
-    """The statistic: arm's classification average minus the first arm's."""
-    return lambda m: figures.mean(m, arm, "classification") - figures.mean(m, first, "classification")
+def default_family(arms: list[str], figures: Figures) -> dict[str, ComparisonFamily]:
+    """The family drawn where the recipe declares no confirmatory one: every pair of arms (first - second, in the
+    recipe's order) on every measure of DEFAULT_MEASURES the figures have (the recovered share of the probe average,
+    of the trained and the unseen probe tasks and of the classification drop; the classification score); {} with
+    fewer than two arms."""
+    contrasts = [Contrast(name=f"{a}-vs-{b}-{measure}-{KIND_NAMES[kind].replace(' ', '-')}", a=a, b=b,
+                          measure=measure, kind=kind)
+                 for measure, kind in DEFAULT_MEASURES if figures.has(kind) for a, b in combinations(arms, 2)]
+    return {DEFAULT_FAMILY: ComparisonFamily(contrasts=contrasts)} if contrasts else {}
+
+
+def point_label(arm: str | None, k: int | None) -> str:
+    """A recovery study's model for a contrast's side: the arm (or `pruned`) itself; at k = 0, its control."""
+    name = arm or NO_ARMS
+    return CONTROL + name if k == 0 else name
+
+
+def draw_comparisons(study: Any, figures: Figures | None) -> dict[str, Any]:
+    """The default family (drawn where no confirmatory family is declared) and the declared families, each contrast
+    with its paired interval and its Holm interval over exactly its family (`comparisons.draw_families`); both {}
+    without paired figures."""
+    if figures is None:
+        return {"default": {}, "declared": {}}
+    default = default_family(list(study.arms), figures) if uses_default_family(study.comparisons) else {}
+    return {"default": draw_families(default, figures, point_label, pruned=lambda _: "pruned"),
+            "declared": draw_families(study.comparisons, figures, point_label, pruned=lambda _: "pruned")}
+
+
+def comparison_lines(study: Any, drawn: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """The comparisons section of study.md: how the family was chosen, then every family's contrasts."""
+    lines = ["## Comparisons", ""]
+    if not drawn["default"] and not drawn["declared"]:
+        why = next((r["pairing"] for r in rows if str(r.get("pairing", "")).startswith("unpaired")), None)
+        return lines + [("No comparison is drawn: the models cannot be paired item by item (" + why.removeprefix(
+            "unpaired: ") + "), so no arm is said to differ from another." if why else
+            "No comparison is drawn: fewer than two arms and none declared (`comparisons:`)." if len(study.arms) < 2
+            else "No comparison is drawn: no paired figures (the models' per-item records are missing)."), ""]
+    if drawn["default"]:
+        lines += ["The recipe declares no confirmatory comparison (`comparisons:`), so the default family is drawn: "
+                  "every pair of arms (first - second, in the recipe's order) on each measure, the recovered share "
+                  "of the probe average, of the trained and of the unseen probe tasks and of the classification drop, "
+                  "and the classification score (those scored), on the plain-format evaluation; Holm over the whole "
+                  "family. Two arms are said to differ only where the Holm interval of their paired difference "
+                  "excludes 0.", "", *format_families(drawn["default"], study.replicates, False, KIND_NAMES)]
+    return lines + format_families(drawn["declared"], study.replicates, kinds=KIND_NAMES)
 
 
 def _figures(names: list[str], matrices: dict[str, Any], chance: dict[str, float], groups: dict[str, list[str]],
@@ -441,22 +512,15 @@ def closing_note(rows: list[dict[str, Any]]) -> list[str]:
         return ["No recovery arm finished."]
     named = {"recovered_share": "the probe average", "recovered_share_trained": "the trained probe tasks",
              "recovered_share_unseen": "the unseen probe tasks"}
-    return ([_verdict(arms, share, what) for share, what in named.items()] + arm_differences(arms, named)
-            + classification_lines(arms) + [goal_line(arms)] + skill_flags(arms))
+    return ([_verdict(arms, share, what) for share, what in named.items()] + classification_lines(arms)
+            + [goal_line(arms)] + skill_flags(arms))
 
 
 def classification_lines(arms: list[dict[str, Any]]) -> list[str]:
-    """Each arm's share of the classification drop, and its classification score minus the first arm's."""
-    first, lines = arms[0]["model"], []
+    """Each arm's share of the classification drop (arms are set against each other in the comparisons only)."""
     shares = [f"{r['model']} {_pct(r.get(CLS_SHARE))}" for r in arms if r.get(CLS_SHARE) is not None]
-    if shares:
-        lines.append("Share of the classification drop recovered (unseen, paired 95%): " + ", ".join(shares) + ".")
-    diffs = [f"{r['model']} {_points(r[f'classification_vs_{first}'])}{_holm(r, f'classification_vs_{first}')}"
-             for r in arms[1:] if f"classification_vs_{first}" in r]
-    if diffs:
-        lines.append(f"Classification average, each arm minus {first} (paired 95% interval, points): "
-                     + ", ".join(diffs) + ".")
-    return lines
+    return ["Share of the classification drop recovered (unseen, paired 95%): " + ", ".join(shares) + "."] \
+        if shares else []
 
 
 def goal_line(arms: list[dict[str, Any]]) -> str:
@@ -494,28 +558,6 @@ def _points(ci: Any) -> str:
     return f"{100 * ci['value']:+.1f}{bounds}"
 
 
-def arm_differences(arms: list[dict[str, Any]], named: dict[str, str]) -> list[str]:
-    """Each arm's recovered share minus the first arm's, with the paired interval of the difference."""
-    first = arms[0]["model"]
-    lines = []
-    for share, what in named.items():
-        cells = [f"{r['model']} {_pct(r[f'{share}_vs_{first}'])}{_holm(r, f'{share}_vs_{first}')}" for r in arms[1:]
-                 if f"{share}_vs_{first}" in r]
-        if cells:
-            lines.append(f"Share of the drop on {what}, each arm minus {first} (paired 95% interval, points; Holm: "
-                         "its interval over the family of every arm minus the first, every share and the "
-                         "classification score, and whether the arms differ by it): " + ", ".join(cells) + ".")
-    return lines
-
-
-def _holm(row: dict[str, Any], key: str) -> str:
-    """' (Holm [-3, 20], not shown to differ)', '' where the comparison has no Holm interval."""
-    ci = row.get(f"{key}_holm")
-    if not ci or ci.get("low") is None:
-        return ""
-    return f" (Holm [{100 * ci['low']:.0f}, {100 * ci['high']:.0f}], {differ_text(ci)})"
-
-
 def _value(share: Any) -> float | None:
     if isinstance(share, dict):
         return share.get("value")
@@ -523,8 +565,9 @@ def _value(share: Any) -> float | None:
 
 
 def _verdict(arms: list[dict[str, Any]], share: str, what: str) -> str:
-    """The best arm by its share; a threshold counts as reached only when the share's paired interval clears it (the
-    point estimate where no interval is known)."""
+    """The arm with the highest share (its point estimate: no claim that it differs from the others); a threshold
+    counts as reached only when the share's paired interval clears it (the point estimate where no interval is
+    known)."""
     shares = [r for r in arms if _value(r.get(share)) is not None]
     if not shares:
         return (f"On {what} the drop from pruning is not clear (its interval holds 0, or it is within two standard "
@@ -536,8 +579,8 @@ def _verdict(arms: list[dict[str, Any]], share: str, what: str) -> str:
     verdict = ("reaches three quarters of the drop (the aim)" if floor >= 0.75 else
                "reaches half of the drop (the goal), not three quarters" if floor >= 0.5 else
                "does NOT reach half of the drop (the goal)")
-    return (f"Best arm on {what}: {best['model']} ({best.get('method', '-')}), {_pct(best[share])} of the drop "
-            f"recovered; judged by {by}, it {verdict}. Tried: "
+    return (f"Highest share on {what}: {best['model']} ({best.get('method', '-')}), {_pct(best[share])} of the "
+            f"drop recovered; judged by {by}, it {verdict} (whether two arms differ: the comparisons below). Tried: "
             + ", ".join(f"{r['model']} ({_pct(r.get(share))})" for r in arms) + ".")
 
 
@@ -616,7 +659,8 @@ def format_lines(rows: list[dict[str, Any]], chat_rows: list[dict[str, Any]]) ->
 
 
 def write_study_report(study: Any, root: Path) -> Path:
-    """study.md, study.json and study.png in the study directory."""
+    """study.md, study.json (the rows), study_comparisons.json (the comparisons drawn) and study.png in the study
+    directory."""
     source = study.shared_recipe(str(root / "pruned")).prompts.source
     trained = trained_tasks(source, kept_prompts(root, list(study.arms)))
     from layerprune.pipeline.audit_report import audit_section
@@ -624,18 +668,20 @@ def write_study_report(study: Any, root: Path) -> Path:
 
     controlled = [CONTROL + label for label in study.controlled()]
     runs = {label: physical_labels(study, label) for label in [*study.arms, *controlled]}
-    rows = study_rows(root, [*study.arms, *controlled], trained, runs)
+    rows, figures = study_tables(root, [*study.arms, *controlled], trained, runs)
     chat = CHAT_EVAL.rstrip("/")
     chat_rows = study_rows(root, [*study.arms, *controlled], trained, runs, chat) \
         if (root / chat / "baseline" / SUMMARY_FILE).is_file() else []
+    drawn = draw_comparisons(study, figures)
     plot_study(rows, root / "study.png")
     (root / "study.json").write_text(json.dumps(rows, indent=1, default=str))
+    (root / "study_comparisons.json").write_text(json.dumps(drawn, indent=1, default=str))
     if chat_rows:
         (root / "study_chat.json").write_text(json.dumps(chat_rows, indent=1, default=str))
     items = rows[0].get("probe_items", {}) if rows else {}
     split = rows[0] if rows else {}
     lines = [f"# Recovery study: {study.name}", "", study.description, "", format_table(rows, GSM8K in trained), "",
-             *closing_note(rows), "", replicate_line(rows), "",
+             *closing_note(rows), "", *comparison_lines(study, drawn, rows), replicate_line(rows), "",
              *control_lines(rows, study.controls, [a for a in study.arms if not study.has_control(a)]), "",
              *lr_lines(root, list(study.lr_grid), "every replicate and the control trained at it"), "",
              *gate_lines(root, fixed_tasks(study)), *format_lines(rows, chat_rows),

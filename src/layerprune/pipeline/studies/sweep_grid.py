@@ -27,7 +27,7 @@ from layerprune.pipeline.studies.cells import (
     replicate_label,
     split_label,
 )
-from layerprune.pipeline.studies.comparisons import ComparisonFamily, check_comparisons
+from layerprune.pipeline.studies.comparisons import ComparisonFamily, check_budget_contrasts, check_comparisons
 from layerprune.pipeline.studies.lr_search import check_lr_grid, lr_search_file
 from layerprune.recover.schema import RecoverRecipe
 
@@ -153,6 +153,7 @@ class SweepStudy(PipelineRecipe):
     def _declared_comparisons(self) -> SweepStudy:
         check_comparisons(self.comparisons, list(self.arms) if self.arms else None, self.ratios,
                           lambda arm: has_control(self, arm))
+        check_budget_contrasts(self.comparisons, self.budgets)
         return self
 
     def _check_lr_grid(self, shared: RecoverRecipe) -> None:

@@ -30,7 +30,12 @@ from layerprune.core.errors import LayerpruneError
 from layerprune.core.paired import NO_CLEAR_DROP, differ_text, format_interval, run_variance_note
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.paired_table import Figures, load_matrix
-from layerprune.pipeline.studies.comparisons import draw_families, format_families, uses_default_family
+from layerprune.pipeline.studies.comparisons import (
+    check_scored_items,
+    draw_families,
+    format_families,
+    uses_default_family,
+)
 from layerprune.pipeline.studies.lr_search import lr_lines
 from layerprune.pipeline.studies.sweep_grid import recovered_label
 
@@ -577,9 +582,12 @@ def sweep_figures(folders: dict[str, Path],
                   common: bool = False) -> tuple[Figures, dict[str, np.ndarray], dict[str, str]]:
     """Figures over the logical labels (a recovered point's replicates are one label: their mean, the interval with
     the run-to-run variance), the per-task matrices and the tasks' kinds; `common`: on the items every model
-    answered (sweeps joined across runs)."""
+    answered (sweeps joined across runs, which say so), else models scored on different items are refused
+    (LayerpruneError: `check_scored_items`), not left out."""
     from layerprune.pipeline.studies.cells import split_label
 
+    if not common:
+        check_scored_items(folders)
     labels, matrices, chance, kinds = load_matrix(folders, common)
     if not matrices:
         raise LayerpruneError("no task pairs across the models (" + "; ".join(

@@ -1,0 +1,218 @@
+"""budget.md of a sweep with budgets (issue 58): the curves' comparisons (paired and Holm), the dedicated runs against
+their checkpoints, the verdicts with the positive control's gate, and a study scored in part; on planted per-item
+records in the layout the sweep writes (eval/<model>/summary.json and samples/<task>.jsonl)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from layerprune.pipeline.studies.budget_report import write_budget_report
+from layerprune.pipeline.studies.sweep_grid import SweepStudy
+
+BUDGETS = [8000, 32000, 128000, 256000]
+TAGS = ["@8k", "@32k", "@128k", ""]
+ITEMS = 200
+ARMS = {"sft": {"method": "lora"}, "kd": {"method": "kd"},
+        "local": {"method": "local", "local": {"steps": 2, "learning_rate": 1.0e-3}}, "kd-arith": {"method": "kd"}}
+FLAT, RISING = [0.30, 0.31, 0.31, 0.30], [0.05, 0.20, 0.45, 0.70]  # shares of the drop at each budget
+CONTROL = [0.30, 0.55, 0.80, 0.90]
+
+
+def _study(model: Path, output: Path, **fields: object) -> SweepStudy:
+    train = {"epochs": 6, "warmup_steps": 1, "max_length": 128, "batch_size": 2, "eval_steps": 1, "logging_steps": 1,
+             "save_steps": 4, "held_out": 0.25}
+    return SweepStudy.model_validate({
+        "name": "tiny-budget", "model": str(model), "output": str(output), "ratios": [1, 2],
+        "prune": {"drop": 2, "score": "ablation", "calib": "arithmetic", "calib_samples": 4},
+        "recover": {"recipe": "demo", "overrides": {
+            "prompts": {"source": "dolly", "samples": 8},
+            "generate": {"max_new_tokens": 6, "batch_size": 4, "temperature": 0.0, "chat_template": False},
+            "train": train, "lora": {"r": 4, "alpha": 8}}},
+        "classification": ["arc_easy"],
+        "probes": {"candidates": ["arith_2d_sub"], "items": 10, "low": 0.0, "high": 1.0},
+        "gsm8k_gate": {"min_score": 1.0, "limit": 1},
+        "evaluate": {"suite": "sweep-cpu", "batch_size": "4", "limit": 6, "max_gen_toks": 4},
+        "arms": ARMS, "arm_prompts": {"kd-arith": {"source": "probes:arith_2d_sub"}}, "budgets": BUDGETS,
+        "dedicated_at": 32000, "replicates": 3, "controls": True, **fields})
+
+
+def _eval_folder(folder: Path, rows: dict[str, tuple[str, list[float]]]) -> None:
+    """A synthetic eval folder as the sweep writes it: summary.json and samples/TASK.jsonl of per-item scores."""
+    from layerprune.evaluate import Summary, TaskResult
+
+    (folder / "samples").mkdir(parents=True)
+    results = []
+    for task, (kind, scores) in rows.items():
+        metric = "acc" if kind == "classification" else "exact_match"
+        with (folder / "samples" / f"{task}.jsonl").open("w") as handle:
+            for i, value in enumerate(scores):
+                handle.write(json.dumps({"doc_id": i, "filter": "none", metric: value, "doc_hash": f"d{i}",
+                                         "prompt_hash": f"p{i}", "arguments": [["q", "a"], ["q", "b"]]}) + "\n")
+        results.append(TaskResult(task=task, kind=kind, metric=metric, value=sum(scores) / len(scores), stderr=None,
+                                  n=len(scores), headline=True, settings={}, seconds=1.0))
+    summary = Summary(model={"spec": "x", "location": "x", "kind": "local"}, model_hash="h", results=results)
+    (folder / "summary.json").write_text(summary.model_dump_json())
+
+
+BASE = np.r_[np.ones(180), np.zeros(ITEMS - 180)]
+PRUNED = np.r_[np.ones(20), np.zeros(ITEMS - 20)]  # a drop of 160 items (80 points)
+CLS = (np.random.default_rng(5).random(ITEMS) < 0.6).astype(float)  # arc_easy: no model changes it
+
+
+def _winning(share: float, replicate: int, offset: int = 0) -> np.ndarray:
+    """The pruned model's answers with `share` of the drop won back (replicate r: a run-to-run jitter of 2 items;
+    `offset`: another set of items of the same size)."""
+    scores = PRUNED.copy()
+    scores[20 + offset:20 + offset + round(share * 160) + 2 * (replicate - 1)] = 1
+    return scores
+
+
+def _plant(root: Path, models: dict[str, np.ndarray], skip: set[str] = frozenset()) -> None:
+    for label, scores in models.items():
+        if label not in skip:
+            _eval_folder(root / "eval" / label, {"arith_2d_sub": ("generative", scores.tolist()),
+                                                 "arc_easy": ("classification", CLS.tolist())})
+
+
+def _models(curves: dict[str, list[float]], dedicated: dict[str, float], replicates: int = 3) -> dict[str, np.ndarray]:
+    """baseline, pruned-k1, each arm's budget points at k = 1 per replicate, the k = 0 controls (no change on the
+    original) and the dedicated runs at 32k (their share of the drop)."""
+    out = {"baseline": BASE, "pruned-k1": PRUNED}
+    for r in range(replicates):
+        rr = f"@r{r}" if r else ""
+        for arm, shares in curves.items():
+            out |= {f"{arm}-k1{tag}{rr}": _winning(share, r, 3 * i)
+                    for i, (tag, share) in enumerate(zip(TAGS, shares, strict=True))}
+            if arm != "local":
+                out[f"{arm}-k0{rr}"] = BASE
+        out |= {f"{arm}-k1@32k-dedicated{rr}": _winning(share, r, 5) for arm, share in dedicated.items()}
+    return out
+
+
+CURVES = {"sft": FLAT, "kd": RISING, "local": FLAT, "kd-arith": CONTROL}
+AGREEING = {"sft": FLAT[1], "kd": RISING[1] + 0.25, "kd-arith": CONTROL[1]}  # kd's dedicated run: 25 points more
+
+
+def test_the_default_family_gives_each_curve_contrast_its_paired_and_holm_interval(tiny_llama, tmp_path):
+    """No budget family declared: each task's default family (rise, arm against arm, net of the control), Holm over
+    it; a rising arm's rise is declared, a flat arm's is not. (No comparisons in budget.md before: a new feature.)"""
+    study = _study(tiny_llama, tmp_path / "s")
+    _plant(tmp_path / "s", _models(CURVES, AGREEING))
+    text = write_budget_report(study, tmp_path / "s").read_text()
+    data = json.loads((tmp_path / "s" / "budget.json").read_text())
+    assert data["families"] == {} and set(data["default_families"]) == {"arith_2d_sub", "arc_easy"}
+    family = {c["name"]: c for c in data["default_families"]["arith_2d_sub"]["contrasts"]}
+    size = 4 * 2 + 6 * 2 + 3 * 2  # rise per arm, pairs of arms, net of the control (not local) at k = 1, 2
+    assert len(family) == size and {c["holm"]["family"] for c in family.values()} == {size}
+    rise, flat = family["kd-k1-rise-arith_2d_sub"], family["sft-k1-rise-arith_2d_sub"]
+    assert rise["interval"]["value"] == pytest.approx(RISING[-1] - RISING[0], abs=0.01) and rise["holm"]["declared"]
+    assert flat["interval"]["low"] < 0 < flat["interval"]["high"] and not flat["holm"]["declared"]
+    assert flat["b_budget"] == 8000 and flat["budget"] is None  # the largest minus the smallest
+    pair = family["sft-vs-kd-k1-arith_2d_sub"]
+    assert pair["interval"]["value"] == pytest.approx(FLAT[-1] - RISING[-1], abs=0.01) and pair["holm"]["declared"]
+    net = family["sft-k1-net-arith_2d_sub"]  # the control does not move the original: net = the share itself
+    assert net["interval"]["value"] == pytest.approx(FLAT[-1], abs=0.01) and "local-k1-net-arith_2d_sub" not in family
+    assert family["sft-k2-rise-arith_2d_sub"]["interval"].startswith("n/a (")  # k = 2 not scored: n/a, in the family
+    assert rise["holm"]["low"] <= rise["interval"]["low"]
+    assert "declares no confirmatory budget comparison" in text
+    assert "Default comparisons, family arith_2d_sub (26" in text
+    line = next(x for x in text.splitlines() if x.startswith("- kd-k1-rise-arith_2d_sub:"))
+    assert "kd at k = 1 and the largest budget - kd at k = 1 and 8000 tokens" in line and "differ (Holm)" in line
+
+
+def test_a_declared_budget_family_replaces_the_default_and_stays_out_of_sweep_md(tiny_llama, tmp_path):
+    """A family naming a task or budget is budget.md's: drawn there with its own Holm, the default family then not
+    drawn; sweep.md's draw leaves it out and keeps its own default family. (New: Contrast had no task or budget.)"""
+    from layerprune.pipeline.studies.comparisons import draw_families, uses_default_family
+
+    main = [{"name": "kd-rise", "a": "kd", "at": 1, "budget": 128000, "b_budget": 8000, "task": "arith_2d_sub"},
+            {"name": "kd-vs-sft-32k", "a": "kd", "b": "sft", "at": 1, "budget": 32000, "task": "arith_2d_sub"}]
+    study = _study(tiny_llama, tmp_path / "s", comparisons={"main": main})
+    _plant(tmp_path / "s", _models(CURVES, AGREEING))
+    text = write_budget_report(study, tmp_path / "s").read_text()
+    data = json.loads((tmp_path / "s" / "budget.json").read_text())
+    assert data["default_families"] == {} and list(data["families"]) == ["main"]
+    drawn = {c["name"]: c for c in data["families"]["main"]["contrasts"]}
+    assert drawn["kd-rise"]["interval"]["value"] == pytest.approx(RISING[2] - RISING[0], abs=0.01)
+    assert drawn["kd-vs-sft-32k"]["interval"]["value"] == pytest.approx(RISING[1] - FLAT[1], abs=0.01)
+    assert {c["holm"]["family"] for c in drawn.values()} == {2} and "Declared comparisons, family main (2" in text
+    assert uses_default_family(study.comparisons) and draw_families(study.comparisons, None, str) == {}  # sweep.md's
+    with pytest.raises(ValueError, match="a family's contrasts either all name a task or a budget"):
+        _study(tiny_llama, tmp_path / "s", comparisons={"mixed": [main[0], {"a": "kd", "b": "sft", "at": 1}]})
+    with pytest.raises(ValueError, match=r"comparisons.f.kd-rise: budget 16000 is not one of budgets \(8000"):
+        _study(tiny_llama, tmp_path / "s", comparisons={"f": [{**main[0], "b_budget": 16000}]})  # refused on load
+
+
+def test_a_dedicated_run_is_paired_with_its_checkpoint_per_task(tiny_llama, tmp_path):
+    """At dedicated_at and k = lr_k, dedicated - checkpoint per task with its interval: 'agrees' where it holds 0,
+    'differs' where not; local (no trainer) has no dedicated run. (The line did not exist before: a new feature.)"""
+    study = _study(tiny_llama, tmp_path / "s")
+    _plant(tmp_path / "s", _models(CURVES, AGREEING))
+    text = write_budget_report(study, tmp_path / "s").read_text()
+    rows = {r["arm"]: r for r in json.loads((tmp_path / "s" / "budget.json").read_text())["dedicated"]}
+    assert set(rows) == {"sft", "kd", "kd-arith"} and rows["kd"]["checkpoint"] == "kd-k1@32k"
+    assert rows["kd"]["dedicated"] == "kd-k1@32k-dedicated" and rows["kd"]["replicates"] == [0, 1, 2]
+    kd, sft = rows["kd"]["tasks"]["arith_2d_sub"], rows["sft"]["tasks"]["arith_2d_sub"]
+    assert kd["verdict"] == "differs" and kd["difference"]["value"] == pytest.approx(0.25 * 0.8, abs=0.01)
+    assert kd["difference"]["low"] > 0
+    assert sft["verdict"] == "agrees" and sft["difference"]["value"] == pytest.approx(0.0)
+    assert sft["difference"]["low"] < 0 < sft["difference"]["high"]
+    assert rows["kd"]["tasks"]["arc_easy"]["verdict"] == "agrees"
+    assert "## Dedicated runs against their checkpoints (32000 tokens, k = 1)" in text
+    assert "- kd-k1@32k-dedicated - kd-k1@32k (replicates 0, 1, 2): arith_2d_sub 20.0% [" in text
+
+
+def test_a_positive_control_under_half_means_the_instrument_cannot_show_a_limit(tiny_llama, tmp_path):
+    """The control wins back 40% of the subtraction drop at the largest budget: a flat arm whose a stays under 50% is
+    'not shown', and the report says why. (The verdict was already right before; the reason beside it is new.)"""
+    study = _study(tiny_llama, tmp_path / "s")
+    _plant(tmp_path / "s", _models({**CURVES, "kd-arith": [0.1, 0.2, 0.35, 0.4]}, AGREEING))
+    text = write_budget_report(study, tmp_path / "s").read_text()
+    data = json.loads((tmp_path / "s" / "budget.json").read_text())
+    assert data["verdicts"]["sft-k1"] == "not shown" and data["gates"][0]["reached"] is False
+    assert "but the positive control: won back under 50% of the drop, so the instrument cannot show a limit" in text
+    _plant(tmp_path / "t", _models(CURVES, AGREEING))  # the same arm beside a control that reaches half
+    assert json.loads((write_budget_report(study, tmp_path / "t").parent / "budget.json").read_text())[
+        "verdicts"]["sft-k1"] == "limit structural at this scale"
+
+
+def test_a_study_scored_in_part_says_what_is_missing_and_draws_what_is_there(tiny_llama, tmp_path):
+    """Replicates, budgets and the control's smaller budgets missing: listed, each figure from the cells there; the
+    gate needs only the control's largest budget. Before: the control's incomplete curve hid it ('not shown')."""
+    study = _study(tiny_llama, tmp_path / "s")
+    skip = {"sft-k1@r2", "sft-k1@8k@r2", "kd-k1@8k", "kd-k1@8k@r1", "kd-k1@8k@r2", "kd-arith-k1@8k",
+            "kd-arith-k1@8k@r1", "kd-arith-k1@8k@r2", "kd-arith-k1@32k", "kd-k1@32k-dedicated@r1"}
+    _plant(tmp_path / "s", _models(CURVES, AGREEING), skip)
+    text = write_budget_report(study, tmp_path / "s").read_text()
+    data = json.loads((tmp_path / "s" / "budget.json").read_text())
+    assert data["verdicts"]["sft-k1"] == "limit structural at this scale"  # the control's 256k point is enough
+    assert data["missing"]["sft-k1"] == {"replicates": [2], "of": 3} and "pruned-k1" not in data["missing"]
+    assert data["missing"]["kd-k1@8k"]["replicates"] == [0, 1, 2] and data["missing"]["pruned-k2"]["of"] == 1
+    assert "Not scored yet (" in text and "sft-k1 (replicate 2), " in text and "kd-k1@8k, " in text
+    assert "pruned-k2, " in text
+    curves = {(c["arm"], c["task"]): c for c in data["curves"] if c["k"] == 1}
+    kd = curves["kd", "arith_2d_sub"]
+    assert kd["shares"]["8000"] == "not scored" and kd["fit"] == "waits for 8000" and "asymptote" not in kd
+    assert kd["rising"]["low"] > 0  # the two largest budgets are there
+    assert data["verdicts"]["kd-k1"] == "not shown" and "no fit yet" in data["verdict_reasons"]["kd-k1"]
+    assert data["gates"][0]["reached"] and data["gates"][1]["why"].startswith("pruned-k2, kd-arith-k2 not scored")
+    assert {r["arm"]: r["replicates"] for r in data["dedicated"]}["kd"] == [0, 2]  # paired on the seeds both have
+    assert (tmp_path / "s" / "budget.png").stat().st_size > 0
+
+
+def test_a_study_with_nothing_or_no_original_scored_yet_still_gets_its_report(tiny_llama, tmp_path):
+    """Before: nothing scored crashed (load_matrix of no folder), an absent original too (labels.index)."""
+    study = _study(tiny_llama, tmp_path / "s")
+    (tmp_path / "s").mkdir()
+    text = write_budget_report(study, tmp_path / "s").read_text()
+    assert "Not scored yet (" in text and "baseline" in text
+    _plant(tmp_path / "t", _models(CURVES, AGREEING), skip={"baseline"})
+    text = write_budget_report(study, tmp_path / "t").read_text()
+    data = json.loads((tmp_path / "t" / "budget.json").read_text())
+    assert all(c["state"] == "n/a (baseline not scored)" for c in data["curves"])
+    assert set(data["verdicts"].values()) == {"not shown"}
+    assert data["missing"]["baseline"] == {"replicates": [0], "of": 1}
