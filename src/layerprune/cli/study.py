@@ -1,81 +1,106 @@
 """`layerprune study RECIPE`: the recovery study (prune once, recover with each arm at one budget, compare), the
 pruning-ratio sweep (one ranking cut at several k, each recovered the same way), or the grain study (blocks, attention
-or MLP sublayers removed at matched savings, before and after one recovery)."""
+or MLP sublayers removed at matched savings, before and after one recovery). A grid's name runs its cells in turn;
+`--model X` runs the protocol on the user's model."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from layerprune.cli.flags import add_schema_flags, typed_layer
-from layerprune.core.recipe_loading import build_from_recipe, build_schema
+from layerprune.cli.run import add_model_flags, cell_output
+from layerprune.core.recipe_loading import build_schema
 from layerprune.core.settings import RunSettings
 from layerprune.pipeline.studies.recovery_grid import RecoveryStudy
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recipe", help="Recovery-study or sweep recipe: a YAML path or a shipped name "
-                                       "(layerprune recipes list --kind recovery-study | sweep-study | grain-study)")
-    parser.add_argument("-o", "--output", type=Path, default=None, help="Study directory (default: the recipe's)")
+                                       "(layerprune recipes list --kind recovery-study | sweep-study | grain-study); "
+                                       "a grid's name runs each of its cells")
+    parser.add_argument("-o", "--output", type=Path, default=None,
+                        help="Study directory (default: the recipe's); for a grid, the folder of one per cell")
     parser.add_argument("--overwrite", action="store_true", help="Start over in a directory holding other outputs")
-    parser.add_argument("--dry-run", action="store_true", help="Validate the recipe, model, data and memory; no work")
+    parser.add_argument("--dry-run", action="store_true", help="Validate the recipe, model, data and memory; no work "
+                                                               "(a grid: list its cells)")
     parser.add_argument("--replicates", type=int, default=None, metavar="N",
                         help=RecoveryStudy.model_fields["replicates"].description
                         + " (beats the recipe's)")
+    add_model_flags(parser)
     add_schema_flags(parser, RunSettings, group="how to run")
 
 
+@dataclass(frozen=True)
+class StudyKind:
+    """One kind of study: its schema, its dry run, its run, and the word its result line starts with."""
+
+    schema: type[Any]
+    dry_run: Callable[[Any, RunSettings], str]
+    run: Callable[[Any, RunSettings, bool], Path]
+    word: str
+
+
+def study_kind(recipe: str) -> StudyKind:
+    """The study a recipe is, by its kind (or, for a file that says none, by the fields it has)."""
+    if is_sweep(recipe):
+        from layerprune.pipeline.studies import sweep, sweep_plan
+
+        return StudyKind(sweep.SweepStudy, sweep_plan.dry_run, sweep.run_sweep, "sweep")
+    if is_grain(recipe):
+        from layerprune.pipeline.studies import grain
+
+        return StudyKind(grain.GrainStudy, grain.dry_run, grain.run_study, "grain study")
+    from layerprune.pipeline.studies import recovery
+
+    return StudyKind(RecoveryStudy, recovery.dry_run, recovery.run_study, "study")
+
+
 def run(args: argparse.Namespace) -> int:
-    from layerprune.pipeline.studies import recovery, sweep, sweep_plan
+    from layerprune.pipeline.recipe_cells import select_cells
 
     settings = build_schema(RunSettings, typed_layer(args, RunSettings))
-    if is_sweep(args.recipe):
-        ratios = sweep.SweepStudy.load(args.recipe, args.output)
-        if args.replicates is not None:  # defaults < recipe < flags
-            ratios = sweep.SweepStudy.model_validate({**ratios.model_dump(), "replicates": args.replicates})
-        if args.dry_run:
-            print(sweep_plan.dry_run(ratios, settings))
-        else:
-            print(f"sweep: {sweep.run_sweep(ratios, settings, args.overwrite)}")
+    kind = study_kind(args.recipe)
+    selection = select_cells(args.recipe, kind.schema.kind, settings, args.model, args.drop, args.cell)
+    replicates = {} if args.replicates is None else {"replicates": args.replicates}  # defaults < recipe < flags
+    studies = [selection.build(kind.schema, cell, cell_output(args, selection.grid, cell.name), replicates)
+               for cell in selection.cells]  # every cell valid before any runs
+    if args.dry_run:
+        print(selection.dry_run([kind.dry_run(study, settings) for study in studies]))
         return 0
-    if is_grain(args.recipe):
-        return run_grain(args, settings)
-    top = {key: value for key, value in (("output", args.output and str(args.output)),
-                                         ("replicates", args.replicates)) if value is not None}
-    study = build_from_recipe(RecoveryStudy, RecoveryStudy.kind, args.recipe, top)  # defaults < recipe < flags
-    if args.dry_run:
-        print(recovery.dry_run(study, settings))
-    else:
-        print(f"study: {recovery.run_study(study, settings, args.overwrite)}")
-    return 0
-
-
-def run_grain(args: argparse.Namespace, settings: RunSettings) -> int:
-    """The grain study: defaults < recipe < flags (--output, --replicates)."""
-    from layerprune.pipeline.studies import grain
-
-    top = {key: value for key, value in (("output", args.output and str(args.output)),
-                                         ("replicates", args.replicates)) if value is not None}
-    study = build_from_recipe(grain.GrainStudy, grain.GrainStudy.kind, args.recipe, top)
-    if args.dry_run:
-        print(grain.dry_run(study, settings))
-    else:
-        print(f"grain study: {grain.run_study(study, settings, args.overwrite)}")
+    for index, study in enumerate(studies, 1):
+        if selection.grid:
+            print(f"cell {index}/{len(studies)}: {study.name} -> {study.run_dir()}", flush=True)
+        print(f"{kind.word}: {kind.run(study, settings, args.overwrite)}")
     return 0
 
 
 def is_grain(recipe: str) -> bool:
     """A grain study: a recipe of kind grain-study, or a file that says no kind and has `grains` or `levels`."""
-    from layerprune.core.recipe_loading import find_recipe, load_recipe
+    from layerprune.core.recipe_loading import find_recipe
 
     kind, _ = find_recipe(recipe)
-    return kind == "grain-study" or (kind is None and bool({"grains", "levels"} & set(load_recipe(recipe, None)[0])))
+    return kind == "grain-study" or (kind is None and bool({"grains", "levels"} & recipe_keys(recipe)))
 
 
 def is_sweep(recipe: str) -> bool:
     """A pruning-ratio sweep (a recipe of kind sweep-study, or a file that says no kind and has `ratios`), else a
     recovery study."""
-    from layerprune.core.recipe_loading import find_recipe, load_recipe
+    from layerprune.core.recipe_loading import find_recipe
 
     kind, _ = find_recipe(recipe)
-    return kind == "sweep-study" or (kind is None and "ratios" in load_recipe(recipe, None)[0])
+    return kind == "sweep-study" or (kind is None and "ratios" in recipe_keys(recipe))
+
+
+def recipe_keys(recipe: str) -> set[str]:
+    """The fields a recipe of no stated kind sets (a grid's: its first cell's)."""
+    from layerprune.core.recipe_loading import grid_expansion, load_grid, load_recipe
+
+    found = load_grid(recipe, None)
+    if found is None:
+        return set(load_recipe(recipe, None)[0])
+    data, path, _ = found
+    return set(grid_expansion(data, path)[0].data)

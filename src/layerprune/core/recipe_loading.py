@@ -183,14 +183,28 @@ def deep_merge(under: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, A
     return merged
 
 
+@dataclass(frozen=True)
+class GridCell:
+    """One cell of a grid: its name, the label it takes on each axis (axis -> label), and its recipe mapping."""
+
+    name: str
+    labels: dict[str, str]
+    data: dict[str, Any]
+
+
 def grid_cells(data: Mapping[str, Any], path: Path) -> dict[str, dict[str, Any]]:
     """A grid's cells by name, each a recipe mapping (no `kind`, `grid`); in the file's axis order."""
+    return {cell.name: cell.data for cell in grid_expansion(data, path)}
+
+
+def grid_expansion(data: Mapping[str, Any], path: Path) -> list[GridCell]:
+    """A grid's cells in the file's axis order, each with its labels (see `grid_cells`)."""
     grid = data["grid"]
     if not isinstance(grid, Mapping) or not grid or not all(
             isinstance(values, Mapping) and values for values in grid.values()):
         raise LayerpruneError(f"recipe {path.name}: grid must map each axis to its labels and their fields")
     common = {key: value for key, value in data.items() if key not in ("kind", "grid", "cells")}
-    cells: dict[str, dict[str, Any]] = {}
+    cells: dict[str, GridCell] = {}
     for combination in itertools.product(*(list(values.items()) for values in grid.values())):
         cell, tags = dict(common), {}
         for axis, (label, fields) in zip(grid, combination, strict=True):
@@ -202,8 +216,21 @@ def grid_cells(data: Mapping[str, Any], path: Path) -> dict[str, dict[str, Any]]
         if name in cells:
             raise LayerpruneError(f"recipe {path.name}: two cells are named '{name}' (the name template must use "
                                   "every axis)")
-        cells[name] = cell
-    return cells
+        labels = {axis: str(label) for axis, (label, _) in zip(grid, combination, strict=True)}
+        cells[name] = GridCell(name, labels, cell)
+    return list(cells.values())
+
+
+def load_grid(name_or_path: str | Path, kind: str | None) -> tuple[dict[str, Any], Path, str | None] | None:
+    """When a recipe is a grid or one of its cells: the grid file's mapping (its base merged in, `kind` and `grid`
+    kept), the file, and the cell named (None: the whole grid). None for a recipe that is no grid."""
+    found = _locate(name_or_path, kind)
+    data = resolved_file(found.path)
+    if "grid" not in data:
+        return None
+    if kind is not None and data.get("kind", kind) != kind:
+        raise LayerpruneError(f"{found.path.name} is a {data['kind']} recipe (its `kind:`), not a {kind} recipe")
+    return data, found.path, found.cell
 
 
 def _cell_name(template: Any, cell: Mapping[str, Any], tags: Mapping[str, str], path: Path) -> str:
