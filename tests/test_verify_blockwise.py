@@ -149,7 +149,7 @@ def test_streamed_verification_reports_where_its_time_went(tiny_llama, tmp_path)
     verification = report["verification"]
     phases = verification["phase_seconds"]
     assert list(phases) == ["settings", "written", "bytes", "reference"]  # the bytes checked as the written loads
-    assert verification["tokens"] == 2 * from_files.PROBE_POSITIONS  # the fixed text's two rows, cut
+    assert verification["tokens"] == from_files.PROBE_ROWS * from_files.PROBE_POSITIONS == 4  # one row of the text
     assert all(seconds >= 0 for seconds in phases.values()) and sum(phases.values()) <= verification["seconds"] + 0.01
 
 
@@ -157,9 +157,9 @@ def _count_loads(monkeypatch) -> list[tuple[str, int]]:  # noqa: ANN001
     from layerprune.models import verify_blockwise
 
     loads: list[tuple[str, int]] = []
-    real = verify_blockwise.fill_block
-    monkeypatch.setattr(verify_blockwise, "fill_block",
-                        lambda bw, index: loads.append((bw.checkpoint.directory.name, index)) or real(bw, index))
+    real = verify_blockwise.load_block
+    monkeypatch.setattr(verify_blockwise, "load_block", lambda bw, index, parked: loads.append(
+        (bw.checkpoint.directory.name, index)) or real(bw, index, parked))
     return loads
 
 
@@ -232,12 +232,14 @@ def test_same_value_is_exact():
 def test_the_streamed_probe_is_cut_so_every_row_keeps_its_real_tokens(side):
     ids = torch.arange(60).reshape(2, 30)
     short = [1] * 3 + [0] * 27 if side == "right" else [0] * 27 + [1] * 3
-    cut_ids, cut_mask = from_files.probe_positions(ids, torch.tensor([[1] * 30, short]), positions=16)
+    cut_ids, cut_mask = from_files.probe_positions(ids, torch.tensor([[1] * 30, short]), positions=16, rows=2)
     assert cut_ids.shape == cut_mask.shape == (2, 16) and cut_mask.sum(-1).tolist() == [16, 3]
     assert cut_ids[0].tolist() == (list(range(16)) if side == "right" else list(range(14, 30)))
-    assert from_files.probe_positions(ids[:, :3], None)[0].shape == (2, 3)  # as short as the cut: uncut
-    assert from_files.probe_positions(ids, None)[0].shape == (2, from_files.PROBE_POSITIONS)
-    assert from_files.probe_positions(ids, None, positions=16)[0].tolist() == ids[:, :16].tolist()
+    one_ids, one_mask = from_files.probe_positions(ids, torch.tensor([[1] * 30, short]), positions=16)
+    assert one_ids.tolist() == cut_ids[:1].tolist() and one_mask.tolist() == [[1] * 16]  # the side from both rows
+    assert from_files.probe_positions(ids[:, :3], None, rows=2)[0].shape == (2, 3)  # as short as the cut: uncut
+    assert from_files.probe_positions(ids, None)[0].shape == (from_files.PROBE_ROWS, from_files.PROBE_POSITIONS)
+    assert from_files.probe_positions(ids, None, positions=16, rows=2)[0].tolist() == ids[:, :16].tolist()
 
 
 def test_a_left_padding_tokenizer_does_not_cut_the_right_padded_calibration_probe(tiny_llama, tmp_path, monkeypatch):

@@ -173,8 +173,9 @@ def _configs(model: nn.Module) -> list[Any]:
 
 
 @contextlib.contextmanager
-def skipped_blocks(model: nn.Module, skip: Sequence[int]) -> Iterator[list[int]]:
-    """Behave as if `skip` were dropped (generation and KV cache included), then restore."""
+def skipped_blocks(model: nn.Module, skip: Sequence[int], force: bool = True) -> Iterator[list[int]]:
+    """Behave as if `skip` were dropped (generation and KV cache included; `force`: see `drop_blocks`), then
+    restore: the blocks, their indices and the configs as they were (a field the surgery added is removed)."""
     if not skip:
         yield list(range(len(find_decoder_stack(model))))
         return
@@ -182,9 +183,10 @@ def skipped_blocks(model: nn.Module, skip: Sequence[int]) -> Iterator[list[int]]
     original_layers = stack.layers
     saved_configs = [(config, copy.copy(vars(config))) for config in _configs(model)]
     try:
-        yield drop_blocks(model, skip, force=True)
+        yield drop_blocks(model, skip, force=force)
     finally:
         setattr(stack.base, stack.attr, original_layers)
         reindex_layers(original_layers)
         for config, attrs in saved_configs:
+            config.__dict__.clear()
             config.__dict__.update(attrs)

@@ -52,7 +52,7 @@ def read_checkpoint(directory: Path) -> Checkpoint:
     index = directory / INDEX_NAME
     if index.is_file():
         weight_map = json.loads(index.read_text())["weight_map"]
-        missing = sorted({f for f in weight_map.values() if not (directory / f).is_file()})
+        missing = sorted(f for f in set(weight_map.values()) if not (directory / f).is_file())  # a stat per file
         if missing:
             raise LayerpruneError(f"{directory} lacks shard(s) {missing[:3]} named in {INDEX_NAME}")
         return Checkpoint(directory, dict(weight_map))

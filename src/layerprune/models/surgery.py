@@ -12,7 +12,7 @@ import re
 import shutil
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -154,11 +154,19 @@ def skip_reference_logits(
             handle.remove()
 
 
-def check_config_builds(model: nn.Module) -> nn.Module:
-    """The model class built from `model`'s (new) config on the meta device; one line when the family refuses it."""
+def check_config_builds(model: nn.Module, build: Callable[[], nn.Module] | None = None) -> nn.Module:
+    """The model class built from `model`'s (new) config on the meta device (or what `build` builds from it, e.g.
+    the config as written, read back); one line when the family refuses it. Its weights are not initialised: on the
+    meta device that only costs time, and a check of keys and shapes never reads them (tied weights are tied)."""
+    from transformers.initialization import no_init_weights
+
     try:
-        with torch.device("meta"):
-            return type(model)(model.config)
+        if build is not None:
+            return build()
+        with torch.device("meta"), no_init_weights():
+            fresh = type(model)(model.config)
+        fresh.tie_weights()  # else done by the initialisation
+        return fresh
     except Exception as exc:  # the family's own checks of its config, in many exception types
         raise LayerpruneError(
             f"surgery check failed: the new config does not build a {type(model).__name__}: "
@@ -166,13 +174,15 @@ def check_config_builds(model: nn.Module) -> nn.Module:
         ) from exc
 
 
-def check_config_matches_weights(model: nn.Module, shapes: dict[str, tuple[int, ...]] | None = None) -> int:
+def check_config_matches_weights(model: nn.Module, shapes: dict[str, tuple[int, ...]] | None = None,
+                                 fresh: nn.Module | None = None) -> int:
     """Build the model class from its (new) config on the meta device: same state-dict keys and shapes.
 
     `shapes` (name -> shape) are the weights to be written; by default `model`'s own state dict (a streaming
-    writer passes what it will write, and `model` may then live on the meta device).
+    writer passes what it will write, and `model` may then live on the meta device). `fresh`: the model the
+    caller has built from the new config (`check_config_builds`), else it is built here.
     """
-    fresh = check_config_builds(model)
+    fresh = fresh if fresh is not None else check_config_builds(model)
     expected = {name: tuple(t.shape) for name, t in fresh.state_dict().items()}
     actual = shapes if shapes is not None else {name: tuple(t.shape) for name, t in model.state_dict().items()}
     if shapes is not None:  # files hold a tied tensor once (e.g. lm_head.weight = embed_tokens.weight)

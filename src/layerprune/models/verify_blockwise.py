@@ -21,7 +21,7 @@ import gc
 import os
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from torch import nn
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.models.block_replay import (
+    NOT_COMPUTED,
     PER_LAYER_NAMES,
     Replay,
     block_settings,
@@ -40,14 +41,15 @@ from layerprune.models.block_replay import (
     same_value,
 )
 from layerprune.models.blocks import find_decoder_stack
-from layerprune.models.blockwise import BlockwiseModel, empty_block, empty_model, fill_block, load_skeleton
+from layerprune.models.blockwise import BlockwiseModel, empty_model, load_skeleton
 from layerprune.models.copy_check import CopyCheck, copy_check
 from layerprune.models.safetensors_copy import Stored
-from layerprune.models.shards import block_prefix, read_checkpoint
+from layerprune.models.shards import _open_lazy, block_prefix, read_checkpoint
 
 __all__ = ["PER_LAYER_NAMES", "block_settings"]  # re-exported: they moved to block_replay
 THREAD_WORK = 1 << 28  # multiply-adds of a check's largest product per CPU thread (about 10 ms of one core)
 READ_ROWS = 16  # rows below which a product costs about what reading its weight costs
+Parked = dict[int, list[tuple[nn.Module, str, nn.Parameter]]]  # block index -> (module, name, its meta parameter)
 
 
 @dataclass
@@ -72,6 +74,7 @@ def streamed_blocks(bw: BlockwiseModel, skip: Sequence[int] = (), relay: Relay |
     output when called with its very arguments, and is loaded and run only when not (see `block_replay`)."""
     passed = set(skip) | set(range(start))
     handles, patched = [], []
+    parked: Parked = {}
     written_index = {old: new for new, old in enumerate(replay.kept)} if replay is not None else {}
     for index, block in enumerate(bw.stack.layers):
         if index in passed and relay is not None and type(block) in relay.returns:
@@ -79,11 +82,11 @@ def streamed_blocks(bw: BlockwiseModel, skip: Sequence[int] = (), relay: Relay |
             patched.append(block)
             continue
         if replay is not None and index not in passed and written_index.get(index) in replay.alike:
-            block.forward = _replayer(bw, index, written_index[index], replay)
+            block.forward = _replayer(bw, index, written_index[index], replay, parked)
             patched.append(block)
             continue
-        handles.append(block.register_forward_pre_hook(_before(bw, index)))
-        handles.append(block.register_forward_hook(_after(bw, index, index in passed, relay), with_kwargs=True))
+        handles.append(block.register_forward_pre_hook(_before(bw, index, parked)))
+        handles.append(block.register_forward_hook(_after(index, index in passed, relay, parked), with_kwargs=True))
         if relay is not None and index == relay.at and (start or relay.at):
             handles.append(block.register_forward_pre_hook(_relay(relay, put=bool(start)), with_kwargs=True))
     try:
@@ -93,8 +96,8 @@ def streamed_blocks(bw: BlockwiseModel, skip: Sequence[int] = (), relay: Relay |
             handle.remove()
         for block in patched:
             del block.forward
-        for index in range(len(bw)):
-            empty_block(bw, index)
+        for index in list(parked):
+            unload_block(parked, index)
 
 
 def _passthrough(returns: int | None) -> Any:
@@ -104,7 +107,7 @@ def _passthrough(returns: int | None) -> Any:
     return forward
 
 
-def _replayer(bw: BlockwiseModel, index: int, written: int, replay: Replay) -> Any:
+def _replayer(bw: BlockwiseModel, index: int, written: int, replay: Replay, parked: Parked) -> Any:
     """Block `index`'s forward: the written block's output when called as the written block was, else its own."""
     block = bw.stack.layers[index]
 
@@ -114,11 +117,11 @@ def _replayer(bw: BlockwiseModel, index: int, written: int, replay: Replay) -> A
             replay.replayed.append(index)
             return output
         replay.computed.append(index)
-        fill_block(bw, index)
+        load_block(bw, index, parked)
         try:
             return type(block).forward(block, *args, **kwargs)
         finally:
-            empty_block(bw, index)
+            unload_block(parked, index)
 
     return forward
 
@@ -135,16 +138,46 @@ def _relay(relay: Relay, put: bool) -> Any:
     return hook
 
 
-def _before(bw: BlockwiseModel, index: int) -> Any:
+def load_block(bw: BlockwiseModel, index: int, parked: Parked) -> nn.Module:
+    """What `blockwise.fill_block` does (each tensor read from the files, seen by `bw.on_load`, put on the compute
+    device in the compute dtype), without accelerate's per-tensor bookkeeping (a tenth of a small check's time): the
+    loaded tensor replaces the meta parameter, which `parked` keeps for `unload_block`."""
+    block = bw.stack.layers[index]
+    if index in parked:
+        return block
+    kept = parked.setdefault(index, [])
+    with _open_lazy(bw.checkpoint) as tensors:
+        for name, param in list(block.named_parameters()):
+            key = f"{bw.prefix}.{index}.{name}"
+            if key not in bw.checkpoint.weight_map:
+                raise LayerpruneError(f"block-major: {key} is not in the checkpoint")
+            value = tensors(key)
+            if bw.on_load is not None:
+                bw.on_load(key, value)
+            path, _, attr = name.rpartition(".")
+            module = block.get_submodule(path)
+            kept.append((module, attr, param))
+            dtype = bw.dtype if value.is_floating_point() else None
+            module._parameters[attr] = nn.Parameter(value.to(device=bw.device, dtype=dtype), requires_grad=False)
+    return block
+
+
+def unload_block(parked: Parked, index: int) -> None:
+    """Put block `index`'s meta parameters back (the loaded tensors are freed)."""
+    for module, attr, param in reversed(parked.pop(index, [])):
+        module._parameters[attr] = param
+
+
+def _before(bw: BlockwiseModel, index: int, parked: Parked) -> Any:
     def hook(module: nn.Module, args: tuple) -> None:
-        fill_block(bw, index)
+        load_block(bw, index, parked)
 
     return hook
 
 
-def _after(bw: BlockwiseModel, index: int, skipped: bool, relay: Relay | None) -> Any:
+def _after(index: int, skipped: bool, relay: Relay | None, parked: Parked) -> Any:
     def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-        empty_block(bw, index)
+        unload_block(parked, index)
         if relay is not None and not skipped:
             relay.returns.setdefault(type(module), len(output) if isinstance(output, tuple) else None)
         if not skipped:
@@ -263,6 +296,8 @@ def verify_block_major(
     reference: torch.Tensor | None = None,
     source_dir: Path | None = None,
     digests: Mapping[Stored, str] | None = None,
+    empty_written: nn.Module | None = None,
+    empty_source: nn.Module | None = None,
 ) -> dict[str, Any]:
     """Compare the written model with the original-with-skips, one block at a time; raise on a mismatch.
 
@@ -273,18 +308,23 @@ def verify_block_major(
     model's state entering the block before the first dropped one and shares its embeddings, norm and head; when,
     besides, the two configs are alike (`block_replay.configs_alike`), the original runs its own forward from the
     start and each of its kept blocks built like its written block and called with the written block's very
-    arguments returns that block's output instead of being loaded and run again (`block_replay`)."""
+    arguments returns that block's output instead of being loaded and run again (`block_replay`).
+    `empty_written`, `empty_source`: the empty models (`blockwise.empty_model`) the caller built of the written and
+    the source config, each used when it is what would be built here (`built_from`: the config in `written_dir` as
+    it is now, or `source_config`, in `dtype`), else built again."""
     from transformers import AutoConfig
 
     start = time.perf_counter()
     written_config = AutoConfig.from_pretrained(written_dir)
-    written_model = empty_model(written_config, dtype)
+    reuse = empty_written is not None and built_from(empty_written, written_config, dtype)
+    written_model = empty_written if reuse and empty_written is not None else empty_model(written_config, dtype)
     check_block_keys(_keys_only(written_dir, written_config, written_model))  # refused before any weight is read
     with check_threads(find_decoder_stack(written_model).layers, device, input_ids.numel()):
         settings: int | str = "skipped: no source config"
         source_model, kept = None, list[int]()
         if source_config is not None:
-            source_model = empty_model(source_config, dtype)
+            reuse = empty_source is not None and built_from(empty_source, source_config, dtype)
+            source_model = empty_source if reuse and empty_source is not None else empty_model(source_config, dtype)
             depth = len(find_decoder_stack(source_model))
             kept = [i for i in range(depth) if i not in set(drop)]
             settings = check_per_layer_settings(source_config, written_config, kept, (source_model, written_model))
@@ -299,7 +339,11 @@ def verify_block_major(
         relay = Relay(at=max(min(drop) - 1, 0) if copies is not None and drop and replay is None else 0)
         written = skeleton(written_dir, written_config, device, dtype, model=written_model,
                            on_load=copies.tensor if copies is not None else None)
-        with recording(written.stack.layers, replay) if replay is not None else contextlib.nullcontext():
+        with contextlib.ExitStack() as hooks:
+            if replay is not None:
+                hooks.enter_context(recording(written.stack.layers, replay))
+            if copies is not None:
+                hooks.enter_context(checked_in_use(written, copies.tensor))
             logits = block_major_logits(written, input_ids, attention_mask, relay=relay)
         phases["written"] = time.perf_counter() - start - sum(phases.values())
         record: dict[str, Any] = {}
@@ -328,6 +372,52 @@ def verify_block_major(
                 "per_layer_settings": settings, "tokens": int(input_ids.numel()), **record,
                 "seconds": round(time.perf_counter() - start, 2),
                 "phase_seconds": {name: round(seconds, 3) for name, seconds in phases.items()}}
+
+
+def built_from(model: nn.Module, config: Any, dtype: torch.dtype) -> bool:
+    """Whether the empty `model` is what `empty_model(config, dtype)` builds: its config equal to `config` in every
+    field a model is built from (`block_replay.NOT_COMPUTED` aside), its floating parameters in `dtype`."""
+    def fields(settings: Any) -> dict[str, Any]:
+        return {key: value for key, value in settings.to_dict().items() if key not in NOT_COMPUTED}
+
+    return (fields(model.config) == fields(config)
+            and all(p.dtype == dtype for p in model.parameters() if p.is_floating_point()))
+
+
+@contextlib.contextmanager
+def checked_in_use(bw: BlockwiseModel, check: Callable[[str, torch.Tensor], None]) -> Iterator[None]:
+    """While open, each block tensor `bw` loads from its files is passed to `check` (with its key) just before the
+    module that owns it runs, not as it is loaded: a check that reads the bytes (a hash) brings a weight into the CPU
+    cache for its product, instead of a block's weights read from memory twice (the whole block hashed, then
+    multiplied; on a CPU that was a third of the check's time). Whatever a block loaded and no module used by then
+    is checked when the block returns, and all that is left on a normal exit; the tensors checked are the ones
+    read from the files (before any cast to the compute dtype)."""
+    loaded: dict[str, torch.Tensor] = {}
+    before, bw.on_load = bw.on_load, loaded.__setitem__
+
+    def flush(keys: Iterable[str]) -> None:
+        for key in keys:
+            if key in loaded:
+                check(key, loaded.pop(key))
+
+    handles = []
+    for index, block in enumerate(bw.stack.layers):
+        for path, module in block.named_modules():
+            keys = [f"{bw.prefix}.{index}.{path + '.' if path else ''}{name}"
+                    for name, _ in module.named_parameters(recurse=False)]
+            if keys:
+                handles.append(module.register_forward_pre_hook(lambda *_, keys=keys: flush(keys)))
+        head = f"{bw.prefix}.{index}."
+        handles.append(block.register_forward_hook(lambda *_, head=head: flush([k for k in loaded if
+                                                                                 k.startswith(head)])))
+    try:
+        yield
+        flush(list(loaded))
+    finally:
+        bw.on_load = before
+        loaded.clear()
+        for handle in handles:
+            handle.remove()
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.settings import RunSettings
@@ -42,6 +43,7 @@ from layerprune.tasks.data import resolve_data_dir
 
 log = logging.getLogger(__name__)
 PROBE_POSITIONS = 4  # per row, in the streamed block-major check
+PROBE_ROWS = 1  # of the probe batch, in the streamed block-major check
 
 
 def stream_when_possible(source: ModelSource, recipe: PruneRecipe, settings: RunSettings, output: Path | None,
@@ -134,15 +136,18 @@ def prune_from_files(
 
         written: dict[str, Any] = {}
 
+        compute = _compute_dtype(config, source_dir, settings)
+
         def finish(tmp: Path, report: dict[str, Any]) -> None:
             if recipe.verify:
                 _verify_streamed(source, source_dir, config, settings, tmp, report, result.drop, calib,
-                                 written["tensor_digests"])
+                                 written["tensor_digests"], written["models"])
             write_report_files(tmp, report)
 
         report["dtype"] = _streamed_dtypes(config, source_dir, settings)
         save_streamed(source, source_dir, result.drop, report, output, overwrite, settings, finish, recipe.force,
-                      hash_weights=hash_in_copy, written_out=written)
+                      hash_weights=hash_in_copy, written_out=written, model_dtype=compute if recipe.verify else None,
+                      plan=plan)
     return close_report(report, started)
 
 
@@ -151,6 +156,13 @@ def _streamed_dtypes(config: Any, source_dir: Path, settings: RunSettings) -> Dt
     name = dtype_name(stored) if stored else None
     return Dtypes(checkpoint=name, computed_in=dtype_name(settings.resolved_dtype()), saved=name,
                   chosen_by="checkpoint")
+
+
+def _compute_dtype(config: Any, source_dir: Path, settings: RunSettings) -> torch.dtype:
+    """The verification's: the stored dtype with --dtype auto (not float32 on the CPU: one block of the stored size
+    at a time), else --dtype's."""
+    stored = checkpoint_dtype(config, source_dir)
+    return stored if settings.dtype == "auto" and stored is not None else settings.resolved_dtype()
 
 
 def _verify_streamed(
@@ -163,6 +175,7 @@ def _verify_streamed(
     drop: list[int],
     calib: CalibSet | None,
     digests: Mapping[Stored, str],
+    models: Mapping[str, nn.Module | None] | None = None,
 ) -> None:
     """Every written tensor byte for byte the source tensor that belongs at its name (its digest against the one the
     copy took of the source bytes it wrote: the source is not read again), checked as the written model's
@@ -171,17 +184,18 @@ def _verify_streamed(
     on the same arguments, else loaded and run (one block in memory at a time; `models.block_replay`). For a family
     whose files the block-major way cannot read, the bytes are read and checked on their own, and both models
     reloaded whole one after the other when that fits. The streamed files were already checked by name and against
-    the new config on the meta device."""
+    the new config on the meta device; `models`: the empty source and written models the copy built for its own
+    checks (`stream_pruned`), used where they are what the verification would build."""
     start = time.perf_counter()
     meta: Verification = report["verification"]
     device = settings.resolved_device()
-    stored = checkpoint_dtype(config, source_dir)  # not float32 on the CPU: one block of the stored size at a time
-    compute = stored if settings.dtype == "auto" and stored is not None else settings.resolved_dtype()
+    compute = _compute_dtype(config, source_dir, settings)
     ids, mask = probe_positions(*probe_inputs(load_tokenizer(source, settings), calib, device))
     rtol = 1e-3 if compute == torch.float32 else 2e-2  # the streamed files are the source's tensors, bit for bit
     try:
         record = verify_block_major(config, tmp, drop, ids, mask, device, compute, rtol, source_dir=source_dir,
-                                    digests=digests)
+                                    digests=digests, empty_written=(models or {}).get("written"),
+                                    empty_source=(models or {}).get("source"))
     except BlockMajorUnsupported as exc:
         bytes_start = time.perf_counter()
         compared = copy_check(source_dir, tmp, drop, _depth(config), digests).rest()
@@ -202,20 +216,19 @@ def _depth(config: Any) -> int:
     return int((config.get_text_config() if hasattr(config, "get_text_config") else config).num_hidden_layers)
 
 
-def probe_positions(ids: torch.Tensor, mask: torch.Tensor | None,
-                    positions: int = PROBE_POSITIONS) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The probe cut to its first `positions` columns (its last ones when the mask is padded on the left: some row
-    starts with padding and ends with a real token), so every row keeps a real token. The side is read from the
-    mask, not the tokenizer: calibration batches are padded on the right whatever the tokenizer's side. Enough for
-    what the streamed check is there to see beyond the byte comparison (blocks in the wrong order, a config the
-    model code reads by block index, a head or embedding mapped wrong, rotary against no-rope layers); attention
-    windows are longer than any probe of a real model. On a CPU each forward's cost grows with the positions: with
-    2 x 27 of the fixed text, the two were most of a CPU prune's time."""
-    if ids.shape[-1] <= positions:
-        return ids, mask
+def probe_positions(ids: torch.Tensor, mask: torch.Tensor | None, positions: int = PROBE_POSITIONS,
+                    rows: int = PROBE_ROWS) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The probe cut to its first `rows` rows and their first `positions` columns (their last ones when the mask is
+    padded on the left: some row starts with padding and ends with a real token), so every row keeps a real token.
+    The side is read from the whole batch's mask, not the tokenizer: calibration batches are padded on the right
+    whatever the tokenizer's side. Enough for what the streamed check is there to see beyond the byte comparison
+    (blocks in the wrong order, a config the model code reads by block index, a head or embedding mapped wrong,
+    rotary against no-rope layers); attention windows are longer than any probe of a real model. On a CPU each
+    forward's cost grows with the tokens: with 2 x 27 of the fixed text, the two were most of a CPU prune's time,
+    and a second row of 4 still cost a tenth of it (each weight's product with 8 rows instead of 4)."""
     left = mask is not None and bool(((mask[:, 0] == 0) & (mask[:, -1] != 0)).any())
     cut = slice(-positions, None) if left else slice(0, positions)
-    return ids[:, cut], mask[:, cut] if mask is not None else None
+    return ids[:rows, cut], mask[:rows, cut] if mask is not None else None
 
 
 def _verify_whole(
