@@ -82,7 +82,8 @@ def _grain(name: str, root: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def _variant(name: str, root: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    from layerprune.pipeline.studies.variant import VariantStudy, compare, write_variant_report
+    from layerprune.pipeline.studies.variant_grid import VariantStudy
+    from layerprune.pipeline.studies.variant_report import compare, write_variant_report
 
     old = json.loads((root / "variant.json").read_text())
     study = VariantStudy.model_validate(old["study"])

@@ -161,7 +161,8 @@ def test_posttrain_variant_is_made_once_through_the_cache(capsys, tiny_llama, tm
 
 def test_the_critical_control_block_is_the_largest_drop_on_the_target():
     from layerprune.core.errors import LayerpruneError
-    from layerprune.pipeline.studies.variant import VariantStudy, control_block
+    from layerprune.pipeline.studies.variant import control_block
+    from layerprune.pipeline.studies.variant_grid import VariantStudy
 
     study = VariantStudy.model_validate({"name": "s", "variant": {"recipe": "variant-sft-gsm8k"}, "target": "factual",
                                          "importance": {"tasks": ["arithmetic", "factual"]}, "control": {}})
@@ -179,7 +180,8 @@ def test_the_critical_control_block_is_the_largest_drop_on_the_target():
 def test_a_living_control_drops_the_largest_drop_whose_removal_keeps_the_original_above_the_floor():
     """variant-math-embedded's control (the original without block 0) scored 1e-7 to 6e-4 on every task: a collapsed
     model, whose profile disagrees with anything. 'critical-alive' passes over such blocks."""
-    from layerprune.pipeline.studies.variant import VariantStudy, control_block
+    from layerprune.pipeline.studies.variant import control_block
+    from layerprune.pipeline.studies.variant_grid import VariantStudy
 
     study = VariantStudy.model_validate({"name": "s", "variant": {"recipe": "variant-sft-gsm8k"},
                                          "target": "arithmetic", "importance": {"tasks": ["arithmetic", "factual"]},
@@ -212,7 +214,8 @@ def test_the_control_may_drop_a_block_prune_protects(tiny_llama, tmp_path):
     import json
 
     from layerprune.core.settings import RunSettings
-    from layerprune.pipeline.studies.variant import VariantStudy, make_control
+    from layerprune.pipeline.studies.variant import make_control
+    from layerprune.pipeline.studies.variant_grid import VariantStudy
 
     study = VariantStudy.model_validate({"name": "s", "model": str(tiny_llama), "control": {"skip_block": 0},
                                          "variant": {"recipe": "variant-sft-gsm8k"}})
@@ -231,7 +234,8 @@ def synthetic(base: list[bool], ablated: list[list[bool]]) -> dict:
 
 
 def test_the_study_verdict_needs_a_move_an_agreement_near_its_ceiling_and_a_control_that_fails():
-    from layerprune.pipeline.studies.variant import VariantStudy, compare, variant_table
+    from layerprune.pipeline.studies.variant_grid import VariantStudy
+    from layerprune.pipeline.studies.variant_report import compare, variant_table
 
     n = 40
 
@@ -321,7 +325,7 @@ def test_a_study_unpacked_elsewhere_reuses_its_analyses(tmp_path):
 # --- the variant made under several seeds (issue 58 part 5) --------------------------------------------------------
 
 def _seeds_study(seeds: list[int]):
-    from layerprune.pipeline.studies.variant import VariantStudy
+    from layerprune.pipeline.studies.variant_grid import VariantStudy
 
     return VariantStudy.model_validate({"name": "s", "variant": {"posttrain": "math-embedded"}, "target": "arithmetic",
                                         "importance": {"tasks": ["arithmetic"]}, "control": {}, "resamples": 200,
@@ -356,7 +360,7 @@ def test_makes_that_disagree_widen_the_verdict_intervals_and_the_report_gives_th
     """Seed 0's make kept the original's profile (alone: 'invariant'), seed 1's moved it (alone: 'different'): as one
     variant the ratio is their mean, its interval draws the makes too, so it is wider than either make's own and the
     verdict is 'not shown'; makes that agree give the one make's interval exactly."""
-    from layerprune.pipeline.studies.variant import compare, variant_table
+    from layerprune.pipeline.studies.variant_report import compare, variant_table
 
     study, control = _seeds_study([0, 1]), _control()
     kept, moved = _report(_profile(40)), _report(_elsewhere(36))
@@ -388,7 +392,7 @@ def test_makes_that_disagree_widen_the_verdict_intervals_and_the_report_gives_th
 def test_one_seed_reads_as_before():
     """The default seed: no new key in variant.json's study (so `layerprune records` fingerprints it as before) and
     the comparison and table of a study without seeds; the archives redraw unchanged (tests/test_records_redraw.py)."""
-    from layerprune.pipeline.studies.variant import compare, variant_table
+    from layerprune.pipeline.studies.variant_report import compare, variant_table
 
     study, control, report = _seeds_study([0]), _control(), _report(_profile(40))
     assert "variant_seeds" not in study.record() and not study.replicated()

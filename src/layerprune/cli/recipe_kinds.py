@@ -21,7 +21,7 @@ from layerprune.pipeline.recipe import RunRecipe
 from layerprune.pipeline.studies.grain_grid import GrainStudy
 from layerprune.pipeline.studies.recovery_grid import RecoveryStudy
 from layerprune.pipeline.studies.sweep_grid import SweepStudy
-from layerprune.pipeline.studies.variant import VariantStudy
+from layerprune.pipeline.studies.variant_grid import VariantStudy
 from layerprune.posttrain.schema import VariantRecipe
 from layerprune.prune.recipe import PruneRecipe
 from layerprune.recover.schema import RecoverRecipe

@@ -20,7 +20,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from layerprune.pipeline.studies.variant import dry_run, load_variant_study, run_variant_study
+    from layerprune.pipeline.studies.variant import dry_run, run_variant_study
+    from layerprune.pipeline.studies.variant_grid import load_variant_study
 
     study = load_variant_study(args.recipe, args.output)
     settings = build_schema(RunSettings, typed_layer(args, RunSettings))

@@ -81,7 +81,7 @@ def _grain(root: Path, out: Path) -> tuple[str, dict[str, Any]]:
 
 
 def _variant(root: Path, out: Path) -> tuple[str, dict[str, Any]]:
-    from layerprune.pipeline.studies.variant import redraw_variant_report
+    from layerprune.pipeline.studies.variant_report import redraw_variant_report
 
     redraw_variant_report(root)  # every seed's importance report, with several makes of the variant
     return (root / "variant.md").read_text(), {"variant.json": _load(root / "variant.json")}
