@@ -51,9 +51,9 @@ def study_kind(recipe: str) -> StudyKind:
 
         return StudyKind(sweep.SweepStudy, sweep_plan.dry_run, sweep.run_sweep, "sweep")
     if is_grain(recipe):
-        from layerprune.pipeline.studies import grain
+        from layerprune.pipeline.studies import grain, grain_plan
 
-        return StudyKind(grain.GrainStudy, grain.dry_run, grain.run_study, "grain study")
+        return StudyKind(grain.GrainStudy, grain_plan.dry_run, grain.run_study, "grain study")
     from layerprune.pipeline.studies import recovery
 
     return StudyKind(RecoveryStudy, recovery.dry_run, recovery.run_study, "study")
