@@ -1008,3 +1008,19 @@ def test_the_budget_report_gives_each_curve_its_shares_fit_and_verdict(tiny_llam
     assert "| sft | 1 | arith_2d_sub |" in text and "- kd-k1: budget-bound" in text
     assert "undetermined (still linear)" in text and "- positive control kd-arith at k = 1: 90.0%" in text
     assert (root / "budget.png").stat().st_size > 0 and "![budget curves](budget.png)" in text
+
+
+def test_a_probe_candidate_or_classification_task_outside_the_suite_is_refused_on_load(tiny_llama, tmp_path):
+    """Every candidate level and classification task is scored with the suite's settings, so each must be a task of
+    evaluate.suite: refused when the recipe loads (dry run included), not at the first evaluation after hours of
+    training. (The budget protocol's arith_3d_add and brackets_d6 were not in sweep-cpu: its run stopped at
+    eval-baseline; sweep-cpu now holds them, as its description says: every candidate probe level.)"""
+    data = tiny_sweep(tiny_llama, tmp_path / "s")
+    with pytest.raises(ValueError, match=r"evaluate.suite 'sweep-cpu' has no task arith_4d_add \(every"):
+        SweepStudy.model_validate({**data, "probes": {**data["probes"], "candidates": ["arith_4d_add"]}})
+    with pytest.raises(ValueError, match=r"has no task boolq"):
+        SweepStudy.model_validate({**data, "classification": ["boolq"]})
+    from layerprune.core.recipe_loading import build_from_recipe
+
+    shipped = build_from_recipe(SweepStudy, SweepStudy.kind, "limits-budget-math-embedded", {})
+    assert {"arith_3d_add", "brackets_d6"} <= set(shipped.probes.candidates)

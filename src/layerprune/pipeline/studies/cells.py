@@ -199,3 +199,10 @@ def rates_apply(model: str | None) -> bool:
 
         spec = build_from_recipe(VariantRecipe, "variant", spec.partition(":")[2], {}).model
     return spec.startswith("embedded")
+
+
+def suite_tasks(suite: str) -> list[str]:
+    """The leaf tasks of a suite."""
+    from layerprune.evaluate.suites import expand
+
+    return [name for name, _ in expand(suite)]

@@ -18,7 +18,14 @@ from layerprune.evaluate.suites import DEFAULT_SUITE
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.recipe import PipelineRecipe, RecoverStage
 from layerprune.pipeline.studies import lr_search
-from layerprune.pipeline.studies.cells import CHAT_EVAL, Arm, check_plain_probes, derive_arm_recipe, replicate_label
+from layerprune.pipeline.studies.cells import (
+    CHAT_EVAL,
+    Arm,
+    check_plain_probes,
+    derive_arm_recipe,
+    replicate_label,
+    suite_tasks,
+)
 from layerprune.pipeline.studies.comparisons import ComparisonFamily, check_recovery_comparisons
 from layerprune.pipeline.studies.lr_search import check_lr_grid, lr_search_file, with_learning_rate
 from layerprune.recover.schema import RecoverRecipe
@@ -116,13 +123,6 @@ class RecoveryStudy(PipelineRecipe):
         recipe = derive_arm_recipe(self.shared_recipe(student), self.arms[label], f"{self.name}-{label}",
                                    self.evaluate.probe_seed)
         return with_learning_rate(recipe, learning_rate)
-
-
-def suite_tasks(suite: str) -> list[str]:
-    """The leaf tasks of a suite."""
-    from layerprune.evaluate.suites import expand
-
-    return [name for name, _ in expand(suite)]
 
 
 def fixed_tasks(study: RecoveryStudy) -> list[str]:

@@ -26,6 +26,7 @@ from layerprune.pipeline.studies.cells import (
     derive_arm_recipe,
     replicate_label,
     split_label,
+    suite_tasks,
 )
 from layerprune.pipeline.studies.comparisons import ComparisonFamily, check_budget_contrasts, check_comparisons
 from layerprune.pipeline.studies.lr_search import check_lr_grid, lr_search_file
@@ -110,6 +111,11 @@ class SweepStudy(PipelineRecipe):
             raise ValueError(f"prune.drop must be the largest ratio ({self.ratios[-1]}): one scoring pass ranks them")
         if self.evaluate.suite is None:
             raise ValueError("evaluate.suite: name the suite whose settings every task is scored with")
+        known = suite_tasks(self.evaluate.suite)
+        missing = [t for t in [*self.classification, *self.probes.candidates] if t not in known]
+        if missing:
+            raise ValueError(f"evaluate.suite '{self.evaluate.suite}' has no task {', '.join(missing)} (every "
+                             "classification task and probe candidate is scored with the suite's settings)")
         shared = self.shared_recipe("<pruned>")
         check_plain_probes(self.evaluate, shared)
         for label in self.arms or {}:
