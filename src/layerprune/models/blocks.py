@@ -13,6 +13,7 @@ from torch import nn
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.models.layer_fields import slice_layer_config
+from layerprune.models.logits_check import check_head_logits
 
 STACK_PATHS = ("model.layers", "model.decoder.layers", "transformer.h", "gpt_neox.layers",
                "model.language_model.layers", "language_model.model.layers", "transformer.layers")
@@ -77,14 +78,7 @@ class DecoderStack:
                 ours = self.logits(captured[-1]).float()
         finally:
             handle.remove()
-        diff = float((own - ours).abs().max())
-        if not diff <= 1e-3 * float(own.abs().max()) + 1e-4:
-            raise LayerpruneError(
-                f"{type(self.model).__name__}: the logits from its final norm and head differ from its own forward "
-                f"(max |diff| {diff:.3g}); scores computed from them would be wrong, "
-                "so this model is refused for this score"
-            )
-        return diff
+        return check_head_logits(own, ours, type(self.model).__name__)
 
 
 def text_config(model: nn.Module) -> Any:

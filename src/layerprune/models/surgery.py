@@ -21,6 +21,7 @@ from torch import nn
 
 from layerprune.core.errors import LayerpruneError, one_line
 from layerprune.models.blocks import find_decoder_stack
+from layerprune.models.logits_check import WRITTEN_LOGITS_DIFFER, check_logits_agree, logits_rtol
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 NO_SPACE = re.compile(r"no space left|os error 28|storagefull|errno 28", re.IGNORECASE)
@@ -242,16 +243,7 @@ def compare_reloaded_logits(
     with torch.inference_mode():
         logits = reloaded(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits.float()
     del reloaded
-    logits = logits.to(reference.device)
-    diff = float((logits - reference).abs().max())
-    scale = float(reference.abs().max())
-    tolerance = rtol * scale + 1e-4
-    if not diff <= tolerance:
-        raise LayerpruneError(
-            f"surgery check failed: the written model's logits differ from the original with the blocks skipped "
-            f"(max |diff| {diff:.3g} > {tolerance:.3g}); nothing was written"
-        )
-    return {"max_abs_diff": diff, "tolerance": tolerance, "reference_max_abs": scale}
+    return check_logits_agree(logits, reference, rtol, WRITTEN_LOGITS_DIFFER, then="nothing was written").record()
 
 
 def _loading(problems: dict[str, list[Any]]) -> str:
@@ -273,9 +265,9 @@ def verify_surgery(
     start = time.perf_counter()
     keys = check_config_matches_weights(model)
     compute = next(model.parameters()).dtype
-    rtol = (1e-3 if compute == torch.float32 else 2e-2) if lossless else 5e-2
     record = compare_reloaded_logits(
-        directory, input_ids, attention_mask, reference, compute, input_ids.device, rtol, load_kwargs
+        directory, input_ids, attention_mask, reference, compute, input_ids.device, logits_rtol(compute, lossless),
+        load_kwargs,
     )
     return {
         "checked": True,

@@ -43,6 +43,7 @@ from layerprune.models.block_replay import (
 from layerprune.models.blocks import find_decoder_stack
 from layerprune.models.blockwise import BlockwiseModel, empty_model, load_skeleton
 from layerprune.models.copy_check import CopyCheck, copy_check
+from layerprune.models.logits_check import WRITTEN_LOGITS_DIFFER, check_head_logits, check_logits_agree
 from layerprune.models.safetensors_copy import Stored
 from layerprune.models.shards import _open_lazy, block_prefix, read_checkpoint
 
@@ -207,14 +208,7 @@ def check_blockwise_head(bw: BlockwiseModel, input_ids: torch.Tensor, attention_
     own = block_major_logits(bw, input_ids, attention_mask)
     with torch.inference_mode():
         ours = bw.stack.logits(hidden.to(bw.device)).float()
-    diff = float((own - ours).abs().max())
-    if not diff <= 1e-3 * float(own.abs().max()) + 1e-4:
-        raise LayerpruneError(
-            f"{type(bw.model).__name__}: the logits from its final norm and head differ from its own forward "
-            f"(max |diff| {diff:.3g}, block-major); scores computed from them would be wrong, "
-            "so this model is refused for this score"
-        )
-    return diff
+    return check_head_logits(own, ours, type(bw.model).__name__, how="block-major")
 
 
 def check_per_layer_settings(source_config: Any, written_config: Any, kept: Sequence[int],
@@ -360,15 +354,9 @@ def verify_block_major(
             if replay is not None:
                 record["reference_blocks"] = {"replayed": len(replay.replayed),
                                               "computed": len(replay.kept) - len(replay.replayed)}
-        diff = float((logits - reference.to(logits.device)).abs().max())
-        scale = float(reference.abs().max())
-        tolerance = rtol * scale + 1e-4
-        if not diff <= tolerance:
-            raise LayerpruneError(
-                f"surgery check failed: the written model's logits differ from the original with the blocks skipped "
-                f"(max |diff| {diff:.3g} > {tolerance:.3g}, block-major); nothing was written"
-            )
-        return {"logits_check": "block-major", "max_abs_diff": diff, "tolerance": tolerance, "reference_max_abs": scale,
+        agreement = check_logits_agree(logits, reference, rtol, WRITTEN_LOGITS_DIFFER, how="block-major",
+                                       then="nothing was written")
+        return {"logits_check": "block-major", **agreement.record(),
                 "per_layer_settings": settings, "tokens": int(input_ids.numel()), **record,
                 "seconds": round(time.perf_counter() - start, 2),
                 "phase_seconds": {name: round(seconds, 3) for name, seconds in phases.items()}}

@@ -19,6 +19,7 @@ from layerprune.models import ModelSource, load_model
 from layerprune.models.copy_check import copy_check
 from layerprune.models.layer_fields import check_layer_fields
 from layerprune.models.loading import device_map_kwargs, load_tokenizer
+from layerprune.models.logits_check import logits_rtol
 from layerprune.models.safetensors_copy import Stored
 from layerprune.models.shards import count_parameters, plan_stream, read_checkpoint
 from layerprune.models.surgery import checkpoint_dtype, compare_reloaded_logits, dtype_name
@@ -191,7 +192,7 @@ def _verify_streamed(
     device = settings.resolved_device()
     compute = _compute_dtype(config, source_dir, settings)
     ids, mask = probe_positions(*probe_inputs(load_tokenizer(source, settings), calib, device))
-    rtol = 1e-3 if compute == torch.float32 else 2e-2  # the streamed files are the source's tensors, bit for bit
+    rtol = logits_rtol(compute)  # the streamed files are the source's tensors, bit for bit
     try:
         record = verify_block_major(config, tmp, drop, ids, mask, device, compute, rtol, source_dir=source_dir,
                                     digests=digests, empty_written=(models or {}).get("written"),

@@ -16,6 +16,7 @@ from layerprune.models import LoadedModel, ModelSource, drop_blocks, find_decode
 from layerprune.models.blocks import text_config
 from layerprune.models.layer_fields import FIELD_RULES, check_layer_fields
 from layerprune.models.loading import copy_tokenizer_files, device_map_kwargs
+from layerprune.models.logits_check import logits_rtol
 from layerprune.models.surgery import check_config_matches_weights, dtype_name, verify_surgery, write_pretrained
 from layerprune.models.verify_blockwise import BlockMajorUnsupported, fits_whole, verify_block_major
 from layerprune.prune.calib import CalibSet, tokenize_calibration
@@ -273,7 +274,7 @@ def _verify_block_major(loaded: LoadedModel, tmp: Path, probe: Probe, lossless: 
     start = time.perf_counter()
     keys = check_config_matches_weights(loaded.model)
     compute = torch_dtype(loaded)
-    rtol = (1e-3 if compute == torch.float32 else 2e-2) if lossless else 5e-2
+    rtol = logits_rtol(compute, lossless)
     device = probe.input_ids.device
     record = verify_block_major(
         probe.config, tmp, probe.drop, probe.input_ids, probe.attention_mask, device, compute, rtol, probe.logits

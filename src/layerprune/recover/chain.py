@@ -12,6 +12,7 @@ import torch
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.models.lineage import PRUNE_REPORT, read_lineage, read_removed_sublayers
+from layerprune.models.logits_check import logits_rtol
 from layerprune.recover import local, memory
 from layerprune.recover.replace import decoder_layers
 from layerprune.recover.schema import RecoverRecipe
@@ -116,8 +117,7 @@ def verify_saved(model: Any, directory: Path, sequences: list[list[int]]) -> dic
         reference = model(input_ids=ids, use_cache=False).logits.float()
     model.train(was_training)
     dtype = next(model.parameters()).dtype
-    record = compare_reloaded_logits(directory, ids, None, reference, dtype, device,
-                                     1e-3 if dtype == torch.float32 else 2e-2)
+    record = compare_reloaded_logits(directory, ids, None, reference, dtype, device, logits_rtol(dtype))
     return {"checked": True, **record}
 
 
