@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from layerprune.core.errors import LayerpruneError
 from layerprune.pipeline.studies.budget_report import write_budget_report
 from layerprune.pipeline.studies.sweep_grid import SweepStudy
 
@@ -216,3 +217,20 @@ def test_a_study_with_nothing_or_no_original_scored_yet_still_gets_its_report(ti
     assert all(c["state"] == "n/a (baseline not scored)" for c in data["curves"])
     assert set(data["verdicts"].values()) == {"not shown"}
     assert data["missing"]["baseline"] == {"replicates": [0], "of": 1}
+
+
+def test_models_scored_on_different_items_are_refused_in_one_line_and_nothing_is_written(tiny_llama, tmp_path):
+    """kd-k1@32k@r1's arith_2d_sub record holds two items twice, then other items (doc ids 7..206): refused in one
+    line naming the models and the task (issue 56), no budget.md, budget.json or budget.png. Before: the repeated rows
+    were paired by their last record, and another item set left the task out of a report written anyway."""
+    study = _study(tiny_llama, tmp_path / "s")
+    _plant(tmp_path / "s", _models(CURVES, AGREEING))
+    samples = tmp_path / "s" / "eval" / "kd-k1@32k@r1" / "samples" / "arith_2d_sub.jsonl"
+    rows = [json.loads(line) for line in samples.read_text().splitlines()]
+    one_line = r"^models scored on different items: baseline and kd-k1@32k@r1 on arith_2d_sub differ in {} item\(s\)"
+    for planted, count in ((rows + rows[:2], 2), ([{**r, "doc_id": r["doc_id"] + 7, "doc_hash": f"d{r['doc_id'] + 7}",
+                                                    "prompt_hash": f"p{r['doc_id'] + 7}"} for r in rows], 14)):
+        samples.write_text("".join(json.dumps(r) + "\n" for r in planted))
+        with pytest.raises(LayerpruneError, match=one_line.format(count) + r"[^\n]*$"):
+            write_budget_report(study, tmp_path / "s")
+        assert not any((tmp_path / "s" / name).exists() for name in ("budget.md", "budget.json", "budget.png"))

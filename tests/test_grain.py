@@ -195,6 +195,26 @@ def test_a_level_whose_block_arm_keeps_the_original_score_is_uninformative(tmp_p
     assert [c["p_holm"] for c in record["comparisons"]] == [1.0, 1.0]  # in the family, never called
 
 
+def test_cells_scored_on_different_items_are_refused_in_one_line_before_any_report(tmp_path):
+    """attention-k1@r1's copy_l3 record holds two items twice, then other items (doc ids 5..124): refused in one line
+    naming the models and the task (issue 56), nothing written. Before: the repeated rows were paired by their last
+    record without a word, and another item set ended in another message."""
+    study = grain_grid.GrainStudy.model_validate(tiny_grain("x", tmp_path, grains=["block", "attention"]))
+    _synthetic(tmp_path, 1.0, study)  # the same items: the report is drawn
+    samples = tmp_path / "eval" / "attention-k1@r1" / "samples" / "copy_l3.jsonl"
+    lines = samples.read_text().splitlines()
+    samples.write_text("\n".join([*lines, *lines[:2]]) + "\n")
+    one_line = r"^models scored on different items: baseline and attention-k1@r1 on copy_l3 differ in {} item\(s\)"
+    with pytest.raises(LayerpruneError, match=one_line.format(2) + r"[^\n]*$"):
+        grain_report.write_grain_report(study, tmp_path)
+    shifted = [json.loads(line) for line in lines]
+    samples.write_text("".join(json.dumps({**row, "doc_id": row["doc_id"] + 5, "doc_hash": f"d{row['doc_id'] + 5}",
+                                           "prompt_hash": f"p{row['doc_id'] + 5}"}) + "\n" for row in shifted))
+    with pytest.raises(LayerpruneError, match=one_line.format(10)):
+        grain_report.write_grain_report(study, tmp_path)
+    assert not any((tmp_path / name).exists() for name in ("grain.md", "grain.json", "grain.png"))
+
+
 def test_holm_adjusts_in_the_step_down_order():
     assert grain_report.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
     assert grain_report.holm([0.2, 0.01]) == pytest.approx([0.2, 0.02])

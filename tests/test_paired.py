@@ -94,17 +94,24 @@ def test_comparison_pairs_items_and_refuses_mismatched_ones(tmp_path):
     assert row["pairing"].startswith("paired (10 items")
     assert (drop["b"], drop["c"]) == (2, 0) and drop["se"] == pytest.approx(paired.paired_se(base, pruned))
     assert drop["mcnemar_p"] == pytest.approx(0.5)
-    # another item set: refused in one line, the unpaired figure used instead
+    # another item set under the same settings: refused in one line before anything is written (issue 56; before,
+    # the row quietly fell back to the unpaired figure)
+    from layerprune.core.errors import LayerpruneError
+
     _samples(tmp_path / "p", "arith_1dc", np.append(pruned, 1.0))
-    report = compare(summaries, folders=folders)
-    row = report["rows"][0]
-    assert row["pairing"] == "unpaired: baseline and pruned answered different items (1 in one set only)"
-    assert row["pruned_vs_baseline"]["paired"] is False
-    assert "- arith_1dc: unpaired: baseline and pruned answered different items" in report["table"]
-    # the same doc ids asked with other prompts (say, another chat setting) are not the same items
+    with pytest.raises(LayerpruneError, match=r"^models scored on different items: baseline and pruned on arith_1dc "
+                       r"differ in 1 item\(s\)[^\n]*$"):
+        compare(summaries, tmp_path / "out", folders=folders)
+    assert not (tmp_path / "out").exists()
+    # the same doc ids asked with other prompts (say, another chat template) are not the same items
     _samples(tmp_path / "p", "arith_1dc", pruned, prompts="q")
-    row = compare(summaries, folders=folders)["rows"][0]
-    assert row["pairing"] == "unpaired: baseline and pruned were asked different prompts for the same items"
+    with pytest.raises(LayerpruneError, match=r"baseline and pruned on arith_1dc differ in 10 item\(s\)"):
+        compare(summaries, folders=folders)
+    # roles run with different settings are flagged as not comparable, left unpaired: not refused
+    other = _summary({"arith_1dc": 0.3})
+    other.results[0].settings["limit"] = 11
+    row = compare({"baseline": summaries["baseline"], "pruned": other}, folders=folders)["rows"][0]
+    assert row["settings_differ"] and row["pairing"] == "unpaired: the roles ran with different settings"
 
 
 def test_averages_are_paired_and_clustered_and_missing_errors_stay_unknown(tmp_path):

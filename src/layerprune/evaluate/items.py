@@ -2,17 +2,22 @@
 
 Each model's folder holds lm-eval's own per-document logs (samples/<task>.jsonl). An item is one document of one
 (sub)task; its score is the headline metric's value under the headline's filter. Two models are paired on a task
-only when they answered exactly the same items with the same prompts (lm-eval's doc_hash and prompt_hash); else the
-reason is returned in one line and the caller falls back to the unpaired figure.
+only when they answered exactly the same items with the same prompts (lm-eval's doc_hash and prompt_hash): every
+report that pairs models refuses models scored on different items (`check_scored_items`, `check_same_records`: one
+LayerpruneError line, issue 56); `align` says in one line why a task cannot be paired (no records, another item set).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from layerprune.core import paired
+from layerprune.evaluate.summary import SUMMARY_FILE, read_summary
 
 SAMPLES_DIR = "samples"
 
@@ -65,6 +70,25 @@ def read_items(folder: Path, task: str, metric: str, kind: str = "generative") -
     if not keys:
         return None
     return Items(tuple(keys), np.asarray(values), tuple(checks), np.asarray(chance))
+
+
+def check_same_records(task: str, scored: Mapping[str, Items | None]) -> None:
+    """Refuse (LayerpruneError, one line: `paired.check_same_items`) to pair models whose per-item records of `task`
+    hold different items (doc ids, or doc and prompt hashes; an item recorded twice included); a model without
+    records (None) is left to the caller (it cannot be paired, and says so)."""
+    paired.check_same_items(task, {label: list(zip(items.keys, items.checks, strict=True))
+                                   for label, items in scored.items() if items is not None})
+
+
+def check_scored_items(folders: Mapping[str, Path]) -> None:
+    """`check_same_records` of every headline task of the first folder's summary, each model's records read from
+    `folder`/samples/<task>.jsonl: the one check of every report that pairs evaluation folders."""
+    if not folders:
+        return
+    heads = read_summary(next(iter(folders.values())) / SUMMARY_FILE).headlines()
+    for task, result in heads.items():
+        check_same_records(task, {label: read_items(folder, task, result.metric, result.kind)
+                                  for label, folder in folders.items()})
 
 
 def align(items: dict[str, Items | None], common: bool = False) -> tuple[np.ndarray, np.ndarray] | str:

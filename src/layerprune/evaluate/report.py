@@ -103,12 +103,18 @@ def comparison_rows(summaries: dict[str, Summary], folders: dict[str, Path] | No
 
 
 def paired_items(results: dict[str, TaskResult], folders: dict[str, Path] | None) -> Aligned | str:
-    """The roles' per-item scores of one task on the same items, or why they cannot be paired."""
-    from layerprune.evaluate.items import align, read_items
+    """The roles' per-item scores of one task on the same items, or why they cannot be paired (no per-item samples,
+    or settings that differ: that row is flagged as not comparable). Roles run with the same settings but scored on
+    different items are refused (LayerpruneError, one line: `items.check_same_records`), not paired on a subset nor
+    quietly unpaired."""
+    from layerprune.evaluate.items import align, check_same_records, read_items
 
     if folders is None or set(folders) < set(results):
         return "no per-item samples were given"
-    return align({role: read_items(folders[role], r.task, r.metric, r.kind) for role, r in results.items()})
+    scored = {role: read_items(folders[role], r.task, r.metric, r.kind) for role, r in results.items()}
+    if not settings_differ(results):
+        check_same_records(next(iter(results.values())).task, scored)
+    return align(scored)
 
 
 def sampled_rows(summaries: dict[str, Summary]) -> list[dict[str, Any]]:
@@ -339,7 +345,9 @@ def compare(summaries: dict[str, Summary], output_dir: Path | None = None,
     """Compare models by role (baseline, pruned, recovered, or any labels); returns the table and file paths.
 
     With `folders` (each role's evaluation folder, holding samples/<task>.jsonl) the differences are paired item by
-    item; with `output_dir`, writes comparison.md, comparison.json and PNG charts into it (created if needed).
+    item, and roles run with the same settings but scored on different items are refused (LayerpruneError, one line,
+    before anything is written: `paired_items`); with `output_dir`, writes comparison.md, comparison.json and PNG
+    charts into it (created if needed).
     """
     roles = [r for r in ROLES if r in summaries] + [r for r in summaries if r not in ROLES]
     ordered = {role: summaries[role] for role in roles}

@@ -37,7 +37,8 @@ import functools
 import hashlib
 import json
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,6 @@ from layerprune.core.outputs import write_atomic
 from layerprune.evaluate.items import SAMPLES_DIR
 from layerprune.evaluate.overlap import MIN_FIELD_CHARS, normalize
 from layerprune.tasks.contamination import (
-    Payload,
     PayloadIndex,
     document_strings,
     find_payloads,
@@ -66,6 +66,7 @@ NEAR_P = 0.001  # near duplicates flag a task when chance alone gives that many 
 COPY_NOTE_SHARE = 0.05  # the near-transfer note on list probes when this share of teacher answers copies its prompt
 REP_NS = (2, 3, 4)
 AUDIT_FILE = "audit.json"
+ARM_ANSWERS = "selfgen-"  # an arm's own teacher answers: selfgen-ARM[@rR].jsonl (a sweep's arm_prompts)
 EVAL_LABEL = "baseline"  # the evaluation folder whose samples give the items (every model answered the same ones)
 HELD_OUT = "held out (measured)"
 NO_DOC = "no document in the samples log"
@@ -104,18 +105,14 @@ class PayloadData:
         prompts = [find_payloads(str(r["prompt"])) for r in records]
         answers = [find_payloads(str(r["response"])) for r in records]
         joined = [find_payloads(f"{r['prompt']}\n{r['response']}") for r in records]
-        self.prompts, self.answers = PayloadIndex(_flat(prompts)), PayloadIndex(_flat(answers))
-        self.across = PayloadIndex(_flat(joined))
-        self.anywhere = PayloadIndex(_flat([*prompts, *answers, *joined]))
+        self.prompts, self.answers = PayloadIndex(chain(*prompts)), PayloadIndex(chain(*answers))
+        self.across = PayloadIndex(chain(*joined))
+        self.anywhere = PayloadIndex(chain(*prompts, *answers, *joined))
         self.record_shapes = [frozenset(p.shape for p in found) for found in joined]
 
     def records_in(self, shapes: set[str]) -> int:
         """How many records hold a payload of one of `shapes`."""
         return sum(bool(held & shapes) for held in self.record_shapes)
-
-
-def _flat(found: Iterable[list[Payload]]) -> list[Payload]:
-    return [p for payloads in found for p in payloads]
 
 
 def longest_copied_span(prompt: Sequence[str], response: Sequence[str]) -> int:
@@ -134,10 +131,7 @@ def longest_copied_span(prompt: Sequence[str], response: Sequence[str]) -> int:
 def copy_stats(records: Sequence[dict[str, Any]], n: int = NGRAM) -> dict[str, Any]:
     """How much the teacher's answers copy their own prompts, and how repetitive they are (rep-n, mean over answers
     where defined)."""
-    return _copy_stats([words(str(r["prompt"])) for r in records], [words(str(r["response"])) for r in records], n)
-
-
-def _copy_stats(prompts: list[list[str]], answers: list[list[str]], n: int) -> dict[str, Any]:
+    prompts, answers = [words(str(r["prompt"])) for r in records], [words(str(r["response"])) for r in records]
     spans = [longest_copied_span(p, a) for p, a in zip(prompts, answers, strict=True)]
     copying = sum(span >= n for span in spans)
     stats: dict[str, Any] = {"answers": len(answers), "copying": copying,
@@ -237,7 +231,7 @@ def audit_recovery_data(records: Sequence[dict[str, Any]], tasks: dict[str, Sequ
     data = DataIndex([janitor_tokens(str(r["prompt"])) for r in records],
                      [janitor_tokens(str(r["response"])) for r in records])
     payloads = PayloadData(records) if any(t in probe_tasks() for t in tasks) else None
-    copying = _copy_stats([words(str(r["prompt"])) for r in records], [words(str(r["response"])) for r in records], n)
+    copying = copy_stats(records, n)
     rows = {}
     for task, texts in tasks.items():
         probe = payloads is not None and task in probe_tasks()
@@ -296,9 +290,6 @@ def task_items(folder: Path, task: str) -> list[str | None] | None:
         if texts.get(key) is None:
             texts[key] = item_text(task, sample)
     return list(texts.values())
-
-
-ARM_ANSWERS = "selfgen-"  # an arm's own teacher answers: selfgen-ARM[@rR].jsonl (a sweep's arm_prompts)
 
 
 def scored_tasks(root: Path) -> dict[str, Path]:

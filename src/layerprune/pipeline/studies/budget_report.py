@@ -13,7 +13,8 @@ pipeline/studies/comparisons.py), or, where it declares no confirmatory one, the
 (`default_families`): each arm's share at the largest budget against the smallest, every pair of arms at the largest
 budget, each arm's share net of its k = 0 control against 0; each contrast with its paired interval and its Holm
 interval over its family. A study runs in parts: what is not scored yet is listed, and every figure is drawn from the
-cells that are there (a fit from a complete curve only).
+cells that are there (a fit from a complete curve only); models scored on different items are refused in one line
+before anything is written (`budget_figures`). The fit's maths: budget_fit.py; the text and the chart: budget_text.py.
 """
 
 from __future__ import annotations
@@ -28,47 +29,22 @@ import numpy as np
 from layerprune.core import paired
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.outputs import write_atomic
-from layerprune.core.paired import format_interval
 from layerprune.pipeline.paired_table import Figures, load_matrix
+from layerprune.pipeline.studies.budget_fit import GATE, LIMIT_TASK, TARGETS, saturating_fit, tokens_for, undetermined
+from layerprune.pipeline.studies.budget_text import format_budget, plot_curves
 from layerprune.pipeline.studies.comparisons import (
     NO_ARMS,
     ComparisonFamily,
     Contrast,
     check_budget_contrasts,
+    check_scored_items,
     draw_families,
-    format_families,
     uses_default_family,
 )
 
-LIMIT_TASK = "arith_2d_sub"  # the drop whose limit the study asks about (the positive control must win half of it)
-GATE = 0.5  # the share of LIMIT_TASK's drop the positive control must win back at the largest budget
-TARGETS = (0.25, 0.5)  # shares of the drop whose token cost is read off each fit
-SCALES = np.geomspace(1e2, 1e8, 241)  # the fit's t grid (tokens); a t at the top end: still linear, a undetermined
 KINDS = ("classification", "generative")
 STRUCTURAL, BOUND, NOT_SHOWN = "limit structural at this scale", "budget-bound", "not shown"
 NOT_SCORED = "not scored"
-
-
-def saturating_fit(tokens: np.ndarray, shares: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Least-squares a and t of share = a (1 - exp(-tokens / t)) along the last axis of `shares` ([..., budgets]):
-    for each t of SCALES the best a in closed form, the t of least squared error kept; nan where a share is nan."""
-    g = 1.0 - np.exp(-np.asarray(tokens, dtype=np.float64)[None, :] / SCALES[:, None])  # [T, B]
-    y = np.asarray(shares, dtype=np.float64)
-    a = np.einsum("...b,tb->...t", y, g) / (g * g).sum(axis=1)  # [..., T]
-    error = ((y[..., None, :] - a[..., :, None] * g) ** 2).sum(axis=-1)
-    best = np.nanargmin(np.where(np.isnan(error), np.inf, error), axis=-1)
-    chosen_a = np.take_along_axis(a, best[..., None], axis=-1)[..., 0]
-    chosen_t = SCALES[best]
-    undefined = np.isnan(y).any(axis=-1)
-    return np.where(undefined, np.nan, chosen_a), np.where(undefined, np.nan, chosen_t)
-
-
-def tokens_for(a: float, t: float, share: float, largest: int) -> float | None:
-    """The tokens at which the fit reaches `share` (None: not within the largest budget, or never)."""
-    if not (np.isfinite(a) and np.isfinite(t)) or a <= share:
-        return None
-    needed = -t * np.log(1.0 - share / a)
-    return float(needed) if needed <= largest else None
 
 
 def budget_labels(study: Any, arm: str | None, k: int) -> list[tuple[int, str]]:
@@ -133,12 +109,6 @@ def _fit(figures: Figures, shares: list[Any], budgets: list[int]) -> dict[str, A
             "tokens_for": {str(p): tokens_for(a, t, p, int(tokens[-1])) for p in TARGETS}}
 
 
-def undetermined(arm_curve: dict[str, Any]) -> bool:
-    """Whether a curve's asymptote is undetermined: the fit still linear (t at the grid's end), or a's interval open
-    or reaching past 100% of the drop."""
-    upper = arm_curve["asymptote"].get("high")
-    return arm_curve["scale"] >= SCALES[-1] or upper is None or upper > 1.0
-
 
 def control_gate(figures: Figures, study: Any, control_arm: str | None, k: int) -> dict[str, Any]:
     """The positive control's share of LIMIT_TASK's drop at the largest budget at k, and whether it reached GATE:
@@ -184,9 +154,11 @@ def verdict(arm_curve: dict[str, Any] | None, gate: dict[str, Any]) -> tuple[str
 
 def budget_figures(study: Any, folders: dict[str, Path]) -> tuple[Figures, list[str], dict[str, str]]:
     """The sweep's paired figures with every task its own group (and the kinds' groups), the paired tasks, and the
-    tasks left out as unpaired (why)."""
+    tasks left out as unpaired (why: no per-item records); models scored on different items (an item recorded twice
+    included) are refused (LayerpruneError, one line: `check_scored_items`), not left out."""
     from layerprune.pipeline.studies.cells import split_label
 
+    check_scored_items(folders)
     labels, matrices, chance, kinds = load_matrix(folders)
     replicates: dict[str, list[str]] = {}
     for label in labels:
@@ -319,133 +291,3 @@ def _drawn(study: Any, folders: dict[str, Path], control_arm: str | None) -> dic
     return {"curves": curves, "verdicts": {label: v for label, (v, _) in judged.items()},
             "verdict_reasons": {label: why for label, (_, why) in judged.items()}, "gates": list(gates.values()),
             "default_families": default, "families": declared, "dedicated": dedicated, "unpaired": unpaired}
-
-
-def plot_curves(curves: list[dict[str, Any]], budgets: list[int], path: Path) -> None:
-    """One panel per task: each arm's share (per k) against the budget on a log axis, its interval as error bars
-    (the budgets scored so far)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    stated = [c for c in curves if any(_stated(s) for s in c["shares"].values())]
-    tasks = sorted({c["task"] for c in stated})
-    fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(4.5 * max(1, len(tasks)), 3.6), squeeze=False)
-    for ax, task in zip(axes[0], tasks or [""], strict=True):
-        for c in (c for c in stated if c["task"] == task):
-            points = [(b, s) for b, s in zip(budgets, c["shares"].values(), strict=True) if _stated(s)]
-            values = [s["value"] for _, s in points]
-            low = [s["value"] - (s["low"] if s.get("low") is not None else s["value"]) for _, s in points]
-            high = [(s["high"] if s.get("high") is not None else s["value"]) - s["value"] for _, s in points]
-            ax.errorbar([b for b, _ in points], values, yerr=[low, high], marker="o", capsize=3,
-                        label=f"{c['arm'] or 'recovered'} k={c['k']}")
-        ax.set_xscale("log")
-        ax.axhline(GATE, color="grey", lw=0.8, ls="--")
-        ax.set_title(task or "no share could be stated")
-        ax.set_xlabel("unpadded target tokens")
-        ax.set_ylabel("share of the drop won back")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _stated(share: Any) -> bool:
-    return isinstance(share, dict) and share.get("value") is not None
-
-
-def format_budget(study: Any, record: dict[str, Any]) -> list[str]:
-    """budget.md: what is not scored yet, the curve table (arm x k x task, a share column per budget), the fits, the
-    positive control, the verdicts, the dedicated runs and the comparisons."""
-    from layerprune.pipeline.studies.sweep_grid import budget_tag
-
-    tags = [budget_tag(b) for b in study.budgets]
-    lines = [f"# Budget curves: {study.name}", "", *_format_missing(record["missing"]),
-             "Share of the drop won back, (recovered - pruned) / (original - pruned), at each budget of unpadded "
-             "target tokens, with its paired interval (items, and replicates where there are several); the fit "
-             "share = a (1 - exp(-tokens / t)) per complete curve, a's interval from the same bootstrap; the tokens "
-             "for 25% and 50% of the drop from the fit, where it reaches them within the largest budget. Arms and "
-             "budgets are compared below only through their paired differences, never by setting two intervals side "
-             "by side.", "",
-             "| arm | k | task | drop | " + " | ".join(tags) + " | a (fit) | t | 25% at | 50% at |",
-             "|" + "---|" * (8 + len(tags))]
-    for c in record["curves"]:
-        shares = [format_interval(s) if isinstance(s, dict) else str(s) for s in c["shares"].values()]
-        fit = c.get("tokens_for", {})
-        lines.append(f"| {c['arm'] or 'recovered'} | {c['k']} | {c['task']} | {format_interval(c.get('drop'))} | "
-                     + " | ".join(shares) + f" | {_asymptote(c)} | "
-                     + (f"{c['scale']:.3g}" if "scale" in c else "-") + " | "
-                     + " | ".join(_tokens(fit.get(str(p))) if fit else "-" for p in TARGETS) + " |")
-    lines += [f"- {task}: left out, {why}" for task, why in record["unpaired"].items()]
-    lines += ["", *_format_verdicts(record, tags[-1]), *_format_dedicated(record["dedicated"], study)]
-    lines += _format_comparisons(record, study.replicates)
-    return lines
-
-
-def _format_missing(missing: dict[str, dict[str, Any]]) -> list[str]:
-    if not missing:
-        return ["Every cell of the design is scored.", ""]
-    cells = [label + ("" if len(m["replicates"]) == m["of"] else f" (replicate{'s' * (len(m['replicates']) > 1)} "
-                                                                 f"{', '.join(map(str, m['replicates']))})")
-             for label, m in missing.items()]
-    return [f"Not scored yet ({len(cells)} cells; every figure below is drawn from the cells that are): "
-            + ", ".join(cells) + ".", ""]
-
-
-def _format_verdicts(record: dict[str, Any], largest: str) -> list[str]:
-    control = record["control_arm"]
-    lines = [f"## Verdicts (on {LIMIT_TASK}; positive control: {control or 'none declared'})", ""]
-    for gate in record["gates"]:
-        share = format_interval(gate["share"]) if gate["share"] else "-"
-        said = (f"{share} of the {LIMIT_TASK} drop won back at {largest}" if gate["share"] else gate["why"])
-        lines.append(f"- positive control {control or '-'} at k = {gate['k']}: {said}" + (
-            "" if gate["reached"] else ": the instrument cannot show a limit at this k" + (
-                f" ({gate['why']})" if gate["share"] else "")))
-    lines += [f"- {label}: {text} ({record['verdict_reasons'][label]})" for label, text in record["verdicts"].items()]
-    return lines + [""]
-
-
-def _format_dedicated(rows: list[dict[str, Any]], study: Any) -> list[str]:
-    if study.dedicated_at is None:
-        return []
-    lines = [f"## Dedicated runs against their checkpoints ({study.dedicated_at} tokens, k = {study.lr_k})", "",
-             "Score of the run trained to this budget alone minus that of the checkpoint of the longer run, paired by "
-             "item and seed (the replicates both have), 95% interval; 'agrees' where it holds 0.", ""]
-    for row in rows:
-        head = f"- {row['dedicated']} - {row['checkpoint']}"
-        if "tasks" not in row:
-            lines.append(f"{head}: {row['why']}")
-            continue
-        reps = f"replicates {', '.join(map(str, row['replicates']))}"
-        lines.append(f"{head} ({reps}): " + "; ".join(
-            f"{task} {format_interval(t['difference'])} {t['verdict']}" for task, t in row["tasks"].items()))
-    return lines + [""]
-
-
-def _format_comparisons(record: dict[str, Any], replicates: int) -> list[str]:
-    default, declared = record["default_families"], record["families"]
-    if not (default or declared):
-        return []
-    lines = ["## Comparisons", "", "A contrast that names no budget is at the largest budget.", ""]
-    if default:
-        lines += ["The recipe declares no confirmatory budget comparison (contrasts naming a task or a budget), so "
-                  "each task's default family is drawn: each arm's share at the largest budget minus at the smallest "
-                  "(its rise), every pair of arms at the largest budget, and each arm's share net of its k = 0 "
-                  "control against 0 (arms with one), at every k; Holm over each task's family.", "",
-                  *format_families(default, replicates, declared=False)]
-    return lines + format_families(declared, replicates)
-
-
-def _asymptote(c: dict[str, Any]) -> str:
-    """a with its interval, or 'undetermined' where the fit is still linear (t at the grid's end)."""
-    if "scale" not in c:
-        return c.get("fit", "-")
-    if c["scale"] >= SCALES[-1]:
-        return "undetermined (still linear)"
-    return format_interval(c.get("asymptote")) + (" (undetermined)" if undetermined(c) else "")
-
-
-def _tokens(value: float | None) -> str:
-    return "not reached" if value is None else f"{value / 1000:.0f}k"

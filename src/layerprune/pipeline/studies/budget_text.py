@@ -1,0 +1,142 @@
+"""budget.md's text and budget.png of a sweep with `budgets` (budget_report.py draws the figures, this writes them):
+the cells not scored yet, the curve table with each fit, the positive control and the verdicts, the dedicated runs
+against their checkpoints and the comparisons."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from layerprune.core.paired import format_interval
+from layerprune.pipeline.studies.budget_fit import GATE, LIMIT_TASK, SCALES, TARGETS, undetermined
+from layerprune.pipeline.studies.comparisons import format_families
+
+
+def plot_curves(curves: list[dict[str, Any]], budgets: list[int], path: Path) -> None:
+    """One panel per task: each arm's share (per k) against the budget on a log axis, its interval as error bars
+    (the budgets scored so far)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stated = [c for c in curves if any(_stated(s) for s in c["shares"].values())]
+    tasks = sorted({c["task"] for c in stated})
+    fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(4.5 * max(1, len(tasks)), 3.6), squeeze=False)
+    for ax, task in zip(axes[0], tasks or [""], strict=True):
+        for c in (c for c in stated if c["task"] == task):
+            points = [(b, s) for b, s in zip(budgets, c["shares"].values(), strict=True) if _stated(s)]
+            values = [s["value"] for _, s in points]
+            low = [s["value"] - (s["low"] if s.get("low") is not None else s["value"]) for _, s in points]
+            high = [(s["high"] if s.get("high") is not None else s["value"]) - s["value"] for _, s in points]
+            ax.errorbar([b for b, _ in points], values, yerr=[low, high], marker="o", capsize=3,
+                        label=f"{c['arm'] or 'recovered'} k={c['k']}")
+        ax.set_xscale("log")
+        ax.axhline(GATE, color="grey", lw=0.8, ls="--")
+        ax.set_title(task or "no share could be stated")
+        ax.set_xlabel("unpadded target tokens")
+        ax.set_ylabel("share of the drop won back")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _stated(share: Any) -> bool:
+    return isinstance(share, dict) and share.get("value") is not None
+
+
+def format_budget(study: Any, record: dict[str, Any]) -> list[str]:
+    """budget.md: what is not scored yet, the curve table (arm x k x task, a share column per budget), the fits, the
+    positive control, the verdicts, the dedicated runs and the comparisons."""
+    from layerprune.pipeline.studies.sweep_grid import budget_tag
+
+    tags = [budget_tag(b) for b in study.budgets]
+    lines = [f"# Budget curves: {study.name}", "", *_format_missing(record["missing"]),
+             "Share of the drop won back, (recovered - pruned) / (original - pruned), at each budget of unpadded "
+             "target tokens, with its paired interval (items, and replicates where there are several); the fit "
+             "share = a (1 - exp(-tokens / t)) per complete curve, a's interval from the same bootstrap; the tokens "
+             "for 25% and 50% of the drop from the fit, where it reaches them within the largest budget. Arms and "
+             "budgets are compared below only through their paired differences, never by setting two intervals side "
+             "by side.", "",
+             "| arm | k | task | drop | " + " | ".join(tags) + " | a (fit) | t | 25% at | 50% at |",
+             "|" + "---|" * (8 + len(tags))]
+    for c in record["curves"]:
+        shares = [format_interval(s) if isinstance(s, dict) else str(s) for s in c["shares"].values()]
+        fit = c.get("tokens_for", {})
+        lines.append(f"| {c['arm'] or 'recovered'} | {c['k']} | {c['task']} | {format_interval(c.get('drop'))} | "
+                     + " | ".join(shares) + f" | {_asymptote(c)} | "
+                     + (f"{c['scale']:.3g}" if "scale" in c else "-") + " | "
+                     + " | ".join(_tokens(fit.get(str(p))) if fit else "-" for p in TARGETS) + " |")
+    lines += [f"- {task}: left out, {why}" for task, why in record["unpaired"].items()]
+    lines += ["", *_format_verdicts(record, tags[-1]), *_format_dedicated(record["dedicated"], study)]
+    lines += _format_comparisons(record, study.replicates)
+    return lines
+
+
+def _format_missing(missing: dict[str, dict[str, Any]]) -> list[str]:
+    if not missing:
+        return ["Every cell of the design is scored.", ""]
+    cells = [label + ("" if len(m["replicates"]) == m["of"] else f" (replicate{'s' * (len(m['replicates']) > 1)} "
+                                                                 f"{', '.join(map(str, m['replicates']))})")
+             for label, m in missing.items()]
+    return [f"Not scored yet ({len(cells)} cells; every figure below is drawn from the cells that are): "
+            + ", ".join(cells) + ".", ""]
+
+
+def _format_verdicts(record: dict[str, Any], largest: str) -> list[str]:
+    control = record["control_arm"]
+    lines = [f"## Verdicts (on {LIMIT_TASK}; positive control: {control or 'none declared'})", ""]
+    for gate in record["gates"]:
+        share = format_interval(gate["share"]) if gate["share"] else "-"
+        said = (f"{share} of the {LIMIT_TASK} drop won back at {largest}" if gate["share"] else gate["why"])
+        lines.append(f"- positive control {control or '-'} at k = {gate['k']}: {said}" + (
+            "" if gate["reached"] else ": the instrument cannot show a limit at this k" + (
+                f" ({gate['why']})" if gate["share"] else "")))
+    lines += [f"- {label}: {text} ({record['verdict_reasons'][label]})" for label, text in record["verdicts"].items()]
+    return lines + [""]
+
+
+def _format_dedicated(rows: list[dict[str, Any]], study: Any) -> list[str]:
+    if study.dedicated_at is None:
+        return []
+    lines = [f"## Dedicated runs against their checkpoints ({study.dedicated_at} tokens, k = {study.lr_k})", "",
+             "Score of the run trained to this budget alone minus that of the checkpoint of the longer run, paired by "
+             "item and seed (the replicates both have), 95% interval; 'agrees' where it holds 0.", ""]
+    for row in rows:
+        head = f"- {row['dedicated']} - {row['checkpoint']}"
+        if "tasks" not in row:
+            lines.append(f"{head}: {row['why']}")
+            continue
+        reps = f"replicates {', '.join(map(str, row['replicates']))}"
+        lines.append(f"{head} ({reps}): " + "; ".join(
+            f"{task} {format_interval(t['difference'])} {t['verdict']}" for task, t in row["tasks"].items()))
+    return lines + [""]
+
+
+def _format_comparisons(record: dict[str, Any], replicates: int) -> list[str]:
+    default, declared = record["default_families"], record["families"]
+    if not (default or declared):
+        return []
+    lines = ["## Comparisons", "", "A contrast that names no budget is at the largest budget.", ""]
+    if default:
+        lines += ["The recipe declares no confirmatory budget comparison (contrasts naming a task or a budget), so "
+                  "each task's default family is drawn: each arm's share at the largest budget minus at the smallest "
+                  "(its rise), every pair of arms at the largest budget, and each arm's share net of its k = 0 "
+                  "control against 0 (arms with one), at every k; Holm over each task's family.", "",
+                  *format_families(default, replicates, declared=False)]
+    return lines + format_families(declared, replicates)
+
+
+def _asymptote(c: dict[str, Any]) -> str:
+    """a with its interval, or 'undetermined' where the fit is still linear (t at the grid's end)."""
+    if "scale" not in c:
+        return c.get("fit", "-")
+    if c["scale"] >= SCALES[-1]:
+        return "undetermined (still linear)"
+    return format_interval(c.get("asymptote")) + (" (undetermined)" if undetermined(c) else "")
+
+
+def _tokens(value: float | None) -> str:
+    return "not reached" if value is None else f"{value / 1000:.0f}k"
