@@ -10,7 +10,7 @@ import pytest
 from layerprune.analyze import metrics
 from layerprune.core.errors import LayerpruneError
 from layerprune.pipeline import audit, audit_report
-from layerprune.pipeline.studies.recovery_grid import RecoveryStudy
+from layerprune.pipeline.studies.sweep_grid import SweepStudy
 from layerprune.tasks.data import read_jsonl
 from layerprune.tasks.probes import EVAL_SEED, generate_probes, probe_tasks
 
@@ -154,10 +154,11 @@ def test_transfer_study_trains_on_dolly_prompts_that_hold_none_of_its_scored_ite
     it scores (arc_easy, piqa 200 each, copy_l7 300), at one token budget (replaces a check by the source's name)."""
     from layerprune.recover.prompts import load_prompts
 
-    study = RecoveryStudy.load("recovery-transfer-embedded")
+    study = SweepStudy.load("recovery-transfer-embedded")  # a sweep of one k (issue 56)
     shared = study.shared_recipe("<pruned>")
     assert shared.train.max_tokens >= 50_000 and shared.generate.temperature == 0
-    assert study.prune.n_drop == 3 and study.prune.score == "ablation" and study.prune.metric == "nll"
+    assert study.ratios == [3] and study.prune.score == "ablation" and study.prune.metric == "nll"
+    assert [*study.classification, *study.fixed] == ["arc_easy", "piqa", "copy_l7"] and study.probes is None
     chains = {label: study.arm_recipe(label, "<pruned>").chain_name() for label in study.arms}
     assert chains == {"sft": "lora", "kd": "kd", "merge": "merge", "local": "local", "merge+local": "merge+local",
                       "replace+local": "replace+local"}

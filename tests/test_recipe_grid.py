@@ -43,7 +43,28 @@ def test_every_folded_study_resolves_to_the_recipe_it_ran_under(name):
     if name.startswith(("limits-llama31", "limits-mistral-7b-", "limits-qwen25")):
         assert before.pop("description") and now.pop("description")
     now.pop("comparisons", None)  # declared comparisons (issue 56) shape the report, not the run (not fingerprinted)
+    if name.startswith("recovery-"):  # a recovery study, now a sweep of one k (issue 56): the same protocol
+        now = as_recovery_study(now, before)
     assert now == before
+
+
+def as_recovery_study(sweep: dict, before: dict) -> dict:
+    """A one-k sweep's fields as the recovery study they were: its one k the cut, its classification and fixed tasks
+    evaluate.only (or every task of the suite, where the study named none), no gate where it says probes: null, and
+    GSM8K scored only where it is fixed, as the study's tasks had it."""
+    from layerprune.pipeline.studies.cells import suite_tasks
+
+    study = dict(sweep)
+    assert study.pop("ratios") == [study["prune"].get("drop") or len(study["prune"]["layers"])]
+    tasks = [*study.pop("classification"), *study.pop("fixed")]
+    only = before["evaluate"].get("only")
+    assert tasks == only if only else sorted(tasks) == sorted(suite_tasks(before["evaluate"]["suite"]))
+    study["evaluate"] = {**study["evaluate"], **({"only": only} if only else {})}
+    if study.get("probes", {}) is None:
+        del study["probes"]
+    gate = study.pop("gsm8k_gate", "default")
+    assert (gate is None) == ("gsm8k" not in tasks)  # never a GSM8K the study did not score
+    return study
 
 
 def test_recipes_studies_has_at_most_20_files_and_paper_b_is_one_grid():

@@ -15,9 +15,8 @@ from safetensors.torch import load_file
 
 from helpers import run_cli
 from layerprune.cli.flags import add_schema_flags
-from layerprune.pipeline.studies.lr_search import with_learning_rate
-from layerprune.pipeline.studies.recovery_grid import RecoveryStudy
-from layerprune.pipeline.studies.recovery_report import lr_section_of
+from layerprune.pipeline.studies.lr_search import lr_section_of, with_learning_rate
+from layerprune.pipeline.studies.sweep_grid import SweepStudy, has_control
 from layerprune.recover.methods import METHODS
 from layerprune.recover.schema import RecoverRecipe, rebuild_recipe
 
@@ -85,14 +84,15 @@ def test_a_toy_method_owns_its_section_and_the_study_asks_its_attributes(toy, ti
     parser = argparse.ArgumentParser()
     add_schema_flags(parser, RecoverRecipe)
     assert "--toy-factor" in {o for a in parser._actions for o in a.option_strings}
-    study = {"name": "s", "model": str(tiny_llama), "output": "x", "prune": {"layers": [2, 3]},
+    study = {"name": "s", "model": str(tiny_llama), "output": "x", "ratios": [2], "prune": {"layers": [2, 3]},
              "recover": {"recipe": "demo", "overrides": {"train": {"max_steps": 2}}},
-             "arms": {"toy": {"method": "toy", "toy": {"factor": 3.0}}},
-             "controls": True, "evaluate": {"tasks": ["arith_1dc"]}}
-    parsed = RecoveryStudy.model_validate(study)
-    assert parsed.arm_recipe("toy", "<pruned>").toy.factor == 3.0 and parsed.has_control("toy")
+             "arms": {"toy": {"method": "toy", "toy": {"factor": 3.0}}}, "controls": True,
+             "classification": ["arc_easy"], "fixed": ["arith_1dc"], "probes": None,
+             "evaluate": {"suite": "sweep-cpu"}}
+    parsed = SweepStudy.model_validate(study)
+    assert parsed.arm_recipe("toy", "<pruned>").toy.factor == 3.0 and has_control(parsed, "toy")
     with pytest.raises(ValueError, match="arm key 'tyo' is neither"):
-        RecoveryStudy.model_validate({**study, "arms": {"toy": {"method": "toy", "tyo": {"factor": 3.0}}}})
+        SweepStudy.model_validate({**study, "arms": {"toy": {"method": "toy", "tyo": {"factor": 3.0}}}})
 
 
 def test_a_toy_method_with_its_own_section_runs_as_an_arm_of_a_tiny_study(toy, capsys, tiny_llama, tmp_path,
@@ -100,15 +100,15 @@ def test_a_toy_method_with_its_own_section_runs_as_an_arm_of_a_tiny_study(toy, c
     """Its section set per arm, its learning-rate grid on toy.learning_rate (its lr_section), scored and tabled."""
     monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))
     data = {
-        "name": "toy-study", "model": str(tiny_llama), "output": str(tmp_path / "study"),
+        "name": "toy-study", "model": str(tiny_llama), "output": str(tmp_path / "study"), "ratios": [2],
         "prune": {"layers": [2, 3]},
         "recover": {"recipe": "demo", "overrides": {
             "prompts": {"source": "probes:arith_2d_add", "samples": 8},
             "generate": {"max_new_tokens": 6, "batch_size": 4, "chat_template": False},
             "train": {"max_steps": 2, "max_length": 256, "held_out": 0.25}}},
         "arms": {"toy": {"method": "toy", "toy": {"factor": 3.0}}},
-        "lr_grid": {"toy": [0.1, 0.2]},
-        "evaluate": {"tasks": ["arith_1dc"], "limit": 4, "batch_size": "4"},
+        "lr_grid": {"toy": [0.1, 0.2]}, "classification": ["arc_easy"], "fixed": ["arith_1dc"], "probes": None,
+        "gsm8k_gate": None, "evaluate": {"suite": "sweep-cpu", "limit": 4, "batch_size": "4", "max_gen_toks": 4},
     }
     recipe = tmp_path / "study.yaml"
     recipe.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -117,16 +117,17 @@ def test_a_toy_method_with_its_own_section_runs_as_an_arm_of_a_tiny_study(toy, c
     root = tmp_path / "study"
     search = json.loads((root / "lr_search" / "toy.json").read_text())
     assert {c["learning_rate"] for c in search["candidates"]} == {0.1, 0.2} and search["chosen"] in (0.1, 0.2)
-    report = json.loads((root / "arms" / "toy" / "recover_report.json").read_text())
+    report = json.loads((root / "toy-k2" / "recover_report.json").read_text())
     assert report["recipe"]["method"] == "toy" and report["recipe"]["toy"] == {"factor": 3.0,
                                                                                "learning_rate": search["chosen"]}
     assert report["data"]["scaled"] == 3.0
-    pruned, toyed = load_file(root / "pruned" / "model.safetensors"), load_file(root / "arms" / "toy" /
-                                                                                "model.safetensors")
+    pruned, toyed = load_file(root / "pruned-k2" / "model.safetensors"), load_file(root / "toy-k2" /
+                                                                                   "model.safetensors")
     assert (toyed["model.norm.weight"] == 3.0 * pruned["model.norm.weight"]).all()
-    rows = {r["model"]: r for r in json.loads((root / "study.json").read_text())}
-    assert list(rows) == ["baseline", "pruned", "toy"] and (root / "eval" / "toy" / "summary.json").is_file()
-    assert "| toy | toy |" in (root / "study.md").read_text()
+    points = json.loads((root / "sweep.json").read_text())["points"]
+    assert [(p["k"], p["arm"]) for p in points] == [(2, "toy")]
+    assert (root / "eval" / "toy-k2" / "summary.json").is_file()
+    assert "| 2 | toy | generative |" in (root / "sweep.md").read_text()
 
 
 def test_what_a_chain_trains_comes_from_the_method_or_its_section():

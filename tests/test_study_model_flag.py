@@ -106,8 +106,8 @@ def test_study_model_on_a_plain_recipe_keeps_its_counts_or_takes_drop(capsys, he
 def test_study_grid_on_the_user_s_model(capsys, here, tiny_llama):
     code, out, err = run_cli(capsys, ["study", "recovery-methods-7b-8b", "--model", str(tiny_llama), "--dry-run"])
     assert code == 0, err
-    assert "1 cell over model" in out and "recovery study 'recovery-methods-llama-6' -> runs/recovery-methods-llama-6" \
-        in out and "minus 2 blocks" in out
+    assert "1 cell over model" in out and "minus 2 blocks" in out
+    assert "one-cut sweep (k = 2: a recovery study) 'recovery-methods-llama-6' -> runs/recovery-methods-llama-6" in out
     code, _, err = run_cli(capsys, ["study", "grain-study-embedded", "--model", str(tiny_llama), "--dry-run"])
     assert_one_line_error(code, err, "model axis 'model' sets evaluate.only", "--cell")
     code, _, err = run_cli(capsys, ["study", "grain-study-embedded", "--model", str(tiny_llama), "--cell",

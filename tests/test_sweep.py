@@ -14,7 +14,8 @@ from helpers import assert_one_line_error, run_cli
 from layerprune.core.recipe_loading import find_recipe, load_recipe, shipped_command, shipped_recipes
 from layerprune.pipeline.studies.sweep_grid import SweepStudy
 
-SWEEPS = sorted(name for _, name in shipped_recipes("sweep-study"))
+SWEEPS = sorted(name for _, name in shipped_recipes("sweep-study")
+                if not name.startswith("recovery-"))  # one k: the recovery studies (tests/test_study.py)
 
 
 def tiny_sweep(model: Path, output: Path) -> dict:
@@ -965,7 +966,7 @@ def test_an_arm_with_its_own_prompts_gets_its_own_teacher_answers_without_evalua
 def test_the_saturating_fit_recovers_a_and_t_and_says_when_a_is_undetermined():
     import numpy as np
 
-    from layerprune.pipeline.studies.budget_report import SCALES, saturating_fit, tokens_for
+    from layerprune.pipeline.studies.budget_fit import SCALES, saturating_fit, tokens_for
 
     tokens = np.array([8000.0, 32000.0, 128000.0, 256000.0])
     a, t = saturating_fit(tokens, 0.4 * (1 - np.exp(-tokens / 30000.0)))

@@ -26,7 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "recover": ("layerprune.cli.recover", "fine-tune a pruned model on the original model's own responses"),
     "recipes": ("layerprune.cli.recipes", "list, show, copy or validate the shipped recipes"),
     "run": ("layerprune.cli.run", "prune -> evaluate -> recover -> evaluate -> report, from one recipe"),
-    "study": ("layerprune.cli.study", "recovery study: prune once, recover with several methods, compare"),
+    "study": ("layerprune.cli.study", "sweep (one k: prune once, recover with several methods, compare) "
+                                       "or grain study"),
     "variant-study": ("layerprune.cli.variant_study", "make a variant with our recovery code and compare its "
                       "importance profile with the original's"),
     "variant": ("layerprune.cli.variant", "post-train a model that can reason (sft, rft, grpo, distill), cached by "

@@ -19,7 +19,6 @@ from layerprune.core.registry import unknown_name_message
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.pipeline.recipe import RunRecipe
 from layerprune.pipeline.studies.grain_grid import GrainStudy
-from layerprune.pipeline.studies.recovery_grid import RecoveryStudy
 from layerprune.pipeline.studies.sweep_grid import SweepStudy
 from layerprune.pipeline.studies.variant_grid import VariantStudy
 from layerprune.posttrain.schema import VariantRecipe
@@ -33,7 +32,6 @@ RECIPE_SCHEMAS: dict[str, type[BaseModel]] = {
     "run": RunRecipe,
     "sweep-study": SweepStudy,
     "importance": ImportanceAnalysis,
-    "recovery-study": RecoveryStudy,
     "variant-study": VariantStudy,
     "grain-study": GrainStudy,
     "variant": VariantRecipe,

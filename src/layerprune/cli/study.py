@@ -1,7 +1,7 @@
-"""`layerprune study RECIPE`: the recovery study (prune once, recover with each arm at one budget, compare), the
-pruning-ratio sweep (one ranking cut at several k, each recovered the same way), or the grain study (blocks, attention
-or MLP sublayers removed at matched savings, before and after one recovery). A grid's name runs its cells in turn;
-`--model X` runs the protocol on the user's model."""
+"""`layerprune study RECIPE`: the pruning-ratio sweep (one ranking cut at several k, each recovered the same way by
+every arm; one k, `ratios: [N]`, is a recovery study: one cut recovered with several methods at one budget), or the
+grain study (blocks, attention or MLP sublayers removed at matched savings, before and after one recovery). A grid's
+name runs its cells in turn; `--model X` runs the protocol on the user's model."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from layerprune.cli.flags import add_schema_flags, typed_layer
 from layerprune.cli.run import add_model_flags, cell_output
 from layerprune.core.recipe_loading import build_schema
 from layerprune.core.settings import RunSettings
-from layerprune.pipeline.studies.recovery_grid import RecoveryStudy
+from layerprune.pipeline.studies.sweep_grid import SweepStudy
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("recipe", help="Recovery-study or sweep recipe: a YAML path or a shipped name "
-                                       "(layerprune recipes list --kind recovery-study | sweep-study | grain-study); "
+    parser.add_argument("recipe", help="Sweep or grain-study recipe: a YAML path or a shipped name "
+                                       "(layerprune recipes list --kind sweep-study | grain-study); "
                                        "a grid's name runs each of its cells")
     parser.add_argument("-o", "--output", type=Path, default=None,
                         help="Study directory (default: the recipe's); for a grid, the folder of one per cell")
@@ -28,7 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="Validate the recipe, model, data and memory; no work "
                                                                "(a grid: list its cells)")
     parser.add_argument("--replicates", type=int, default=None, metavar="N",
-                        help=RecoveryStudy.model_fields["replicates"].description
+                        help=SweepStudy.model_fields["replicates"].description
                         + " (beats the recipe's)")
     add_model_flags(parser)
     add_schema_flags(parser, RunSettings, group="how to run")
@@ -46,17 +46,13 @@ class StudyKind:
 
 def study_kind(recipe: str) -> StudyKind:
     """The study a recipe is, by its kind (or, for a file that says none, by the fields it has)."""
-    if is_sweep(recipe):
-        from layerprune.pipeline.studies import sweep, sweep_plan
-
-        return StudyKind(sweep.SweepStudy, sweep_plan.dry_run, sweep.run_sweep, "sweep")
     if is_grain(recipe):
         from layerprune.pipeline.studies import grain, grain_plan
 
         return StudyKind(grain.GrainStudy, grain_plan.dry_run, grain.run_study, "grain study")
-    from layerprune.pipeline.studies import recovery
+    from layerprune.pipeline.studies import sweep, sweep_plan
 
-    return StudyKind(RecoveryStudy, recovery.dry_run, recovery.run_study, "study")
+    return StudyKind(SweepStudy, sweep_plan.dry_run, sweep.run_sweep, "sweep")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,15 +80,6 @@ def is_grain(recipe: str) -> bool:
 
     kind, _ = find_recipe(recipe)
     return kind == "grain-study" or (kind is None and bool({"grains", "levels"} & recipe_keys(recipe)))
-
-
-def is_sweep(recipe: str) -> bool:
-    """A pruning-ratio sweep (a recipe of kind sweep-study, or a file that says no kind and has `ratios`), else a
-    recovery study."""
-    from layerprune.core.recipe_loading import find_recipe
-
-    kind, _ = find_recipe(recipe)
-    return kind == "sweep-study" or (kind is None and "ratios" in recipe_keys(recipe))
 
 
 def recipe_keys(recipe: str) -> set[str]:

@@ -30,6 +30,11 @@ from layerprune.core.errors import LayerpruneError
 from layerprune.core.registry import unknown_name_message
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
+RETIRED_KINDS = {  # a kind that is gone -> what replaces it, said in one line to a file still naming it
+    "recovery-study": "kind recovery-study is gone (issue 56): a recovery study is a sweep at one cut, "
+                      "`kind: sweep-study` with `ratios: [N]` (N = prune.drop, or the count of prune.layers), "
+                      "evaluate.only split into classification and fixed (and probes: null where there is no gate); "
+                      "see the shipped recovery-*.yaml recipes"}
 Model = TypeVar("Model", bound=BaseModel)
 TEMPLATED = ("name", "output", "description")  # a grid's fields formatted per cell
 PLACEHOLDER = re.compile(r"\{([\w.-]+)\}")
@@ -144,6 +149,8 @@ def resolved_file(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         chain = " -> ".join(p.stem for p in (*seen, path))
         raise LayerpruneError(f"recipe {seen[0].name}: circular base ({chain})")
     data = read_recipe_dict(path)
+    if data.get("kind") in RETIRED_KINDS:
+        raise LayerpruneError(f"{path.name}: {RETIRED_KINDS[data['kind']]}")
     base = data.pop("base", None)
     if base is None:
         return data

@@ -1,7 +1,7 @@
 """What every study kind shares, below all of them: the names of its cells and files (replicate labels, the chat-format
 evaluation's prefix, the probe gate's file), a recovery arm and how its recipe derives from the shared one, and the
 steps that run a cell (the probe gate, one replicate's recovery sharing the teacher answers, the dry runs' measured
-rates). The study kinds (recovery_grid, sweep_grid, grain_grid) and their runners and reports import it; it imports
+rates). The study kinds (sweep_grid, grain_grid, variant_grid) and their runners and reports import it; it imports
 none of them."""
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def check_plain_probes(evaluate: EvalSettings, shared: RecoverRecipe) -> None:
 
 def derive_arm_recipe(shared: RecoverRecipe, arm: Arm, name: str, probe_seed: int) -> RecoverRecipe:
     """The shared recover recipe with an arm's method, its own section and learning rate, named `name`, and never a
-    prompt of the evaluation's probe seed (a recovery study's arms and a sweep's alike)."""
+    prompt of the evaluation's probe seed (a sweep's arms and a grain study's alike)."""
     base = shared.model_dump(mode="json")
     layer: dict[str, Any] = {"name": name, "method": arm.method,
                              **{k: v for k, v in arm.sections().items() if v}}
@@ -115,7 +115,7 @@ def split_label(name: str) -> tuple[str, int]:
 def recover_replicate(recipe: RecoverRecipe, output: Path, root: Path, settings: RunSettings, replicate: int,
                       data_dir: Path | None) -> None:
     """One recovery into `output` under replicate `replicate`'s seed (the run seed + replicate), sharing the teacher
-    answers kept in `root` (a recovery study's arms and controls, a sweep's points, a grain study's cells and
+    answers kept in `root` (a sweep's points and controls, a grain study's cells and
     controls, and the lr searches). A run stopped part-way resumes from its last checkpoint (under its own seed); an
     output left without a complete stage is replaced."""
     from layerprune.recover.job import RecoverJob
@@ -171,7 +171,7 @@ SEARCH_REPLICATE = 1000  # the learning-rate search's seed offset: settings.seed
 
 
 def calibrate(model: str | None, probes: ProbeCalibration, settings: RunSettings, root: Path) -> None:
-    """The probe gate (the sweep's stage, a recovery study's too): which candidate levels the original `model` can
+    """The probe gate (the sweep's stage): which candidate levels the original `model` can
     do, on the calibration stream (less what a variant `model` was trained on), in root/probes_calibrated.json."""
     from layerprune.core.outputs import write_atomic
     from layerprune.evaluate.calibrated import calibrate_probes

@@ -13,16 +13,12 @@ its sides are recovered points at those budgets, its statistic taken on that one
 all budget contrasts, or none) is drawn in budget.md, never in sweep.md, and does not stand in for the sweep's default
 family there.
 
-A recovery study (one cut, one budget) declares its comparisons the same way, without any k, budget or task
-(`check_recovery_comparisons`): arm against arm, an arm against the pruned model (`b: pruned`), or an arm's share
-net of its k = 0 control against 0; its `kind` is one of the study's measures (generative: its probe average;
-probes_trained, probes_unseen, gsm8k, classification).
+A recovery study is a sweep of one k (issue 56): its contrasts name that k (`at`), as any sweep's do.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -30,13 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from layerprune.core import paired
 from layerprune.core.paired import format_interval
+from layerprune.evaluate.items import check_scored_items as check_scored_items  # one check for every report
 from layerprune.pipeline.paired_table import Figures
 
 Measure = Literal["share", "score", "retention", "gap"]
-Kind = Literal["classification", "generative", "probes_trained", "probes_unseen", "gsm8k"]
-SWEEP_KINDS = ("classification", "generative")
+Kind = Literal["classification", "generative"]
 NO_ARMS = "recovered"  # the one recovery of a sweep without arms, as a contrast names it
-PRUNED = "pruned"  # a recovery study's contrast may set an arm against the pruned model (b: pruned)
 EXPLORATORY = "exploratory (declared after the results were read)"
 NAMES = {"share": "recovered share", "score": "recovered score", "retention": "retention after recovery "
          "(chance-norm.)", "gap": "retention gap after recovery (classification - generative, chance-norm.)"}
@@ -49,8 +44,8 @@ class Contrast(BaseModel):
 
     name: str | None = Field(None, min_length=1, description="Its name in the report (default: drawn from the rest)")
     a: str = Field(description="The arm whose recovered point is the first side")
-    at: int | None = Field(None, description="The k of the first side (one of ratios; a sweep's contrast needs it, "
-                           "a recovery study has one cut and takes none)")
+    at: int | None = Field(None, description="The k of the first side (one of ratios; a sweep's contrast needs it: "
+                           "a sweep of one k, a recovery study, names that k)")
     b: str | None = Field(None, description="The arm of the second side (default: a; with neither b nor b_at the "
                           "statistic is compared with 0)")
     b_at: int | None = Field(None, description="The k of the second side (default: at)")
@@ -58,9 +53,7 @@ class Contrast(BaseModel):
                              "retention (chance-normalised, after recovery) or gap (classification - generative "
                              "retention after recovery: paper B's retention gap)")
     kind: Kind = Field("generative", description="The kind of task the measure is taken on (gap takes both): "
-                       "generative or classification; in a recovery study, generative is its probe average, and "
-                       "probes_trained, probes_unseen (its probe tasks whose prompts were, or were not, in the "
-                       "recovery data) and gsm8k are its measures too")
+                       "generative or classification")
     net_of_control: bool = Field(False, description="share or score net of each side's own k = 0 control (the same "
                                  "recovery of the unpruned original)")
     task: str | None = Field(None, min_length=1, description="One task to take the measure on instead of kind's group "
@@ -146,9 +139,6 @@ def check_comparisons(families: dict[str, ComparisonFamily], arms: list[str] | N
     for where, contrast in _named(families):
         if contrast.at is None:
             raise ValueError(f"{where}: name the k of the first side (at: one of ratios)")
-        if contrast.kind not in SWEEP_KINDS and contrast.measure != "gap":
-            raise ValueError(f"{where}: kind {contrast.kind} is a recovery study's measure (a sweep's kinds: "
-                             f"{', '.join(SWEEP_KINDS)})")
         for arm, k in contrast.sides:
             if arm not in names:
                 raise ValueError(f"{where}: arm '{arm}' is not in arms ({', '.join(names)})")
@@ -156,25 +146,6 @@ def check_comparisons(families: dict[str, ComparisonFamily], arms: list[str] | N
                 raise ValueError(f"{where}: k = {k} is not in ratios ({', '.join(map(str, ratios))})")
             if contrast.net_of_control and not controlled(None if arm == NO_ARMS else arm):
                 raise ValueError(f"{where}: net_of_control, but arm '{arm}' has no k = 0 control")
-
-
-def check_recovery_comparisons(families: dict[str, ComparisonFamily], arms: list[str],
-                               controlled: Callable[[str], bool]) -> None:
-    """A recovery study's check_comparisons: it has one cut and one budget, so a contrast names no k, budget or task;
-    its sides are arms (the second may be the pruned model, `b: pruned`). Raise ValueError (one line) for any of
-    those named, an unknown arm, a duplicate name, or a net of a control a side does not have (`controlled(arm)`)."""
-    for where, contrast in _named(families):
-        sweep = [name for name in ("at", "b_at", "budget", "b_budget", "task") if getattr(contrast, name) is not None]
-        if sweep:
-            raise ValueError(f"{where}: names {', '.join(sweep)}, which only a sweep's contrast takes (a recovery "
-                             "study has one cut and one budget)")
-        if contrast.a not in arms:
-            raise ValueError(f"{where}: arm '{contrast.a}' is not in arms ({', '.join(arms)})")
-        if contrast.b is not None and contrast.b not in [*arms, PRUNED]:
-            raise ValueError(f"{where}: b '{contrast.b}' is neither an arm ({', '.join(arms)}) nor {PRUNED}")
-        for arm, _ in contrast.sides:
-            if contrast.net_of_control and (arm == PRUNED or not controlled(arm)):
-                raise ValueError(f"{where}: net_of_control, but '{arm}' has no k = 0 control")
 
 
 def _named(families: dict[str, ComparisonFamily]) -> list[tuple[str, Contrast]]:
@@ -189,22 +160,6 @@ def _named(families: dict[str, ComparisonFamily]) -> list[tuple[str, Contrast]]:
             seen.add(contrast.label)
             out.append((where, contrast))
     return out
-
-
-def check_scored_items(folders: dict[str, Path]) -> None:
-    """Refuse (LayerpruneError, one line: `paired.check_same_items`) to pair models whose per-item records of a task
-    hold different items (doc ids, or doc and prompt hashes), on the headline tasks of the first folder's summary; a
-    model without per-item records of a task is left to the caller (it cannot be paired, and says so)."""
-    from layerprune.evaluate.items import read_items
-    from layerprune.evaluate.summary import SUMMARY_FILE, read_summary
-
-    if not folders:
-        return
-    heads = read_summary(next(iter(folders.values())) / SUMMARY_FILE).headlines()
-    for task, result in heads.items():
-        scored = {label: read_items(folder, task, result.metric, result.kind) for label, folder in folders.items()}
-        paired.check_same_items(task, {label: list(zip(items.keys, items.checks, strict=True))
-                                       for label, items in scored.items() if items is not None})
 
 
 def check_budget_contrasts(families: dict[str, ComparisonFamily], budgets: list[int] | None) -> None:
@@ -235,8 +190,7 @@ def draw_families(families: dict[str, ComparisonFamily], figures: Figures, label
     interval over exactly its family (`Figures.family`: one that cannot be stated counts in it, never declared).
     `label(arm, k)`: the logical label of a recovered point; `at_budget(arm, k, budget)`: its label at a budget below
     the largest. Without `at_budget` the families of sweep.md (no budget contrasts); with it, budget.md's.
-    `pruned(k)`: the label of the model pruned at k (a recovery study's one pruned model: k None); label(arm, 0) is
-    the arm's k = 0 control."""
+    `pruned(k)`: the label of the model pruned at k; label(arm, 0) is the arm's k = 0 control."""
     out = {}
     for name, family in families.items():
         if family.for_budget != (at_budget is not None):

@@ -28,6 +28,7 @@ import numpy as np
 from layerprune.core import paired
 from layerprune.core.outputs import write_atomic
 from layerprune.core.paired import ALPHA, format_interval, holm
+from layerprune.evaluate.items import check_scored_items
 from layerprune.pipeline.paired_table import Figures, load_matrix
 from layerprune.pipeline.studies.grain_grid import CONTROL, PLAN_FILE, GrainStudy, cell, logical_models
 
@@ -35,10 +36,13 @@ GROUP = "instrument"
 
 
 def grain_figures(study: GrainStudy, root: Path) -> Figures:
-    """The paired figures of every evaluated model (the logical labels of `logical_models`)."""
+    """The paired figures of every evaluated model (the logical labels of `logical_models`); models scored on
+    different items (an item recorded twice included) are refused (LayerpruneError, one line: `check_scored_items`)."""
     runs = {label: names for label, names in logical_models(study).items()
             if all((root / "eval" / n / "summary.json").is_file() for n in names)}
-    names, matrices, chance, kinds = load_matrix({n: root / "eval" / n for names in runs.values() for n in names})
+    folders = {n: root / "eval" / n for names in runs.values() for n in names}
+    check_scored_items(folders)
+    names, matrices, chance, kinds = load_matrix(folders)
     unpaired = {t: why for t, why in kinds.items() if why.startswith("unpaired")}
     if unpaired:
         from layerprune.core.errors import LayerpruneError
@@ -131,8 +135,8 @@ def control_gate(study: GrainStudy, figures: Figures) -> dict[str, Any] | None:
 
 def spent(study: GrainStudy, root: Path, label: str) -> list[dict[str, Any]]:
     """What each replicate's recovery of a cell (or of the control) spent: unpadded target tokens, sequences,
-    optimizer steps and learning rate (recovery_report.budget_spent), replicate by replicate."""
-    from layerprune.pipeline.studies.recovery_report import budget_spent
+    optimizer steps and learning rate (lr_search.budget_spent), replicate by replicate."""
+    from layerprune.pipeline.studies.lr_search import budget_spent
 
     folder = root / ("controls" if label == CONTROL else "recovered")
     return [budget_spent(folder / name / "recover_report.json") for name in logical_models(study)[label]

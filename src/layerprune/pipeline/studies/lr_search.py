@@ -1,7 +1,8 @@
-"""A learning rate per arm, chosen from a grid fixed in the recipe (`lr_grid`), the same way for a recovery study and
-a sweep: the arm's replicate-0 recipe trained at each candidate, the lowest held-out loss after training chosen (the
-token-weighted CE on the teacher's held-out answers, prompts that no evaluation scores), the search written to
-lr_search/<label>.json, and every replicate and control of the arm trained at the rate chosen.
+"""A learning rate per arm, chosen from a grid fixed in the recipe (`lr_grid`), the same way for every sweep (one k:
+a recovery study) and grain study: the arm's replicate-0 recipe trained at each candidate, the lowest held-out loss
+after training chosen (the token-weighted CE on the teacher's held-out answers, prompts that no evaluation scores), the
+search written to lr_search/<label>.json, and every replicate and control of the arm trained at the rate chosen.
+Also what a finished recovery spent and the rate it trained at, read from its report (`budget_spent`).
 """
 
 from __future__ import annotations
@@ -108,3 +109,24 @@ def lr_lines(root: Path, labels: list[str], scope: str) -> list[str]:
                          f"the arm's recipe{where}{seed} on the teacher's held-out answers (never scored) among "
                          f"{tried}; {scope}.")
     return lines
+
+
+def budget_spent(path: Path) -> dict[str, Any]:
+    """Unpadded target tokens, sequences and optimizer steps a recovery spent (None where its report predates those
+    fields) and the learning rate it trained at (the section the chain trains at: local's own where it has a local
+    step), from its recover_report.json at `path`."""
+    raw = json.loads(path.read_text())
+    data, recipe = raw.get("data") or {}, raw.get("recipe") or {}
+    section = lr_section_of(recipe)
+    rate = ((recipe.get(section) or {}).get("learning_rate") if section != "train" else None) or \
+        (recipe.get("train") or {}).get("learning_rate")
+    return {"learning_rate": raw.get("learning_rate") or rate, **{key: raw.get(key, data.get(key)) for key in
+                                      ("tokens_unpadded", "sequences", "optimizer_steps")}}
+
+
+def lr_section_of(recipe: dict[str, Any]) -> str:
+    """The section whose learning_rate a recorded recipe trained at ('train' where it cannot be read today)."""
+    try:
+        return RecoverRecipe.model_validate(recipe).lr_section() or "train"
+    except ValueError:
+        return "train"

@@ -10,7 +10,7 @@ once per replicate (replicate r > 0: recover-kK@rR with seed settings.seed + r);
 paired intervals over the same items for every model, across-run spread over the replicates).
 
 With `arms` (recovery methods by label, as a recovery study's: each arm's recipe is the shared `recover` recipe with
-the arm's method and section, pipeline/studies/recovery.py), every k (and the control, for the arms that can have
+the arm's method and section, cells.derive_arm_recipe), every k (and the control, for the arms that can have
 one) is recovered by every arm: model ARM-kK (replicate r > 0: ARM-kK@rR), its folder and eval folder of that name,
 stages recover-ARM-kK and eval-ARM-kK. The teacher answers are shared by every arm and k, as by every k without arms.
 A finished sweep given another arm (its other arms unchanged) resumes: only the new arm's stages run.
@@ -18,6 +18,11 @@ An arm with a learning-rate grid (`lr_grid`, pipeline/studies/lr_search.py) gets
 its recipe trained at each rate on the model pruned at k = `lr_at` (default the middle ratio) under seed settings.seed
 + 1000 (no scored replicate's), the lowest held-out loss chosen for every k, replicate and control of the arm; the
 search runs are not scored.
+
+One k (`ratios: [N]`) is a recovery study: one cut, recovered by every arm at one budget (issue 56: the recovery
+study's own engine is gone). Its cut may be given (`prune.layers`: no score stage), its probe gate left out
+(`probes: null`), and `fixed` names the generative tasks scored on every model whatever the gates keep (a retrieval
+control such as copy_l7; gsm8k there is scored without its gate stage).
 """
 
 from __future__ import annotations
@@ -34,7 +39,6 @@ from layerprune.pipeline.runner import Stage, run_stages
 from layerprune.pipeline.stages import RunPaths, RunState, claim_run_dir, owns, recipe_fingerprint
 from layerprune.pipeline.studies import lr_search
 from layerprune.pipeline.studies.cells import (
-    CALIBRATION_FILE,
     CHAT_EVAL,
     SEARCH_REPLICATE,
     calibrate,
@@ -51,6 +55,7 @@ from layerprune.pipeline.studies.sweep_grid import (
     both_formats,
     budget_label,
     budget_of,
+    chat_tasks,
     evaluated_tasks,
     ranking,
     stage_names,
@@ -67,7 +72,8 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
     """Run every incomplete stage in order; return sweep.md."""
     from layerprune.pipeline.plan import validate_data
     root = study.run_dir()
-    validate_data(study, settings, prune_pending=overwrite or not stage_output(root, "score").exists())
+    cut = f"prune-k{study.ratios[0]}" if study.given_cut else "score"
+    validate_data(study, settings, prune_pending=overwrite or not stage_output(root, cut).exists())
     if both_formats(study):
         check_chat_template(study.model, settings)
     if not overwrite:
@@ -123,8 +129,10 @@ def run_stage(study: SweepStudy, settings: RunSettings, root: Path, stage: str) 
     if stage.startswith(CHAT_EVAL):
         chat_eval(study, settings, root, stage.removeprefix(CHAT_EVAL))
     elif stage == "calibrate-probes":
+        assert study.probes is not None
         calibrate(study.model, study.probes, settings, root)
     elif stage == "gate-gsm8k":
+        assert study.gsm8k_gate is not None
         gate = study.evaluate.model_copy(update={"only": [GSM8K], "limit": study.gsm8k_gate.limit})
         evaluate(study, settings, root, "gate-gsm8k", study.model, gate)
     elif stage == "score":
@@ -160,13 +168,13 @@ def evaluate(study: SweepStudy, settings: RunSettings, root: Path, label: str, m
 
 
 def chat_eval(study: SweepStudy, settings: RunSettings, root: Path, label: str) -> None:
-    """The kept probe levels of one model scored through the chat template (probe_format chat), the same items, in
-    eval-chat/<label>/; nothing where the gate kept no level (the stage then runs again, as a no-op, on resume)."""
-    from layerprune.evaluate.calibrated import kept_tasks
-
-    probes = kept_tasks(root / CALIBRATION_FILE)
+    """The fixed probe tasks and kept probe levels of one model scored through the chat template (probe_format chat),
+    the same items, in eval-chat/<label>/; nothing where there is none (the stage then runs again, as a no-op, on
+    resume)."""
+    probes = chat_tasks(study, root)
     if not probes:
-        log.info("  %s%s: the gate kept no probe level; nothing to score in chat format", CHAT_EVAL, label)
+        log.info("  %s%s: no fixed probe task and the gate kept no probe level; nothing to score in chat format",
+                 CHAT_EVAL, label)
         return
     model = study.model if label == "baseline" else str(root / label)
     chat = study.evaluate.model_copy(update={"only": probes, "probe_format": "chat"})
@@ -179,7 +187,7 @@ def prune_at(study: SweepStudy, settings: RunSettings, root: Path, k: int) -> No
     from layerprune.prune.recipe import PruneRecipe
 
     fields = study.prune.model_dump(exclude={"drop", "layers"})
-    recipe = PruneRecipe.model_validate({**fields, "layers": ranking(root, study.ratios)[k]})
+    recipe = PruneRecipe.model_validate({**fields, "layers": ranking(root, study.ratios, study.prune.layers)[k]})
     prune_model(study.model, recipe, settings, root / f"pruned-k{k}", overwrite=True)
 
 

@@ -54,15 +54,25 @@ class Gsm8kGate(BaseModel):
 
 
 class SweepStudy(PipelineRecipe):
-    """Prune at several ratios from one ranking, recover each, evaluate all on the same items, one report."""
+    """Prune at several ratios from one ranking, recover each, evaluate all on the same items, one report. One ratio
+    is a recovery study: one cut recovered by every arm (issue 56)."""
 
     kind: ClassVar[str] = "sweep-study"
     adds_stages: ClassVar[tuple[str, ...]] = ("replicates", "controls")  # more of them resume the sweep
-    ratios: list[int] = Field(min_length=2, description="Blocks dropped at each point of the sweep (k)")
+    ratios: list[int] = Field(min_length=1, description="Blocks dropped at each point of the sweep (k); one k is a "
+                              "recovery study at one cut (ratios: [N], N = prune.drop, or the count of prune.layers "
+                              "where the cut is given)")
     recover: dict[str, Any] = Field(description="Recover recipe of every k: {recipe: NAME, overrides: {...}}")
     classification: list[str] = Field(min_length=1, description="Classification tasks of the suite to score")
-    probes: ProbeCalibration = Field(default_factory=ProbeCalibration, description="probes-calibrated selection")
-    gsm8k_gate: Gsm8kGate = Field(default_factory=Gsm8kGate, description="When GSM8K is scored")
+    fixed: list[str] = Field(default_factory=list, description="Generative tasks of the suite scored on every model "
+                             "whatever the gates keep, never gated (a retrieval control such as copy_l7, probe levels "
+                             "fixed in advance; gsm8k here is scored without its gate), with the suite's settings "
+                             "and reported among the generative tasks")
+    probes: ProbeCalibration | None = Field(default_factory=ProbeCalibration, description="probes-calibrated "
+                                            "selection (the gate: a calibrate-probes stage adds the levels it keeps); "
+                                            "null: no gate, the probe tasks scored are the fixed ones")
+    gsm8k_gate: Gsm8kGate | None = Field(default_factory=Gsm8kGate, description="When GSM8K is scored (a gate-gsm8k "
+                                         "stage on the original); null: GSM8K is not scored, unless it is fixed")
     replicates: int = Field(1, ge=1, description="Recoveries per point: replicate r runs with seed settings.seed + r "
                             "(held-out split, data order, adapter init, sampled teacher answers), r = 0 as a single "
                             "run, r > 0 in recovered-kK@rR; the report gives the across-run spread")
@@ -70,7 +80,7 @@ class SweepStudy(PipelineRecipe):
                            "(recovered-k0, per replicate), scored on the same items (none for merge, replace, local)")
     arms: dict[str, Arm] | None = Field(None, min_length=1, description="Recovery methods by label, each applied at "
                                         "every k (model ARM-kK): the shared recover recipe with the arm's method and "
-                                        "section, as a recovery study's arms; none: the recover recipe alone")
+                                        "section; none: the recover recipe alone")
     lr_grid: dict[str, list[float]] = Field(
         default_factory=dict, description="Candidate learning rates by arm label: the arm's replicate-0 recipe trained "
         "at each on the model pruned at k = lr_at under a seed of its own (stage lr-ARM, runs in lr_search/, never "
@@ -105,17 +115,8 @@ class SweepStudy(PipelineRecipe):
     def _one_ranking(self) -> SweepStudy:
         if sorted(set(self.ratios)) != self.ratios or self.ratios[0] < 1:
             raise ValueError(f"ratios must be distinct block counts >= 1 in increasing order, not {self.ratios}")
-        if self.prune.layers is not None or self.prune.iterative:
-            raise ValueError("the sweep cuts one one-shot ranking: set prune.drop and score (not layers or iterative)")
-        if self.prune.drop != self.ratios[-1]:
-            raise ValueError(f"prune.drop must be the largest ratio ({self.ratios[-1]}): one scoring pass ranks them")
-        if self.evaluate.suite is None:
-            raise ValueError("evaluate.suite: name the suite whose settings every task is scored with")
-        known = suite_tasks(self.evaluate.suite)
-        missing = [t for t in [*self.classification, *self.probes.candidates] if t not in known]
-        if missing:
-            raise ValueError(f"evaluate.suite '{self.evaluate.suite}' has no task {', '.join(missing)} (every "
-                             "classification task and probe candidate is scored with the suite's settings)")
+        self._check_cut()
+        self._check_tasks()
         shared = self.shared_recipe("<pruned>")
         check_plain_probes(self.evaluate, shared)
         for label in self.arms or {}:
@@ -132,6 +133,39 @@ class SweepStudy(PipelineRecipe):
             raise ValueError(f"arm_prompts: {', '.join(sorted(set(self.arm_prompts) - set(self.arms or {})))} "
                              "not among the arms")
         return self
+
+    def _check_cut(self) -> None:
+        if self.prune.iterative:
+            raise ValueError("the sweep cuts one one-shot ranking: set prune.drop and score (not iterative)")
+        if self.prune.layers is not None:
+            if len(self.ratios) != 1 or self.ratios[0] != len(self.prune.layers):
+                raise ValueError(f"prune.layers gives one cut: set ratios: [{len(self.prune.layers)}] (a sweep of "
+                                 "several k cuts one scoring pass: set prune.drop and score)")
+        elif self.prune.drop != self.ratios[-1]:
+            raise ValueError(f"prune.drop must be the largest ratio ({self.ratios[-1]}): one scoring pass ranks them")
+
+    def _check_tasks(self) -> None:
+        if self.evaluate.suite is None:
+            raise ValueError("evaluate.suite: name the suite whose settings every task is scored with")
+        if self.evaluate.only is not None or self.evaluate.tasks:
+            raise ValueError("evaluate.only / evaluate.tasks: a sweep scores its classification and fixed tasks and "
+                             "the levels its gate keeps; name them there")
+        known = suite_tasks(self.evaluate.suite)
+        candidates = self.probes.candidates if self.probes is not None else []
+        missing = [t for t in [*self.classification, *self.fixed, *candidates] if t not in known]
+        if missing:
+            raise ValueError(f"evaluate.suite '{self.evaluate.suite}' has no task {', '.join(missing)} (every "
+                             "classification task, fixed task and probe candidate is scored with the suite's "
+                             "settings)")
+        twice = [t for t in self.fixed if t in self.classification or t in candidates]
+        if twice or len(set(self.fixed)) != len(self.fixed):
+            raise ValueError(f"fixed: {', '.join(twice) or 'a task named twice'}: a fixed task is scored whatever "
+                             "the gate keeps; name it once, not also in classification or probes.candidates")
+
+    @property
+    def given_cut(self) -> bool:
+        """Whether the one cut is given (prune.layers): no scoring pass ranks the blocks."""
+        return self.prune.layers is not None
 
     def _check_budgets(self) -> None:
         if self.budgets is None:
@@ -180,7 +214,7 @@ class SweepStudy(PipelineRecipe):
 
     def arm_recipe(self, arm: str | None, student: str) -> RecoverRecipe:
         """The recover recipe of one arm (None: the sweep without arms, the shared recipe itself), derived from the
-        shared one exactly as a recovery study derives its arms (derive_arm_recipe)."""
+        shared one (cells.derive_arm_recipe)."""
         if arm is None:
             return self.shared_recipe(student)
         assert self.arms is not None
@@ -291,8 +325,10 @@ def trains_each_budget(study: SweepStudy, arm: str | None) -> bool:
 
 def both_formats(study: SweepStudy) -> bool:
     """Whether the probe levels are scored in both formats, plain few-shot text and through the chat template: the
-    recovery data is chat-formatted (generate.chat_template), as a recovery study decides."""
-    return study.shared_recipe("<pruned>").generate.chat_template
+    recovery data is chat-formatted (generate.chat_template) and probes are scored (a gate, or a fixed probe
+    task)."""
+    chat = study.shared_recipe("<pruned>").generate.chat_template
+    return chat and (study.probes is not None or bool(fixed_probes(study)))
 
 
 def stage_names(study: SweepStudy) -> list[str]:
@@ -318,7 +354,9 @@ def stage_names(study: SweepStudy) -> list[str]:
     # replicate by replicate (a stable sort: each replicate's cuts, then its controls), so a study run in parts holds
     # whole replicates of the design after each part, not every replicate of its first cells
     cells = sorted([*per_k, *control], key=stage_replicate)
-    return ["calibrate-probes", "score", "gate-gsm8k", *evals("baseline"), *grid, *cells, "report"]
+    first = [*(["calibrate-probes"] if study.probes is not None else []), *([] if study.given_cut else ["score"]),
+             *(["gate-gsm8k"] if gsm8k_gated(study) else [])]
+    return [*first, *evals("baseline"), *grid, *cells, "report"]
 
 
 def stage_replicate(stage: str) -> int:
@@ -344,20 +382,50 @@ def stage_output(root: Path, stage: str) -> Path:
 
 
 def evaluated_tasks(study: SweepStudy, root: Path) -> list[str]:
-    """Classification tasks, the kept probe levels, and GSM8K where the original passed the gate."""
-    from layerprune.evaluate.calibrated import kept_tasks
+    """Classification tasks, the fixed tasks, the kept probe levels, and GSM8K where the original passed the gate
+    (or where it is fixed)."""
     from layerprune.evaluate.summary import read_summary
 
-    tasks = [*study.classification, *kept_tasks(root / CALIBRATION_FILE)]
+    tasks = [*study.classification, *study.fixed, *kept_levels(study, root)]
+    if not gsm8k_gated(study):
+        return tasks
     gate = read_summary(stage_output(root, "gate-gsm8k")).headlines()[GSM8K]
+    assert study.gsm8k_gate is not None
     return tasks + ([GSM8K] if gate.value >= study.gsm8k_gate.min_score else [])
 
 
-def ranking(root: Path, ratios: list[int]) -> dict[int, list[int]]:
-    """The blocks each k drops: the k lowest of the one scoring pass (the largest k is what the pass dropped)."""
+def gsm8k_gated(study: SweepStudy) -> bool:
+    """Whether GSM8K waits on its gate (a gate-gsm8k stage): not where it is a fixed task, nor without a gate."""
+    return study.gsm8k_gate is not None and GSM8K not in study.fixed
+
+
+def kept_levels(study: SweepStudy, root: Path) -> list[str]:
+    """The probe levels the gate kept ([] without a gate)."""
+    from layerprune.evaluate.calibrated import kept_tasks
+
+    return kept_tasks(root / CALIBRATION_FILE) if study.probes is not None else []
+
+
+def fixed_probes(study: SweepStudy) -> list[str]:
+    """The fixed tasks that are probe tasks (scored in both formats with chat-formatted recovery data)."""
+    from layerprune.tasks.probes import probe_tasks
+
+    return [t for t in study.fixed if t in probe_tasks()]
+
+
+def chat_tasks(study: SweepStudy, root: Path) -> list[str]:
+    """The probe tasks every model is scored on: the fixed probe tasks and the kept levels."""
+    return list(dict.fromkeys([*fixed_probes(study), *kept_levels(study, root)]))
+
+
+def ranking(root: Path, ratios: list[int], layers: list[int] | None = None) -> dict[int, list[int]]:
+    """The blocks each k drops: the k lowest of the one scoring pass (the largest k is what the pass dropped); the
+    given cut (`layers`, prune.layers of a one-k sweep) as it is."""
     from layerprune.prune.metrics import select_lowest
     from layerprune.prune.report import read_prune_report
 
+    if layers is not None:
+        return {ratios[0]: sorted(layers)}
     report = read_prune_report(root / "scored")
     cuts = {k: select_lowest(report.scores, k, report.method.protect) for k in ratios}
     assert cuts[ratios[-1]] == sorted(report.dropped), "the scoring pass dropped other blocks than its ranking's lowest"

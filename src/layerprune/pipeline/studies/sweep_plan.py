@@ -20,6 +20,8 @@ from layerprune.pipeline.studies.sweep_grid import (
     both_formats,
     budget_tag,
     dedicated_points,
+    fixed_probes,
+    gsm8k_gated,
     has_control,
     models,
     stage_names,
@@ -43,10 +45,13 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
     planned, _ = plan_tasks(study.evaluate.model_copy(update={"only": None}), resolve_data_dir(study.evaluate.data_dir))
     limits = {t.spec.name: t.limit for t in planned}
     cls_docs = sum(int(limits[t]) if (limits.get(t) or 0) >= 1 else 0 for t in study.classification)
-    probe_limit = int(max((limits.get(t) or 0) for t in study.probes.candidates))
-    families = {family_of(task) for task in study.probes.candidates}
-    most_probes = len(families) * study.probes.per_family
-    per_model = cls_docs / RATES["classification docs/s"] + most_probes * probe_limit / RATES["probe items/s"]
+    candidates = study.probes.candidates if study.probes is not None else []
+    probe_limit = int(max([(limits.get(t) or 0) for t in candidates], default=0))
+    families = {family_of(task) for task in candidates}
+    most_probes = len(families) * study.probes.per_family if study.probes is not None else 0
+    chat_items = most_probes * probe_limit + sum(_items(limits, t) for t in fixed_probes(study))
+    per_model = (cls_docs / RATES["classification docs/s"] + most_probes * probe_limit / RATES["probe items/s"]
+                 + fixed_seconds(study, limits))
     n_models = len(models(study))
     answers = shared.prompts.samples or 256
     plans = {arm: _training(study.arm_recipe(arm, "<pruned>")) for arm in arm_names(study)}
@@ -54,8 +59,10 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
             + len(study.lr_grid.get(arm or "", [])) if not study.budgets else len(budget_runs(study, arm))
             for arm in plans}
     answer_sets = study.replicates if shared.generate.temperature > 0 else 1
-    seconds = {"calibrate": len(study.probes.candidates) * study.probes.items / RATES["calibration items/s"],
-               "gate": study.gsm8k_gate.limit / RATES["gsm8k items/s"],
+    seconds = {"calibrate": len(candidates) * (study.probes.items if study.probes else 0)
+               / RATES["calibration items/s"],
+               "gate": study.gsm8k_gate.limit / RATES["gsm8k items/s"] if study.gsm8k_gate and gsm8k_gated(study)
+               else 0.0,
                "teacher answers": answer_sets * answers * shared.generate.max_new_tokens / RATES["teacher tokens/s"],
                **{f"teacher answers {arm}": answer_sets * (study.arm_recipe(arm, "<pruned>").prompts.samples or 256)
                   * shared.generate.max_new_tokens / RATES["teacher tokens/s"] for arm in study.arm_prompts},
@@ -64,21 +71,25 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
                   {"training" if arm is None else f"training {arm}": budget_seconds(study, arm)
                    for arm in plans}),
                "evaluation": n_models * per_model,
-               **({"chat-format probes": n_models * most_probes * probe_limit / RATES["probe items/s"]}
+               **({"chat-format probes": n_models * chat_items / RATES["probe items/s"]}
                   if both_formats(study) else {})}
-    lines = [f"pruning-ratio sweep '{study.name}' -> {study.run_dir()}",
+    what = "pruning-ratio sweep" if len(study.ratios) > 1 else \
+        f"one-cut sweep (k = {study.ratios[0]}: a recovery study)"
+    lines = [f"{what} '{study.name}' -> {study.run_dir()}",
              f"model: {check_model(study.model, settings)}",
              *[f"data: {line}" for line in check_data(study)],
-             f"score once: {study.prune.score} ({study.prune.metric}, one-shot) on {study.prune.calib} "
-             f"({study.prune.calib_samples} items); cut at k = {', '.join(map(str, study.ratios))} blocks",
-             f"probes-calibrated: {len(study.probes.candidates)} candidate levels x {study.probes.items} "
-             f"calibration-stream items; keep {100 * study.probes.low:.0f}-{100 * study.probes.high:.0f}%, at most "
-             f"{study.probes.per_family} per family ({len(families)} families: {', '.join(sorted(families))})",
-             f"gsm8k: scored only if the original reaches {100 * study.gsm8k_gate.min_score:.0f}% on "
-             f"{study.gsm8k_gate.limit} items (then {_size(limits.get(GSM8K))} items per model)",
+             _cut_line(study),
+             (f"probes-calibrated: {len(candidates)} candidate levels x {study.probes.items} "
+              f"calibration-stream items; keep {100 * study.probes.low:.0f}-{100 * study.probes.high:.0f}%, at most "
+              f"{study.probes.per_family} per family ({len(families)} families: {', '.join(sorted(families))})"
+              if study.probes is not None else "probes-calibrated: no gate (probes: null); the probe tasks scored "
+              "are the fixed ones"),
+             _gsm8k_line(study, limits),
              f"models evaluated: {n_models} ({', '.join(models(study))}) on the same items each: "
-             f"{', '.join(f'{t} {_size(limits.get(t))}' for t in study.classification)}; at most {most_probes} "
-             f"probe levels x {probe_limit} items",
+             f"{', '.join(f'{t} {_size(limits.get(t))}' for t in study.classification)}"
+             + (f"; fixed (every model, never gated): {', '.join(f'{t} {_size(limits.get(t))}' for t in study.fixed)}"
+                if study.fixed else "")
+             + (f"; at most {most_probes} probe levels x {probe_limit} items" if study.probes is not None else ""),
              ("probe format: plain few-shot text and, as the recovery data is chat-formatted, through the chat "
               "template too (the same items; eval-chat/<model>); " + check_chat_template(study.model, settings)
               if both_formats(study) else
@@ -95,6 +106,38 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
              *progress_lines(study, study.run_dir()),
              _estimate(study, seconds)]
     return "\n".join(lines)
+
+
+def _cut_line(study: SweepStudy) -> str:
+    """How the blocks are chosen: one scoring pass cut at every k, or the one cut given (prune.layers)."""
+    if study.given_cut:
+        return (f"cut given: blocks {sorted(study.prune.layers or [])} (prune.layers; no scoring pass), k = "
+                f"{study.ratios[0]}: one cut, every arm recovers the same pruned model")
+    ks = ", ".join(map(str, study.ratios))
+    one = "; one k: every arm recovers the same pruned model" if len(study.ratios) == 1 else ""
+    return (f"score once: {study.prune.score} ({study.prune.metric}, one-shot) on {study.prune.calib} "
+            f"({study.prune.calib_samples} items); cut at k = {ks} blocks{one}")
+
+
+def _gsm8k_line(study: SweepStudy, limits: dict[str, float | None]) -> str:
+    """Whether GSM8K is scored: past its gate, fixed (every model), or not at all."""
+    if GSM8K in study.fixed:
+        return f"gsm8k: fixed, scored on every model ({_size(limits.get(GSM8K))} items), no gate"
+    if study.gsm8k_gate is None:
+        return "gsm8k: not scored (gsm8k_gate: null)"
+    return (f"gsm8k: scored only if the original reaches {100 * study.gsm8k_gate.min_score:.0f}% on "
+            f"{study.gsm8k_gate.limit} items (then {_size(limits.get(GSM8K))} items per model)")
+
+
+def _items(limits: dict[str, float | None], task: str) -> int:
+    """Items a task is planned with (its suite limit; 0 where it is a share of the set or unknown)."""
+    limit = limits.get(task) or 0
+    return int(limit) if limit >= 1 else 0
+
+
+def fixed_seconds(study: SweepStudy, limits: dict[str, float | None]) -> float:
+    """One model's scoring of the fixed tasks at the measured rates (GSM8K at its own)."""
+    return sum(_items(limits, t) / RATES["gsm8k items/s" if t == GSM8K else "probe items/s"] for t in study.fixed)
 
 
 def progress_lines(study: SweepStudy, root: Path) -> list[str]:
@@ -136,7 +179,11 @@ def _training(recipe: RecoverRecipe) -> tuple[float, str, float]:
         return 0.0, "no training (forward passes only)", RATES["trained tokens/s"]
     trained = answers * (1 - train.held_out) * per_answer * train.epochs if train.max_steps is None else \
         train.max_steps * train.batch_size * train.grad_accum * per_answer
-    return trained, f"{train.epochs:g} epochs, lr {train.learning_rate:g}", RATES["trained tokens/s"]
+    schedule = f"{train.epochs:g} epochs" if train.max_steps is None else f"{train.max_steps} optimizer steps"
+    if train.max_tokens is not None:  # target (answer) tokens: a trained token per (new + 60) / new of them
+        trained = min(trained, train.max_tokens * per_answer / recipe.generate.max_new_tokens)
+        schedule += f" or {train.max_tokens} target (answer) tokens, whichever comes first"
+    return trained, f"{schedule}, lr {train.learning_rate:g}", RATES["trained tokens/s"]
 
 
 def _recovery_lines(study: SweepStudy, shared: RecoverRecipe, plans: dict[str | None, tuple[float, str, float]],
@@ -248,7 +295,7 @@ def _replicate_line(study: SweepStudy, shared: RecoverRecipe, answer_sets: int) 
 
 def _memory_lines(study: SweepStudy, settings: RunSettings, arm: str | None) -> list[str]:
     """The recovery's (an arm's) memory plan at the smallest k (the largest student: the original itself with the
-    control), as the recovery study plans an arm."""
+    control)."""
     import copy
 
     from layerprune.pipeline.plan import model_config

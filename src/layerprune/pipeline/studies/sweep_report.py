@@ -112,8 +112,11 @@ def verdicts(study: Any, figures: Figures, points: list[dict[str, Any]],
     below (contradicted) or holding 0 (not shown); (b) as written, the recovered share of the generative drop at the
     smallest k with a clear generative drop against the largest (also net of the k = 0 control when there is one),
     and as retention, generative retention after recovery at the smallest against the largest k. Said with the
-    numbers either way. With arms: `points` and the verdicts are one arm's."""
+    numbers either way. With arms: `points` and the verdicts are one arm's. One k (a recovery study): (b), a k
+    against another, does not apply and is left out."""
     lines, tests = _verdict_a(points)
+    if study is not None and len(study.ratios) < 2:
+        return lines, tests
     b_lines, b_tests = _verdict_b(figures, points, arm)
     return lines + b_lines, {**tests, **b_tests}
 
@@ -478,11 +481,12 @@ def write_sweep_report(study: Any, root: Path, curves: dict[int | str, dict[str,
     points, controls, pairs = arm_figures(study, figures)
     declared = draw_families(study.comparisons, figures, recovered_label)
     judged = {arm: verdicts(study, figures, [p for p in points if p.get("arm") == arm], arm) for arm in arms}
-    depth = _depth(root)
+    depth = _depth(study, root)
     plot_retention(points, depth, root / "sweep.png")
     curves = loss_curves(study, root) if curves is None else curves
     plot_losses(curves, root / "sweep_loss.png")
-    calibration = json.loads((root / CALIBRATION_FILE).read_text())
+    gate = root / CALIBRATION_FILE
+    calibration = json.loads(gate.read_text()) if study.probes is not None and gate.is_file() else None
     items = {t: int(m.shape[1]) for t, m in matrices.items()}
     unpaired = {t: why for t, why in kinds.items() if why.startswith("unpaired")}
     kept = records(root, folders)
@@ -491,13 +495,15 @@ def write_sweep_report(study: Any, root: Path, curves: dict[int | str, dict[str,
     (root / "sweep.json").write_text(json.dumps(paired_json({
         "points": points, "control": controls[None] if one else controls, "replicates": study.replicates,
         "verdicts": judged[None][1] if one else {arm: tests for arm, (_, tests) in judged.items()}, "items": items,
-        "unpaired": unpaired, "curves": curves, "calibration": calibration, "ranking": ranking(root, study.ratios),
+        "unpaired": unpaired, "curves": curves, "calibration": calibration,
+        "ranking": ranking(root, study.ratios, study.prune.layers),
         "records": kept, **({"chat": chat} if chat else {}),
         **({} if one else {"arms": {arm: study.arm_recipe(arm, "<pruned>").chain_name() for arm in study.arms},
                            "comparisons": pairs}),
         **({"declared_comparisons": declared} if declared else {})}), indent=1))
     verdict_lines = [f"- {'' if arm is None else f'{arm}: '}{v}" for arm, (lines, _) in judged.items() for v in lines]
-    text = [f"# Pruning-ratio sweep: {study.name}", "", study.description, "", *verdict_lines, "",
+    title = "Pruning-ratio sweep" if len(study.ratios) > 1 else f"Recovery at one cut (k = {study.ratios[0]})"
+    text = [f"# {title}: {study.name}", "", study.description, "", *verdict_lines, "",
             "![retention against pruning ratio](sweep.png)", "", format_table(points), "",
             *_recovery_sections(study, points, controls, pairs, declared), *(chat_text + [""] if chat_text else []),
             *_method_lines(study, root, figures, items, calibration, curves, unpaired, depth), "",
@@ -618,31 +624,44 @@ def _records_line(kept: dict[str, dict[str, Any]]) -> str:
             + (f" MISSING for {', '.join(missing)}: those models could not be paired." if missing else ""))
 
 
-def _depth(root: Path) -> int | None:
+def _depth(study: Any, root: Path) -> int | None:
+    """The original's block count, from the scoring pass's report (a given cut's: its pruned model's)."""
     from layerprune.prune.report import read_prune_report
 
-    return read_prune_report(root / "scored").num_blocks_before
+    return read_prune_report(root / ("scored" if not study.prune.layers else f"pruned-k{study.ratios[0]}")) \
+        .num_blocks_before
 
 
-def _method_lines(study: Any, root: Path, figures: Figures, items: dict[str, int], calibration: dict[str, Any],
-                  curves: dict[int | str, dict[str, Any]], unpaired: dict[str, str],
-                  depth: int | None) -> list[str]:
-    from layerprune.pipeline.studies.sweep_grid import ranking
-
-    cuts = ranking(root, study.ratios)
+def gate_line(study: Any, calibration: dict[str, Any] | None) -> str:
+    """What the probe gate kept and left out (or that there is none), and the fixed tasks scored beside it."""
+    fixed = (f" Fixed tasks, scored on every model whatever the gates keep (never gated): {', '.join(study.fixed)}."
+             if getattr(study, "fixed", None) else "")
+    if calibration is None:
+        return "No probe gate (probes: null): the probe tasks scored are the fixed ones." + fixed
     kept = ", ".join(f"{t} ({100 * r['score']:.0f}%)" for t, r in calibration["levels"].items() if r["kept"])
     left = ", ".join(f"{t} ({r['why']})" for t, r in calibration["levels"].items() if not r["kept"])
+    return (f"probes-calibrated (calibration stream, {calibration['settings']['items']} items a level, kept "
+            f"{100 * calibration['settings']['low']:.0f}-{100 * calibration['settings']['high']:.0f}%, at most "
+            f"{calibration['settings']['per_family']} a family): kept {kept or 'none'}; left out {left or 'none'}."
+            + fixed)
+
+
+def _method_lines(study: Any, root: Path, figures: Figures, items: dict[str, int],
+                  calibration: dict[str, Any] | None, curves: dict[int | str, dict[str, Any]],
+                  unpaired: dict[str, str], depth: int | None) -> list[str]:
+    from layerprune.pipeline.studies.sweep_grid import ranking
+
+    cuts = ranking(root, study.ratios, study.prune.layers)
     groups = {kind: [figures.tasks[i] for i in idx] for kind, idx in figures.groups.items()}
     groups = {kind: groups.get(kind, []) for kind in KINDS}
-    lines = [f"Blocks dropped at each k (one {study.prune.score} ranking, original numbering, of {depth}): "
+    how = "the cut given, prune.layers" if study.prune.layers else f"one {study.prune.score} ranking"
+    lines = [f"Blocks dropped at each k ({how}, original numbering, of {depth}): "
              + "; ".join(f"k={k}: {v}" for k, v in cuts.items()) + ".",
              f"Items per task (the same for every model): {', '.join(f'{t} {n}' for t, n in items.items())}. "
              f"Classification: {', '.join(groups['classification']) or 'none'} (chance "
              f"{100 * figures.chance['classification']:.0f}%); generative: "
              f"{', '.join(groups['generative']) or 'none'} (chance 0).",
-             f"probes-calibrated (calibration stream, {calibration['settings']['items']} items a level, kept "
-             f"{100 * calibration['settings']['low']:.0f}-{100 * calibration['settings']['high']:.0f}%, at most "
-             f"{calibration['settings']['per_family']} a family): kept {kept or 'none'}; left out {left or 'none'}.",
+             gate_line(study, calibration),
              f"The teacher answered generic instructions ({study.shared_recipe('<pruned>').prompts.source}); "
              "how far each scored skill is held out from them is measured, not assumed (Held out, measured, below).",
              f"Recovery budget per k{' and arm' if study.arms else ''} (replicate 0): " + "; ".join(
