@@ -228,9 +228,12 @@ def test_the_one_k_dry_run_lists_the_fixed_tasks_replicates_controls_and_lr_grid
         "original, ARM-k0): sft, opd; none for replace" in out and "lr from the grid 0.0001, 0.001" in out
     assert "arm sft: lora, 2 optimizer steps, lr" in out
     stages = out.split("; stages: ")[1].split("\n")[0]
-    names = stages.split(" (", 1)[1].rstrip(")").split(", ")
+    names = sweep_grid.stage_names(SweepStudy.model_validate({**data, "replicates": 2}))
     # chat-formatted recovery data (demo) and a fixed probe task: every evaluation has its chat-format twin
     assert int(stages.split(" ")[0]) == len(names) == 2 + 1 + 3 + 3 * 2 * 3 + 2 * 2 * 3 + 1
+    # a long list in brief: the count per kind, the first six in order and the last
+    assert stages == (f"{len(names)} (eval 12, eval-chat 12, recover 10, lr 1, prune 1, report 1; in order: "
+                      f"{', '.join(names[:6])}, ... report)")
     assert names[:6] == ["eval-baseline", "eval-chat/baseline", "lr-opd", "prune-k2", "eval-pruned-k2",
                          "eval-chat/pruned-k2"]
     assert "recover-opd-k0@r1" in names and "eval-sft-k0" in names and "recover-replace-k0" not in names

@@ -12,7 +12,7 @@ import yaml
 
 from helpers import assert_one_line_error, run_cli
 from layerprune.core.recipe_loading import find_recipe, load_recipe, shipped_command, shipped_recipes
-from layerprune.pipeline.studies.sweep_grid import SweepStudy
+from layerprune.pipeline.studies.sweep_grid import SweepStudy, stage_names
 
 SWEEPS = sorted(name for _, name in shipped_recipes("sweep-study")
                 if not name.startswith("recovery-"))  # one k: the recovery studies (tests/test_study.py)
@@ -357,7 +357,9 @@ def test_the_dry_run_lists_the_replicates_and_the_control(capsys, tiny_llama, tm
     assert code == 0, err
     assert "models evaluated: 9 (baseline, recovered-k0, recovered-k0@r1, pruned-k1," in out
     assert "2 replicates of every recovery (seeds settings.seed + 0..1" in out and "k = 0 control: the same" in out
-    assert "recoveries: 6; stages: 21 (" in out and "recover-k0@r1, eval-recovered-k0@r1" in out
+    assert "recoveries: 6; stages: 21 (eval 9, " in out and "; in order: " in out  # 21 names in brief
+    names = stage_names(SweepStudy.model_validate(yaml.safe_load(recipe.read_text())))
+    assert len(names) == 21 and "recover-k0@r1, eval-recovered-k0@r1" in ", ".join(names)
     assert not (tmp_path / "s").exists()
     code, out, err = run_cli(capsys, ["study", str(recipe), "--dry-run", "--replicates", "3"])  # the flag beats it
     assert code == 0, err
@@ -502,7 +504,9 @@ def test_the_dry_run_plans_every_arm_at_its_own_rate(capsys, tmp_path, monkeypat
     assert "k = 0 controls (the arm's recovery of the unpruned original, ARM-k0): sft; none for local" in out
     assert "models evaluated: 25 (baseline, sft-k0, sft-k0@r1, sft-k0@r2, pruned-k2, sft-k2," in out
     assert "recoveries: 21; stages: 78 (" in out and "arm local: memory" in out.replace("\n", " ")
-    assert "eval-sft-k2, eval-chat/sft-k2, recover-local-k2" in out  # chat-formatted answers: both probe formats
+    names = ", ".join(stage_names(SweepStudy.model_validate(data)))
+    assert "eval-sft-k2, eval-chat/sft-k2, recover-local-k2" in names  # chat-formatted answers: both probe formats
+    assert "stages: 78 (eval 25, eval-chat 25, recover 21, " in out
     assert "probe format: plain few-shot text and, as the recovery data is chat-formatted, through the chat" in out
     assert "training sft 64 min, training local 24 min" in out  # 12 x 54k at 170/s; 9 x 72 x 4 x 188 at 340/s
     assert not (tmp_path / "s").exists()

@@ -85,7 +85,7 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
               if study.probes is not None else "probes-calibrated: no gate (probes: null); the probe tasks scored "
               "are the fixed ones"),
              _gsm8k_line(study, limits),
-             f"models evaluated: {n_models} ({', '.join(models(study))}) on the same items each: "
+             f"models evaluated: {n_models} ({first_names(models(study))}) on the same items each: "
              f"{', '.join(f'{t} {_size(limits.get(t))}' for t in study.classification)}"
              + (f"; fixed (every model, never gated): {', '.join(f'{t} {_size(limits.get(t))}' for t in study.fixed)}"
                 if study.fixed else "")
@@ -101,7 +101,7 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
                f"{study.arm_recipe(arm, '<pruned>').prompts.exclude_probe_seeds} excluded, the count in its report), "
                f"answered by the teacher once (selfgen-{arm}.jsonl)" for arm in study.arm_prompts),
              _replicate_line(study, shared, answer_sets),
-             f"recoveries: {sum(runs.values())}; stages: {len(stage_names(study))} ({', '.join(stage_names(study))})",
+             f"recoveries: {sum(runs.values())}; stages: {in_brief(stage_names(study))}",
              *(line for arm in plans for line in _memory_lines(study, settings, arm)),
              *progress_lines(study, study.run_dir()),
              _estimate(study, seconds)]
@@ -158,7 +158,8 @@ def progress_lines(study: SweepStudy, root: Path) -> list[str]:
     left = [name for name in names if not stage_output(root, name).exists()]
     arms = f"; arms {', '.join(added[1])} would be added to it" if added else ""
     return [f"{root} holds a run of this sweep{arms}: {len(names) - len(left)} of {len(names)} stages complete "
-            f"(skipped when it resumes; the estimate below counts them all); left: {', '.join(left) or 'none'}"]
+            f"(skipped when it resumes; the estimate below counts them all); "
+            f"left: {in_brief(left) if left else 'none'}"]
 
 
 def _training(recipe: RecoverRecipe) -> tuple[float, str, float]:
@@ -326,3 +327,29 @@ def _estimate(study: SweepStudy, seconds: dict[str, float]) -> str:
 
 def _size(limit: float | None) -> str:
     return "all" if limit is None else f"{100 * limit:g}%" if limit < 1 else str(int(limit))
+
+
+BRIEF = 12  # a list of names up to this long is printed whole
+
+
+def stage_kind(name: str) -> str:
+    """A stage's kind: its name up to the first '/' (eval-chat/LABEL), else up to the first '-' (eval-LABEL)."""
+    return name.split("/")[0] if "/" in name else name.split("-")[0]
+
+
+def in_brief(names: list[str], head: int = 6) -> str:
+    """A long list of stage or model names as the count per kind, the first `head` in order and the last:
+    "304 (eval 117, recover 60, ...; in order: a, b, ..., z)"; a list of up to BRIEF names whole."""
+    if len(names) <= BRIEF:
+        return f"{len(names)} ({', '.join(names)})"
+    kinds: dict[str, int] = {}
+    for name in names:
+        kinds[stage_kind(name)] = kinds.get(stage_kind(name), 0) + 1
+    counts = ", ".join(f"{kind} {n}" for kind, n in sorted(kinds.items(), key=lambda item: -item[1]))
+    return f"{len(names)} ({counts}; in order: {', '.join(names[:head])}, ... {names[-1]})"
+
+
+def first_names(names: list[str], head: int = 8) -> str:
+    """Names joined whole up to BRIEF of them, else the first `head` and how many more."""
+    shown = names if len(names) <= BRIEF else names[:head]
+    return ", ".join(shown) + (f", ... and {len(names) - head} more" if len(names) > BRIEF else "")
