@@ -14,7 +14,7 @@ import yaml
 
 from helpers import assert_one_line_error, run_cli
 from layerprune.core.recipe_loading import shipped_command, shipped_recipes
-from layerprune.pipeline.studies import sweep_grid, sweep_report
+from layerprune.pipeline.studies import sweep_curves, sweep_grid, sweep_inputs, sweep_points, sweep_report, sweep_text
 from layerprune.pipeline.studies.sweep_grid import SweepStudy
 
 STUDIES = sorted(name for _, name in shipped_recipes("sweep-study") if name.startswith("recovery-"))
@@ -188,17 +188,17 @@ def test_the_fixed_tasks_are_scored_on_every_model_beside_the_kept_levels_never_
     gated = SweepStudy.model_validate({**data, "fixed": ["copy_l7"],
                                        "probes": {"candidates": ["arith_2d_add", "brackets_d3"]}})
     with pytest.raises(FileNotFoundError):
-        sweep_grid.evaluated_tasks(gated, tmp_path)  # the gate's record is read: its stage runs first
+        sweep_inputs.evaluated_tasks(gated, tmp_path)  # the gate's record is read: its stage runs first
     (tmp_path / "probes_calibrated.json").write_text(json.dumps({"kept": ["brackets_d3"], "levels": {}}))
-    assert sweep_grid.evaluated_tasks(gated, tmp_path) == ["arc_easy", "copy_l7", "brackets_d3"]  # no GSM8K gate
-    assert sweep_grid.chat_tasks(gated, tmp_path) == ["copy_l7", "brackets_d3"]
+    assert sweep_inputs.evaluated_tasks(gated, tmp_path) == ["arc_easy", "copy_l7", "brackets_d3"]  # no GSM8K gate
+    assert sweep_inputs.chat_tasks(gated, tmp_path) == ["copy_l7", "brackets_d3"]
     (tmp_path / "probes_calibrated.json").write_text(json.dumps({"kept": [], "levels": {}}))
-    assert sweep_grid.evaluated_tasks(gated, tmp_path) == ["arc_easy", "copy_l7"]  # the fixed task stays
+    assert sweep_inputs.evaluated_tasks(gated, tmp_path) == ["arc_easy", "copy_l7"]  # the fixed task stays
     ungated = SweepStudy.model_validate(data)
-    assert sweep_grid.evaluated_tasks(ungated, tmp_path / "none") == ["arc_easy", "arith_1dc"]
-    assert sweep_grid.chat_tasks(ungated, tmp_path / "none") == ["arith_1dc"] and sweep_grid.both_formats(ungated)
+    assert sweep_inputs.evaluated_tasks(ungated, tmp_path / "none") == ["arc_easy", "arith_1dc"]
+    assert sweep_inputs.chat_tasks(ungated, tmp_path / "none") == ["arith_1dc"] and sweep_grid.both_formats(ungated)
     no_probe = SweepStudy.model_validate({**data, "fixed": ["gsm8k"]})
-    assert sweep_grid.evaluated_tasks(no_probe, tmp_path / "none") == ["arc_easy", "gsm8k"]  # fixed: no gate stage
+    assert sweep_inputs.evaluated_tasks(no_probe, tmp_path / "none") == ["arc_easy", "gsm8k"]  # fixed: no gate stage
     assert not sweep_grid.both_formats(no_probe)  # chat-formatted data, but no probe task to score in chat
     assert sweep_grid.stage_names(SweepStudy.model_validate(plain(tiny_study(tiny_llama, tmp_path)))) == [
         "eval-baseline", "prune-k2", "eval-pruned-k2", "recover-sft-k2", "eval-sft-k2", "recover-opd-k2",
@@ -349,22 +349,22 @@ def _one_k(won: dict[str, int], control: int | None = None, n: int = 60):  # noq
 def test_one_k_gives_each_arm_its_share_won_back_net_of_its_control_and_no_k_against_k_verdict():
     study = SimpleNamespace(ratios=[3], controls=True)
     figures = _one_k({"sft": 12, "opd": 30}, control=4)
-    points = [sweep_report.point(study, figures, 3, arm) for arm in ("sft", "opd")]
+    points = [sweep_points.point(study, figures, 3, arm) for arm in ("sft", "opd")]
     sft, opd = (p["generative"] for p in points)
     assert sft["recovered_share"]["value"] == pytest.approx(12 / 40)
     assert opd["recovered_share"]["value"] == pytest.approx(30 / 40)
     assert sft["recovered_share_net"]["value"] == pytest.approx((12 + 4) / 40)  # the recipe alone costs 4 items
     assert "recovered_share_net" not in opd  # opd has no control here
     assert points[0]["classification"]["recovered_share"]["value"] == pytest.approx(4 / 15)
-    control = sweep_report.control_point(figures, "sft")
+    control = sweep_points.control_point(figures, "sft")
     assert control["generative"]["change"]["value"] == pytest.approx(-4 / 60)
-    lines, tests = sweep_report.verdicts(study, figures, [points[0]], "sft")
+    lines, tests = sweep_points.verdicts(study, figures, [points[0]], "sft")
     assert set(tests) == {"a"} and lines[0].startswith("(a)") and not any(line.startswith("(b") for line in lines)
-    pairs = sweep_report.comparisons(figures, points, ["sft", "opd"])
+    pairs = sweep_points.comparisons(figures, points, ["sft", "opd"])
     assert len(pairs) == 1 and pairs[0]["k"] == 3 and pairs[0]["arms"] == ["sft", "opd"]
     assert pairs[0]["generative"]["share"]["value"] == pytest.approx(12 / 40 - 30 / 40)
     assert pairs[0]["generative"]["share_holm"]["family"] == 2  # one pair, two kinds
-    table = sweep_report.format_table(points)
+    table = sweep_text.format_table(points)
     assert "| 3 | sft | generative |" in table and "recovered share net of the k = 0 control" in table
 
 
@@ -396,10 +396,10 @@ def test_each_recovery_shows_its_budget_and_learning_rate_or_the_padded_count_fr
     spent = budget_spent(new)
     assert spent == {"learning_rate": 2e-4, "tokens_unpadded": 5000, "sequences": 40, "optimizer_steps": 10}
     curve = {"tokens": 9000, "steps": 10, "seconds": 12.0, "held_out": [], **spent}
-    assert sweep_report.budget_text(curve).startswith("5000 unpadded target tokens, 40 sequences, 10 optimizer "
+    assert sweep_curves.budget_text(curve).startswith("5000 unpadded target tokens, 40 sequences, 10 optimizer "
                                                       "steps, lr 2.0e-04 (9000 tokens as the trainer counts them)")
     older = {**curve, "tokens_unpadded": None}
-    assert sweep_report.budget_text(older).startswith("9000 tokens (padded), 10 steps")
+    assert sweep_curves.budget_text(older).startswith("9000 tokens (padded), 10 steps")
 
 
 def _records(root: Path, label: str, scores: dict[str, list[int]], first_id: int = 0) -> Path:

@@ -202,46 +202,46 @@ def _figures(shares: dict[int, int], n: int = 200, control: int | None = None, l
 
 def test_sweep_verdicts_come_from_the_intervals():
 
-    from layerprune.pipeline.studies import sweep_report
+    from layerprune.pipeline.studies import sweep_points, sweep_text
 
     study = SimpleNamespace(ratios=[1, 4])
     _, figures = _figures({1: 60, 4: 10})
-    points = [sweep_report.point(study, figures, k) for k in study.ratios]
+    points = [sweep_points.point(study, figures, k) for k in study.ratios]
     gen = points[0]["generative"]
     assert gen["drop"]["value"] == pytest.approx(0.5) and gen["recovered_share"]["value"] == pytest.approx(0.6)
     assert gen["retention_recovered"]["value"] == pytest.approx(110 / 150)
     assert points[0]["classification"]["retention_recovered"]["value"] == pytest.approx(1.0)
-    lines, tests = sweep_report.verdicts(study, figures, points)
+    lines, tests = sweep_points.verdicts(study, figures, points)
     assert tests["a"]["holds"] and tests["b"]["holds"] and tests["b"]["difference"]["low"] > 0
     assert tests["a"]["shown_at"] == [1, 4] and "shown at every k where pruning costs something" in lines[0]
     assert lines[1].startswith("(b) ") and ": shown (shares 60.0% [" in lines[1] and "(undefined 0.0%)" in lines[1]
     assert tests["b_retention"]["status"] == "shown" and lines[2].startswith("(b, as retention)")
     # the same share at both k: (b) not shown, said with its interval
     _, figures = _figures({1: 30, 4: 30})
-    points = [sweep_report.point(study, figures, k) for k in study.ratios]
-    lines, tests = sweep_report.verdicts(study, figures, points)
+    points = [sweep_points.point(study, figures, k) for k in study.ratios]
+    lines, tests = sweep_points.verdicts(study, figures, points)
     assert not tests["b"]["holds"] and tests["b"]["status"] == "not shown" and ": not shown (shares" in lines[1]
     assert "difference 0.0% [" in lines[1] and tests["b_retention"]["status"] == "not shown"
-    assert "| 4 | generative |" in sweep_report.format_table(points)
+    assert "| 4 | generative |" in sweep_text.format_table(points)
 
 
 def test_verdict_a_is_said_per_k_shown_not_shown_or_contradicted():
 
-    from layerprune.pipeline.studies import sweep_report
+    from layerprune.pipeline.studies import sweep_points
 
     study = SimpleNamespace(ratios=[1, 2, 4])
     # k=1: generative wins back all (gap holds 0), k=2: classification keeps 95% (gap above 0), k=4: classification
     # keeps 20% of its margin while generative keeps 40% of its own (gap below 0)
     _, figures = _figures({1: 100, 2: 0, 4: 60}, gen_recovered={1: 1.0, 2: 0.95, 4: 0.2})
-    points = [sweep_report.point(study, figures, k) for k in study.ratios]
-    lines, tests = sweep_report.verdicts(study, figures, points)
+    points = [sweep_points.point(study, figures, k) for k in study.ratios]
+    lines, tests = sweep_points.verdicts(study, figures, points)
     per_k = tests["a"]["per_k"]
     assert {k: v["status"] for k, v in per_k.items()} == {1: "not shown", 2: "shown", 4: "contradicted"}
     assert per_k[4]["gap"]["high"] < 0 < per_k[2]["gap"]["low"] and not tests["a"]["holds"]
     assert "shown at k = 2; not shown at k = 1; contradicted at k = 4" in lines[0]
     assert "k=4: contradicted, -" in lines[0]
     # no interval at all (an original at chance): not shown, and said so
-    lines, tests = sweep_report._verdict_a([{"k": 1, "gap_recovered": {"value": None, "low": None, "high": None},
+    lines, tests = sweep_points._verdict_a([{"k": 1, "gap_recovered": {"value": None, "low": None, "high": None},
                                              "costs": False}])
     assert tests["a"]["not_shown_at"] == [1] and "not shown at k = 1 (gap" in lines[0] and "k=1: not shown, undefined" \
         in lines[0]
@@ -249,35 +249,35 @@ def test_verdict_a_is_said_per_k_shown_not_shown_or_contradicted():
 
 def test_the_k0_control_nets_the_recovered_share_and_every_share_says_how_often_it_is_undefined():
 
-    from layerprune.pipeline.studies import sweep_report
+    from layerprune.pipeline.studies import sweep_points, sweep_text
 
     study = SimpleNamespace(ratios=[1, 4])
     # the recovery alone wins 20 of the original's 50 wrong items: +10 points that are no recovery of the cut
     _, figures = _figures({1: 60, 4: 10}, control=20)
-    control = sweep_report.control_point(figures)
+    control = sweep_points.control_point(figures)
     assert control["generative"]["change"]["value"] == pytest.approx(0.1)
     assert control["classification"]["change"]["value"] == pytest.approx(0.0)
-    points = [sweep_report.point(study, figures, k) for k in study.ratios]
+    points = [sweep_points.point(study, figures, k) for k in study.ratios]
     gen = points[0]["generative"]
     assert gen["recovered_share"]["value"] == pytest.approx(0.6)
     assert gen["recovered_share_net"]["value"] == pytest.approx((0.3 - 0.1) / 0.5)
-    lines, tests = sweep_report.verdicts(study, figures, points)
+    lines, tests = sweep_points.verdicts(study, figures, points)
     assert tests["b_net"]["difference"]["value"] == pytest.approx(0.4 - (0.05 - 0.1) / 0.5)
     assert any(line.startswith("(b, net of the control)") for line in lines)
-    table = sweep_report.format_table(points)
+    table = sweep_text.format_table(points)
     assert "recovered share net of the k = 0 control" in table and "40.0% [" in table
-    text = sweep_report.format_control(control, "lora", False)
+    text = sweep_text.format_control(control, "lora", False)
     assert "| generative | 75.0% [" in text and "| 10.0% [" in text
-    assert "needs a cut" in sweep_report.format_control(None, "local", True)
+    assert "needs a cut" in sweep_text.format_control(None, "local", True)
     # a drop of 5 items of 200: clear, but its interval comes within 2 points of 0, so its share is unbounded, not a
     # ratio (issue 56); without that margin, on some resamples none of the 5 is drawn and the share is undefined there
     _, figures = _figures({1: 3, 4: 10}, lost=5)
-    point = sweep_report.point(study, figures, 1)
+    point = sweep_points.point(study, figures, 1)
     assert point["generative"]["recovered_share"].startswith("unbounded (the drop's interval [")
-    assert "unbounded" in sweep_report.format_table([point])
-    share = figures.interval(lambda m: sweep_report._share(figures, 1, "generative", m))
+    assert "unbounded" in sweep_text.format_table([point])
+    share = figures.interval(lambda m: sweep_points._share(figures, 1, "generative", m))
     assert 0 < share["undefined"] < 0.05
-    assert f"(undefined {100 * share['undefined']:.1f}%)" in sweep_report.share_pct(share)
+    assert f"(undefined {100 * share['undefined']:.1f}%)" in sweep_points.share_pct(share)
 
 
 def _tiny_study(tiny_llama, tmp_path, **fields):  # noqa: ANN001, ANN202 (a SweepStudy)
@@ -388,7 +388,7 @@ def _eval_folder(folder: Path, rows: dict[str, tuple[str, list[float]]]) -> None
 def test_replicates_are_one_point_their_mean_with_the_run_sd_beside_the_item_se(tmp_path):
     import numpy as np
 
-    from layerprune.pipeline.studies import sweep_report
+    from layerprune.pipeline.studies import sweep_points, sweep_report, sweep_text
 
     rng = np.random.default_rng(1)
     n = 120
@@ -405,13 +405,13 @@ def test_replicates_are_one_point_their_mean_with_the_run_sd_beside_the_item_se(
         _eval_folder(folders[label], {"piqa": ("classification", cls), "copy_l7": ("generative", scores.tolist())})
     figures, matrices, _ = sweep_report.sweep_figures(folders)
     assert figures.labels == ["baseline", "pruned-k1", "recovered-k1"] and matrices["copy_l7"].shape == (5, n)
-    point = sweep_report.point(SimpleNamespace(ratios=[1]), figures, 1)
+    point = sweep_points.point(SimpleNamespace(ratios=[1]), figures, 1)
     won = [np.mean(gen[label]) for label in runs]
     assert point["generative"]["recovered"]["value"] == pytest.approx(np.mean(won))
     spread = point["generative"]["spread"]
     assert spread["replicates"] == 3 and spread["run_sd"] == pytest.approx(np.std(won, ddof=1))
     assert point["classification"]["spread"]["run_sd"] == pytest.approx(0.0)
-    table = sweep_report.format_spread([point], None)
+    table = sweep_text.format_spread([point], None)
     assert f"| 1 | generative | 3 | {100 * np.std(won, ddof=1):.1f} | {100 * spread['item_se']:.1f} |" in table
 
 
@@ -515,7 +515,7 @@ def test_the_dry_run_plans_every_arm_at_its_own_rate(capsys, tmp_path, monkeypat
 def test_arms_are_compared_pairwise_at_every_k_with_the_two_level_interval(tmp_path):
     import numpy as np
 
-    from layerprune.pipeline.studies import sweep_report
+    from layerprune.pipeline.studies import sweep_curves, sweep_points, sweep_report, sweep_text
 
     rng = np.random.default_rng(2)
     n = 200
@@ -534,18 +534,18 @@ def test_arms_are_compared_pairwise_at_every_k_with_the_two_level_interval(tmp_p
         _eval_folder(folders[label], {"piqa": ("classification", cls), "copy_l7": ("generative", scores.tolist())})
     figures, _, _ = sweep_report.sweep_figures(folders)
     study = SimpleNamespace(ratios=[1, 2])
-    points = [sweep_report.point(study, figures, k, arm) for k in (1, 2) for arm in ("local", "lora")]
+    points = [sweep_points.point(study, figures, k, arm) for k in (1, 2) for arm in ("local", "lora")]
     assert points[0]["arm"] == "local" and points[0]["generative"]["recovered_share"]["value"] == pytest.approx(0.65)
     assert points[0]["generative"]["spread"]["replicates"] == 2
-    rows = sweep_report.comparisons(figures, points, ["local", "lora"])
+    rows = sweep_points.comparisons(figures, points, ["local", "lora"])
     assert [(r["k"], r["arms"]) for r in rows] == [(1, ["local", "lora"]), (2, ["local", "lora"])]
     share = rows[0]["generative"]["share"]
     assert share["value"] == pytest.approx(0.4) and rows[0]["generative"]["share_status"] == "shown"
     assert rows[0]["generative"]["score"]["value"] == pytest.approx(40 / n)
     assert rows[1]["generative"]["share"]["value"] == pytest.approx(0.1)
-    assert rows[0]["classification"]["share"] == sweep_report.NO_CLEAR_DROP
+    assert rows[0]["classification"]["share"] == sweep_points.NO_CLEAR_DROP
     assert rows[0]["classification"]["score_status"] == "not shown"
-    text = "\n".join(sweep_report.format_comparisons(rows, replicates=2))
+    text = "\n".join(sweep_text.format_comparisons(rows, replicates=2))
     assert f"- local - lora at k = 1, generative: recovered share +40.0% [{100 * share['low']:.1f}, " in text
     assert "recovered score +20.0% [" in text and "run-to-run variance is in them" in text
     # each difference also has its Holm interval over the declared family: every pair at every k and kind (2 x 2)
@@ -554,11 +554,11 @@ def test_arms_are_compared_pairwise_at_every_k_with_the_two_level_interval(tmp_p
     assert holm["declared"] == (holm["low"] > 0) and "(4 share differences, 4 score differences)" in text
     assert f"(Holm {100 * holm['level']:.1f}%: +40.0% [{100 * holm['low']:.1f}, " in text
     # per arm: the verdicts on its own points, one table with an arm column, the spread per arm
-    lines, tests = sweep_report.verdicts(study, figures, [p for p in points if p["arm"] == "local"], "local")
+    lines, tests = sweep_points.verdicts(study, figures, [p for p in points if p["arm"] == "local"], "local")
     assert tests["b"]["difference"]["value"] == pytest.approx(0.65 - 0.25) and tests["b"]["status"] == "shown"
-    assert "| 2 | lora | generative |" in sweep_report.format_table(points)
-    assert "| 1 | local | generative | 2 |" in sweep_report.format_spread(points, None, {"local": None})
-    sweep_report.plot_retention(points, 30, tmp_path / "sweep.png")
+    assert "| 2 | lora | generative |" in sweep_text.format_table(points)
+    assert "| 1 | local | generative | 2 |" in sweep_text.format_spread(points, None, {"local": None})
+    sweep_curves.plot_retention(points, 30, tmp_path / "sweep.png")
     assert (tmp_path / "sweep.png").stat().st_size > 0
 
 
@@ -612,7 +612,7 @@ def test_tiny_sweep_with_two_arms_recovers_every_k_both_ways_and_compares_them_p
 
 
 def test_a_missing_control_says_why_and_local_s_would_be_the_original():
-    from layerprune.pipeline.studies.sweep_report import format_control
+    from layerprune.pipeline.studies.sweep_text import format_control
 
     local = format_control(None, "local", True, "local")
     assert local.startswith("No k = 0 control of arm local: local needs a cut")
@@ -711,8 +711,9 @@ def test_a_finished_sweep_given_another_arm_resumes_and_a_changed_arm_is_still_r
     stages = [name for name in sweep_grid.stage_names(more) if name != "report"]
     (line,) = sweep_plan.progress_lines(more, paths.root)
     assert "holds a run of this sweep:" in line and f"2 of {len(stages)} stages complete" in line
-    assert "recover-local-k1, eval-local-k1" in line
-    assert "left: score, " in line and "recover-lora-k1," not in line
+    left = [name for name in stages if name not in ("calibrate-probes", "recover-lora-k1")]
+    assert f"left: {sweep_plan.in_brief(left)}" in line and "in order: score, gate-gsm8k, " in line
+    assert "recover-local-k1" in left and "eval-local-k1" in left and "recover-lora-k1" not in left
     assert sweep_plan.progress_lines(more, tmp_path / "elsewhere") == []
     # a grid for the added arm alone is the added arm's business; a run recorded without arms is not adopted
     grid = _tiny_study(tiny_llama, tmp_path, arms={**more.arms, "kd": {"method": "kd"}}, lr_grid={"kd": [1e-4, 1e-3]})

@@ -53,15 +53,11 @@ from layerprune.pipeline.studies.sweep_grid import (
     GSM8K,
     SweepStudy,
     both_formats,
-    budget_label,
-    budget_of,
-    chat_tasks,
-    evaluated_tasks,
-    ranking,
     stage_names,
     stage_output,
     trains_each_budget,
 )
+from layerprune.pipeline.studies.sweep_inputs import budget_label, budget_of, chat_tasks, evaluated_tasks, ranking
 from layerprune.recover.job import leftover_of
 from layerprune.recover.schema import RecoverRecipe
 

@@ -1,7 +1,8 @@
 """The pruning-ratio sweep as data: its recipe (SweepStudy), the models its grid expands to (cuts x arms x budgets x
-replicates, the k = 0 controls), their labels, and its stages with their outputs, replicate by replicate. The runner
-(sweep.py), the dry run (sweep_plan.py) and the reports (sweep_report.py, budget_report.py, sweep_join.py) read it; it
-imports none of them."""
+replicates, the k = 0 controls), their labels, and its stages with their outputs, replicate by replicate. What a stage
+is given as it runs (its tasks, its cut, its budget) is sweep_inputs.py's. The runner (sweep.py), the dry run
+(sweep_plan.py) and the reports (sweep_report.py and its sweep_points/sweep_text/sweep_curves, budget_report.py,
+sweep_join.py) read it; it imports none of them."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from layerprune.core.errors import LayerpruneError
 from layerprune.core.recipe_loading import validation_message
 from layerprune.evaluate.calibrated import ProbeCalibration
 from layerprune.evaluate.schema import EvalSettings
@@ -25,7 +25,6 @@ from layerprune.pipeline.studies.cells import (
     check_plain_probes,
     derive_arm_recipe,
     replicate_label,
-    split_label,
     suite_tasks,
 )
 from layerprune.pipeline.studies.comparisons import ComparisonFamily, check_budget_contrasts, check_comparisons
@@ -177,7 +176,7 @@ class SweepStudy(PipelineRecipe):
                              f"{self.budgets}")
         for arm in arm_names(self):
             recipe, name = self.arm_recipe(arm, "<pruned>"), f"arm '{arm}'" if arm else "the recovery"
-            if recipe.trainer_method() is None and "local" not in recipe.surgery_steps():
+            if recipe.lr_section() is None:  # no step trains (a fold or merge alone)
                 raise ValueError(f"budgets: {name} trains nothing ({recipe.chain_name()}): a budget curve needs "
                                  "training")
             if recipe.train.max_tokens is not None:
@@ -304,19 +303,6 @@ def dedicated_points(study: SweepStudy, k: int, arm: str | None = None) -> list[
             for r in range(study.replicates)]
 
 
-def budget_of(study: SweepStudy, label: str) -> tuple[str, int | None]:
-    """(the label without its budget, the budget) of a recovered point's label (kK[@B][@rR] or ARM-kK[@B][@rR]):
-    without a budget tag, the largest budget (None: the sweep has no budgets)."""
-    logical, replicate = split_label(label)
-    bare, _, tag = logical.partition("@")
-    tag = tag.removesuffix(DEDICATED)
-    tags = {budget_tag(b): b for b in study.budgets or []}
-    if tag and tag not in tags:
-        raise LayerpruneError(f"{label}: no budget {tag} in this sweep's budgets")
-    budget = tags[tag] if tag else (study.budgets[-1] if study.budgets else None)
-    return replicate_label(bare, replicate), budget
-
-
 def trains_each_budget(study: SweepStudy, arm: str | None) -> bool:
     """Whether the arm's budget points are runs of their own (local: no trainer to save checkpoints), not
     checkpoints of the run to the largest budget."""
@@ -381,29 +367,9 @@ def stage_output(root: Path, stage: str) -> Path:
             "score": root / "scored" / "prune_report.json", "report": root / "sweep.md"}[stage]
 
 
-def evaluated_tasks(study: SweepStudy, root: Path) -> list[str]:
-    """Classification tasks, the fixed tasks, the kept probe levels, and GSM8K where the original passed the gate
-    (or where it is fixed)."""
-    from layerprune.evaluate.summary import read_summary
-
-    tasks = [*study.classification, *study.fixed, *kept_levels(study, root)]
-    if not gsm8k_gated(study):
-        return tasks
-    gate = read_summary(stage_output(root, "gate-gsm8k")).headlines()[GSM8K]
-    assert study.gsm8k_gate is not None
-    return tasks + ([GSM8K] if gate.value >= study.gsm8k_gate.min_score else [])
-
-
 def gsm8k_gated(study: SweepStudy) -> bool:
     """Whether GSM8K waits on its gate (a gate-gsm8k stage): not where it is a fixed task, nor without a gate."""
     return study.gsm8k_gate is not None and GSM8K not in study.fixed
-
-
-def kept_levels(study: SweepStudy, root: Path) -> list[str]:
-    """The probe levels the gate kept ([] without a gate)."""
-    from layerprune.evaluate.calibrated import kept_tasks
-
-    return kept_tasks(root / CALIBRATION_FILE) if study.probes is not None else []
 
 
 def fixed_probes(study: SweepStudy) -> list[str]:
@@ -411,28 +377,3 @@ def fixed_probes(study: SweepStudy) -> list[str]:
     from layerprune.tasks.probes import probe_tasks
 
     return [t for t in study.fixed if t in probe_tasks()]
-
-
-def chat_tasks(study: SweepStudy, root: Path) -> list[str]:
-    """The probe tasks every model is scored on: the fixed probe tasks and the kept levels."""
-    return list(dict.fromkeys([*fixed_probes(study), *kept_levels(study, root)]))
-
-
-def ranking(root: Path, ratios: list[int], layers: list[int] | None = None) -> dict[int, list[int]]:
-    """The blocks each k drops: the k lowest of the one scoring pass (the largest k is what the pass dropped); the
-    given cut (`layers`, prune.layers of a one-k sweep) as it is."""
-    from layerprune.prune.metrics import select_lowest
-    from layerprune.prune.report import read_prune_report
-
-    if layers is not None:
-        return {ratios[0]: sorted(layers)}
-    report = read_prune_report(root / "scored")
-    cuts = {k: select_lowest(report.scores, k, report.method.protect) for k in ratios}
-    assert cuts[ratios[-1]] == sorted(report.dropped), "the scoring pass dropped other blocks than its ranking's lowest"
-    return cuts
-
-
-def budget_label(label: str, tokens: int) -> str:
-    """kK[@rR] or ARM-kK[@rR] at a budget: kK@B[@rR], ARM-kK@B[@rR]."""
-    logical, replicate = split_label(label)
-    return replicate_label(f"{logical}@{budget_tag(tokens)}", replicate)

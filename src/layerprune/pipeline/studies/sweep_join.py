@@ -28,19 +28,9 @@ from layerprune.pipeline.audit_report import join_audit_lines
 from layerprune.pipeline.paired_table import Figures
 from layerprune.pipeline.studies.cells import split_label
 from layerprune.pipeline.studies.sweep_grid import recovered_label
-from layerprune.pipeline.studies.sweep_report import (
-    KINDS,
-    comparisons,
-    control_point,
-    format_comparisons,
-    format_control,
-    format_spread,
-    format_table,
-    paired_json,
-    point,
-    sweep_figures,
-    verdicts,
-)
+from layerprune.pipeline.studies.sweep_points import KINDS, comparisons, control_point, point, verdicts
+from layerprune.pipeline.studies.sweep_report import paired_json, sweep_figures
+from layerprune.pipeline.studies.sweep_text import format_comparisons, format_control, format_spread, format_table
 
 SWEEP_FILE = "sweep.json"
 RUN_FILE = "run.json"

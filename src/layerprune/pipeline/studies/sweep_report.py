@@ -1,16 +1,10 @@
 """sweep.md of a pruning-ratio sweep: retention against k for classification and generative reasoning, pruned and
-recovered, with paired intervals; a table, the loss curves, and verdicts computed from the intervals.
+recovered, with paired intervals; a table, the loss curves, and verdicts computed from the intervals. The figures and
+verdicts are sweep_points.py's, their tables sweep_text.py's, the curves sweep_curves.py's; here they are computed over
+the sweep's scored models and put together, with the method lines and the records kept.
 
-Every model answered the same items, so one clustered paired bootstrap (items drawn within each task, the same draw for
-every model) gives every figure its interval: drops, chance-normalised retention (model - chance) / (original -
-chance), the recovered share (recovered - pruned) / (original - pruned), and the differences the verdicts test.
-
-With arms (several recoveries of every k), every figure is given per arm (a point carries its `arm`), the verdicts
-per arm, and every pair of arms is compared at every k: the paired difference of their recovered shares and of their
-recovered scores, two-level over runs and items where there are replicates, each also with its Holm interval over its
-family (every pair of arms at every k and kind, in one format: the shares one family, the scores another); two arms
-are said to differ only where that family-wise interval excludes 0. A share is stated only where the drop's interval
-stays `paired.SHARE_MARGIN` above 0 (else 'unbounded'). The statistics are all core/paired.py's.
+One clustered paired bootstrap (items drawn within each task, the same draw for every model) gives every figure its
+interval; with arms every figure is given per arm and every pair of arms is compared at every k (sweep_points.py).
 The recipe's declared comparisons (`comparisons`, pipeline/studies/comparisons.py) are drawn family by family, each
 contrast with its paired interval and its Holm interval over exactly its family; a declared confirmatory family
 replaces the every-pair family above, an exploratory one (declared after the results were read) is said so, beside it.
@@ -19,15 +13,12 @@ replaces the every-pair family above, an exploratory one (declared after the res
 from __future__ import annotations
 
 import json
-from itertools import combinations
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from layerprune.core import paired
 from layerprune.core.errors import LayerpruneError
-from layerprune.core.paired import NO_CLEAR_DROP, differ_text, format_interval, run_variance_note
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.paired_table import Figures, load_matrix
 from layerprune.pipeline.studies.comparisons import (
@@ -37,434 +28,10 @@ from layerprune.pipeline.studies.comparisons import (
     uses_default_family,
 )
 from layerprune.pipeline.studies.lr_search import lr_lines
+from layerprune.pipeline.studies.sweep_curves import budget_text, curve_name, loss_curves, plot_losses, plot_retention
 from layerprune.pipeline.studies.sweep_grid import recovered_label
-
-KINDS = ("classification", "generative")
-CONTROL = "recovered-k0"  # the k = 0 control: the same recovery of the unpruned original (ARM-k0 with arms)
-SIDE = {"shown": "above 0", "not shown": "holds 0", "contradicted": "below 0"}  # where a difference's interval lies
-
-
-def point(study: Any, figures: Figures, k: int, arm: str | None = None, models: str = "") -> dict[str, Any]:
-    """One k of the sweep (of one arm's recovery: the point carries `arm`): per kind the scores, drop,
-    chance-normalised retention, recovered share (and, with the k = 0 control, the share net of the control's own
-    change), the across-run spread; and the gap. `models`: the prefix of the original's and pruned models' labels
-    the arm is measured against (sweeps joined with their own models: NAME:)."""
-    out: dict[str, Any] = {"k": k, **({"arm": arm} if arm is not None else {})}
-    control = recovered_label(arm, 0) in figures.labels
-    rec, base, pruned = recovered_label(arm, k), f"{models}baseline", f"{models}pruned-k{k}"
-    for kind in KINDS:
-        if not figures.has(kind):
-            continue
-        row = {"baseline": figures.score(base, kind), "pruned": figures.score(pruned, kind),
-               "drop": figures.difference(base, pruned, kind)}
-        row["retention_pruned"] = figures.interval(lambda m, kind=kind: figures.retention(pruned, kind, m, base))
-        if rec in figures.labels:
-            row["recovered"] = figures.score(rec, kind)
-            row["retention_recovered"] = figures.interval(lambda m, kind=kind: figures.retention(rec, kind, m, base))
-            state = paired.share_state(row["drop"])  # None: the drop is bounded away from 0, a share can be stated
-            row["recovered_share"] = figures.interval(
-                lambda m, kind=kind: _share(figures, k, kind, m, arm, models)) if state is None else state
-            if control:
-                row["recovered_share_net"] = figures.interval(
-                    lambda m, kind=kind: _net_share(figures, k, kind, m, arm, models)) if state is None else state
-            row["gain"] = figures.difference(rec, pruned, kind)
-            row["spread"] = spread(figures, rec, kind)
-        out[kind] = row
-    if all(figures.has(kind) for kind in KINDS) and rec in figures.labels:
-        out["gap_recovered"] = figures.interval(
-            lambda m: figures.retention(rec, "classification", m, base) - figures.retention(rec, "generative", m, base))
-    out["costs"] = any(_above(out.get(kind, {}).get("drop")) for kind in KINDS)
-    return out
-
-
-def control_point(figures: Figures, arm: str | None = None, models: str = "") -> dict[str, Any] | None:
-    """The k = 0 control (of `arm`) per kind: the original (labelled `models`baseline), the original after the same
-    recovery, the change (control - baseline) and the across-run spread; None without a control."""
-    control, base = recovered_label(arm, 0), f"{models}baseline"
-    if control not in figures.labels:
-        return None
-    return {kind: {"baseline": figures.score(base, kind), "control": figures.score(control, kind),
-                   "change": figures.difference(control, base, kind), "spread": spread(figures, control, kind)}
-            for kind in KINDS if figures.has(kind)}
-
-
-def spread(figures: Figures, label: str, group: str) -> dict[str, Any]:
-    """Across-run SD of a recovered point's group score over its replicates (None with one replicate) beside the
-    item-sampling SE."""
-    return dict(figures.spread(label, group))
-
-
-def _above(ci: dict[str, Any] | None) -> bool:
-    return bool(ci and ci.get("low") is not None and ci["low"] > 0)
-
-
-def shown(ci: dict[str, Any] | None) -> str:
-    """What an interval shows about 'above 0': shown (all above), contradicted (all below) or not shown (it holds 0,
-    or there is none)."""
-    if not ci or ci.get("low") is None:
-        return "not shown"
-    return "shown" if ci["low"] > 0 else "contradicted" if ci["high"] < 0 else "not shown"
-
-
-def verdicts(study: Any, figures: Figures, points: list[dict[str, Any]],
-             arm: str | None = None) -> tuple[list[str], dict[str, Any]]:
-    """(a) per k: after recovery, classification retention above generative, the gap's interval above 0 (shown),
-    below (contradicted) or holding 0 (not shown); (b) as written, the recovered share of the generative drop at the
-    smallest k with a clear generative drop against the largest (also net of the k = 0 control when there is one),
-    and as retention, generative retention after recovery at the smallest against the largest k. Said with the
-    numbers either way. With arms: `points` and the verdicts are one arm's. One k (a recovery study): (b), a k
-    against another, does not apply and is left out."""
-    lines, tests = _verdict_a(points)
-    if study is not None and len(study.ratios) < 2:
-        return lines, tests
-    b_lines, b_tests = _verdict_b(figures, points, arm)
-    return lines + b_lines, {**tests, **b_tests}
-
-
-def _verdict_a(points: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
-    tested = [p for p in points if "gap_recovered" in p]
-    if not tested:
-        return ["(a) cannot be tested: no recovered model, or a kind was not scored."], {}
-    per_k = {p["k"]: {"status": shown(p["gap_recovered"]), "gap": p["gap_recovered"], "costs": p["costs"]}
-             for p in tested}
-    by = {s: [k for k, v in per_k.items() if v["status"] == s] for s in ("shown", "not shown", "contradicted")}
-    costly = [k for k, v in per_k.items() if v["costs"]]
-    holds = bool(costly) and all(per_k[k]["status"] == "shown" for k in costly)
-    summary = ("shown at every k where pruning costs something" if holds else
-               "; ".join(f"{s} at k = {', '.join(map(str, ks))}" for s, ks in by.items() if ks))
-    detail = "; ".join(f"k={k}: {v['status']}, {_ci_pct(v['gap'])}" + ("" if v["costs"] else " (no clear drop)")
-                       for k, v in per_k.items())
-    line = (f"(a) After recovery, classification keeps more of its margin above chance than generative reasoning: "
-            f"{summary} (gap in chance-normalised retention, classification - generative, 95% paired interval, per "
-            f"k: {detail}). Shown: the interval is above 0; not shown: it holds 0; contradicted: it is below 0.")
-    return [line], {"a": {"holds": holds, "per_k": per_k, "shown_at": by["shown"], "not_shown_at": by["not shown"],
-                          "contradicted_at": by["contradicted"], "ks": costly}}
-
-
-def _verdict_b(figures: Figures, points: list[dict[str, Any]],
-               arm: str | None = None) -> tuple[list[str], dict[str, Any]]:
-    lines, tests = [], {}
-    clear = [p["k"] for p in points if isinstance(p.get("generative", {}).get("recovered_share"), dict)]
-    if len(clear) >= 2:
-        small, large = clear[0], clear[-1]
-        for key, share, name in (("b", _share, "recovered share"), ("b_net", _net_share, "recovered share net of the "
-                                                                                         "k = 0 control")):
-            field = "recovered_share" if key == "b" else "recovered_share_net"
-            if field not in _point(points, small, arm)["generative"]:
-                continue
-            diff = figures.interval(lambda m, share=share: share(figures, small, "generative", m, arm)
-                                    - share(figures, large, "generative", m, arm))
-            status = shown(diff)
-            lines.append(f"({key.replace('_net', ', net of the control')}) The {name} of the generative drop is "
-                         f"larger at k={small} than at k={large}: {status} (shares "
-                         f"{share_pct(_point(points, small, arm)['generative'][field])} and "
-                         f"{share_pct(_point(points, large, arm)['generative'][field])}; difference "
-                         f"{share_pct(diff)}).")
-            tests[key] = {"holds": status == "shown", "status": status, "small": small, "large": large,
-                          "difference": diff}
-    else:
-        lines.append(f"(b) cannot be tested as a share: the generative drop is clear (interval above 0) at {len(clear)}"
-                     f" k ({', '.join(map(str, clear)) or 'none'}), and two are needed.")
-    recovered = [p["k"] for p in points if "retention_recovered" in p.get("generative", {})]
-    if len(recovered) >= 2:
-        small, large = recovered[0], recovered[-1]
-        diff = figures.interval(lambda m: figures.retention(recovered_label(arm, small), "generative", m)
-                                - figures.retention(recovered_label(arm, large), "generative", m))
-        status = shown(diff)
-        ret = {k: _point(points, k, arm)["generative"] for k in (small, large)}
-        lines.append(f"(b, as retention) Generative retention after recovery is higher at k={small} than at "
-                     f"k={large}: {status} ({_ci_pct(ret[small]['retention_recovered'])} and "
-                     f"{_ci_pct(ret[large]['retention_recovered'])}, difference {_ci_pct(diff)}; pruned alone "
-                     f"{_ci_pct(ret[small]['retention_pruned'])} and {_ci_pct(ret[large]['retention_pruned'])}).")
-        tests["b_retention"] = {"holds": status == "shown", "status": status, "small": small, "large": large,
-                                "difference": diff}
-    return lines, tests
-
-
-def _share(figures: Figures, k: int, kind: str, m: np.ndarray, arm: str | None = None,
-           models: str = "") -> np.ndarray:
-    return figures.share_of(recovered_label(arm, k), f"{models}pruned-k{k}", kind, m, f"{models}baseline")
-
-
-def _net_share(figures: Figures, k: int, kind: str, m: np.ndarray, arm: str | None = None,
-               models: str = "") -> np.ndarray:
-    """(recovered - pruned - (control - baseline)) / (baseline - pruned): the share beyond what the recovery does to
-    the unpruned original; nan where the drop is not positive."""
-    base, pruned = figures.mean(m, f"{models}baseline", kind), figures.mean(m, f"{models}pruned-k{k}", kind)
-    change = figures.mean(m, recovered_label(arm, 0), kind) - base
-    return paired.share(base, pruned, figures.mean(m, recovered_label(arm, k), kind) - change)
-
-
-def comparisons(figures: Figures, points: list[dict[str, Any]], arms: list[str],
-                models: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """Every pair of arms (in their order: first - second) at every k both recovered: per kind the paired difference
-    of their recovered shares (where the drop is clear) and of their recovered scores, each with its interval
-    (two-level over runs and items with replicates) and where it lies against 0. `models`: each arm's prefix of the
-    original's and pruned models' labels (sweeps joined with their own models); the shares are then each against
-    the arm's own drop, net of each arm's own control where both have one (`share_net_of_controls`). Each difference
-    also gets its Holm interval over its family (`share_holm`, `score_holm`: `paired.holm_intervals` over every pair,
-    k and kind here; a share difference that cannot be stated counts in its family, never declared)."""
-    out: list[dict[str, Any]] = []
-    families: dict[str, dict[tuple[int, str], Any]] = {"share": {}, "score": {}}
-    for k in dict.fromkeys(p["k"] for p in points):
-        for high, low in combinations(arms, 2):
-            if not {recovered_label(high, k), recovered_label(low, k)} <= set(figures.labels):
-                continue
-            row: dict[str, Any] = {"k": k, "arms": [high, low]}
-            for kind in (kind for kind in KINDS if figures.has(kind)):
-                states = [_point(points, k, arm).get(kind, {}).get("recovered_share") for arm in (high, low)]
-                clear = all(isinstance(state, dict) for state in states)
-                net = models is not None and clear and all(recovered_label(arm, 0) in figures.labels
-                                                           for arm in (high, low))
-                gap = _share_difference(figures, k, kind, high, low, models, net)
-                share = figures.interval(gap) if clear else next(
-                    (state for state in states if isinstance(state, str)), NO_CLEAR_DROP)
-                ranks = (recovered_label(high, k), recovered_label(low, k))
-                families["share"][(len(out), kind)] = gap if clear else None
-                families["score"][(len(out), kind)] = (
-                    lambda m, kind=kind, a=ranks: figures.mean(m, a[0], kind) - figures.mean(m, a[1], kind))
-                score = figures.difference(*ranks, kind)
-                row[kind] = {"share": share, "share_status": shown(share) if clear else "not shown",
-                             **({"share_net_of_controls": net} if models is not None else {}),
-                             "score": score, "score_status": shown(score)}
-            out.append(row)
-    for name, family in families.items():
-        for (i, kind), ci in figures.family(family).items():
-            out[i][kind][f"{name}_holm"] = ci
-    return out
-
-
-def _share_difference(figures: Figures, k: int, kind: str, high: str, low: str,
-                      models: dict[str, str] | None = None, net: bool = False) -> Any:
-    """The statistic (task means -> values) of high's recovered share minus low's."""
-    share, own = (_net_share if net else _share), models or {}
-    return lambda m: (share(figures, k, kind, m, high, own.get(high, ""))
-                      - share(figures, k, kind, m, low, own.get(low, "")))
-
-
-def format_comparisons(rows: list[dict[str, Any]], replicates: int) -> list[str]:
-    """One line per pair of arms, k and kind: 'local - lora at k = 3, generative: recovered share +18.0% [9.0,
-    27.0] (undefined 0.0%), above 0; recovered score ...'."""
-    runs = ("two-level over runs and items: run-to-run variance is in them" if replicates > 1 else
-            "one replicate: item sampling only, run-to-run variance not measured")
-    size = {name: max((c[f"{name}_holm"]["family"] for r in rows for kind, c in r.items() if kind in KINDS
-                       and f"{name}_holm" in c), default=0) for name in ("share", "score")}
-    lines = [f"Arms compared, paired on the same items (first - second arm, 95% intervals, {runs}; above 0: the "
-             "interval is above 0, holds 0, or below 0). Each difference is one of a family declared here, every "
-             f"pair of arms at every k and kind ({size['share']} share differences, {size['score']} score "
-             "differences); Holm: its interval at the level Holm's step-down tests it at (core/paired.py "
-             "holm_intervals), and two arms are said to differ only where that interval excludes 0:", ""]
-    for row in rows:
-        high, low = row["arms"]
-        for kind in KINDS:
-            if kind not in row:
-                continue
-            c = row[kind]
-            share = (f"{_signed(c['share'])} (undefined {100 * (c['share'].get('undefined') or 0.0):.1f}%), "
-                     f"{SIDE[c['share_status']]}" if isinstance(c["share"], dict) else c["share"])
-            name = "recovered share net of each arm's control" if c.get("share_net_of_controls") else "recovered share"
-            lines.append(f"- {high} - {low} at k = {row['k']}, {kind}: {name} {share}{_holm_text(c.get('share_holm'))};"
-                         f" recovered score {_signed(c['score'])}, {SIDE[c['score_status']]}"
-                         f"{_holm_text(c.get('score_holm'))}")
-    return lines
-
-
-def _holm_text(ci: dict[str, Any] | None) -> str:
-    """' (Holm 99.2%: +3.0% [-1.0, 7.0], not shown to differ)', '' without one or where nothing can be stated."""
-    if not ci or ci.get("low") is None:
-        return ""
-    return f" (Holm {100 * ci['level']:.1f}%: {_signed(ci)}, {differ_text(ci)})"
-
-
-def _signed(ci: dict[str, Any]) -> str:
-    """An interval printed with its sign: '+18.0% [9.0, 27.0]'."""
-    text = format_interval(ci, missing="undefined")
-    return f"+{text}" if (ci.get("value") or 0) > 0 else text
-
-
-def _point(points: list[dict[str, Any]], k: int, arm: str | None = None) -> dict[str, Any]:
-    return next(p for p in points if p["k"] == k and p.get("arm") == arm)
-
-
-def _ci_pct(ci: dict[str, Any] | str | None) -> str:
-    return ci if isinstance(ci, str) else format_interval(ci, missing="undefined")
-
-
-def share_pct(ci: dict[str, Any] | str | None) -> str:
-    """A share with its interval and the fraction of resamples on which it is undefined (no drop there)."""
-    if not isinstance(ci, dict):
-        return _ci_pct(ci)
-    return f"{_ci_pct(ci)} (undefined {100 * (ci.get('undefined') or 0.0):.1f}%)"
-
-
-def format_table(points: list[dict[str, Any]]) -> str:
-    head = ["k", "kind", "original (%)", "pruned (%)", "drop (points)", "recovered (%)", "gain (points)",
-            "retention pruned (chance-norm.)", "retention recovered (chance-norm.)", "recovered share"]
-    net = any("recovered_share_net" in p.get(kind, {}) for p in points for kind in KINDS)
-    head += ["recovered share net of the k = 0 control"] if net else []
-    arms = any("arm" in p for p in points)
-    head[1:1] = ["arm"] if arms else []
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for p in points:
-        for kind in KINDS:
-            row = p.get(kind)
-            if row is None:
-                continue
-            cells = [str(p["k"]), kind, _ci_pct(row["baseline"]), _ci_pct(row["pruned"]), _ci_pct(row["drop"]),
-                     _ci_pct(row.get("recovered")), _ci_pct(row.get("gain")), _ci_pct(row["retention_pruned"]),
-                     _ci_pct(row.get("retention_recovered")), share_pct(row.get("recovered_share"))]
-            cells += [share_pct(row.get("recovered_share_net"))] if net else []
-            cells[1:1] = [p["arm"]] if arms else []
-            lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def format_control(control: dict[str, Any] | None, chain: str, asked: bool, arm: str | None = None) -> str:
-    """The k = 0 control's table (of `arm`), or why there is none."""
-    of = "" if arm is None else f" of arm {arm}"
-    if control is None:
-        from layerprune.recover.methods import METHODS, cut_methods
-
-        last = chain.split("+")[-1]
-        identity = f" {METHODS.get(last).control_note}" if last in METHODS and METHODS.get(last).control_note else ""
-        return (f"No k = 0 control{of}: {chain} needs a cut ({cut_methods()} change the blocks around one), "
-                "so the recovered share is not net of what the recovery does to the unpruned original." + identity
-                if asked else
-                "No k = 0 control (controls: false): the recovered share is not net of what the recovery does to "
-                "the unpruned original.")
-    lines = [f"k = 0 control{of}: the same recovery applied to the unpruned original, scored on the same items "
-             "(change = control - original, 95% paired interval).", "",
-             "| kind | original (%) | control (%) | change (points) |", "|---|---|---|---|"]
-    lines += [f"| {kind} | {_ci_pct(row['baseline'])} | {_ci_pct(row['control'])} | {_ci_pct(row['change'])} |"
-              for kind, row in control.items()]
-    return "\n".join(lines)
-
-
-def format_spread(points: list[dict[str, Any]], control: dict[str, Any] | None,
-                  controls: dict[str, dict[str, Any] | None] | None = None) -> str:
-    """Across-run SD over the replicates beside the item-sampling SE, per recovered point (with arms: per arm, and
-    each arm's control in `controls`); one replicate: run variance not measured."""
-    rows = [(None, 0, kind, row["spread"]) for kind, row in (control or {}).items()]
-    rows += [(arm, 0, kind, row["spread"]) for arm, c in (controls or {}).items() for kind, row in (c or {}).items()]
-    rows += [(p.get("arm"), p["k"], kind, p[kind]["spread"]) for p in points for kind in KINDS
-             if "spread" in p.get(kind, {})]
-    arms = any(arm is not None for arm, *_ in rows)
-    lines = ["| k |" + (" arm |" if arms else "") + " kind | replicates | across-run SD (points) | item SE (points) | "
-             "run-variance share in the interval |", "|---|---|---|---|---|---|" + ("---|" if arms else "")]
-    for arm, k, kind, sp in rows:
-        run = f"{100 * sp['run_sd']:.1f}" if sp.get("run_sd") is not None else "not measured (one replicate)"
-        lines.append(f"| {k} |" + (f" {arm} |" if arms else "")
-                     + f" {kind} | {sp['replicates']} | {run} | {100 * sp['item_se']:.1f} | {run_variance_note(sp)} |")
-    return "\n".join(lines)
-
-
-def plot_retention(points: list[dict[str, Any]], depth: int | None, path: Path) -> None:
-    """Chance-normalised retention against the pruning ratio: classification and generative, pruned and recovered
-    (one line per arm with arms), with 95% paired intervals."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    arms = list(dict.fromkeys(p.get("arm") for p in points))
-    styles: dict[tuple[str, str, str | None], tuple[str, str]] = {
-        ("classification", "pruned", arms[0] if arms else None): ("tab:blue", "--o"),
-        ("generative", "pruned", arms[0] if arms else None): ("tab:red", "--s")}
-    palette = ["tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:olive", "tab:cyan", "tab:pink", "tab:gray"]
-    for i, arm in enumerate(arms):
-        for kind, color, style in (("classification", "tab:blue", "-o"), ("generative", "tab:red", "-s")):
-            styles[(kind, "recovered", arm)] = (color if arm is None else palette[i % len(palette)], style)
-    for (kind, role, arm), (color, style) in styles.items():
-        series = [(p["k"], p[kind].get(f"retention_{role}")) for p in points if kind in p and p.get("arm") == arm]
-        series = [(k, ci) for k, ci in series if ci and ci.get("value") is not None]
-        if not series:
-            continue
-        xs = [100 * k / depth if depth else k for k, _ in series]
-        ys = [100 * ci["value"] for _, ci in series]
-        errors = [[100 * (ci["value"] - (ci["low"] if ci["low"] is not None else ci["value"])) for _, ci in series],
-                  [100 * ((ci["high"] if ci["high"] is not None else ci["value"]) - ci["value"]) for _, ci in series]]
-        ax.errorbar(xs, ys, yerr=errors, fmt=style, color=color, capsize=3,
-                    label=f"{kind}, {role}" if arm is None or role == "pruned" else f"{kind}, {arm}")
-    ax.axhline(100, color="grey", lw=0.6)
-    ax.axhline(0, color="grey", lw=0.6)
-    ax.set_xlabel("blocks dropped (% of depth)" if depth else "blocks dropped")
-    ax.set_ylabel("retention above chance (%)")
-    ax.set_title("Retention against pruning ratio (95% paired intervals)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def loss_curves(study: Any, root: Path) -> dict[int | str, dict[str, Any]]:
-    """Per k (with arms: per ARM-kK), replicate 0: the held-out loss curve, tokens trained and optimizer steps from
-    its recover report."""
-    from layerprune.pipeline.studies.sweep_grid import arm_names, stage_output
-    from layerprune.recover.report import RECOVER_REPORT, read_recover_report
-
-    out: dict[int | str, dict[str, Any]] = {}
-    for k, arm in ((k, arm) for k in study.ratios for arm in arm_names(study)):
-        label = recovered_label(arm, k)
-        folder = stage_output(root, "recover-" + label.removeprefix("recovered-")).parent
-        if (folder / RECOVER_REPORT).is_file():
-            report = read_recover_report(folder)
-            out[k if arm is None else label] = {
-                "held_out": report.loss_curve.get("held_out", []), "tokens": report.tokens_seen,
-                "steps": report.data.get("steps"), "seconds": report.seconds.training,
-                "answers": report.data.get("filter", {}), "tokens_unpadded": report.tokens_unpadded,
-                "sequences": report.sequences, "optimizer_steps": report.optimizer_steps,
-                "learning_rate": report.learning_rate}
-    return out
-
-
-def budget_text(curve: dict[str, Any]) -> str:
-    """What one recovery spent: unpadded target tokens, sequences, optimizer steps and learning rate where its report
-    has them (the trainer's padded count otherwise), its time and how its held-out loss flattened."""
-    if curve.get("tokens_unpadded") is None:
-        spent = f"{curve['tokens']} tokens (padded), {curve['steps']} steps"
-    else:
-        spent = (f"{curve['tokens_unpadded']} unpadded target tokens, {curve['sequences']} sequences, "
-                 f"{curve['optimizer_steps']} optimizer steps, lr {curve['learning_rate']:.1e} ({curve['tokens']} "
-                 "tokens as the trainer counts them)")
-    return f"{spent}, {curve['seconds']:.0f} s, held-out loss {flattening(curve['held_out'])}"
-
-
-def flattening(curve: list[list[float | None]]) -> str:
-    """How much the held-out loss still fell over the last quarter of training (relative to its whole fall)."""
-    values = [(s, v) for s, v in curve if v is not None]
-    if len(values) < 3:
-        return "too few held-out points"
-    first, last = values[0][1], values[-1][1]
-    quarter = [v for s, v in values if s >= 0.75 * values[-1][0]]
-    fall = first - last
-    late = quarter[0] - last if quarter else 0.0
-    share = late / fall if fall > 0 else float("nan")
-    return f"{first:.3f} -> {last:.3f}; the last quarter of the steps gave {100 * share:.0f}% of the fall"
-
-
-def curve_name(key: int | str) -> str:
-    """'k=3' for a sweep's k, the label itself (ARM-kK) with arms."""
-    return f"k={key}" if isinstance(key, int) else key
-
-
-def plot_losses(curves: dict[int | str, dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    for k, info in curves.items():
-        points = [(s, v) for s, v in info["held_out"] if v is not None]
-        ax.plot([s for s, _ in points], [v for _, v in points], "-o", ms=3, label=curve_name(k))
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("held-out loss (teacher answers)")
-    ax.set_title("Recovery: held-out loss per k" + (" and arm" if any(isinstance(k, str) for k in curves) else ""))
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+from layerprune.pipeline.studies.sweep_points import KINDS, comparisons, control_point, point, verdicts
+from layerprune.pipeline.studies.sweep_text import format_comparisons, format_control, format_spread, format_table
 
 
 def write_sweep_report(study: Any, root: Path, curves: dict[int | str, dict[str, Any]] | None = None) -> Path:
@@ -473,7 +40,8 @@ def write_sweep_report(study: Any, root: Path, curves: dict[int | str, dict[str,
     else read from them."""
     from layerprune.pipeline.audit_report import audit_section
     from layerprune.pipeline.studies.cells import CALIBRATION_FILE
-    from layerprune.pipeline.studies.sweep_grid import arm_names, ranking
+    from layerprune.pipeline.studies.sweep_grid import arm_names
+    from layerprune.pipeline.studies.sweep_inputs import ranking
 
     folders = evaluated(study, root)
     figures, matrices, kinds = sweep_figures(folders)
@@ -649,7 +217,7 @@ def gate_line(study: Any, calibration: dict[str, Any] | None) -> str:
 def _method_lines(study: Any, root: Path, figures: Figures, items: dict[str, int],
                   calibration: dict[str, Any] | None, curves: dict[int | str, dict[str, Any]],
                   unpaired: dict[str, str], depth: int | None) -> list[str]:
-    from layerprune.pipeline.studies.sweep_grid import ranking
+    from layerprune.pipeline.studies.sweep_inputs import ranking
 
     cuts = ranking(root, study.ratios, study.prune.layers)
     groups = {kind: [figures.tasks[i] for i in idx] for kind, idx in figures.groups.items()}

@@ -1,0 +1,78 @@
+"""What each of a sweep's stages is given when it runs, read from the records of the stages before it (the grid and
+its labels are sweep_grid.py's): the tasks an eval stage scores (the probe gate's kept levels, GSM8K where the original
+passed its gate), the blocks a prune stage drops (the scoring pass's ranking), and the budget a recover stage trains to
+with its checkpoints' labels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from layerprune.core.errors import LayerpruneError
+from layerprune.pipeline.studies.cells import CALIBRATION_FILE, replicate_label, split_label
+from layerprune.pipeline.studies.sweep_grid import (
+    DEDICATED,
+    GSM8K,
+    SweepStudy,
+    budget_tag,
+    fixed_probes,
+    gsm8k_gated,
+    stage_output,
+)
+
+
+def evaluated_tasks(study: SweepStudy, root: Path) -> list[str]:
+    """Classification tasks, the fixed tasks, the kept probe levels, and GSM8K where the original passed the gate
+    (or where it is fixed)."""
+    from layerprune.evaluate.summary import read_summary
+
+    tasks = [*study.classification, *study.fixed, *kept_levels(study, root)]
+    if not gsm8k_gated(study):
+        return tasks
+    gate = read_summary(stage_output(root, "gate-gsm8k")).headlines()[GSM8K]
+    assert study.gsm8k_gate is not None
+    return tasks + ([GSM8K] if gate.value >= study.gsm8k_gate.min_score else [])
+
+
+def kept_levels(study: SweepStudy, root: Path) -> list[str]:
+    """The probe levels the gate kept ([] without a gate)."""
+    from layerprune.evaluate.calibrated import kept_tasks
+
+    return kept_tasks(root / CALIBRATION_FILE) if study.probes is not None else []
+
+
+def chat_tasks(study: SweepStudy, root: Path) -> list[str]:
+    """The probe tasks every model is scored on: the fixed probe tasks and the kept levels."""
+    return list(dict.fromkeys([*fixed_probes(study), *kept_levels(study, root)]))
+
+
+def ranking(root: Path, ratios: list[int], layers: list[int] | None = None) -> dict[int, list[int]]:
+    """The blocks each k drops: the k lowest of the one scoring pass (the largest k is what the pass dropped); the
+    given cut (`layers`, prune.layers of a one-k sweep) as it is."""
+    from layerprune.prune.metrics import select_lowest
+    from layerprune.prune.report import read_prune_report
+
+    if layers is not None:
+        return {ratios[0]: sorted(layers)}
+    report = read_prune_report(root / "scored")
+    cuts = {k: select_lowest(report.scores, k, report.method.protect) for k in ratios}
+    assert cuts[ratios[-1]] == sorted(report.dropped), "the scoring pass dropped other blocks than its ranking's lowest"
+    return cuts
+
+
+def budget_of(study: SweepStudy, label: str) -> tuple[str, int | None]:
+    """(the label without its budget, the budget) of a recovered point's label (kK[@B][@rR] or ARM-kK[@B][@rR]):
+    without a budget tag, the largest budget (None: the sweep has no budgets)."""
+    logical, replicate = split_label(label)
+    bare, _, tag = logical.partition("@")
+    tag = tag.removesuffix(DEDICATED)
+    tags = {budget_tag(b): b for b in study.budgets or []}
+    if tag and tag not in tags:
+        raise LayerpruneError(f"{label}: no budget {tag} in this sweep's budgets")
+    budget = tags[tag] if tag else (study.budgets[-1] if study.budgets else None)
+    return replicate_label(bare, replicate), budget
+
+
+def budget_label(label: str, tokens: int) -> str:
+    """kK[@rR] or ARM-kK[@rR] at a budget: kK@B[@rR], ARM-kK@B[@rR]."""
+    logical, replicate = split_label(label)
+    return replicate_label(f"{logical}@{budget_tag(tokens)}", replicate)
