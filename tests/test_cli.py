@@ -61,10 +61,11 @@ def test_output_short_flag_for_pipeline_analysis_and_recipes(capsys, tiny_llama,
     assert code == 0, err
     assert f"-> {tmp_path / 'run'}" in out
 
-    study = write_yaml(tmp_path / "study.yaml", {
-        "name": "tiny-study", "model": str(tiny_llama), "prune": {"layers": [2, 3]},
-        "arms": {"sft": {"method": "lora"}},
-        "recover": {"recipe": "demo", "overrides": {"train": {"max_steps": 2}}}, "evaluate": {"tasks": ["arith_1dc"]}})
+    study = write_yaml(tmp_path / "study.yaml", {  # a one-cut sweep (a recovery study)
+        "kind": "sweep-study", "name": "tiny-study", "model": str(tiny_llama), "ratios": [2],
+        "prune": {"layers": [2, 3]}, "arms": {"sft": {"method": "lora"}},
+        "recover": {"recipe": "demo", "overrides": {"train": {"max_steps": 2}}}, "classification": ["arc_easy"],
+        "fixed": ["arith_1dc"], "probes": None, "gsm8k_gate": None, "evaluate": {"suite": "sweep-cpu"}})
     code, out, err = run_cli(capsys, ["study", str(study), "-o", str(tmp_path / "s"), "--dry-run"])
     assert code == 0, err
     assert f"-> {tmp_path / 's'}" in out

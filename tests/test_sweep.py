@@ -1030,3 +1030,40 @@ def test_a_probe_candidate_or_classification_task_outside_the_suite_is_refused_o
 
     shipped = build_from_recipe(SweepStudy, SweepStudy.kind, "limits-budget-math-embedded", {})
     assert {"arith_3d_add", "brackets_d6"} <= set(shipped.probes.candidates)
+
+
+def test_max_hours_refuses_a_study_over_its_estimate_before_any_stage_runs(capsys, tmp_path, monkeypatch, tiny_llama):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    data = load_recipe("limits-sweep-embedded", "sweep-study")[0]
+    data.update(output=str(tmp_path / "s"))
+    recipe = tmp_path / "sweep.yaml"
+    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
+    code, out, err = run_cli(capsys, ["study", str(recipe), "--max-hours", "0.5"])
+    assert_one_line_error(code, err, "limits-sweep-embedded: the estimate is about", "over --max-hours 0.5",
+                          "nothing ran")
+    assert not (tmp_path / "s").exists()
+    code, out, err = run_cli(capsys, ["study", str(recipe), "--dry-run", "--max-hours", "100"])  # under it: the plan
+    assert code == 0, err
+    total = float(out.rsplit("total about ", 1)[1].split(" min")[0]) / 60
+    code, out, err = run_cli(capsys, ["study", str(recipe), "--dry-run", "--max-hours", f"{0.9 * total:.3f}"])
+    assert_one_line_error(code, err, f"the estimate is about {int(total)}.")  # the dry run's own estimate
+    tiny = tmp_path / "tiny.yaml"  # no measured rates for another model: no estimate to hold it to
+    tiny.write_text(yaml.safe_dump(tiny_sweep(tiny_llama, tmp_path / "t")))
+    code, out, err = run_cli(capsys, ["study", str(tiny), "--max-hours", "10"])
+    assert_one_line_error(code, err, "--max-hours:", "has no time estimate")
+    assert not (tmp_path / "t").exists()
+    with pytest.raises(SystemExit):  # argparse's usage error
+        run_cli(capsys, ["study", str(tiny), "--max-hours", "-1"])
+    assert "expected a number of hours above 0, not '-1'" in capsys.readouterr().err
+
+
+def test_max_hours_sums_a_grids_cells():
+    from layerprune.cli.study import StudyKind, check_max_hours
+    from layerprune.core.errors import LayerpruneError
+    from layerprune.core.settings import RunSettings
+
+    kind = StudyKind(SweepStudy, str, str, "sweep", lambda study, settings: study.seconds)  # type: ignore[arg-type]
+    cells = [SimpleNamespace(name=f"cell{i}", seconds=5400.0) for i in range(2)]  # 1.5 h each
+    check_max_hours(kind, cells, RunSettings(), 3.0)  # 3.0 h: not over
+    with pytest.raises(LayerpruneError, match=r"the grid: the estimate is about 3.0 h over 2 cells, over --max-hours"):
+        check_max_hours(kind, cells, RunSettings(), 2.9)

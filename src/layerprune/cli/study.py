@@ -30,8 +30,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicates", type=int, default=None, metavar="N",
                         help=SweepStudy.model_fields["replicates"].description
                         + " (beats the recipe's)")
+    parser.add_argument("--max-hours", type=positive_hours, default=None, metavar="H",
+                        help="Refuse, before any stage runs (and in a dry run), a study or grid whose dry-run time "
+                             "estimate (every stage, complete ones included) is over H hours; the estimate exists "
+                             "for the embedded model only (the measured 2-core rates)")
     add_model_flags(parser)
     add_schema_flags(parser, RunSettings, group="how to run")
+
+
+def positive_hours(text: str) -> float:
+    """--max-hours: a number of hours above 0."""
+    try:
+        hours = float(text)
+    except ValueError:
+        hours = float("nan")
+    if not hours > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of hours above 0, not {text!r}")
+    return hours
 
 
 @dataclass(frozen=True)
@@ -42,6 +57,7 @@ class StudyKind:
     dry_run: Callable[[Any, RunSettings], str]
     run: Callable[[Any, RunSettings, bool], Path]
     word: str
+    estimate: Callable[[Any, RunSettings], float | None]  # the dry run's seconds, None without measured rates
 
 
 def study_kind(recipe: str) -> StudyKind:
@@ -49,10 +65,11 @@ def study_kind(recipe: str) -> StudyKind:
     if is_grain(recipe):
         from layerprune.pipeline.studies import grain, grain_plan
 
-        return StudyKind(grain.GrainStudy, grain_plan.dry_run, grain.run_study, "grain study")
+        return StudyKind(grain.GrainStudy, grain_plan.dry_run, grain.run_study, "grain study",
+                         grain_plan.estimate_seconds)
     from layerprune.pipeline.studies import sweep, sweep_plan
 
-    return StudyKind(SweepStudy, sweep_plan.dry_run, sweep.run_sweep, "sweep")
+    return StudyKind(SweepStudy, sweep_plan.dry_run, sweep.run_sweep, "sweep", sweep_plan.estimate_seconds)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     replicates = {} if args.replicates is None else {"replicates": args.replicates}  # defaults < recipe < flags
     studies = [selection.build(kind.schema, cell, cell_output(args, selection.grid, cell.name), replicates)
                for cell in selection.cells]  # every cell valid before any runs
+    if args.max_hours is not None:
+        check_max_hours(kind, studies, settings, args.max_hours)
     if args.dry_run:
         print(selection.dry_run([kind.dry_run(study, settings) for study in studies]))
         return 0
@@ -72,6 +91,23 @@ def run(args: argparse.Namespace) -> int:
             print(f"cell {index}/{len(studies)}: {study.name} -> {study.run_dir()}", flush=True)
         print(f"{kind.word}: {kind.run(study, settings, args.overwrite)}")
     return 0
+
+
+def check_max_hours(kind: StudyKind, studies: list[Any], settings: RunSettings, hours: float) -> None:
+    """Refuse (LayerpruneError, one line) studies whose summed dry-run estimate is over `hours`, or that have none."""
+    from layerprune.core.errors import LayerpruneError
+
+    seconds = [kind.estimate(study, settings) for study in studies]
+    if None in seconds:
+        unknown = next(s.name for s, t in zip(studies, seconds, strict=True) if t is None)
+        raise LayerpruneError(f"--max-hours: {unknown} has no time estimate (the rates were measured for the embedded "
+                              "model on 2 CPU cores); run without --max-hours")
+    total = sum(t for t in seconds if t is not None) / 3600
+    if total > hours:
+        cells = f" over {len(studies)} cells" if len(studies) > 1 else ""
+        raise LayerpruneError(f"{studies[0].name if len(studies) == 1 else 'the grid'}: the estimate is about "
+                              f"{total:.1f} h{cells}, over --max-hours {hours:g}: cut items, replicates, arms or "
+                              "budgets (or raise --max-hours); nothing ran")
 
 
 def is_grain(recipe: str) -> bool:

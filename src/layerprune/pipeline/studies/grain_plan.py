@@ -74,13 +74,25 @@ def dry_run(study: GrainStudy, settings: RunSettings) -> str:
 
 def estimate(study: GrainStudy, recipe: RecoverRecipe, depth: int) -> str:
     """Minutes per phase at the embedded model's measured 2-core rates (`depth`: the model's blocks)."""
-    from layerprune.evaluate.suites import plan_tasks
     from layerprune.pipeline.studies.cells import RATES, rates_apply
-    from layerprune.tasks.data import resolve_data_dir
-    from layerprune.tasks.probes import probe_tasks
 
     if not rates_apply(study.model):
         return "time: no estimate (the rates were measured for the embedded model on 2 CPU cores)"
+    seconds, models, runs = phase_seconds(study, recipe, depth)
+    return (f"time estimate ({models} evaluations, {runs} recoveries; rates: scoring {SCORE_RATE} candidate-items/s, "
+            f"training {TARGET_RATE:g} target tokens/s, classification {RATES['classification docs/s']} docs/s, "
+            f"probes {RATES['probe items/s']} items/s, teacher {RATES['teacher tokens/s']:g} tokens/s; pruning "
+            f"{PRUNE_SECONDS:g} s a cell, assumed): " + ", ".join(f"{k} {v / 60:.0f} min" for k, v in seconds.items())
+            + f"; total about {sum(seconds.values()) / 60:.0f} min")
+
+
+def phase_seconds(study: GrainStudy, recipe: RecoverRecipe, depth: int) -> tuple[dict[str, float], int, int]:
+    """Seconds per phase at the measured rates, the evaluations and the recoveries (`depth`: the model's blocks)."""
+    from layerprune.evaluate.suites import plan_tasks
+    from layerprune.pipeline.studies.cells import RATES
+    from layerprune.tasks.data import resolve_data_dir
+    from layerprune.tasks.probes import probe_tasks
+
     planned, _ = plan_tasks(study.evaluate, resolve_data_dir(study.evaluate.data_dir))
     per_model = sum((t.limit if (t.limit or 0) >= 1 else 100) / (RATES["probe items/s"] if t.spec.name in probe_tasks()
                                                                   else RATES["classification docs/s"]) for t in planned)
@@ -96,8 +108,14 @@ def estimate(study: GrainStudy, recipe: RecoverRecipe, depth: int) -> str:
                **({"timing": len(study.levels) * (1 + TIMED_PER_CELL * (len(study.grains) - 1)) * study.speed_repeats
                    * TIMING_SECONDS} if study.match == "speedup" else {}),
                "evaluation": models * per_model}
-    return (f"time estimate ({models} evaluations, {runs} recoveries; rates: scoring {SCORE_RATE} candidate-items/s, "
-            f"training {TARGET_RATE:g} target tokens/s, classification {RATES['classification docs/s']} docs/s, "
-            f"probes {RATES['probe items/s']} items/s, teacher {RATES['teacher tokens/s']:g} tokens/s; pruning "
-            f"{PRUNE_SECONDS:g} s a cell, assumed): " + ", ".join(f"{k} {v / 60:.0f} min" for k, v in seconds.items())
-            + f"; total about {sum(seconds.values()) / 60:.0f} min")
+    return seconds, models, runs
+
+
+def estimate_seconds(study: GrainStudy, settings: RunSettings) -> float | None:
+    """The dry run's whole-study estimate in seconds, None where the measured rates do not apply."""
+    from layerprune.pipeline.studies.cells import rates_apply
+
+    if not rates_apply(study.model):
+        return None
+    depth = len({r for r in study_sizes(study, settings).costs if isinstance(r, int)})
+    return sum(phase_seconds(study, study.arm_recipe("<pruned>"), depth)[0].values())

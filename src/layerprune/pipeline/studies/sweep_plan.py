@@ -4,6 +4,7 @@ already complete in its directory, and a time estimate from the measured 2-core 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from layerprune.core.errors import LayerpruneError
@@ -36,8 +37,69 @@ log = logging.getLogger(__name__)
 def dry_run(study: SweepStudy, settings: RunSettings) -> str:
     """The plan: model and data, the sweep's points, what each model is scored on, the budget and a time estimate
     from the measured CPU rates; no work."""
-    from layerprune.evaluate.suites import plan_tasks
     from layerprune.pipeline.plan import check_data, check_model
+
+    size = sizing(study)
+    shared, limits, candidates, families = size.shared, size.limits, size.candidates, size.families
+    most_probes, probe_limit, n_models, plans, runs = (size.most_probes, size.probe_limit, size.n_models, size.plans,
+                                                       size.runs)
+    answer_sets, seconds = size.answer_sets, size.seconds
+    what = "pruning-ratio sweep" if len(study.ratios) > 1 else \
+        f"one-cut sweep (k = {study.ratios[0]}: a recovery study)"
+    lines = [f"{what} '{study.name}' -> {study.run_dir()}",
+             f"model: {check_model(study.model, settings)}",
+             *[f"data: {line}" for line in check_data(study)],
+             _cut_line(study),
+             (f"probes-calibrated: {len(candidates)} candidate levels x {study.probes.items} "
+              f"calibration-stream items; keep {100 * study.probes.low:.0f}-{100 * study.probes.high:.0f}%, at most "
+              f"{study.probes.per_family} per family ({len(families)} families: {', '.join(sorted(families))})"
+              if study.probes is not None else "probes-calibrated: no gate (probes: null); the probe tasks scored "
+              "are the fixed ones"),
+             _gsm8k_line(study, limits),
+             f"models evaluated: {n_models} ({first_names(models(study))}) on the same items each: "
+             f"{', '.join(f'{t} {_size(limits.get(t))}' for t in study.classification)}"
+             + (f"; fixed (every model, never gated): {', '.join(f'{t} {_size(limits.get(t))}' for t in study.fixed)}"
+                if study.fixed else "")
+             + (f"; at most {most_probes} probe levels x {probe_limit} items" if study.probes is not None else ""),
+             ("probe format: plain few-shot text and, as the recovery data is chat-formatted, through the chat "
+              "template too (the same items; eval-chat/<model>); " + check_chat_template(study.model, settings)
+              if both_formats(study) else
+              "probe format: plain few-shot text (the recovery data is plain: generate.chat_template false)"),
+             *_recovery_lines(study, shared, plans, runs),
+             *budget_lines(study),
+             *(f"arm {arm} trains on its own prompts: {study.arm_recipe(arm, '<pruned>').prompts.samples} from "
+               f"{study.arm_recipe(arm, '<pruned>').prompts.source} (evaluation probe seeds "
+               f"{study.arm_recipe(arm, '<pruned>').prompts.exclude_probe_seeds} excluded, the count in its report), "
+               f"answered by the teacher once (selfgen-{arm}.jsonl)" for arm in study.arm_prompts),
+             _replicate_line(study, shared, answer_sets),
+             f"recoveries: {sum(runs.values())}; stages: {in_brief(stage_names(study))}",
+             *(line for arm in plans for line in _memory_lines(study, settings, arm)),
+             *progress_lines(study, study.run_dir()),
+             _estimate(study, seconds)]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """What the dry run counts: the tasks' planned items, the probe levels, the models, each arm's recovery plan
+    and runs, and the seconds of each phase at the measured 2-core rates (cells.RATES)."""
+
+    shared: RecoverRecipe
+    limits: dict[str, float | None]
+    candidates: list[str]
+    families: set[str]
+    most_probes: int
+    probe_limit: int
+    n_models: int
+    plans: dict[str | None, tuple[float, str, float]]
+    runs: dict[str | None, int]
+    answer_sets: int
+    seconds: dict[str, float]
+
+
+def sizing(study: SweepStudy) -> Sizing:
+    """The sweep's size and the seconds of each phase (no work, no model loaded)."""
+    from layerprune.evaluate.suites import plan_tasks
     from layerprune.tasks.data import resolve_data_dir
     from layerprune.tasks.probes import family_of
 
@@ -73,39 +135,14 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
                "evaluation": n_models * per_model,
                **({"chat-format probes": n_models * chat_items / RATES["probe items/s"]}
                   if both_formats(study) else {})}
-    what = "pruning-ratio sweep" if len(study.ratios) > 1 else \
-        f"one-cut sweep (k = {study.ratios[0]}: a recovery study)"
-    lines = [f"{what} '{study.name}' -> {study.run_dir()}",
-             f"model: {check_model(study.model, settings)}",
-             *[f"data: {line}" for line in check_data(study)],
-             _cut_line(study),
-             (f"probes-calibrated: {len(candidates)} candidate levels x {study.probes.items} "
-              f"calibration-stream items; keep {100 * study.probes.low:.0f}-{100 * study.probes.high:.0f}%, at most "
-              f"{study.probes.per_family} per family ({len(families)} families: {', '.join(sorted(families))})"
-              if study.probes is not None else "probes-calibrated: no gate (probes: null); the probe tasks scored "
-              "are the fixed ones"),
-             _gsm8k_line(study, limits),
-             f"models evaluated: {n_models} ({first_names(models(study))}) on the same items each: "
-             f"{', '.join(f'{t} {_size(limits.get(t))}' for t in study.classification)}"
-             + (f"; fixed (every model, never gated): {', '.join(f'{t} {_size(limits.get(t))}' for t in study.fixed)}"
-                if study.fixed else "")
-             + (f"; at most {most_probes} probe levels x {probe_limit} items" if study.probes is not None else ""),
-             ("probe format: plain few-shot text and, as the recovery data is chat-formatted, through the chat "
-              "template too (the same items; eval-chat/<model>); " + check_chat_template(study.model, settings)
-              if both_formats(study) else
-              "probe format: plain few-shot text (the recovery data is plain: generate.chat_template false)"),
-             *_recovery_lines(study, shared, plans, runs),
-             *budget_lines(study),
-             *(f"arm {arm} trains on its own prompts: {study.arm_recipe(arm, '<pruned>').prompts.samples} from "
-               f"{study.arm_recipe(arm, '<pruned>').prompts.source} (evaluation probe seeds "
-               f"{study.arm_recipe(arm, '<pruned>').prompts.exclude_probe_seeds} excluded, the count in its report), "
-               f"answered by the teacher once (selfgen-{arm}.jsonl)" for arm in study.arm_prompts),
-             _replicate_line(study, shared, answer_sets),
-             f"recoveries: {sum(runs.values())}; stages: {in_brief(stage_names(study))}",
-             *(line for arm in plans for line in _memory_lines(study, settings, arm)),
-             *progress_lines(study, study.run_dir()),
-             _estimate(study, seconds)]
-    return "\n".join(lines)
+    return Sizing(shared, limits, candidates, families, most_probes, probe_limit, n_models, plans, runs, answer_sets,
+                  seconds)
+
+
+def estimate_seconds(study: SweepStudy, settings: RunSettings) -> float | None:
+    """The dry run's whole-study estimate in seconds (complete stages included), None where the measured rates do
+    not apply (a model other than the embedded one)."""
+    return sum(sizing(study).seconds.values()) if rates_apply(study.model) else None
 
 
 def _cut_line(study: SweepStudy) -> str:
