@@ -29,6 +29,7 @@ import numpy as np
 from layerprune.core import paired
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.outputs import write_atomic
+from layerprune.evaluate.items import check_scored_items
 from layerprune.pipeline.paired_table import Figures, load_matrix
 from layerprune.pipeline.studies.budget_fit import GATE, LIMIT_TASK, TARGETS, saturating_fit, tokens_for, undetermined
 from layerprune.pipeline.studies.budget_text import format_budget, plot_curves
@@ -37,7 +38,6 @@ from layerprune.pipeline.studies.comparisons import (
     ComparisonFamily,
     Contrast,
     check_budget_contrasts,
-    check_scored_items,
     draw_families,
     uses_default_family,
 )

@@ -26,7 +26,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from layerprune.core import paired
 from layerprune.core.paired import format_interval
-from layerprune.evaluate.items import check_scored_items as check_scored_items  # one check for every report
 from layerprune.pipeline.paired_table import Figures
 
 Measure = Literal["share", "score", "retention", "gap"]

@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from layerprune.core.errors import LayerpruneError
+from layerprune.evaluate.items import check_scored_items
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.paired_table import Figures, load_matrix
 from layerprune.pipeline.studies.comparisons import (
-    check_scored_items,
     draw_families,
     format_families,
     uses_default_family,
