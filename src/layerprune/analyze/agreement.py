@@ -15,7 +15,7 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from layerprune.analyze import metrics
-from layerprune.core.paired import Score, bootstrap_indices, score
+from layerprune.core.paired import Score, bias_corrected_interval, bootstrap_indices, score
 
 
 def per_item(result: dict[str, Any], kind: Score) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -40,10 +40,22 @@ def resampled_drops(base: np.ndarray, ablated: np.ndarray, tokens: np.ndarray | 
 
 
 def interval(values: list[float], alpha: float) -> list[float] | None:
+    """The (1 - alpha) percentile interval of resampled values (None left out), for a smooth statistic (a score
+    shift)."""
     kept = [v for v in values if v is not None and np.isfinite(v)]
     if not kept:
         return None
     return [float(v) for v in np.quantile(kept, [alpha / 2, 1 - alpha / 2])]
+
+
+def corrected_interval(value: float | None, values: list[float | None] | np.ndarray,
+                       alpha: float) -> list[float] | None:
+    """The (1 - alpha) bias-corrected interval (`core.paired.bias_corrected_interval`) of an agreement (a Spearman
+    of drops, a Jaccard of critical sets, a ratio of them to their ceiling), which resampling moves to one side; None
+    where it is undefined or the bootstrap cannot bound it."""
+    drawn = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    ci = bias_corrected_interval(value, drawn, alpha)
+    return None if ci["low"] is None else [ci["low"], ci["high"]]
 
 
 def resample_spearman(a: np.ndarray, b: np.ndarray) -> float | None:
@@ -70,10 +82,10 @@ def profile_agreement(first: dict[str, Any], second: dict[str, Any], kind: Score
     spearmans = [resample_spearman(x, y) for x, y in zip(drops_a, drops_b, strict=True)]
     jaccards = [metrics.jaccard(np.flatnonzero(x > threshold).tolist(), np.flatnonzero(y > threshold).tolist())
                 for x, y in zip(drops_a, drops_b, strict=True)]
-    return {"spearman": metrics.spearman(first["drops"], second["drops"]),
-            "spearman_interval": interval(spearmans, alpha),  # type: ignore[arg-type]
-            "critical_jaccard": metrics.jaccard(first["critical"], second["critical"]),
-            "jaccard_interval": interval(jaccards, alpha),  # type: ignore[arg-type]
+    rho, overlap = metrics.spearman(first["drops"], second["drops"]), metrics.jaccard(first["critical"],
+                                                                                       second["critical"])
+    return {"spearman": rho, "spearman_interval": corrected_interval(rho, spearmans, alpha),
+            "critical_jaccard": overlap, "jaccard_interval": corrected_interval(overlap, jaccards, alpha),
             "critical": [first["critical"], second["critical"]], "resamples": resamples, "alpha": alpha,
             "defined_resamples": {"spearman": sum(v is not None for v in spearmans),
                                   "jaccard": sum(v is not None for v in jaccards)}}
@@ -192,7 +204,7 @@ def relative_agreement_draws(original: Matrix, variant: Matrix, kind: Score, thr
     On each of `splits` seeded halvings of the shared items, the original's profile on one half is compared with
     the variant's on the other (both ways; `cross`), and each model with itself across the halves (its split-half
     reliability). ratio = cross / sqrt(reliability_original * reliability_variant), per measure (Spearman of the
-    drops, Jaccard of the critical sets). Interval: (1 - alpha) percentile over `resamples` bootstrap resamples,
+    drops, Jaccard of the critical sets). Interval: (1 - alpha) bias-corrected, over `resamples` bootstrap resamples,
     each half resampled within itself (so the halves stay disjoint), the whole ratio recomputed. Also returns each
     measure's resampled ratios [resamples]: two calls on the same number of items with the same seed draw the same
     halves and items, so their ratios are paired resample by resample (the variant's against the control's)."""
@@ -213,7 +225,7 @@ def relative_agreement_draws(original: Matrix, variant: Matrix, kind: Score, thr
         draws[m] = _ratio(boot[m])[1]
         out[m] = {"agreement": _value(point[m]["cross"][0]), "ceiling": _value(ceiling[0]),
                   "reliability": [_value(point[m]["original"][0]), _value(point[m]["variant"][0])],
-                  "ratio": _value(ratio[0]), "ratio_interval": interval(draws[m].tolist(), alpha)}
+                  "ratio": _value(ratio[0]), "ratio_interval": corrected_interval(_value(ratio[0]), draws[m], alpha)}
     return out, draws
 
 

@@ -183,11 +183,16 @@ def _fmt(value: float | None, interval: list[float] | None = None) -> str:
     return text + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
 
 
+def _bounded(value: float | None, interval: list[float] | None) -> str:
+    """An agreement with its interval, '[n/a]' where the bootstrap could not bound a defined value."""
+    return _fmt(value, interval) + (" [n/a]" if value is not None and not interval else "")
+
+
 def _ratio(relative: dict[str, Any] | None, measure: str) -> str:
     if relative is None:
         return "-"
     row = relative[measure]
-    return f"{_fmt(row['agreement'])} / {_fmt(row['ceiling'])} = {_fmt(row['ratio'], row['ratio_interval'])}"
+    return f"{_fmt(row['agreement'])} / {_fmt(row['ceiling'])} = {_bounded(row['ratio'], row['ratio_interval'])}"
 
 
 def variant_table(study: VariantStudy, result: dict[str, Any]) -> str:
@@ -196,7 +201,11 @@ def variant_table(study: VariantStudy, result: dict[str, Any]) -> str:
     lines = [f"# Variant study: {study.name}", "", *([study.description, ""] if study.description else []),
              f"Original `{study.model}` vs its variant. Drops per block from importance/ (heatmap: "
              f"importance/heatmap.png). Intervals: {level} paired bootstrap over the items ({study.resamples} "
-             "resamples); a resample's critical set is the blocks above the threshold.", "",
+             "resamples); a resample's critical set is the blocks above the threshold. Agreements are bias-corrected "
+             "(Efron's BC): a resample is noisier than the items, so its Spearman and Jaccard lie to one side of the "
+             f"estimate; where the estimate lies outside the central {level} of its resamples, or over "
+             f"{study.alpha:.0%} of them are undefined, no interval is given ([n/a]: the bootstrap cannot bound it).",
+             "",
              "| task | full score (original / variant) | Spearman of drops | Jaccard of critical sets | "
              "critical (original) | critical (variant) |", "|---|---|---|---|---|---|"]
     if "variant_seeds" in result:  # several makes of the variant: a row per make, then the makes side by side
@@ -206,8 +215,8 @@ def variant_table(study: VariantStudy, result: dict[str, Any]) -> str:
     else:
         for task, row in tasks.items():
             base = " / ".join(_fmt(v) for v in row["base_scores"])
-            lines.append(f"| {task} | {base} | {_fmt(row['spearman'], row['spearman_interval'])} | "
-                         f"{_fmt(row['critical_jaccard'], row['jaccard_interval'])} | {row['critical'][0]} | "
+            lines.append(f"| {task} | {base} | {_bounded(row['spearman'], row['spearman_interval'])} | "
+                         f"{_bounded(row['critical_jaccard'], row['jaccard_interval'])} | {row['critical'][0]} | "
                          f"{row['critical'][1]} |")
     return "\n".join(lines + verdict_lines(study, result) + nmi_lines(study, result.get("nmi"))) + "\n"
 
@@ -261,7 +270,7 @@ def _against(row: dict[str, Any], key: str) -> str:
     for measure in ("spearman", "jaccard"):
         ci = (row.get("comparison") or {}).get(measure, {}).get(key)
         cells.append("-" if not ci or ci.get("value") is None else f"{ci['value']:+.2f}" + (
-            "" if ci.get("low") is None else f" [{ci['low']:+.2f}, {ci['high']:+.2f}]"))
+            " [n/a]" if ci.get("low") is None else f" [{ci['low']:+.2f}, {ci['high']:+.2f}]"))
     return " / ".join(cells)
 
 

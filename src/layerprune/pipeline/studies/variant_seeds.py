@@ -29,7 +29,7 @@ def pooled_relative(relatives: dict[int, dict[str, Any]], draws: dict[int, dict[
     """The seeds' `relative_agreement` (each seed's, by seed) as one logical variant's, and its ratio's two-level
     draws per measure: the ratio is the mean of the seeds' ratios; agreement, ceiling and the variant's reliability
     are the seeds' means (shown beside it; the ratio is not their quotient); `ratios`: each seed's."""
-    from layerprune.analyze.agreement import interval
+    from layerprune.analyze.agreement import corrected_interval
     from layerprune.core.paired import MEASURES_A, pool_replicate_draws
 
     first = next(iter(relatives.values()))
@@ -42,13 +42,17 @@ def pooled_relative(relatives: dict[int, dict[str, Any]], draws: dict[int, dict[
                   "ceiling": _mean([r[m]["ceiling"] for r in relatives.values()]),
                   "reliability": [first[m]["reliability"][0],
                                   _mean([r[m]["reliability"][1] for r in relatives.values()])],
-                  "ratio": value, "ratio_interval": interval(pooled[m].tolist(), alpha),
+                  "ratio": value, "ratio_interval": corrected_interval(value, pooled[m], alpha),
                   "ratios": {str(s): r[m]["ratio"] for s, r in relatives.items()}}
     return out, pooled
 
 
 def _mean(values: list[float | None]) -> float | None:
     return None if any(v is None for v in values) else sum(values) / len(values)  # type: ignore[arg-type, misc]
+
+
+def _bounded(value: float | None, interval: list[float] | None) -> str:
+    return _num(value, interval) + (" [n/a]" if value is not None and not interval else "")
 
 
 def _num(value: float | None, interval: list[float] | None = None) -> str:
@@ -62,8 +66,8 @@ def pair_rows(tasks: dict[str, Any]) -> list[str]:
     for task, row in tasks.items():
         for s, pair in row["seeds"].items():
             base = " / ".join(_num(v) for v in pair["base_scores"])
-            lines.append(f"| {task} (seed {s}) | {base} | {_num(pair['spearman'], pair['spearman_interval'])} | "
-                         f"{_num(pair['critical_jaccard'], pair['jaccard_interval'])} | {pair['critical'][0]} | "
+            lines.append(f"| {task} (seed {s}) | {base} | {_bounded(pair['spearman'], pair['spearman_interval'])} | "
+                         f"{_bounded(pair['critical_jaccard'], pair['jaccard_interval'])} | {pair['critical'][0]} | "
                          f"{pair['critical'][1]} |")
     return lines
 
