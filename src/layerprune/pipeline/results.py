@@ -216,7 +216,9 @@ def fill(template: str, data: dict[str, Any]) -> str:
             return str(node)
         if kind == "num":
             interval = _node(data, interval_path) if interval_path else None
-            return f"{node:.2f}" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+            bounds = "" if not interval_path else " [n/a]" if not interval else \
+                f" [{interval[0]:.2f}, {interval[1]:.2f}]"  # n/a: an agreement the bootstrap cannot bound
+            return f"{node:.2f}{bounds}"
         value = node["value"] if "value" in node else node["diff"]  # a paired difference of evaluate.report
         return f"{_signed(100 * value)}{'%' if kind == 'pct' else ' points'} [{_signed(100 * node['low'])}, " \
                f"{_signed(100 * node['high'])}]"
