@@ -457,3 +457,57 @@ def test_a_one_k_study_s_comparisons_name_its_k_and_are_checked_on_load(capsys, 
     recipe = write_recipe(tmp_path, {**data, "comparisons": bad["unknown arm"][0]})  # the CLI says it in one line
     code, _, err = run_cli(capsys, ["recipes", "validate", str(recipe), "--kind", "sweep-study"])
     assert_one_line_error(code, err, "arm 'kd' is not in arms")
+
+
+def test_the_shared_recovery_data_names_its_trained_skills_task_by_task(tiny_llama, tmp_path):
+    """A probes: source trains the tasks it names, GSM8K's trains gsm8k, generic data none; where the teacher's
+    answers are kept, a named task none of whose prompts is among them trained nothing (the old recovery report's
+    split, lost when the recovery study became a one-k sweep and restored)."""
+    from layerprune.recover.prompts import prompts_of_task
+
+    def study(source: str) -> SweepStudy:
+        data = plain(tiny_study(tiny_llama, tmp_path / "study"))
+        data["recover"]["overrides"]["prompts"]["source"] = source
+        return SweepStudy.model_validate(data)
+
+    root = tmp_path / "study"
+    both = study("probes:arith_2d_add+arith_1dc")
+    assert sweep_inputs.trained_tasks(both, root) == {"arith_2d_add", "arith_1dc"}  # no answers yet: the source
+    assert sweep_inputs.trained_tasks(study("gsm8k"), root) == {"gsm8k"}
+    assert sweep_inputs.trained_tasks(study("dolly"), root) == frozenset()
+    root.mkdir(parents=True)
+    prompts = sorted(prompts_of_task("arith_2d_add", 4))[:4]
+    (root / "selfgen.jsonl").write_text("".join(json.dumps({"prompt": p, "response": "1"}) + "\n" for p in prompts))
+    assert sweep_inputs.trained_tasks(both, root) == {"arith_2d_add"}
+
+
+def test_a_task_aligned_recovery_is_reported_on_its_trained_and_unseen_skills(monkeypatch):
+    """sweep_figures splits the generative tasks into trained and unseen; every point and the table carry both, and
+    the default every-pair family stays over the two kinds (its Holm family does not grow)."""
+    n = 40
+    labels = ["baseline", "pruned-k3", "sft-k3", "opd-k3"]
+    trained = np.stack([np.ones(n), np.zeros(n), np.r_[np.ones(30), np.zeros(10)], np.r_[np.ones(10), np.zeros(30)]])
+    unseen = np.stack([np.ones(n), np.zeros(n), np.r_[np.ones(4), np.zeros(36)], np.r_[np.ones(20), np.zeros(20)]])
+    cls = np.stack([np.r_[np.ones(30), np.zeros(10)]] * 4)
+    matrices = {"arith_2d_add": trained, "brackets_d6": unseen, "piqa": cls}
+    kinds = {"arith_2d_add": "generative", "brackets_d6": "generative", "piqa": "classification"}
+    monkeypatch.setattr(sweep_report, "check_scored_items", lambda folders: None)
+    monkeypatch.setattr(sweep_report, "load_matrix", lambda folders, common: (
+        labels, matrices, {"arith_2d_add": 0.0, "brackets_d6": 0.0, "piqa": 0.5}, kinds))
+    figures, _, _ = sweep_report.sweep_figures({}, trained=frozenset({"arith_2d_add", "gsm8k"}))
+    assert [figures.tasks[i] for i in figures.groups["trained"]] == ["arith_2d_add"]
+    assert [figures.tasks[i] for i in figures.groups["unseen"]] == ["brackets_d6"]
+    study = SimpleNamespace(ratios=[3], controls=False)
+    points = [sweep_points.point(study, figures, 3, arm) for arm in ("sft", "opd")]
+    assert points[0]["trained"]["recovered_share"]["value"] == pytest.approx(30 / 40)
+    assert points[0]["unseen"]["recovered_share"]["value"] == pytest.approx(4 / 40)
+    assert points[1]["unseen"]["recovered_share"]["value"] == pytest.approx(20 / 40)
+    table = sweep_text.format_table(points)
+    assert "| 3 | sft | trained |" in table and "| 3 | opd | unseen |" in table
+    pairs = sweep_points.comparisons(figures, points, ["sft", "opd"])
+    assert set(pairs[0]) == {"k", "arms", "classification", "generative"}
+    assert pairs[0]["generative"]["share_holm"]["family"] == 2
+    assert "Trained skills (their own prompts in the recovery data, task by task): arith_2d_add; unseen" \
+        in sweep_report._split_line(figures)[0]
+    none, _, _ = sweep_report.sweep_figures({})  # generic data: no split
+    assert not none.has("trained") and sweep_report._split_line(none) == []

@@ -29,7 +29,7 @@ from layerprune.core.paired import format_interval
 from layerprune.pipeline.paired_table import Figures
 
 Measure = Literal["share", "score", "retention", "gap"]
-Kind = Literal["classification", "generative"]
+Kind = Literal["classification", "generative", "trained", "unseen"]
 NO_ARMS = "recovered"  # the one recovery of a sweep without arms, as a contrast names it
 EXPLORATORY = "exploratory (declared after the results were read)"
 NAMES = {"share": "recovered share", "score": "recovered score", "retention": "retention after recovery "
@@ -52,7 +52,8 @@ class Contrast(BaseModel):
                              "retention (chance-normalised, after recovery) or gap (classification - generative "
                              "retention after recovery: paper B's retention gap)")
     kind: Kind = Field("generative", description="The kind of task the measure is taken on (gap takes both): "
-                       "generative or classification")
+                       "generative or classification; trained or unseen: the generative tasks whose own prompts "
+                       "the recovery data held, or the others (a task-aligned recovery)")
     net_of_control: bool = Field(False, description="share or score net of each side's own k = 0 control (the same "
                                  "recovery of the unpruned original)")
     task: str | None = Field(None, min_length=1, description="One task to take the measure on instead of kind's group "

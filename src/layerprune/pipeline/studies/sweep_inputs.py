@@ -76,3 +76,25 @@ def budget_label(label: str, tokens: int) -> str:
     """kK[@rR] or ARM-kK[@rR] at a budget: kK@B[@rR], ARM-kK@B[@rR]."""
     logical, replicate = split_label(label)
     return replicate_label(f"{logical}@{budget_tag(tokens)}", replicate)
+
+
+def trained_tasks(study: SweepStudy, root: Path) -> frozenset[str]:
+    """The scored tasks whose own prompts were in the shared recovery data (prompts.source), task by task: the probe
+    tasks a `probes:a+b` source names, GSM8K for a GSM8K source; where the teacher's answers are kept (the shared
+    file of replicate 0), only the tasks at least one kept prompt came from (a task whose prompts were all
+    evaluation items, such as a shallow brackets depth, trained nothing). An arm trained on prompts of its own
+    (arm_prompts) is not split by them: the split is the shared data's."""
+    from layerprune.recover.prompts import is_gsm8k, probe_task_names, prompts_of_task
+    from layerprune.tasks.data import iter_jsonl
+
+    recipe = study.shared_recipe("<pruned>")
+    source, names = recipe.prompts.source, probe_task_names(recipe.prompts.source)
+    if names is None:
+        return frozenset({GSM8K}) if is_gsm8k(source) else frozenset()
+    from layerprune.pipeline.studies.cells import teacher_answers
+
+    answers = root / teacher_answers(recipe, 0)
+    if not answers.is_file():
+        return frozenset(names)
+    kept = {str(row["prompt"]) for row in iter_jsonl(answers)}
+    return frozenset(n for n in names if kept & prompts_of_task(n, len(kept)))

@@ -27,6 +27,12 @@ from layerprune.pipeline.paired_table import Figures
 from layerprune.pipeline.studies.sweep_grid import recovered_label
 
 KINDS = ("classification", "generative")
+SPLIT = ("trained", "unseen")  # generative tasks whose own prompts the recovery data held, and the others
+
+
+def kinds_of(figures: Figures) -> list[str]:
+    """The groups a point is given: the kinds, then the trained / unseen split where the report has it."""
+    return [kind for kind in (*KINDS, *SPLIT) if figures.has(kind)]
 CONTROL = "recovered-k0"  # the k = 0 control: the same recovery of the unpruned original (ARM-k0 with arms)
 
 
@@ -38,9 +44,7 @@ def point(study: Any, figures: Figures, k: int, arm: str | None = None, models: 
     out: dict[str, Any] = {"k": k, **({"arm": arm} if arm is not None else {})}
     control = recovered_label(arm, 0) in figures.labels
     rec, base, pruned = recovered_label(arm, k), f"{models}baseline", f"{models}pruned-k{k}"
-    for kind in KINDS:
-        if not figures.has(kind):
-            continue
+    for kind in kinds_of(figures):
         row = {"baseline": figures.score(base, kind), "pruned": figures.score(pruned, kind),
                "drop": figures.difference(base, pruned, kind)}
         row["retention_pruned"] = figures.interval(lambda m, kind=kind: figures.retention(pruned, kind, m, base))
@@ -71,7 +75,7 @@ def control_point(figures: Figures, arm: str | None = None, models: str = "") ->
         return None
     return {kind: {"baseline": figures.score(base, kind), "control": figures.score(control, kind),
                    "change": figures.difference(control, base, kind), "spread": spread(figures, control, kind)}
-            for kind in KINDS if figures.has(kind)}
+            for kind in kinds_of(figures)}
 
 
 def spread(figures: Figures, label: str, group: str) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from layerprune.pipeline.studies.comparisons import (
 from layerprune.pipeline.studies.lr_search import lr_lines
 from layerprune.pipeline.studies.sweep_curves import budget_text, curve_name, loss_curves, plot_losses, plot_retention
 from layerprune.pipeline.studies.sweep_grid import recovered_label
-from layerprune.pipeline.studies.sweep_points import KINDS, comparisons, control_point, point, verdicts
+from layerprune.pipeline.studies.sweep_points import KINDS, SPLIT, comparisons, control_point, point, verdicts
 from layerprune.pipeline.studies.sweep_text import format_comparisons, format_control, format_spread, format_table
 
 
@@ -41,10 +41,10 @@ def write_sweep_report(study: Any, root: Path, curves: dict[int | str, dict[str,
     from layerprune.pipeline.audit_report import audit_section
     from layerprune.pipeline.studies.cells import CALIBRATION_FILE
     from layerprune.pipeline.studies.sweep_grid import arm_names
-    from layerprune.pipeline.studies.sweep_inputs import ranking
+    from layerprune.pipeline.studies.sweep_inputs import ranking, trained_tasks
 
     folders = evaluated(study, root)
-    figures, matrices, kinds = sweep_figures(folders)
+    figures, matrices, kinds = sweep_figures(folders, trained=trained_tasks(study, root))
     arms = arm_names(study)
     points, controls, pairs = arm_figures(study, figures)
     declared = draw_families(study.comparisons, figures, recovered_label)
@@ -127,6 +127,7 @@ def chat_figures(study: Any, root: Path, plain_generative: list[str]) -> tuple[d
     where the recovery data is plain, (None, a line) where nothing was scored that way. `plain_generative`: the
     generative tasks of the plain figures (GSM8K among them where it passed its gate)."""
     from layerprune.pipeline.studies.sweep_grid import both_formats
+    from layerprune.pipeline.studies.sweep_inputs import trained_tasks
 
     if not both_formats(study):
         return None, []
@@ -134,7 +135,7 @@ def chat_figures(study: Any, root: Path, plain_generative: list[str]) -> tuple[d
     if "baseline" not in folders:
         return None, ["Probes through the chat template: not scored (the gate kept no probe level, or the eval-chat "
                       "stages have not run)."]
-    figures, matrices, _ = sweep_figures(folders)
+    figures, matrices, _ = sweep_figures(folders, trained=trained_tasks(study, root))
     probes = list(matrices)
     plain_more = bool(set(plain_generative) - set(probes))
     points, controls, pairs = arm_figures(study, figures)
@@ -152,12 +153,14 @@ def chat_figures(study: Any, root: Path, plain_generative: list[str]) -> tuple[d
     return data, text
 
 
-def sweep_figures(folders: dict[str, Path],
-                  common: bool = False) -> tuple[Figures, dict[str, np.ndarray], dict[str, str]]:
+def sweep_figures(folders: dict[str, Path], common: bool = False,
+                  trained: frozenset[str] = frozenset()) -> tuple[Figures, dict[str, np.ndarray], dict[str, str]]:
     """Figures over the logical labels (a recovered point's replicates are one label: their mean, the interval with
     the run-to-run variance), the per-task matrices and the tasks' kinds; `common`: on the items every model
     answered (sweeps joined across runs, which say so), else models scored on different items are refused
-    (LayerpruneError: `check_scored_items`), not left out."""
+    (LayerpruneError: `check_scored_items`), not left out. `trained`: the tasks whose own prompts were in the
+    recovery data; the generative ones then form the group `trained`, the other generative tasks `unseen`
+    (sweep_points.SPLIT)."""
     from layerprune.pipeline.studies.cells import split_label
 
     if not common:
@@ -170,6 +173,9 @@ def sweep_figures(folders: dict[str, Path],
     for label in labels:
         replicates.setdefault(split_label(label)[0], []).append(label)
     groups = {kind: [t for t in matrices if kinds[t] == kind] for kind in KINDS}
+    if set(groups["generative"]) & trained:
+        groups.update(trained=[t for t in groups["generative"] if t in trained],
+                      unseen=[t for t in groups["generative"] if t not in trained])
     return Figures(labels, matrices, chance, groups, replicates=replicates), matrices, kinds
 
 
@@ -229,7 +235,7 @@ def _method_lines(study: Any, root: Path, figures: Figures, items: dict[str, int
              f"Classification: {', '.join(groups['classification']) or 'none'} (chance "
              f"{100 * figures.chance['classification']:.0f}%); generative: "
              f"{', '.join(groups['generative']) or 'none'} (chance 0).",
-             gate_line(study, calibration),
+             gate_line(study, calibration), *_split_line(figures),
              f"The teacher answered generic instructions ({study.shared_recipe('<pruned>').prompts.source}); "
              "how far each scored skill is held out from them is measured, not assumed (Held out, measured, below).",
              f"Recovery budget per k{' and arm' if study.arms else ''} (replicate 0): " + "; ".join(
@@ -249,6 +255,17 @@ def _method_lines(study: Any, root: Path, figures: Figures, items: dict[str, int
     if unpaired:
         lines.append("Left out (could not be paired): " + "; ".join(f"{t}: {w}" for t, w in unpaired.items()))
     return lines
+
+
+def _split_line(figures: Figures) -> list[str]:
+    """Which generative tasks the recovery data trained (their own prompts in it) and which it did not, where the
+    report splits them."""
+    if not figures.has("trained"):
+        return []
+    named = {g: ", ".join(figures.tasks[i] for i in figures.groups[g]) or "none" for g in SPLIT}
+    return [f"Trained skills (their own prompts in the recovery data, task by task): {named['trained']}; unseen "
+            f"(every other generative task): {named['unseen']}. The rows 'trained' and 'unseen' give each group's "
+            "figures beside the generative ones."]
 
 
 def paired_json(value: Any) -> Any:

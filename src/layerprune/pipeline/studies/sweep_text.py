@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from layerprune.core.paired import differ_text, format_interval, run_variance_note
-from layerprune.pipeline.studies.sweep_points import KINDS, ci_pct, share_pct
+from layerprune.pipeline.studies.sweep_points import KINDS, SPLIT, ci_pct, share_pct
 
 SIDE = {"shown": "above 0", "not shown": "holds 0", "contradicted": "below 0"}  # where a difference's interval lies
 
@@ -61,7 +61,7 @@ def format_table(points: list[dict[str, Any]]) -> str:
     head[1:1] = ["arm"] if arms else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p in points:
-        for kind in KINDS:
+        for kind in (*KINDS, *SPLIT):
             row = p.get(kind)
             if row is None:
                 continue
@@ -101,7 +101,7 @@ def format_spread(points: list[dict[str, Any]], control: dict[str, Any] | None,
     each arm's control in `controls`); one replicate: run variance not measured."""
     rows = [(None, 0, kind, row["spread"]) for kind, row in (control or {}).items()]
     rows += [(arm, 0, kind, row["spread"]) for arm, c in (controls or {}).items() for kind, row in (c or {}).items()]
-    rows += [(p.get("arm"), p["k"], kind, p[kind]["spread"]) for p in points for kind in KINDS
+    rows += [(p.get("arm"), p["k"], kind, p[kind]["spread"]) for p in points for kind in (*KINDS, *SPLIT)
              if "spread" in p.get(kind, {})]
     arms = any(arm is not None for arm, *_ in rows)
     lines = ["| k |" + (" arm |" if arms else "") + " kind | replicates | across-run SD (points) | item SE (points) | "
