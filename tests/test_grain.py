@@ -18,6 +18,7 @@ from helpers import run_cli
 from layerprune.core.errors import LayerpruneError
 from layerprune.models.sublayers import Sublayer
 from layerprune.pipeline.studies import grain, grain_grid, grain_report
+from layerprune.prune import matched
 from test_sweep import _eval_folder
 from tiny import tiny_config, tiny_tokenizer
 
@@ -57,8 +58,8 @@ def test_the_plan_matches_every_grain_to_the_block_arms_savings(nas_source, tmp_
 
     study = grain_grid.GrainStudy.model_validate(tiny_grain(nas_source, tmp_path / "g"))
     sizes = grain.study_sizes(study, RunSettings(device="cpu"))
-    order = grain.order_rankings(study, 6, [0])
-    plan = grain.plan_cells(study, sizes, order)
+    order = matched.order_rankings(study.grains, 6, [0])
+    plan = matched.plan_matched(study, sizes, order)
     # a block: attention 2 x 64^2 + 2 x 64 x 32 + norm = 12,352 parameters; MLP 3 x 64 x 256 + norm = 49,216
     assert plan["block-k1"]["removals"] == [5] and plan["block-k1"]["params_removed"] == 12_352 + 49_216
     assert plan["attention-k1"]["removals"] == [f"{b}.attn" for b in (1, 2, 3, 4, 5)]  # 5 x 12,352: +0.3%
@@ -67,12 +68,12 @@ def test_the_plan_matches_every_grain_to_the_block_arms_savings(nas_source, tmp_
     for name, c in plan.items():
         assert abs(c["gap"]) <= study.tolerance, name
     wider = study.model_copy(update={"levels": [1, 2], "grains": ["block", "mlp"]})
-    wide = grain.plan_cells(wider, sizes, order)
+    wide = matched.plan_matched(wider, sizes, order)
     assert wide["mlp-k2"]["removals"] == ["3.mlp", "4.mlp", "5.mlp"]  # +19.9% beats -20.1%
     with pytest.raises(LayerpruneError, match=r"cannot match 61,568 params removed within 5%: .* 1 removals"):
-        grain.plan_cells(study.model_copy(update={"tolerance": 0.05}), sizes, order)
+        matched.plan_matched(study.model_copy(update={"tolerance": 0.05}), sizes, order)
     with pytest.raises(LayerpruneError, match=r"within 25%: the nearest of 5 candidates, 5 removals"):
-        grain.plan_cells(study.model_copy(update={"levels": [2]}), sizes, order)  # 10 attention: only 5 unprotected
+        matched.plan_matched(study.model_copy(update={"levels": [2]}), sizes, order)  # 10 attention: only 5 unprotected
 
 
 def test_sublayer_rankings_are_prefixes_the_layout_serves(tmp_path):
@@ -87,7 +88,7 @@ def test_sublayer_rankings_are_prefixes_the_layout_serves(tmp_path):
     assert all(removal_refusal(3, ranked[:n]) is None for n in range(1, len(ranked) + 1))
     study = grain_grid.GrainStudy.model_validate(tiny_grain("x", tmp_path, grains=["block", "attention"],
                                                        prune={"drop": 1, "protect": []}))
-    assert grain.order_rankings(study, 3, [])["attention"] == ranked
+    assert matched.order_rankings(study.grains, 3, [])["attention"] == ranked
 
 
 def test_a_level_no_servable_prefix_reaches_is_refused_before_any_scoring(capsys, tmp_path):
@@ -113,11 +114,11 @@ def test_the_matched_prefix_is_the_nearest_and_the_shorter_on_a_tie():
     costs = {Sublayer(b, "attn"): Cost(params=10) for b in range(4)}
     sizes = ModelSizes(Cost(params=100), costs, "float32")
     ranked = [Sublayer(b, "attn") for b in (3, 2, 1, 0)]
-    assert grain.matched_prefix(ranked, sizes, 24, "params", 0.5) == ranked[:2]  # 20 beats 30
-    assert grain.matched_prefix(ranked, sizes, 25, "params", 0.5) == ranked[:2]  # a tie: the shorter
-    assert grain.matched_prefix(ranked, sizes, 29, "params", 0.5) == ranked[:3]
+    assert matched.matched_prefix(ranked, sizes, 24, "params", 0.5) == ranked[:2]  # 20 beats 30
+    assert matched.matched_prefix(ranked, sizes, 25, "params", 0.5) == ranked[:2]  # a tie: the shorter
+    assert matched.matched_prefix(ranked, sizes, 29, "params", 0.5) == ranked[:3]
     with pytest.raises(LayerpruneError, match="within 10%"):
-        grain.matched_prefix(ranked, sizes, 25, "params", 0.1)
+        matched.matched_prefix(ranked, sizes, 25, "params", 0.1)
 
 
 @pytest.mark.parametrize(("fields", "message"), [
@@ -279,7 +280,7 @@ def test_a_tiny_grain_study_runs_end_to_end_with_two_replicates(capsys, nas_sour
     recipe.write_text(yaml.safe_dump(fields, sort_keys=False))
     code, out, err = run_cli(capsys, ["study", str(recipe), "--dry-run", "--device", "cpu"])
     assert code == 0, err
-    assert "attention-k1: 5 removals" in out and "stages (21)" in out
+    assert "attention-k1: 5 removals" in out and "stages: 21 (" in out and "in order: score-block, " in out
     code, out, err = run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])
     assert code == 0, err
     root = tmp_path / "study"
@@ -364,24 +365,24 @@ def test_the_speed_matched_prefix_is_the_nearest_measured_one_searched_from_the_
     sizes = _sizes(12)  # n removals predict 1000 / (1000 - 10 n): 1.042x at 4, 1.053x at 5, 1.075x at 7, 1.087x at 8
     noisy = dict(enumerate([1.01, 1.02, 1.06, 1.05, 1.09, 1.11, 1.12, 1.13, 1.15, 1.16, 1.17, 1.18], 1))
     asked: list[int] = []
-    chosen, timed = grain.matched_speed_prefix(ranked, sizes, 1.045, _speeds(noisy, asked), 0.5)
+    chosen, timed = matched.matched_speed_prefix(ranked, sizes, 1.045, _speeds(noisy, asked), 0.5)
     assert asked == [5, 4, 3, 2]  # from the prediction down while the shorter prefix still reaches 1.045x
     assert chosen == ranked[:4] and timed[4] == 1.05  # the nearest timed, though 3 was timed faster than 4
     asked.clear()
-    chosen, _ = grain.matched_speed_prefix(ranked, sizes, 1.085, _speeds(noisy, asked), 0.5)
+    chosen, _ = matched.matched_speed_prefix(ranked, sizes, 1.085, _speeds(noisy, asked), 0.5)
     assert asked == [8, 7, 6, 5, 4] and chosen == ranked[:5]
     slow = {n: 1 + 0.005 * n for n in range(1, 13)}  # slower than predicted: the search goes up
     asked.clear()
-    chosen, _ = grain.matched_speed_prefix(ranked, sizes, 1.03, _speeds(slow, asked), 0.5)
+    chosen, _ = matched.matched_speed_prefix(ranked, sizes, 1.03, _speeds(slow, asked), 0.5)
     assert asked == [3, 4, 5, 6] and chosen == ranked[:6]
     with pytest.raises(LayerpruneError, match=r"within 10% of its speed gain: .* 5 removals, measured 1.090x"):
-        grain.matched_speed_prefix(ranked, sizes, 1.075, _speeds(noisy, []), 0.1)
+        matched.matched_speed_prefix(ranked, sizes, 1.075, _speeds(noisy, []), 0.1)
     only_all = {1: 1.001, 2: 1.005, 3: 1.015}  # only the whole ranking reaches the goal: it is timed too
     three = [Sublayer(b, "attn") for b in (2, 1, 0)]
-    chosen, timed = grain.matched_speed_prefix(three, _sizes(3), 1.015, _speeds(only_all, []), 0.1)
+    chosen, timed = matched.matched_speed_prefix(three, _sizes(3), 1.015, _speeds(only_all, []), 0.1)
     assert chosen == three and timed[3] == 1.015
     with pytest.raises(LayerpruneError, match="measured 0.990x: no speed gained"):
-        grain.matched_speed_prefix(ranked, sizes, 0.99, _speeds(noisy, []), 0.5)
+        matched.matched_speed_prefix(ranked, sizes, 0.99, _speeds(noisy, []), 0.5)
 
 
 def test_a_speed_matched_plan_times_the_block_arm_and_keeps_every_measurement(nas_source, tmp_path):
@@ -389,7 +390,7 @@ def test_a_speed_matched_plan_times_the_block_arm_and_keeps_every_measurement(na
 
     study = grain_grid.GrainStudy.model_validate(tiny_grain(nas_source, tmp_path / "g", match="speedup", tolerance=0.5))
     sizes = grain.study_sizes(study, RunSettings(device="cpu"))
-    order = grain.order_rankings(study, 6, [0])
+    order = matched.order_rankings(study.grains, 6, [0])
     calls: list[list] = []
 
     def speed(removals: list) -> float:  # blocks are worth 1.2x each, attention sublayers 1.05x, MLP 1.12x
@@ -397,14 +398,14 @@ def test_a_speed_matched_plan_times_the_block_arm_and_keeps_every_measurement(na
         per = {int: 0.2, Sublayer: 0.0}[type(removals[0])] or (0.05 if removals[0].part == "attn" else 0.12)
         return 1 + per * len(removals)
 
-    plan = grain.plan_cells(study, sizes, order, speed)
+    plan = matched.plan_matched(study, sizes, order, speed)
     assert calls[0] == [5] and plan["block-k1"]["speedup"] == pytest.approx(1.2)
     assert plan["attention-k1"]["removals"] == [f"{b}.attn" for b in (2, 3, 4, 5)]  # 4 x 0.05: exactly 1.2x
     assert plan["mlp-k1"]["removals"] == ["4.mlp", "5.mlp"]  # 1.24x (gap +20%) beats 1.12x (-40%)
     assert plan["mlp-k1"]["gap"] == pytest.approx(0.2) and set(plan["mlp-k1"]["timed"]) == {"1", "2"}
-    predicted = grain.plan_cells(study, sizes, order)  # the dry run's stand-in: the FLOP model
+    predicted = matched.plan_matched(study, sizes, order)  # the dry run's stand-in: the FLOP model
     assert predicted["block-k1"]["speedup"] == pytest.approx(predicted["block-k1"]["predicted_speedup"])
-    real, bench = grain.measured_speed(study.model_copy(update={"speed_repeats": 1}), RunSettings(device="cpu"))
+    real, bench = matched.measured_speed(study.model, RunSettings(device="cpu"), 1)
     assert real([5]) > 0 and real([Sublayer(5, "attn")]) > 0  # a block dropped, a sublayer as the layout runs it
     assert bench["clock"] == "cpu" and bench["repeats"] == 1 and bench["device"] == "cpu" and bench["threads"] == 1
     assert bench["new_tokens"] == 32
@@ -418,7 +419,7 @@ def test_speed_is_timed_on_one_thread_and_the_thread_count_comes_back(nas_source
     monkeypatch.setattr(speed_module, "measured_speedup", lambda *a: seen.append(torch.get_num_threads()) or
                         {"speedup": 1.1})
     study = grain_grid.GrainStudy.model_validate(tiny_grain(nas_source, Path("g"), match="speedup"))
-    speed, _ = grain.measured_speed(study, RunSettings(device="cpu"))
+    speed, _ = matched.measured_speed(study.model, RunSettings(device="cpu"), study.speed_repeats)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

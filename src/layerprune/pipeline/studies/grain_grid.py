@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from layerprune.core.recipe_loading import validation_message
 from layerprune.pipeline.recipe import PipelineRecipe, RecoverStage
 from layerprune.pipeline.studies.cells import Arm, derive_arm_recipe, replicate_label
+from layerprune.prune.matched import cut_label
 from layerprune.recover.schema import RecoverRecipe
 
 log = logging.getLogger(__name__)
@@ -20,9 +21,6 @@ Grain = Literal["block", "attention", "mlp"]
 
 
 Match = Literal["params", "kv-cache", "speedup"]
-
-
-PARTS = {"attention": "attn", "mlp": "mlp"}
 
 
 CONTROL = "control"  # the k = 0 control's label: control[@rR]
@@ -108,8 +106,8 @@ class GrainStudy(PipelineRecipe):
 
 
 def cell(grain: str, level: int) -> str:
-    """A cell's label: GRAIN-kK (its recovered model; pruned-GRAIN-kK before recovery)."""
-    return f"{grain}-k{level}"
+    """A cell's label: GRAIN-kK (its recovered model; pruned-GRAIN-kK before recovery), as prune/matched.py plans it."""
+    return cut_label(grain, level)
 
 
 def cells(study: GrainStudy) -> list[str]:

@@ -4,19 +4,17 @@ recovery plan, and a time estimate from the measured 2-core rates below."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from layerprune.core.settings import RunSettings
-from layerprune.pipeline.studies.grain import order_rankings, plan_cells, study_sizes, study_stages
+from layerprune.pipeline.studies.grain import study_sizes, study_stages
 from layerprune.pipeline.studies.grain_grid import (
     GrainStudy,
     cells,
     logical_models,
 )
+from layerprune.pipeline.studies.sweep_plan import in_brief
+from layerprune.prune.matched import order_rankings, plan_matched
 from layerprune.recover.schema import RecoverRecipe
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +41,7 @@ def dry_run(study: GrainStudy, settings: RunSettings) -> str:
 
     sizes = study_sizes(study, settings)
     depth = len({r for r in sizes.costs if isinstance(r, int)})
-    plan = plan_cells(study, sizes, order_rankings(study, depth, study.prune.protected_blocks(depth)))
+    plan = plan_matched(study, sizes, order_rankings(study.grains, depth, study.prune.protected_blocks(depth)))
     recipe, stages = study.arm_recipe("<pruned>"), study_stages(study, settings, study.run_dir())
     train = recipe.train
     lines = [f"grain study '{study.name}' -> {study.run_dir()}", f"model: {check_model(study.model, settings)}",
@@ -67,7 +65,7 @@ def dry_run(study: GrainStudy, settings: RunSettings) -> str:
                 else "; no k = 0 control"),
              f"gates: control shift {100 * study.gates.control_shift:g} points; margin "
              f"{100 * study.gates.margin:g} points; a level is read only where the block arm's drop is clear",
-             f"stages ({len(stages)}): {', '.join(s.name for s in stages)}",
+             f"stages: {in_brief([s.name for s in stages])}",
              estimate(study, recipe, depth)]
     return "\n".join(lines)
 
