@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import time
+from statistics import NormalDist
 
 import numpy as np
 from scipy.stats import spearmanr
 
 from layerprune.analyze.agreement import relative_agreement_draws
-from layerprune.core.paired import bias_corrected_interval, percentile_interval
+from layerprune.core.paired import checked_interval, percentile_interval
 
 BASE, FLIP, THRESHOLD, BAR = 0.8, 0.1, 0.2, 0.9
 ORIGINAL = BASE * (1 - np.r_[0.9, 0.6, 0.5, 0.35, 0.25, 0.1, 0.05, 0.3, 0.15, 0.02, 0.45, 0.08])
@@ -42,11 +43,23 @@ def answers(p: np.ndarray, items: int, rng: np.random.Generator) -> tuple[np.nda
     return (u < BASE).astype(float), ablated.astype(float), None
 
 
+def bias_corrected(value: float, draws: np.ndarray) -> tuple[float, float] | None:
+    """Efron's BC interval (no acceleration), None where `checked_interval` gives none."""
+    finite = draws[np.isfinite(draws)]
+    if checked_interval(value, draws)["low"] is None:
+        return None
+    normal = NormalDist()
+    z0 = normal.inv_cdf((np.sum(finite < value) + 0.5 * np.sum(finite == value)) / len(finite))
+    z = normal.inv_cdf(0.975)
+    low, high = np.quantile(finite, [normal.cdf(2 * z0 - z), normal.cdf(2 * z0 + z)])
+    return float(low), float(high)
+
+
 def intervals(value: float, draws: np.ndarray) -> dict[str, tuple[float, float] | None]:
-    plain, corrected = percentile_interval(value, draws), bias_corrected_interval(value, draws)
-    checked = None if corrected["low"] is None else (plain["low"], plain["high"])
-    return {METHODS[0]: (plain["low"], plain["high"]), METHODS[1]: checked,
-            METHODS[2]: None if corrected["low"] is None else (corrected["low"], corrected["high"])}
+    plain, checked = percentile_interval(value, draws), checked_interval(value, draws)
+    return {METHODS[0]: (plain["low"], plain["high"]),
+            METHODS[1]: None if checked["low"] is None else (checked["low"], checked["high"]),
+            METHODS[2]: bias_corrected(value, draws)}
 
 
 def main() -> None:

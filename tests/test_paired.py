@@ -189,44 +189,41 @@ def test_a_sweep_refuses_models_scored_on_different_items_instead_of_leaving_the
         sweep_figures(folders)
 
 
-def test_bias_corrected_interval_moves_against_the_bootstrap_bias():
+def test_an_agreement_interval_is_given_only_where_it_holds_its_estimate():
     """A statistic whose resamples sit to one side of it (paper A's Jaccard ratio 0.42 with a percentile interval
-    [0.43, 0.52]): for draws value + b + N(0, 1) the BC interval is value - b -+ 1.96 (the percentile interval,
-    value + b -+ 1.96, lies on the wrong side); no bias gives the percentile interval; a value outside the central
-    95% of its draws gets no interval (BC would put it beside the value, or on one atom of a discrete statistic)."""
+    [0.43, 0.52]): the percentile interval where the estimate lies within the central 95% of its draws (then it holds
+    it), none where it lies outside or over 5% of the draws are undefined (a ratio over a ceiling of 0.09, undefined
+    on 27% of its resamples, had the interval [0.10, 3.71])."""
     rng = np.random.default_rng(0)
     noise = rng.standard_normal(200_000)
-    out = paired.bias_corrected_interval(0.0, 0.5 + noise)
-    assert out["low"] == pytest.approx(-0.5 - 1.96, abs=0.06) and out["high"] == pytest.approx(-0.5 + 1.96, abs=0.06)
+    out = paired.checked_interval(0.0, 0.5 + noise)
+    plain = paired.percentile_interval(0.0, 0.5 + noise)
+    assert (out["low"], out["high"]) == (plain["low"], plain["high"]) and out["low"] <= 0.0 <= out["high"]
     assert out["bias"] == pytest.approx(0.5, abs=0.01)
-    plain = paired.percentile_interval(0.0, noise)
-    same = paired.bias_corrected_interval(float(np.median(noise)), noise)
-    assert same["low"] == pytest.approx(plain["low"], abs=1e-3)
-    assert same["high"] == pytest.approx(plain["high"], abs=1e-3)
-    above = paired.bias_corrected_interval(0.42, np.linspace(0.43, 0.52, 100))
+    above = paired.checked_interval(0.42, np.linspace(0.43, 0.52, 100))
     assert above["low"] is None and "100.0% of the resampled values lie above" in above["undetermined"]
-    edge = paired.bias_corrected_interval(0.0, np.concatenate([[-1.0] * 2, np.linspace(0.1, 1.0, 98)]))
+    edge = paired.checked_interval(0.0, np.concatenate([[-1.0] * 2, np.linspace(0.1, 1.0, 98)]))
     assert edge["low"] is None and "98.0%" in edge["undetermined"]
     for shift in (0.0, 0.5, 1.0, 1.9):  # within the central 95%: the interval holds the value
-        ci = paired.bias_corrected_interval(0.0, shift + noise[:5000])
+        ci = paired.checked_interval(0.0, shift + noise[:5000])
         assert ci["low"] <= 0.0 <= ci["high"]
-    assert paired.bias_corrected_interval(None, noise)["low"] is None
-    with_nan = paired.bias_corrected_interval(0.0, np.concatenate([noise[:1000], [np.nan] * 40]))
+    assert paired.checked_interval(None, noise)["low"] is None
+    with_nan = paired.checked_interval(0.0, np.concatenate([noise[:1000], [np.nan] * 40]))
     assert with_nan["undefined"] == pytest.approx(40 / 1040) and with_nan["low"] < 0 < with_nan["high"]
-    # paper A's rft arithmetic: a Spearman ratio over a ceiling of 0.09, undefined on 27% of the resamples
-    mostly_nan = paired.bias_corrected_interval(0.0, np.concatenate([noise[:1000], [np.nan] * 370]))
+    mostly_nan = paired.checked_interval(0.0, np.concatenate([noise[:1000], [np.nan] * 370]))
     assert mostly_nan["low"] is None and "undefined on 27.0% of the resamples" in mostly_nan["undetermined"]
 
 
-def test_ratio_comparison_and_agreements_use_the_bias_corrected_interval():
-    """Paper A's ratio - 1 and ratio - control read the bias-corrected interval, as the agreements' intervals do."""
+def test_ratio_comparison_and_agreements_use_the_checked_interval():
+    """Paper A's ratio - 1 and ratio - control read the checked interval, as the agreements' intervals do."""
     from layerprune.analyze.agreement import corrected_interval
 
     rng = np.random.default_rng(1)
     draws = 0.5 + 0.02 + 0.02 * rng.standard_normal(20_000)  # resamples read the ratio 0.02 too high
     out = paired.ratio_comparison(0.5, draws, (0.8, 0.8 + 0.02 * rng.standard_normal(20_000)))
-    assert out["vs_ceiling"]["high"] == pytest.approx(-0.5 - 0.02 + 1.96 * 0.02, abs=0.005)
-    assert out["vs_control"]["high"] < -0.3 - 0.02 + 2 * 1.96 * 0.02
-    assert corrected_interval(0.5, draws, 0.05)[1] == pytest.approx(0.5 - 0.02 + 1.96 * 0.02, abs=0.005)
+    assert out["vs_ceiling"]["high"] == pytest.approx(-0.5 + 0.02 + 1.96 * 0.02, abs=0.005)
+    assert out["vs_control"]["high"] < -0.3 + 0.02 + 2 * 1.96 * 0.02
+    assert corrected_interval(0.5, draws, 0.05)[1] == pytest.approx(0.5 + 0.02 + 1.96 * 0.02, abs=0.005)
     assert corrected_interval(0.5, [None, 0.6, 0.7], 0.05) is None  # every draw above: no interval
     assert corrected_interval(0.5, draws + 0.1, 0.05) is None  # the estimate below 97.5% of its draws
+    assert paired.ratio_comparison(0.5, draws + 0.1, None)["vs_ceiling"]["low"] is None

@@ -26,16 +26,24 @@ UNBOUNDED = "unbounded (the drop's interval"
 # verdicts that changed: path pattern -> the new value (paper A's verdict from ratio intervals against the ceiling and
 # the control; a sweep verdict that rested on an unbounded share).
 CHANGED: dict[str, dict[str, str]] = {
+    # and, once the split-half ratio's resamples share their items across the splits (its intervals about 35% wider
+    # on the Spearman, as wide as the ratio varies): the RL variant's brackets "invariant" (nll: its control's
+    # Jaccard ratio now reaches 0.9) and the RFT variant's 3d+ "different" (accuracy) are not shown
     "variant-math-accuracy-embedded": {r"^/tasks/arithmetic/verdict/verdict$": "not shown"},
+    "variant-math-grpo-embedded": {r"^/tasks/brackets_mix/verdict/verdict$": "not shown"},
     "variant-math-grpo-accuracy-embedded": {r"^/tasks/arith_3d_add/verdict/verdict$": "not shown"},
-    "variant-math-rft-accuracy-embedded": {r"^/tasks/arithmetic/verdict/verdict$": "not shown"},
+    "variant-math-rft-accuracy-embedded": {r"^/tasks/arithmetic/verdict/verdict$": "not shown",
+                                           r"^/tasks/arith_3d_add/verdict/verdict$": "not shown"},
 }
 FREE = re.compile(r"/verdict/reasons|/noise_rule$")  # words, not numbers: the reasons now give intervals
 # Corrected in paper A's archives: the intervals of agreements (a Spearman of drops, a Jaccard of critical sets, their
-# ratios to the ceiling) are bias-corrected (core.paired.bias_corrected_interval), None where the estimate lies outside
+# ratios to the ceiling) are checked (core.paired.checked_interval), None where the estimate lies outside
 # the central 95% of its resamples or over 5% of them are undefined; the estimates do not move, and every new
-# interval holds its estimate (`_holds`). The percentile ones lay beside their estimates (0.48 [0.48, 0.61]).
-AGREEMENT = re.compile(r"/(spearman_interval|jaccard_interval|ratio_interval)(/[01])?$")
+# interval holds its estimate (`_holds`). The percentile ones lay beside their estimates (0.48 [0.48, 0.61]); the
+# split-half ratio's resamples now share their items across the splits, so its intervals are as wide as it varies.
+AGREEMENT = re.compile(r"/(spearman_interval|jaccard_interval|ratio_interval)(/[01])?$"
+                       r"|/comparison/[a-z]+/(vs_ceiling|vs_control|control_vs_ceiling)/(low|high|bias|undefined"
+                       r"|undetermined)$")
 ESTIMATE = {"spearman_interval": "spearman", "jaccard_interval": "critical_jaccard", "ratio_interval": "ratio"}
 
 

@@ -129,21 +129,16 @@ def percentile_interval(value: float, draws: np.ndarray, alpha: float = ALPHA) -
     return {"value": value, "low": float(low), "high": float(high), "undefined": float(1 - len(finite) / len(draws))}
 
 
-def bias_corrected_interval(value: float | None, draws: np.ndarray, alpha: float = ALPHA) -> dict[str, Any]:
-    """The value and the (1 - alpha) bias-corrected percentile interval of its resampled draws (Efron's BC, without
-    acceleration), for a statistic that resampling itself moves: the Spearman of two noisy drop profiles and the
-    Jaccard of their critical sets (a threshold), whose resampled values lie systematically to one side of the value
-    because a resample of n items, duplicates and all, is noisier than the n items were. There the plain percentile
-    interval sits beside its own estimate, on the side away from where the bias puts the truth (paper A's Jaccard
-    ratio 0.42 with a percentile interval [0.43, 0.52]). z0 = Phi^-1(share of finite draws below the value, ties
-    counting half); the interval takes the draws' quantiles Phi(2 z0 -+ z(1 - alpha/2)). No bias (z0 = 0) gives the
-    percentile interval. Where the value lies outside the central (1 - alpha) of its draws the bias is too strong for
-    this bootstrap to bound the statistic (BC would then put the interval on the far side of its value, or, for a
-    discrete statistic such as a Jaccard of a few blocks, shrink it to one atom): the interval is None and
-    `undetermined` says why. Within that range the interval always holds the value. `bias`: the draws' median less
-    the value. Non-finite draws are left out (`undefined`: their share); over alpha of them (a ratio whose ceiling
-    resampling takes to 0) leave the statistic undetermined too, as no (1 - alpha) interval can be read off the
-    rest."""
+def checked_interval(value: float | None, draws: np.ndarray, alpha: float = ALPHA) -> dict[str, Any]:
+    """The value and the (1 - alpha) percentile interval of its resampled draws, given only where it can be read: for
+    a statistic that resampling moves to one side (the Spearman of two noisy drop profiles, the Jaccard of their
+    critical sets, paper A's ratios of them), a percentile interval can lie beside its own estimate (paper A's
+    Jaccard ratio 0.42 with [0.43, 0.52]). Where the value lies outside the central (1 - alpha) of its finite draws,
+    or over alpha of the draws are undefined (a ratio whose ceiling resampling takes to 0), the interval is None and
+    `undetermined` says why; otherwise it holds the value. `bias`: the draws' median less the value. Measured against
+    a known truth (bench/bench_agreement_coverage.py), this interval covers paper A's ratios 91-95% (Spearman and, at
+    400 items, Jaccard) with no wrong verdict, where Efron's bias-corrected one covers 83-97% and gives 2-3% wrong
+    verdicts; the Jaccard at 150 items covers 69%."""
     draws = np.asarray(draws, dtype=np.float64).reshape(-1)
     finite = draws[np.isfinite(draws)]
     if value is None or not math.isfinite(value) or len(finite) == 0:
@@ -162,10 +157,7 @@ def bias_corrected_interval(value: float | None, draws: np.ndarray, alpha: float
                                f"{'above' if below < 0.5 else 'below'} the estimate: the bootstrap is too biased to "
                                "bound it")
         return out
-    normal = NormalDist()
-    z0, z = normal.inv_cdf(below), normal.inv_cdf(1 - alpha / 2)
-    levels = [normal.cdf(2 * z0 - z), normal.cdf(2 * z0 + z)]
-    low, high = np.quantile(finite, levels)
+    low, high = np.quantile(finite, [alpha / 2, 1 - alpha / 2])
     return {**out, "low": float(low), "high": float(high)}
 
 
@@ -538,16 +530,16 @@ def ratio_comparison(value: float | None, draws: np.ndarray, control: tuple[floa
                      alpha: float = ALPHA) -> dict[str, Any]:
     """An agreement ratio (agreement / split-half ceiling) against the ceiling, ratio - 1, and against the positive
     control's ratio on the same resamples, ratio - control (paired: both drawn with the same halves and items), each
-    with its bias-corrected interval (`bias_corrected_interval`), and the control's own ratio - 1
+    with its checked percentile interval (`checked_interval`), and the control's own ratio - 1
     (`control_vs_ceiling`); None where undefined."""
     out: dict[str, Any] = {"ratio": value, "vs_ceiling": None, "vs_control": None, "control_vs_ceiling": None}
     if control is not None and control[0] is not None:
-        out["control_vs_ceiling"] = bias_corrected_interval(control[0] - 1.0, np.asarray(control[1]) - 1.0, alpha)
+        out["control_vs_ceiling"] = checked_interval(control[0] - 1.0, np.asarray(control[1]) - 1.0, alpha)
     if value is None:
         return out
-    out["vs_ceiling"] = bias_corrected_interval(value - 1.0, np.asarray(draws) - 1.0, alpha)
+    out["vs_ceiling"] = checked_interval(value - 1.0, np.asarray(draws) - 1.0, alpha)
     if control is not None and control[0] is not None:
-        out["vs_control"] = bias_corrected_interval(value - control[0], np.asarray(draws) - np.asarray(control[1]),
+        out["vs_control"] = checked_interval(value - control[0], np.asarray(draws) - np.asarray(control[1]),
                                                     alpha)
     return out
 

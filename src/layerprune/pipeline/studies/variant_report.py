@@ -201,13 +201,11 @@ def variant_table(study: VariantStudy, result: dict[str, Any]) -> str:
     lines = [f"# Variant study: {study.name}", "", *([study.description, ""] if study.description else []),
              f"Original `{study.model}` vs its variant. Drops per block from importance/ (heatmap: "
              f"importance/heatmap.png). Intervals: {level} paired bootstrap over the items ({study.resamples} "
-             "resamples); a resample's critical set is the blocks above the threshold. Agreements are bias-corrected "
-             "(Efron's BC): a resample is noisier than the items, so its Spearman and Jaccard lie to one side of the "
-             f"estimate; where the estimate lies outside the central {level} of its resamples, or over "
-             f"{study.alpha:.0%} of them are undefined, no interval is given ([n/a]: the bootstrap cannot bound it). "
-             "On synthetic profiles of known agreement (bench/bench_agreement_coverage.py) the ratio reads agreement "
-             "high at these item counts and its intervals hold the true agreement less often than their level says: "
-             "read them as narrower than they are.", "",
+             "resamples); a resample's critical set is the blocks above the threshold. A resample is noisier than the "
+             "items, so an agreement's resamples lie to one side of it: where the estimate lies outside the central "
+             f"{level} of its resamples, or over {study.alpha:.0%} of them are undefined, no interval is given ([n/a]: "
+             "the bootstrap cannot bound it). The split-half ratios' resamples share their items across the splits; "
+             "their coverage, measured on profiles of known agreement: bench/bench_agreement_coverage.py.", "",
              "| task | full score (original / variant) | Spearman of drops | Jaccard of critical sets | "
              "critical (original) | critical (variant) |", "|---|---|---|---|---|---|"]
     if "variant_seeds" in result:  # several makes of the variant: a row per make, then the makes side by side
