@@ -232,7 +232,7 @@ def test_the_ratio_s_resamples_share_their_items_across_the_splits():
     together as the estimate's do: resampling each split's halves on draws of their own averaged that shared noise
     out, and the intervals came out about 35% too narrow (bench/bench_agreement_coverage.py). On 60 items whose
     profiles are noisy, the resampled ratios' spread is at least that of the ratio over independent item samples
-    less a margin; the old construction's fell well short of it."""
+    (1.55 times it here); the old construction's was 0.76 times it."""
     from layerprune.analyze.agreement import relative_agreement_draws
 
     base = 0.8 * (1 - np.r_[0.9, 0.6, 0.5, 0.35, 0.25, 0.1, 0.05, 0.3])
@@ -244,10 +244,10 @@ def test_the_ratio_s_resamples_share_their_items_across_the_splits():
         return (u < 0.8).astype(float), ((u[None, :] < p[:, None]) ^ flips).astype(float), None
 
     estimates, spreads = [], []
-    for trial in range(40):
+    for trial in range(80):
         rng = np.random.default_rng(trial)
         out, draws = relative_agreement_draws(sample(base, rng), sample(other, rng), "mean", 0.2, splits=4,
                                               resamples=200, seed=trial)
         estimates.append(out["spearman"]["ratio"])
         spreads.append(np.nanstd(draws["spearman"]))
-    assert np.mean(spreads) > 0.85 * np.std(estimates)
+    assert np.mean(spreads) > np.std(estimates)
