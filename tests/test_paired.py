@@ -216,14 +216,14 @@ def test_an_agreement_interval_is_given_only_where_it_holds_its_estimate():
 
 def test_ratio_comparison_and_agreements_use_the_checked_interval():
     """Paper A's ratio - 1 and ratio - control read the checked interval, as the agreements' intervals do."""
-    from layerprune.analyze.agreement import corrected_interval
+    from layerprune.analyze.agreement import agreement_interval
 
     rng = np.random.default_rng(1)
     draws = 0.5 + 0.02 + 0.02 * rng.standard_normal(20_000)  # resamples read the ratio 0.02 too high
     out = paired.ratio_comparison(0.5, draws, (0.8, 0.8 + 0.02 * rng.standard_normal(20_000)))
     assert out["vs_ceiling"]["high"] == pytest.approx(-0.5 + 0.02 + 1.96 * 0.02, abs=0.005)
     assert out["vs_control"]["high"] < -0.3 + 0.02 + 2 * 1.96 * 0.02
-    assert corrected_interval(0.5, draws, 0.05)[1] == pytest.approx(0.5 + 0.02 + 1.96 * 0.02, abs=0.005)
-    assert corrected_interval(0.5, [None, 0.6, 0.7], 0.05) is None  # every draw above: no interval
-    assert corrected_interval(0.5, draws + 0.1, 0.05) is None  # the estimate below 97.5% of its draws
+    assert agreement_interval(0.5, draws, 0.05)[1] == pytest.approx(0.5 + 0.02 + 1.96 * 0.02, abs=0.005)
+    assert agreement_interval(0.5, [None, 0.6, 0.7], 0.05) is None  # every draw above: no interval
+    assert agreement_interval(0.5, draws + 0.1, 0.05) is None  # the estimate below 97.5% of its draws
     assert paired.ratio_comparison(0.5, draws + 0.1, None)["vs_ceiling"]["low"] is None

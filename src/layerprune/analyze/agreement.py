@@ -31,12 +31,11 @@ def per_item(result: dict[str, Any], kind: Score) -> tuple[np.ndarray, np.ndarra
 
 def resampled_drops(base: np.ndarray, ablated: np.ndarray, tokens: np.ndarray | None, kind: Score,
                     index: np.ndarray) -> np.ndarray:
-    """[resamples, blocks] relative drops on each resample of the items (nan where the full score is 0)."""
-    resampled_tokens = tokens[index] if tokens is not None else None
-    full = score(base[index], resampled_tokens, kind)  # [resamples]
-    skipped = np.stack([score(a[index], resampled_tokens, kind) for a in ablated], axis=1)  # [resamples, blocks]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(full[:, None] > 0, (full[:, None] - skipped) / full[:, None], np.nan)
+    """[resamples, blocks] relative drops on each resample of the items (index [resamples, k]: the items drawn; nan
+    where the full score is 0): `weighted_drops` on each item's count in the resample."""
+    counts = np.zeros((len(index), len(base)))
+    np.add.at(counts, (np.arange(len(index))[:, None], index), 1.0)
+    return weighted_drops(base, ablated, tokens, kind, counts)
 
 
 def weighted_drops(base: np.ndarray, ablated: np.ndarray, tokens: np.ndarray | None, kind: Score,
@@ -64,7 +63,7 @@ def interval(values: list[float], alpha: float) -> list[float] | None:
     return [float(v) for v in np.quantile(kept, [alpha / 2, 1 - alpha / 2])]
 
 
-def corrected_interval(value: float | None, values: list[float | None] | np.ndarray,
+def agreement_interval(value: float | None, values: list[float | None] | np.ndarray,
                        alpha: float) -> list[float] | None:
     """The (1 - alpha) checked percentile interval (`core.paired.checked_interval`) of an agreement (a Spearman of
     drops, a Jaccard of critical sets, a ratio of them to their ceiling), which resampling moves to one side; None
@@ -100,8 +99,8 @@ def profile_agreement(first: dict[str, Any], second: dict[str, Any], kind: Score
                 for x, y in zip(drops_a, drops_b, strict=True)]
     rho, overlap = metrics.spearman(first["drops"], second["drops"]), metrics.jaccard(first["critical"],
                                                                                        second["critical"])
-    return {"spearman": rho, "spearman_interval": corrected_interval(rho, spearmans, alpha),
-            "critical_jaccard": overlap, "jaccard_interval": corrected_interval(overlap, jaccards, alpha),
+    return {"spearman": rho, "spearman_interval": agreement_interval(rho, spearmans, alpha),
+            "critical_jaccard": overlap, "jaccard_interval": agreement_interval(overlap, jaccards, alpha),
             "critical": [first["critical"], second["critical"]], "resamples": resamples, "alpha": alpha,
             "defined_resamples": {"spearman": sum(v is not None for v in spearmans),
                                   "jaccard": sum(v is not None for v in jaccards)}}
@@ -254,7 +253,7 @@ def relative_agreement_draws(original: Matrix, variant: Matrix, kind: Score, thr
         draws[m] = _ratio(boot[m])[1]
         out[m] = {"agreement": _value(point[m]["cross"][0]), "ceiling": _value(ceiling[0]),
                   "reliability": [_value(point[m]["original"][0]), _value(point[m]["variant"][0])],
-                  "ratio": _value(ratio[0]), "ratio_interval": corrected_interval(_value(ratio[0]), draws[m], alpha)}
+                  "ratio": _value(ratio[0]), "ratio_interval": agreement_interval(_value(ratio[0]), draws[m], alpha)}
     return out, draws
 
 

@@ -139,26 +139,23 @@ def checked_interval(value: float | None, draws: np.ndarray, alpha: float = ALPH
     a known truth (bench/bench_agreement_coverage.py), this interval covers paper A's ratios 91-95% (Spearman and, at
     400 items, Jaccard) with no wrong verdict, where Efron's bias-corrected one covers 83-97% and gives 2-3% wrong
     verdicts; the Jaccard at 150 items covers 69%."""
+    plain = percentile_interval(math.nan if value is None else value, draws, alpha)
+    if plain["low"] is None:
+        return {**plain, "bias": None}
     draws = np.asarray(draws, dtype=np.float64).reshape(-1)
     finite = draws[np.isfinite(draws)]
-    if value is None or not math.isfinite(value) or len(finite) == 0:
-        return {"value": value if value is not None and math.isfinite(value) else None, "low": None, "high": None,
-                "undefined": 1.0, "bias": None}
-    out: dict[str, Any] = {"value": value, "low": None, "high": None,
-                           "undefined": float(1 - len(finite) / len(draws)),
-                           "bias": float(np.median(finite) - value)}
+    out: dict[str, Any] = {**plain, "low": None, "high": None, "bias": float(np.median(finite) - plain["value"])}
     if out["undefined"] > alpha:  # a ratio over a ceiling that resampling takes to 0 or below
         out["undetermined"] = (f"undefined on {100 * out['undefined']:.1f}% of the resamples, over {100 * alpha:g}%: "
                                "the bootstrap cannot bound it")
         return out
-    below = (np.sum(finite < value) + 0.5 * np.sum(finite == value)) / len(finite)
+    below = (np.sum(finite < out["value"]) + 0.5 * np.sum(finite == out["value"])) / len(finite)
     if below < alpha / 2 or below > 1 - alpha / 2:
         out["undetermined"] = (f"{100 * max(below, 1 - below):.1f}% of the resampled values lie "
                                f"{'above' if below < 0.5 else 'below'} the estimate: the bootstrap is too biased to "
                                "bound it")
         return out
-    low, high = np.quantile(finite, [alpha / 2, 1 - alpha / 2])
-    return {**out, "low": float(low), "high": float(high)}
+    return {**out, "low": plain["low"], "high": plain["high"]}
 
 
 def bootstrap(tasks: Sequence[np.ndarray], resamples: int = RESAMPLES, seed: int = SEED, alpha: float = ALPHA,
@@ -539,8 +536,7 @@ def ratio_comparison(value: float | None, draws: np.ndarray, control: tuple[floa
         return out
     out["vs_ceiling"] = checked_interval(value - 1.0, np.asarray(draws) - 1.0, alpha)
     if control is not None and control[0] is not None:
-        out["vs_control"] = checked_interval(value - control[0], np.asarray(draws) - np.asarray(control[1]),
-                                                    alpha)
+        out["vs_control"] = checked_interval(value - control[0], np.asarray(draws) - np.asarray(control[1]), alpha)
     return out
 
 

@@ -44,7 +44,8 @@ def write_sweep_report(study: Any, root: Path, curves: dict[int | str, dict[str,
     from layerprune.pipeline.studies.sweep_inputs import ranking, trained_tasks
 
     folders = evaluated(study, root)
-    figures, matrices, kinds = sweep_figures(folders, trained=trained_tasks(study, root))
+    trained = trained_tasks(study, root)
+    figures, matrices, kinds = sweep_figures(folders, trained=trained)
     arms = arm_names(study)
     points, controls, pairs = arm_figures(study, figures)
     declared = draw_families(study.comparisons, figures, recovered_label)
@@ -58,7 +59,7 @@ def write_sweep_report(study: Any, root: Path, curves: dict[int | str, dict[str,
     items = {t: int(m.shape[1]) for t, m in matrices.items()}
     unpaired = {t: why for t, why in kinds.items() if why.startswith("unpaired")}
     kept = records(root, folders)
-    chat, chat_text = chat_figures(study, root, [t for t, kind in kinds.items() if kind == "generative"])
+    chat, chat_text = chat_figures(study, root, [t for t, kind in kinds.items() if kind == "generative"], trained)
     one = study.arms is None
     (root / "sweep.json").write_text(json.dumps(paired_json({
         "points": points, "control": controls[None] if one else controls, "replicates": study.replicates,
@@ -121,13 +122,14 @@ def arm_figures(study: Any, figures: Figures) -> tuple[list[dict[str, Any]], dic
     return points, controls, comparisons(figures, points, list(study.arms)) if default else []
 
 
-def chat_figures(study: Any, root: Path, plain_generative: list[str]) -> tuple[dict[str, Any] | None, list[str]]:
+def chat_figures(study: Any, root: Path, plain_generative: list[str],
+                 trained: frozenset[str] = frozenset()) -> tuple[dict[str, Any] | None, list[str]]:
     """The probe levels scored through the chat template (eval-chat/<model>), as the plain figures are: per arm and
     k the scores, drop, retention and recovered share, the controls, the spread and the arms compared; (None, [])
     where the recovery data is plain, (None, a line) where nothing was scored that way. `plain_generative`: the
-    generative tasks of the plain figures (GSM8K among them where it passed its gate)."""
+    generative tasks of the plain figures (GSM8K among them where it passed its gate); `trained`: the tasks the
+    recovery data trained (`sweep_inputs.trained_tasks`)."""
     from layerprune.pipeline.studies.sweep_grid import both_formats
-    from layerprune.pipeline.studies.sweep_inputs import trained_tasks
 
     if not both_formats(study):
         return None, []
@@ -135,7 +137,7 @@ def chat_figures(study: Any, root: Path, plain_generative: list[str]) -> tuple[d
     if "baseline" not in folders:
         return None, ["Probes through the chat template: not scored (the gate kept no probe level, or the eval-chat "
                       "stages have not run)."]
-    figures, matrices, _ = sweep_figures(folders, trained=trained_tasks(study, root))
+    figures, matrices, _ = sweep_figures(folders, trained=trained)
     probes = list(matrices)
     plain_more = bool(set(plain_generative) - set(probes))
     points, controls, pairs = arm_figures(study, figures)

@@ -29,7 +29,7 @@ def pooled_relative(relatives: dict[int, dict[str, Any]], draws: dict[int, dict[
     """The seeds' `relative_agreement` (each seed's, by seed) as one logical variant's, and its ratio's two-level
     draws per measure: the ratio is the mean of the seeds' ratios; agreement, ceiling and the variant's reliability
     are the seeds' means (shown beside it; the ratio is not their quotient); `ratios`: each seed's."""
-    from layerprune.analyze.agreement import corrected_interval
+    from layerprune.analyze.agreement import agreement_interval
     from layerprune.core.paired import MEASURES_A, pool_replicate_draws
 
     first = next(iter(relatives.values()))
@@ -42,7 +42,7 @@ def pooled_relative(relatives: dict[int, dict[str, Any]], draws: dict[int, dict[
                   "ceiling": _mean([r[m]["ceiling"] for r in relatives.values()]),
                   "reliability": [first[m]["reliability"][0],
                                   _mean([r[m]["reliability"][1] for r in relatives.values()])],
-                  "ratio": value, "ratio_interval": corrected_interval(value, pooled[m], alpha),
+                  "ratio": value, "ratio_interval": agreement_interval(value, pooled[m], alpha),
                   "ratios": {str(s): r[m]["ratio"] for s, r in relatives.items()}}
     return out, pooled
 
