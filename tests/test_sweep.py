@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import yaml
@@ -284,6 +285,21 @@ def _tiny_study(tiny_llama, tmp_path, **fields):  # noqa: ANN001, ANN202 (a Swee
     return SweepStudy.model_validate({**tiny_sweep(tiny_llama, tmp_path / "s"), **fields})
 
 
+def _output(study: SweepStudy, root: Path, name: str) -> Path:
+    """The output of the stage called `name` (the grid's cells give it; nothing parses a name back)."""
+    from layerprune.pipeline.studies import sweep_grid
+
+    return {cell.name: cell.output for cell in sweep_grid.cells(study, root)}[name]
+
+
+def _recover(study: SweepStudy, settings: Any, root: Path, label: str) -> None:
+    """The recover stage of `label` run as the runner runs it: given its cell (arm, k, replicate, budget, snapshots)."""
+    from layerprune.pipeline.studies import sweep, sweep_grid
+
+    given = {cell.name: cell for cell in sweep_grid.cells(study, root)}
+    sweep.recover_at(study, settings, root, given[f"recover-{label}"])
+
+
 def test_replicates_and_the_control_add_stages_and_leave_replicate_0_as_it_was(tiny_llama, tmp_path):
     from layerprune.pipeline.studies import sweep_grid
 
@@ -302,15 +318,15 @@ def test_replicates_and_the_control_add_stages_and_leave_replicate_0_as_it_was(t
                           "recover-k0@r1", "eval-recovered-k0@r1", "report"]
     assert set(sweep_grid.stage_names(plain)) < set(stages) and len(stages) == 13 + 4 + 4
     root = tmp_path / "s"
-    assert sweep_grid.stage_output(root, "recover-k2@r1") == root / "recovered-k2@r1" / "recover_report.json"
-    assert sweep_grid.stage_output(root, "eval-recovered-k0@r1") == root / "eval" / "recovered-k0@r1" / "summary.json"
+    assert _output(more, root, "recover-k2@r1") == root / "recovered-k2@r1" / "recover_report.json"
+    assert _output(more, root, "eval-recovered-k0@r1") == root / "eval" / "recovered-k0@r1" / "summary.json"
     chat = SweepStudy.model_validate(chat_sweep(tiny_sweep(tiny_llama, tmp_path / "s")))  # chat-formatted data
     assert sweep_grid.stage_names(chat) == [
         "calibrate-probes", "score", "gate-gsm8k", "eval-baseline", "eval-chat/baseline", "prune-k1",
         "eval-pruned-k1", "eval-chat/pruned-k1", "recover-k1", "eval-recovered-k1", "eval-chat/recovered-k1",
         "prune-k2", "eval-pruned-k2", "eval-chat/pruned-k2", "recover-k2", "eval-recovered-k2",
         "eval-chat/recovered-k2", "report"]
-    assert sweep_grid.stage_output(root, "eval-chat/pruned-k1") == root / "eval-chat" / "pruned-k1" / "summary.json"
+    assert _output(chat, root, "eval-chat/pruned-k1") == root / "eval-chat" / "pruned-k1" / "summary.json"
     chat_data = chat_sweep(tiny_sweep(tiny_llama, tmp_path / "s"))
     chat_data["evaluate"]["probe_format"] = "chat"
     with pytest.raises(Exception, match="leave it plain"):
@@ -340,7 +356,7 @@ def test_replicate_r_recovers_with_seed_plus_r_and_shares_answers_only_when_gree
     study.recover["overrides"]["generate"]["temperature"] = temperature
     root = tmp_path / "s"
     for label in ("k2", "k2@r1", "k0@r2"):
-        sweep.recover_at(study, RunSettings(seed=5), root, label)
+        _recover(study, RunSettings(seed=5), root, label)
     own = temperature > 0
     assert calls == [(str(root / "pruned-k2"), "recovered-k2", 5, "selfgen.jsonl"),
                      (str(root / "pruned-k2"), "recovered-k2@r1", 6, "selfgen@r1.jsonl" if own else "selfgen.jsonl"),
@@ -445,14 +461,13 @@ def test_arms_recover_every_k_with_every_arm_and_a_sweep_without_arms_is_as_it_w
                                    "local-k2@r1"]  # local needs a cut: no k = 0 control
     stages = sweep_grid.stage_names(study)
     assert stages[4:8] == ["prune-k1", "eval-pruned-k1", "recover-lora-k1", "eval-lora-k1"]
-    first = [sweep_grid.stage_replicate(s) for s in stages[4:-1]]
+    first = [cell.replicate for cell in sweep_grid.cells(study, tmp_path)[4:-1]]
     assert first == sorted(first) and stages[stages.index("recover-lora-k1@r1") - 2:][:2] == [
         "recover-lora-k0", "eval-lora-k0"]  # replicate 0 whole (its cuts, then its control) before replicate 1
     assert len(stages) == 4 + 4 + 2 * (2 + 8) + 1 and "recover-local-k0" not in stages
     root = tmp_path / "s"
-    assert sweep_grid.stage_output(root, "recover-local-k2@r1") == root / "local-k2@r1" / "recover_report.json"
-    assert sweep_grid.stage_output(root, "recover-k2@r1") == root / "recovered-k2@r1" / "recover_report.json"
-    assert sweep_grid.stage_output(root, "eval-local-k2") == root / "eval" / "local-k2" / "summary.json"
+    assert _output(study, root, "recover-local-k2@r1") == root / "local-k2@r1" / "recover_report.json"
+    assert _output(study, root, "eval-local-k2") == root / "eval" / "local-k2" / "summary.json"
     # each arm's recipe is the recovery study's derivation from the shared one (the probe seed excluded too)
     assert study.arm_recipe("local", "p").method == "local" and study.arm_recipe("lora", "p").method == "lora"
     assert study.evaluate.probe_seed in study.arm_recipe("lora", "p").prompts.exclude_probe_seeds
@@ -481,7 +496,7 @@ def test_every_arm_recovers_with_its_recipe_and_shares_the_teacher_answers(tiny_
     study = _tiny_study(tiny_llama, tmp_path, arms=ARMS, replicates=2, controls=True)
     root = tmp_path / "s"
     for label in ("lora-k2", "local-k1@r1", "lora-k0@r1"):
-        sweep.recover_at(study, RunSettings(seed=5), root, label)
+        _recover(study, RunSettings(seed=5), root, label)
     assert calls == [("lora", str(root / "pruned-k2"), "lora-k2", 5, "selfgen.jsonl"),
                      ("local", str(root / "pruned-k1"), "local-k1@r1", 6, "selfgen.jsonl"),
                      ("lora", str(root / "original"), "lora-k0@r1", 6, "selfgen.jsonl")]
@@ -637,7 +652,7 @@ def test_the_sweep_s_lr_grid_is_a_stage_per_arm_checked_and_out_of_a_gridless_fi
 
     study = _tiny_study(tiny_llama, tmp_path, arms=ARMS, lr_grid={"local": [1e-3, 3e-3]})
     assert sweep_grid.stage_names(study)[3:5] == ["eval-baseline", "lr-local"] and study.lr_k == 1
-    assert sweep_grid.stage_output(tmp_path, "lr-local") == tmp_path / "lr_search" / "local.json"
+    assert _output(study, tmp_path, "lr-local") == tmp_path / "lr_search" / "local.json"
     assert _tiny_study(tiny_llama, tmp_path, arms=ARMS, lr_grid={"lora": [1e-4]}, lr_at=2).lr_k == 2
     for fields, message in (({"lr_grid": {"lora": [1e-4]}}, "name the recovery methods in arms"),
                             ({"arms": ARMS, "lr_grid": {"kd": [1e-4]}}, "'kd' is no arm"),
@@ -706,8 +721,8 @@ def test_a_finished_sweep_given_another_arm_resumes_and_a_changed_arm_is_still_r
     assert set(state.recipe["arms"]) == {"lora", "local"} and state.provenance == provenance
     assert sweep.adopt_added_arms(more, paths) == []  # adopted once
     for stage in ("calibrate-probes", "recover-lora-k1"):  # the dry run says what is done and what is left
-        sweep_grid.stage_output(paths.root, stage).parent.mkdir(parents=True, exist_ok=True)
-        sweep_grid.stage_output(paths.root, stage).write_text("{}")
+        _output(more, paths.root, stage).parent.mkdir(parents=True, exist_ok=True)
+        _output(more, paths.root, stage).write_text("{}")
     stages = [name for name in sweep_grid.stage_names(more) if name != "report"]
     (line,) = sweep_plan.progress_lines(more, paths.root)
     assert "holds a run of this sweep:" in line and f"2 of {len(stages)} stages complete" in line
@@ -797,7 +812,7 @@ def test_budget_points_are_labelled_staged_and_trained_to_their_budget(tiny_llam
     monkeypatch.setattr(sweep, "recover_sharing_answers", lambda recipe, job, shared: calls.append(
         (job.output.name, recipe.train.max_tokens, {b: p.name for b, p in job.snapshots.items()})))
     for label in ("lora-k1@r1", "local-k1@20@r1", "local-k2", "lora-k0", "lora-k1@20-dedicated@r1"):
-        sweep.recover_at(study, RunSettings(), tmp_path / "s", label)
+        _recover(study, RunSettings(), tmp_path / "s", label)
     assert calls == [("lora-k1@r1", 40000, {20: "lora-k1@20@r1", 32768: "lora-k1@32768@r1"}),
                      ("local-k1@20@r1", 20, {}), ("local-k2", 40000, {}), ("lora-k0", 40000, {}),
                      ("lora-k1@20-dedicated@r1", 20, {})]
@@ -961,7 +976,7 @@ def test_an_arm_with_its_own_prompts_gets_its_own_teacher_answers_without_evalua
     monkeypatch.setattr(sweep, "recover_sharing_answers",
                         lambda recipe, job, shared: calls.append((job.output.name, shared.name)))
     for label in ("aligned-k1", "aligned-k2@r1", "lora-k1"):
-        sweep.recover_at(study, RunSettings(), tmp_path / "s", label)
+        _recover(study, RunSettings(), tmp_path / "s", label)
     assert calls == [("aligned-k1", "selfgen-aligned.jsonl"), ("aligned-k2@r1", "selfgen-aligned.jsonl"),
                      ("lora-k1", "selfgen.jsonl")]
     with pytest.raises(Exception, match="not among the arms"):

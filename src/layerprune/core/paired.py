@@ -405,6 +405,18 @@ def normalised(value: np.ndarray, base: np.ndarray, chance: np.ndarray | float) 
         return np.where(head > 0, (value - chance) / np.where(head > 0, head, 1.0), np.nan)
 
 
+def format_estimate(value: float | None, interval: list[float] | None = None) -> str:
+    """'0.62 [0.51, 0.75]' (an estimate on its own scale with its interval), '0.62' without one, 'n/a' without a
+    value."""
+    text = "n/a" if value is None else f"{value:.2f}"
+    return text + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+
+
+def format_bounded(value: float | None, interval: list[float] | None) -> str:
+    """An estimate with its interval, '[n/a]' where the bootstrap could not bound a defined value."""
+    return format_estimate(value, interval) + (" [n/a]" if value is not None and not interval else "")
+
+
 def format_interval(ci: dict[str, object] | None, digits: int = 1, missing: str = "-") -> str:
     """'55.0% [30.0, 80.0]' (a percent with its interval), '55.0%' without an interval, `missing` without a value."""
     if not ci or ci.get("value") is None:

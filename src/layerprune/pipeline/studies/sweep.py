@@ -45,19 +45,20 @@ from layerprune.pipeline.studies.cells import (
     check_chat_template,
     data_dir_of,
     recover_sharing_answers,
+    replicate_label,
     replicate_settings,
-    split_label,
 )
 from layerprune.pipeline.studies.lr_search import with_learning_rate
 from layerprune.pipeline.studies.sweep_grid import (
     GSM8K,
+    Cell,
     SweepStudy,
     both_formats,
-    stage_names,
-    stage_output,
-    trains_each_budget,
+    budget_tag,
+    cells,
+    model_dir,
 )
-from layerprune.pipeline.studies.sweep_inputs import budget_label, budget_of, chat_tasks, evaluated_tasks, ranking
+from layerprune.pipeline.studies.sweep_inputs import chat_tasks, evaluated_tasks, ranking
 from layerprune.recover.job import leftover_of
 from layerprune.recover.schema import RecoverRecipe
 
@@ -68,15 +69,15 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
     """Run every incomplete stage in order; return sweep.md."""
     from layerprune.pipeline.plan import validate_data
     root = study.run_dir()
-    cut = f"prune-k{study.ratios[0]}" if study.given_cut else "score"
-    validate_data(study, settings, prune_pending=overwrite or not stage_output(root, cut).exists())
+    cut = next(c for c in cells(study, root) if c.step in ("score", "prune"))  # the ranking, or the given cut
+    validate_data(study, settings, prune_pending=overwrite or not cut.output.exists())
     if both_formats(study):
         check_chat_template(study.model, settings)
     if not overwrite:
         adopt_added_arms(study, RunPaths(root))
     claim_run_dir(RunPaths(root), study, overwrite)
     run_stages(sweep_stages(study, settings, root), root)
-    return stage_output(root, "report")
+    return root / "sweep.md"
 
 
 def adopt_added_arms(study: SweepStudy, paths: RunPaths) -> list[str]:
@@ -114,44 +115,43 @@ def arms_added(study: SweepStudy, paths: RunPaths) -> tuple[RunState, list[str]]
 
 
 def sweep_stages(study: SweepStudy, settings: RunSettings, root: Path) -> list[Stage]:
-    """stage_names as stages, each complete when its stage_output exists; the report is redrawn after any work."""
-    return [Stage(name, stage_output(root, name), functools.partial(run_stage, study, settings, root, name),
-                  refresh=name == "report", leftover=leftover_of(stage_output(root, name)))
-            for name in stage_names(study)]
+    """The grid's cells as stages, each complete when its output exists; the report is redrawn after any work."""
+    return [Stage(cell.name, cell.output, functools.partial(STEPS[cell.step], study, settings, root, cell),
+                  refresh=cell.step == "report", leftover=leftover_of(cell.output))
+            for cell in cells(study, root)]
 
 
-def run_stage(study: SweepStudy, settings: RunSettings, root: Path, stage: str) -> None:
-    kind, _, label = stage.partition("-")
-    if stage.startswith(CHAT_EVAL):
-        chat_eval(study, settings, root, stage.removeprefix(CHAT_EVAL))
-    elif stage == "calibrate-probes":
-        assert study.probes is not None
-        calibrate(study.model, study.probes, settings, root)
-    elif stage == "gate-gsm8k":
-        assert study.gsm8k_gate is not None
-        gate = study.evaluate.model_copy(update={"only": [GSM8K], "limit": study.gsm8k_gate.limit})
-        evaluate(study, settings, root, "gate-gsm8k", study.model, gate)
-    elif stage == "score":
-        from layerprune.prune.api import prune_model
+def calibrate_probes(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) -> None:
+    assert study.probes is not None
+    calibrate(study.model, study.probes, settings, root)
 
-        prune_model(study.model, study.prune, settings, root / "scored", overwrite=True)
-    elif kind == "prune":
-        prune_at(study, settings, root, int(label.removeprefix("k")))
-    elif kind == "eval":
-        model = study.model if label == "baseline" else str(root / label)
-        evaluate(study, settings, root, label, model, study.eval_settings(evaluated_tasks(study, root)))
-    elif kind == "recover":
-        recover_at(study, settings, root, label)
-    elif kind == "lr":
-        search_lr(study, settings, root, label)
-    else:
-        from layerprune.pipeline.studies.sweep_report import write_sweep_report
 
-        write_sweep_report(study, root)
-        if study.budgets:  # the budget curves beside it (pipeline/studies/budget_report.py)
-            from layerprune.pipeline.studies.budget_report import write_budget_report
+def gate_gsm8k(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) -> None:
+    assert study.gsm8k_gate is not None
+    gate = study.evaluate.model_copy(update={"only": [GSM8K], "limit": study.gsm8k_gate.limit})
+    evaluate(study, settings, root, "gate-gsm8k", study.model, gate)
 
-            write_budget_report(study, root)
+
+def score(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) -> None:
+    """The one scoring pass: every block ranked, the largest k's cut dropped (scored/)."""
+    from layerprune.prune.api import prune_model
+
+    prune_model(study.model, study.prune, settings, cell.output.parent, overwrite=True)
+
+
+def evaluate_model_of(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) -> None:
+    model = study.model if cell.label == "baseline" else str(model_dir(root, cell.label))
+    evaluate(study, settings, root, cell.label, model, study.eval_settings(evaluated_tasks(study, root)))
+
+
+def write_reports(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) -> None:
+    from layerprune.pipeline.studies.sweep_report import write_sweep_report
+
+    write_sweep_report(study, root)
+    if study.budgets:  # the budget curves beside it (pipeline/studies/budget_report.py)
+        from layerprune.pipeline.studies.budget_report import write_budget_report
+
+        write_budget_report(study, root)
 
 
 def evaluate(study: SweepStudy, settings: RunSettings, root: Path, label: str, model: str | None,
@@ -163,18 +163,22 @@ def evaluate(study: SweepStudy, settings: RunSettings, root: Path, label: str, m
                    calibration_from=root / "scored")
 
 
-def chat_eval(study: SweepStudy, settings: RunSettings, root: Path, label: str) -> None:
+def chat_eval(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) -> None:
     """The fixed probe tasks and kept probe levels of one model scored through the chat template (probe_format chat),
     the same items, in eval-chat/<label>/; nothing where there is none (the stage then runs again, as a no-op, on
     resume)."""
-    probes = chat_tasks(study, root)
+    probes, label = chat_tasks(study, root), cell.label
     if not probes:
         log.info("  %s%s: no fixed probe task and the gate kept no probe level; nothing to score in chat format",
                  CHAT_EVAL, label)
         return
-    model = study.model if label == "baseline" else str(root / label)
+    model = study.model if label == "baseline" else str(model_dir(root, label))
     chat = study.evaluate.model_copy(update={"only": probes, "probe_format": "chat"})
     evaluate(study, settings, root, label, model, chat, evals=CHAT_EVAL.rstrip("/"))
+
+
+def prune_cut(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) -> None:
+    prune_at(study, settings, root, cell.k)
 
 
 def prune_at(study: SweepStudy, settings: RunSettings, root: Path, k: int) -> None:
@@ -184,26 +188,24 @@ def prune_at(study: SweepStudy, settings: RunSettings, root: Path, k: int) -> No
 
     fields = study.prune.model_dump(exclude={"drop", "layers"})
     recipe = PruneRecipe.model_validate({**fields, "layers": ranking(root, study.ratios, study.prune.layers)[k]})
-    prune_model(study.model, recipe, settings, root / f"pruned-k{k}", overwrite=True)
+    prune_model(study.model, recipe, settings, model_dir(root, f"pruned-k{k}"), overwrite=True)
 
 
-def recover_at(study: SweepStudy, settings: RunSettings, root: Path, label: str) -> None:
-    """Recovery of pruned-k (k0: the unpruned original) on the teacher's answers, generated for the first k (and arm)
-    and shared by the others. `label` is kK[@rR], or ARM-kK[@rR] with arms (that arm's recipe). Replicate r runs with
-    seed settings.seed + r; its teacher answers are replicate 0's at temperature 0 (greedy: the same), its own at a
-    temperature above 0. With budgets, the run trains to `label`'s budget (ARM-kK@B: B, local's run of its own; else
-    the largest) and a trainer's run at k > 0 saves its checkpoints at the smaller budgets as their points."""
-    bare, tokens = budget_of(study, label)
-    logical, replicate = split_label(bare)
-    arm, _, point = logical.rpartition("-")
-    student = original_copy(study, settings, root) if point == "k0" else root / f"pruned-{point}"
-    rate = lr_search.chosen(root, arm, study.lr_grid) if arm else None
-    recipe = with_budget(with_learning_rate(study.arm_recipe(arm or None, str(student)), rate), tokens)
-    snapshots = {} if point == "k0" or bare != label or trains_each_budget(study, arm or None) else {
-        b: stage_output(root, f"recover-{budget_label(bare, b)}").parent for b in (study.budgets or [])[:-1]}
-    answers = root / study.answers_file(arm or None, recipe, replicate)
-    recover_with_snapshots(recipe, stage_output(root, f"recover-{label}").parent, answers, settings, replicate,
-                           data_dir_of(study), snapshots)
+def recover_at(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) -> None:
+    """One replicate of an arm's recovery of pruned-kK (k = 0: of the unpruned original) on the teacher's answers,
+    generated by the first run that needs them and shared by the others (an arm with prompts of its own: its own).
+    Replicate r runs with seed settings.seed + r; its teacher answers are replicate 0's at temperature 0 (greedy: the
+    same), its own at a temperature above 0. The run trains to the cell's budget (with budgets) and saves a model at
+    each of its snapshot budgets, as those points."""
+    student = original_copy(study, settings, root) if cell.k == 0 else model_dir(root, f"pruned-k{cell.k}")
+    rate = lr_search.chosen(root, cell.arm, study.lr_grid) if cell.arm else None
+    recipe = with_budget(with_learning_rate(study.arm_recipe(cell.arm, str(student)), rate), cell.budget)
+    logical = cell.label.removesuffix(f"@r{cell.replicate}") if cell.replicate else cell.label
+    snapshots = {b: model_dir(root, replicate_label(f"{logical}@{budget_tag(b)}", cell.replicate))
+                 for b in cell.snapshots}
+    answers = root / study.answers_file(cell.arm, recipe, cell.replicate)
+    recover_with_snapshots(recipe, cell.output.parent, answers, settings, cell.replicate, data_dir_of(study),
+                           snapshots)
 
 
 def with_budget(recipe: RecoverRecipe, tokens: int | None) -> RecoverRecipe:
@@ -226,15 +228,15 @@ def recover_with_snapshots(recipe: RecoverRecipe, output: Path, answers: Path, s
     recover_sharing_answers(recipe, job, answers)
 
 
-def search_lr(study: SweepStudy, settings: RunSettings, root: Path, arm: str) -> None:
+def search_lr(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) -> None:
     """The arm's learning-rate grid searched on the model pruned at k = lr_k (cut here if its stage has not run): the
     arm's recipe at each rate in lr_search/ARM/lrI under seed settings.seed + SEARCH_REPLICATE (a held-out split,
     data order and initialisation of its own: no scored replicate is a run the choice was made on, and the search's
     runs are never scored), the lowest held-out loss chosen (lr_search/ARM.json)."""
-    k = study.lr_k
-    if not stage_output(root, f"prune-k{k}").is_file():
+    k, arm = cell.k, str(cell.arm)
+    if not (model_dir(root, f"pruned-k{k}") / "prune_report.json").is_file():
         prune_at(study, settings, root, k)
-    student = str(root / f"pruned-k{k}")
+    student = str(model_dir(root, f"pruned-k{k}"))
 
     def train(rate: float, output: Path) -> None:  # with budgets: at the smallest
         recipe = with_budget(with_learning_rate(study.arm_recipe(arm, student), rate), (study.budgets or [None])[0])
@@ -253,3 +255,5 @@ def original_copy(study: SweepStudy, settings: RunSettings, root: Path) -> Path:
     return original_as_student(study.model, settings, root / "original")
 
 
+STEPS = {"calibrate": calibrate_probes, "score": score, "gate": gate_gsm8k, "eval": evaluate_model_of,
+         "chat": chat_eval, "lr": search_lr, "prune": prune_cut, "recover": recover_at, "report": write_reports}

@@ -51,13 +51,13 @@ def plot_retention(points: list[dict[str, Any]], depth: int | None, path: Path) 
 def loss_curves(study: Any, root: Path) -> dict[int | str, dict[str, Any]]:
     """Per k (with arms: per ARM-kK), replicate 0: the held-out loss curve, tokens trained and optimizer steps from
     its recover report."""
-    from layerprune.pipeline.studies.sweep_grid import arm_names, stage_output
+    from layerprune.pipeline.studies.sweep_grid import arm_names, model_dir
     from layerprune.recover.report import RECOVER_REPORT, read_recover_report
 
     out: dict[int | str, dict[str, Any]] = {}
     for k, arm in ((k, arm) for k in study.ratios for arm in arm_names(study)):
         label = recovered_label(arm, k)
-        folder = stage_output(root, "recover-" + label.removeprefix("recovered-")).parent
+        folder = model_dir(root, label)
         if (folder / RECOVER_REPORT).is_file():
             report = read_recover_report(folder)
             out[k if arm is None else label] = {

@@ -7,7 +7,7 @@ sweep_join.py) read it; it imports none of them."""
 from __future__ import annotations
 
 import logging
-import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -317,54 +317,82 @@ def both_formats(study: SweepStudy) -> bool:
     return chat and (study.probes is not None or bool(fixed_probes(study)))
 
 
-def stage_names(study: SweepStudy) -> list[str]:
+@dataclass(frozen=True)
+class Cell:
+    """One stage of the grid as data: its name, its output (complete when it exists), the step it runs and what that
+    step is given. The runner (sweep.py) binds `step` to its action; nothing reads a stage's name back."""
+
+    name: str
+    output: Path
+    step: str  # calibrate, score, gate, eval, chat, lr, prune, recover or report
+    label: str = ""  # the model it scores or writes (baseline, pruned-kK, a recovered point's label)
+    k: int = 0  # the cut (prune, recover; lr: the k it searches at); 0: the unpruned original
+    arm: str | None = None  # the recovery arm (None: a sweep without arms)
+    replicate: int = 0
+    budget: int | None = None  # the target tokens a recovery trains to (None: its recipe's own budget)
+    snapshots: tuple[int, ...] = ()  # the smaller budgets whose checkpoints a run saves as their points
+
+
+def cells(study: SweepStudy, root: Path) -> list[Cell]:
+    """Every stage of the sweep in order, built from the grid: the probe gate, the scoring pass and the GSM8K gate,
+    the original's evaluation, each arm's learning-rate search, then replicate by replicate (a stable sort: each
+    replicate's cuts, then its controls, so a study run in parts holds whole replicates of the design after each
+    part) every cut and its recoveries, and the report."""
     chat = both_formats(study)
 
-    def evals(label: str) -> list[str]:
-        return [f"eval-{label}", *([CHAT_EVAL + label] if chat else [])]
+    def evals(label: str, replicate: int = 0) -> list[Cell]:
+        return [Cell(f"eval-{label}", root / "eval" / label / SUMMARY_FILE, "eval", label, replicate=replicate),
+                *([Cell(CHAT_EVAL + label, root / CHAT_EVAL / label / SUMMARY_FILE, "chat", label,
+                        replicate=replicate)] if chat else [])]
 
-    def recoveries(labels: list[str]) -> list[str]:
-        return [s for label in labels for s in (f"recover-{label.removeprefix('recovered-')}", *evals(label))]
+    def recovery(arm: str | None, k: int, replicate: int, tag: str = "", budget: int | None = None,
+                 snapshots: tuple[int, ...] = ()) -> list[Cell]:
+        label = replicate_label(recovered_label(arm, k) + tag, replicate)
+        return [Cell(f"recover-{label.removeprefix('recovered-')}", model_dir(root, label) / "recover_report.json",
+                     "recover", label, k, arm, replicate, budget, snapshots), *evals(label, replicate)]
 
-    def arm_at(k: int, arm: str | None) -> list[str]:  # a checkpoint is scored after the run that saves it
-        points = budget_points(study, k, arm)
-        if trains_each_budget(study, arm):
-            return recoveries([*points, *recovered(study, k, arm)])
-        return [*recoveries(recovered(study, k, arm)), *(s for m in points for s in evals(m)),
-                *recoveries(dedicated_points(study, k, arm))]
+    def arm_at(k: int, arm: str | None) -> list[Cell]:  # a checkpoint is scored after the run that saves it
+        largest = study.budgets[-1] if study.budgets else None
+        smaller = [] if k == 0 else (study.budgets or [])[:-1]
+        runs = range(study.replicates)
+        if trains_each_budget(study, arm):  # local: every budget a run of its own
+            return [c for b in smaller for r in runs for c in recovery(arm, k, r, f"@{budget_tag(b)}", b)] + \
+                [c for r in runs for c in recovery(arm, k, r, budget=largest)]
+        saved = () if k == 0 else tuple(smaller)
+        points = [c for b in smaller for r in runs for c in evals(replicate_label(
+            f"{recovered_label(arm, k)}@{budget_tag(b)}", r), r)]
+        dedicated = [] if study.dedicated_at is None or k != study.lr_k else [
+            c for r in runs for c in recovery(arm, k, r, f"@{budget_tag(study.dedicated_at)}{DEDICATED}",
+                                              study.dedicated_at)]
+        return [*(c for r in runs for c in recovery(arm, k, r, budget=largest, snapshots=saved)), *points,
+                *dedicated]
 
-    control = recoveries([m for arm in arm_names(study) if has_control(study, arm) for m in recovered(study, 0, arm)])
-    per_k = [s for k in study.ratios
-             for s in (f"prune-k{k}", *evals(f"pruned-k{k}"), *(s for a in arm_names(study) for s in arm_at(k, a)))]
-    grid = [f"lr-{arm}" for arm in study.lr_grid]
-    # replicate by replicate (a stable sort: each replicate's cuts, then its controls), so a study run in parts holds
-    # whole replicates of the design after each part, not every replicate of its first cells
-    cells = sorted([*per_k, *control], key=stage_replicate)
-    first = [*(["calibrate-probes"] if study.probes is not None else []), *([] if study.given_cut else ["score"]),
-             *(["gate-gsm8k"] if gsm8k_gated(study) else [])]
-    return [*first, *evals("baseline"), *grid, *cells, "report"]
+    control = [c for arm in arm_names(study) if has_control(study, arm) for c in arm_at(0, arm)]
+    per_k = [c for k in study.ratios
+             for c in (Cell(f"prune-k{k}", model_dir(root, f"pruned-k{k}") / "prune_report.json", "prune",
+                            f"pruned-k{k}", k), *evals(f"pruned-k{k}"), *(c for a in arm_names(study)
+                                                                           for c in arm_at(k, a)))]
+    first = [*([Cell("calibrate-probes", root / CALIBRATION_FILE, "calibrate")] if study.probes is not None else []),
+             *([] if study.given_cut else [Cell("score", root / "scored" / "prune_report.json", "score")]),
+             *([Cell("gate-gsm8k", gate_summary(root), "gate")] if gsm8k_gated(study) else [])]
+    return [*first, *evals("baseline"),
+            *(Cell(f"lr-{arm}", lr_search_file(root, arm), "lr", k=study.lr_k, arm=arm) for arm in study.lr_grid),
+            *sorted([*per_k, *control], key=lambda c: c.replicate), Cell("report", root / "sweep.md", "report")]
 
 
-def stage_replicate(stage: str) -> int:
-    """The replicate a stage belongs to: R of a name ending @rR, else 0."""
-    found = re.search(r"@r(\d+)$", stage)
-    return int(found.group(1)) if found else 0
+def stage_names(study: SweepStudy) -> list[str]:
+    """The stages' names in order (the dry run, progress lines and tests read them)."""
+    return [cell.name for cell in cells(study, Path())]
 
 
-def stage_output(root: Path, stage: str) -> Path:
-    name = stage.split("-", 1)[1] if "-" in stage else stage
-    if stage.startswith("lr-"):
-        return lr_search_file(root, name)
-    if stage.startswith(CHAT_EVAL):
-        return root / CHAT_EVAL / stage.removeprefix(CHAT_EVAL) / SUMMARY_FILE
-    if stage.startswith("eval-"):
-        return root / "eval" / name / SUMMARY_FILE
-    if stage.startswith("prune-"):
-        return root / f"pruned-{name}" / "prune_report.json"
-    if stage.startswith("recover-"):  # kK[@rR] (no arms): recovered-kK[@rR]; ARM-kK[@rR]: the label itself
-        return root / (name if "-" in name else f"recovered-{name}") / "recover_report.json"
-    return {"calibrate-probes": root / CALIBRATION_FILE, "gate-gsm8k": root / "eval" / "gate-gsm8k" / SUMMARY_FILE,
-            "score": root / "scored" / "prune_report.json", "report": root / "sweep.md"}[stage]
+def model_dir(root: Path, label: str) -> Path:
+    """The folder of a model the sweep writes: pruned-kK, recovered-kK[...] or ARM-kK[...] (its label)."""
+    return root / label
+
+
+def gate_summary(root: Path) -> Path:
+    """The GSM8K gate's scores of the original."""
+    return root / "eval" / "gate-gsm8k" / SUMMARY_FILE
 
 
 def gsm8k_gated(study: SweepStudy) -> bool:

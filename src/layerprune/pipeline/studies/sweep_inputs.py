@@ -1,22 +1,19 @@
 """What each of a sweep's stages is given when it runs, read from the records of the stages before it (the grid and
 its labels are sweep_grid.py's): the tasks an eval stage scores (the probe gate's kept levels, GSM8K where the original
-passed its gate), the blocks a prune stage drops (the scoring pass's ranking), and the budget a recover stage trains to
-with its checkpoints' labels."""
+passed its gate), the blocks a prune stage drops (the scoring pass's ranking), and the tasks whose prompts the recovery
+trained on."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from layerprune.core.errors import LayerpruneError
-from layerprune.pipeline.studies.cells import CALIBRATION_FILE, replicate_label, split_label
+from layerprune.pipeline.studies.cells import CALIBRATION_FILE
 from layerprune.pipeline.studies.sweep_grid import (
-    DEDICATED,
     GSM8K,
     SweepStudy,
-    budget_tag,
     fixed_probes,
+    gate_summary,
     gsm8k_gated,
-    stage_output,
 )
 
 
@@ -28,7 +25,7 @@ def evaluated_tasks(study: SweepStudy, root: Path) -> list[str]:
     tasks = [*study.classification, *study.fixed, *kept_levels(study, root)]
     if not gsm8k_gated(study):
         return tasks
-    gate = read_summary(stage_output(root, "gate-gsm8k")).headlines()[GSM8K]
+    gate = read_summary(gate_summary(root)).headlines()[GSM8K]
     assert study.gsm8k_gate is not None
     return tasks + ([GSM8K] if gate.value >= study.gsm8k_gate.min_score else [])
 
@@ -57,25 +54,6 @@ def ranking(root: Path, ratios: list[int], layers: list[int] | None = None) -> d
     cuts = {k: select_lowest(report.scores, k, report.method.protect) for k in ratios}
     assert cuts[ratios[-1]] == sorted(report.dropped), "the scoring pass dropped other blocks than its ranking's lowest"
     return cuts
-
-
-def budget_of(study: SweepStudy, label: str) -> tuple[str, int | None]:
-    """(the label without its budget, the budget) of a recovered point's label (kK[@B][@rR] or ARM-kK[@B][@rR]):
-    without a budget tag, the largest budget (None: the sweep has no budgets)."""
-    logical, replicate = split_label(label)
-    bare, _, tag = logical.partition("@")
-    tag = tag.removesuffix(DEDICATED)
-    tags = {budget_tag(b): b for b in study.budgets or []}
-    if tag and tag not in tags:
-        raise LayerpruneError(f"{label}: no budget {tag} in this sweep's budgets")
-    budget = tags[tag] if tag else (study.budgets[-1] if study.budgets else None)
-    return replicate_label(bare, replicate), budget
-
-
-def budget_label(label: str, tokens: int) -> str:
-    """kK[@rR] or ARM-kK[@rR] at a budget: kK@B[@rR], ARM-kK@B[@rR]."""
-    logical, replicate = split_label(label)
-    return replicate_label(f"{logical}@{budget_tag(tokens)}", replicate)
 
 
 def trained_tasks(study: SweepStudy, root: Path) -> frozenset[str]:

@@ -20,13 +20,13 @@ from layerprune.pipeline.studies.sweep_grid import (
     arm_names,
     both_formats,
     budget_tag,
+    cells,
     dedicated_points,
     fixed_probes,
     gsm8k_gated,
     has_control,
     models,
     stage_names,
-    stage_output,
     trains_each_budget,
 )
 from layerprune.recover.schema import RecoverRecipe
@@ -191,8 +191,8 @@ def progress_lines(study: SweepStudy, root: Path) -> list[str]:
     if not owned and added is None:
         return [f"{root} holds another recipe's run (or this sweep changed): the sweep would be refused there; "
                 "--overwrite starts it over, --output chooses another folder"]
-    names = [name for name in stage_names(study) if name != "report"]
-    left = [name for name in names if not stage_output(root, name).exists()]
+    names = [cell.name for cell in cells(study, root) if cell.step != "report"]
+    left = [cell.name for cell in cells(study, root) if cell.step != "report" and not cell.output.exists()]
     arms = f"; arms {', '.join(added[1])} would be added to it" if added else ""
     return [f"{root} holds a run of this sweep{arms}: {len(names) - len(left)} of {len(names)} stages complete "
             f"(skipped when it resumes; the estimate below counts them all); "

@@ -8,7 +8,9 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from layerprune.core.paired import format_bounded, format_estimate
 from layerprune.pipeline.studies.variant_grid import VariantStudy
+from layerprune.pipeline.studies.variant_seeds import agreement_row, seeds_lines
 
 if TYPE_CHECKING:
     import numpy as np
@@ -178,21 +180,12 @@ def redraw_variant_report(root: Path) -> None:
     write_variant_report(study, root, Path(old["variant_dir"]), {**result, "nmi": old.get("nmi")}, variants)
 
 
-def _fmt(value: float | None, interval: list[float] | None = None) -> str:
-    text = "n/a" if value is None else f"{value:.2f}"
-    return text + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
-
-
-def _bounded(value: float | None, interval: list[float] | None) -> str:
-    """An agreement with its interval, '[n/a]' where the bootstrap could not bound a defined value."""
-    return _fmt(value, interval) + (" [n/a]" if value is not None and not interval else "")
-
-
 def _ratio(relative: dict[str, Any] | None, measure: str) -> str:
     if relative is None:
         return "-"
     row = relative[measure]
-    return f"{_fmt(row['agreement'])} / {_fmt(row['ceiling'])} = {_bounded(row['ratio'], row['ratio_interval'])}"
+    return (f"{format_estimate(row['agreement'])} / {format_estimate(row['ceiling'])} = "
+            f"{format_bounded(row['ratio'], row['ratio_interval'])}")
 
 
 def variant_table(study: VariantStudy, result: dict[str, Any]) -> str:
@@ -209,15 +202,10 @@ def variant_table(study: VariantStudy, result: dict[str, Any]) -> str:
              "| task | full score (original / variant) | Spearman of drops | Jaccard of critical sets | "
              "critical (original) | critical (variant) |", "|---|---|---|---|---|---|"]
     if "variant_seeds" in result:  # several makes of the variant: a row per make, then the makes side by side
-        from layerprune.pipeline.studies.variant_seeds import pair_rows, seeds_lines
-
-        lines += pair_rows(tasks) + seeds_lines(result, level)
+        lines += [agreement_row(f"{task} (seed {s})", pair) for task, row in tasks.items()
+                  for s, pair in row["seeds"].items()] + seeds_lines(result, level)
     else:
-        for task, row in tasks.items():
-            base = " / ".join(_fmt(v) for v in row["base_scores"])
-            lines.append(f"| {task} | {base} | {_bounded(row['spearman'], row['spearman_interval'])} | "
-                         f"{_bounded(row['critical_jaccard'], row['jaccard_interval'])} | {row['critical'][0]} | "
-                         f"{row['critical'][1]} |")
+        lines += [agreement_row(task, row) for task, row in tasks.items()]
     return "\n".join(lines + verdict_lines(study, result) + nmi_lines(study, result.get("nmi"))) + "\n"
 
 
@@ -243,8 +231,9 @@ def verdict_lines(study: VariantStudy, result: dict[str, Any]) -> list[str]:
     if shift is None:
         lines.append("Target: none named (the recipe's `target`), so no verdict can be 'invariant'.")
     else:
-        lines.append(f"Target {shift['task']}: {_fmt(shift['before'])} -> {_fmt(shift['after'])}, shift "
-                     f"{_fmt(shift['shift'], shift['interval'])} (paired, unablated models"
+        lines.append(f"Target {shift['task']}: {format_estimate(shift['before'])} -> "
+                     f"{format_estimate(shift['after'])}, shift {format_estimate(shift['shift'], shift['interval'])} "
+                     "(paired, unablated models"
                      + ("; the makes' mean, seeds then items)." if seeds else ")."))
     dead = [task for task, row in result["tasks"].items() if row.get("control_undefined")]
     lines.append("Control: none." if block is None else
@@ -300,8 +289,8 @@ def nmi_lines(study: VariantStudy, scored: dict[str, dict[str, Any]] | None) -> 
              "elbow to nearest critical | NMI after the last block |", "|---|---|---|---|---|---|---|"]
     for role, r in scored.items():
         lines.append(f"| {role} ({r['model']['label']}) | {r['critical']} | {r['elbow_block']} | "
-                     f"{_fmt(r['elbow_nmi_drop'])} | {_fmt(r['clustering_noise'])} | "
-                     f"{r['elbow_distance_to_critical']} blocks | {_fmt(r['nmi'][-1])} |")
+                     f"{format_estimate(r['elbow_nmi_drop'])} | {format_estimate(r['clustering_noise'])} | "
+                     f"{r['elbow_distance_to_critical']} blocks | {format_estimate(r['nmi'][-1])} |")
     return lines
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from layerprune.core.paired import format_bounded, format_estimate
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -51,25 +53,12 @@ def _mean(values: list[float | None]) -> float | None:
     return None if any(v is None for v in values) else sum(values) / len(values)  # type: ignore[arg-type, misc]
 
 
-def _bounded(value: float | None, interval: list[float] | None) -> str:
-    return _num(value, interval) + (" [n/a]" if value is not None and not interval else "")
-
-
-def _num(value: float | None, interval: list[float] | None = None) -> str:
-    text = "n/a" if value is None else f"{value:.2f}"
-    return text + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
-
-
-def pair_rows(tasks: dict[str, Any]) -> list[str]:
-    """The first table's rows with several seeds: one per task and seed (that seed's pair)."""
-    lines = []
-    for task, row in tasks.items():
-        for s, pair in row["seeds"].items():
-            base = " / ".join(_num(v) for v in pair["base_scores"])
-            lines.append(f"| {task} (seed {s}) | {base} | {_bounded(pair['spearman'], pair['spearman_interval'])} | "
-                         f"{_bounded(pair['critical_jaccard'], pair['jaccard_interval'])} | {pair['critical'][0]} | "
-                         f"{pair['critical'][1]} |")
-    return lines
+def agreement_row(name: str, pair: dict[str, Any]) -> str:
+    """One row of the first table: the pair's base scores, its agreements with their intervals, its critical sets."""
+    base = " / ".join(format_estimate(v) for v in pair["base_scores"])
+    return (f"| {name} | {base} | {format_bounded(pair['spearman'], pair['spearman_interval'])} | "
+            f"{format_bounded(pair['critical_jaccard'], pair['jaccard_interval'])} | {pair['critical'][0]} | "
+            f"{pair['critical'][1]} |")
 
 
 def seeds_lines(result: dict[str, Any], level: str) -> list[str]:
@@ -92,14 +81,15 @@ def seeds_lines(result: dict[str, Any], level: str) -> list[str]:
              "ratio per seed (Spearman) | ratio per seed (Jaccard) |", "|---" * (len(seeds) + 6) + "|"]
     for task, row in result["tasks"].items():
         spread, relative = row["spread"], row["relative"]
-        per_seed = " | ".join(_num(spread["values"][s]) for s in seeds)
-        ratios = [", ".join(_num(relative[m]["ratios"][s]) for s in seeds) for m in ("spearman", "jaccard")]
-        lines.append(f"| {task} | {_num(row['base_scores'][0])} | {per_seed} | {_num(spread['mean'])} | "
-                     f"{_num(spread['sd'])} | {ratios[0]} | {ratios[1]} |")
+        per_seed = " | ".join(format_estimate(spread["values"][s]) for s in seeds)
+        ratios = [", ".join(format_estimate(relative[m]["ratios"][s]) for s in seeds) for m in ("spearman", "jaccard")]
+        mean, sd = format_estimate(spread["mean"]), format_estimate(spread["sd"])
+        lines.append(f"| {task} | {format_estimate(row['base_scores'][0])} | {per_seed} | {mean} | {sd} | "
+                     f"{ratios[0]} | {ratios[1]} |")
     shift = result["target"]
     if shift is not None:
         lines += ["", f"Target {shift['task']} per seed (shift over the original, item-only interval): " + "; ".join(
-            f"seed {s} {_num(one['after'])} ({one['shift']:+.2f} [{one['interval'][0]:+.2f}, "
-            f"{one['interval'][1]:+.2f}])" if one["interval"] else f"seed {s} {_num(one['after'])}"
+            f"seed {s} {format_estimate(one['after'])} ({one['shift']:+.2f} [{one['interval'][0]:+.2f}, "
+            f"{one['interval'][1]:+.2f}])" if one["interval"] else f"seed {s} {format_estimate(one['after'])}"
             for s, one in shift["seeds"].items())]
     return lines
