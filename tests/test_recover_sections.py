@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 from helpers import run_cli
 from layerprune.cli.flags import add_schema_flags
-from layerprune.pipeline.studies.lr_search import lr_section_of, with_learning_rate
 from layerprune.pipeline.studies.sweep_grid import SweepStudy, has_control
+from layerprune.recover.lr_search import lr_section_of, with_learning_rate
 from layerprune.recover.methods import METHODS
 from layerprune.recover.schema import RecoverRecipe, rebuild_recipe
 

@@ -156,7 +156,7 @@ def test_a_one_k_study_refuses_arm_fields_it_cannot_take_and_checks_the_lr_grid_
             SweepStudy.model_validate({**data, "lr_grid": grid})
     with pytest.raises(Exception, match="replicates"):
         SweepStudy.model_validate({**data, "replicates": 0})
-    from layerprune.pipeline.studies.lr_search import with_learning_rate
+    from layerprune.recover.lr_search import with_learning_rate
 
     local = SweepStudy.model_validate({**data, "arms": {"local": {"method": "local"}}})
     assert with_learning_rate(local.arm_recipe("local", "<pruned>"), 3e-3).local.learning_rate == 3e-3  # its own
@@ -383,7 +383,7 @@ def test_the_gate_line_lists_kept_and_left_levels_and_the_fixed_tasks():
 
 
 def test_each_recovery_shows_its_budget_and_learning_rate_or_the_padded_count_from_older_reports(tmp_path):
-    from layerprune.pipeline.studies.lr_search import budget_spent
+    from layerprune.recover.lr_search import budget_spent
 
     old, new = tmp_path / "old.json", tmp_path / "new.json"
     recipe = {"method": "merge", "merge": {"then": "local"}, "train": {"learning_rate": 2e-4},

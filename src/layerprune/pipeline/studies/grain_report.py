@@ -136,7 +136,7 @@ def control_gate(study: GrainStudy, figures: Figures) -> dict[str, Any] | None:
 def spent(study: GrainStudy, root: Path, label: str) -> list[dict[str, Any]]:
     """What each replicate's recovery of a cell (or of the control) spent: unpadded target tokens, sequences,
     optimizer steps and learning rate (lr_search.budget_spent), replicate by replicate."""
-    from layerprune.pipeline.studies.lr_search import budget_spent
+    from layerprune.recover.lr_search import budget_spent
 
     folder = root / ("controls" if label == CONTROL else "recovered")
     return [budget_spent(folder / name / "recover_report.json") for name in logical_models(study)[label]

@@ -14,7 +14,7 @@ the arm's method and section, cells.derive_arm_recipe), every k (and the control
 one) is recovered by every arm: model ARM-kK (replicate r > 0: ARM-kK@rR), its folder and eval folder of that name,
 stages recover-ARM-kK and eval-ARM-kK. The teacher answers are shared by every arm and k, as by every k without arms.
 A finished sweep given another arm (its other arms unchanged) resumes: only the new arm's stages run.
-An arm with a learning-rate grid (`lr_grid`, pipeline/studies/lr_search.py) gets a stage lr-ARM after eval-baseline:
+An arm with a learning-rate grid (`lr_grid`, recover/lr_search.py) gets a stage lr-ARM after eval-baseline:
 its recipe trained at each rate on the model pruned at k = `lr_at` (default the middle ratio) under seed settings.seed
 + 1000 (no scored replicate's), the lowest held-out loss chosen for every k, replicate and control of the arm; the
 search runs are not scored.
@@ -37,7 +37,6 @@ from layerprune.core.settings import RunSettings
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.pipeline.runner import Stage, run_stages
 from layerprune.pipeline.stages import RunPaths, RunState, claim_run_dir, owns, recipe_fingerprint
-from layerprune.pipeline.studies import lr_search
 from layerprune.pipeline.studies.cells import (
     CHAT_EVAL,
     SEARCH_REPLICATE,
@@ -48,7 +47,6 @@ from layerprune.pipeline.studies.cells import (
     replicate_label,
     replicate_settings,
 )
-from layerprune.pipeline.studies.lr_search import with_learning_rate
 from layerprune.pipeline.studies.sweep_grid import (
     GSM8K,
     Cell,
@@ -59,7 +57,9 @@ from layerprune.pipeline.studies.sweep_grid import (
     model_dir,
 )
 from layerprune.pipeline.studies.sweep_inputs import chat_tasks, evaluated_tasks, ranking
+from layerprune.recover import lr_search
 from layerprune.recover.job import leftover_of
+from layerprune.recover.lr_search import with_learning_rate
 from layerprune.recover.schema import RecoverRecipe
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from layerprune.pipeline.studies.cells import (
     suite_tasks,
 )
 from layerprune.pipeline.studies.comparisons import ComparisonFamily, check_budget_contrasts, check_comparisons
-from layerprune.pipeline.studies.lr_search import check_lr_grid, lr_search_file
+from layerprune.recover.lr_search import check_lr_grid, lr_search_file
 from layerprune.recover.schema import RecoverRecipe
 
 log = logging.getLogger(__name__)

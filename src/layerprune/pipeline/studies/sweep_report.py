@@ -27,11 +27,11 @@ from layerprune.pipeline.studies.comparisons import (
     format_families,
     uses_default_family,
 )
-from layerprune.pipeline.studies.lr_search import lr_lines
 from layerprune.pipeline.studies.sweep_curves import budget_text, curve_name, loss_curves, plot_losses, plot_retention
 from layerprune.pipeline.studies.sweep_grid import recovered_label
 from layerprune.pipeline.studies.sweep_points import KINDS, SPLIT, comparisons, control_point, point, verdicts
 from layerprune.pipeline.studies.sweep_text import format_comparisons, format_control, format_spread, format_table
+from layerprune.recover.lr_search import lr_lines
 
 
 def write_sweep_report(study: Any, root: Path, curves: dict[int | str, dict[str, Any]] | None = None) -> Path:
