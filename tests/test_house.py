@@ -158,3 +158,10 @@ def test_no_pipeline_module_sits_in_an_import_cycle():
             graph.setdefault(importer, set()).add(target)
     assert cycles(graph) == []
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check sees a circle
+
+
+def test_no_module_in_pipeline_is_over_400_lines():
+    """Issue 56's floor: a pipeline module past 400 lines holds two things; split it where they part."""
+    long = {str(path.relative_to(SRC)): n for path in (SRC / "layerprune" / "pipeline").rglob("*.py")
+            if (n := len(path.read_text().splitlines())) > 400}
+    assert not long, long

@@ -14,7 +14,15 @@ import yaml
 
 from helpers import assert_one_line_error, run_cli
 from layerprune.core.recipe_loading import shipped_command, shipped_recipes
-from layerprune.pipeline.studies import sweep_curves, sweep_grid, sweep_inputs, sweep_points, sweep_report, sweep_text
+from layerprune.pipeline.studies import (
+    sweep_cells,
+    sweep_curves,
+    sweep_grid,
+    sweep_inputs,
+    sweep_points,
+    sweep_report,
+    sweep_text,
+)
 from layerprune.pipeline.studies.sweep_grid import SweepStudy
 
 STUDIES = sorted(name for _, name in shipped_recipes("sweep-study") if name.startswith("recovery-"))
@@ -200,7 +208,7 @@ def test_the_fixed_tasks_are_scored_on_every_model_beside_the_kept_levels_never_
     no_probe = SweepStudy.model_validate({**data, "fixed": ["gsm8k"]})
     assert sweep_inputs.evaluated_tasks(no_probe, tmp_path / "none") == ["arc_easy", "gsm8k"]  # fixed: no gate stage
     assert not sweep_grid.both_formats(no_probe)  # chat-formatted data, but no probe task to score in chat
-    assert sweep_grid.stage_names(SweepStudy.model_validate(plain(tiny_study(tiny_llama, tmp_path)))) == [
+    assert sweep_cells.stage_names(SweepStudy.model_validate(plain(tiny_study(tiny_llama, tmp_path)))) == [
         "eval-baseline", "prune-k2", "eval-pruned-k2", "recover-sft-k2", "eval-sft-k2", "recover-opd-k2",
         "eval-opd-k2", "recover-replace-k2", "eval-replace-k2", "report"]  # no gate, no scoring pass, one format
     # the new fields at their defaults leave a sweep's fingerprint as it was; no gate is a recipe of its own
@@ -210,7 +218,7 @@ def test_the_fixed_tasks_are_scored_on_every_model_beside_the_kept_levels_never_
         recipe_fingerprint(SweepStudy.model_validate(default))
     assert recipe_fingerprint(SweepStudy.model_validate(scored)) != \
         recipe_fingerprint(SweepStudy.model_validate(default))
-    assert "score" in sweep_grid.stage_names(SweepStudy.model_validate(scored))
+    assert "score" in sweep_cells.stage_names(SweepStudy.model_validate(scored))
 
 
 def test_the_one_k_dry_run_lists_the_fixed_tasks_replicates_controls_and_lr_grid_the_flag_beating_the_recipe(
@@ -228,7 +236,7 @@ def test_the_one_k_dry_run_lists_the_fixed_tasks_replicates_controls_and_lr_grid
         "original, ARM-k0): sft, opd; none for replace" in out and "lr from the grid 0.0001, 0.001" in out
     assert "arm sft: lora, 2 optimizer steps, lr" in out
     stages = out.split("; stages: ")[1].split("\n")[0]
-    names = sweep_grid.stage_names(SweepStudy.model_validate({**data, "replicates": 2}))
+    names = sweep_cells.stage_names(SweepStudy.model_validate({**data, "replicates": 2}))
     # chat-formatted recovery data (demo) and a fixed probe task: every evaluation has its chat-format twin
     assert int(stages.split(" ")[0]) == len(names) == 2 + 1 + 3 + 3 * 2 * 3 + 2 * 2 * 3 + 1
     # a long list in brief: the count per kind, the first six in order and the last

@@ -13,7 +13,9 @@ import yaml
 
 from helpers import assert_one_line_error, run_cli
 from layerprune.core.recipe_loading import find_recipe, load_recipe, shipped_command, shipped_recipes
-from layerprune.pipeline.studies.sweep_grid import SweepStudy, stage_names
+from layerprune.pipeline.studies import sweep_cells
+from layerprune.pipeline.studies.sweep_cells import stage_names
+from layerprune.pipeline.studies.sweep_grid import SweepStudy
 
 SWEEPS = sorted(name for _, name in shipped_recipes("sweep-study")
                 if not name.startswith("recovery-"))  # one k: the recovery studies (tests/test_study.py)
@@ -287,16 +289,15 @@ def _tiny_study(tiny_llama, tmp_path, **fields):  # noqa: ANN001, ANN202 (a Swee
 
 def _output(study: SweepStudy, root: Path, name: str) -> Path:
     """The output of the stage called `name` (the grid's cells give it; nothing parses a name back)."""
-    from layerprune.pipeline.studies import sweep_grid
 
-    return {cell.name: cell.output for cell in sweep_grid.cells(study, root)}[name]
+    return {cell.name: cell.output for cell in sweep_cells.cells(study, root)}[name]
 
 
 def _recover(study: SweepStudy, settings: Any, root: Path, label: str) -> None:
     """The recover stage of `label` run as the runner runs it: given its cell (arm, k, replicate, budget, snapshots)."""
-    from layerprune.pipeline.studies import sweep, sweep_grid
+    from layerprune.pipeline.studies import sweep
 
-    given = {cell.name: cell for cell in sweep_grid.cells(study, root)}
+    given = {cell.name: cell for cell in sweep_cells.cells(study, root)}
     sweep.recover_at(study, settings, root, given[f"recover-{label}"])
 
 
@@ -304,24 +305,24 @@ def test_replicates_and_the_control_add_stages_and_leave_replicate_0_as_it_was(t
     from layerprune.pipeline.studies import sweep_grid
 
     plain = _tiny_study(tiny_llama, tmp_path)
-    assert sweep_grid.stage_names(plain) == [
+    assert sweep_cells.stage_names(plain) == [
         "calibrate-probes", "score", "gate-gsm8k", "eval-baseline", "prune-k1", "eval-pruned-k1", "recover-k1",
         "eval-recovered-k1", "prune-k2", "eval-pruned-k2", "recover-k2", "eval-recovered-k2", "report"]
     more = _tiny_study(tiny_llama, tmp_path, replicates=2, controls=True)
     assert sweep_grid.models(more) == ["baseline", "recovered-k0", "recovered-k0@r1", "pruned-k1", "recovered-k1",
                                   "recovered-k1@r1", "pruned-k2", "recovered-k2", "recovered-k2@r1"]
-    stages = sweep_grid.stage_names(more)
+    stages = sweep_cells.stage_names(more)
     # replicate by replicate: replicate 0 of every cut and its control before any stage of replicate 1
     assert stages[4:] == ["prune-k1", "eval-pruned-k1", "recover-k1", "eval-recovered-k1", "prune-k2",
                           "eval-pruned-k2", "recover-k2", "eval-recovered-k2", "recover-k0", "eval-recovered-k0",
                           "recover-k1@r1", "eval-recovered-k1@r1", "recover-k2@r1", "eval-recovered-k2@r1",
                           "recover-k0@r1", "eval-recovered-k0@r1", "report"]
-    assert set(sweep_grid.stage_names(plain)) < set(stages) and len(stages) == 13 + 4 + 4
+    assert set(sweep_cells.stage_names(plain)) < set(stages) and len(stages) == 13 + 4 + 4
     root = tmp_path / "s"
     assert _output(more, root, "recover-k2@r1") == root / "recovered-k2@r1" / "recover_report.json"
     assert _output(more, root, "eval-recovered-k0@r1") == root / "eval" / "recovered-k0@r1" / "summary.json"
     chat = SweepStudy.model_validate(chat_sweep(tiny_sweep(tiny_llama, tmp_path / "s")))  # chat-formatted data
-    assert sweep_grid.stage_names(chat) == [
+    assert sweep_cells.stage_names(chat) == [
         "calibrate-probes", "score", "gate-gsm8k", "eval-baseline", "eval-chat/baseline", "prune-k1",
         "eval-pruned-k1", "eval-chat/pruned-k1", "recover-k1", "eval-recovered-k1", "eval-chat/recovered-k1",
         "prune-k2", "eval-pruned-k2", "eval-chat/pruned-k2", "recover-k2", "eval-recovered-k2",
@@ -333,7 +334,7 @@ def test_replicates_and_the_control_add_stages_and_leave_replicate_0_as_it_was(t
         SweepStudy.model_validate(chat_data)
     local = _tiny_study(tiny_llama, tmp_path, controls=True)
     local.recover["overrides"]["method"] = "local"
-    assert not sweep_grid.has_control(local) and "recover-k0" not in sweep_grid.stage_names(local)
+    assert not sweep_grid.has_control(local) and "recover-k0" not in sweep_cells.stage_names(local)
     # more replicates or the control only add stages: the run directory stays this sweep's
     from layerprune.pipeline.stages import recipe_fingerprint
 
@@ -459,9 +460,11 @@ def test_arms_recover_every_k_with_every_arm_and_a_sweep_without_arms_is_as_it_w
     assert sweep_grid.models(study) == ["baseline", "lora-k0", "lora-k0@r1", "pruned-k1", "lora-k1", "lora-k1@r1",
                                    "local-k1", "local-k1@r1", "pruned-k2", "lora-k2", "lora-k2@r1", "local-k2",
                                    "local-k2@r1"]  # local needs a cut: no k = 0 control
-    stages = sweep_grid.stage_names(study)
+    stages = sweep_cells.stage_names(study)
     assert stages[4:8] == ["prune-k1", "eval-pruned-k1", "recover-lora-k1", "eval-lora-k1"]
-    first = [cell.replicate for cell in sweep_grid.cells(study, tmp_path)[4:-1]]
+    grid = sweep_cells.cells(study, tmp_path)[4:-1]
+    first = [cell.replicate for cell in grid]
+    assert all(cell.name.endswith(f"@r{cell.replicate}") == (cell.replicate > 0) for cell in grid if cell.label)
     assert first == sorted(first) and stages[stages.index("recover-lora-k1@r1") - 2:][:2] == [
         "recover-lora-k0", "eval-lora-k0"]  # replicate 0 whole (its cuts, then its control) before replicate 1
     assert len(stages) == 4 + 4 + 2 * (2 + 8) + 1 and "recover-local-k0" not in stages
@@ -648,10 +651,9 @@ def test_the_2_core_rates_estimate_a_variant_of_the_embedded_model_and_nothing_e
 
 def test_the_sweep_s_lr_grid_is_a_stage_per_arm_checked_and_out_of_a_gridless_fingerprint(tiny_llama, tmp_path):
     from layerprune.pipeline.stages import recipe_fingerprint
-    from layerprune.pipeline.studies import sweep_grid
 
     study = _tiny_study(tiny_llama, tmp_path, arms=ARMS, lr_grid={"local": [1e-3, 3e-3]})
-    assert sweep_grid.stage_names(study)[3:5] == ["eval-baseline", "lr-local"] and study.lr_k == 1
+    assert sweep_cells.stage_names(study)[3:5] == ["eval-baseline", "lr-local"] and study.lr_k == 1
     assert _output(study, tmp_path, "lr-local") == tmp_path / "lr_search" / "local.json"
     assert _tiny_study(tiny_llama, tmp_path, arms=ARMS, lr_grid={"lora": [1e-4]}, lr_at=2).lr_k == 2
     for fields, message in (({"lr_grid": {"lora": [1e-4]}}, "name the recovery methods in arms"),
@@ -696,7 +698,7 @@ def test_a_finished_sweep_given_another_arm_resumes_and_a_changed_arm_is_still_r
     from layerprune.core.errors import LayerpruneError
     from layerprune.core.reports import read_report
     from layerprune.pipeline.stages import RunPaths, RunState, claim_run_dir
-    from layerprune.pipeline.studies import sweep, sweep_grid, sweep_plan
+    from layerprune.pipeline.studies import sweep, sweep_plan
 
     lora = {"lora": ARMS["lora"]}
     first = _tiny_study(tiny_llama, tmp_path, arms=lora, replicates=2, controls=True)
@@ -723,7 +725,7 @@ def test_a_finished_sweep_given_another_arm_resumes_and_a_changed_arm_is_still_r
     for stage in ("calibrate-probes", "recover-lora-k1"):  # the dry run says what is done and what is left
         _output(more, paths.root, stage).parent.mkdir(parents=True, exist_ok=True)
         _output(more, paths.root, stage).write_text("{}")
-    stages = [name for name in sweep_grid.stage_names(more) if name != "report"]
+    stages = [name for name in sweep_cells.stage_names(more) if name != "report"]
     (line,) = sweep_plan.progress_lines(more, paths.root)
     assert "holds a run of this sweep:" in line and f"2 of {len(stages)} stages complete" in line
     left = [name for name in stages if name not in ("calibrate-probes", "recover-lora-k1")]
@@ -779,6 +781,24 @@ def _budget_sweep(tiny_llama: Path, output: Path, **fields: object) -> dict:
     return data
 
 
+def test_a_sweep_without_arms_writes_each_budget_point_where_its_evaluation_reads_it(tiny_llama, tmp_path):
+    """Without arms a recovered point is recovered-kK...: its dedicated run is written to recovered-k1@20-dedicated
+    (the name parsed back gave k1@20-dedicated, a folder no evaluation read), and the run at the largest budget saves
+    its checkpoints where their evaluations read them."""
+    data = _budget_sweep(tiny_llama, tmp_path / "s", budgets=[20, 40000], dedicated_at=20, replicates=2)
+    del data["arms"]
+    study = SweepStudy.model_validate(data)
+    root = tmp_path / "s"
+    grid = {cell.name: cell for cell in sweep_cells.cells(study, root)}
+    dedicated = grid["recover-k1@20-dedicated@r1"]
+    assert dedicated.output == root / "recovered-k1@20-dedicated@r1" / "recover_report.json"
+    assert grid["eval-recovered-k1@20-dedicated@r1"].label == dedicated.label
+    assert (dedicated.budget, dedicated.snapshots) == (20, ())
+    run = grid["recover-k1@r1"]
+    assert (run.budget, run.snapshots) == (40000, ((20, "recovered-k1@20@r1"),))
+    assert "eval-recovered-k1@20@r1" in grid and "recover-k1@20@r1" not in grid  # a checkpoint, not a run
+
+
 def test_bad_budgets_are_one_line_errors(capsys, tiny_llama, tmp_path):
     cases = [({"budgets": [50, 20]}, "increasing order"), ({"budgets": [20]}, "two or more"),
              ({"budgets": [20, 50], "arms": {"merge": {"method": "merge"}}}, "trains nothing"),
@@ -801,7 +821,7 @@ def test_budget_points_are_labelled_staged_and_trained_to_their_budget(tiny_llam
                                                     replicates=2, controls=True, dedicated_at=20))
     assert sweep_grid.models(study)[:9] == ["baseline", "lora-k0", "lora-k0@r1", "pruned-k1", "lora-k1@20",
                                        "lora-k1@20@r1", "lora-k1@32768", "lora-k1@32768@r1", "lora-k1"]
-    stages = sweep_grid.stage_names(study)  # a checkpoint is scored after its run; local trains each budget on its own
+    stages = sweep_cells.stage_names(study)  # a checkpoint is scored after its run; local trains each budget on its own
     assert stages.index("eval-lora-k1@20@r1") > stages.index("recover-lora-k1@r1")
     assert "recover-lora-k1@20" not in stages and "recover-local-k1@20@r1" in stages
     assert "eval-lora-k2@32768" in stages and not any(s.startswith("eval-lora-k0@2") for s in stages)

@@ -44,17 +44,13 @@ from layerprune.pipeline.studies.cells import (
     check_chat_template,
     data_dir_of,
     recover_sharing_answers,
-    replicate_label,
     replicate_settings,
 )
+from layerprune.pipeline.studies.sweep_cells import Cell, cells, model_dir
 from layerprune.pipeline.studies.sweep_grid import (
     GSM8K,
-    Cell,
     SweepStudy,
     both_formats,
-    budget_tag,
-    cells,
-    model_dir,
 )
 from layerprune.pipeline.studies.sweep_inputs import chat_tasks, evaluated_tasks, ranking
 from layerprune.recover import lr_search
@@ -200,9 +196,7 @@ def recover_at(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell)
     student = original_copy(study, settings, root) if cell.k == 0 else model_dir(root, f"pruned-k{cell.k}")
     rate = lr_search.chosen(root, cell.arm, study.lr_grid) if cell.arm else None
     recipe = with_budget(with_learning_rate(study.arm_recipe(cell.arm, str(student)), rate), cell.budget)
-    logical = cell.label.removesuffix(f"@r{cell.replicate}") if cell.replicate else cell.label
-    snapshots = {b: model_dir(root, replicate_label(f"{logical}@{budget_tag(b)}", cell.replicate))
-                 for b in cell.snapshots}
+    snapshots = {budget: model_dir(root, label) for budget, label in cell.snapshots}
     answers = root / study.answers_file(cell.arm, recipe, cell.replicate)
     recover_with_snapshots(recipe, cell.output.parent, answers, settings, cell.replicate, data_dir_of(study),
                            snapshots)

@@ -51,7 +51,8 @@ def plot_retention(points: list[dict[str, Any]], depth: int | None, path: Path) 
 def loss_curves(study: Any, root: Path) -> dict[int | str, dict[str, Any]]:
     """Per k (with arms: per ARM-kK), replicate 0: the held-out loss curve, tokens trained and optimizer steps from
     its recover report."""
-    from layerprune.pipeline.studies.sweep_grid import arm_names, model_dir
+    from layerprune.pipeline.studies.sweep_cells import model_dir
+    from layerprune.pipeline.studies.sweep_grid import arm_names
     from layerprune.recover.report import RECOVER_REPORT, read_recover_report
 
     out: dict[int | str, dict[str, Any]] = {}

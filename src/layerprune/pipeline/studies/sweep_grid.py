@@ -1,14 +1,12 @@
 """The pruning-ratio sweep as data: its recipe (SweepStudy), the models its grid expands to (cuts x arms x budgets x
-replicates, the k = 0 controls), their labels, and its stages with their outputs, replicate by replicate. What a stage
-is given as it runs (its tasks, its cut, its budget) is sweep_inputs.py's. The runner (sweep.py), the dry run
-(sweep_plan.py) and the reports (sweep_report.py and its sweep_points/sweep_text/sweep_curves, budget_report.py,
-sweep_join.py) read it; it imports none of them."""
+replicates, the k = 0 controls), their labels and budget points; its stages, built from them, are sweep_cells.py's.
+What a stage reads from the records before it (its tasks, its cut) is sweep_inputs.py's. The runner (sweep.py), the
+dry run (sweep_plan.py) and the reports (sweep_report.py and its sweep_points/sweep_text/sweep_curves,
+budget_report.py, sweep_join.py) read it; it imports none of them."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -16,11 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from layerprune.core.recipe_loading import validation_message
 from layerprune.evaluate.calibrated import ProbeCalibration
 from layerprune.evaluate.schema import EvalSettings
-from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.recipe import PipelineRecipe, RecoverStage
 from layerprune.pipeline.studies.cells import (
-    CALIBRATION_FILE,
-    CHAT_EVAL,
     Arm,
     check_plain_probes,
     derive_arm_recipe,
@@ -28,7 +23,7 @@ from layerprune.pipeline.studies.cells import (
     suite_tasks,
 )
 from layerprune.pipeline.studies.comparisons import ComparisonFamily, check_budget_contrasts, check_comparisons
-from layerprune.recover.lr_search import check_lr_grid, lr_search_file
+from layerprune.recover.lr_search import check_lr_grid
 from layerprune.recover.schema import RecoverRecipe
 
 log = logging.getLogger(__name__)
@@ -257,9 +252,16 @@ def has_control(study: SweepStudy, arm: str | None = None) -> bool:
     return study.controls and not study.arm_recipe(arm, "<pruned>").needs_cut()
 
 
+def point_label(arm: str | None, k: int, replicate: int, tag: str = "") -> str:
+    """A recovered point's physical label: recovered-kK or ARM-kK, its budget tag (@32k, @8k-dedicated; none at the
+    largest budget), then @rR for replicate r > 0 (a replicate suffix last: a point's replicates are one logical
+    label)."""
+    return replicate_label(recovered_label(arm, k) + tag, replicate)
+
+
 def recovered(study: SweepStudy, k: int, arm: str | None = None) -> list[str]:
     """The physical labels of every replicate of the arm's recovered point at k (k = 0: its control)."""
-    return [replicate_label(recovered_label(arm, k), r) for r in range(study.replicates)]
+    return [point_label(arm, k, r) for r in range(study.replicates)]
 
 
 def models(study: SweepStudy) -> list[str]:
@@ -282,13 +284,11 @@ def budget_tag(tokens: int) -> str:
 
 
 def budget_points(study: SweepStudy, k: int, arm: str | None = None) -> list[str]:
-    """The physical labels of the arm's recovered point at k at every budget below the largest (ARM-kK@<budget>,
-    replicate r > 0 ARM-kK@<budget>@rR: a replicate suffix last, so a budget point's replicates are one logical
-    label), budget by budget; none without budgets or at k = 0 (the controls train to the largest budget only)."""
+    """The physical labels of the arm's recovered point at k at every budget below the largest (point_label),
+    budget by budget; none without budgets or at k = 0 (the controls train to the largest budget only)."""
     if not study.budgets or k == 0:
         return []
-    return [replicate_label(f"{recovered_label(arm, k)}@{budget_tag(b)}", r)
-            for b in study.budgets[:-1] for r in range(study.replicates)]
+    return [point_label(arm, k, r, f"@{budget_tag(b)}") for b in study.budgets[:-1] for r in range(study.replicates)]
 
 
 DEDICATED = "-dedicated"  # the tag of a budget point trained as a run of its own beside a trainer's checkpoint
@@ -299,8 +299,7 @@ def dedicated_points(study: SweepStudy, k: int, arm: str | None = None) -> list[
     replicate; none otherwise (local's budget points are all runs of their own)."""
     if study.dedicated_at is None or k != study.lr_k or trains_each_budget(study, arm):
         return []
-    return [replicate_label(f"{recovered_label(arm, k)}@{budget_tag(study.dedicated_at)}{DEDICATED}", r)
-            for r in range(study.replicates)]
+    return [point_label(arm, k, r, f"@{budget_tag(study.dedicated_at)}{DEDICATED}") for r in range(study.replicates)]
 
 
 def trains_each_budget(study: SweepStudy, arm: str | None) -> bool:
@@ -315,84 +314,6 @@ def both_formats(study: SweepStudy) -> bool:
     task)."""
     chat = study.shared_recipe("<pruned>").generate.chat_template
     return chat and (study.probes is not None or bool(fixed_probes(study)))
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One stage of the grid as data: its name, its output (complete when it exists), the step it runs and what that
-    step is given. The runner (sweep.py) binds `step` to its action; nothing reads a stage's name back."""
-
-    name: str
-    output: Path
-    step: str  # calibrate, score, gate, eval, chat, lr, prune, recover or report
-    label: str = ""  # the model it scores or writes (baseline, pruned-kK, a recovered point's label)
-    k: int = 0  # the cut (prune, recover; lr: the k it searches at); 0: the unpruned original
-    arm: str | None = None  # the recovery arm (None: a sweep without arms)
-    replicate: int = 0
-    budget: int | None = None  # the target tokens a recovery trains to (None: its recipe's own budget)
-    snapshots: tuple[int, ...] = ()  # the smaller budgets whose checkpoints a run saves as their points
-
-
-def cells(study: SweepStudy, root: Path) -> list[Cell]:
-    """Every stage of the sweep in order, built from the grid: the probe gate, the scoring pass and the GSM8K gate,
-    the original's evaluation, each arm's learning-rate search, then replicate by replicate (a stable sort: each
-    replicate's cuts, then its controls, so a study run in parts holds whole replicates of the design after each
-    part) every cut and its recoveries, and the report."""
-    chat = both_formats(study)
-
-    def evals(label: str, replicate: int = 0) -> list[Cell]:
-        return [Cell(f"eval-{label}", root / "eval" / label / SUMMARY_FILE, "eval", label, replicate=replicate),
-                *([Cell(CHAT_EVAL + label, root / CHAT_EVAL / label / SUMMARY_FILE, "chat", label,
-                        replicate=replicate)] if chat else [])]
-
-    def recovery(arm: str | None, k: int, replicate: int, tag: str = "", budget: int | None = None,
-                 snapshots: tuple[int, ...] = ()) -> list[Cell]:
-        label = replicate_label(recovered_label(arm, k) + tag, replicate)
-        return [Cell(f"recover-{label.removeprefix('recovered-')}", model_dir(root, label) / "recover_report.json",
-                     "recover", label, k, arm, replicate, budget, snapshots), *evals(label, replicate)]
-
-    def arm_at(k: int, arm: str | None) -> list[Cell]:  # a checkpoint is scored after the run that saves it
-        largest = study.budgets[-1] if study.budgets else None
-        smaller = [] if k == 0 else (study.budgets or [])[:-1]
-        runs = range(study.replicates)
-        if trains_each_budget(study, arm):  # local: every budget a run of its own
-            return [c for b in smaller for r in runs for c in recovery(arm, k, r, f"@{budget_tag(b)}", b)] + \
-                [c for r in runs for c in recovery(arm, k, r, budget=largest)]
-        saved = () if k == 0 else tuple(smaller)
-        points = [c for b in smaller for r in runs for c in evals(replicate_label(
-            f"{recovered_label(arm, k)}@{budget_tag(b)}", r), r)]
-        dedicated = [] if study.dedicated_at is None or k != study.lr_k else [
-            c for r in runs for c in recovery(arm, k, r, f"@{budget_tag(study.dedicated_at)}{DEDICATED}",
-                                              study.dedicated_at)]
-        return [*(c for r in runs for c in recovery(arm, k, r, budget=largest, snapshots=saved)), *points,
-                *dedicated]
-
-    control = [c for arm in arm_names(study) if has_control(study, arm) for c in arm_at(0, arm)]
-    per_k = [c for k in study.ratios
-             for c in (Cell(f"prune-k{k}", model_dir(root, f"pruned-k{k}") / "prune_report.json", "prune",
-                            f"pruned-k{k}", k), *evals(f"pruned-k{k}"), *(c for a in arm_names(study)
-                                                                           for c in arm_at(k, a)))]
-    first = [*([Cell("calibrate-probes", root / CALIBRATION_FILE, "calibrate")] if study.probes is not None else []),
-             *([] if study.given_cut else [Cell("score", root / "scored" / "prune_report.json", "score")]),
-             *([Cell("gate-gsm8k", gate_summary(root), "gate")] if gsm8k_gated(study) else [])]
-    return [*first, *evals("baseline"),
-            *(Cell(f"lr-{arm}", lr_search_file(root, arm), "lr", k=study.lr_k, arm=arm) for arm in study.lr_grid),
-            *sorted([*per_k, *control], key=lambda c: c.replicate), Cell("report", root / "sweep.md", "report")]
-
-
-def stage_names(study: SweepStudy) -> list[str]:
-    """The stages' names in order (the dry run, progress lines and tests read them)."""
-    return [cell.name for cell in cells(study, Path())]
-
-
-def model_dir(root: Path, label: str) -> Path:
-    """The folder of a model the sweep writes: pruned-kK, recovered-kK[...] or ARM-kK[...] (its label)."""
-    return root / label
-
-
-def gate_summary(root: Path) -> Path:
-    """The GSM8K gate's scores of the original."""
-    return root / "eval" / "gate-gsm8k" / SUMMARY_FILE
 
 
 def gsm8k_gated(study: SweepStudy) -> bool:

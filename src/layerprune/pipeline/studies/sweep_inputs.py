@@ -8,11 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from layerprune.pipeline.studies.cells import CALIBRATION_FILE
+from layerprune.pipeline.studies.sweep_cells import gate_summary
 from layerprune.pipeline.studies.sweep_grid import (
     GSM8K,
     SweepStudy,
     fixed_probes,
-    gate_summary,
     gsm8k_gated,
 )
 

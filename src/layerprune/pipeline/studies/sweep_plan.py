@@ -13,6 +13,7 @@ from layerprune.core.settings import RunSettings
 from layerprune.pipeline.stages import RunPaths, RunState, owns
 from layerprune.pipeline.studies.cells import RATES, check_chat_template, rates_apply
 from layerprune.pipeline.studies.sweep import arms_added
+from layerprune.pipeline.studies.sweep_cells import cells, stage_names
 from layerprune.pipeline.studies.sweep_grid import (
     DEDICATED,
     GSM8K,
@@ -20,13 +21,11 @@ from layerprune.pipeline.studies.sweep_grid import (
     arm_names,
     both_formats,
     budget_tag,
-    cells,
     dedicated_points,
     fixed_probes,
     gsm8k_gated,
     has_control,
     models,
-    stage_names,
     trains_each_budget,
 )
 from layerprune.recover.schema import RecoverRecipe

@@ -1,0 +1,100 @@
+"""A sweep's stages as data: each a Cell built from the grid (sweep_grid.py), with its output and what its step is
+given (label, k, arm, replicate, budget, the budget points its run saves), in the order they run. The runner (sweep.py)
+binds each step to its action; the dry run (sweep_plan.py) counts them and reads which are complete. Nothing parses a
+stage's name back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from layerprune.evaluate.summary import SUMMARY_FILE
+from layerprune.pipeline.studies.cells import CALIBRATION_FILE, CHAT_EVAL
+from layerprune.pipeline.studies.sweep_grid import (
+    DEDICATED,
+    SweepStudy,
+    arm_names,
+    both_formats,
+    budget_tag,
+    gsm8k_gated,
+    has_control,
+    point_label,
+    trains_each_budget,
+)
+from layerprune.recover.lr_search import lr_search_file
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One stage of the grid as data: its name, its output (complete when it exists), the step it runs and what that
+    step is given. The runner (sweep.py) binds `step` to its action; nothing reads a stage's name back."""
+
+    name: str
+    output: Path
+    step: str  # calibrate, score, gate, eval, chat, lr, prune, recover or report
+    label: str = ""  # the model it scores or writes (baseline, pruned-kK, a recovered point's label)
+    k: int = 0  # the cut (prune, recover; lr: the k it searches at); 0: the unpruned original
+    arm: str | None = None  # the recovery arm (None: a sweep without arms)
+    replicate: int = 0
+    budget: int | None = None  # the target tokens a recovery trains to (None: its recipe's own budget)
+    snapshots: tuple[tuple[int, str], ...] = ()  # (budget, point label): checkpoints a run saves as those points
+
+
+def cells(study: SweepStudy, root: Path) -> list[Cell]:
+    """Every stage of the sweep in order, built from the grid: the probe gate, the scoring pass and the GSM8K gate,
+    the original's evaluation, each arm's learning-rate search, then replicate by replicate (a stable sort: each
+    replicate's cuts, then its controls, so a study run in parts holds whole replicates of the design after each
+    part) every cut and its recoveries, and the report."""
+    chat = both_formats(study)
+
+    def evals(label: str, replicate: int = 0) -> list[Cell]:
+        return [Cell(f"eval-{label}", root / "eval" / label / SUMMARY_FILE, "eval", label, replicate=replicate),
+                *([Cell(CHAT_EVAL + label, root / CHAT_EVAL / label / SUMMARY_FILE, "chat", label,
+                        replicate=replicate)] if chat else [])]
+
+    def recovery(arm: str | None, k: int, replicate: int, tag: str = "", budget: int | None = None,
+                 snapshots: tuple[tuple[int, str], ...] = ()) -> list[Cell]:
+        label = point_label(arm, k, replicate, tag)
+        return [Cell(f"recover-{label.removeprefix('recovered-')}", model_dir(root, label) / "recover_report.json",
+                     "recover", label, k, arm, replicate, budget, snapshots), *evals(label, replicate)]
+
+    def arm_at(k: int, arm: str | None) -> list[Cell]:  # a checkpoint is scored after the run that saves it
+        largest = study.budgets[-1] if study.budgets else None
+        smaller = [] if k == 0 else (study.budgets or [])[:-1]
+        runs = range(study.replicates)
+        if trains_each_budget(study, arm):  # local: every budget a run of its own
+            return [c for b in smaller for r in runs for c in recovery(arm, k, r, f"@{budget_tag(b)}", b)] + \
+                [c for r in runs for c in recovery(arm, k, r, budget=largest)]
+        points = {r: tuple((b, point_label(arm, k, r, f"@{budget_tag(b)}")) for b in smaller) for r in runs}
+        dedicated = [] if study.dedicated_at is None or k != study.lr_k else [
+            c for r in runs for c in recovery(arm, k, r, f"@{budget_tag(study.dedicated_at)}{DEDICATED}",
+                                              study.dedicated_at)]
+        return [*(c for r in runs for c in recovery(arm, k, r, budget=largest, snapshots=points[r])),
+                *(c for b in range(len(smaller)) for r in runs for c in evals(points[r][b][1], r)), *dedicated]
+
+    control = [c for arm in arm_names(study) if has_control(study, arm) for c in arm_at(0, arm)]
+    per_k = [c for k in study.ratios
+             for c in (Cell(f"prune-k{k}", model_dir(root, f"pruned-k{k}") / "prune_report.json", "prune",
+                            f"pruned-k{k}", k), *evals(f"pruned-k{k}"), *(c for a in arm_names(study)
+                                                                           for c in arm_at(k, a)))]
+    first = [*([Cell("calibrate-probes", root / CALIBRATION_FILE, "calibrate")] if study.probes is not None else []),
+             *([] if study.given_cut else [Cell("score", root / "scored" / "prune_report.json", "score")]),
+             *([Cell("gate-gsm8k", gate_summary(root), "gate")] if gsm8k_gated(study) else [])]
+    return [*first, *evals("baseline"),
+            *(Cell(f"lr-{arm}", lr_search_file(root, arm), "lr", k=study.lr_k, arm=arm) for arm in study.lr_grid),
+            *sorted([*per_k, *control], key=lambda c: c.replicate), Cell("report", root / "sweep.md", "report")]
+
+
+def stage_names(study: SweepStudy) -> list[str]:
+    """The stages' names in order (the dry run, progress lines and tests read them)."""
+    return [cell.name for cell in cells(study, Path())]
+
+
+def model_dir(root: Path, label: str) -> Path:
+    """The folder of a model the sweep writes: pruned-kK, recovered-kK[...] or ARM-kK[...] (its label)."""
+    return root / label
+
+
+def gate_summary(root: Path) -> Path:
+    """The GSM8K gate's scores of the original."""
+    return root / "eval" / "gate-gsm8k" / SUMMARY_FILE
