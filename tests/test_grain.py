@@ -3,6 +3,7 @@ replicated recovery: the matching rule, the schema, the verdicts (the study can 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -18,6 +19,7 @@ from helpers import run_cli
 from layerprune.core.errors import LayerpruneError
 from layerprune.models.sublayers import Sublayer
 from layerprune.pipeline.studies import grain, grain_grid, grain_report
+from layerprune.pipeline.studies.sweep_grid import SweepStudy
 from layerprune.prune import matched
 from test_sweep import _eval_folder
 from tiny import tiny_config, tiny_tokenizer
@@ -36,8 +38,13 @@ def nas_source(tmp_path_factory) -> Path:
 
 
 def tiny_grain(model: Path | str, output: Path, **fields) -> dict:
+    """A tiny grain study (a sweep with `grains`); `compare`, `match`, `tolerance`, `speed_repeats` and `gates` go to
+    its grains section, anything else to the recipe."""
+    grains = {"compare": ["attention", "mlp"], "tolerance": 0.25,
+              **{key: fields.pop(key) for key in ("compare", "match", "tolerance", "speed_repeats", "gates")
+                 if key in fields}}
     recipe = {
-        "name": "tiny-grain", "model": str(model), "output": str(output), "levels": [1], "tolerance": 0.25,
+        "name": "tiny-grain", "model": str(model), "output": str(output), "ratios": [1], "grains": grains,
         "prune": {"drop": 1, "score": "ablation", "calib": "arithmetic", "calib_samples": 4, "calib_seq_len": 64},
         "recover": {"recipe": "demo", "overrides": {
             "prompts": {"source": "dolly", "samples": 8},
@@ -46,34 +53,38 @@ def tiny_grain(model: Path | str, output: Path, **fields) -> dict:
                       "logging_steps": 1, "save_steps": 4, "held_out": 0.25, "warmup_steps": 0,
                       "gradient_checkpointing": False, "learning_rate": 1e-2},
             "lora": {"r": 4, "alpha": 8}}},
-        "arm": {"method": "kd"}, "replicates": 2,
-        "evaluate": {"suite": "sweep-cpu", "only": ["arc_easy", "copy_l3"], "batch_size": "4", "limit": 6,
-                     "max_gen_toks": 4},
+        "arms": {"kd": {"method": "kd"}}, "replicates": 2, "controls": True, "probes": None, "gsm8k_gate": None,
+        "classification": ["arc_easy"], "fixed": ["copy_l3"],
+        "evaluate": {"suite": "sweep-cpu", "batch_size": "4", "limit": 6, "max_gen_toks": 4},
     }
     return {**recipe, **fields}
+
+
+def grain_study(model: Path | str, output: Path, **fields) -> SweepStudy:
+    return SweepStudy.model_validate(tiny_grain(model, output, **fields))
 
 
 def test_the_plan_matches_every_grain_to_the_block_arms_savings(nas_source, tmp_path):
     from layerprune.core.settings import RunSettings
 
-    study = grain_grid.GrainStudy.model_validate(tiny_grain(nas_source, tmp_path / "g"))
+    study = grain_study(nas_source, tmp_path / "g")
     sizes = grain.study_sizes(study, RunSettings(device="cpu"))
-    order = matched.order_rankings(study.grains, 6, [0])
-    plan = matched.plan_matched(study, sizes, order)
+    order = matched.order_rankings(grain_grid.grain_names(study), 6, [0])
+    plan = matched.plan_matched(grain_grid.matching(study), sizes, order)
     # a block: attention 2 x 64^2 + 2 x 64 x 32 + norm = 12,352 parameters; MLP 3 x 64 x 256 + norm = 49,216
     assert plan["block-k1"]["removals"] == [5] and plan["block-k1"]["params_removed"] == 12_352 + 49_216
     assert plan["attention-k1"]["removals"] == [f"{b}.attn" for b in (1, 2, 3, 4, 5)]  # 5 x 12,352: +0.3%
     assert plan["mlp-k1"]["removals"] == ["5.mlp"]  # 49,216: -20%, the nearest
     assert [plan[n]["kv_fraction"] for n in ("block-k1", "attention-k1", "mlp-k1")] == [1 / 6, 5 / 6, 0]
     for name, c in plan.items():
-        assert abs(c["gap"]) <= study.tolerance, name
-    wider = study.model_copy(update={"levels": [1, 2], "grains": ["block", "mlp"]})
-    wide = matched.plan_matched(wider, sizes, order)
+        assert abs(c["gap"]) <= study.grains.tolerance, name
+    spec = grain_grid.matching(study)
+    wide = matched.plan_matched(dataclasses.replace(spec, levels=[1, 2], grains=["block", "mlp"]), sizes, order)
     assert wide["mlp-k2"]["removals"] == ["3.mlp", "4.mlp", "5.mlp"]  # +19.9% beats -20.1%
     with pytest.raises(LayerpruneError, match=r"cannot match 61,568 params removed within 5%: .* 1 removals"):
-        matched.plan_matched(study.model_copy(update={"tolerance": 0.05}), sizes, order)
+        matched.plan_matched(dataclasses.replace(spec, tolerance=0.05), sizes, order)
     with pytest.raises(LayerpruneError, match=r"within 25%: the nearest of 5 candidates, 5 removals"):
-        matched.plan_matched(study.model_copy(update={"levels": [2]}), sizes, order)  # 10 attention: only 5 unprotected
+        matched.plan_matched(dataclasses.replace(spec, levels=[2]), sizes, order)  # 10 attention: only 5 unprotected
 
 
 def test_sublayer_rankings_are_prefixes_the_layout_serves(tmp_path):
@@ -86,9 +97,9 @@ def test_sublayer_rankings_are_prefixes_the_layout_serves(tmp_path):
     ranked = grain.read_ranking(tmp_path, "attention")
     assert ranked == [Sublayer(2, "attn"), Sublayer(1, "attn")]  # 0.attn: the first kept block's, or the last one
     assert all(removal_refusal(3, ranked[:n]) is None for n in range(1, len(ranked) + 1))
-    study = grain_grid.GrainStudy.model_validate(tiny_grain("x", tmp_path, grains=["block", "attention"],
-                                                       prune={"drop": 1, "protect": []}))
-    assert matched.order_rankings(study.grains, 3, [])["attention"] == ranked
+    study = grain_study("x", tmp_path, compare=["attention"],
+                                                       prune={"drop": 1, "protect": []})
+    assert matched.order_rankings(grain_grid.grain_names(study), 3, [])["attention"] == ranked
 
 
 def test_a_level_no_servable_prefix_reaches_is_refused_before_any_scoring(capsys, tmp_path):
@@ -100,7 +111,7 @@ def test_a_level_no_servable_prefix_reaches_is_refused_before_any_scoring(capsys
     AutoModelForCausalLM.from_config(config).save_pretrained(source)
     tiny_tokenizer().save_pretrained(source)
     recipe = tmp_path / "grain.yaml"
-    fields = tiny_grain(source, tmp_path / "study", grains=["block", "attention"], prune={
+    fields = tiny_grain(source, tmp_path / "study", compare=["attention"], prune={
         "drop": 1, "score": "ablation", "calib": "arithmetic", "calib_samples": 4, "calib_seq_len": 64, "protect": []})
     recipe.write_text(yaml.safe_dump(fields, sort_keys=False))
     code, _, err = run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])
@@ -122,20 +133,24 @@ def test_the_matched_prefix_is_the_nearest_and_the_shorter_on_a_tie():
 
 
 @pytest.mark.parametrize(("fields", "message"), [
-    ({"grains": ["attention", "block"]}, "block first"),
+    ({"compare": ["attention", "attention"]}, "each once"),
+    ({"compare": ["block"]}, "compare"),
     ({"match": "kv-cache"}, "an MLP sublayer saves no KV cache"),
-    ({"arm": {"method": "local"}}, "does not train the kept weights"),
-    ({"levels": [2, 1]}, "increasing order"),
-    ({"prune": {"drop": 2, "calib": "arithmetic"}}, "largest level"),
+    ({"arms": {"local": {"method": "local"}}}, "does not train the kept weights"),
+    ({"arms": {"kd": {"method": "kd"}, "sft": {"method": "lora"}}}, "one arm"),
+    ({"ratios": [2, 1]}, "increasing order"),
+    ({"prune": {"drop": 2, "calib": "arithmetic"}}, "largest ratio"),
     ({"prune": {"drop": 1, "score": "angular"}}, "ranks no sublayers"),
-    ({"prune": {"drop": 1, "iterative": True}}, "one one-shot pass"),
+    ({"prune": {"drop": 1, "iterative": True}}, "one one-shot ranking"),
+    ({"probes": {"candidates": ["arith_2d_sub"]}}, "the instrument is fixed"),
+    ({"lr_grid": {"kd": [1e-3]}}, "at one budget"),
 ])
 def test_the_schema_refuses_what_the_study_cannot_compare(tmp_path, fields, message):
     with pytest.raises(ValidationError, match=message):
-        grain_grid.GrainStudy.model_validate(tiny_grain("x", tmp_path, **fields))
+        grain_study("x", tmp_path, **fields)
 
 
-def _synthetic(root: Path, finer: float, study: grain_grid.GrainStudy, **right: int) -> dict:
+def _synthetic(root: Path, finer: float, study: SweepStudy, **right: int) -> dict:
     """Eval folders where the original gets 90 of 120 copy items, the pruned block arm 40 and its recoveries 60; the
     attention arm gets `finer` x those scores (`right`: other counts by label, '@' written '_'); the plan and the
     controls alongside."""
@@ -160,7 +175,7 @@ def _synthetic(root: Path, finer: float, study: grain_grid.GrainStudy, **right: 
 
 @pytest.mark.parametrize(("finer", "verdict"), [(1.5, "costs less"), (0.5, "costs more"), (1.0, "not distinguished")])
 def test_the_verdicts_come_from_the_paired_intervals_and_can_falsify_the_claim(tmp_path, finer, verdict):
-    study = grain_grid.GrainStudy.model_validate(tiny_grain("x", tmp_path, grains=["block", "attention"]))
+    study = grain_study("x", tmp_path, compare=["attention"])
     record = _synthetic(tmp_path, finer, study)
     assert {(c["stage"], c["verdict"]) for c in record["comparisons"]} == {("pruned", verdict),
                                                                          ("recovered", verdict)}
@@ -175,8 +190,8 @@ def test_the_verdicts_come_from_the_paired_intervals_and_can_falsify_the_claim(t
 
 
 def test_a_level_without_a_clear_drop_is_uninformative_and_a_moving_control_fails_its_gate(tmp_path):
-    study = grain_grid.GrainStudy.model_validate(tiny_grain("x", tmp_path, grains=["block", "attention"],
-                                                       gates={"control_shift": 0.0}))
+    study = grain_study("x", tmp_path, compare=["attention"],
+                                                       gates={"control_shift": 0.0})
     record = _synthetic(tmp_path, 1.5, study)
     assert record["control"]["passed"]  # 89 and 91 of 120 against 90: no shift shown
     for label in ("control", "control@r1"):
@@ -189,7 +204,7 @@ def test_a_level_without_a_clear_drop_is_uninformative_and_a_moving_control_fail
 
 
 def test_a_level_whose_block_arm_keeps_the_original_score_is_uninformative(tmp_path):
-    study = grain_grid.GrainStudy.model_validate(tiny_grain("x", tmp_path, grains=["block", "attention"]))
+    study = grain_study("x", tmp_path, compare=["attention"])
     record = _synthetic(tmp_path, 1.5, study, pruned_block_k1=90)  # no drop: the finer arm's +20 items say nothing
     assert record["comparisons"][0]["difference"]["high"] < 0  # the interval alone would call "costs more"
     assert [c["verdict"] for c in record["comparisons"]] == ["uninformative (no clear drop at this level)"] * 2
@@ -200,7 +215,7 @@ def test_cells_scored_on_different_items_are_refused_in_one_line_before_any_repo
     """attention-k1@r1's copy_l3 record holds two items twice, then other items (doc ids 5..124): refused in one line
     naming the models and the task (issue 56), nothing written. Before: the repeated rows were paired by their last
     record without a word, and another item set ended in another message."""
-    study = grain_grid.GrainStudy.model_validate(tiny_grain("x", tmp_path, grains=["block", "attention"]))
+    study = grain_study("x", tmp_path, compare=["attention"])
     _synthetic(tmp_path, 1.0, study)  # the same items: the report is drawn
     samples = tmp_path / "eval" / "attention-k1@r1" / "samples" / "copy_l3.jsonl"
     lines = samples.read_text().splitlines()
@@ -226,7 +241,7 @@ def test_holm_adjusts_in_the_step_down_order():
 def test_the_family_of_comparisons_is_held_at_five_percent_where_each_alone_would_call(tmp_path):
     """4 of 120 copy items right for the finer arm alone at both stages: each 95% interval lies above 0, but their
     bootstrap p-values (about 0.03 each) are not below 5% / 2 and 5% in Holm's order."""
-    study = grain_grid.GrainStudy.model_validate(tiny_grain("x", tmp_path, grains=["block", "attention"]))
+    study = grain_study("x", tmp_path, compare=["attention"])
     record = _synthetic(tmp_path, 1.0, study, pruned_attention_k1=44, attention_k1=64, attention_k1_r1=64,
                         block_k1_r1=60)  # no run-to-run spread: items alone
     rows = record["comparisons"]
@@ -267,7 +282,7 @@ def test_a_speed_matched_report_plots_and_tabulates_the_measured_speedup(tmp_pat
     record = {"match": "speedup", "cells": [cell("block", 1.2, 0.1), cell("attention", 1.19, 0.05)]}
     grain_report.plot_grains(record, tmp_path / "grain.png")
     assert drawn == [([1.0, 1.2], [1.0, 0.5]), ([1.0, 1.19], [1.0, 0.5])] and labels == ["measured speedup (x)"]
-    study = grain_grid.GrainStudy.model_validate(tiny_grain("x", tmp_path, match="speedup"))
+    study = grain_study("x", tmp_path, match="speedup")
     text = grain_report.format_report(study, {**record, "baseline": None, "tasks": ["arc_easy"], "comparisons": [],
                                               "family": {"alpha": 0.05, "comparisons": 0}, "control": None})
     assert "| measured speedup |" in text and "| 1.190x |" in text
@@ -276,7 +291,7 @@ def test_a_speed_matched_report_plots_and_tabulates_the_measured_speedup(tmp_pat
 def test_a_tiny_grain_study_runs_end_to_end_with_two_replicates(capsys, nas_source, tmp_path, monkeypatch):
     monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))
     recipe = tmp_path / "grain.yaml"
-    fields = tiny_grain(nas_source, tmp_path / "study", grains=["block", "attention"])  # mlp: planned above
+    fields = tiny_grain(nas_source, tmp_path / "study", compare=["attention"])  # mlp: planned above
     recipe.write_text(yaml.safe_dump(fields, sort_keys=False))
     code, out, err = run_cli(capsys, ["study", str(recipe), "--dry-run", "--device", "cpu"])
     assert code == 0, err
@@ -312,7 +327,7 @@ def test_the_shipped_protocol_dry_runs_matched_and_sized(capsys, monkeypatch, tm
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     kind, _ = find_recipe(name)
-    assert kind == "grain-study" and shipped_command(kind, name).startswith(f"layerprune study {name} ")
+    assert kind == "sweep-study" and shipped_command(kind, name).startswith(f"layerprune study {name} ")
     code, out, err = run_cli(capsys, ["study", name, "--dry-run", "--output", str(tmp_path / "s")])
     assert f"evaluation: 3 tasks ({tasks})" in out
     assert code == 0, err
@@ -336,11 +351,11 @@ def test_more_replicates_resume_the_directory_and_another_protocol_is_refused(tm
     from layerprune.pipeline.stages import RunPaths, claim_run_dir
 
     paths = RunPaths(tmp_path / "study")
-    study = grain_grid.GrainStudy.model_validate(tiny_grain("x", paths.root))
+    study = grain_study("x", paths.root)
     claim_run_dir(paths, study, overwrite=False)
     more = study.model_copy(update={"replicates": 5, "controls": False})
     claim_run_dir(paths, more, overwrite=False)  # only adds stages: the same directory
-    other = study.model_copy(update={"tolerance": 0.5})
+    other = study.model_copy(update={"grains": study.grains.model_copy(update={"tolerance": 0.5})})
     with pytest.raises(LayerpruneError, match="holds outputs of another recipe"):
         claim_run_dir(paths, other, overwrite=False)
 
@@ -388,9 +403,9 @@ def test_the_speed_matched_prefix_is_the_nearest_measured_one_searched_from_the_
 def test_a_speed_matched_plan_times_the_block_arm_and_keeps_every_measurement(nas_source, tmp_path):
     from layerprune.core.settings import RunSettings
 
-    study = grain_grid.GrainStudy.model_validate(tiny_grain(nas_source, tmp_path / "g", match="speedup", tolerance=0.5))
+    study = grain_study(nas_source, tmp_path / "g", match="speedup", tolerance=0.5)
     sizes = grain.study_sizes(study, RunSettings(device="cpu"))
-    order = matched.order_rankings(study.grains, 6, [0])
+    order, spec = matched.order_rankings(grain_grid.grain_names(study), 6, [0]), grain_grid.matching(study)
     calls: list[list] = []
 
     def speed(removals: list) -> float:  # blocks are worth 1.2x each, attention sublayers 1.05x, MLP 1.12x
@@ -398,12 +413,12 @@ def test_a_speed_matched_plan_times_the_block_arm_and_keeps_every_measurement(na
         per = {int: 0.2, Sublayer: 0.0}[type(removals[0])] or (0.05 if removals[0].part == "attn" else 0.12)
         return 1 + per * len(removals)
 
-    plan = matched.plan_matched(study, sizes, order, speed)
+    plan = matched.plan_matched(spec, sizes, order, speed)
     assert calls[0] == [5] and plan["block-k1"]["speedup"] == pytest.approx(1.2)
     assert plan["attention-k1"]["removals"] == [f"{b}.attn" for b in (2, 3, 4, 5)]  # 4 x 0.05: exactly 1.2x
     assert plan["mlp-k1"]["removals"] == ["4.mlp", "5.mlp"]  # 1.24x (gap +20%) beats 1.12x (-40%)
     assert plan["mlp-k1"]["gap"] == pytest.approx(0.2) and set(plan["mlp-k1"]["timed"]) == {"1", "2"}
-    predicted = matched.plan_matched(study, sizes, order)  # the dry run's stand-in: the FLOP model
+    predicted = matched.plan_matched(spec, sizes, order)  # the dry run's stand-in: the FLOP model
     assert predicted["block-k1"]["speedup"] == pytest.approx(predicted["block-k1"]["predicted_speedup"])
     real, bench = matched.measured_speed(study.model, RunSettings(device="cpu"), 1)
     assert real([5]) > 0 and real([Sublayer(5, "attn")]) > 0  # a block dropped, a sublayer as the layout runs it
@@ -418,8 +433,8 @@ def test_speed_is_timed_on_one_thread_and_the_thread_count_comes_back(nas_source
     seen: list[int] = []
     monkeypatch.setattr(speed_module, "measured_speedup", lambda *a: seen.append(torch.get_num_threads()) or
                         {"speedup": 1.1})
-    study = grain_grid.GrainStudy.model_validate(tiny_grain(nas_source, Path("g"), match="speedup"))
-    speed, _ = matched.measured_speed(study.model, RunSettings(device="cpu"), study.speed_repeats)
+    study = grain_study(nas_source, Path("g"), match="speedup")
+    speed, _ = matched.measured_speed(study.model, RunSettings(device="cpu"), study.grains.speed_repeats)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -432,8 +447,9 @@ def test_a_speed_match_is_its_own_protocol_and_a_params_run_keeps_its_fingerprin
     from layerprune.pipeline.stages import RunPaths, claim_run_dir
 
     paths = RunPaths(tmp_path / "study")
-    study = grain_grid.GrainStudy.model_validate(tiny_grain("x", paths.root))
-    assert "speed_repeats" not in study.model_dump(exclude_defaults=True)
+    study = grain_study("x", paths.root)
+    assert "speed_repeats" not in study.model_dump(exclude_defaults=True)["grains"]
     claim_run_dir(paths, study, overwrite=False)
+    speedup = study.grains.model_copy(update={"match": "speedup"})
     with pytest.raises(LayerpruneError, match="holds outputs of another recipe"):
-        claim_run_dir(paths, study.model_copy(update={"match": "speedup"}), overwrite=False)
+        claim_run_dir(paths, study.model_copy(update={"grains": speedup}), overwrite=False)

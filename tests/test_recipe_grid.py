@@ -45,6 +45,8 @@ def test_every_folded_study_resolves_to_the_recipe_it_ran_under(name):
     now.pop("comparisons", None)  # declared comparisons (issue 56) shape the report, not the run (not fingerprinted)
     if name.startswith("recovery-"):  # a recovery study, now a sweep of one k (issue 56): the same protocol
         now = as_recovery_study(now, before)
+    if name.startswith("grain-"):  # a grain study, now a sweep with grains (issue 56): the same protocol
+        now = as_grain_study(now, before)
     assert now == before
 
 
@@ -64,6 +66,29 @@ def as_recovery_study(sweep: dict, before: dict) -> dict:
         del study["probes"]
     gate = study.pop("gsm8k_gate", "default")
     assert (gate is None) == ("gsm8k" not in tasks)  # never a GSM8K the study did not score
+    return study
+
+
+def as_grain_study(sweep: dict, before: dict) -> dict:
+    """A sweep with grains as the grain study it was: its ratios the levels, its grains section the grains (block
+    first), match, tolerance, speed_repeats and gates, its one arm the arm, no probe or GSM8K gate, and its
+    classification and fixed tasks the evaluation's tasks: evaluate.only of sweep-cpu where the study named the suite,
+    evaluate.tasks where it named none (planned identically: the same tasks, settings and items at limit 100)."""
+    study = dict(sweep)
+    cuts = study.pop("grains")
+    study.update(levels=study.pop("ratios"), grains=["block", *cuts.pop("compare")], **cuts)
+    ((label, arm),) = study.pop("arms").items()
+    assert label == arm["method"]  # the recovery's name, {study}-{method}, as it was
+    study["arm"] = arm
+    assert study.pop("probes") is None and study.pop("gsm8k_gate") is None
+    tasks = [*study.pop("classification", []), *study.pop("fixed")]
+    evaluate = dict(study["evaluate"])
+    if "suite" in before["evaluate"]:
+        evaluate["only"] = tasks
+    else:
+        assert evaluate.pop("suite") == "sweep-cpu"
+        evaluate["tasks"] = tasks
+    study["evaluate"] = evaluate
     return study
 
 

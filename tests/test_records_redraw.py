@@ -100,10 +100,11 @@ def _sweep(name: str, root: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def _grain(name: str, root: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     from layerprune.core.recipe_loading import build_from_recipe
     from layerprune.pipeline.studies import grain_report
-    from layerprune.pipeline.studies.grain_grid import GrainStudy
+    from layerprune.pipeline.studies.sweep_grid import SweepStudy
 
     monkeypatch.setattr(grain_report, "plot_grain", lambda *args: None, raising=False)
-    grain_report.write_grain_report(build_from_recipe(GrainStudy, GrainStudy.kind, name, {}), root)
+    study = build_from_recipe(SweepStudy, SweepStudy.kind, name, {})  # a sweep with grains now (issue 56)
+    grain_report.write_grain_report(study, root)
     return ["grain.json"]
 
 

@@ -109,7 +109,7 @@ def test_study_grid_on_the_user_s_model(capsys, here, tiny_llama):
     assert "1 cell over model" in out and "minus 2 blocks" in out
     assert "one-cut sweep (k = 2: a recovery study) 'recovery-methods-llama-6' -> runs/recovery-methods-llama-6" in out
     code, _, err = run_cli(capsys, ["study", "grain-study-embedded", "--model", str(tiny_llama), "--dry-run"])
-    assert_one_line_error(code, err, "model axis 'model' sets evaluate.only", "--cell")
+    assert_one_line_error(code, err, "model axis 'model' sets classification, fixed", "--cell")
     code, _, err = run_cli(capsys, ["study", "grain-study-embedded", "--model", str(tiny_llama), "--cell",
                                     "grain-embedded", "--dry-run"])
     assert_one_line_error(code, err, "has 6 blocks and the recipe removes up to 6", "--drop N")

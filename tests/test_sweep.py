@@ -17,8 +17,8 @@ from layerprune.pipeline.studies import sweep_cells
 from layerprune.pipeline.studies.sweep_cells import stage_names
 from layerprune.pipeline.studies.sweep_grid import SweepStudy
 
-SWEEPS = sorted(name for _, name in shipped_recipes("sweep-study")
-                if not name.startswith("recovery-"))  # one k: the recovery studies (tests/test_study.py)
+SWEEPS = sorted(name for _, name in shipped_recipes("sweep-study")  # one k: the recovery studies (tests/test_study.py)
+                if not name.startswith(("recovery-", "grain-")))  # with grains: the grain studies (tests/test_grain.py)
 
 
 def tiny_sweep(model: Path, output: Path) -> dict:

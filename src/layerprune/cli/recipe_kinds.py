@@ -18,7 +18,6 @@ from layerprune.core.recipe_loading import find_recipe, load_recipe, validation_
 from layerprune.core.registry import unknown_name_message
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.pipeline.recipe import RunRecipe
-from layerprune.pipeline.studies.grain_grid import GrainStudy
 from layerprune.pipeline.studies.sweep_grid import SweepStudy
 from layerprune.pipeline.studies.variant_grid import VariantStudy
 from layerprune.posttrain.schema import VariantRecipe
@@ -33,7 +32,6 @@ RECIPE_SCHEMAS: dict[str, type[BaseModel]] = {
     "sweep-study": SweepStudy,
     "importance": ImportanceAnalysis,
     "variant-study": VariantStudy,
-    "grain-study": GrainStudy,
     "variant": VariantRecipe,
 }
 

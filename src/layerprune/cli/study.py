@@ -1,6 +1,7 @@
-"""`layerprune study RECIPE`: the pruning-ratio sweep (one ranking cut at several k, each recovered the same way by
-every arm; one k, `ratios: [N]`, is a recovery study: one cut recovered with several methods at one budget), or the
-grain study (blocks, attention or MLP sublayers removed at matched savings, before and after one recovery). A grid's
+"""`layerprune study RECIPE`: the one study engine, a pruning-ratio sweep (one ranking cut at several k, each
+recovered the same way by every arm; one k, `ratios: [N]`, is a recovery study: one cut recovered with several methods
+at one budget; with `grains`, the grain study: blocks, attention or MLP sublayers removed at matched savings, before
+and after one recovery). A grid's
 name runs its cells in turn; `--model X` runs the protocol on the user's model."""
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from layerprune.pipeline.studies.sweep_grid import SweepStudy
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("recipe", help="Sweep or grain-study recipe: a YAML path or a shipped name "
-                                       "(layerprune recipes list --kind sweep-study | grain-study); "
+    parser.add_argument("recipe", help="Study recipe: a YAML path or a shipped name "
+                                       "(layerprune recipes list --kind sweep-study); "
                                        "a grid's name runs each of its cells")
     parser.add_argument("-o", "--output", type=Path, default=None,
                         help="Study directory (default: the recipe's); for a grid, the folder of one per cell")
@@ -61,15 +62,23 @@ class StudyKind:
 
 
 def study_kind(recipe: str) -> StudyKind:
-    """The study a recipe is, by its kind (or, for a file that says none, by the fields it has)."""
-    if is_grain(recipe):
-        from layerprune.pipeline.studies import grain, grain_plan
+    """The one study engine (pipeline/studies/sweep.py): a sweep, one k of it (a recovery study), or a sweep with
+    `grains` (the grain study, its own dry run and report)."""
+    from layerprune.pipeline.studies import sweep
 
-        return StudyKind(grain.GrainStudy, grain_plan.dry_run, grain.run_study, "grain study",
-                         grain_plan.estimate_seconds)
-    from layerprune.pipeline.studies import sweep, sweep_plan
+    return StudyKind(SweepStudy, dry_run, sweep.run_sweep, "sweep", estimate_seconds)
 
-    return StudyKind(SweepStudy, sweep_plan.dry_run, sweep.run_sweep, "sweep", sweep_plan.estimate_seconds)
+
+def dry_run(study: SweepStudy, settings: RunSettings) -> str:
+    from layerprune.pipeline.studies import grain_plan, sweep_plan
+
+    return (sweep_plan.dry_run if study.grains is None else grain_plan.dry_run)(study, settings)
+
+
+def estimate_seconds(study: SweepStudy, settings: RunSettings) -> float | None:
+    from layerprune.pipeline.studies import grain_plan, sweep_plan
+
+    return (sweep_plan.estimate_seconds if study.grains is None else grain_plan.estimate_seconds)(study, settings)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     for index, study in enumerate(studies, 1):
         if selection.grid:
             print(f"cell {index}/{len(studies)}: {study.name} -> {study.run_dir()}", flush=True)
-        print(f"{kind.word}: {kind.run(study, settings, args.overwrite)}")
+        word = kind.word if study.grains is None else "grain study"
+        print(f"{word}: {kind.run(study, settings, args.overwrite)}")
     return 0
 
 
@@ -108,22 +118,3 @@ def check_max_hours(kind: StudyKind, studies: list[Any], settings: RunSettings, 
         raise LayerpruneError(f"{studies[0].name if len(studies) == 1 else 'the grid'}: the estimate is about "
                               f"{total:.1f} h{cells}, over --max-hours {hours:g}: cut items, replicates, arms or "
                               "budgets (or raise --max-hours); nothing ran")
-
-
-def is_grain(recipe: str) -> bool:
-    """A grain study: a recipe of kind grain-study, or a file that says no kind and has `grains` or `levels`."""
-    from layerprune.core.recipe_loading import find_recipe
-
-    kind, _ = find_recipe(recipe)
-    return kind == "grain-study" or (kind is None and bool({"grains", "levels"} & recipe_keys(recipe)))
-
-
-def recipe_keys(recipe: str) -> set[str]:
-    """The fields a recipe of no stated kind sets (a grid's: its first cell's)."""
-    from layerprune.core.recipe_loading import grid_expansion, load_grid, load_recipe
-
-    found = load_grid(recipe, None)
-    if found is None:
-        return set(load_recipe(recipe, None)[0])
-    data, path, _ = found
-    return set(grid_expansion(data, path)[0].data)

@@ -1,7 +1,7 @@
 """A shipped protocol on the user's own model (`--model X`): the recipe's model replaced, its run directory its own.
 
-What depends on the model is the blocks a recipe removes (prune.drop, prune.layers, a sweep's ratios, a grain
-study's levels). The rule, where a recipe says it by what it sets:
+What depends on the model is the blocks a recipe removes (prune.drop, prune.layers, a sweep's ratios: a grain
+study's levels too). The rule, where a recipe says it by what it sets:
 - Counts a grid's model axis sets per model (paper B: 8 of Llama's 32 blocks, 7 of Qwen's 28) are a share of each
   model's blocks: where every label's count is the same share of its model's depth (a quarter), the user's model
   loses that share of its own blocks (rounded, at least 1); a sweep's or grain study's smaller counts are kept below
@@ -29,7 +29,7 @@ from layerprune.core.errors import LayerpruneError
 from layerprune.core.settings import RunSettings
 
 # the fields that count blocks (a prune target counts them by size: params=6.5B is the recipe model's, 0.8x anyone's)
-DEPTH_KEYS = (("prune", "drop"), ("prune", "layers"), ("prune", "target"), ("ratios",), ("levels",))
+DEPTH_KEYS = (("prune", "drop"), ("prune", "layers"), ("prune", "target"), ("ratios",))
 PROSE = ("name", "description", "output", "tag")  # a label's fields that say which cell it is, not what it does
 # Blocks of the shipped protocols' own models (their public configs), read here so that a dry run needs no hub
 PUBLISHED_DEPTHS = {"meta-llama/Llama-3.1-8B-Instruct": 32, "mistralai/Mistral-7B-Instruct-v0.3": 32,
@@ -189,14 +189,13 @@ def largest_count(counts: Mapping[tuple[str, ...], Any]) -> int:
 
 def with_drop(fields: dict[str, Any], drop: int) -> dict[str, Any]:
     """The counts a mapping sets, with N as the largest: prune.drop N (prune.layers and prune.target gone), ratios
-    and levels kept below N and ending at N."""
+    kept below N and ending at N."""
     out = copy.deepcopy(fields)
     if isinstance(out.get("prune"), Mapping) and ({"drop", "layers", "target"} & set(out["prune"])):
         prune = {key: value for key, value in out["prune"].items() if key not in ("layers", "target")}
         out["prune"] = {**prune, "drop": drop}
-    for key in ("ratios", "levels"):
-        if isinstance(out.get(key), list):
-            out[key] = [k for k in out[key] if isinstance(k, int) and k < drop] + [drop]
+    if isinstance(out.get("ratios"), list):
+        out["ratios"] = [k for k in out["ratios"] if isinstance(k, int) and k < drop] + [drop]
     return out
 
 

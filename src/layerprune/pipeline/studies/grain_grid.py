@@ -1,21 +1,20 @@
-"""The grain study as data: its recipe (GrainStudy: grains x levels matched in a saving, recovered or not), its cells
-and their replicates. The runner (grain.py) and the report (grain_report.py) read it; it imports neither."""
+"""The grain cut as data: a sweep (sweep_grid.SweepStudy) with `grains` cuts, at each k, the block cut and each finer
+grain's prefix that saves about as much (prune/matched.py), every cell recovered by the sweep's one arm. Here: its
+section of the recipe (GrainCuts and its gates), what the section asks of the rest of the recipe, and its cells' labels
+(pruned-GRAIN-kK before recovery, GRAIN-kK[@rR] after, control[@rR] for the k = 0 control). The steps (grain.py), the
+stages (sweep_cells.py), the dry run (grain_plan.py) and the report (grain_report.py) read it; it imports none of them
+and no sweep module (the sweep's schema imports it)."""
 
 from __future__ import annotations
 
-import logging
-from typing import Any, ClassVar, Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from layerprune.core.recipe_loading import validation_message
-from layerprune.pipeline.recipe import PipelineRecipe, RecoverStage
-from layerprune.pipeline.studies.cells import Arm, derive_arm_recipe, replicate_label
+from layerprune.pipeline.studies.cells import replicate_label
 from layerprune.prune.matched import cut_label
-from layerprune.recover.schema import RecoverRecipe
-
-log = logging.getLogger(__name__)
-
 
 Grain = Literal["block", "attention", "mlp"]
 
@@ -45,64 +44,83 @@ class GrainGates(BaseModel):
                           "interval of (finer - block) on the instrument lies wholly above +margin (below -margin)")
 
 
-class GrainStudy(PipelineRecipe):
-    """score each grain -> matched cells -> prune, evaluate, recover (replicated), evaluate -> one report."""
+class GrainCuts(BaseModel):
+    """Finer grains cut beside the block cut at each k, at matched savings: the sweep's ratios are the blocks the
+    block cut removes, and each finer grain removes the prefix of its own one-shot ranking that saves about as much."""
 
-    kind: ClassVar[str] = "grain-study"
-    adds_stages: ClassVar[tuple[str, ...]] = ("replicates", "controls")  # more of them resume the study
-    grains: list[Grain] = Field(["block", "attention", "mlp"], min_length=2,
-                                description="The grains compared; block first (the reference every cell matches)")
-    levels: list[int] = Field(min_length=1, description="Savings levels as the blocks the block arm removes (k); each "
-                                                        "finer grain is matched to the block arm's savings at k")
+    model_config = ConfigDict(extra="forbid")
+
+    compare: list[Literal["attention", "mlp"]] = Field(
+        ["attention", "mlp"], min_length=1, description="The finer grains compared with the block cut, each once")
     match: Match = Field("params", description="The matched saving: parameters removed, KV-cache bytes per token, or "
                                                "the speedup measured at the plan stage (prefill and decode, the "
                                                "smaller ratio, on the device the study runs on)")
     tolerance: float = Field(0.05, gt=0, le=0.5, description="Largest relative gap between a finer grain's savings "
-                                                             "and the block arm's at the same k (for speedup: of the "
+                                                             "and the block cut's at the same k (for speedup: of the "
                                                              "speed gained, speedup - 1); beyond it the cell is "
                                                              "refused")
     speed_repeats: int = Field(5, ge=1, description="match speedup: timings of each candidate and of the original "
                                                     "(alternately, the fastest kept)")
-    recover: dict[str, Any] = Field(description="Shared recover recipe: {recipe: NAME, overrides: {...}}")
-    arm: Arm = Field(description="The one recovery every cell and control gets (lora, full, qlora or kd: methods "
-                                 "that train the kept weights of any layout)")
-    replicates: int = Field(3, ge=1, description="Recoveries per cell and control, replicate r with the run seed + r")
-    controls: bool = Field(True, description="k = 0 controls: the recovery applied to the original itself, one per "
-                                             "replicate, scored on the same items")
-    gates: GrainGates = Field(default_factory=GrainGates, description="The report's gates")
+    gates: GrainGates = Field(default_factory=GrainGates, description="The grain report's gates")
 
-    @model_validator(mode="after")
-    def _cells_resolve(self) -> GrainStudy:
-        if self.grains[0] != "block" or len(set(self.grains)) != len(self.grains):
-            raise ValueError(f"grains: block first, then attention and/or mlp, each once (not {self.grains})")
-        if sorted(set(self.levels)) != self.levels or self.levels[0] < 1:
-            raise ValueError(f"levels must be distinct block counts >= 1 in increasing order, not {self.levels}")
-        if self.match == "kv-cache" and "mlp" in self.grains:
-            raise ValueError("match kv-cache: an MLP sublayer saves no KV cache; match params, or leave mlp out")
-        prune = self.prune
-        if prune.layers is not None or prune.target is not None or prune.iterative or prune.granularity != "block":
-            raise ValueError("prune: give score, metric and calibration only (drop: the largest level); each grain is "
-                             "ranked by one one-shot pass and cut here (no layers, target, iterative or granularity)")
-        if prune.drop != self.levels[-1]:
-            raise ValueError(f"prune.drop must be the largest level ({self.levels[-1]})")
-        if prune.score not in RANKED_SCORES:
-            raise ValueError(f"prune.score '{prune.score}' ranks no sublayers one by one; use "
-                             f"{', '.join(RANKED_SCORES)}")
-        try:
-            recipe = self.arm_recipe("<pruned>")
-        except ValidationError as exc:
-            raise ValueError(validation_message(exc, "arm")) from None
-        if recipe.surgery_steps() or recipe.trainer_method() is None:
-            raise ValueError(f"arm: {recipe.chain_name()} does not train the kept weights of every layout; use lora, "
-                             "full, qlora or kd")
-        if recipe.train.max_steps is None:
-            raise ValueError("recover: set train.max_steps so that every cell runs the same optimizer steps at most")
-        return self
 
-    def arm_recipe(self, student: str) -> RecoverRecipe:
-        """The recovery of every cell and control: the shared recipe with the arm's method and section."""
-        shared = RecoverStage.model_validate(self.recover).resolve(student, self.model)
-        return derive_arm_recipe(shared, self.arm, f"{self.name}-{self.arm.method}", self.evaluate.probe_seed)
+def check_grain_cuts(study: Any) -> None:
+    """What a sweep with `grains` asks of the rest of its recipe (ValueError, one line): one arm that trains the kept
+    weights of any layout within train.max_steps, one one-shot ranking score that ranks sublayers, the instrument
+    fixed (no probe or GSM8K gate, no budgets, learning-rate grid or prompts of an arm's own)."""
+    cuts: GrainCuts = study.grains
+    if len(set(cuts.compare)) != len(cuts.compare):
+        raise ValueError(f"grains.compare: attention and/or mlp, each once (not {cuts.compare})")
+    if cuts.match == "kv-cache" and "mlp" in cuts.compare:
+        raise ValueError("grains.match kv-cache: an MLP sublayer saves no KV cache; match params, or leave mlp out")
+    prune = study.prune
+    if prune.layers is not None or prune.target is not None or prune.granularity != "block":
+        raise ValueError("prune: give score, metric and calibration only (drop: the largest k); each grain is "
+                         "ranked by one one-shot pass and cut here (no layers, target or granularity)")
+    if prune.score not in RANKED_SCORES:
+        raise ValueError(f"prune.score '{prune.score}' ranks no sublayers one by one; use {', '.join(RANKED_SCORES)}")
+    if study.arms is None or len(study.arms) != 1:
+        raise ValueError("grains: name the one recovery every cell and control gets in arms (one arm)")
+    if study.probes is not None or study.gsm8k_gate is not None:
+        raise ValueError("grains: the instrument is fixed (classification and fixed tasks); set probes: null and "
+                         "gsm8k_gate: null")
+    if study.budgets or study.lr_grid or study.arm_prompts:
+        raise ValueError("grains: every cell gets the same recovery at one budget (no budgets, lr_grid or "
+                         "arm_prompts)")
+    try:
+        recipe = study.arm_recipe(grain_arm(study), "<pruned>")
+    except ValidationError as exc:
+        raise ValueError(validation_message(exc, "arms")) from None
+    if recipe.surgery_steps() or recipe.trainer_method() is None:
+        raise ValueError(f"arms: {recipe.chain_name()} does not train the kept weights of every layout; use lora, "
+                         "full, qlora or kd")
+    if recipe.train.max_steps is None:
+        raise ValueError("recover: set train.max_steps so that every cell runs the same optimizer steps at most")
+
+
+def grain_arm(study: Any) -> str:
+    """The one arm's label."""
+    return next(iter(study.arms))
+
+
+def grain_names(study: Any) -> list[str]:
+    """The grains compared, the block cut first (the reference every cell matches)."""
+    return ["block", *study.grains.compare]
+
+
+@dataclass(frozen=True)
+class Matching:
+    """What prune/matched.py's plan is asked (its MatchSpec): the grains, block first, the levels (the sweep's
+    ratios), the matched saving and the largest relative gap."""
+
+    grains: list[str]
+    levels: list[int]
+    match: str
+    tolerance: float
+
+
+def matching(study: Any) -> Matching:
+    return Matching(grain_names(study), list(study.ratios), study.grains.match, study.grains.tolerance)
 
 
 def cell(grain: str, level: int) -> str:
@@ -110,16 +128,16 @@ def cell(grain: str, level: int) -> str:
     return cut_label(grain, level)
 
 
-def cells(study: GrainStudy) -> list[str]:
-    return [cell(grain, level) for level in study.levels for grain in study.grains]
+def cells(study: Any) -> list[str]:
+    return [cell(grain, level) for level in study.ratios for grain in grain_names(study)]
 
 
-def replicas(study: GrainStudy, label: str) -> list[str]:
+def replicas(study: Any, label: str) -> list[str]:
     """Every replicate's label of a recovered cell or of the control."""
     return [replicate_label(label, r) for r in range(study.replicates)]
 
 
-def logical_models(study: GrainStudy) -> dict[str, list[str]]:
+def logical_models(study: Any) -> dict[str, list[str]]:
     """Each evaluated logical model and its physical labels (replicates), in report order."""
     out: dict[str, list[str]] = {"baseline": ["baseline"]}
     if study.controls:

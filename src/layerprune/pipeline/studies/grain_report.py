@@ -30,12 +30,13 @@ from layerprune.core.outputs import write_atomic
 from layerprune.core.paired import ALPHA, format_interval, holm
 from layerprune.evaluate.items import check_scored_items
 from layerprune.pipeline.paired_table import Figures, load_matrix
-from layerprune.pipeline.studies.grain_grid import CONTROL, PLAN_FILE, GrainStudy, cell, logical_models
+from layerprune.pipeline.studies.grain_grid import CONTROL, PLAN_FILE, cell, grain_arm, logical_models
+from layerprune.pipeline.studies.sweep_grid import SweepStudy
 
 GROUP = "instrument"
 
 
-def grain_figures(study: GrainStudy, root: Path) -> Figures:
+def grain_figures(study: SweepStudy, root: Path) -> Figures:
     """The paired figures of every evaluated model (the logical labels of `logical_models`); models scored on
     different items (an item recorded twice included) are refused (LayerpruneError, one line: `check_scored_items`)."""
     runs = {label: names for label, names in logical_models(study).items()
@@ -68,9 +69,9 @@ def verdict(p_holm: float, side: str, informative: bool, alpha: float = ALPHA) -
     return side if p_holm < alpha else "not distinguished"
 
 
-def family_size(study: GrainStudy) -> int:
+def family_size(study: SweepStudy) -> int:
     """The comparisons of the Holm family, fixed by the recipe: levels x finer grains x 2 stages."""
-    return len(study.levels) * (len(study.grains) - 1) * 2
+    return len(study.ratios) * len(study.grains.compare) * 2
 
 
 def cell_figures(figures: Figures, name: str, plan: dict[str, Any]) -> dict[str, Any]:
@@ -94,25 +95,25 @@ def cell_figures(figures: Figures, name: str, plan: dict[str, Any]) -> dict[str,
     return out
 
 
-def comparisons(study: GrainStudy, figures: Figures) -> list[dict[str, Any]]:
+def comparisons(study: SweepStudy, figures: Figures) -> list[dict[str, Any]]:
     """Each finer grain against the block arm at each level, before and after recovery, with its unadjusted 95%
     interval, its bootstrap p-value against the margin, the Holm-adjusted p over the recipe's family
     (`family_size`: a comparison not shown counts p = 1) and its verdict."""
     rows = []
-    for level in study.levels:
+    for level in study.ratios:
         block = cell("block", level)
         if f"pruned-{block}" not in figures.labels:
             continue
         drop = figures.difference("baseline", f"pruned-{block}", GROUP)
         clear = drop["low"] is not None and drop["low"] > 0
-        for grain in study.grains[1:]:
+        for grain in study.grains.compare:
             for stage, prefix in (("pruned", "pruned-"), ("recovered", "")):
                 finer, ref = f"{prefix}{cell(grain, level)}", f"{prefix}{block}"
                 if finer in figures.labels and ref in figures.labels:
                     def gap(m: np.ndarray, a: str = finer, b: str = ref) -> np.ndarray:
                         return figures.mean(m, a, GROUP) - figures.mean(m, b, GROUP)
 
-                    p, side = tail_p(gap(figures.boot.resampled), study.gates.margin)
+                    p, side = tail_p(gap(figures.boot.resampled), study.grains.gates.margin)
                     rows.append({"level": level, "grain": grain, "stage": stage, "difference": figures.interval(gap),
                                  "block_drop": drop, "informative": clear, "p": p, "side": side})
     called = [r["p"] if r["informative"] else 1.0 for r in rows]
@@ -123,17 +124,17 @@ def comparisons(study: GrainStudy, figures: Figures) -> list[dict[str, Any]]:
     return rows
 
 
-def control_gate(study: GrainStudy, figures: Figures) -> dict[str, Any] | None:
+def control_gate(study: SweepStudy, figures: Figures) -> dict[str, Any] | None:
     """The k = 0 control's change of the instrument and whether it passes the gate."""
     if CONTROL not in figures.labels:
         return None
     change = figures.difference(CONTROL, "baseline", GROUP)
-    limit = study.gates.control_shift
+    limit = study.grains.gates.control_shift
     failed = change["low"] is not None and (change["low"] > limit or change["high"] < -limit)
     return {"change": change, "limit": limit, "passed": not failed, "spread": figures.spread(CONTROL, GROUP)}
 
 
-def spent(study: GrainStudy, root: Path, label: str) -> list[dict[str, Any]]:
+def spent(study: SweepStudy, root: Path, label: str) -> list[dict[str, Any]]:
     """What each replicate's recovery of a cell (or of the control) spent: unpadded target tokens, sequences,
     optimizer steps and learning rate (lr_search.budget_spent), replicate by replicate."""
     from layerprune.recover.lr_search import budget_spent
@@ -143,15 +144,16 @@ def spent(study: GrainStudy, root: Path, label: str) -> list[dict[str, Any]]:
             if (folder / name / "recover_report.json").is_file()]
 
 
-def grain_record(study: GrainStudy, root: Path) -> dict[str, Any]:
+def grain_record(study: SweepStudy, root: Path) -> dict[str, Any]:
     """Everything grain.md shows, as data."""
     figures = grain_figures(study, root)
     plan = json.loads((root / PLAN_FILE).read_text())
     control = control_gate(study, figures)
     if control is not None:
         control["budget"] = spent(study, root, CONTROL)
-    return {"name": study.name, "match": study.match, "tolerance": study.tolerance, "tasks": figures.tasks,
-            "replicates": study.replicates, "baseline": figures.score("baseline", GROUP), "control": control,
+    return {"name": study.name, "match": study.grains.match, "tolerance": study.grains.tolerance,
+            "tasks": figures.tasks, "replicates": study.replicates, "baseline": figures.score("baseline", GROUP),
+            "control": control,
             "cells": [{**cell_figures(figures, name, c), "budget": spent(study, root, name)}
                       for name, c in plan["cells"].items() if f"pruned-{name}" in figures.labels],
             "family": {"method": "holm", "comparisons": family_size(study), "alpha": ALPHA},
@@ -180,9 +182,10 @@ def _points(ci: dict[str, Any]) -> str:
     return text if ci.get("low") is None else f"{text} [{100 * ci['low']:+.1f}, {100 * ci['high']:+.1f}]"
 
 
-def format_report(study: GrainStudy, record: dict[str, Any]) -> str:
+def format_report(study: SweepStudy, record: dict[str, Any]) -> str:
     """grain.md: the cells table, the comparisons with their verdicts, the control and how to read them."""
-    timed = study.match == "speedup"
+    cuts, method = study.grains, study.arms[grain_arm(study)].method
+    timed = cuts.match == "speedup"
     head = ["cell", "removed (blocks, or BLOCK.attn / BLOCK.mlp)", "params removed", "KV cache removed",
             *(["measured speedup"] if timed else []), "gap",
             "pruned score", "pruned retention",
@@ -190,8 +193,8 @@ def format_report(study: GrainStudy, record: dict[str, Any]) -> str:
             "spent: unpadded target tokens / steps / lr"]
     lines = [f"# Grain study: {study.name}", "", *([study.description, ""] if study.description else []),
              f"Original on the instrument ({', '.join(record['tasks'])}; unweighted mean of task means): "
-             f"{_pct(record['baseline'])}. Savings matched on {study.match} within {100 * study.tolerance:g}% of the "
-             f"block arm's; {study.replicates} recoveries per cell ({study.arm.method}); 95% intervals from one paired "
+             f"{_pct(record['baseline'])}. Savings matched on {cuts.match} within {100 * cuts.tolerance:g}% of the "
+             f"block arm's; {study.replicates} recoveries per cell ({method}); 95% intervals from one paired "
              "bootstrap over items" + (" and runs." if study.replicates > 1 else " (one run: training variance not "
                                        "measured)."), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -208,7 +211,7 @@ def format_report(study: GrainStudy, record: dict[str, Any]) -> str:
             _pct(after.get("share")), sd, _budget(c.get("budget") or [])]) + " |")
     lines += ["", "## Finer grain against the block arm at matched savings", "",
               f"Difference = finer - block on the instrument (points, paired 95%, unadjusted); margin "
-              f"{100 * study.gates.margin:g} points. Each verdict is tested at family-wise level "
+              f"{100 * cuts.gates.margin:g} points. Each verdict is tested at family-wise level "
               f"{100 * record['family']['alpha']:g}% by Holm's step-down over the family of the "
               f"{record['family']['comparisons']} planned comparisons (levels x finer grains x before/after "
               "recovery), from each one's two-sided bootstrap p-value against the margin (an uninformative or "
@@ -265,7 +268,7 @@ def plot_grains(record: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def write_grain_report(study: GrainStudy, root: Path) -> Path:
+def write_grain_report(study: SweepStudy, root: Path) -> Path:
     """grain.json, grain.png and grain.md (last: the report stage's output)."""
     record = grain_record(study, root)
     write_atomic(root / "grain.json", json.dumps(record, indent=1))

@@ -37,6 +37,7 @@ from layerprune.core.settings import RunSettings
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.pipeline.runner import Stage, run_stages
 from layerprune.pipeline.stages import RunPaths, RunState, claim_run_dir, owns, recipe_fingerprint
+from layerprune.pipeline.studies import grain
 from layerprune.pipeline.studies.cells import (
     CHAT_EVAL,
     SEARCH_REPLICATE,
@@ -46,6 +47,7 @@ from layerprune.pipeline.studies.cells import (
     recover_sharing_answers,
     replicate_settings,
 )
+from layerprune.pipeline.studies.grain import check_reachable
 from layerprune.pipeline.studies.sweep_cells import Cell, cells, model_dir
 from layerprune.pipeline.studies.sweep_grid import (
     GSM8K,
@@ -62,18 +64,22 @@ log = logging.getLogger(__name__)
 
 
 def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False) -> Path:
-    """Run every incomplete stage in order; return sweep.md."""
+    """Run every incomplete stage in order; return the report (sweep.md; grain.md with grains)."""
     from layerprune.pipeline.plan import validate_data
     root = study.run_dir()
-    cut = next(c for c in cells(study, root) if c.step in ("score", "prune"))  # the ranking, or the given cut
-    validate_data(study, settings, prune_pending=overwrite or not cut.output.exists())
+    cut = next(c for c in cells(study, root) if c.step in ("score", "prune", "plan"))  # the ranking, given cut, plan
+    pending = overwrite or not cut.output.exists()
+    if pending and study.grains is not None:
+        check_reachable(study, settings)  # a k no finer grain's servable prefix matches: refused before any scoring
+    validate_data(study, settings, prune_pending=pending)
     if both_formats(study):
         check_chat_template(study.model, settings)
     if not overwrite:
         adopt_added_arms(study, RunPaths(root))
     claim_run_dir(RunPaths(root), study, overwrite)
-    run_stages(sweep_stages(study, settings, root), root)
-    return root / "sweep.md"
+    stages = sweep_stages(study, settings, root)
+    run_stages(stages, root)
+    return stages[-1].output  # the report: sweep.md, or a grain study's grain.md
 
 
 def adopt_added_arms(study: SweepStudy, paths: RunPaths) -> list[str]:
@@ -125,7 +131,7 @@ def calibrate_probes(study: SweepStudy, settings: RunSettings, root: Path, cell:
 def gate_gsm8k(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) -> None:
     assert study.gsm8k_gate is not None
     gate = study.evaluate.model_copy(update={"only": [GSM8K], "limit": study.gsm8k_gate.limit})
-    evaluate(study, settings, root, "gate-gsm8k", study.model, gate)
+    evaluate(study, settings, root, "gate-gsm8k", study.model, gate, root / "scored")
 
 
 def score(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) -> None:
@@ -136,11 +142,17 @@ def score(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) -> N
 
 
 def evaluate_model_of(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) -> None:
-    model = study.model if cell.label == "baseline" else str(model_dir(root, cell.label))
-    evaluate(study, settings, root, cell.label, model, study.eval_settings(evaluated_tasks(study, root)))
+    assert cell.calibration is not None
+    evaluate(study, settings, root, cell.label, str(cell.model) if cell.model else study.model,
+             study.eval_settings(evaluated_tasks(study, root)), cell.calibration)
 
 
 def write_reports(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) -> None:
+    if study.grains is not None:  # a grain study's report instead (pipeline/studies/grain_report.py)
+        from layerprune.pipeline.studies.grain_report import write_grain_report
+
+        write_grain_report(study, root)
+        return
     from layerprune.pipeline.studies.sweep_report import write_sweep_report
 
     write_sweep_report(study, root)
@@ -151,12 +163,13 @@ def write_reports(study: SweepStudy, settings: RunSettings, root: Path, cell: Ce
 
 
 def evaluate(study: SweepStudy, settings: RunSettings, root: Path, label: str, model: str | None,
-             eval_settings: EvalSettings, evals: str = "eval") -> None:
+             eval_settings: EvalSettings, calibration: Path, evals: str = "eval") -> None:
+    """`model` scored into `evals`/`label`, recording the calibration items of the pruned folder `calibration`."""
     from layerprune.evaluate.runner import evaluate_model
 
     evaluate_model(model, eval_settings, settings, root / evals / label, overwrite=True,
                    progress=lambda message: log.info("  %s/%s: %s", evals, label, message),
-                   calibration_from=root / "scored")
+                   calibration_from=calibration)
 
 
 def chat_eval(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) -> None:
@@ -168,9 +181,10 @@ def chat_eval(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) 
         log.info("  %s%s: no fixed probe task and the gate kept no probe level; nothing to score in chat format",
                  CHAT_EVAL, label)
         return
-    model = study.model if label == "baseline" else str(model_dir(root, label))
+    assert cell.calibration is not None
     chat = study.evaluate.model_copy(update={"only": probes, "probe_format": "chat"})
-    evaluate(study, settings, root, label, model, chat, evals=CHAT_EVAL.rstrip("/"))
+    evaluate(study, settings, root, label, str(cell.model) if cell.model else study.model, chat, cell.calibration,
+             evals=CHAT_EVAL.rstrip("/"))
 
 
 def prune_cut(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) -> None:
@@ -193,7 +207,7 @@ def recover_at(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell)
     Replicate r runs with seed settings.seed + r; its teacher answers are replicate 0's at temperature 0 (greedy: the
     same), its own at a temperature above 0. The run trains to the cell's budget (with budgets) and saves a model at
     each of its snapshot budgets, as those points."""
-    student = original_copy(study, settings, root) if cell.k == 0 else model_dir(root, f"pruned-k{cell.k}")
+    student = cell.model or original_copy(study, settings, root)
     rate = lr_search.chosen(root, cell.arm, study.lr_grid) if cell.arm else None
     recipe = with_budget(with_learning_rate(study.arm_recipe(cell.arm, str(student)), rate), cell.budget)
     snapshots = {budget: model_dir(root, label) for budget, label in cell.snapshots}
@@ -249,5 +263,18 @@ def original_copy(study: SweepStudy, settings: RunSettings, root: Path) -> Path:
     return original_as_student(study.model, settings, root / "original")
 
 
+def score_grain(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) -> None:
+    grain.score_grain(study, settings, root, cell.label)
+
+
+def plan_cells(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) -> None:
+    grain.make_plan(study, settings, root)
+
+
+def prune_grain(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) -> None:
+    grain.prune_cell(study, settings, root, cell.label)
+
+
 STEPS = {"calibrate": calibrate_probes, "score": score, "gate": gate_gsm8k, "eval": evaluate_model_of,
-         "chat": chat_eval, "lr": search_lr, "prune": prune_cut, "recover": recover_at, "report": write_reports}
+         "chat": chat_eval, "lr": search_lr, "prune": prune_cut, "recover": recover_at, "report": write_reports,
+         "score-grain": score_grain, "plan": plan_cells, "prune-grain": prune_grain}

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.studies.cells import CALIBRATION_FILE, CHAT_EVAL
+from layerprune.pipeline.studies.grain_grid import CONTROL, PLAN_FILE, grain_arm, grain_names, replicas
+from layerprune.pipeline.studies.grain_grid import cells as grain_cells_of
 from layerprune.pipeline.studies.sweep_grid import (
     DEDICATED,
     SweepStudy,
@@ -38,6 +40,8 @@ class Cell:
     replicate: int = 0
     budget: int | None = None  # the target tokens a recovery trains to (None: its recipe's own budget)
     snapshots: tuple[tuple[int, str], ...] = ()  # (budget, point label): checkpoints a run saves as those points
+    model: Path | None = None  # the model the step reads: evaluated, or a recovery's student (None: the original)
+    calibration: Path | None = None  # an evaluation's: the pruned folder whose calibration items it records
 
 
 def cells(study: SweepStudy, root: Path) -> list[Cell]:
@@ -45,18 +49,23 @@ def cells(study: SweepStudy, root: Path) -> list[Cell]:
     the original's evaluation, each arm's learning-rate search, then replicate by replicate (a stable sort: each
     replicate's cuts, then its controls, so a study run in parts holds whole replicates of the design after each
     part) every cut and its recoveries, and the report."""
-    chat = both_formats(study)
+    if study.grains is not None:
+        return grain_cells(study, root)
+    chat, scored = both_formats(study), root / "scored"
 
     def evals(label: str, replicate: int = 0) -> list[Cell]:
-        return [Cell(f"eval-{label}", root / "eval" / label / SUMMARY_FILE, "eval", label, replicate=replicate),
+        model = None if label == "baseline" else model_dir(root, label)
+        return [Cell(f"eval-{label}", root / "eval" / label / SUMMARY_FILE, "eval", label, replicate=replicate,
+                     model=model, calibration=scored),
                 *([Cell(CHAT_EVAL + label, root / CHAT_EVAL / label / SUMMARY_FILE, "chat", label,
-                        replicate=replicate)] if chat else [])]
+                        replicate=replicate, model=model, calibration=scored)] if chat else [])]
 
     def recovery(arm: str | None, k: int, replicate: int, tag: str = "", budget: int | None = None,
                  snapshots: tuple[tuple[int, str], ...] = ()) -> list[Cell]:
         label = point_label(arm, k, replicate, tag)
+        student = model_dir(root, f"pruned-k{k}") if k else None
         return [Cell(f"recover-{label.removeprefix('recovered-')}", model_dir(root, label) / "recover_report.json",
-                     "recover", label, k, arm, replicate, budget, snapshots), *evals(label, replicate)]
+                     "recover", label, k, arm, replicate, budget, snapshots, student), *evals(label, replicate)]
 
     def arm_at(k: int, arm: str | None) -> list[Cell]:  # a checkpoint is scored after the run that saves it
         largest = study.budgets[-1] if study.budgets else None
@@ -83,6 +92,37 @@ def cells(study: SweepStudy, root: Path) -> list[Cell]:
     return [*first, *evals("baseline"),
             *(Cell(f"lr-{arm}", lr_search_file(root, arm), "lr", k=study.lr_k, arm=arm) for arm in study.lr_grid),
             *sorted([*per_k, *control], key=lambda c: c.replicate), Cell("report", root / "sweep.md", "report")]
+
+
+def grain_cells(study: SweepStudy, root: Path) -> list[Cell]:
+    """A grain study's stages (grain_grid.py): each grain's scoring pass, the plan, every cell's cut, the original's
+    evaluation, the k = 0 controls' recoveries, then cell by cell its evaluation before recovery and each replicate's
+    recovery and evaluation; the report (grain.md). An evaluation records the calibration items of its cell's pruned
+    model (the original's and the controls': the first cell's)."""
+    arm, names = grain_arm(study), grain_cells_of(study)
+    first = root / "pruned" / names[0]
+
+    def evaluation(label: str, model: Path | None, calibration: Path, replicate: int = 0) -> Cell:
+        return Cell(f"eval-{label}", root / "eval" / label / SUMMARY_FILE, "eval", label, replicate=replicate,
+                    model=model, calibration=calibration)
+
+    def recoveries(logical: str, folder: str, k: int, student: Path | None, calibration: Path) -> list[Cell]:
+        return [c for r, label in enumerate(replicas(study, logical)) for c in (
+            Cell(f"recover-{label}", root / folder / label / "recover_report.json", "recover", label, k, arm, r,
+                 model=student),
+            evaluation(label, root / folder / label, calibration, r))]
+
+    levels = dict(zip(names, [level for level in study.ratios for _ in grain_names(study)], strict=True))
+    return [*(Cell(f"score-{g}", root / "scored" / f"{g}.json", "score-grain", g) for g in grain_names(study)),
+            Cell("plan", root / PLAN_FILE, "plan"),
+            *(Cell(f"prune-{name}", root / "pruned" / name / "prune_report.json", "prune-grain", name, levels[name])
+              for name in names),
+            evaluation("baseline", None, first),
+            *(recoveries(CONTROL, "controls", 0, None, first) if study.controls else []),
+            *(c for name in names for c in (
+                evaluation(f"pruned-{name}", root / "pruned" / name, root / "pruned" / name),
+                *recoveries(name, "recovered", levels[name], root / "pruned" / name, root / "pruned" / name))),
+            Cell("report", root / "grain.md", "report")]
 
 
 def stage_names(study: SweepStudy) -> list[str]:

@@ -23,6 +23,7 @@ from layerprune.pipeline.studies.cells import (
     suite_tasks,
 )
 from layerprune.pipeline.studies.comparisons import ComparisonFamily, check_budget_contrasts, check_comparisons
+from layerprune.pipeline.studies.grain_grid import GrainCuts, check_grain_cuts
 from layerprune.recover.lr_search import check_lr_grid
 from layerprune.recover.schema import RecoverRecipe
 
@@ -57,7 +58,7 @@ class SweepStudy(PipelineRecipe):
                               "recovery study at one cut (ratios: [N], N = prune.drop, or the count of prune.layers "
                               "where the cut is given)")
     recover: dict[str, Any] = Field(description="Recover recipe of every k: {recipe: NAME, overrides: {...}}")
-    classification: list[str] = Field(min_length=1, description="Classification tasks of the suite to score")
+    classification: list[str] = Field(default_factory=list, description="Classification tasks of the suite to score")
     fixed: list[str] = Field(default_factory=list, description="Generative tasks of the suite scored on every model "
                              "whatever the gates keep, never gated (a retrieval control such as copy_l7, probe levels "
                              "fixed in advance; gsm8k here is scored without its gate), with the suite's settings "
@@ -99,6 +100,9 @@ class SweepStudy(PipelineRecipe):
         None, description="One of budgets below the largest at which every trainer arm also trains a run of its own "
         "at k = lr_at (model ARM-kK@<budget>-dedicated[@rR], each replicate): the report pairs it with the checkpoint "
         "of that budget, which it should match within its interval")
+    grains: GrainCuts | None = Field(None, description="Finer grains cut beside the block cut at each k, at "
+                                     "matched savings (pipeline/studies/grain_grid.py): every cell recovered by the "
+                                     "one arm, the grain report (grain.md) instead of the sweep's; none: blocks only")
     comparisons: dict[str, ComparisonFamily] = Field(
         default_factory=dict, description="Declared comparisons by family (pipeline/studies/comparisons.py): each "
         "contrast {name, a, at, b, b_at, measure, kind, net_of_control} gets its paired interval and its Holm interval "
@@ -123,6 +127,8 @@ class SweepStudy(PipelineRecipe):
                 raise ValueError(validation_message(exc, f"arm '{label}'")) from None
         self._check_lr_grid(shared)
         self._check_budgets()
+        if self.grains is not None:
+            check_grain_cuts(self)
         if set(self.arm_prompts) - set(self.arms or {}):
             raise ValueError(f"arm_prompts: {', '.join(sorted(set(self.arm_prompts) - set(self.arms or {})))} "
                              "not among the arms")
@@ -144,6 +150,8 @@ class SweepStudy(PipelineRecipe):
         if self.evaluate.only is not None or self.evaluate.tasks:
             raise ValueError("evaluate.only / evaluate.tasks: a sweep scores its classification and fixed tasks and "
                              "the levels its gate keeps; name them there")
+        if not (self.classification or self.fixed or self.probes is not None):
+            raise ValueError("name the instrument: classification tasks, fixed tasks, or the probe gate's candidates")
         known = suite_tasks(self.evaluate.suite)
         candidates = self.probes.candidates if self.probes is not None else []
         missing = [t for t in [*self.classification, *self.fixed, *candidates] if t not in known]
@@ -311,9 +319,9 @@ def trains_each_budget(study: SweepStudy, arm: str | None) -> bool:
 def both_formats(study: SweepStudy) -> bool:
     """Whether the probe levels are scored in both formats, plain few-shot text and through the chat template: the
     recovery data is chat-formatted (generate.chat_template) and probes are scored (a gate, or a fixed probe
-    task)."""
+    task); a grain study scores its fixed instrument in one format, plain."""
     chat = study.shared_recipe("<pruned>").generate.chat_template
-    return chat and (study.probes is not None or bool(fixed_probes(study)))
+    return chat and study.grains is None and (study.probes is not None or bool(fixed_probes(study)))
 
 
 def gsm8k_gated(study: SweepStudy) -> bool:
