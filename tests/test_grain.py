@@ -134,7 +134,7 @@ def test_the_matched_prefix_is_the_nearest_and_the_shorter_on_a_tie():
 
 @pytest.mark.parametrize(("fields", "message"), [
     ({"compare": ["attention", "attention"]}, "each once"),
-    ({"compare": ["block"]}, "compare"),
+    ({"compare": ["block"]}, "Input should be 'attention' or 'mlp'"),
     ({"match": "kv-cache"}, "an MLP sublayer saves no KV cache"),
     ({"arms": {"local": {"method": "local"}}}, "does not train the kept weights"),
     ({"arms": {"kd": {"method": "kd"}, "sft": {"method": "lora"}}}, "one arm"),
@@ -144,10 +144,53 @@ def test_the_matched_prefix_is_the_nearest_and_the_shorter_on_a_tie():
     ({"prune": {"drop": 1, "iterative": True}}, "one one-shot ranking"),
     ({"probes": {"candidates": ["arith_2d_sub"]}}, "the instrument is fixed"),
     ({"lr_grid": {"kd": [1e-3]}}, "at one budget"),
+    ({"arm_prompts": {"kd": {"source": "probes:arith_2d_sub"}}}, "at one budget"),
+    ({"gsm8k_gate": {}}, "the instrument is fixed"),
+    ({"prune": {"drop": 1, "score": "ablation", "granularity": "attention"}}, "no layers, target or granularity"),
+    ({"comparisons": {"f": [{"name": "c", "a": "kd", "at": 1}]}}, "comparisons are fixed"),
+    ({"classification": [], "fixed": []}, "name the instrument"),
 ])
 def test_the_schema_refuses_what_the_study_cannot_compare(tmp_path, fields, message):
     with pytest.raises(ValidationError, match=message):
         grain_study("x", tmp_path, **fields)
+
+
+def test_a_grain_study_without_max_steps_or_a_plain_sweep_without_classification_is_refused(tmp_path):
+    data = tiny_grain("x", tmp_path)
+    del data["recover"]["overrides"]["train"]["max_steps"]
+    with pytest.raises(ValidationError, match="set train.max_steps"):
+        SweepStudy.model_validate(data)
+    plain = {**tiny_grain("x", tmp_path), "classification": []}
+    del plain["grains"]
+    with pytest.raises(ValidationError, match="name at least one classification task"):
+        SweepStudy.model_validate(plain)
+
+
+def test_a_file_of_the_retired_grain_study_kind_is_told_how_to_write_it(capsys, tmp_path):
+    recipe = tmp_path / "old.yaml"
+    recipe.write_text(yaml.safe_dump({"kind": "grain-study", "name": "old", "levels": [1]}))
+    code, _, err = run_cli(capsys, ["study", str(recipe), "--dry-run"])
+    assert code != 0 and "kind grain-study is gone (issue 56)" in err and "grains: {compare" in err
+
+
+def test_a_grain_study_scores_its_cells_against_their_own_calibration_and_recovers_the_original_copy(tmp_path):
+    """Each evaluation records the calibration items of its cell's pruned model (the original's and the controls':
+    the first cell's), each recovery trains its cell's pruned model (the controls: the original, copied at run time),
+    and the run checks the data of the instrument only."""
+    from layerprune.pipeline.studies import sweep_cells
+    from layerprune.pipeline.studies.grain_grid import instrument
+
+    study = grain_study("x", tmp_path, compare=["attention"])
+    grid = {cell.name: cell for cell in sweep_cells.cells(study, tmp_path)}
+    first = tmp_path / "pruned" / "block-k1"
+    assert grid["eval-baseline"].calibration == first and grid["eval-baseline"].model is None
+    assert grid["eval-control@r1"].calibration == first
+    assert grid["eval-control@r1"].model == tmp_path / "controls" / "control@r1"
+    assert grid["eval-attention-k1@r1"].calibration == tmp_path / "pruned" / "attention-k1"
+    assert grid["eval-pruned-attention-k1"].model == tmp_path / "pruned" / "attention-k1"
+    assert grid["recover-attention-k1@r1"].model == tmp_path / "pruned" / "attention-k1"
+    assert grid["recover-control"].model is None and grid["recover-control@r1"].replicate == 1
+    assert instrument(study).evaluate.only == ["arc_easy", "copy_l3"]
 
 
 def _synthetic(root: Path, finer: float, study: SweepStudy, **right: int) -> dict:

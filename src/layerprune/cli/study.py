@@ -61,7 +61,7 @@ class StudyKind:
     estimate: Callable[[Any, RunSettings], float | None]  # the dry run's seconds, None without measured rates
 
 
-def study_kind(recipe: str) -> StudyKind:
+def study_kind() -> StudyKind:
     """The one study engine (pipeline/studies/sweep.py): a sweep, one k of it (a recovery study), or a sweep with
     `grains` (the grain study, its own dry run and report)."""
     from layerprune.pipeline.studies import sweep
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from layerprune.pipeline.recipe_cells import select_cells
 
     settings = build_schema(RunSettings, typed_layer(args, RunSettings))
-    kind = study_kind(args.recipe)
+    kind = study_kind()
     selection = select_cells(args.recipe, kind.schema.kind, settings, args.model, args.drop, args.cell)
     replicates = {} if args.replicates is None else {"replicates": args.replicates}  # defaults < recipe < flags
     studies = [selection.build(kind.schema, cell, cell_output(args, selection.grid, cell.name), replicates)

@@ -34,7 +34,11 @@ RETIRED_KINDS = {  # a kind that is gone -> what replaces it, said in one line t
     "recovery-study": "kind recovery-study is gone (issue 56): a recovery study is a sweep at one cut, "
                       "`kind: sweep-study` with `ratios: [N]` (N = prune.drop, or the count of prune.layers), "
                       "evaluate.only split into classification and fixed (and probes: null where there is no gate); "
-                      "see the shipped recovery-*.yaml recipes"}
+                      "see the shipped recovery-*.yaml recipes",
+                 "grain-study": "kind grain-study is gone (issue 56): a grain study is a sweep with a grains section, "
+                                "`kind: sweep-study` with `ratios` (the levels), `grains: {compare, match, tolerance, "
+                                "speed_repeats, gates}`, the arm in `arms`, evaluate.only split into classification "
+                                "and fixed, probes: null and gsm8k_gate: null; see the shipped grain-*.yaml recipes"}
 Model = TypeVar("Model", bound=BaseModel)
 TEMPLATED = ("name", "output", "description")  # a grid's fields formatted per cell
 PLACEHOLDER = re.compile(r"\{([\w.-]+)\}")

@@ -1,5 +1,5 @@
 """A learning rate per arm, chosen from a grid fixed in the recipe (`lr_grid`), the same way for every sweep (one k:
-a recovery study) and grain study: the arm's replicate-0 recipe trained at each candidate, the lowest held-out loss
+a recovery study): the arm's replicate-0 recipe trained at each candidate, the lowest held-out loss
 after training chosen (the token-weighted CE on the teacher's held-out answers, prompts that no evaluation scores), the
 search written to lr_search/<label>.json, and every replicate and control of the arm trained at the rate chosen.
 Also what a finished recovery spent and the rate it trained at, read from its report (`budget_spent`).

@@ -112,19 +112,6 @@ def split_label(name: str) -> tuple[str, int]:
     return label, int(replicate or 0)
 
 
-def recover_replicate(recipe: RecoverRecipe, output: Path, root: Path, settings: RunSettings, replicate: int,
-                      data_dir: Path | None) -> None:
-    """One recovery into `output` under replicate `replicate`'s seed (the run seed + replicate), sharing the teacher
-    answers kept in `root` (a sweep's points and controls, a grain study's cells and
-    controls, and the lr searches). A run stopped part-way resumes from its last checkpoint (under its own seed); an
-    output left without a complete stage is replaced."""
-    from layerprune.recover.job import RecoverJob
-
-    job = RecoverJob(output=output, settings=replicate_settings(settings, replicate), overwrite=True, resume=True,
-                     data_dir=data_dir)
-    recover_sharing_answers(recipe, job, root / teacher_answers(recipe, replicate))
-
-
 def data_dir_of(study: PipelineRecipe) -> Path | None:
     """Where a study's recoveries read their prompts: the evaluation's data folder, else the prune's."""
     return study.evaluate.data_dir or study.prune.data_dir

@@ -16,9 +16,6 @@ from layerprune.core.recipe_loading import validation_message
 from layerprune.pipeline.studies.cells import replicate_label
 from layerprune.prune.matched import cut_label
 
-Grain = Literal["block", "attention", "mlp"]
-
-
 Match = Literal["params", "kv-cache", "speedup"]
 
 
@@ -87,6 +84,9 @@ def check_grain_cuts(study: Any) -> None:
     if study.budgets or study.lr_grid or study.arm_prompts:
         raise ValueError("grains: every cell gets the same recovery at one budget (no budgets, lr_grid or "
                          "arm_prompts)")
+    if study.comparisons:
+        raise ValueError("grains: the grain report's comparisons are fixed (each finer grain against the block cut "
+                         "at each k, before and after recovery, Holm over them all); leave comparisons out")
     try:
         recipe = study.arm_recipe(grain_arm(study), "<pruned>")
     except ValidationError as exc:
@@ -96,6 +96,12 @@ def check_grain_cuts(study: Any) -> None:
                          "full, qlora or kd")
     if recipe.train.max_steps is None:
         raise ValueError("recover: set train.max_steps so that every cell runs the same optimizer steps at most")
+
+
+def instrument(study: Any) -> Any:
+    """The study evaluating only its instrument (its classification and fixed tasks), as every model is scored: what
+    the dry run lists and the run checks the data of."""
+    return study.model_copy(update={"evaluate": study.eval_settings([*study.classification, *study.fixed])})
 
 
 def grain_arm(study: Any) -> str:

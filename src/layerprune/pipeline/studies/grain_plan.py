@@ -7,7 +7,14 @@ import logging
 
 from layerprune.core.settings import RunSettings
 from layerprune.pipeline.studies.grain import study_sizes
-from layerprune.pipeline.studies.grain_grid import cells, grain_arm, grain_names, logical_models, matching
+from layerprune.pipeline.studies.grain_grid import (
+    cells,
+    grain_arm,
+    grain_names,
+    instrument,
+    logical_models,
+    matching,
+)
 from layerprune.pipeline.studies.sweep_cells import stage_names
 from layerprune.pipeline.studies.sweep_grid import SweepStudy
 from layerprune.pipeline.studies.sweep_plan import in_brief
@@ -67,11 +74,6 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
              f"stages: {in_brief(stages)}",
              estimate(study, recipe, depth)]
     return "\n".join(lines)
-
-
-def instrument(study: SweepStudy) -> SweepStudy:
-    """The study evaluating only its instrument (the classification and fixed tasks), as every model is scored."""
-    return study.model_copy(update={"evaluate": study.eval_settings([*study.classification, *study.fixed])})
 
 
 def estimate(study: SweepStudy, recipe: RecoverRecipe, depth: int) -> str:

@@ -23,6 +23,10 @@ One k (`ratios: [N]`) is a recovery study: one cut, recovered by every arm at on
 study's own engine is gone). Its cut may be given (`prune.layers`: no score stage), its probe gate left out
 (`probes: null`), and `fixed` names the generative tasks scored on every model whatever the gates keep (a retrieval
 control such as copy_l7; gsm8k there is scored without its gate stage).
+
+With `grains` (grain_grid.py) the sweep is the grain study: each grain's scoring pass, the matched plan and every
+cell's cut (grain.py's steps), then the same evaluations and replicated recoveries by its one arm, and the grain
+report (grain.md) instead of the sweep's.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from layerprune.pipeline.studies.cells import (
     replicate_settings,
 )
 from layerprune.pipeline.studies.grain import check_reachable
+from layerprune.pipeline.studies.grain_grid import instrument
 from layerprune.pipeline.studies.sweep_cells import Cell, cells, model_dir
 from layerprune.pipeline.studies.sweep_grid import (
     GSM8K,
@@ -71,7 +76,7 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
     pending = overwrite or not cut.output.exists()
     if pending and study.grains is not None:
         check_reachable(study, settings)  # a k no finer grain's servable prefix matches: refused before any scoring
-    validate_data(study, settings, prune_pending=pending)
+    validate_data(study if study.grains is None else instrument(study), settings, prune_pending=pending)
     if both_formats(study):
         check_chat_template(study.model, settings)
     if not overwrite:
@@ -227,7 +232,8 @@ def with_budget(recipe: RecoverRecipe, tokens: int | None) -> RecoverRecipe:
 
 def recover_with_snapshots(recipe: RecoverRecipe, output: Path, answers: Path, settings: RunSettings, replicate: int,
                            data_dir: Path | None, snapshots: dict[int, Path]) -> None:
-    """cells.recover_replicate with the teacher answers shared in `answers`, its run also saving a model on
+    """One replicate's recovery (resumed from its last checkpoint, under the run seed + replicate) with the teacher
+    answers shared in `answers`, its run also saving a model on
     reaching each budget of `snapshots` (budget -> folder)."""
     from layerprune.recover.job import RecoverJob
 

@@ -33,7 +33,8 @@ class Cell:
 
     name: str
     output: Path
-    step: str  # calibrate, score, gate, eval, chat, lr, prune, recover or report
+    step: str  # calibrate, score, gate, eval, chat, lr, prune, recover, report; with grains score-grain, plan,
+    # prune-grain
     label: str = ""  # the model it scores or writes (baseline, pruned-kK, a recovered point's label)
     k: int = 0  # the cut (prune, recover; lr: the k it searches at); 0: the unpruned original
     arm: str | None = None  # the recovery arm (None: a sweep without arms)

@@ -150,8 +150,11 @@ class SweepStudy(PipelineRecipe):
         if self.evaluate.only is not None or self.evaluate.tasks:
             raise ValueError("evaluate.only / evaluate.tasks: a sweep scores its classification and fixed tasks and "
                              "the levels its gate keeps; name them there")
-        if not (self.classification or self.fixed or self.probes is not None):
-            raise ValueError("name the instrument: classification tasks, fixed tasks, or the probe gate's candidates")
+        if self.grains is None and not self.classification:
+            raise ValueError("classification: name at least one classification task (the sweep reports what "
+                             "recovery brings back of classification against generative tasks)")
+        if not (self.classification or self.fixed):
+            raise ValueError("grains: name the instrument, classification and/or fixed tasks")
         known = suite_tasks(self.evaluate.suite)
         candidates = self.probes.candidates if self.probes is not None else []
         missing = [t for t in [*self.classification, *self.fixed, *candidates] if t not in known]
