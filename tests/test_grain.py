@@ -191,6 +191,10 @@ def test_a_grain_study_scores_its_cells_against_their_own_calibration_and_recove
     assert grid["recover-attention-k1@r1"].model == tmp_path / "pruned" / "attention-k1"
     assert grid["recover-control"].model is None and grid["recover-control@r1"].replicate == 1
     assert instrument(study).evaluate.only == ["arc_easy", "copy_l3"]
+    names = list(grid)  # replicate by replicate after the cuts, as a sweep runs: replicate 0 whole before replicate 1
+    assert names[5:9] == ["eval-baseline", "recover-control", "eval-control", "eval-pruned-block-k1"]
+    replicates = [cell.replicate for cell in grid.values()][:-1]  # the report last
+    assert replicates == sorted(replicates) and names.index("recover-control@r1") > names.index("eval-attention-k1")
 
 
 def _synthetic(root: Path, finer: float, study: SweepStudy, **right: int) -> dict:

@@ -97,9 +97,10 @@ def cells(study: SweepStudy, root: Path) -> list[Cell]:
 
 def grain_cells(study: SweepStudy, root: Path) -> list[Cell]:
     """A grain study's stages (grain_grid.py): each grain's scoring pass, the plan, every cell's cut, the original's
-    evaluation, the k = 0 controls' recoveries, then cell by cell its evaluation before recovery and each replicate's
-    recovery and evaluation; the report (grain.md). An evaluation records the calibration items of its cell's pruned
-    model (the original's and the controls': the first cell's)."""
+    evaluation, then replicate by replicate (a stable sort, as a sweep's: a study run in parts holds whole
+    replicates after each part) the k = 0 control's recovery and evaluation and, cell by cell, its evaluation before
+    recovery (with replicate 0) and its recovery and evaluation; the report (grain.md). An evaluation records the
+    calibration items of its cell's pruned model (the original's and the controls': the first cell's)."""
     arm, names = grain_arm(study), grain_cells_of(study)
     first = root / "pruned" / names[0]
 
@@ -119,10 +120,11 @@ def grain_cells(study: SweepStudy, root: Path) -> list[Cell]:
             *(Cell(f"prune-{name}", root / "pruned" / name / "prune_report.json", "prune-grain", name, levels[name])
               for name in names),
             evaluation("baseline", None, first),
-            *(recoveries(CONTROL, "controls", 0, None, first) if study.controls else []),
-            *(c for name in names for c in (
-                evaluation(f"pruned-{name}", root / "pruned" / name, root / "pruned" / name),
-                *recoveries(name, "recovered", levels[name], root / "pruned" / name, root / "pruned" / name))),
+            *sorted([*(recoveries(CONTROL, "controls", 0, None, first) if study.controls else []),
+                     *(c for name in names for c in (
+                         evaluation(f"pruned-{name}", root / "pruned" / name, root / "pruned" / name),
+                         *recoveries(name, "recovered", levels[name], root / "pruned" / name,
+                                     root / "pruned" / name)))], key=lambda c: c.replicate),
             Cell("report", root / "grain.md", "report")]
 
 
