@@ -92,8 +92,8 @@ def test_sublayer_rankings_are_prefixes_the_layout_serves(tmp_path):
 
     record = {"grain": "attention", "depth": 3, "protect": [],
               "scores": {"0.attn": -1.0, "1.attn": 0.5, "2.attn": 0.2}}  # 0.attn least important, never servable alone
-    grain.score_file(tmp_path, "attention").parent.mkdir()
-    grain.score_file(tmp_path, "attention").write_text(json.dumps(record))
+    grain_grid.score_file(tmp_path, "attention").parent.mkdir()
+    grain_grid.score_file(tmp_path, "attention").write_text(json.dumps(record))
     ranked = grain.read_ranking(tmp_path, "attention")
     assert ranked == [Sublayer(2, "attn"), Sublayer(1, "attn")]  # 0.attn: the first kept block's, or the last one
     assert all(removal_refusal(3, ranked[:n]) is None for n in range(1, len(ranked) + 1))

@@ -1093,12 +1093,14 @@ def test_max_hours_refuses_a_study_over_its_estimate_before_any_stage_runs(capsy
 
 
 def test_max_hours_sums_a_grids_cells():
-    from layerprune.cli.study import StudyKind, check_max_hours
+    from layerprune.cli.study import check_max_hours
     from layerprune.core.errors import LayerpruneError
     from layerprune.core.settings import RunSettings
 
-    kind = StudyKind(SweepStudy, str, str, "sweep", lambda study, settings: study.seconds)  # type: ignore[arg-type]
+    def estimate(study, settings):  # noqa: ANN001, ANN202
+        return study.seconds
+
     cells = [SimpleNamespace(name=f"cell{i}", seconds=5400.0) for i in range(2)]  # 1.5 h each
-    check_max_hours(kind, cells, RunSettings(), 3.0)  # 3.0 h: not over
+    check_max_hours(estimate, cells, RunSettings(), 3.0)  # 3.0 h: not over
     with pytest.raises(LayerpruneError, match=r"the grid: the estimate is about 3.0 h over 2 cells, over --max-hours"):
-        check_max_hours(kind, cells, RunSettings(), 2.9)
+        check_max_hours(estimate, cells, RunSettings(), 2.9)

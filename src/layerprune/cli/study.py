@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,26 +49,9 @@ def positive_hours(text: str) -> float:
     return hours
 
 
-@dataclass(frozen=True)
-class StudyKind:
-    """One kind of study: its schema, its dry run, its run, and the word its result line starts with."""
-
-    schema: type[Any]
-    dry_run: Callable[[Any, RunSettings], str]
-    run: Callable[[Any, RunSettings, bool], Path]
-    word: str
-    estimate: Callable[[Any, RunSettings], float | None]  # the dry run's seconds, None without measured rates
-
-
-def study_kind() -> StudyKind:
-    """The one study engine (pipeline/studies/sweep.py): a sweep, one k of it (a recovery study), or a sweep with
-    `grains` (the grain study, its own dry run and report)."""
-    from layerprune.pipeline.studies import sweep
-
-    return StudyKind(SweepStudy, dry_run, sweep.run_sweep, "sweep", estimate_seconds)
-
-
 def dry_run(study: SweepStudy, settings: RunSettings) -> str:
+    """The one study engine's dry run (pipeline/studies/sweep_plan.py), or with `grains` the grain study's
+    (grain_plan.py)."""
     from layerprune.pipeline.studies import grain_plan, sweep_plan
 
     return (sweep_plan.dry_run if study.grains is None else grain_plan.dry_run)(study, settings)
@@ -83,31 +65,33 @@ def estimate_seconds(study: SweepStudy, settings: RunSettings) -> float | None:
 
 def run(args: argparse.Namespace) -> int:
     from layerprune.pipeline.recipe_cells import select_cells
+    from layerprune.pipeline.studies.sweep import run_sweep
 
     settings = build_schema(RunSettings, typed_layer(args, RunSettings))
-    kind = study_kind()
-    selection = select_cells(args.recipe, kind.schema.kind, settings, args.model, args.drop, args.cell)
+    selection = select_cells(args.recipe, SweepStudy.kind, settings, args.model, args.drop, args.cell)
     replicates = {} if args.replicates is None else {"replicates": args.replicates}  # defaults < recipe < flags
-    studies = [selection.build(kind.schema, cell, cell_output(args, selection.grid, cell.name), replicates)
+    studies = [selection.build(SweepStudy, cell, cell_output(args, selection.grid, cell.name), replicates)
                for cell in selection.cells]  # every cell valid before any runs
     if args.max_hours is not None:
-        check_max_hours(kind, studies, settings, args.max_hours)
+        check_max_hours(estimate_seconds, studies, settings, args.max_hours)
     if args.dry_run:
-        print(selection.dry_run([kind.dry_run(study, settings) for study in studies]))
+        print(selection.dry_run([dry_run(study, settings) for study in studies]))
         return 0
     for index, study in enumerate(studies, 1):
         if selection.grid:
             print(f"cell {index}/{len(studies)}: {study.name} -> {study.run_dir()}", flush=True)
-        word = kind.word if study.grains is None else "grain study"
-        print(f"{word}: {kind.run(study, settings, args.overwrite)}")
+        word = "sweep" if study.grains is None else "grain study"
+        print(f"{word}: {run_sweep(study, settings, args.overwrite)}")
     return 0
 
 
-def check_max_hours(kind: StudyKind, studies: list[Any], settings: RunSettings, hours: float) -> None:
-    """Refuse (LayerpruneError, one line) studies whose summed dry-run estimate is over `hours`, or that have none."""
+def check_max_hours(estimate: Callable[[Any, RunSettings], float | None], studies: list[Any], settings: RunSettings,
+                    hours: float) -> None:
+    """Refuse (LayerpruneError, one line) studies whose summed dry-run estimate (`estimate`: seconds, None without
+    measured rates) is over `hours`, or that have none."""
     from layerprune.core.errors import LayerpruneError
 
-    seconds = [kind.estimate(study, settings) for study in studies]
+    seconds = [estimate(study, settings) for study in studies]
     if None in seconds:
         unknown = next(s.name for s, t in zip(studies, seconds, strict=True) if t is None)
         raise LayerpruneError(f"--max-hours: {unknown} has no time estimate (the rates were measured for the embedded "

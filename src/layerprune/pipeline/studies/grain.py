@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.outputs import write_atomic
 from layerprune.core.settings import RunSettings
-from layerprune.pipeline.studies.grain_grid import PLAN_FILE, grain_names, matching
+from layerprune.pipeline.studies.grain_grid import PLAN_FILE, grain_names, matching, score_file
 from layerprune.prune.matched import config_sizes, measured_speed, order_rankings, plan_matched
 
 if TYPE_CHECKING:
@@ -53,10 +53,6 @@ def study_sizes(study: Any, settings: RunSettings) -> ModelSizes:
 
 
 # --- stages ----------------------------------------------------------------------------------------------------------
-
-def score_file(root: Path, grain: str) -> Path:
-    return root / "scored" / f"{grain}.json"
-
 
 def score_grain(study: Any, settings: RunSettings, root: Path, grain: str) -> None:
     """One one-shot scoring pass of every candidate at `grain` (nothing saved): scored/GRAIN.json."""

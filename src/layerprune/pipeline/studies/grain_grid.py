@@ -8,6 +8,7 @@ and no sweep module (the sweep's schema imports it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -129,13 +130,23 @@ def matching(study: Any) -> Matching:
     return Matching(grain_names(study), list(study.ratios), study.grains.match, study.grains.tolerance)
 
 
+def score_file(root: Path, grain: str) -> Path:
+    """A grain's one-shot scoring record (scored/GRAIN.json)."""
+    return root / "scored" / f"{grain}.json"
+
+
 def cell(grain: str, level: int) -> str:
     """A cell's label: GRAIN-kK (its recovered model; pruned-GRAIN-kK before recovery), as prune/matched.py plans it."""
     return cut_label(grain, level)
 
 
 def cells(study: Any) -> list[str]:
-    return [cell(grain, level) for level in study.ratios for grain in grain_names(study)]
+    return [name for name, _ in cell_levels(study)]
+
+
+def cell_levels(study: Any) -> list[tuple[str, int]]:
+    """Every cell's label and its level (the k of the block cut it is matched to), level by level."""
+    return [(cell(grain, level), level) for level in study.ratios for grain in grain_names(study)]
 
 
 def replicas(study: Any, label: str) -> list[str]:

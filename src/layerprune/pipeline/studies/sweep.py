@@ -72,7 +72,8 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
     """Run every incomplete stage in order; return the report (sweep.md; grain.md with grains)."""
     from layerprune.pipeline.plan import validate_data
     root = study.run_dir()
-    cut = next(c for c in cells(study, root) if c.step in ("score", "prune", "plan"))  # the ranking, given cut, plan
+    grid = cells(study, root)
+    cut = next(c for c in grid if c.step in ("score", "prune", "plan"))  # the ranking, the given cut, or the plan
     pending = overwrite or not cut.output.exists()
     if pending and study.grains is not None:
         check_reachable(study, settings)  # a k no finer grain's servable prefix matches: refused before any scoring
@@ -82,9 +83,8 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
     if not overwrite:
         adopt_added_arms(study, RunPaths(root))
     claim_run_dir(RunPaths(root), study, overwrite)
-    stages = sweep_stages(study, settings, root)
-    run_stages(stages, root)
-    return stages[-1].output  # the report: sweep.md, or a grain study's grain.md
+    run_stages(sweep_stages(study, settings, root, grid), root)
+    return grid[-1].output  # the report: sweep.md, or a grain study's grain.md
 
 
 def adopt_added_arms(study: SweepStudy, paths: RunPaths) -> list[str]:
@@ -121,11 +121,11 @@ def arms_added(study: SweepStudy, paths: RunPaths) -> tuple[RunState, list[str]]
     return (state, added) if owns(state, before) else None
 
 
-def sweep_stages(study: SweepStudy, settings: RunSettings, root: Path) -> list[Stage]:
-    """The grid's cells as stages, each complete when its output exists; the report is redrawn after any work."""
+def sweep_stages(study: SweepStudy, settings: RunSettings, root: Path, grid: list[Cell]) -> list[Stage]:
+    """The grid's cells (sweep_cells.cells) as stages, each complete when its output exists; the report is redrawn
+    after any work."""
     return [Stage(cell.name, cell.output, functools.partial(STEPS[cell.step], study, settings, root, cell),
-                  refresh=cell.step == "report", leftover=leftover_of(cell.output))
-            for cell in cells(study, root)]
+                  refresh=cell.step == "report", leftover=leftover_of(cell.output)) for cell in grid]
 
 
 def calibrate_probes(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) -> None:

@@ -10,8 +10,15 @@ from pathlib import Path
 
 from layerprune.evaluate.summary import SUMMARY_FILE
 from layerprune.pipeline.studies.cells import CALIBRATION_FILE, CHAT_EVAL
-from layerprune.pipeline.studies.grain_grid import CONTROL, PLAN_FILE, grain_arm, grain_names, replicas
-from layerprune.pipeline.studies.grain_grid import cells as grain_cells_of
+from layerprune.pipeline.studies.grain_grid import (
+    CONTROL,
+    PLAN_FILE,
+    cell_levels,
+    grain_arm,
+    grain_names,
+    replicas,
+    score_file,
+)
 from layerprune.pipeline.studies.sweep_grid import (
     DEDICATED,
     SweepStudy,
@@ -101,8 +108,8 @@ def grain_cells(study: SweepStudy, root: Path) -> list[Cell]:
     replicates after each part) the k = 0 control's recovery and evaluation and, cell by cell, its evaluation before
     recovery (with replicate 0) and its recovery and evaluation; the report (grain.md). An evaluation records the
     calibration items of its cell's pruned model (the original's and the controls': the first cell's)."""
-    arm, names = grain_arm(study), grain_cells_of(study)
-    first = root / "pruned" / names[0]
+    arm, cuts = grain_arm(study), cell_levels(study)
+    first = root / "pruned" / cuts[0][0]
 
     def evaluation(label: str, model: Path | None, calibration: Path, replicate: int = 0) -> Cell:
         return Cell(f"eval-{label}", root / "eval" / label / SUMMARY_FILE, "eval", label, replicate=replicate,
@@ -114,17 +121,15 @@ def grain_cells(study: SweepStudy, root: Path) -> list[Cell]:
                  model=student),
             evaluation(label, root / folder / label, calibration, r))]
 
-    levels = dict(zip(names, [level for level in study.ratios for _ in grain_names(study)], strict=True))
-    return [*(Cell(f"score-{g}", root / "scored" / f"{g}.json", "score-grain", g) for g in grain_names(study)),
+    return [*(Cell(f"score-{g}", score_file(root, g), "score-grain", g) for g in grain_names(study)),
             Cell("plan", root / PLAN_FILE, "plan"),
-            *(Cell(f"prune-{name}", root / "pruned" / name / "prune_report.json", "prune-grain", name, levels[name])
-              for name in names),
+            *(Cell(f"prune-{name}", root / "pruned" / name / "prune_report.json", "prune-grain", name, level)
+              for name, level in cuts),
             evaluation("baseline", None, first),
             *sorted([*(recoveries(CONTROL, "controls", 0, None, first) if study.controls else []),
-                     *(c for name in names for c in (
-                         evaluation(f"pruned-{name}", root / "pruned" / name, root / "pruned" / name),
-                         *recoveries(name, "recovered", levels[name], root / "pruned" / name,
-                                     root / "pruned" / name)))], key=lambda c: c.replicate),
+                     *(c for name, level in cuts for pruned in [root / "pruned" / name] for c in (
+                         evaluation(f"pruned-{name}", pruned, pruned),
+                         *recoveries(name, "recovered", level, pruned, pruned)))], key=lambda c: c.replicate),
             Cell("report", root / "grain.md", "report")]
 
 

@@ -190,8 +190,8 @@ def progress_lines(study: SweepStudy, root: Path) -> list[str]:
     if not owned and added is None:
         return [f"{root} holds another recipe's run (or this sweep changed): the sweep would be refused there; "
                 "--overwrite starts it over, --output chooses another folder"]
-    names = [cell.name for cell in cells(study, root) if cell.step != "report"]
-    left = [cell.name for cell in cells(study, root) if cell.step != "report" and not cell.output.exists()]
+    stages = [cell for cell in cells(study, root) if cell.step != "report"]
+    names, left = [c.name for c in stages], [c.name for c in stages if not c.output.exists()]
     arms = f"; arms {', '.join(added[1])} would be added to it" if added else ""
     return [f"{root} holds a run of this sweep{arms}: {len(names) - len(left)} of {len(names)} stages complete "
             f"(skipped when it resumes; the estimate below counts them all); "
