@@ -178,7 +178,7 @@ def test_a_grain_study_scores_its_cells_against_their_own_calibration_and_recove
     the first cell's), each recovery trains its cell's pruned model (the controls: the original, copied at run time),
     and the run checks the data of the instrument only."""
     from layerprune.pipeline.studies import sweep_cells
-    from layerprune.pipeline.studies.grain_grid import instrument
+    from layerprune.pipeline.studies.sweep_grid import instrument
 
     study = grain_study("x", tmp_path, compare=["attention"])
     grid = {cell.name: cell for cell in sweep_cells.cells(study, tmp_path)}

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from helpers import assert_one_line_error, run_cli
+from layerprune.core.errors import LayerpruneError
 from layerprune.core.recipe_loading import find_recipe, load_recipe, shipped_command, shipped_recipes
 from layerprune.pipeline.studies import sweep_cells
 from layerprune.pipeline.studies.sweep_cells import stage_names
@@ -1104,3 +1105,34 @@ def test_max_hours_sums_a_grids_cells():
     check_max_hours(estimate, cells, RunSettings(), 3.0)  # 3.0 h: not over
     with pytest.raises(LayerpruneError, match=r"the grid: the estimate is about 3.0 h over 2 cells, over --max-hours"):
         check_max_hours(estimate, cells, RunSettings(), 2.9)
+
+
+def test_a_sweep_checks_the_data_of_the_tasks_it_can_score_not_of_its_whole_suite(tiny_llama, tmp_path, monkeypatch):
+    """The run checks every data file it can read before any stage (a bad line there ends it in one line), and only
+    those: piqa is in sweep-cpu but not scored by this sweep, so a broken piqa file does not stop it (issue 56: the
+    run checked every task of the suite)."""
+    from layerprune.core.settings import RunSettings
+    from layerprune.pipeline.studies import sweep
+    from layerprune.pipeline.studies.sweep_grid import instrument
+    from layerprune.tasks.data import resolve_data_dir
+
+    mirror = tmp_path / "data"
+    mirror.mkdir()
+    for entry in resolve_data_dir(None).iterdir():
+        if entry.name not in ("piqa", "arc_easy"):
+            (mirror / entry.name).symlink_to(entry)
+    for task in ("piqa", "arc_easy"):
+        (mirror / task).mkdir()
+        for split in resolve_data_dir(None).joinpath(task).iterdir():
+            (mirror / task / split.name).write_bytes(split.read_bytes())
+    (mirror / "piqa" / "validation.jsonl").write_text("{not json\n")
+    data = tiny_sweep(tiny_llama, tmp_path / "s")
+    study = SweepStudy.model_validate({**data, "evaluate": {**data["evaluate"], "data_dir": str(mirror)}})
+    assert instrument(study).evaluate.only == ["arc_easy", "arith_1d_sum3", "copy_l3", "gsm8k"]
+    ran: list[int] = []
+    monkeypatch.setattr(sweep, "run_stages", lambda stages, root: ran.append(len(list(stages))))
+    sweep.run_sweep(study, RunSettings())
+    assert ran, "the run stopped on the data of a task it does not score"
+    (mirror / "arc_easy" / "test.jsonl").write_text("{not json\n")
+    with pytest.raises(LayerpruneError, match="arc_easy"):
+        sweep.run_sweep(study, RunSettings())

@@ -99,12 +99,6 @@ def check_grain_cuts(study: Any) -> None:
         raise ValueError("recover: set train.max_steps so that every cell runs the same optimizer steps at most")
 
 
-def instrument(study: Any) -> Any:
-    """The study evaluating only its instrument (its classification and fixed tasks), as every model is scored: what
-    the dry run lists and the run checks the data of."""
-    return study.model_copy(update={"evaluate": study.eval_settings([*study.classification, *study.fixed])})
-
-
 def grain_arm(study: Any) -> str:
     """The one arm's label."""
     return next(iter(study.arms))

@@ -11,12 +11,11 @@ from layerprune.pipeline.studies.grain_grid import (
     cells,
     grain_arm,
     grain_names,
-    instrument,
     logical_models,
     matching,
 )
 from layerprune.pipeline.studies.sweep_cells import stage_names
-from layerprune.pipeline.studies.sweep_grid import SweepStudy
+from layerprune.pipeline.studies.sweep_grid import SweepStudy, instrument
 from layerprune.pipeline.studies.sweep_plan import in_brief
 from layerprune.prune.matched import order_rankings, plan_matched
 from layerprune.recover.schema import RecoverRecipe

@@ -52,12 +52,12 @@ from layerprune.pipeline.studies.cells import (
     replicate_settings,
 )
 from layerprune.pipeline.studies.grain import check_reachable
-from layerprune.pipeline.studies.grain_grid import instrument
 from layerprune.pipeline.studies.sweep_cells import Cell, cells, model_dir
 from layerprune.pipeline.studies.sweep_grid import (
     GSM8K,
     SweepStudy,
     both_formats,
+    instrument,
 )
 from layerprune.pipeline.studies.sweep_inputs import chat_tasks, evaluated_tasks, ranking
 from layerprune.recover import lr_search
@@ -77,7 +77,7 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
     pending = overwrite or not cut.output.exists()
     if pending and study.grains is not None:
         check_reachable(study, settings)  # a k no finer grain's servable prefix matches: refused before any scoring
-    validate_data(study if study.grains is None else instrument(study), settings, prune_pending=pending)
+    validate_data(instrument(study), settings, prune_pending=pending)
     if both_formats(study):
         check_chat_template(study.model, settings)
     if not overwrite:

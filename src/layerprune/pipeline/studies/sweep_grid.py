@@ -332,6 +332,15 @@ def gsm8k_gated(study: SweepStudy) -> bool:
     return study.gsm8k_gate is not None and GSM8K not in study.fixed
 
 
+def instrument(study: SweepStudy) -> SweepStudy:
+    """The study evaluating only the tasks it can score (its classification and fixed tasks, the probe gate's
+    candidate levels, GSM8K behind its gate), not the rest of its suite: what the dry run lists and the run checks
+    the data of."""
+    candidates = study.probes.candidates if study.probes is not None else []
+    tasks = [*study.classification, *study.fixed, *candidates, *([GSM8K] if gsm8k_gated(study) else [])]
+    return study.model_copy(update={"evaluate": study.eval_settings(list(dict.fromkeys(tasks)))})
+
+
 def fixed_probes(study: SweepStudy) -> list[str]:
     """The fixed tasks that are probe tasks (scored in both formats with chat-formatted recovery data)."""
     from layerprune.tasks.probes import probe_tasks

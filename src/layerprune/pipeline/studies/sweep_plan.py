@@ -25,6 +25,7 @@ from layerprune.pipeline.studies.sweep_grid import (
     fixed_probes,
     gsm8k_gated,
     has_control,
+    instrument,
     models,
     trains_each_budget,
 )
@@ -47,7 +48,7 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
         f"one-cut sweep (k = {study.ratios[0]}: a recovery study)"
     lines = [f"{what} '{study.name}' -> {study.run_dir()}",
              f"model: {check_model(study.model, settings)}",
-             *[f"data: {line}" for line in check_data(study)],
+             *[f"data: {line}" for line in check_data(instrument(study))],
              _cut_line(study),
              (f"probes-calibrated: {len(candidates)} candidate levels x {study.probes.items} "
               f"calibration-stream items; keep {100 * study.probes.low:.0f}-{100 * study.probes.high:.0f}%, at most "
