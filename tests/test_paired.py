@@ -169,24 +169,24 @@ def test_a_sweep_refuses_models_scored_on_different_items_instead_of_leaving_the
     with two of them recorded twice; the sweep used to leave copy_l7 out and pair the rest (or pair the repeated rows
     by their last record)."""
     from layerprune.core.errors import LayerpruneError
-    from layerprune.pipeline.studies.sweep_report import sweep_figures
+    from layerprune.pipeline.studies.figures import items_of, study_figures
 
     rng = np.random.default_rng(0)
     scores = {label: {"copy_l7": (rng.random(40) < 0.6).astype(float), "arith_1dc": (rng.random(40) < 0.5) * 1.0}
               for label in ("baseline", "pruned-k1", "kd-k1")}
     folders = {label: _scored(tmp_path / label, s) for label, s in scores.items()}
-    figures, matrices, _ = sweep_figures(folders)  # the same items: paired
-    assert set(matrices) == {"copy_l7", "arith_1dc"} and figures.labels == ["baseline", "pruned-k1", "kd-k1"]
+    figures, _ = study_figures(folders)  # the same items: paired
+    assert set(figures.tasks) == {"copy_l7", "arith_1dc"} and figures.labels == ["baseline", "pruned-k1", "kd-k1"]
     _scored(folders["kd-k1"], scores["kd-k1"], {"copy_l7": list(range(5, 45))})
     with pytest.raises(LayerpruneError, match=r"^models scored on different items: baseline and kd-k1 on copy_l7 "
                        r"differ in 10 item\(s\)"):
-        sweep_figures(folders)
-    _, joined, _ = sweep_figures(folders, common=True)  # a join across runs pairs on the items in common, as stated
-    assert joined["copy_l7"].shape == (3, 35)
+        study_figures(folders)
+    joined, _ = study_figures(folders, common=True)  # a join across runs pairs on the items in common, as stated
+    assert items_of(joined)["copy_l7"] == 35 and joined.matrices[joined.tasks.index("copy_l7")].shape[0] == 3
     twice = {"copy_l7": np.r_[scores["kd-k1"]["copy_l7"], [1.0, 1.0]], "arith_1dc": scores["kd-k1"]["arith_1dc"]}
     _scored(folders["kd-k1"], twice, {"copy_l7": [*range(40), 0, 1]})
     with pytest.raises(LayerpruneError, match=r"baseline and kd-k1 on copy_l7 differ in 2 item\(s\)"):
-        sweep_figures(folders)
+        study_figures(folders)
 
 
 def test_an_agreement_interval_is_given_only_where_it_holds_its_estimate():

@@ -14,6 +14,7 @@ import yaml
 
 from helpers import assert_one_line_error, run_cli
 from layerprune.core.recipe_loading import shipped_command, shipped_recipes
+from layerprune.pipeline.studies import figures as figures_module
 from layerprune.pipeline.studies import (
     sweep_cells,
     sweep_curves,
@@ -23,6 +24,7 @@ from layerprune.pipeline.studies import (
     sweep_report,
     sweep_text,
 )
+from layerprune.pipeline.studies.figures import study_figures
 from layerprune.pipeline.studies.sweep_grid import SweepStudy
 
 STUDIES = sorted(name for _, name in shipped_recipes("sweep-study") if name.startswith("recovery-"))
@@ -440,7 +442,7 @@ def test_a_one_k_study_refuses_models_scored_on_different_items(tmp_path):
                                                               .read_text())
     with pytest.raises(LayerpruneError, match=r"^models scored on different items: baseline and opd-k3 on copy_l7 "
                        r"differ in 10 item\(s\)"):
-        sweep_report.sweep_figures(folders)
+        study_figures(folders)
 
 
 def test_a_one_k_study_s_comparisons_name_its_k_and_are_checked_on_load(capsys, tiny_llama, tmp_path):
@@ -490,7 +492,7 @@ def test_the_shared_recovery_data_names_its_trained_skills_task_by_task(tiny_lla
 
 
 def test_a_task_aligned_recovery_is_reported_on_its_trained_and_unseen_skills(monkeypatch):
-    """sweep_figures splits the generative tasks into trained and unseen; every point and the table carry both, and
+    """study_figures splits the generative tasks into trained and unseen; every point and the table carry both, and
     the default every-pair family stays over the two kinds (its Holm family does not grow)."""
     n = 40
     labels = ["baseline", "pruned-k3", "sft-k3", "opd-k3"]
@@ -499,10 +501,10 @@ def test_a_task_aligned_recovery_is_reported_on_its_trained_and_unseen_skills(mo
     cls = np.stack([np.r_[np.ones(30), np.zeros(10)]] * 4)
     matrices = {"arith_2d_add": trained, "brackets_d6": unseen, "piqa": cls}
     kinds = {"arith_2d_add": "generative", "brackets_d6": "generative", "piqa": "classification"}
-    monkeypatch.setattr(sweep_report, "check_scored_items", lambda folders: None)
-    monkeypatch.setattr(sweep_report, "load_matrix", lambda folders, common: (
+    monkeypatch.setattr(figures_module, "check_scored_items", lambda folders: None)
+    monkeypatch.setattr(figures_module, "load_matrix", lambda folders, common: (
         labels, matrices, {"arith_2d_add": 0.0, "brackets_d6": 0.0, "piqa": 0.5}, kinds))
-    figures, _, _ = sweep_report.sweep_figures({}, trained=frozenset({"arith_2d_add", "gsm8k"}))
+    figures, _ = study_figures({}, trained=frozenset({"arith_2d_add", "gsm8k"}))
     assert [figures.tasks[i] for i in figures.groups["trained"]] == ["arith_2d_add"]
     assert [figures.tasks[i] for i in figures.groups["unseen"]] == ["brackets_d6"]
     study = SimpleNamespace(ratios=[3], controls=False)
@@ -517,5 +519,5 @@ def test_a_task_aligned_recovery_is_reported_on_its_trained_and_unseen_skills(mo
     assert pairs[0]["generative"]["share_holm"]["family"] == 2
     assert "Trained skills (their own prompts in the recovery data, task by task): arith_2d_add; unseen" \
         in sweep_report._split_line(figures)[0]
-    none, _, _ = sweep_report.sweep_figures({})  # generic data: no split
+    none, _ = study_figures({})  # generic data: no split
     assert not none.has("trained") and sweep_report._split_line(none) == []

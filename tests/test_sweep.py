@@ -15,6 +15,7 @@ from helpers import assert_one_line_error, run_cli
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.recipe_loading import find_recipe, load_recipe, shipped_command, shipped_recipes
 from layerprune.pipeline.studies import sweep_cells
+from layerprune.pipeline.studies.figures import study_figures
 from layerprune.pipeline.studies.sweep_cells import stage_names
 from layerprune.pipeline.studies.sweep_grid import SweepStudy
 
@@ -406,7 +407,7 @@ def _eval_folder(folder: Path, rows: dict[str, tuple[str, list[float]]]) -> None
 def test_replicates_are_one_point_their_mean_with_the_run_sd_beside_the_item_se(tmp_path):
     import numpy as np
 
-    from layerprune.pipeline.studies import sweep_points, sweep_report, sweep_text
+    from layerprune.pipeline.studies import sweep_points, sweep_text
 
     rng = np.random.default_rng(1)
     n = 120
@@ -421,8 +422,8 @@ def test_replicates_are_one_point_their_mean_with_the_run_sd_beside_the_item_se(
     for label, scores in gen.items():
         folders[label] = tmp_path / "eval" / label
         _eval_folder(folders[label], {"piqa": ("classification", cls), "copy_l7": ("generative", scores.tolist())})
-    figures, matrices, _ = sweep_report.sweep_figures(folders)
-    assert figures.labels == ["baseline", "pruned-k1", "recovered-k1"] and matrices["copy_l7"].shape == (5, n)
+    figures, _ = study_figures(folders)
+    assert figures.labels == ["baseline", "pruned-k1", "recovered-k1"] and figures.matrices[1].shape == (5, n)
     point = sweep_points.point(SimpleNamespace(ratios=[1]), figures, 1)
     won = [np.mean(gen[label]) for label in runs]
     assert point["generative"]["recovered"]["value"] == pytest.approx(np.mean(won))
@@ -434,20 +435,20 @@ def test_replicates_are_one_point_their_mean_with_the_run_sd_beside_the_item_se(
 
 
 def test_records_list_every_models_samples_and_say_when_they_are_gone(tmp_path):
-    from layerprune.pipeline.studies import sweep_report
+    from layerprune.pipeline.studies import figures
 
     folders = {}
     for label in ("baseline", "pruned-k1", "recovered-k1"):
         folders[label] = tmp_path / "eval" / label
         (folders[label] / "samples").mkdir(parents=True)
         (folders[label] / "samples" / "copy_l3.jsonl").write_text("{}\n")
-    kept = sweep_report.records(tmp_path, folders)
+    kept = figures.records(tmp_path, folders)
     assert kept["recovered-k1"] == {"folder": "eval/recovered-k1",
                                     "samples": ["eval/recovered-k1/samples/copy_l3.jsonl"],
                                     "missing": False}
     (folders["pruned-k1"] / "samples" / "copy_l3.jsonl").unlink()
-    kept = sweep_report.records(tmp_path, folders)
-    assert kept["pruned-k1"]["missing"] and "MISSING for pruned-k1" in sweep_report._records_line(kept)
+    kept = figures.records(tmp_path, folders)
+    assert kept["pruned-k1"]["missing"] and "MISSING for pruned-k1" in figures.records_line(kept)
 
 
 ARMS = {"lora": {"method": "lora"}, "local": {"method": "local", "local": {"steps": 2, "learning_rate": 1.0e-3}}}
@@ -534,7 +535,7 @@ def test_the_dry_run_plans_every_arm_at_its_own_rate(capsys, tmp_path, monkeypat
 def test_arms_are_compared_pairwise_at_every_k_with_the_two_level_interval(tmp_path):
     import numpy as np
 
-    from layerprune.pipeline.studies import sweep_curves, sweep_points, sweep_report, sweep_text
+    from layerprune.pipeline.studies import sweep_curves, sweep_points, sweep_text
 
     rng = np.random.default_rng(2)
     n = 200
@@ -551,7 +552,7 @@ def test_arms_are_compared_pairwise_at_every_k_with_the_two_level_interval(tmp_p
     for label, scores in gen.items():
         folders[label] = tmp_path / "eval" / label
         _eval_folder(folders[label], {"piqa": ("classification", cls), "copy_l7": ("generative", scores.tolist())})
-    figures, _, _ = sweep_report.sweep_figures(folders)
+    figures, _ = study_figures(folders)
     study = SimpleNamespace(ratios=[1, 2])
     points = [sweep_points.point(study, figures, k, arm) for k in (1, 2) for arm in ("local", "lora")]
     assert points[0]["arm"] == "local" and points[0]["generative"]["recovered_share"]["value"] == pytest.approx(0.65)

@@ -14,7 +14,7 @@ pipeline/studies/comparisons.py), or, where it declares no confirmatory one, the
 budget, each arm's share net of its k = 0 control against 0; each contrast with its paired interval and its Holm
 interval over its family. A study runs in parts: what is not scored yet is listed, and every figure is drawn from the
 cells that are there (a fit from a complete curve only); models scored on different items are refused in one line
-before anything is written (`budget_figures`). The fit's maths: budget_fit.py; the text and the chart: budget_text.py.
+before anything is written (figures.study_figures). The fit: budget_fit.py; the text and the chart: budget_text.py.
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ import numpy as np
 from layerprune.core import paired
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.outputs import write_atomic
-from layerprune.evaluate.items import check_scored_items
-from layerprune.pipeline.paired_table import Figures, load_matrix
+from layerprune.pipeline.paired_table import Figures
 from layerprune.pipeline.studies.budget_fit import GATE, LIMIT_TASK, TARGETS, saturating_fit, tokens_for, undetermined
 from layerprune.pipeline.studies.budget_text import format_budget, plot_curves
 from layerprune.pipeline.studies.comparisons import (
@@ -41,8 +40,8 @@ from layerprune.pipeline.studies.comparisons import (
     draw_families,
     uses_default_family,
 )
+from layerprune.pipeline.studies.figures import evaluated, study_figures, unpaired
 
-KINDS = ("classification", "generative")
 STRUCTURAL, BOUND, NOT_SHOWN = "limit structural at this scale", "budget-bound", "not shown"
 NOT_SCORED = "not scored"
 
@@ -152,22 +151,6 @@ def verdict(arm_curve: dict[str, Any] | None, gate: dict[str, Any]) -> tuple[str
                        undetermined(arm_curve) else "a's upper end reaches 50% and a is determined")
 
 
-def budget_figures(study: Any, folders: dict[str, Path]) -> tuple[Figures, list[str], dict[str, str]]:
-    """The sweep's paired figures with every task its own group (and the kinds' groups), the paired tasks, and the
-    tasks left out as unpaired (why: no per-item records); models scored on different items (an item recorded twice
-    included) are refused (LayerpruneError, one line: `check_scored_items`), not left out."""
-    from layerprune.pipeline.studies.cells import split_label
-
-    check_scored_items(folders)
-    labels, matrices, chance, kinds = load_matrix(folders)
-    replicates: dict[str, list[str]] = {}
-    for label in labels:
-        replicates.setdefault(split_label(label)[0], []).append(label)
-    groups = {**{t: [t] for t in matrices}, **{kind: [t for t in matrices if kinds[t] == kind] for kind in KINDS}}
-    unpaired = {t: why for t, why in kinds.items() if t not in matrices}
-    return Figures(labels, matrices, chance, groups, replicates=replicates), list(matrices), unpaired
-
-
 def missing_cells(study: Any, folders: dict[str, Path]) -> dict[str, dict[str, Any]]:
     """The design's models not scored yet: logical label -> {replicates: those missing, of: how many it has}."""
     from layerprune.pipeline.studies.cells import split_label
@@ -254,8 +237,6 @@ def write_budget_report(study: Any, root: Path, control_arm: str | None = None) 
     """budget.md and budget.json: every arm's curve per k and task, the fits, the comparisons, the dedicated runs
     against their checkpoints, the verdicts, and the cells not scored yet; `control_arm`: the positive control
     (default: the arm with its own prompts, study.arm_prompts, if there is one)."""
-    from layerprune.pipeline.studies.sweep_report import evaluated
-
     try:
         check_budget_contrasts(study.comparisons, study.budgets)
     except ValueError as exc:
@@ -278,7 +259,8 @@ def _drawn(study: Any, folders: dict[str, Path], control_arm: str | None) -> dic
     if not folders:
         return {"curves": [], "verdicts": {}, "verdict_reasons": {}, "gates": [], "default_families": {},
                 "families": {}, "dedicated": [], "unpaired": {}}
-    figures, tasks, unpaired = budget_figures(study, folders)
+    figures, kinds = study_figures(folders)
+    tasks = figures.tasks
     curves = [c for k in study.ratios for arm in arm_names(study) for task in tasks
               if (c := curve(figures, study, arm, k, task)) is not None]
     by = {(c["arm"], c["k"], c["task"]): c for c in curves}
@@ -290,4 +272,4 @@ def _drawn(study: Any, folders: dict[str, Path], control_arm: str | None) -> dic
     dedicated = [a for arm in arm_names(study) if (a := agreement(figures, study, arm, tasks)) is not None]
     return {"curves": curves, "verdicts": {label: v for label, (v, _) in judged.items()},
             "verdict_reasons": {label: why for label, (_, why) in judged.items()}, "gates": list(gates.values()),
-            "default_families": default, "families": declared, "dedicated": dedicated, "unpaired": unpaired}
+            "default_families": default, "families": declared, "dedicated": dedicated, "unpaired": unpaired(kinds)}

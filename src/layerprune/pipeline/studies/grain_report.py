@@ -26,32 +26,25 @@ from typing import Any
 import numpy as np
 
 from layerprune.core import paired
+from layerprune.core.errors import LayerpruneError
 from layerprune.core.outputs import write_atomic
 from layerprune.core.paired import ALPHA, format_interval, holm
-from layerprune.evaluate.items import check_scored_items
-from layerprune.pipeline.paired_table import Figures, load_matrix
+from layerprune.pipeline.paired_table import Figures
+from layerprune.pipeline.studies.figures import INSTRUMENT, study_figures, unpaired
 from layerprune.pipeline.studies.grain_grid import CONTROL, PLAN_FILE, cell, grain_arm, logical_models
 from layerprune.pipeline.studies.sweep_grid import SweepStudy
 
-GROUP = "instrument"
-
 
 def grain_figures(study: SweepStudy, root: Path) -> Figures:
-    """The paired figures of every evaluated model (the logical labels of `logical_models`); models scored on
-    different items (an item recorded twice included) are refused (LayerpruneError, one line: `check_scored_items`)."""
+    """The paired figures of every evaluated model (the logical labels of `logical_models`, complete ones only);
+    models scored on different items, or a task not paired, are refused in one line."""
     runs = {label: names for label, names in logical_models(study).items()
             if all((root / "eval" / n / "summary.json").is_file() for n in names)}
-    folders = {n: root / "eval" / n for names in runs.values() for n in names}
-    check_scored_items(folders)
-    names, matrices, chance, kinds = load_matrix(folders)
-    unpaired = {t: why for t, why in kinds.items() if why.startswith("unpaired")}
-    if unpaired:
-        from layerprune.core.errors import LayerpruneError
-
+    figures, kinds = study_figures({n: root / "eval" / n for names in runs.values() for n in names}, runs)
+    if unpaired(kinds):
         raise LayerpruneError("the grain study's models did not answer the same items: "
-                              + "; ".join(f"{t}: {w}" for t, w in unpaired.items()))
-    groups = {GROUP: list(matrices), **{f"task:{t}": [t] for t in matrices}}
-    return Figures(names, matrices, chance, groups, replicates=runs)
+                              + "; ".join(f"{t}: {w}" for t, w in unpaired(kinds).items()))
+    return figures
 
 
 def tail_p(draws: np.ndarray, margin: float) -> tuple[float, str]:
@@ -83,15 +76,15 @@ def cell_figures(figures: Figures, name: str, plan: dict[str, Any]) -> dict[str,
     for stage, label in (("pruned", f"pruned-{name}"), ("recovered", name)):
         if label not in figures.labels:
             continue
-        out[stage] = {"score": figures.score(label, GROUP),
-                      "retention": figures.interval(lambda m, a=label: figures.retention(a, GROUP, m)),
-                      "change": figures.difference(label, "baseline", GROUP),
-                      "tasks": {t: figures.score(label, f"task:{t}") for t in figures.tasks}}
+        out[stage] = {"score": figures.score(label, INSTRUMENT),
+                      "retention": figures.interval(lambda m, a=label: figures.retention(a, INSTRUMENT, m)),
+                      "change": figures.difference(label, "baseline", INSTRUMENT),
+                      "tasks": {t: figures.score(label, t) for t in figures.tasks}}
     if "recovered" in out and "pruned" in out:
         out["recovered"]["share"] = paired.share_interval(
-            figures.boot, figures.difference("baseline", f"pruned-{name}", GROUP),
-            lambda m: figures.share_of(name, f"pruned-{name}", GROUP, m))
-        out["recovered"]["spread"] = figures.spread(name, GROUP)
+            figures.boot, figures.difference("baseline", f"pruned-{name}", INSTRUMENT),
+            lambda m: figures.share_of(name, f"pruned-{name}", INSTRUMENT, m))
+        out["recovered"]["spread"] = figures.spread(name, INSTRUMENT)
     return out
 
 
@@ -104,14 +97,14 @@ def comparisons(study: SweepStudy, figures: Figures) -> list[dict[str, Any]]:
         block = cell("block", level)
         if f"pruned-{block}" not in figures.labels:
             continue
-        drop = figures.difference("baseline", f"pruned-{block}", GROUP)
+        drop = figures.difference("baseline", f"pruned-{block}", INSTRUMENT)
         clear = drop["low"] is not None and drop["low"] > 0
         for grain in study.grains.compare:
             for stage, prefix in (("pruned", "pruned-"), ("recovered", "")):
                 finer, ref = f"{prefix}{cell(grain, level)}", f"{prefix}{block}"
                 if finer in figures.labels and ref in figures.labels:
                     def gap(m: np.ndarray, a: str = finer, b: str = ref) -> np.ndarray:
-                        return figures.mean(m, a, GROUP) - figures.mean(m, b, GROUP)
+                        return figures.mean(m, a, INSTRUMENT) - figures.mean(m, b, INSTRUMENT)
 
                     p, side = tail_p(gap(figures.boot.resampled), study.grains.gates.margin)
                     rows.append({"level": level, "grain": grain, "stage": stage, "difference": figures.interval(gap),
@@ -128,10 +121,10 @@ def control_gate(study: SweepStudy, figures: Figures) -> dict[str, Any] | None:
     """The k = 0 control's change of the instrument and whether it passes the gate."""
     if CONTROL not in figures.labels:
         return None
-    change = figures.difference(CONTROL, "baseline", GROUP)
+    change = figures.difference(CONTROL, "baseline", INSTRUMENT)
     limit = study.grains.gates.control_shift
     failed = change["low"] is not None and (change["low"] > limit or change["high"] < -limit)
-    return {"change": change, "limit": limit, "passed": not failed, "spread": figures.spread(CONTROL, GROUP)}
+    return {"change": change, "limit": limit, "passed": not failed, "spread": figures.spread(CONTROL, INSTRUMENT)}
 
 
 def spent(study: SweepStudy, root: Path, label: str) -> list[dict[str, Any]]:
@@ -152,7 +145,7 @@ def grain_record(study: SweepStudy, root: Path) -> dict[str, Any]:
     if control is not None:
         control["budget"] = spent(study, root, CONTROL)
     return {"name": study.name, "match": study.grains.match, "tolerance": study.grains.tolerance,
-            "tasks": figures.tasks, "replicates": study.replicates, "baseline": figures.score("baseline", GROUP),
+            "tasks": figures.tasks, "replicates": study.replicates, "baseline": figures.score("baseline", INSTRUMENT),
             "control": control,
             "cells": [{**cell_figures(figures, name, c), "budget": spent(study, root, name)}
                       for name, c in plan["cells"].items() if f"pruned-{name}" in figures.labels],

@@ -27,9 +27,9 @@ from layerprune.pipeline.audit import audit_runs
 from layerprune.pipeline.audit_report import join_audit_lines
 from layerprune.pipeline.paired_table import Figures
 from layerprune.pipeline.studies.cells import split_label
+from layerprune.pipeline.studies.figures import KINDS, items_of, paired_json, study_figures, unpaired
 from layerprune.pipeline.studies.sweep_grid import recovered_label
-from layerprune.pipeline.studies.sweep_points import KINDS, comparisons, control_point, point, verdicts
-from layerprune.pipeline.studies.sweep_report import paired_json, sweep_figures
+from layerprune.pipeline.studies.sweep_points import comparisons, control_point, point, verdicts
 from layerprune.pipeline.studies.sweep_text import format_comparisons, format_control, format_spread, format_table
 
 SWEEP_FILE = "sweep.json"
@@ -140,7 +140,7 @@ def compare(roots: list[Path], evals: str = "eval", own: bool = False) -> tuple[
     their text; a one-line error when the runs cannot be paired. `own`: each arm against its own run's original and
     pruned models (runs whose models are not the same weights), without the verdicts."""
     sweeps, folders, ratios = join(roots, evals, own)
-    figures, matrices, kinds = sweep_figures(folders, common=True)
+    figures, kinds = study_figures(folders, common=True)
     arms = [arm for sweep in sweeps for arm in sweep.arms]
     if own:
         points, controls, pairs, originals = own_figures(figures, sweeps, ratios)
@@ -152,17 +152,16 @@ def compare(roots: list[Path], evals: str = "eval", own: bool = False) -> tuple[
         judged = {arm: verdicts(None, figures, [p for p in points if p.get("arm") == arm], arm) for arm in arms}
         pairs, originals = comparisons(figures, points, arms), []
     replicates = min(s.replicates for s in sweeps)
-    items = {task: int(m.shape[1]) for task, m in matrices.items()}
-    unpaired = {task: why for task, why in kinds.items() if why.startswith("unpaired")}
+    items, left = items_of(figures), unpaired(kinds)
     data = {"runs": [{"folder": str(s.root), "name": s.name, "arms": list(s.arms), "replicates": s.replicates}
                      for s in sweeps],
-            "ratios": ratios, "items": items, "unpaired": unpaired, "points": points, "controls": controls,
+            "ratios": ratios, "items": items, "unpaired": left, "points": points, "controls": controls,
             "verdicts": {arm: tests for arm, (_, tests) in judged.items()}, "comparisons": pairs,
             "models": {label: str(folder) for label, folder in folders.items()},
             **({"own_models": originals} if own else {})}
     text = ["Items, paired across every run (the items all of them scored): "
             + ", ".join(f"{task} {n}" for task, n in items.items())
-            + (". Unpaired, left out: " + "; ".join(f"{t} ({why})" for t, why in unpaired.items()) if unpaired else "")
+            + (". Unpaired, left out: " + "; ".join(f"{t} ({why})" for t, why in left.items()) if left else "")
             + ".", "",
             *[f"- {arm}: {line}" for arm, (lines, _) in judged.items() for line in lines], *([""] if judged else []),
             *(own_lines(originals) if own else []), format_table(points), ""]

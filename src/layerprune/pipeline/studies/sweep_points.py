@@ -24,10 +24,8 @@ import numpy as np
 from layerprune.core import paired
 from layerprune.core.paired import NO_CLEAR_DROP, format_interval
 from layerprune.pipeline.paired_table import Figures
+from layerprune.pipeline.studies.figures import KINDS, SPLIT
 from layerprune.pipeline.studies.sweep_grid import recovered_label
-
-KINDS = ("classification", "generative")
-SPLIT = ("trained", "unseen")  # generative tasks whose own prompts the recovery data held, and the others
 
 
 def kinds_of(figures: Figures) -> list[str]:

@@ -16,20 +16,26 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from layerprune.core.errors import LayerpruneError
-from layerprune.evaluate.items import check_scored_items
-from layerprune.evaluate.summary import SUMMARY_FILE
-from layerprune.pipeline.paired_table import Figures, load_matrix
+from layerprune.pipeline.paired_table import Figures
 from layerprune.pipeline.studies.comparisons import (
     draw_families,
     format_families,
     uses_default_family,
 )
+from layerprune.pipeline.studies.figures import (
+    KINDS,
+    SPLIT,
+    evaluated,
+    items_of,
+    paired_json,
+    records,
+    records_line,
+    study_figures,
+    unpaired,
+)
 from layerprune.pipeline.studies.sweep_curves import budget_text, curve_name, loss_curves, plot_losses, plot_retention
 from layerprune.pipeline.studies.sweep_grid import recovered_label
-from layerprune.pipeline.studies.sweep_points import KINDS, SPLIT, comparisons, control_point, point, verdicts
+from layerprune.pipeline.studies.sweep_points import comparisons, control_point, point, verdicts
 from layerprune.pipeline.studies.sweep_text import format_comparisons, format_control, format_spread, format_table
 from layerprune.recover.lr_search import lr_lines
 
@@ -45,7 +51,7 @@ def write_sweep_report(study: Any, root: Path, curves: dict[int | str, dict[str,
 
     folders = evaluated(study, root)
     trained = trained_tasks(study, root)
-    figures, matrices, kinds = sweep_figures(folders, trained=trained)
+    figures, kinds = study_figures(folders, trained=trained)
     arms = arm_names(study)
     points, controls, pairs = arm_figures(study, figures)
     declared = draw_families(study.comparisons, figures, recovered_label)
@@ -56,15 +62,14 @@ def write_sweep_report(study: Any, root: Path, curves: dict[int | str, dict[str,
     plot_losses(curves, root / "sweep_loss.png")
     gate = root / CALIBRATION_FILE
     calibration = json.loads(gate.read_text()) if study.probes is not None and gate.is_file() else None
-    items = {t: int(m.shape[1]) for t, m in matrices.items()}
-    unpaired = {t: why for t, why in kinds.items() if why.startswith("unpaired")}
+    items, left = items_of(figures), unpaired(kinds)
     kept = records(root, folders)
     chat, chat_text = chat_figures(study, root, [t for t, kind in kinds.items() if kind == "generative"], trained)
     one = study.arms is None
     (root / "sweep.json").write_text(json.dumps(paired_json({
         "points": points, "control": controls[None] if one else controls, "replicates": study.replicates,
         "verdicts": judged[None][1] if one else {arm: tests for arm, (_, tests) in judged.items()}, "items": items,
-        "unpaired": unpaired, "curves": curves, "calibration": calibration,
+        "unpaired": left, "curves": curves, "calibration": calibration,
         "ranking": ranking(root, study.ratios, study.prune.layers),
         "records": kept, **({"chat": chat} if chat else {}),
         **({} if one else {"arms": {arm: study.arm_recipe(arm, "<pruned>").chain_name() for arm in study.arms},
@@ -75,8 +80,8 @@ def write_sweep_report(study: Any, root: Path, curves: dict[int | str, dict[str,
     text = [f"# {title}: {study.name}", "", study.description, "", *verdict_lines, "",
             "![retention against pruning ratio](sweep.png)", "", format_table(points), "",
             *_recovery_sections(study, points, controls, pairs, declared), *(chat_text + [""] if chat_text else []),
-            *_method_lines(study, root, figures, items, calibration, curves, unpaired, depth), "",
-            _records_line(kept), "",
+            *_method_lines(study, root, figures, items, calibration, curves, left, depth), "",
+            records_line(kept), "",
             "![held-out loss per k](sweep_loss.png)", *audit_section(root), "",
             f"Rerun: `layerprune study {study.name} --output {root}` (complete stages are skipped)."]
     (root / "sweep.md").write_text("\n".join(text) + "\n")
@@ -99,14 +104,6 @@ def _recovery_sections(study: Any, points: list[dict[str, Any]], controls: dict[
     default = study.arms and uses_default_family(study.comparisons)
     return text + ([*format_comparisons(pairs, study.replicates), ""] if default else []) \
         + format_families(declared or {}, study.replicates)
-
-
-def evaluated(study: Any, root: Path, evals: str = "eval") -> dict[str, Path]:
-    """The eval folder of every model the sweep scored (physical labels: replicates apart); `evals`: eval, or
-    eval-chat (the probe levels through the chat template)."""
-    from layerprune.pipeline.studies.sweep_grid import models
-
-    return {m: root / evals / m for m in models(study) if (root / evals / m / SUMMARY_FILE).is_file()}
 
 
 def arm_figures(study: Any, figures: Figures) -> tuple[list[dict[str, Any]], dict[str | None, dict[str, Any] | None],
@@ -137,8 +134,8 @@ def chat_figures(study: Any, root: Path, plain_generative: list[str],
     if "baseline" not in folders:
         return None, ["Probes through the chat template: not scored (the gate kept no probe level, or the eval-chat "
                       "stages have not run)."]
-    figures, matrices, _ = sweep_figures(folders, trained=trained)
-    probes = list(matrices)
+    figures, _ = study_figures(folders, trained=trained)
+    probes = figures.tasks
     plain_more = bool(set(plain_generative) - set(probes))
     points, controls, pairs = arm_figures(study, figures)
     declared = draw_families(study.comparisons, figures, recovered_label)
@@ -153,51 +150,6 @@ def chat_figures(study: Any, root: Path, plain_generative: list[str],
             "the model's format as well as its skill.", "",
             format_table(points), "", *_recovery_sections(study, points, controls, pairs, declared)]
     return data, text
-
-
-def sweep_figures(folders: dict[str, Path], common: bool = False,
-                  trained: frozenset[str] = frozenset()) -> tuple[Figures, dict[str, np.ndarray], dict[str, str]]:
-    """Figures over the logical labels (a recovered point's replicates are one label: their mean, the interval with
-    the run-to-run variance), the per-task matrices and the tasks' kinds; `common`: on the items every model
-    answered (sweeps joined across runs, which say so), else models scored on different items are refused
-    (LayerpruneError: `check_scored_items`), not left out. `trained`: the tasks whose own prompts were in the
-    recovery data; the generative ones then form the group `trained`, the other generative tasks `unseen`
-    (sweep_points.SPLIT)."""
-    from layerprune.pipeline.studies.cells import split_label
-
-    if not common:
-        check_scored_items(folders)
-    labels, matrices, chance, kinds = load_matrix(folders, common)
-    if not matrices:
-        raise LayerpruneError("no task pairs across the models (" + "; ".join(
-            f"{task}: {why}" for task, why in kinds.items()) + ")")
-    replicates: dict[str, list[str]] = {}
-    for label in labels:
-        replicates.setdefault(split_label(label)[0], []).append(label)
-    groups = {kind: [t for t in matrices if kinds[t] == kind] for kind in KINDS}
-    if set(groups["generative"]) & trained:
-        groups.update(trained=[t for t in groups["generative"] if t in trained],
-                      unseen=[t for t in groups["generative"] if t not in trained])
-    return Figures(labels, matrices, chance, groups, replicates=replicates), matrices, kinds
-
-
-def records(root: Path, folders: dict[str, Path]) -> dict[str, dict[str, Any]]:
-    """Where each scored model's per-item records lie (relative to the sweep directory): its eval folder and the
-    samples/*.jsonl that pair it with the others; `missing` when its samples are gone."""
-    from layerprune.evaluate.items import SAMPLES_DIR
-
-    out = {}
-    for label, folder in folders.items():
-        files = sorted(p.relative_to(root).as_posix() for p in (folder / SAMPLES_DIR).glob("*.jsonl"))
-        out[label] = {"folder": folder.relative_to(root).as_posix(), "samples": files, "missing": not files}
-    return out
-
-
-def _records_line(kept: dict[str, dict[str, Any]]) -> str:
-    missing = [label for label, r in kept.items() if r["missing"]]
-    return ("Per-item records (kept, listed in sweep.json `records`, so any comparison can be redone paired): "
-            "eval/MODEL/samples/*.jsonl for " + ", ".join(kept) + "."
-            + (f" MISSING for {', '.join(missing)}: those models could not be paired." if missing else ""))
 
 
 def _depth(study: Any, root: Path) -> int | None:
@@ -268,16 +220,3 @@ def _split_line(figures: Figures) -> list[str]:
     return [f"Trained skills (their own prompts in the recovery data, task by task): {named['trained']}; unseen "
             f"(every other generative task): {named['unseen']}. The rows 'trained' and 'unseen' give each group's "
             "figures beside the generative ones."]
-
-
-def paired_json(value: Any) -> Any:
-    """JSON-safe: numpy numbers as floats, NaN as null, int keys as strings."""
-    if isinstance(value, dict):
-        return {str(k): paired_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [paired_json(v) for v in value]
-    if isinstance(value, (np.floating, float)):
-        return None if not np.isfinite(value) else float(value)
-    if isinstance(value, np.integer):
-        return int(value)
-    return value

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from layerprune.core.paired import differ_text, format_interval, run_variance_note
-from layerprune.pipeline.studies.sweep_points import KINDS, SPLIT, ci_pct, share_pct
+from layerprune.pipeline.studies.figures import KINDS, SPLIT
+from layerprune.pipeline.studies.sweep_points import ci_pct, share_pct
 
 SIDE = {"shown": "above 0", "not shown": "holds 0", "contradicted": "below 0"}  # where a difference's interval lies
 
