@@ -380,7 +380,8 @@ def test_the_shipped_protocol_dry_runs_matched_and_sized(capsys, monkeypatch, tm
     assert code == 0, err
     for level, attention, mlp in ((3, 12, 4), (6, 24, 8)):  # one block = 4 attention = 4/3 MLP sublayers
         assert f"attention-k{level}: {attention} removals" in out and f"mlp-k{level}: {mlp} removals" in out
-    assert "28 evaluations, 21 recoveries" in out and not (tmp_path / "s").exists()
+    assert "models evaluated: 28, each on the instrument" in out and "recoveries: 21; stages: 60 (" in out
+    assert "memory plan" in out and not (tmp_path / "s").exists()
     minutes = int(out.rsplit("total about ", 1)[1].split()[0])
     assert minutes <= 90  # sized for the 2-core CPU
 

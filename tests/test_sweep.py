@@ -14,6 +14,7 @@ import yaml
 from helpers import assert_one_line_error, run_cli
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.recipe_loading import find_recipe, load_recipe, shipped_command, shipped_recipes
+from layerprune.pipeline.stages import in_brief
 from layerprune.pipeline.studies import sweep_cells
 from layerprune.pipeline.studies.figures import study_figures
 from layerprune.pipeline.studies.sweep_cells import stage_names
@@ -731,7 +732,7 @@ def test_a_finished_sweep_given_another_arm_resumes_and_a_changed_arm_is_still_r
     (line,) = sweep_plan.progress_lines(more, paths.root)
     assert "holds a run of this sweep:" in line and f"2 of {len(stages)} stages complete" in line
     left = [name for name in stages if name not in ("calibrate-probes", "recover-lora-k1")]
-    assert f"left: {sweep_plan.in_brief(left)}" in line and "in order: score, gate-gsm8k, " in line
+    assert f"left: {in_brief(left)}" in line and "in order: score, gate-gsm8k, " in line
     assert "recover-local-k1" in left and "eval-local-k1" in left and "recover-lora-k1" not in left
     assert sweep_plan.progress_lines(more, tmp_path / "elsewhere") == []
     # a grid for the added arm alone is the added arm's business; a run recorded without arms is not adopted

@@ -49,23 +49,10 @@ def positive_hours(text: str) -> float:
     return hours
 
 
-def dry_run(study: SweepStudy, settings: RunSettings) -> str:
-    """The one study engine's dry run (pipeline/studies/sweep_plan.py), or with `grains` the grain study's
-    (grain_plan.py)."""
-    from layerprune.pipeline.studies import grain_plan, sweep_plan
-
-    return (sweep_plan.dry_run if study.grains is None else grain_plan.dry_run)(study, settings)
-
-
-def estimate_seconds(study: SweepStudy, settings: RunSettings) -> float | None:
-    from layerprune.pipeline.studies import grain_plan, sweep_plan
-
-    return (sweep_plan.estimate_seconds if study.grains is None else grain_plan.estimate_seconds)(study, settings)
-
-
 def run(args: argparse.Namespace) -> int:
     from layerprune.pipeline.recipe_cells import select_cells
     from layerprune.pipeline.studies.sweep import run_sweep
+    from layerprune.pipeline.studies.sweep_plan import dry_run, estimate_seconds
 
     settings = build_schema(RunSettings, typed_layer(args, RunSettings))
     selection = select_cells(args.recipe, SweepStudy.kind, settings, args.model, args.drop, args.cell)

@@ -247,3 +247,29 @@ def write_run_report(recipe: RunRecipe, settings: RunSettings, paths: RunPaths) 
 
     measure_degeneration(recipe, settings, paths)
     write_report(recipe, paths)
+
+
+BRIEF = 12  # a list of names up to this long is printed whole
+
+
+def stage_kind(name: str) -> str:
+    """A stage's kind: its name up to the first '/' (eval-chat/LABEL), else up to the first '-' (eval-LABEL)."""
+    return name.split("/")[0] if "/" in name else name.split("-")[0]
+
+
+def in_brief(names: list[str], head: int = 6) -> str:
+    """A long list of stage or model names as the count per kind, the first `head` in order and the last:
+    "304 (eval 117, recover 60, ...; in order: a, b, ..., z)"; a list of up to BRIEF names whole."""
+    if len(names) <= BRIEF:
+        return f"{len(names)} ({', '.join(names)})"
+    kinds: dict[str, int] = {}
+    for name in names:
+        kinds[stage_kind(name)] = kinds.get(stage_kind(name), 0) + 1
+    counts = ", ".join(f"{kind} {n}" for kind, n in sorted(kinds.items(), key=lambda item: -item[1]))
+    return f"{len(names)} ({counts}; in order: {', '.join(names[:head])}, ... {names[-1]})"
+
+
+def first_names(names: list[str], head: int = 8) -> str:
+    """Names joined whole up to BRIEF of them, else the first `head` and how many more."""
+    shown = names if len(names) <= BRIEF else names[:head]
+    return ", ".join(shown) + (f", ... and {len(names) - head} more" if len(names) > BRIEF else "")

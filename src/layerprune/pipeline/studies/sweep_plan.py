@@ -10,7 +10,7 @@ from pathlib import Path
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.reports import read_report
 from layerprune.core.settings import RunSettings
-from layerprune.pipeline.stages import RunPaths, RunState, owns
+from layerprune.pipeline.stages import RunPaths, RunState, first_names, in_brief, owns
 from layerprune.pipeline.studies.cells import RATES, check_chat_template, rates_apply
 from layerprune.pipeline.studies.sweep import arms_added
 from layerprune.pipeline.studies.sweep_cells import cells, stage_names
@@ -35,48 +35,56 @@ log = logging.getLogger(__name__)
 
 
 def dry_run(study: SweepStudy, settings: RunSettings) -> str:
-    """The plan: model and data, the sweep's points, what each model is scored on, the budget and a time estimate
-    from the measured CPU rates; no work."""
+    """The plan: model and data, the grid (the sweep's points, or a grain study's cells: grain_plan.py), what each
+    model is scored on, the recoveries and their memory, the stages (those a run in the output has complete) and a
+    time estimate from the measured CPU rates; no work."""
     from layerprune.pipeline.plan import check_data, check_model
+    from layerprune.pipeline.studies import grain_plan
 
-    size = sizing(study)
-    shared, limits, candidates, families = size.shared, size.limits, size.candidates, size.families
-    most_probes, probe_limit, n_models, plans, runs = (size.most_probes, size.probe_limit, size.n_models, size.plans,
-                                                       size.runs)
-    answer_sets, seconds = size.answer_sets, size.seconds
-    what = "pruning-ratio sweep" if len(study.ratios) > 1 else \
-        f"one-cut sweep (k = {study.ratios[0]}: a recovery study)"
-    lines = [f"{what} '{study.name}' -> {study.run_dir()}",
-             f"model: {check_model(study.model, settings)}",
-             *[f"data: {line}" for line in check_data(instrument(study))],
-             _cut_line(study),
-             (f"probes-calibrated: {len(candidates)} candidate levels x {study.probes.items} "
-              f"calibration-stream items; keep {100 * study.probes.low:.0f}-{100 * study.probes.high:.0f}%, at most "
-              f"{study.probes.per_family} per family ({len(families)} families: {', '.join(sorted(families))})"
-              if study.probes is not None else "probes-calibrated: no gate (probes: null); the probe tasks scored "
-              "are the fixed ones"),
-             _gsm8k_line(study, limits),
-             f"models evaluated: {n_models} ({first_names(models(study))}) on the same items each: "
-             f"{', '.join(f'{t} {_size(limits.get(t))}' for t in study.classification)}"
-             + (f"; fixed (every model, never gated): {', '.join(f'{t} {_size(limits.get(t))}' for t in study.fixed)}"
-                if study.fixed else "")
-             + (f"; at most {most_probes} probe levels x {probe_limit} items" if study.probes is not None else ""),
-             ("probe format: plain few-shot text and, as the recovery data is chat-formatted, through the chat "
-              "template too (the same items; eval-chat/<model>); " + check_chat_template(study.model, settings)
-              if both_formats(study) else
-              "probe format: plain few-shot text (the recovery data is plain: generate.chat_template false)"),
-             *_recovery_lines(study, shared, plans, runs),
-             *budget_lines(study),
-             *(f"arm {arm} trains on its own prompts: {study.arm_recipe(arm, '<pruned>').prompts.samples} from "
-               f"{study.arm_recipe(arm, '<pruned>').prompts.source} (evaluation probe seeds "
-               f"{study.arm_recipe(arm, '<pruned>').prompts.exclude_probe_seeds} excluded, the count in its report), "
-               f"answered by the teacher once (selfgen-{arm}.jsonl)" for arm in study.arm_prompts),
-             _replicate_line(study, shared, answer_sets),
-             f"recoveries: {sum(runs.values())}; stages: {in_brief(stage_names(study))}",
-             *(line for arm in plans for line in _memory_lines(study, settings, arm)),
-             *progress_lines(study, study.run_dir()),
-             _estimate(study, seconds)]
+    if study.grains is not None:
+        what = "grain study"
+        body, seconds, runs = grain_plan.plan_lines(study, settings)
+    else:
+        what = "pruning-ratio sweep" if len(study.ratios) > 1 else \
+            f"one-cut sweep (k = {study.ratios[0]}: a recovery study)"
+        size = sizing(study)
+        body, seconds, runs = _sweep_lines(study, settings, size), size.seconds, sum(size.runs.values())
+    lines = [f"{what} '{study.name}' -> {study.run_dir()}", f"model: {check_model(study.model, settings)}",
+             *[f"data: {line}" for line in check_data(instrument(study))], *body,
+             f"recoveries: {runs}; stages: {in_brief(stage_names(study))}",
+             *(line for arm in arm_names(study) for line in _memory_lines(study, settings, arm)),
+             *progress_lines(study, study.run_dir()), _estimate(study, seconds)]
     return "\n".join(lines)
+
+
+def _sweep_lines(study: SweepStudy, settings: RunSettings, size: Sizing) -> list[str]:
+    """The sweep's part of the dry run: its cut, gates, models and their items, probe format, recoveries, budget
+    points and replicates."""
+    limits, candidates, families = size.limits, size.candidates, size.families
+    return [_cut_line(study),
+            (f"probes-calibrated: {len(candidates)} candidate levels x {study.probes.items} "
+             f"calibration-stream items; keep {100 * study.probes.low:.0f}-{100 * study.probes.high:.0f}%, at most "
+             f"{study.probes.per_family} per family ({len(families)} families: {', '.join(sorted(families))})"
+             if study.probes is not None else "probes-calibrated: no gate (probes: null); the probe tasks scored "
+             "are the fixed ones"),
+            _gsm8k_line(study, limits),
+            f"models evaluated: {size.n_models} ({first_names(models(study))}) on the same items each: "
+            f"{', '.join(f'{t} {_size(limits.get(t))}' for t in study.classification)}"
+            + (f"; fixed (every model, never gated): {', '.join(f'{t} {_size(limits.get(t))}' for t in study.fixed)}"
+               if study.fixed else "")
+            + (f"; at most {size.most_probes} probe levels x {size.probe_limit} items"
+               if study.probes is not None else ""),
+            ("probe format: plain few-shot text and, as the recovery data is chat-formatted, through the chat "
+             "template too (the same items; eval-chat/<model>); " + check_chat_template(study.model, settings)
+             if both_formats(study) else
+             "probe format: plain few-shot text (the recovery data is plain: generate.chat_template false)"),
+            *_recovery_lines(study, size.shared, size.plans, size.runs),
+            *budget_lines(study),
+            *(f"arm {arm} trains on its own prompts: {study.arm_recipe(arm, '<pruned>').prompts.samples} from "
+              f"{study.arm_recipe(arm, '<pruned>').prompts.source} (evaluation probe seeds "
+              f"{study.arm_recipe(arm, '<pruned>').prompts.exclude_probe_seeds} excluded, the count in its report), "
+              f"answered by the teacher once (selfgen-{arm}.jsonl)" for arm in study.arm_prompts),
+            _replicate_line(study, size.shared, size.answer_sets)]
 
 
 @dataclass(frozen=True)
@@ -142,7 +150,13 @@ def sizing(study: SweepStudy) -> Sizing:
 def estimate_seconds(study: SweepStudy, settings: RunSettings) -> float | None:
     """The dry run's whole-study estimate in seconds (complete stages included), None where the measured rates do
     not apply (a model other than the embedded one)."""
-    return sum(sizing(study).seconds.values()) if rates_apply(study.model) else None
+    if not rates_apply(study.model):
+        return None
+    if study.grains is not None:
+        from layerprune.pipeline.studies import grain_plan
+
+        return sum(grain_plan.plan_lines(study, settings)[1].values())
+    return sum(sizing(study).seconds.values())
 
 
 def _cut_line(study: SweepStudy) -> str:
@@ -364,29 +378,3 @@ def _estimate(study: SweepStudy, seconds: dict[str, float]) -> str:
 
 def _size(limit: float | None) -> str:
     return "all" if limit is None else f"{100 * limit:g}%" if limit < 1 else str(int(limit))
-
-
-BRIEF = 12  # a list of names up to this long is printed whole
-
-
-def stage_kind(name: str) -> str:
-    """A stage's kind: its name up to the first '/' (eval-chat/LABEL), else up to the first '-' (eval-LABEL)."""
-    return name.split("/")[0] if "/" in name else name.split("-")[0]
-
-
-def in_brief(names: list[str], head: int = 6) -> str:
-    """A long list of stage or model names as the count per kind, the first `head` in order and the last:
-    "304 (eval 117, recover 60, ...; in order: a, b, ..., z)"; a list of up to BRIEF names whole."""
-    if len(names) <= BRIEF:
-        return f"{len(names)} ({', '.join(names)})"
-    kinds: dict[str, int] = {}
-    for name in names:
-        kinds[stage_kind(name)] = kinds.get(stage_kind(name), 0) + 1
-    counts = ", ".join(f"{kind} {n}" for kind, n in sorted(kinds.items(), key=lambda item: -item[1]))
-    return f"{len(names)} ({counts}; in order: {', '.join(names[:head])}, ... {names[-1]})"
-
-
-def first_names(names: list[str], head: int = 8) -> str:
-    """Names joined whole up to BRIEF of them, else the first `head` and how many more."""
-    shown = names if len(names) <= BRIEF else names[:head]
-    return ", ".join(shown) + (f", ... and {len(names) - head} more" if len(names) > BRIEF else "")
