@@ -74,11 +74,12 @@ def cache_lock(cache_dir: Path, name: str) -> Iterator[None]:
 
 
 def write_atomic(path: Path, text: str | bytes) -> None:
-    """Write a file (text, or bytes) that appears whole or not at all: a temporary sibling, then os.replace."""
+    """Write a file (text as UTF-8, or bytes) that appears whole or not at all: a temporary sibling, then
+    os.replace."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as handle:
+        with (os.fdopen(fd, "wb") if isinstance(text, bytes) else os.fdopen(fd, "w", encoding="utf-8")) as handle:
             handle.write(text)
         os.chmod(name, 0o666 & ~_umask())
         os.replace(name, path)

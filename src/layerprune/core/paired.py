@@ -427,6 +427,12 @@ def format_interval(ci: dict[str, object] | None, digits: int = 1, missing: str 
     return f"{value} [{100 * ci['low']:.{digits}f}, {100 * ci['high']:.{digits}f}]"  # type: ignore[operator]
 
 
+def format_signed(ci: dict[str, object]) -> str:
+    """An interval with its sign: '+18.0% [9.0, 27.0]' ('undefined' without a value)."""
+    text = format_interval(ci, missing="undefined")
+    return f"+{text}" if (ci.get("value") or 0) > 0 else text  # type: ignore[operator]
+
+
 # --- families of declared comparisons ------------------------------------------------------------------------------
 
 def bootstrap_p(draws: np.ndarray, margin: float = 0.0) -> tuple[float, str]:

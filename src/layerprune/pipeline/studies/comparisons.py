@@ -25,7 +25,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from layerprune.core import paired
-from layerprune.core.paired import format_interval
+from layerprune.core.paired import format_signed
 from layerprune.pipeline.paired_table import Figures
 
 Measure = Literal["share", "score", "retention", "gap"]
@@ -301,7 +301,7 @@ def _contrast_line(row: dict[str, Any], kinds: dict[str, str]) -> str:
     measure = NAMES[row["measure"]] + (" net of the k = 0 control" if row["net_of_control"] else "")
     kind = "" if row["measure"] == "gap" else f", {row.get('task') or kinds.get(row['kind'], row['kind'])}"
     ci = row["interval"]
-    value = f"{_signed(ci)}, {row['status']}" if isinstance(ci, dict) else ci
+    value = f"{format_signed(ci)}, {row['status']}" if isinstance(ci, dict) else ci
     return f"- {row['name']}: {what}{kind}, {measure}: {value}{_holm(row['holm'], len(sides) == 1)}"
 
 
@@ -310,9 +310,4 @@ def _holm(ci: dict[str, Any] | None, against_zero: bool) -> str:
         return ""
     said = ("differs from 0 (Holm)" if against_zero else "differ (Holm)") if ci.get("declared") else (
         "not shown to differ from 0" if against_zero else "not shown to differ")
-    return f" (Holm {100 * ci['level']:.1f}% over {ci['family']}: {_signed(ci)}, {said})"
-
-
-def _signed(ci: dict[str, Any]) -> str:
-    text = format_interval(ci, missing="undefined")
-    return f"+{text}" if (ci.get("value") or 0) > 0 else text
+    return f" (Holm {100 * ci['level']:.1f}% over {ci['family']}: {format_signed(ci)}, {said})"

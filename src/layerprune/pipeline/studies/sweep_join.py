@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from layerprune.core.errors import LayerpruneError
+from layerprune.core.outputs import write_atomic
 from layerprune.core.paired import format_interval
 from layerprune.evaluate.summary import SUMMARY_FILE, read_summary
 from layerprune.pipeline.audit import audit_runs
@@ -233,10 +234,10 @@ def analyze_sweeps(config: Any, settings: Any, out: Path) -> dict[str, Any]:
     elif chat is not None:
         lines += ["## Probes through the chat template", "", f"Not compared: {chat}.", ""]
     audits = audit_runs(roots)  # every task scored in every run folder, a folder of later tasks included
-    (out / "audit.json").write_text(json.dumps(audits, indent=1) + "\n")
+    write_atomic(out / "audit.json", json.dumps(audits, indent=1) + "\n")
     lines += join_audit_lines(audits)
     lines += ["Rerun: `layerprune analyze sweeps --runs " + " ".join(map(str, roots))
               + (" --own-models" if own else "") + " --output DIR`."]
-    (out / "sweeps.json").write_text(json.dumps(paired_json(data), indent=1))
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    write_atomic(out / "sweeps.json", json.dumps(paired_json(data), indent=1))
+    write_atomic(out / "summary.md", "\n".join(lines) + "\n")
     return data

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from layerprune.core.outputs import write_atomic
 from layerprune.pipeline.paired_table import Figures
 from layerprune.pipeline.studies.comparisons import (
     draw_families,
@@ -66,7 +67,7 @@ def write_sweep_report(study: Any, root: Path, curves: dict[int | str, dict[str,
     kept = records(root, folders)
     chat, chat_text = chat_figures(study, root, [t for t, kind in kinds.items() if kind == "generative"], trained)
     one = study.arms is None
-    (root / "sweep.json").write_text(json.dumps(paired_json({
+    write_atomic(root / "sweep.json", json.dumps(paired_json({
         "points": points, "control": controls[None] if one else controls, "replicates": study.replicates,
         "verdicts": judged[None][1] if one else {arm: tests for arm, (_, tests) in judged.items()}, "items": items,
         "unpaired": left, "curves": curves, "calibration": calibration,
@@ -84,7 +85,7 @@ def write_sweep_report(study: Any, root: Path, curves: dict[int | str, dict[str,
             records_line(kept), "",
             "![held-out loss per k](sweep_loss.png)", *audit_section(root), "",
             f"Rerun: `layerprune study {study.name} --output {root}` (complete stages are skipped)."]
-    (root / "sweep.md").write_text("\n".join(text) + "\n")
+    write_atomic(root / "sweep.md", "\n".join(text) + "\n")
     return root / "sweep.md"
 
 

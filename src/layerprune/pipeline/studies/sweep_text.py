@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from layerprune.core.paired import differ_text, format_interval, run_variance_note
+from layerprune.core.paired import differ_text, format_signed, run_variance_note
 from layerprune.pipeline.studies.figures import KINDS, SPLIT
 from layerprune.pipeline.studies.sweep_points import ci_pct, share_pct
 
@@ -31,11 +31,11 @@ def format_comparisons(rows: list[dict[str, Any]], replicates: int) -> list[str]
             if kind not in row:
                 continue
             c = row[kind]
-            share = (f"{_signed(c['share'])} (undefined {100 * (c['share'].get('undefined') or 0.0):.1f}%), "
+            share = (f"{format_signed(c['share'])} (undefined {100 * (c['share'].get('undefined') or 0.0):.1f}%), "
                      f"{SIDE[c['share_status']]}" if isinstance(c["share"], dict) else c["share"])
             name = "recovered share net of each arm's control" if c.get("share_net_of_controls") else "recovered share"
             lines.append(f"- {high} - {low} at k = {row['k']}, {kind}: {name} {share}{_holm_text(c.get('share_holm'))};"
-                         f" recovered score {_signed(c['score'])}, {SIDE[c['score_status']]}"
+                         f" recovered score {format_signed(c['score'])}, {SIDE[c['score_status']]}"
                          f"{_holm_text(c.get('score_holm'))}")
     return lines
 
@@ -44,13 +44,7 @@ def _holm_text(ci: dict[str, Any] | None) -> str:
     """' (Holm 99.2%: +3.0% [-1.0, 7.0], not shown to differ)', '' without one or where nothing can be stated."""
     if not ci or ci.get("low") is None:
         return ""
-    return f" (Holm {100 * ci['level']:.1f}%: {_signed(ci)}, {differ_text(ci)})"
-
-
-def _signed(ci: dict[str, Any]) -> str:
-    """An interval printed with its sign: '+18.0% [9.0, 27.0]'."""
-    text = format_interval(ci, missing="undefined")
-    return f"+{text}" if (ci.get("value") or 0) > 0 else text
+    return f" (Holm {100 * ci['level']:.1f}%: {format_signed(ci)}, {differ_text(ci)})"
 
 
 def format_table(points: list[dict[str, Any]]) -> str:

@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from layerprune.core.outputs import write_atomic
 from layerprune.core.paired import format_bounded, format_estimate
 from layerprune.pipeline.studies.variant_grid import VariantStudy
 from layerprune.pipeline.studies.variant_seeds import agreement_row, seeds_lines
@@ -161,7 +162,7 @@ def write_variant_report(study: VariantStudy, root: Path, variant: Path, result:
 
     dirs = {"variant_dirs": {str(s): str(p) for s, p in variants.items()}} if variants else {}
     write_json(root / "variant.json", {"study": study.record(), "variant_dir": str(variant), **dirs, **result})
-    (root / "variant.md").write_text(variant_table(study, result), encoding="utf-8")
+    write_atomic(root / "variant.md", variant_table(study, result))
 
 
 def redraw_variant_report(root: Path) -> None:
