@@ -10,37 +10,30 @@ from typing import Any
 from layerprune.core.paired import format_interval
 from layerprune.pipeline.studies.budget_fit import GATE, LIMIT_TASK, SCALES, TARGETS, undetermined
 from layerprune.pipeline.studies.comparisons import format_families
+from layerprune.pipeline.studies.sweep_curves import error_bars, save_chart
 
 
 def plot_curves(curves: list[dict[str, Any]], budgets: list[int], path: Path) -> None:
     """One panel per task: each arm's share (per k) against the budget on a log axis, its interval as error bars
     (the budgets scored so far)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     stated = [c for c in curves if any(_stated(s) for s in c["shares"].values())]
     tasks = sorted({c["task"] for c in stated})
-    fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(4.5 * max(1, len(tasks)), 3.6), squeeze=False)
-    for ax, task in zip(axes[0], tasks or [""], strict=True):
-        for c in (c for c in stated if c["task"] == task):
-            points = [(b, s) for b, s in zip(budgets, c["shares"].values(), strict=True) if _stated(s)]
-            values = [s["value"] for _, s in points]
-            low = [s["value"] - (s["low"] if s.get("low") is not None else s["value"]) for _, s in points]
-            high = [(s["high"] if s.get("high") is not None else s["value"]) - s["value"] for _, s in points]
-            ax.errorbar([b for b, _ in points], values, yerr=[low, high], marker="o", capsize=3,
-                        label=f"{c['arm'] or 'recovered'} k={c['k']}")
-        ax.set_xscale("log")
-        ax.axhline(GATE, color="grey", lw=0.8, ls="--")
-        ax.set_title(task or "no share could be stated")
-        ax.set_xlabel("unpadded target tokens")
-        ax.set_ylabel("share of the drop won back")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+
+    def draw(axes: list[Any]) -> None:
+        for ax, task in zip(axes, tasks or [""], strict=True):
+            for c in (c for c in stated if c["task"] == task):
+                points = [(b, s) for b, s in zip(budgets, c["shares"].values(), strict=True) if _stated(s)]
+                values, errors = error_bars([s for _, s in points])
+                ax.errorbar([b for b, _ in points], values, yerr=errors, marker="o", capsize=3,
+                            label=f"{c['arm'] or 'recovered'} k={c['k']}")
+            ax.set_xscale("log")
+            ax.axhline(GATE, color="grey", lw=0.8, ls="--")
+            ax.set(title=task or "no share could be stated", xlabel="unpadded target tokens",
+                   ylabel="share of the drop won back")
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
+
+    save_chart(path, draw, (4.5 * max(1, len(tasks)), 3.6), max(1, len(tasks)))
 
 
 def _stated(share: Any) -> bool:

@@ -32,6 +32,7 @@ from layerprune.core.paired import ALPHA, format_interval, holm
 from layerprune.pipeline.paired_table import Figures
 from layerprune.pipeline.studies.figures import INSTRUMENT, study_figures, unpaired
 from layerprune.pipeline.studies.grain_grid import CONTROL, PLAN_FILE, cell, grain_arm, logical_models
+from layerprune.pipeline.studies.sweep_curves import save_chart
 from layerprune.pipeline.studies.sweep_grid import SweepStudy
 
 
@@ -232,33 +233,29 @@ def plot_grains(record: dict[str, Any], path: Path) -> None:
     """Retention against the parameters removed (matched on speed: against the measured speedup), one line per grain,
     dashed before recovery, solid after; a cell without a retention value (an undefined ratio) is left out, not drawn
     at 0."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     speed = record.get("match") == "speedup"
     key, origin, scale = ("speedup", 1.0, 1.0) if speed else ("params_fraction", 0.0, 100.0)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for grain, color in (("block", "#d62728"), ("attention", "#1f77b4"), ("mlp", "#2ca02c")):
-        points = sorted((c for c in record["cells"] if c["grain"] == grain), key=lambda c: c[key])
-        for stage, style in (("pruned", "--"), ("recovered", "-")):
-            shown = [c for c in points if c.get(stage, {}).get("retention", {}).get("value") is not None]
-            xs = [origin] + [c[key] for c in shown]
-            ci = [c[stage]["retention"] for c in shown]
-            if not ci:
-                continue
-            ys = [1.0] + [r["value"] for r in ci]
-            ax.plot([scale * x for x in xs], ys, style, marker="o", color=color, label=f"{grain}, {stage}")
-            for x, r in zip(xs[1:], ci, strict=True):
-                if r.get("low") is not None:
-                    ax.vlines(scale * x, r["low"], r["high"], color=color, alpha=0.5)
-    ax.set_xlabel("measured speedup (x)" if speed else "parameters removed (%)")
-    ax.set_ylabel("retention (chance-normalised)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+
+    def draw(axes: list[Any]) -> None:
+        ax = axes[0]
+        for grain, color in (("block", "#d62728"), ("attention", "#1f77b4"), ("mlp", "#2ca02c")):
+            points = sorted((c for c in record["cells"] if c["grain"] == grain), key=lambda c: c[key])
+            for stage, style in (("pruned", "--"), ("recovered", "-")):
+                shown = [c for c in points if c.get(stage, {}).get("retention", {}).get("value") is not None]
+                xs = [origin] + [c[key] for c in shown]
+                ci = [c[stage]["retention"] for c in shown]
+                if not ci:
+                    continue
+                ys = [1.0] + [r["value"] for r in ci]
+                ax.plot([scale * x for x in xs], ys, style, marker="o", color=color, label=f"{grain}, {stage}")
+                for x, r in zip(xs[1:], ci, strict=True):
+                    if r.get("low") is not None:
+                        ax.vlines(scale * x, r["low"], r["high"], color=color, alpha=0.5)
+        ax.set(xlabel="measured speedup (x)" if speed else "parameters removed (%)",
+               ylabel="retention (chance-normalised)")
+        ax.legend(fontsize=8)
+
+    save_chart(path, draw, (6, 4), dpi=120)
 
 
 def write_grain_report(study: SweepStudy, root: Path) -> Path:

@@ -1,23 +1,49 @@
-"""The curves of a sweep's report: retention against k (sweep.png), and each recovery's held-out loss curve read
-from its recover report (replicate 0), with what the recovery spent and how its loss flattened (sweep_loss.png)."""
+"""The charts of the study reports: how every chart is drawn and saved (`save_chart`, `error_bars`), the sweep's
+retention against k (sweep.png), and each recovery's held-out loss curve read from its recover report (replicate 0),
+with what the recovery spent and how its loss flattened (sweep_loss.png)."""
 
 from __future__ import annotations
 
+import io
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from layerprune.core.outputs import write_atomic
 from layerprune.pipeline.studies.sweep_grid import recovered_label
 
 
-def plot_retention(points: list[dict[str, Any]], depth: int | None, path: Path) -> None:
-    """Chance-normalised retention against the pruning ratio: classification and generative, pruned and recovered
-    (one line per arm with arms), with 95% paired intervals."""
+def save_chart(path: Path, draw: Callable[[list[Any]], None], size: tuple[float, float] = (6.4, 4.2),
+               panels: int = 1, dpi: int = 110) -> None:
+    """Draw on `panels` axes side by side (matplotlib without a display) and save the PNG whole or not at all."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, axes = plt.subplots(1, panels, figsize=size, squeeze=False)
+    try:
+        draw(list(axes[0]))
+        fig.tight_layout()
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=dpi)
+    finally:
+        plt.close(fig)
+    write_atomic(path, png.getvalue())
+
+
+def error_bars(cis: list[dict[str, Any]], scale: float = 1.0) -> tuple[list[float], list[list[float]]]:
+    """The values of intervals and their distances to the ends (an end missing: none), as errorbar's yerr."""
+    def end(ci: dict[str, Any], key: str) -> float:
+        return ci[key] if ci.get(key) is not None else ci["value"]
+
+    return ([scale * ci["value"] for ci in cis], [[scale * (ci["value"] - end(ci, "low")) for ci in cis],
+                                                  [scale * (end(ci, "high") - ci["value"]) for ci in cis]])
+
+
+def plot_retention(points: list[dict[str, Any]], depth: int | None, path: Path) -> None:
+    """Chance-normalised retention against the pruning ratio: classification and generative, pruned and recovered
+    (one line per arm with arms), with 95% paired intervals."""
     arms = list(dict.fromkeys(p.get("arm") for p in points))
     styles: dict[tuple[str, str, str | None], tuple[str, str]] = {
         ("classification", "pruned", arms[0] if arms else None): ("tab:blue", "--o"),
@@ -26,26 +52,24 @@ def plot_retention(points: list[dict[str, Any]], depth: int | None, path: Path) 
     for i, arm in enumerate(arms):
         for kind, color, style in (("classification", "tab:blue", "-o"), ("generative", "tab:red", "-s")):
             styles[(kind, "recovered", arm)] = (color if arm is None else palette[i % len(palette)], style)
-    for (kind, role, arm), (color, style) in styles.items():
-        series = [(p["k"], p[kind].get(f"retention_{role}")) for p in points if kind in p and p.get("arm") == arm]
-        series = [(k, ci) for k, ci in series if ci and ci.get("value") is not None]
-        if not series:
-            continue
-        xs = [100 * k / depth if depth else k for k, _ in series]
-        ys = [100 * ci["value"] for _, ci in series]
-        errors = [[100 * (ci["value"] - (ci["low"] if ci["low"] is not None else ci["value"])) for _, ci in series],
-                  [100 * ((ci["high"] if ci["high"] is not None else ci["value"]) - ci["value"]) for _, ci in series]]
-        ax.errorbar(xs, ys, yerr=errors, fmt=style, color=color, capsize=3,
-                    label=f"{kind}, {role}" if arm is None or role == "pruned" else f"{kind}, {arm}")
-    ax.axhline(100, color="grey", lw=0.6)
-    ax.axhline(0, color="grey", lw=0.6)
-    ax.set_xlabel("blocks dropped (% of depth)" if depth else "blocks dropped")
-    ax.set_ylabel("retention above chance (%)")
-    ax.set_title("Retention against pruning ratio (95% paired intervals)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+
+    def draw(axes: list[Any]) -> None:
+        ax = axes[0]
+        for (kind, role, arm), (color, style) in styles.items():
+            series = [(p["k"], p[kind].get(f"retention_{role}")) for p in points if kind in p and p.get("arm") == arm]
+            series = [(k, ci) for k, ci in series if ci and ci.get("value") is not None]
+            if series:
+                ys, errors = error_bars([ci for _, ci in series], 100)
+                ax.errorbar([100 * k / depth if depth else k for k, _ in series], ys, yerr=errors, fmt=style,
+                            color=color, capsize=3,
+                            label=f"{kind}, {role}" if arm is None or role == "pruned" else f"{kind}, {arm}")
+        ax.axhline(100, color="grey", lw=0.6)
+        ax.axhline(0, color="grey", lw=0.6)
+        ax.set(xlabel="blocks dropped (% of depth)" if depth else "blocks dropped",
+               ylabel="retention above chance (%)", title="Retention against pruning ratio (95% paired intervals)")
+        ax.legend(fontsize=8)
+
+    save_chart(path, draw)
 
 
 def loss_curves(study: Any, root: Path) -> dict[int | str, dict[str, Any]]:
@@ -101,19 +125,13 @@ def curve_name(key: int | str) -> str:
 
 
 def plot_losses(curves: dict[int | str, dict[str, Any]], path: Path) -> None:
-    import matplotlib
+    def draw(axes: list[Any]) -> None:
+        ax = axes[0]
+        for k, info in curves.items():
+            points = [(s, v) for s, v in info["held_out"] if v is not None]
+            ax.plot([s for s, _ in points], [v for _, v in points], "-o", ms=3, label=curve_name(k))
+        ax.set(xlabel="optimizer step", ylabel="held-out loss (teacher answers)", title="Recovery: held-out loss per k"
+               + (" and arm" if any(isinstance(k, str) for k in curves) else ""))
+        ax.legend(fontsize=8)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    for k, info in curves.items():
-        points = [(s, v) for s, v in info["held_out"] if v is not None]
-        ax.plot([s for s, _ in points], [v for _, v in points], "-o", ms=3, label=curve_name(k))
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("held-out loss (teacher answers)")
-    ax.set_title("Recovery: held-out loss per k" + (" and arm" if any(isinstance(k, str) for k in curves) else ""))
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_chart(path, draw, (6.4, 3.8))
