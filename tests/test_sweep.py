@@ -1110,11 +1110,11 @@ def test_max_hours_sums_a_grids_cells():
 
 
 def test_a_sweep_checks_the_data_of_the_tasks_it_can_score_not_of_its_whole_suite(tiny_llama, tmp_path, monkeypatch):
-    """The run checks every data file it can read before any stage (a bad line there ends it in one line), and only
-    those: piqa is in sweep-cpu but not scored by this sweep, so a broken piqa file does not stop it (issue 56: the
-    run checked every task of the suite)."""
+    """The run checks every data file it reads before any stage (a bad line there ends it in one line: the tasks it
+    can score, the recoveries' prompts), and only those: piqa is in sweep-cpu but not scored by this sweep, so a
+    broken piqa file stops neither the run nor its dry run (issue 56: the run checked every task of the suite)."""
     from layerprune.core.settings import RunSettings
-    from layerprune.pipeline.studies import sweep
+    from layerprune.pipeline.studies import sweep, sweep_plan
     from layerprune.pipeline.studies.sweep_grid import instrument
     from layerprune.tasks.data import resolve_data_dir
 
@@ -1135,6 +1135,14 @@ def test_a_sweep_checks_the_data_of_the_tasks_it_can_score_not_of_its_whole_suit
     monkeypatch.setattr(sweep, "run_stages", lambda stages, root: ran.append(len(list(stages))))
     sweep.run_sweep(study, RunSettings())
     assert ran, "the run stopped on the data of a task it does not score"
+    assert "pruning-ratio sweep" in sweep_plan.dry_run(study, RunSettings())  # the dry run and --max-hours alike
+    assert sweep_plan.estimate_seconds(study, RunSettings()) is None  # a tiny model: no rates, but no refusal
+    (mirror / "dolly").unlink()  # the recovery's prompts: checked before any stage, not at the first recovery
+    (mirror / "dolly").mkdir()
+    (mirror / "dolly" / "train.jsonl").write_text("{not json\n")
+    with pytest.raises(LayerpruneError, match="dolly"):
+        sweep.run_sweep(study, RunSettings())
     (mirror / "arc_easy" / "test.jsonl").write_text("{not json\n")
     with pytest.raises(LayerpruneError, match="arc_easy"):
         sweep.run_sweep(study, RunSettings())
+    assert len(ran) == 1

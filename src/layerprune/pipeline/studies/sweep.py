@@ -56,6 +56,7 @@ from layerprune.pipeline.studies.sweep_cells import Cell, cells, model_dir
 from layerprune.pipeline.studies.sweep_grid import (
     GSM8K,
     SweepStudy,
+    arm_names,
     both_formats,
     instrument,
 )
@@ -78,6 +79,7 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
     if pending and study.grains is not None:
         check_reachable(study, settings)  # a k no finer grain's servable prefix matches: refused before any scoring
     validate_data(instrument(study), settings, prune_pending=pending)
+    check_prompts(study)
     if both_formats(study):
         check_chat_template(study.model, settings)
     if not overwrite:
@@ -85,6 +87,17 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
     claim_run_dir(RunPaths(root), study, overwrite)
     run_stages(sweep_stages(study, settings, root, grid), root)
     return grid[-1].output  # the report: sweep.md, or a grain study's grain.md
+
+
+def check_prompts(study: SweepStudy) -> None:
+    """Every arm's prompts read as its recovery reads them (the GSM8K test questions they exclude included), so a
+    bad prompt file ends the run before any stage, not at the first recovery hours later."""
+    from layerprune.recover.prompts import load_prompts
+    from layerprune.tasks.data import resolve_data_dir
+
+    sources = {p.model_dump_json(): p for p in (study.arm_recipe(a, "<pruned>").prompts for a in arm_names(study))}
+    for source in sources.values():
+        load_prompts(source, None if source.source.endswith(".jsonl") else resolve_data_dir(data_dir_of(study)))
 
 
 def adopt_added_arms(study: SweepStudy, paths: RunPaths) -> list[str]:

@@ -112,7 +112,7 @@ def sizing(study: SweepStudy) -> Sizing:
     from layerprune.tasks.probes import family_of
 
     shared = study.shared_recipe("<pruned>")
-    planned, _ = plan_tasks(study.evaluate.model_copy(update={"only": None}), resolve_data_dir(study.evaluate.data_dir))
+    planned, _ = plan_tasks(instrument(study).evaluate, resolve_data_dir(study.evaluate.data_dir))
     limits = {t.spec.name: t.limit for t in planned}
     cls_docs = sum(int(limits[t]) if (limits.get(t) or 0) >= 1 else 0 for t in study.classification)
     candidates = study.probes.candidates if study.probes is not None else []
@@ -208,7 +208,8 @@ def progress_lines(study: SweepStudy, root: Path) -> list[str]:
     stages = [cell for cell in cells(study, root) if cell.step != "report"]
     names, left = [c.name for c in stages], [c.name for c in stages if not c.output.exists()]
     arms = f"; arms {', '.join(added[1])} would be added to it" if added else ""
-    return [f"{root} holds a run of this sweep{arms}: {len(names) - len(left)} of {len(names)} stages complete "
+    kind = "sweep" if study.grains is None else "grain study"
+    return [f"{root} holds a run of this {kind}{arms}: {len(names) - len(left)} of {len(names)} stages complete "
             f"(skipped when it resumes; the estimate below counts them all); "
             f"left: {in_brief(left) if left else 'none'}"]
 
@@ -359,7 +360,7 @@ def _memory_lines(study: SweepStudy, settings: RunSettings, arm: str | None) -> 
     if config is None:
         return [f"memory plan: not made ({note or 'the config was not readable'})"]
     teacher = copy.deepcopy(config)
-    first = 0 if has_control(study, arm) else study.ratios[0]
+    first = 0 if has_control(study, arm) or study.grains is not None else study.ratios[0]  # a finer cell keeps all
     config.num_hidden_layers = teacher.num_hidden_layers - first
     _, plan = plan_for(study.arm_recipe(arm, "<pruned>"), config,
                        RecoverJob(output=study.run_dir() / "recovered-k1", settings=settings), cuda=True,
