@@ -867,7 +867,15 @@ def test_tiny_budget_sweep_saves_and_scores_a_checkpoint_at_each_budget(capsys, 
     early, late = (load_file(root / name / "model.safetensors") for name in ("lora-k1@20", "lora-k1"))
     assert any(not (early[name] == late[name]).all() for name in early)  # another model than the run's end
     assert not (root / "lora-k1.work").exists()
-    assert "| lora | 1 |" in (root / "budget.md").read_text()  # the report stage draws the curves too
+    text = (root / "budget.md").read_text()
+    assert "| lora | 1 |" in text  # the report stage draws the curves too
+    spent = text.split("## What each point spent", 1)[1]  # every point's budget: tokens, steps and lr as trained
+    point = json.loads((root / "lora-k2@20" / "recover_report.json").read_text())
+    final = json.loads((root / "lora-k2" / "recover_report.json").read_text())
+    rate = [r.get("learning_rate") or r["recipe"]["train"]["learning_rate"] for r in (point, final)]
+    assert (f"| lora | 2 | {point['tokens_unpadded']:,} / {point['optimizer_steps']} / {rate[0]:g} | "
+            f"{final['tokens_unpadded']:,} / {final['optimizer_steps']} / {rate[1]:g} |") in spent
+    assert f"Rerun: `layerprune study tiny-sweep --output {root}`" in spent
 
 
 # --- declared comparisons (issue 56) -------------------------------------------------------------------------------

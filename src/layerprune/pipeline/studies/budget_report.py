@@ -164,6 +164,26 @@ def missing_cells(study: Any, folders: dict[str, Path]) -> dict[str, dict[str, A
             for label, runs in design.items() if not all(scored for _, scored in runs)}
 
 
+def spent(study: Any, root: Path) -> list[dict[str, Any]]:
+    """What each point's recoveries spent, replicate by replicate (lr_search.budget_spent: unpadded target tokens,
+    sequences, optimizer steps, learning rate): a row per arm and k (the k = 0 control: its largest budget only),
+    a list of runs per budget; a checkpoint's counts are those at its budget."""
+    from layerprune.pipeline.studies.cells import split_label
+    from layerprune.pipeline.studies.sweep_cells import model_dir
+    from layerprune.pipeline.studies.sweep_grid import arm_names, has_control, models, recovered_label
+    from layerprune.recover.lr_search import budget_spent
+
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for model in models(study):
+        report = model_dir(root, model) / "recover_report.json"
+        if report.is_file():
+            runs.setdefault(split_label(model)[0], []).append(budget_spent(report))
+    rows = [{"arm": arm, "k": k, "points": [runs.get(label, []) for _, label in budget_labels(study, arm, k)]}
+            for arm in arm_names(study) for k in study.ratios]
+    return rows + [{"arm": arm, "k": 0, "points": [[]] * (len(study.budgets) - 1)
+                    + [runs.get(recovered_label(arm, 0), [])]} for arm in arm_names(study) if has_control(study, arm)]
+
+
 def default_families(study: Any, tasks: list[str]) -> dict[str, ComparisonFamily]:
     """One family per task where the recipe declares no budget family: each arm's share at the largest budget
     against the smallest (does it rise?), every pair of arms at the largest budget, each arm's share net of its k = 0
@@ -244,10 +264,11 @@ def write_budget_report(study: Any, root: Path, control_arm: str | None = None) 
     folders = evaluated(study, root)
     control_arm = control_arm or next(iter(getattr(study, "arm_prompts", {}) or {}), None)
     record: dict[str, Any] = {"budgets": study.budgets, "control_arm": control_arm,
-                              "missing": missing_cells(study, folders), **_drawn(study, folders, control_arm)}
+                              "missing": missing_cells(study, folders), "spent": spent(study, root),
+                              **_drawn(study, folders, control_arm)}
     write_atomic(root / "budget.json", json.dumps(record, indent=1, default=str))
     plot_curves(record["curves"], study.budgets, root / "budget.png")
-    text = format_budget(study, record) + ["", "![budget curves](budget.png)"]
+    text = format_budget(study, record, root) + ["", "![budget curves](budget.png)"]
     write_atomic(root / "budget.md", "\n".join(text) + "\n")
     return root / "budget.md"
 

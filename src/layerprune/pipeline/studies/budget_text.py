@@ -10,6 +10,7 @@ from typing import Any
 from layerprune.core.paired import format_interval
 from layerprune.pipeline.studies.budget_fit import GATE, LIMIT_TASK, SCALES, TARGETS, undetermined
 from layerprune.pipeline.studies.comparisons import format_families
+from layerprune.pipeline.studies.figures import spent_text
 from layerprune.pipeline.studies.sweep_curves import error_bars, save_chart
 
 
@@ -40,9 +41,10 @@ def _stated(share: Any) -> bool:
     return isinstance(share, dict) and share.get("value") is not None
 
 
-def format_budget(study: Any, record: dict[str, Any]) -> list[str]:
+def format_budget(study: Any, record: dict[str, Any], root: Path) -> list[str]:
     """budget.md: what is not scored yet, the curve table (arm x k x task, a share column per budget), the fits, the
-    positive control, the verdicts, the dedicated runs and the comparisons."""
+    positive control, the verdicts, the dedicated runs, the comparisons, and what each point spent (tokens, steps,
+    learning rate) with the command that reproduces it."""
     from layerprune.pipeline.studies.sweep_grid import budget_tag
 
     tags = [budget_tag(b) for b in study.budgets]
@@ -65,7 +67,26 @@ def format_budget(study: Any, record: dict[str, Any]) -> list[str]:
     lines += [f"- {task}: left out, {why}" for task, why in record["unpaired"].items()]
     lines += ["", *_format_verdicts(record, tags[-1]), *_format_dedicated(record["dedicated"], study)]
     lines += _format_comparisons(record, study.replicates)
-    return lines
+    return lines + _format_spent(study, record.get("spent") or [], root)
+
+
+def _format_spent(study: Any, rows: list[dict[str, Any]], root: Path) -> list[str]:
+    """What every point spent (its budget: unpadded target tokens, optimizer steps, learning rate, the spread over
+    its replicates), how each rate was chosen, and the command that reproduces the study."""
+    from layerprune.pipeline.studies.sweep_grid import budget_tag
+    from layerprune.recover.lr_search import lr_lines
+
+    head = ["arm", "k", *(budget_tag(b) for b in study.budgets)]
+    lines = ["## What each point spent", "",
+             "Unpadded target tokens / optimizer steps / learning rate of each point's recoveries (the spread over "
+             "its replicates; a checkpoint's counts at its budget; the k = 0 control trains to the largest budget "
+             "only).", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += [f"| {row['arm'] or 'recovered'} | {row['k'] or '0 (control)'} | "
+              + " | ".join(spent_text(runs) for runs in row["points"]) + " |" for row in rows]
+    rates = lr_lines(root, list(study.lr_grid), "every k, replicate and control of the arm trained at it (the "
+                     "search's own runs are not scored)")
+    return [*lines, "", *rates, *([""] if rates else []),
+            f"Rerun: `layerprune study {study.name} --output {root}` (complete stages are skipped)."]
 
 
 def _format_missing(missing: dict[str, dict[str, Any]]) -> list[str]:

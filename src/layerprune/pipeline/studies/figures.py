@@ -86,6 +86,17 @@ def records_line(kept: dict[str, dict[str, Any]], where: str = "sweep.json") -> 
             + (f" MISSING for {', '.join(missing)}: those models could not be paired." if missing else ""))
 
 
+def spent_text(runs: list[dict[str, Any]]) -> str:
+    """'7,980-8,012 / 31-32 / 0.0005': the spread over a point's recoveries of the unpadded target tokens, optimizer
+    steps and learning rates they spent (lr_search.budget_spent), '-' where none is recorded."""
+    def span(key: str, form: str) -> str:
+        values = sorted({r[key] for r in runs if r.get(key) is not None})
+        return "-" if not values else format(values[0], form) + ("" if len(values) == 1 else
+                                                                 "-" + format(values[-1], form))
+    return "-" if not runs else f"{span('tokens_unpadded', ',')} / {span('optimizer_steps', 'd')} / " \
+                                f"{span('learning_rate', 'g')}"
+
+
 def paired_json(value: Any) -> Any:
     """JSON-safe: numpy numbers as floats, NaN as null, int keys as strings."""
     if isinstance(value, dict):

@@ -30,7 +30,7 @@ from layerprune.core.errors import LayerpruneError
 from layerprune.core.outputs import write_atomic
 from layerprune.core.paired import ALPHA, format_interval, holm
 from layerprune.pipeline.paired_table import Figures
-from layerprune.pipeline.studies.figures import INSTRUMENT, study_figures, unpaired
+from layerprune.pipeline.studies.figures import INSTRUMENT, spent_text, study_figures, unpaired
 from layerprune.pipeline.studies.grain_grid import CONTROL, PLAN_FILE, cell, grain_arm, logical_models
 from layerprune.pipeline.studies.sweep_curves import save_chart
 from layerprune.pipeline.studies.sweep_grid import SweepStudy
@@ -154,16 +154,6 @@ def grain_record(study: SweepStudy, root: Path) -> dict[str, Any]:
             "comparisons": comparisons(study, figures)}
 
 
-def _budget(runs: list[dict[str, Any]]) -> str:
-    """'7,980-8,012 / 31-32 / 0.0005': the spread of unpadded target tokens, optimizer steps and learning rates."""
-    def span(key: str, form: str) -> str:
-        values = sorted({r[key] for r in runs if r.get(key) is not None})
-        return "-" if not values else format(values[0], form) + ("" if len(values) == 1 else
-                                                                 "-" + format(values[-1], form))
-    return "-" if not runs else f"{span('tokens_unpadded', ',')} / {span('optimizer_steps', 'd')} / " \
-                                f"{span('learning_rate', 'g')}"
-
-
 def _pct(ci: dict[str, Any] | str | None) -> str:
     """A percent with its interval, or the string saying why there is none (a share over a drop near 0)."""
     return ci if isinstance(ci, str) else format_interval(ci, digits=1)
@@ -202,7 +192,7 @@ def format_report(study: SweepStudy, record: dict[str, Any]) -> str:
             f"{100 * c['kv_fraction']:.1f}%", *([f"{c['speedup']:.3f}x"] if timed else []),
             f"{100 * c['gap']:+.2f}%", _pct(before.get("score")),
             _pct(before.get("retention")), _pct(after.get("score")), _pct(after.get("retention")),
-            _pct(after.get("share")), sd, _budget(c.get("budget") or [])]) + " |")
+            _pct(after.get("share")), sd, spent_text(c.get("budget") or [])]) + " |")
     lines += ["", "## Finer grain against the block arm at matched savings", "",
               f"Difference = finer - block on the instrument (points, paired 95%, unadjusted); margin "
               f"{100 * cuts.gates.margin:g} points. Each verdict is tested at family-wise level "
@@ -221,7 +211,7 @@ def format_report(study: SweepStudy, record: dict[str, Any]) -> str:
     if control is None:
         lines.append("No k = 0 control ran: what the recovery recipe does to the unpruned model is not separated.")
     else:
-        lines.append(f"The recovery applied to the original (spent {_budget(control.get('budget') or [])}): change "
+        lines.append(f"The recovery applied to the original (spent {spent_text(control.get('budget') or [])}): change "
                      f"{_points(control['change'])} points; gate "
                      f"(wholly beyond ±{100 * control['limit']:g} points) "
                      + ("passed." if control["passed"] else "FAILED: the recipe itself moves the instrument, so "
