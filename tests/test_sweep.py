@@ -876,6 +876,13 @@ def test_tiny_budget_sweep_saves_and_scores_a_checkpoint_at_each_budget(capsys, 
     assert (f"| lora | 2 | {point['tokens_unpadded']:,} / {point['optimizer_steps']} / {rate[0]:g} | "
             f"{final['tokens_unpadded']:,} / {final['optimizer_steps']} / {rate[1]:g} |") in spent
     assert f"Rerun: `layerprune study tiny-sweep --output {root}`" in spent
+    from layerprune.pipeline import results
+
+    archived = json.loads((root / "budget.json").read_text())
+    assert results.study_kind(root) == "sweep"  # its results page: the sweep's report, then the budget curves
+    page, data = results.KINDS["sweep"][1](root, tmp_path / "out")
+    assert "## Budget curves: tiny-sweep" in page and "![budget curves](budget.png)" in page
+    assert results.differences(archived, data["budget.json"]) == []
 
 
 # --- declared comparisons (issue 56) -------------------------------------------------------------------------------

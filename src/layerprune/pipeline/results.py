@@ -51,15 +51,22 @@ def _load(path: Path) -> Any:
 
 
 def _sweep(root: Path, out: Path) -> tuple[str, dict[str, Any]]:
-    """A sweep's sweep.json and sweep.md; the loss curves come from the archived sweep.json (the recover reports are
-    scrubbed of their data text and do not read back)."""
+    """A sweep's sweep.json and sweep.md (with budgets, budget.md and budget.json after them); the loss curves come
+    from the archived sweep.json (the recover reports are scrubbed of their data text and do not read back)."""
     from layerprune.pipeline.studies import sweep_report
     from layerprune.pipeline.studies.sweep_grid import SweepStudy
 
     curves = {(int(k) if k.isdigit() else k): v for k, v in _load(root / "sweep.json")["curves"].items()}
     study = _study(SweepStudy, root)
     sweep_report.write_sweep_report(study, root, curves)
-    return (root / "sweep.md").read_text(), {"sweep.json": _load(root / "sweep.json")}
+    text, data = (root / "sweep.md").read_text(), {"sweep.json": _load(root / "sweep.json")}
+    if study.budgets:  # the budget curves after it, as the study's report stage draws them
+        from layerprune.pipeline.studies.budget_report import write_budget_report
+
+        write_budget_report(study, root)
+        text += "\n" + re.sub(r"^(#+) ", r"#\1 ", (root / "budget.md").read_text(), flags=re.M)
+        data["budget.json"] = _load(root / "budget.json")
+    return text, data
 
 
 def _study(kind: Any, root: Path) -> Any:
