@@ -234,3 +234,26 @@ def test_models_scored_on_different_items_are_refused_in_one_line_and_nothing_is
         with pytest.raises(LayerpruneError, match=one_line.format(count) + r"[^\n]*$"):
             write_budget_report(study, tmp_path / "s")
         assert not any((tmp_path / "s" / name).exists() for name in ("budget.md", "budget.json", "budget.png"))
+
+
+def test_every_point_says_what_it_spent_the_dedicated_runs_and_controls_included(tiny_llama, tmp_path):
+    """budget.md's last section: tokens / steps / learning rate per arm, k and budget from each point's own
+    recover_report.json (the spread over replicates), a dedicated run's at dedicated_at, a control's at the largest
+    budget, '-' where nothing is recorded; and the rerun command."""
+    study, root = _study(tiny_llama, tmp_path / "s"), tmp_path / "s"
+
+    def report(label: str, tokens: int, steps: int, rate: float = 2e-4) -> None:
+        (root / label).mkdir(parents=True)
+        (root / label / "recover_report.json").write_text(json.dumps(
+            {"tokens_unpadded": tokens, "optimizer_steps": steps, "learning_rate": rate, "recipe": {}, "data": {}}))
+
+    report("kd-k1@32k", 32_010, 12)
+    report("kd-k1@32k@r1", 32_050, 13)
+    report("kd-k1@32k-dedicated", 32_020, 12, 3e-4)
+    report("kd-k0@r2", 256_100, 99)
+    text = write_budget_report(study, root).read_text().split("## What each point spent", 1)[1]
+    assert "| kd | 1 | - | 32,010-32,050 / 12-13 / 0.0002 | - | - |" in text
+    assert "| kd | 1 (dedicated) | - | 32,020 / 12 / 0.0003 | - | - |" in text
+    assert "| kd | 0 (control) | - | - | - | 256,100 / 99 / 0.0002 |" in text
+    assert "| local | 1 (dedicated) |" not in text and "| local | 0 (control) |" not in text  # none: local is a cut
+    assert f"Rerun: `layerprune study tiny-budget --output {root}`" in text

@@ -166,11 +166,12 @@ def missing_cells(study: Any, folders: dict[str, Path]) -> dict[str, dict[str, A
 
 def spent(study: Any, root: Path) -> list[dict[str, Any]]:
     """What each point's recoveries spent, replicate by replicate (lr_search.budget_spent: unpadded target tokens,
-    sequences, optimizer steps, learning rate): a row per arm and k (the k = 0 control: its largest budget only),
-    a list of runs per budget; a checkpoint's counts are those at its budget."""
+    sequences, optimizer steps, learning rate): a row per arm and k, then the dedicated runs (at dedicated_at only)
+    and the k = 0 controls (at the largest budget only), a list of runs per budget; a checkpoint's counts are those
+    at its budget."""
     from layerprune.pipeline.studies.cells import split_label
     from layerprune.pipeline.studies.sweep_cells import model_dir
-    from layerprune.pipeline.studies.sweep_grid import arm_names, has_control, models, recovered_label
+    from layerprune.pipeline.studies.sweep_grid import arm_names, dedicated_points, has_control, models, recovered_label
     from layerprune.recover.lr_search import budget_spent
 
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -178,10 +179,15 @@ def spent(study: Any, root: Path) -> list[dict[str, Any]]:
         report = model_dir(root, model) / "recover_report.json"
         if report.is_file():
             runs.setdefault(split_label(model)[0], []).append(budget_spent(report))
+    def only(budget: int, label: str) -> list[list[dict[str, Any]]]:  # a row with one budget's column filled
+        return [runs.get(label, []) if b == budget else [] for b in study.budgets]
+
     rows = [{"arm": arm, "k": k, "points": [runs.get(label, []) for _, label in budget_labels(study, arm, k)]}
             for arm in arm_names(study) for k in study.ratios]
-    return rows + [{"arm": arm, "k": 0, "points": [[]] * (len(study.budgets) - 1)
-                    + [runs.get(recovered_label(arm, 0), [])]} for arm in arm_names(study) if has_control(study, arm)]
+    rows += [{"arm": arm, "k": f"{study.lr_k} (dedicated)", "points": only(study.dedicated_at, split_label(run[0])[0])}
+             for arm in arm_names(study) if (run := dedicated_points(study, study.lr_k, arm))]
+    return rows + [{"arm": arm, "k": "0 (control)", "points": only(study.budgets[-1], recovered_label(arm, 0))}
+                   for arm in arm_names(study) if has_control(study, arm)]
 
 
 def default_families(study: Any, tasks: list[str]) -> dict[str, ComparisonFamily]:

@@ -76,15 +76,16 @@ def _format_spent(study: Any, rows: list[dict[str, Any]], root: Path) -> list[st
     from layerprune.pipeline.studies.sweep_grid import budget_tag
     from layerprune.recover.lr_search import lr_lines
 
-    head = ["arm", "k", *(budget_tag(b) for b in study.budgets)]
+    tags = [budget_tag(b) for b in study.budgets]
+    head = ["arm", "k", *tags]
     lines = ["## What each point spent", "",
              "Unpadded target tokens / optimizer steps / learning rate of each point's recoveries (the spread over "
-             "its replicates; a checkpoint's counts at its budget; the k = 0 control trains to the largest budget "
-             "only).", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += [f"| {row['arm'] or 'recovered'} | {row['k'] or '0 (control)'} | "
+             "its replicates; a checkpoint's counts at its budget; a dedicated run trains to its budget alone, the "
+             "k = 0 control to the largest only).", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += [f"| {row['arm'] or 'recovered'} | {row['k']} | "
               + " | ".join(spent_text(runs) for runs in row["points"]) + " |" for row in rows]
-    rates = lr_lines(root, list(study.lr_grid), "every k, replicate and control of the arm trained at it (the "
-                     "search's own runs are not scored)")
+    rates = lr_lines(root, list(study.lr_grid), f"each candidate trained to the smallest budget, {tags[0]}; every "
+                     "k, replicate and control of the arm trained at the rate chosen (its own runs never scored)")
     return [*lines, "", *rates, *([""] if rates else []),
             f"Rerun: `layerprune study {study.name} --output {root}` (complete stages are skipped)."]
 
