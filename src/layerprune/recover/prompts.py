@@ -19,7 +19,7 @@ from layerprune.core.registry import unknown_name_message
 from layerprune.recover import selfgen
 from layerprune.recover.schema import PromptSource
 from layerprune.tasks import probes
-from layerprune.tasks.data import HUB_DATASETS, HUB_SOURCE, local_split, parse_hub_source, read_jsonl
+from layerprune.tasks.data import HUB_DATASETS, HUB_SOURCE, local_split, parse_hub_source, read_jsonl, resolve_data_dir
 from layerprune.tasks.probes import PROBE_DOCS, Probe
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,12 @@ def gsm8k_test_questions(data_dir: Path | None) -> set[str]:
 def is_gsm8k(source: str) -> bool:
     """Whether a prompt source is GSM8K, by its name or its hub id (hf:openai/gsm8k[:CONFIG])."""
     return source == "gsm8k" or (source.startswith(HUB_SOURCE) and parse_hub_source(source)[0] == GSM8K_HUB)
+
+
+def prompts_data_dir(source: PromptSource, data_dir: Path | str | None) -> Path | None:
+    """The data mirror a prompt source is read from: none for a .jsonl file of the user's, else `data_dir`
+    resolved (the mirror's default where it names none)."""
+    return None if source.source.endswith(".jsonl") else resolve_data_dir(data_dir)
 
 
 def load_prompts(source: PromptSource, data_dir: Path | None) -> tuple[list[selfgen.Prompt], dict[str, int]]:

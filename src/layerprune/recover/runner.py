@@ -30,7 +30,6 @@ from layerprune.recover.methods import METHODS, MethodRun, plan_for, prompts_to_
 from layerprune.recover.report import RECOVER_REPORT, HeldOutLoss, RecoverReport, model_card
 from layerprune.recover.schema import RecoverRecipe
 from layerprune.recover.student_teacher import materialize_student, plan_recover
-from layerprune.tasks.data import resolve_data_dir
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +95,7 @@ def dry_run_length(recipe: RecoverRecipe, student: ModelSource, job: RecoverJob)
 
 
 def _data_dir(recipe: RecoverRecipe, job: RecoverJob) -> Path | None:
-    return resolve_data_dir(job.data_dir) if not recipe.prompts.source.endswith(".jsonl") else None
+    return prompt_sources.prompts_data_dir(recipe.prompts, job.data_dir)
 
 
 def recover_model(recipe: RecoverRecipe, job: RecoverJob) -> RecoverReport:

@@ -179,13 +179,14 @@ def spent(study: Any, root: Path) -> list[dict[str, Any]]:
         report = model_dir(root, model) / "recover_report.json"
         if report.is_file():
             runs.setdefault(split_label(model)[0], []).append(budget_spent(report))
+
     def only(budget: int, label: str) -> list[list[dict[str, Any]]]:  # a row with one budget's column filled
         return [runs.get(label, []) if b == budget else [] for b in study.budgets]
 
     rows = [{"arm": arm, "k": k, "points": [runs.get(label, []) for _, label in budget_labels(study, arm, k)]}
             for arm in arm_names(study) for k in study.ratios]
-    rows += [{"arm": arm, "k": f"{study.lr_k} (dedicated)", "points": only(study.dedicated_at, split_label(run[0])[0])}
-             for arm in arm_names(study) if (run := dedicated_points(study, study.lr_k, arm))]
+    rows += [{"arm": arm, "k": f"{study.lr_k} (dedicated)", "points": only(study.dedicated_at, split_label(own[0])[0])}
+             for arm in arm_names(study) if (own := dedicated_points(study, study.lr_k, arm))]
     return rows + [{"arm": arm, "k": "0 (control)", "points": only(study.budgets[-1], recovered_label(arm, 0))}
                    for arm in arm_names(study) if has_control(study, arm)]
 

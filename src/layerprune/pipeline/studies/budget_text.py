@@ -67,16 +67,14 @@ def format_budget(study: Any, record: dict[str, Any], root: Path) -> list[str]:
     lines += [f"- {task}: left out, {why}" for task, why in record["unpaired"].items()]
     lines += ["", *_format_verdicts(record, tags[-1]), *_format_dedicated(record["dedicated"], study)]
     lines += _format_comparisons(record, study.replicates)
-    return lines + _format_spent(study, record.get("spent") or [], root)
+    return lines + _format_spent(study, tags, record.get("spent") or [], root)
 
 
-def _format_spent(study: Any, rows: list[dict[str, Any]], root: Path) -> list[str]:
+def _format_spent(study: Any, tags: list[str], rows: list[dict[str, Any]], root: Path) -> list[str]:
     """What every point spent (its budget: unpadded target tokens, optimizer steps, learning rate, the spread over
-    its replicates), how each rate was chosen, and the command that reproduces the study."""
-    from layerprune.pipeline.studies.sweep_grid import budget_tag
+    its replicates; a column per budget, `tags`), how each rate was chosen, and the command that reproduces it."""
     from layerprune.recover.lr_search import lr_lines
 
-    tags = [budget_tag(b) for b in study.budgets]
     head = ["arm", "k", *tags]
     lines = ["## What each point spent", "",
              "Unpadded target tokens / optimizer steps / learning rate of each point's recoveries (the spread over "

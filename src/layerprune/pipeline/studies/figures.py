@@ -78,10 +78,10 @@ def records(root: Path, folders: dict[str, Path]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def records_line(kept: dict[str, dict[str, Any]], where: str = "sweep.json") -> str:
+def records_line(kept: dict[str, dict[str, Any]]) -> str:
     """The sentence that says where the per-item records are, and which are missing."""
     missing = [label for label, r in kept.items() if r["missing"]]
-    return (f"Per-item records (kept, listed in {where} `records`, so any comparison can be redone paired): "
+    return ("Per-item records (kept, listed in sweep.json `records`, so any comparison can be redone paired): "
             "eval/MODEL/samples/*.jsonl for " + ", ".join(kept) + "."
             + (f" MISSING for {', '.join(missing)}: those models could not be paired." if missing else ""))
 

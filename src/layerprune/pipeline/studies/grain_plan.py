@@ -16,6 +16,7 @@ from layerprune.pipeline.studies.grain_grid import (
 )
 from layerprune.pipeline.studies.sweep_grid import SweepStudy, instrument
 from layerprune.prune.matched import order_rankings, plan_matched
+from layerprune.prune.target import ModelSizes
 from layerprune.recover.schema import RecoverRecipe
 
 PRUNE_SECONDS = 20.0  # one cell's cut, verification and save (assumed, not measured)
@@ -30,7 +31,7 @@ def plan_lines(study: SweepStudy, settings: RunSettings) -> tuple[list[str], dic
     order: the scores choose which), the recovery's budget, replicates, controls and gates; the seconds of each phase
     at the measured rates and the recoveries."""
     sizes = study_sizes(study, settings)
-    depth = len({r for r in sizes.costs if isinstance(r, int)})
+    depth = model_depth(sizes)
     plan = plan_matched(matching(study), sizes, order_rankings(grain_names(study), depth,
                                                                study.prune.protected_blocks(depth)))
     recipe, cuts = study.arm_recipe(grain_arm(study), "<pruned>"), study.grains
@@ -57,6 +58,17 @@ def plan_lines(study: SweepStudy, settings: RunSettings) -> tuple[list[str], dic
              f"gates: control shift {100 * study.grains.gates.control_shift:g} points; margin "
              f"{100 * study.grains.gates.margin:g} points; a level is read only where the block arm's drop is clear"]
     return lines, seconds, runs
+
+
+def model_depth(sizes: ModelSizes) -> int:
+    """The model's blocks, from its sizes (costs keyed by block index, and by sublayer)."""
+    return len({r for r in sizes.costs if isinstance(r, int)})
+
+
+def seconds(study: SweepStudy, settings: RunSettings) -> dict[str, float]:
+    """Seconds per phase at the measured rates (`--max-hours`: no matched plan is made, only the shapes read)."""
+    depth = model_depth(study_sizes(study, settings))
+    return phase_seconds(study, study.arm_recipe(grain_arm(study), "<pruned>"), depth)[0]
 
 
 def phase_seconds(study: SweepStudy, recipe: RecoverRecipe, depth: int) -> tuple[dict[str, float], int, int]:

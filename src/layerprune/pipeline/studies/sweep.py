@@ -92,12 +92,11 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
 def check_prompts(study: SweepStudy) -> None:
     """Every arm's prompts read as its recovery reads them (the GSM8K test questions they exclude included), so a
     bad prompt file ends the run before any stage, not at the first recovery hours later."""
-    from layerprune.recover.prompts import load_prompts
-    from layerprune.tasks.data import resolve_data_dir
+    from layerprune.recover.prompts import load_prompts, prompts_data_dir
 
     sources = {p.model_dump_json(): p for p in (study.arm_recipe(a, "<pruned>").prompts for a in arm_names(study))}
     for source in sources.values():
-        load_prompts(source, None if source.source.endswith(".jsonl") else resolve_data_dir(data_dir_of(study)))
+        load_prompts(source, prompts_data_dir(source, data_dir_of(study)))
 
 
 def adopt_added_arms(study: SweepStudy, paths: RunPaths) -> list[str]:

@@ -155,7 +155,7 @@ def estimate_seconds(study: SweepStudy, settings: RunSettings) -> float | None:
     if study.grains is not None:
         from layerprune.pipeline.studies import grain_plan
 
-        return sum(grain_plan.plan_lines(study, settings)[1].values())
+        return sum(grain_plan.seconds(study, settings).values())
     return sum(sizing(study).seconds.values())
 
 
