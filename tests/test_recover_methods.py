@@ -257,6 +257,23 @@ def test_held_out_metrics_are_zero_kl_for_the_teacher_itself(tiny_llama):
     assert same["kl"] == pytest.approx(0.0, abs=1e-6) and same["ce"] > 0 and same["tokens"] > 0
 
 
+def test_the_teachers_held_out_side_is_computed_once_a_run_with_the_same_numbers(tiny_llama, tiny_models):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    teacher = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    student = AutoModelForCausalLM.from_pretrained(tiny_models("llama", 6)).eval()
+    rows = [{"prompt": f"what is {i} + 7?", "response": f"It is {i + 7}." * (i + 1)} for i in range(3)]
+    encoded = heldout.encode_rows(tokenizer, rows, GenerationSection(system_prompt=None), 64)
+    plain = [heldout.held_out_metrics(student, teacher, encoded) for _ in range(3)]
+    kept = heldout.HeldOutTeacher(teacher, encoded)
+    assert [heldout.held_out_metrics(student, kept, encoded) for _ in range(3)] == plain  # equal to the last bit
+    assert kept.forwards == len(encoded) and len(kept.kept) == len(encoded)  # three evaluations, one teacher pass
+    too_large = heldout.HeldOutTeacher(teacher, encoded, limit=1)  # past the limit: computed at each evaluation
+    assert [heldout.held_out_metrics(student, too_large, encoded) for _ in range(3)] == plain
+    assert too_large.forwards == 3 * len(encoded) and not too_large.kept
+    callback = heldout.HeldOutCallback(kept, encoded)
+    assert callback.teacher is kept  # the trainer's evaluations read the run's kept side
+
+
 def test_recipe_validates_the_new_sections():
     recipe = RecoverRecipe(method="replace", replace={"then": "opd"}, opd={"adapter": "full"})
     assert recipe.trainer_method() == "opd" and not recipe.uses_lora() and METHODS.get(recipe.method).needs_teacher

@@ -62,19 +62,55 @@ def _ids(value: Any) -> list[int]:
     return list(value)
 
 
+CACHE_BYTES = 4 << 30  # the teacher's held-out log-probabilities kept in memory up to this size (CPU runs)
+
+
+class HeldOutTeacher:
+    """The teacher's side of one run's held-out rows: its log-probabilities over each row's completion tokens. The
+    teacher is frozen, so every evaluation of a run (before, at each eval step, after) reads the same ones: on the
+    CPU they are computed once and kept while they fit in `limit` bytes (a teacher forward is half of each
+    evaluation there); on an accelerator, or past the limit, they are computed again at each evaluation. Either way
+    the numbers are the same: the same forward on the same rows."""
+
+    def __init__(self, teacher: Any, encoded: list[tuple[list[int], int]], limit: int = CACHE_BYTES) -> None:
+        self.model, self.encoded = teacher, encoded
+        self.keep = limit > 0 and next(teacher.parameters()).device.type == "cpu"
+        self.limit = limit
+        self.kept: list[torch.Tensor] = []
+        self.forwards = 0  # teacher forward passes run (a test reads it)
+
+    @torch.no_grad()
+    def log_probs(self, index: int, device: torch.device) -> torch.Tensor:
+        """The teacher's log-probabilities over row `index`'s completion tokens, on `device`."""
+        if index < len(self.kept):
+            return self.kept[index]
+        ids, start = self.encoded[index]
+        input_ids = torch.tensor([ids], device=next(self.model.parameters()).device)
+        self.forwards += 1
+        logits = self.model(input_ids=input_ids, use_cache=False).logits[0, start - 1:-1]
+        logp = torch.log_softmax(logits.float().to(device), -1)
+        if self.keep and index == len(self.kept):
+            self.kept.append(logp)
+            if sum(t.numel() * t.element_size() for t in self.kept) > self.limit:
+                self.keep, self.kept = False, []  # too large to keep: computed at each evaluation from here on
+        return logp
+
+
 @torch.no_grad()
 def held_out_metrics(student: Any, teacher: Any, encoded: list[tuple[list[int], int]]) -> dict[str, float]:
-    """Token-weighted mean cross-entropy of the student and KL(teacher || student) over completion tokens."""
+    """Token-weighted mean cross-entropy of the student and KL(teacher || student) over completion tokens.
+    `teacher`: the teacher model, or a run's `HeldOutTeacher` over the same `encoded` rows (its log-probabilities
+    computed once)."""
+    side = teacher if isinstance(teacher, HeldOutTeacher) else HeldOutTeacher(teacher, encoded, limit=0)
     was_training = student.training
     student.eval()
     ce_sum = kl_sum = 0.0
     count = 0
     device = next(student.parameters()).device
-    for ids, start in encoded:
+    for index, (ids, start) in enumerate(encoded):
         input_ids = torch.tensor([ids], device=device)
         s_logp = torch.log_softmax(student(input_ids=input_ids, use_cache=False).logits[0, start - 1:-1].float(), -1)
-        t_logp = torch.log_softmax(teacher(input_ids=input_ids.to(next(teacher.parameters()).device),
-                                           use_cache=False).logits[0, start - 1:-1].float().to(device), -1)
+        t_logp = side.log_probs(index, device)
         targets = input_ids[0, start:]
         ce_sum += float(-s_logp.gather(-1, targets[:, None]).sum())
         kl_sum += float((t_logp.exp() * (t_logp - s_logp)).sum())
@@ -87,7 +123,8 @@ class HeldOutCallback(TrainerCallback):
     """Measure held-out CE and KL whenever the trainer evaluates (every eval_steps), into `points`."""
 
     def __init__(self, teacher: Any, encoded: list[tuple[list[int], int]]) -> None:
-        self.teacher, self.encoded = teacher, encoded
+        self.teacher = teacher if isinstance(teacher, HeldOutTeacher) else HeldOutTeacher(teacher, encoded)
+        self.encoded = encoded
         self.points: list[dict[str, float]] = []
 
     def on_step_end(self, args, state, control, model=None, **kwargs):  # type: ignore[no-untyped-def]

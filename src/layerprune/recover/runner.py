@@ -354,10 +354,11 @@ def held_out_on_saved(recipe: RecoverRecipe, job: RecoverJob, student: ModelSour
         return heldout.report_metrics(None, None, result.held_ids)
     teacher_model = load_model(teacher, job.settings).model.eval()
     pruned_model = load_model(student, job.settings).model
-    pruned = heldout.held_out_metrics(pruned_model, teacher_model, encoded)
+    side = heldout.HeldOutTeacher(teacher_model, encoded)  # computed once for both, on the CPU
+    pruned = heldout.held_out_metrics(pruned_model, side, encoded)
     del pruned_model
-    after = heldout.held_out_metrics(model, teacher_model, encoded)
-    del teacher_model
+    after = heldout.held_out_metrics(model, side, encoded)
+    del teacher_model, side
     release_memory()
     log.info("held-out CE %.4f -> %.4f, KL %.4f -> %.4f", pruned["ce"], after["ce"], pruned["kl"], after["kl"])
     return heldout.report_metrics(pruned, after, result.held_ids)

@@ -64,14 +64,15 @@ def train_with_teacher(run: MethodRun) -> TrainResult:
     optimizer, plan = plan_for(recipe, loaded.model.config, job, cuda=device.type == "cuda",
                                teacher_config=teacher.config)  # the teacher at its own size, not the student's
     encoded = heldout.encode_rows(loaded.tokenizer, eval_rows, recipe.generate, recipe.train.max_length)
-    metrics: dict[str, Any] = {"pruned": heldout.held_out_metrics(loaded.model, teacher, encoded) if encoded else None}
+    side = heldout.HeldOutTeacher(teacher, encoded)  # the teacher's held-out side, computed once on the CPU
+    metrics: dict[str, Any] = {"pruned": heldout.held_out_metrics(loaded.model, side, encoded) if encoded else None}
     data: dict[str, Any] = {"train_examples": len(train_rows), "train_prompts": len(train_prompts),
                             "held_out_examples": len(eval_rows), "held_out_tokens": sum(len(i) - s for i, s in encoded)}
     data.update(apply_steps(ChainStep(recipe, loaded, teacher, run.student, train_rows)))
     if recipe.surgery_steps():
-        metrics["replaced"] = heldout.held_out_metrics(loaded.model, teacher, encoded) if encoded else None
-    trained = run_trainer(recipe, loaded, teacher, train_rows, train_prompts, job, optimizer, encoded, metrics, data)
-    metrics["after"] = heldout.held_out_metrics(trained.model, teacher, encoded) if encoded else None
+        metrics["replaced"] = heldout.held_out_metrics(loaded.model, side, encoded) if encoded else None
+    trained = run_trainer(recipe, loaded, teacher, train_rows, train_prompts, job, optimizer, side, metrics, data)
+    metrics["after"] = heldout.held_out_metrics(trained.model, side, encoded) if encoded else None
     data.update(steps=trained.steps + chain.local_steps(data), held_out_metrics=metrics)
     before, after = (metrics["pruned"] or {}).get("ce"), (metrics["after"] or {}).get("ce")
     log.info("held-out CE %s -> %s, KL %s -> %s", _f(before), _f(after), _f((metrics["pruned"] or {}).get("kl")),
@@ -114,7 +115,7 @@ class Trained:
 
 
 def run_trainer(recipe: RecoverRecipe, loaded: Any, teacher: Any, rows: list[dict[str, Any]], prompts: list[str],
-                job: Any, optimizer: str, encoded: list[Any], metrics: dict[str, Any],
+                job: Any, optimizer: str, held: heldout.HeldOutTeacher, metrics: dict[str, Any],
                 data: dict[str, Any]) -> Trained:
     """Train with the chain's trainer (kd, opd), if it has one, from the checkpoint with --resume."""
     from accelerate import PartialState
@@ -132,7 +133,7 @@ def run_trainer(recipe: RecoverRecipe, loaded: Any, teacher: Any, rows: list[dic
         state.wait_for_everyone()
     trainer_dir = job.work / "trainer"
     resume_from = train.prepare_trainer_dir(trainer_dir, job.resume, train.made_by(job))
-    callback = heldout.HeldOutCallback(teacher, encoded)
+    callback = heldout.HeldOutCallback(held, held.encoded)
     trainer = make_trainer(recipe, method, loaded, teacher, rows, prompts, job, optimizer, trainer_dir, callback)
     counter = budget.attach(trainer, recipe.train.max_tokens)
     budget.attach_snapshots(trainer, counter, job.snapshot_budgets, job.work / budget.SNAPSHOTS)
