@@ -106,6 +106,42 @@ def test_local_training_lowers_the_span_output_error(tiny_llama, block):
     assert all(torch.equal(p, untouched[n]) for n, p in student.named_parameters() if n in untouched)
 
 
+def test_local_keeps_the_teachers_states_for_a_studys_next_run_with_the_same_weights(tiny_llama, tmp_path,
+                                                                                      monkeypatch):
+    """A study's local runs at several budgets (one cut, one seed) capture the teacher's states once: the next run
+    reads the kept file and trains to the same weights, bit for bit; another teacher or other sequences is another
+    file."""
+    teacher = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    seqs = [list(range(3 + i, 3 + i + 7 + i % 4)) for i in range(8)]
+    budget = local.LocalBudget(steps=6, sequences_per_step=4, learning_rate=1e-3)
+
+    def trained(states):  # a fresh student, blocks 2 and 3 dropped; its trained weights
+        student = AutoModelForCausalLM.from_pretrained(tiny_llama)
+        drop_blocks(student, [2, 3])
+        local.train_spans(student, teacher, [2, 3], seqs, "before", budget, states=states)
+        return student.state_dict()
+
+    plain = trained(None)
+    first = trained(tmp_path / "states")
+    kept = sorted((tmp_path / "states").glob("*.pt"))
+    assert len(kept) == 1 and all(torch.equal(plain[k], first[k]) for k in plain)
+    captured = []
+    monkeypatch.setattr(local, "capture_states", lambda *args: captured.append(args) or pytest.fail("captured"))
+    again = trained(tmp_path / "states")  # read from the kept file: no teacher forward
+    assert not captured and all(torch.equal(plain[k], again[k]) for k in plain)
+    monkeypatch.undo()
+    span = local.local_spans([2, 3], 6, "before")[0]
+    other = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    with torch.no_grad():
+        next(other.parameters()).add_(1e-3)
+    digests = {local.teacher_digest(teacher), local.teacher_digest(other)}
+    local.span_states(other, span, seqs, tmp_path / "states", local.teacher_digest(other))
+    local.span_states(teacher, span, seqs[:-1], tmp_path / "states", local.teacher_digest(teacher))
+    assert len(digests) == 2 and len(list((tmp_path / "states").glob("*.pt"))) == 3
+    (kept[0]).write_bytes(b"torn")  # an unreadable file is captured again, not trusted
+    assert all(torch.equal(plain[k], v) for k, v in trained(tmp_path / "states").items())
+
+
 def test_local_refuses_a_block_that_does_not_exist():
     with pytest.raises(LayerpruneError, match="block 0; set local.block: after"):
         local.local_spans([0, 1], 6, "before")

@@ -833,12 +833,14 @@ def test_budget_points_are_labelled_staged_and_trained_to_their_budget(tiny_llam
                          "eval-lora-k1@20-dedicated@r1"]
     calls = []
     monkeypatch.setattr(sweep, "recover_sharing_answers", lambda recipe, job, shared: calls.append(
-        (job.output.name, recipe.train.max_tokens, {b: p.name for b, p in job.snapshots.items()})))
+        (job.output.name, recipe.train.max_tokens, {b: p.name for b, p in job.snapshots.items()},
+         job.states and job.states.relative_to(tmp_path))))
     for label in ("lora-k1@r1", "local-k1@20@r1", "local-k2", "lora-k0", "lora-k1@20-dedicated@r1"):
         _recover(study, RunSettings(), tmp_path / "s", label)
-    assert calls == [("lora-k1@r1", 40000, {20: "lora-k1@20@r1", 32768: "lora-k1@32768@r1"}),
-                     ("local-k1@20@r1", 20, {}), ("local-k2", 40000, {}), ("lora-k0", 40000, {}),
-                     ("lora-k1@20-dedicated@r1", 20, {})]
+    states = Path("s") / sweep.STATES  # local's runs, one a budget, share the teacher's states; a trainer's keep none
+    assert calls == [("lora-k1@r1", 40000, {20: "lora-k1@20@r1", 32768: "lora-k1@32768@r1"}, None),
+                     ("local-k1@20@r1", 20, {}, states), ("local-k2", 40000, {}, states), ("lora-k0", 40000, {}, None),
+                     ("lora-k1@20-dedicated@r1", 20, {}, None)]
 
 
 def test_tiny_budget_sweep_saves_and_scores_a_checkpoint_at_each_budget(capsys, tiny_llama, tmp_path, monkeypatch):

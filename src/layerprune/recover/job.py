@@ -21,6 +21,8 @@ class RecoverJob:
     data_dir: Path | None = None
     memory_budget: float = 80.0
     snapshots: dict[int, Path] = field(default_factory=dict)  # budget (target tokens) -> the model saved on reaching it
+    states: Path | None = None  # a folder where a block-training step (local) keeps the teacher's hidden states for
+    # other runs of a study on the same teacher and sequences (recover/local.span_states); None: not kept
 
     @property
     def snapshot_budgets(self) -> list[int]:

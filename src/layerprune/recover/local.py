@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass, replace
+import os
+from dataclasses import astuple, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
+import xxhash
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.recover.replace import _first, _Stop, decoder_layers, dropped_runs
@@ -122,6 +125,48 @@ def capture_states(teacher: Any, span: Span, ids: list[int]) -> tuple[torch.Tens
     return seen["x"], seen["y"], seen["kwargs"]
 
 
+STATES_FORMAT = 1  # what capture_states keeps; a change to it makes every kept file another key
+
+
+def teacher_digest(teacher: Any) -> str:
+    """xxh3-128 of the teacher's weights and buffers (their names, dtypes, shapes and bytes) and the torch version:
+    what the states it computes depend on."""
+    digest = xxhash.xxh3_128(f"{STATES_FORMAT}:{torch.__version__}".encode())
+    for name, tensor in teacher.state_dict().items():
+        flat = tensor.detach().reshape(-1).contiguous().cpu()
+        digest.update(f"{name}:{flat.dtype}:{tuple(tensor.shape)}".encode())
+        if flat.numel():
+            digest.update(memoryview(flat.view(torch.uint8).numpy()))
+    return digest.hexdigest()
+
+
+def span_states(teacher: Any, span: Span, sequences: list[list[int]], states: Path | None,
+                digest: str = "") -> list[tuple[torch.Tensor, torch.Tensor, dict[str, Any]]]:
+    """The teacher's (input, target, kwargs) of every sequence for `span`. With `states` (a folder the runs of a study
+    share), read from the file a run with the same teacher (`digest`: teacher_digest), span and sequences left there:
+    the same forward's numbers, so a study's runs at several budgets capture them once; else captured here and left
+    there for the next run."""
+    if states is None:
+        return [capture_states(teacher, span, ids) for ids in sequences]
+    key = xxhash.xxh3_128(f"{digest}:{astuple(span)}".encode())
+    for ids in sequences:
+        key.update(f"{len(ids)}:{','.join(map(str, ids))};".encode())
+    path = states / f"{key.hexdigest()}.pt"
+    if path.is_file():
+        try:
+            cache = torch.load(path, weights_only=True)
+            log.info("local: the teacher's states for block %d read from %s", span.trained, path)
+            return cache
+        except Exception as err:  # noqa: BLE001 (a torn or foreign file fails in many ways: captured again)
+            log.warning("local: %s unreadable (%s); capturing the states again", path, err)
+    cache = [capture_states(teacher, span, ids) for ids in sequences]
+    states.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    torch.save(cache, partial)
+    os.replace(partial, path)
+    return cache
+
+
 def _to(value: Any, device: torch.device) -> Any:
     if isinstance(value, torch.Tensor):
         return value.to(device=device, dtype=torch.float32 if value.is_floating_point() else value.dtype)
@@ -202,11 +247,12 @@ def train_block(block: Any, cache: list[tuple[torch.Tensor, torch.Tensor, dict[s
 
 def train_spans(student: Any, teacher: Any, dropped: list[int], sequences: list[list[int]], block: str,
                 budget: LocalBudget, targets: list[int] | None = None,
-                partial: dict[int, str] | None = None) -> list[dict[str, Any]]:
+                partial: dict[int, str] | None = None, states: Path | None = None) -> list[dict[str, Any]]:
     """Train one kept block per dropped span, in block order; return each span's error before and after and what
     it trained on. The steps are shared out over the spans; the token budget is each span's whole (every span's
     block trains on the same sequences, those a trainer given the budget trains on). `targets`: the answer tokens
-    of each sequence (train_block)."""
+    of each sequence (train_block). `states`: a folder where the teacher's states are kept for other runs
+    (span_states)."""
     if not sequences:
         raise LayerpruneError("local needs training text: no teacher answers left for training prompts")
     spans = local_spans(dropped, len(decoder_layers(teacher)), block, partial)
@@ -214,8 +260,9 @@ def train_spans(student: Any, teacher: Any, dropped: list[int], sequences: list[
     device = next(student.parameters()).device
     per_span = max(1, budget.steps // len(spans))
     fits = []
+    digest = teacher_digest(teacher) if states is not None else ""
     for span in spans:
-        cache = [capture_states(teacher, span, ids) for ids in sequences]
+        cache = span_states(teacher, span, sequences, states, digest)
         before = block_error(layers[span.student], cache, device)
         share = replace(budget, steps=per_span)
         trained, seen, steps, losses = train_block(layers[span.student], cache, share, device, targets)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import shutil
 from pathlib import Path
 
 from layerprune.core.errors import LayerpruneError
@@ -59,6 +60,7 @@ from layerprune.pipeline.studies.sweep_grid import (
     arm_names,
     both_formats,
     instrument,
+    trains_each_budget,
 )
 from layerprune.pipeline.studies.sweep_inputs import chat_tasks, evaluated_tasks, ranking
 from layerprune.recover import lr_search
@@ -86,7 +88,20 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
         adopt_added_arms(study, RunPaths(root))
     claim_run_dir(RunPaths(root), study, overwrite)
     run_stages(sweep_stages(study, settings, root, grid), root)
+    shutil.rmtree(root / STATES, ignore_errors=True)  # every run that could read the kept states has run
     return grid[-1].output  # the report: sweep.md, or a grain study's grain.md
+
+
+STATES = "teacher-states"  # the teacher's hidden states a local arm's runs share (states_folder), until the sweep ends
+
+
+def states_folder(study: SweepStudy, root: Path, arm: str | None) -> Path | None:
+    """Where an arm's runs keep the teacher's hidden states for each other (recover/local.span_states): an arm that
+    trains a block on them (local) and runs more than once on one cut and seed (a run per budget, or its lr grid);
+    None for any other arm (nothing would read them again)."""
+    methods = study.arm_recipe(arm, "<pruned>").chain_methods()
+    again = trains_each_budget(study, arm) or len(study.lr_grid.get(arm or "", [])) > 1
+    return root / STATES if again and any(method.caches_states for method in methods) else None
 
 
 def check_prompts(study: SweepStudy) -> None:
@@ -230,7 +245,7 @@ def recover_at(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell)
     snapshots = {budget: model_dir(root, label) for budget, label in cell.snapshots}
     answers = root / study.answers_file(cell.arm, recipe, cell.replicate)
     recover_with_snapshots(recipe, cell.output.parent, answers, settings, cell.replicate, data_dir_of(study),
-                           snapshots)
+                           snapshots, states_folder(study, root, cell.arm))
 
 
 def with_budget(recipe: RecoverRecipe, tokens: int | None) -> RecoverRecipe:
@@ -243,14 +258,14 @@ def with_budget(recipe: RecoverRecipe, tokens: int | None) -> RecoverRecipe:
 
 
 def recover_with_snapshots(recipe: RecoverRecipe, output: Path, answers: Path, settings: RunSettings, replicate: int,
-                           data_dir: Path | None, snapshots: dict[int, Path]) -> None:
+                           data_dir: Path | None, snapshots: dict[int, Path], states: Path | None = None) -> None:
     """One replicate's recovery (resumed from its last checkpoint, under the run seed + replicate) with the teacher
-    answers shared in `answers`, its run also saving a model on
-    reaching each budget of `snapshots` (budget -> folder)."""
+    answers shared in `answers`, its run also saving a model on reaching each budget of `snapshots` (budget ->
+    folder), and keeping the teacher's hidden states in `states` for the arm's other runs (states_folder)."""
     from layerprune.recover.job import RecoverJob
 
     job = RecoverJob(output=output, settings=replicate_settings(settings, replicate), overwrite=True,
-                     resume=True, data_dir=data_dir, snapshots=snapshots)
+                     resume=True, data_dir=data_dir, snapshots=snapshots, states=states)
     recover_sharing_answers(recipe, job, answers)
 
 
@@ -267,7 +282,8 @@ def search_lr(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) 
     def train(rate: float, output: Path) -> None:  # with budgets: at the smallest
         recipe = with_budget(with_learning_rate(study.arm_recipe(arm, student), rate), (study.budgets or [None])[0])
         answers = root / study.answers_file(arm, recipe, SEARCH_REPLICATE)
-        recover_with_snapshots(recipe, output, answers, settings, SEARCH_REPLICATE, data_dir_of(study), {})
+        recover_with_snapshots(recipe, output, answers, settings, SEARCH_REPLICATE, data_dir_of(study), {},
+                               states_folder(study, root, arm))
 
     record = lr_search.search(root, arm, study.lr_grid[arm], train, k=k, seed_offset=SEARCH_REPLICATE)
     lr_search.write_search(root, record)

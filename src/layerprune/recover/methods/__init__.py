@@ -64,6 +64,7 @@ class ChainStep:
     teacher: Any
     student: ModelSource
     rows: list[dict[str, Any]]
+    states: Path | None = None  # where the teacher's hidden states are kept for a study's other runs (RecoverJob)
 
 
 @dataclass

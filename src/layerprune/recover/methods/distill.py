@@ -68,7 +68,7 @@ def train_with_teacher(run: MethodRun) -> TrainResult:
     metrics: dict[str, Any] = {"pruned": heldout.held_out_metrics(loaded.model, side, encoded) if encoded else None}
     data: dict[str, Any] = {"train_examples": len(train_rows), "train_prompts": len(train_prompts),
                             "held_out_examples": len(eval_rows), "held_out_tokens": sum(len(i) - s for i, s in encoded)}
-    data.update(apply_steps(ChainStep(recipe, loaded, teacher, run.student, train_rows)))
+    data.update(apply_steps(ChainStep(recipe, loaded, teacher, run.student, train_rows, job.states)))
     if recipe.surgery_steps():
         metrics["replaced"] = heldout.held_out_metrics(loaded.model, side, encoded) if encoded else None
     trained = run_trainer(recipe, loaded, teacher, train_rows, train_prompts, job, optimizer, side, metrics, data)

@@ -38,7 +38,7 @@ def local_step(step: ChainStep) -> list[dict[str, Any]]:
     encoded = heldout.encode_rows(loaded.tokenizer, step.rows, recipe.generate, recipe.local.max_length)
     budget = chain.local_budget(recipe, len(encoded))
     fits = streamline.train_spans(loaded.model, step.teacher, dropped, [ids for ids, _ in encoded], recipe.local.block,
-                                  budget, [len(ids) - start for ids, start in encoded], partial)
+                                  budget, [len(ids) - start for ids, start in encoded], partial, step.states)
     return [{**fit, "learning_rate": budget.learning_rate} for fit in fits]
 
 
