@@ -222,7 +222,7 @@ def demo_plan_seconds(planned: list, recover) -> dict[str, float]:
     """The demo's stages at the measured 2-core rates, planned as the sweep's dry run plans them (sweep.RATES and
     its training plan): three evaluations of the planned items, the teacher's answers, the recovery's tokens."""
     from layerprune.pipeline.studies.cells import RATES
-    from layerprune.pipeline.studies.sweep_plan import _training
+    from layerprune.pipeline.studies.recovery_plan import training as _training
 
     docs = {kind: sum(t.limit for t in planned if t.spec.kind == kind) for kind in ("classification", "generative")}
     trained, _, rate = _training(recover)

@@ -843,6 +843,35 @@ def test_budget_points_are_labelled_staged_and_trained_to_their_budget(tiny_llam
                      ("lora-k1@20-dedicated@r1", 20, {}, None)]
 
 
+def test_the_estimate_counts_held_out_evaluations_and_local_states_captured_once_a_cut_and_seed(tiny_llama, tmp_path):
+    """The dry run's estimate had no held-out evaluations (a kd run's every eval_steps) and no local teacher states:
+    44 h for the budget study, not 36. Local's states are counted once a cut and seed where its runs share them."""
+    from layerprune.pipeline.studies import recovery_plan, sweep_plan
+    from layerprune.pipeline.studies.cells import RATES
+
+    study = SweepStudy.model_validate(_budget_sweep(tiny_llama, tmp_path / "s", budgets=[20, 4000], replicates=3,
+                                                    arms={"kd": {"method": "kd"}, **ARMS}))
+    recipe = study.arm_recipe("kd", "<pruned>")
+    per_eval = 8 * 0.25 * (6 + 60)  # samples x held_out x (max_new_tokens + 60) tokens, one sequence at a time
+    per_step = 2 * 1 * 6  # batch x accum x max_new_tokens target tokens
+    assert recipe.train.eval_steps == 1
+    runs = [per_step * 5, per_step * 2]  # 5 and 2 steps: a callback evaluation each, and teacher, before and after
+    assert recovery_plan.held_out_seconds(study, "kd", runs) == pytest.approx((8 + 5) * per_eval / RATES[
+        "forward tokens/s"])
+    assert recovery_plan.held_out_seconds(study, "lora", runs) == pytest.approx(6 * per_eval / RATES[
+        "forward tokens/s"])  # SFT: measured on the saved weights only
+    forwards = (1 + 2) * 3  # k x replicates (no lr grid), half the model deep each
+    sequences = 8 * 0.75 * 66
+    assert recovery_plan.states_seconds(study, "local") == pytest.approx(forwards / 2 * sequences / RATES[
+        "forward tokens/s"])
+    assert recovery_plan.states_seconds(study, "kd") == 0.0
+    searched = study.model_copy(update={"lr_grid": {"local": [1e-3, 2e-3]}})  # its grid: two runs, one cut
+    assert recovery_plan.states_seconds(searched, "local") == pytest.approx((forwards + 1) / 2 * sequences / RATES[
+        "forward tokens/s"])
+    seconds = sweep_plan.sizing(study).seconds
+    assert seconds["held-out evaluations"] > 0 and seconds["teacher states"] > 0
+
+
 def test_tiny_budget_sweep_saves_and_scores_a_checkpoint_at_each_budget(capsys, tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setenv("LAYERPRUNE_CACHE", str(tmp_path / "cache"))
     recipe = tmp_path / "sweep.yaml"

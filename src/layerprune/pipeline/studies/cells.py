@@ -175,7 +175,8 @@ RATES = {"classification docs/s": 3.4, "probe items/s": 8.0, "trained tokens/s":
          "calibration items/s": 8.0, "teacher tokens/s": 90.0,  # measured on 2 idle cores (docs/benchmarks.md)
          "local tokens/s": 340.0,  # the local step, one block on cached states (recovery-transfer-embedded)
          "target tokens/s": 76.0,  # unpadded target tokens, LoRA SFT or kd (recovery-transfer-replicated: 16k, 210 s)
-         "scoring candidate-items/s": 7.6}  # a one-shot ablation pass: the demo's 30 blocks x 32 items in 126 s
+         "scoring candidate-items/s": 7.6,  # a one-shot ablation pass: the demo's 30 blocks x 32 items in 126 s
+         "forward tokens/s": 369.0}  # one sequence at a time, no grad: held-out rows, local's teacher states
 
 
 def rates_apply(model: str | None) -> bool:

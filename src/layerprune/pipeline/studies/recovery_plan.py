@@ -1,0 +1,138 @@
+"""The recoveries' part of the dry run (sweep_plan.py frames it): what each arm's runs train (target tokens, schedule
+and rate), their held-out evaluations and the teacher states a block-training arm captures, and with budgets each
+arm's runs and points, at the measured 2-core rates (cells.RATES)."""
+
+from __future__ import annotations
+
+from layerprune.pipeline.studies.cells import RATES
+from layerprune.pipeline.studies.sweep import states_folder
+from layerprune.pipeline.studies.sweep_grid import (
+    DEDICATED,
+    SweepStudy,
+    arm_names,
+    budget_tag,
+    dedicated_points,
+    has_control,
+    trains_each_budget,
+)
+from layerprune.recover.schema import RecoverRecipe
+
+
+def training(recipe: RecoverRecipe) -> tuple[float, str, float]:
+    """One recovery's plan: the tokens it trains (from max_new_tokens + 60 a teacher answer), its schedule in words,
+    and the measured CPU rate it trains at (the local step on cached states has its own)."""
+    train, per_answer = recipe.train, recipe.generate.max_new_tokens + 60
+    answers = recipe.prompts.samples or 256
+    if recipe.trainer_method() is None and recipe.lr_section() is not None:
+        # the local step's own budget: local.steps (else train.max_steps, else one pass) of batch x accum
+        from layerprune.recover.chain import local_budget
+
+        budget = local_budget(recipe, int(answers * (1 - train.held_out)))
+        trained = budget.steps * budget.sequences_per_step * per_answer
+        if train.max_tokens is not None:
+            trained = min(trained, train.max_tokens)
+        return trained, f"{budget.steps} local steps, lr {budget.learning_rate:g}", RATES["local tokens/s"]
+    if recipe.trainer_method() is None:
+        return 0.0, "no training (forward passes only)", RATES["trained tokens/s"]
+    trained = answers * (1 - train.held_out) * per_answer * train.epochs if train.max_steps is None else \
+        train.max_steps * train.batch_size * train.grad_accum * per_answer
+    schedule = f"{train.epochs:g} epochs" if train.max_steps is None else f"{train.max_steps} optimizer steps"
+    if train.max_tokens is not None:  # target (answer) tokens: a trained token per (new + 60) / new of them
+        trained = min(trained, train.max_tokens * per_answer / recipe.generate.max_new_tokens)
+        schedule += f" or {train.max_tokens} target (answer) tokens, whichever comes first"
+    return trained, f"{schedule}, lr {train.learning_rate:g}", RATES["trained tokens/s"]
+
+
+def run_tokens(study: SweepStudy, arm: str | None, plans: dict[str | None, tuple[float, str, float]],
+                runs: dict[str | None, int]) -> list[float]:
+    """The target tokens of each of an arm's runs (with budgets: budget_runs; else its plan, every run alike)."""
+    if study.budgets:
+        return [float(t) for t in budget_runs(study, arm)]
+    new = study.arm_recipe(arm, "<pruned>").generate.max_new_tokens
+    return [plans[arm][0] * new / (new + 60)] * runs[arm]
+
+
+def held_out_seconds(study: SweepStudy, arm: str | None, runs: list[float]) -> float:
+    """An arm's held-out evaluations (`runs`: each run's target tokens), one sequence at a time at the measured
+    forward rate: the teacher once a run (kept on the CPU), the student before training, after the block-changing
+    steps, every eval_steps of a distillation trainer, and after."""
+    from layerprune.recover.methods import METHODS
+
+    recipe = study.arm_recipe(arm, "<pruned>")
+    train, new = recipe.train, recipe.generate.max_new_tokens
+    held = (recipe.prompts.samples or 256) * train.held_out * (new + 60)
+    per_step = train.batch_size * train.grad_accum * new
+    every = METHODS.get(recipe.method).needs_teacher and recipe.trainer_method() is not None  # the callback's
+    evals = [3 + bool(recipe.surgery_steps()) + (int(t // per_step // train.eval_steps) if every else 0) for t in runs]
+    return sum(evals) * held / RATES["forward tokens/s"]
+
+
+def states_seconds(study: SweepStudy, arm: str | None) -> float:
+    """The teacher states a block-training arm (local) captures: one forward per training sequence and dropped
+    block (half the model deep on average), once a cut and seed where its runs share them (sweep.states_folder),
+    else once a run of its lr grid."""
+    recipe = study.arm_recipe(arm, "<pruned>")
+    if not any(method.caches_states for method in recipe.chain_methods()):
+        return 0.0
+    tokens = (recipe.prompts.samples or 256) * (1 - recipe.train.held_out) * (recipe.generate.max_new_tokens + 60)
+    shared = states_folder(study, study.run_dir(), arm) is not None
+    grid = len(study.lr_grid.get(arm or "", []))
+    searches = (min(grid, 1) if shared else grid) * study.lr_k
+    forwards = sum(k * study.replicates for k in study.ratios) + searches
+    return forwards / 2 * tokens / RATES["forward tokens/s"]
+
+
+def budget_runs(study: SweepStudy, arm: str | None) -> list[int]:
+    """The target tokens of every run of an arm with budgets: each replicate at every k to the largest budget (local
+    also to each smaller one, a run of its own), the controls to the largest, the lr grid's runs to the smallest."""
+    largest, smallest = study.budgets[-1], study.budgets[0]  # type: ignore[index]
+    per_point = list(study.budgets or []) if trains_each_budget(study, arm) else [largest]
+    points = len(study.ratios) * study.replicates * per_point
+    control = [largest] * study.replicates if has_control(study, arm) else []
+    dedicated = [study.dedicated_at] * len(dedicated_points(study, study.lr_k, arm)) if study.dedicated_at else []
+    return [*points, *control, *dedicated, *[smallest] * len(study.lr_grid.get(arm or "", []))]
+
+
+def budget_seconds(study: SweepStudy, arm: str | None) -> float:
+    """The arm's training time with budgets at the measured rates: a target token planned as (max_new_tokens + 60) /
+    max_new_tokens trained tokens (every answer max_new_tokens long; shorter answers cost more a target token)."""
+    recipe = study.arm_recipe(arm, "<pruned>")
+    new = recipe.generate.max_new_tokens
+    rate = RATES["local tokens/s"] if trains_each_budget(study, arm) else RATES["trained tokens/s"]
+    return sum(budget_runs(study, arm)) * (new + 60) / new / rate
+
+
+def budget_lines(study: SweepStudy) -> list[str]:
+    """The budget points, how each is made, and where an arm's epochs (local: steps) cannot reach the largest."""
+    if not study.budgets:
+        return []
+    largest = study.budgets[-1]
+    lines = [f"budget points (unpadded target tokens): {', '.join(map(str, study.budgets))}; every recovery at k > 0 "
+             f"trains to {largest} (train.max_tokens; the k = 0 controls too, their only point), scored at each "
+             f"budget as ARM-kK@<budget>[@rR] ({', '.join(budget_tag(b) for b in study.budgets[:-1])}; the largest is "
+             f"ARM-kK itself)" + (f"; lr grids searched at {study.budgets[0]}" if study.lr_grid else "")
+             + (f"; a dedicated run of every trainer arm at {study.dedicated_at} and k = {study.lr_k} beside its "
+                f"checkpoint (ARM-k{study.lr_k}@{budget_tag(study.dedicated_at)}{DEDICATED}[@rR])"
+                if study.dedicated_at else "")]
+    for arm in arm_names(study):
+        recipe, name = study.arm_recipe(arm, "<pruned>"), arm or "the recovery"
+        answers = int((recipe.prompts.samples or 256) * (1 - recipe.train.held_out))
+        new, train = recipe.generate.max_new_tokens, recipe.train
+        if trains_each_budget(study, arm):
+            from layerprune.recover.chain import local_budget
+
+            steps = local_budget(recipe, answers)
+            reach = steps.steps * steps.sequences_per_step * new
+            how, more = "a run of its own per budget (no trainer to save checkpoints)", "local.steps"
+        else:
+            reach = int(train.epochs * answers * new) if train.max_steps is None else \
+                train.max_steps * train.batch_size * train.grad_accum * new
+            how = (f"checkpoints of the one run (a trainer callback counts the target tokens of each batch and saves "
+                   f"the step that first reaches a budget), lr {train.lr_scheduler} after {train.warmup_steps} warmup "
+                   "steps")
+            more = "train.epochs" if train.max_steps is None else "train.max_steps"
+        runs = budget_runs(study, arm)
+        lines.append(f"arm {name}: budget points as {how}; {len(runs)} runs, {sum(runs) / 1000:.0f}k target tokens "
+                     f"in all" + ("" if reach >= largest else f"; WARNING: at most {reach} target tokens reachable "
+                                  f"({answers} answers of at most {new} tokens): raise {more}"))
+    return lines
