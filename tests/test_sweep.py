@@ -858,8 +858,10 @@ def test_the_estimate_counts_held_out_evaluations_and_local_states_captured_once
     runs = [per_step * 5, per_step * 2]  # 5 and 2 steps: a callback evaluation each, and teacher, before and after
     assert recovery_plan.held_out_seconds(study, "kd", runs) == pytest.approx((8 + 5) * per_eval / RATES[
         "forward tokens/s"])
-    assert recovery_plan.held_out_seconds(study, "lora", runs) == pytest.approx(6 * per_eval / RATES[
-        "forward tokens/s"])  # SFT: measured on the saved weights only
+    assert recovery_plan.held_out_seconds(study, "lora", runs) == pytest.approx((8 + 5) * per_eval / RATES[
+        "forward tokens/s"])  # SFT's trainer evaluates the same rows at every eval_steps
+    assert recovery_plan.held_out_seconds(study, "local", runs) == pytest.approx(2 * 4 * per_eval / RATES[
+        "forward tokens/s"])  # no trainer: before, after the local step, after, and the teacher
     forwards = (1 + 2) * 3  # k x replicates (no lr grid), half the model deep each
     sequences = 8 * 0.75 * 66
     assert recovery_plan.states_seconds(study, "local") == pytest.approx(forwards / 2 * sequences / RATES[

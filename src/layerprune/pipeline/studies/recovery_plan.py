@@ -55,14 +55,13 @@ def run_tokens(study: SweepStudy, arm: str | None, plans: dict[str | None, tuple
 def held_out_seconds(study: SweepStudy, arm: str | None, runs: list[float]) -> float:
     """An arm's held-out evaluations (`runs`: each run's target tokens), one sequence at a time at the measured
     forward rate: the teacher once a run (kept on the CPU), the student before training, after the block-changing
-    steps, every eval_steps of a distillation trainer, and after."""
-    from layerprune.recover.methods import METHODS
-
+    steps, every eval_steps of a trainer (SFT's own evaluation batches the rows: counted alike, an upper bound),
+    and after."""
     recipe = study.arm_recipe(arm, "<pruned>")
     train, new = recipe.train, recipe.generate.max_new_tokens
     held = (recipe.prompts.samples or 256) * train.held_out * (new + 60)
     per_step = train.batch_size * train.grad_accum * new
-    every = METHODS.get(recipe.method).needs_teacher and recipe.trainer_method() is not None  # the callback's
+    every = recipe.trainer_method() is not None
     evals = [3 + bool(recipe.surgery_steps()) + (int(t // per_step // train.eval_steps) if every else 0) for t in runs]
     return sum(evals) * held / RATES["forward tokens/s"]
 
