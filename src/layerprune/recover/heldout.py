@@ -62,20 +62,28 @@ def _ids(value: Any) -> list[int]:
     return list(value)
 
 
-CACHE_BYTES = 4 << 30  # the teacher's held-out log-probabilities kept in memory up to this size (CPU runs)
+CACHE_BYTES = 8 << 30  # the most the teacher's held-out log-probabilities may take in memory (CPU runs)
+
+
+def cache_limit() -> int:
+    """What the teacher's kept log-probabilities may take: a third of the memory available when a run starts (its
+    models loaded, its training not yet begun), at most CACHE_BYTES."""
+    import psutil
+
+    return min(CACHE_BYTES, psutil.virtual_memory().available // 3)
 
 
 class HeldOutTeacher:
     """The teacher's side of one run's held-out rows: its log-probabilities over each row's completion tokens. The
     teacher is frozen, so every evaluation of a run (before, at each eval step, after) reads the same ones: on the
-    CPU they are computed once and kept while they fit in `limit` bytes (a teacher forward is half of each
-    evaluation there); on an accelerator, or past the limit, they are computed again at each evaluation. Either way
-    the numbers are the same: the same forward on the same rows."""
+    CPU they are computed once and kept while they fit in `limit` bytes (default: cache_limit; a teacher forward is
+    half of each evaluation there); on an accelerator, or past the limit, they are computed again at each evaluation.
+    Either way the numbers are the same: the same forward on the same rows."""
 
-    def __init__(self, teacher: Any, encoded: list[tuple[list[int], int]], limit: int = CACHE_BYTES) -> None:
+    def __init__(self, teacher: Any, encoded: list[tuple[list[int], int]], limit: int | None = None) -> None:
         self.model, self.encoded = teacher, encoded
-        self.keep = limit > 0 and next(teacher.parameters()).device.type == "cpu"
-        self.limit = limit
+        self.keep = limit != 0 and next(teacher.parameters()).device.type == "cpu"
+        self.limit = (cache_limit() if self.keep else 0) if limit is None else limit
         self.kept: list[torch.Tensor] = []
         self.forwards = 0  # teacher forward passes run (a test reads it)
 
