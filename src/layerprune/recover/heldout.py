@@ -91,13 +91,13 @@ class HeldOutTeacher:
     def log_probs(self, index: int, device: torch.device) -> torch.Tensor:
         """The teacher's log-probabilities over row `index`'s completion tokens, on `device`."""
         if index < len(self.kept):
-            return self.kept[index]
+            return self.kept[index].to(device)  # the same tensor where it is on `device`
         ids, start = self.encoded[index]
         input_ids = torch.tensor([ids], device=next(self.model.parameters()).device)
         self.forwards += 1
         logits = self.model(input_ids=input_ids, use_cache=False).logits[0, start - 1:-1]
         logp = torch.log_softmax(logits.float().to(device), -1)
-        if self.keep and index == len(self.kept):
+        if self.keep and device.type == "cpu" and index == len(self.kept):  # kept in host memory only
             self.kept.append(logp)
             if sum(t.numel() * t.element_size() for t in self.kept) > self.limit:
                 self.keep, self.kept = False, []  # too large to keep: computed at each evaluation from here on
