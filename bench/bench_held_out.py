@@ -5,7 +5,8 @@
 The teacher is frozen, so its log-probabilities over the held-out answers are the same at every evaluation of a run
 (before training, every eval_steps, after). recover/heldout.HeldOutTeacher keeps them on the CPU. The same student
 (the model minus `--drop` blocks) and the same rows (Dolly answers, chat format) are evaluated `--evaluations` times
-each way; the numbers must be equal to the last bit, and the ratio of the times is printed.
+each way; the numbers must be equal to the last bit, and the ratio of the times is printed. First, the rate of a
+forward one sequence at a time (the dry run's "forward tokens/s").
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ def main() -> None:
     encoded = heldout.encode_rows(loaded.tokenizer, rows, GenerationSection(), 512)
     tokens = sum(len(ids) - start for ids, start in encoded)
 
+    with torch.no_grad():  # the dry run's "forward tokens/s": one sequence at a time, no grad (cells.RATES)
+        teacher(input_ids=torch.tensor([encoded[0][0]]), use_cache=False)  # warm
+        start = time.perf_counter()
+        for ids, _ in encoded:
+            teacher(input_ids=torch.tensor([ids]), use_cache=False)
+        rate = sum(len(ids) for ids, _ in encoded) / (time.perf_counter() - start)
+    print(f"one sequence at a time, no grad: {rate:.0f} tokens/s over {len(encoded)} rows (prompt and answer)")
     start = time.perf_counter()
     plain = [heldout.held_out_metrics(student, teacher, encoded) for _ in range(args.evaluations)]
     each = time.perf_counter() - start

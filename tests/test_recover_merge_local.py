@@ -140,6 +140,13 @@ def test_local_keeps_the_teachers_states_for_a_studys_next_run_with_the_same_wei
     assert len(digests) == 2 and len(list((tmp_path / "states").glob("*.pt"))) == 3
     (kept[0]).write_bytes(b"torn")  # an unreadable file is captured again, not trusted
     assert all(torch.equal(plain[k], v) for k, v in trained(tmp_path / "states").items())
+    torch.save(local.span_states(teacher, span, seqs[:-1], None, ""), kept[0])  # a file of other sequences
+    assert all(torch.equal(plain[k], v) for k, v in trained(tmp_path / "states").items())
+    assert len(torch.load(kept[0], weights_only=True)) == len(seqs)  # captured again and kept in its place
+    full = tmp_path / "full"
+    full.write_text("")  # a folder that cannot be made (as a full disk): the run goes on, nothing kept
+    assert all(torch.equal(plain[k], v) for k, v in trained(full / "states").items())
+    assert full.is_file()
 
 
 def test_local_refuses_a_block_that_does_not_exist():

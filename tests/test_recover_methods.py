@@ -272,6 +272,10 @@ def test_the_teachers_held_out_side_is_computed_once_a_run_with_the_same_numbers
     assert too_large.forwards == 3 * len(encoded) and not too_large.kept
     callback = heldout.HeldOutCallback(kept, encoded)
     assert callback.teacher is kept  # the trainer's evaluations read the run's kept side
+    with pytest.raises(ValueError, match="other rows"):
+        heldout.held_out_metrics(student, kept, encoded[:2])
+    kept.release()  # after the run's last evaluation: computed again if asked, the same numbers
+    assert not kept.kept and heldout.held_out_metrics(student, kept, encoded) == plain[0]
 
 
 def test_recipe_validates_the_new_sections():

@@ -844,9 +844,9 @@ def test_budget_points_are_labelled_staged_and_trained_to_their_budget(tiny_llam
 
 
 def test_the_estimate_counts_held_out_evaluations_and_local_states_captured_once_a_cut_and_seed(tiny_llama, tmp_path):
-    """The dry run's estimate had no held-out evaluations (a kd run's every eval_steps) and no local teacher states:
-    44 h for the budget study, not 36. Local's states are counted once a cut and seed where its runs share them."""
-    from layerprune.pipeline.studies import recovery_plan, sweep_plan
+    """The dry run's estimate had no held-out evaluations (a trainer's every eval_steps) and no local teacher states:
+    45 h for the budget study, not 36. Local's states are counted once a cut and seed where its runs share them."""
+    from layerprune.pipeline.studies import recovery_plan, sweep, sweep_plan
     from layerprune.pipeline.studies.cells import RATES
 
     study = SweepStudy.model_validate(_budget_sweep(tiny_llama, tmp_path / "s", budgets=[20, 4000], replicates=3,
@@ -858,8 +858,8 @@ def test_the_estimate_counts_held_out_evaluations_and_local_states_captured_once
     runs = [per_step * 5, per_step * 2]  # 5 and 2 steps: a callback evaluation each, and teacher, before and after
     assert recovery_plan.held_out_seconds(study, "kd", runs) == pytest.approx((8 + 5) * per_eval / RATES[
         "forward tokens/s"])
-    assert recovery_plan.held_out_seconds(study, "lora", runs) == pytest.approx((8 + 5) * per_eval / RATES[
-        "forward tokens/s"])  # SFT's trainer evaluates the same rows at every eval_steps
+    assert recovery_plan.held_out_seconds(study, "lora", runs) == pytest.approx((12 + 5) * per_eval / RATES[
+        "forward tokens/s"])  # SFT's trainer: also at its start and its last step, then the saved weights
     assert recovery_plan.held_out_seconds(study, "local", runs) == pytest.approx(2 * 4 * per_eval / RATES[
         "forward tokens/s"])  # no trainer: before, after the local step, after, and the teacher
     forwards = (1 + 2) * 3  # k x replicates (no lr grid), half the model deep each
@@ -868,6 +868,10 @@ def test_the_estimate_counts_held_out_evaluations_and_local_states_captured_once
         "forward tokens/s"])
     assert recovery_plan.states_seconds(study, "kd") == 0.0
     searched = study.model_copy(update={"lr_grid": {"local": [1e-3, 2e-3]}})  # its grid: two runs, one cut
+    assert sweep.states_folder(searched, tmp_path, "local", search=True) == tmp_path / sweep.STATES
+    unbudgeted = searched.model_copy(update={"budgets": None})  # one run a cut and seed: nothing to share but the grid
+    assert sweep.states_folder(unbudgeted, tmp_path, "local") is None
+    assert sweep.states_folder(unbudgeted, tmp_path, "local", search=True) == tmp_path / sweep.STATES
     assert recovery_plan.states_seconds(searched, "local") == pytest.approx((forwards + 1) / 2 * sequences / RATES[
         "forward tokens/s"])
     seconds = sweep_plan.sizing(study).seconds

@@ -103,6 +103,10 @@ class HeldOutTeacher:
                 self.keep, self.kept = False, []  # too large to keep: computed at each evaluation from here on
         return logp
 
+    def release(self) -> None:
+        """Free the kept log-probabilities (after a run's last evaluation); later calls compute them again."""
+        self.keep, self.kept = False, []
+
 
 @torch.no_grad()
 def held_out_metrics(student: Any, teacher: Any, encoded: list[tuple[list[int], int]]) -> dict[str, float]:
@@ -110,6 +114,8 @@ def held_out_metrics(student: Any, teacher: Any, encoded: list[tuple[list[int], 
     `teacher`: the teacher model, or a run's `HeldOutTeacher` over the same `encoded` rows (its log-probabilities
     computed once)."""
     side = teacher if isinstance(teacher, HeldOutTeacher) else HeldOutTeacher(teacher, encoded, limit=0)
+    if side.encoded is not encoded:
+        raise ValueError("held_out_metrics: the teacher's side was made over other rows than the student's")
     was_training = student.training
     student.eval()
     ce_sum = kl_sum = 0.0

@@ -14,6 +14,7 @@ span's block on the whole budget, so that one budget trains local and a trainer 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
@@ -129,9 +130,14 @@ STATES_FORMAT = 1  # what capture_states keeps; a change to it makes every kept 
 
 
 def teacher_digest(teacher: Any) -> str:
-    """xxh3-128 of the teacher's weights and buffers (their names, dtypes, shapes and bytes) and the torch version:
-    what the states it computes depend on."""
-    digest = xxhash.xxh3_128(f"{STATES_FORMAT}:{torch.__version__}".encode())
+    """xxh3-128 of what the teacher's states depend on: its weights and buffers (names, dtypes, shapes and bytes), its
+    config (attention implementation, rope), its device type, and the torch and transformers versions."""
+    import transformers
+
+    device = next(teacher.parameters()).device.type
+    config = teacher.config.to_json_string(use_diff=False)
+    digest = xxhash.xxh3_128(f"{STATES_FORMAT}:{torch.__version__}:{transformers.__version__}:{device}:"
+                             f"{getattr(teacher.config, '_attn_implementation', None)}:{config}".encode())
     for name, tensor in teacher.state_dict().items():
         flat = tensor.detach().reshape(-1).contiguous().cpu()
         digest.update(f"{name}:{flat.dtype}:{tuple(tensor.shape)}".encode())
@@ -141,7 +147,7 @@ def teacher_digest(teacher: Any) -> str:
 
 
 def span_states(teacher: Any, span: Span, sequences: list[list[int]], states: Path | None,
-                digest: str = "") -> list[tuple[torch.Tensor, torch.Tensor, dict[str, Any]]]:
+                digest: str) -> list[tuple[torch.Tensor, torch.Tensor, dict[str, Any]]]:
     """The teacher's (input, target, kwargs) of every sequence for `span`. With `states` (a folder the runs of a study
     share), read from the file a run with the same teacher (`digest`: teacher_digest), span and sequences left there:
     the same forward's numbers, so a study's runs at several budgets capture them once; else captured here and left
@@ -155,15 +161,23 @@ def span_states(teacher: Any, span: Span, sequences: list[list[int]], states: Pa
     if path.is_file():
         try:
             cache = torch.load(path, weights_only=True)
+            if len(cache) != len(sequences) or any(x.shape[-2] != len(ids) for (x, _, _), ids in zip(
+                    cache, sequences, strict=True)):
+                raise ValueError("its states do not match the sequences")
             log.info("local: the teacher's states for block %d read from %s", span.trained, path)
             return cache
         except Exception as err:  # noqa: BLE001 (a torn or foreign file fails in many ways: captured again)
             log.warning("local: %s unreadable (%s); capturing the states again", path, err)
     cache = [capture_states(teacher, span, ids) for ids in sequences]
-    states.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    torch.save(cache, partial)
-    os.replace(partial, path)
+    try:
+        states.mkdir(parents=True, exist_ok=True)
+        torch.save(cache, partial)
+        os.replace(partial, path)
+    except OSError as err:  # a full disk costs the next run a capture, not this run
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+        log.warning("local: the teacher's states not kept in %s (%s)", states, err)
     return cache
 
 

@@ -55,29 +55,33 @@ def run_tokens(study: SweepStudy, arm: str | None, plans: dict[str | None, tuple
 def held_out_seconds(study: SweepStudy, arm: str | None, runs: list[float]) -> float:
     """An arm's held-out evaluations (`runs`: each run's target tokens), one sequence at a time at the measured
     forward rate: the teacher once a run (kept on the CPU), the student before training, after the block-changing
-    steps, every eval_steps of a trainer (SFT's own evaluation batches the rows: counted alike, an upper bound),
-    and after."""
+    steps, every eval_steps of a trainer, and after; SFT's trainer also at its start and its last step, before the
+    runner measures the saved weights (its own evaluations batch the rows: counted alike, an upper bound)."""
+    from layerprune.recover.methods import METHODS
+
     recipe = study.arm_recipe(arm, "<pruned>")
     train, new = recipe.train, recipe.generate.max_new_tokens
     held = (recipe.prompts.samples or 256) * train.held_out * (new + 60)
     per_step = train.batch_size * train.grad_accum * new
-    every = recipe.trainer_method() is not None
-    evals = [3 + bool(recipe.surgery_steps()) + (int(t // per_step // train.eval_steps) if every else 0) for t in runs]
+    trainer = recipe.trainer_method() is not None
+    own = 2 if trainer and not METHODS.get(recipe.method).needs_teacher else 0  # SFT: eval_on_start and last step
+    evals = [3 + own + bool(recipe.surgery_steps()) + (int(t // per_step // train.eval_steps) if trainer else 0)
+             for t in runs]
     return sum(evals) * held / RATES["forward tokens/s"]
 
 
 def states_seconds(study: SweepStudy, arm: str | None) -> float:
     """The teacher states a block-training arm (local) captures: one forward per training sequence and dropped
-    block (half the model deep on average), once a cut and seed where its runs share them (sweep.states_folder),
-    else once a run of its lr grid."""
+    block (half the model deep on average), once a cut and seed where its runs share them (sweep.states_folder: a
+    run per budget; the lr grid's runs), else once a run."""
     recipe = study.arm_recipe(arm, "<pruned>")
     if not any(method.caches_states for method in recipe.chain_methods()):
         return 0.0
     tokens = (recipe.prompts.samples or 256) * (1 - recipe.train.held_out) * (recipe.generate.max_new_tokens + 60)
-    shared = states_folder(study, study.run_dir(), arm) is not None
     grid = len(study.lr_grid.get(arm or "", []))
-    searches = (min(grid, 1) if shared else grid) * study.lr_k
-    forwards = sum(k * study.replicates for k in study.ratios) + searches
+    searches = (1 if states_folder(study, study.run_dir(), arm, search=True) else grid) * study.lr_k
+    dedicated = len(dedicated_points(study, study.lr_k, arm)) * study.lr_k if study.dedicated_at else 0
+    forwards = sum(k * study.replicates for k in study.ratios) + searches + dedicated  # a run per budget: shared
     return forwards / 2 * tokens / RATES["forward tokens/s"]
 
 

@@ -95,12 +95,12 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
 STATES = "teacher-states"  # the teacher's hidden states a local arm's runs share (states_folder), until the sweep ends
 
 
-def states_folder(study: SweepStudy, root: Path, arm: str | None) -> Path | None:
+def states_folder(study: SweepStudy, root: Path, arm: str | None, search: bool = False) -> Path | None:
     """Where an arm's runs keep the teacher's hidden states for each other (recover/local.span_states): an arm that
-    trains a block on them (local) and runs more than once on one cut and seed (a run per budget, or its lr grid);
-    None for any other arm (nothing would read them again)."""
+    trains a block on them (local) and runs more than once on one cut and seed (a run per budget; with `search`, its
+    lr grid's runs); None where nothing would read them again."""
     methods = study.arm_recipe(arm, "<pruned>").chain_methods()
-    again = trains_each_budget(study, arm) or len(study.lr_grid.get(arm or "", [])) > 1
+    again = len(study.lr_grid.get(arm or "", [])) > 1 if search else trains_each_budget(study, arm)
     return root / STATES if again and any(method.caches_states for method in methods) else None
 
 
@@ -283,7 +283,7 @@ def search_lr(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) 
         recipe = with_budget(with_learning_rate(study.arm_recipe(arm, student), rate), (study.budgets or [None])[0])
         answers = root / study.answers_file(arm, recipe, SEARCH_REPLICATE)
         recover_with_snapshots(recipe, output, answers, settings, SEARCH_REPLICATE, data_dir_of(study), {},
-                               states_folder(study, root, arm))
+                               states_folder(study, root, arm, search=True))
 
     record = lr_search.search(root, arm, study.lr_grid[arm], train, k=k, seed_offset=SEARCH_REPLICATE)
     lr_search.write_search(root, record)

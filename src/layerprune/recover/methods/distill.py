@@ -73,6 +73,7 @@ def train_with_teacher(run: MethodRun) -> TrainResult:
         metrics["replaced"] = heldout.held_out_metrics(loaded.model, side, encoded) if encoded else None
     trained = run_trainer(recipe, loaded, teacher, train_rows, train_prompts, job, optimizer, side, metrics, data)
     metrics["after"] = heldout.held_out_metrics(trained.model, side, encoded) if encoded else None
+    side.release()  # the run's last evaluation: its memory back before the weights are saved and checked
     data.update(steps=trained.steps + chain.local_steps(data), held_out_metrics=metrics)
     before, after = (metrics["pruned"] or {}).get("ce"), (metrics["after"] or {}).get("ce")
     log.info("held-out CE %s -> %s, KL %s -> %s", _f(before), _f(after), _f((metrics["pruned"] or {}).get("kl")),
