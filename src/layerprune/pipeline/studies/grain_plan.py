@@ -14,6 +14,7 @@ from layerprune.pipeline.studies.grain_grid import (
     logical_models,
     matching,
 )
+from layerprune.pipeline.studies.recovery_plan import answers
 from layerprune.pipeline.studies.sweep_grid import SweepStudy, instrument
 from layerprune.prune.matched import order_rankings, plan_matched
 from layerprune.prune.target import ModelSizes
@@ -87,7 +88,7 @@ def phase_seconds(study: SweepStudy, recipe: RecoverRecipe, depth: int) -> tuple
     trained = train.max_tokens or train.max_steps * train.batch_size * train.grad_accum * recipe.generate.max_new_tokens
     candidates = (depth - len(study.prune.protected_blocks(depth))) * len(grain_names(study))  # every unprotected one
     seconds = {"scoring": candidates * study.prune.calib_samples / RATES["scoring candidate-items/s"],
-               "teacher answers": (recipe.prompts.samples or 256) * recipe.generate.max_new_tokens
+               "teacher answers": answers(recipe) * recipe.generate.max_new_tokens
                / RATES["teacher tokens/s"],
                f"pruning ({PRUNE_SECONDS:g} s a cell, assumed)": len(cells(study)) * PRUNE_SECONDS,
                "training": runs * trained / RATES["target tokens/s"],

@@ -17,27 +17,38 @@ from layerprune.pipeline.studies.sweep_grid import (
 )
 from layerprune.recover.schema import RecoverRecipe
 
+PROMPT_TOKENS = 60  # the plan's prompt (chat template included) beside each teacher answer of max_new_tokens
+
+
+def answers(recipe: RecoverRecipe) -> int:
+    """The teacher answers a recovery plans for (prompts.samples; 256 where it takes every prompt)."""
+    return recipe.prompts.samples or 256
+
+
+def sequence_tokens(recipe: RecoverRecipe) -> int:
+    """The tokens of one planned training sequence: the prompt and an answer of max_new_tokens."""
+    return recipe.generate.max_new_tokens + PROMPT_TOKENS
+
 
 def training(recipe: RecoverRecipe) -> tuple[float, str, float]:
-    """One recovery's plan: the tokens it trains (from max_new_tokens + 60 a teacher answer), its schedule in words,
-    and the measured CPU rate it trains at (the local step on cached states has its own)."""
-    train, per_answer = recipe.train, recipe.generate.max_new_tokens + 60
-    answers = recipe.prompts.samples or 256
+    """One recovery's plan: the tokens it trains (sequence_tokens a teacher answer), its schedule in words, and the
+    measured CPU rate it trains at (the local step on cached states has its own)."""
+    train, per_answer, planned = recipe.train, sequence_tokens(recipe), answers(recipe)
     if recipe.trainer_method() is None and recipe.lr_section() is not None:
         # the local step's own budget: local.steps (else train.max_steps, else one pass) of batch x accum
         from layerprune.recover.chain import local_budget
 
-        budget = local_budget(recipe, int(answers * (1 - train.held_out)))
+        budget = local_budget(recipe, int(planned * (1 - train.held_out)))
         trained = budget.steps * budget.sequences_per_step * per_answer
         if train.max_tokens is not None:
             trained = min(trained, train.max_tokens)
         return trained, f"{budget.steps} local steps, lr {budget.learning_rate:g}", RATES["local tokens/s"]
     if recipe.trainer_method() is None:
         return 0.0, "no training (forward passes only)", RATES["trained tokens/s"]
-    trained = answers * (1 - train.held_out) * per_answer * train.epochs if train.max_steps is None else \
+    trained = planned * (1 - train.held_out) * per_answer * train.epochs if train.max_steps is None else \
         train.max_steps * train.batch_size * train.grad_accum * per_answer
     schedule = f"{train.epochs:g} epochs" if train.max_steps is None else f"{train.max_steps} optimizer steps"
-    if train.max_tokens is not None:  # target (answer) tokens: a trained token per (new + 60) / new of them
+    if train.max_tokens is not None:  # target (answer) tokens: sequence_tokens / max_new_tokens trained a token
         trained = min(trained, train.max_tokens * per_answer / recipe.generate.max_new_tokens)
         schedule += f" or {train.max_tokens} target (answer) tokens, whichever comes first"
     return trained, f"{schedule}, lr {train.learning_rate:g}", RATES["trained tokens/s"]
@@ -48,8 +59,8 @@ def run_tokens(study: SweepStudy, arm: str | None, plans: dict[str | None, tuple
     """The target tokens of each of an arm's runs (with budgets: budget_runs; else its plan, every run alike)."""
     if study.budgets:
         return [float(t) for t in budget_runs(study, arm)]
-    new = study.arm_recipe(arm, "<pruned>").generate.max_new_tokens
-    return [plans[arm][0] * new / (new + 60)] * runs[arm]
+    recipe = study.arm_recipe(arm, "<pruned>")
+    return [plans[arm][0] * recipe.generate.max_new_tokens / sequence_tokens(recipe)] * runs[arm]
 
 
 def held_out_seconds(study: SweepStudy, arm: str | None, runs: list[float]) -> float:
@@ -61,7 +72,7 @@ def held_out_seconds(study: SweepStudy, arm: str | None, runs: list[float]) -> f
 
     recipe = study.arm_recipe(arm, "<pruned>")
     train, new = recipe.train, recipe.generate.max_new_tokens
-    held = (recipe.prompts.samples or 256) * train.held_out * (new + 60)
+    held = answers(recipe) * train.held_out * sequence_tokens(recipe)
     per_step = train.batch_size * train.grad_accum * new
     trainer = recipe.trainer_method() is not None
     own = 2 if trainer and not METHODS.get(recipe.method).needs_teacher else 0  # SFT: eval_on_start and last step
@@ -77,7 +88,7 @@ def states_seconds(study: SweepStudy, arm: str | None) -> float:
     recipe = study.arm_recipe(arm, "<pruned>")
     if not any(method.caches_states for method in recipe.chain_methods()):
         return 0.0
-    tokens = (recipe.prompts.samples or 256) * (1 - recipe.train.held_out) * (recipe.generate.max_new_tokens + 60)
+    tokens = answers(recipe) * (1 - recipe.train.held_out) * sequence_tokens(recipe)
     grid = len(study.lr_grid.get(arm or "", []))
     searches = (1 if states_folder(study, study.run_dir(), arm, search=True) else grid) * study.lr_k
     dedicated = len(dedicated_points(study, study.lr_k, arm)) * study.lr_k if study.dedicated_at else 0
@@ -97,12 +108,11 @@ def budget_runs(study: SweepStudy, arm: str | None) -> list[int]:
 
 
 def budget_seconds(study: SweepStudy, arm: str | None) -> float:
-    """The arm's training time with budgets at the measured rates: a target token planned as (max_new_tokens + 60) /
+    """The arm's training time with budgets at the measured rates: a target token planned as sequence_tokens /
     max_new_tokens trained tokens (every answer max_new_tokens long; shorter answers cost more a target token)."""
     recipe = study.arm_recipe(arm, "<pruned>")
-    new = recipe.generate.max_new_tokens
     rate = RATES["local tokens/s"] if trains_each_budget(study, arm) else RATES["trained tokens/s"]
-    return sum(budget_runs(study, arm)) * (new + 60) / new / rate
+    return sum(budget_runs(study, arm)) * sequence_tokens(recipe) / recipe.generate.max_new_tokens / rate
 
 
 def budget_lines(study: SweepStudy) -> list[str]:
@@ -119,16 +129,16 @@ def budget_lines(study: SweepStudy) -> list[str]:
                 if study.dedicated_at else "")]
     for arm in arm_names(study):
         recipe, name = study.arm_recipe(arm, "<pruned>"), arm or "the recovery"
-        answers = int((recipe.prompts.samples or 256) * (1 - recipe.train.held_out))
+        trained = int(answers(recipe) * (1 - recipe.train.held_out))
         new, train = recipe.generate.max_new_tokens, recipe.train
         if trains_each_budget(study, arm):
             from layerprune.recover.chain import local_budget
 
-            steps = local_budget(recipe, answers)
+            steps = local_budget(recipe, trained)
             reach = steps.steps * steps.sequences_per_step * new
             how, more = "a run of its own per budget (no trainer to save checkpoints)", "local.steps"
         else:
-            reach = int(train.epochs * answers * new) if train.max_steps is None else \
+            reach = int(train.epochs * trained * new) if train.max_steps is None else \
                 train.max_steps * train.batch_size * train.grad_accum * new
             how = (f"checkpoints of the one run (a trainer callback counts the target tokens of each batch and saves "
                    f"the step that first reaches a budget), lr {train.lr_scheduler} after {train.warmup_steps} warmup "
@@ -137,5 +147,5 @@ def budget_lines(study: SweepStudy) -> list[str]:
         runs = budget_runs(study, arm)
         lines.append(f"arm {name}: budget points as {how}; {len(runs)} runs, {sum(runs) / 1000:.0f}k target tokens "
                      f"in all" + ("" if reach >= largest else f"; WARNING: at most {reach} target tokens reachable "
-                                  f"({answers} answers of at most {new} tokens): raise {more}"))
+                                  f"({trained} answers of at most {new} tokens): raise {more}"))
     return lines

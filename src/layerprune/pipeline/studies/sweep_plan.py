@@ -13,6 +13,8 @@ from layerprune.core.settings import RunSettings
 from layerprune.pipeline.stages import RunPaths, RunState, first_names, in_brief, owns
 from layerprune.pipeline.studies.cells import RATES, check_chat_template, rates_apply
 from layerprune.pipeline.studies.recovery_plan import (
+    PROMPT_TOKENS,
+    answers,
     budget_lines,
     budget_runs,
     budget_seconds,
@@ -128,7 +130,7 @@ def sizing(study: SweepStudy) -> Sizing:
     per_model = (cls_docs / RATES["classification docs/s"] + most_probes * probe_limit / RATES["probe items/s"]
                  + fixed_seconds(study, limits))
     n_models = len(models(study))
-    answers = shared.prompts.samples or 256
+    planned = answers(shared)
     plans = {arm: training(study.arm_recipe(arm, "<pruned>")) for arm in arm_names(study)}
     runs = {arm: (len(study.ratios) + has_control(study, arm)) * study.replicates
             + len(study.lr_grid.get(arm or "", [])) if not study.budgets else len(budget_runs(study, arm))
@@ -138,8 +140,8 @@ def sizing(study: SweepStudy) -> Sizing:
                / RATES["calibration items/s"],
                "gate": study.gsm8k_gate.limit / RATES["gsm8k items/s"] if study.gsm8k_gate and gsm8k_gated(study)
                else 0.0,
-               "teacher answers": answer_sets * answers * shared.generate.max_new_tokens / RATES["teacher tokens/s"],
-               **{f"teacher answers {arm}": answer_sets * (study.arm_recipe(arm, "<pruned>").prompts.samples or 256)
+               "teacher answers": answer_sets * planned * shared.generate.max_new_tokens / RATES["teacher tokens/s"],
+               **{f"teacher answers {arm}": answer_sets * answers(study.arm_recipe(arm, "<pruned>"))
                   * shared.generate.max_new_tokens / RATES["teacher tokens/s"] for arm in study.arm_prompts},
                **({"training" if arm is None else f"training {arm}": runs[arm] * trained / rate
                    for arm, (trained, _, rate) in plans.items()} if not study.budgets else
@@ -227,16 +229,16 @@ def _recovery_lines(study: SweepStudy, shared: RecoverRecipe, plans: dict[str | 
     """The recovery at every k (without arms), or the shared teacher answers and each arm's method, schedule and
     recoveries."""
     train, gen = shared.train, shared.generate
-    answers = f"{shared.prompts.samples or 256} teacher answers to {shared.prompts.source} prompts"
-    tail = f"(planned from {gen.max_new_tokens} + 60 tokens per answer; the report counts them)"
+    asked = f"{answers(shared)} teacher answers to {shared.prompts.source} prompts"
+    tail = f"(planned from {gen.max_new_tokens} + {PROMPT_TOKENS} tokens per answer; the report counts them)"
     if study.arms is None:
         trained, schedule, _ = plans[None]
-        return [f"recovery at every k: {shared.method} on {answers} (generated once; {gen.max_new_tokens} new tokens "
+        return [f"recovery at every k: {shared.method} on {asked} (generated once; {gen.max_new_tokens} new tokens "
                 f"at temperature {gen.temperature:g}), {schedule}, batch {train.batch_size} x {train.grad_accum}, "
                 f"held-out {train.held_out:g} every {train.eval_steps} steps: about {trained / 1000:.0f}k trained "
                 f"tokens per k {tail}"]
     lines = [f"arms ({len(study.arms)}, each at every k, paired on the same items): {', '.join(study.arms)}; every "
-             f"arm{' but ' + ', '.join(study.arm_prompts) if study.arm_prompts else ''} on the same {answers} "
+             f"arm{' but ' + ', '.join(study.arm_prompts) if study.arm_prompts else ''} on the same {asked} "
              f"(generated once for every arm and k; {gen.max_new_tokens} new tokens at "
              f"temperature {gen.temperature:g}), batch {train.batch_size} x {train.grad_accum}, held-out "
              f"{train.held_out:g}"]
