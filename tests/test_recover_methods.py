@@ -270,8 +270,8 @@ def test_the_teachers_held_out_side_is_computed_once_a_run_with_the_same_numbers
     too_large = heldout.HeldOutTeacher(teacher, encoded, limit=1)  # past the limit: computed at each evaluation
     assert [heldout.held_out_metrics(student, too_large, encoded) for _ in range(3)] == plain
     assert too_large.forwards == 3 * len(encoded) and not too_large.kept
-    callback = heldout.HeldOutCallback(kept, encoded)
-    assert callback.teacher is kept  # the trainer's evaluations read the run's kept side
+    callback = heldout.HeldOutCallback(kept)
+    assert callback.held is kept  # the trainer's evaluations read the run's kept side
     with pytest.raises(ValueError, match="other rows"):
         heldout.held_out_metrics(student, kept, encoded[:2])
     kept.release()  # after the run's last evaluation: computed again if asked, the same numbers

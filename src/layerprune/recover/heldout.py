@@ -136,14 +136,13 @@ def held_out_metrics(student: Any, teacher: Any, encoded: list[tuple[list[int], 
 class HeldOutCallback(TrainerCallback):
     """Measure held-out CE and KL whenever the trainer evaluates (every eval_steps), into `points`."""
 
-    def __init__(self, teacher: Any, encoded: list[tuple[list[int], int]]) -> None:
-        self.teacher = teacher if isinstance(teacher, HeldOutTeacher) else HeldOutTeacher(teacher, encoded)
-        self.encoded = encoded
+    def __init__(self, held: HeldOutTeacher) -> None:
+        self.held = held  # the run's teacher side and its rows, shared with its other evaluations
         self.points: list[dict[str, float]] = []
 
     def on_step_end(self, args, state, control, model=None, **kwargs):  # type: ignore[no-untyped-def]
-        if model is not None and self.encoded and state.global_step % args.eval_steps == 0:
-            self.points.append({"step": state.global_step, **held_out_metrics(model, self.teacher, self.encoded)})
+        if model is not None and self.held.encoded and state.global_step % args.eval_steps == 0:
+            self.points.append({"step": state.global_step, **held_out_metrics(model, self.held, self.held.encoded)})
 
 
 def curve_points(points: list[dict[str, float]], key: str) -> list[list[float]]:

@@ -134,7 +134,7 @@ def run_trainer(recipe: RecoverRecipe, loaded: Any, teacher: Any, rows: list[dic
         state.wait_for_everyone()
     trainer_dir = job.work / "trainer"
     resume_from = train.prepare_trainer_dir(trainer_dir, job.resume, train.made_by(job))
-    callback = heldout.HeldOutCallback(held, held.encoded)
+    callback = heldout.HeldOutCallback(held)
     trainer = make_trainer(recipe, method, loaded, teacher, rows, prompts, job, optimizer, trainer_dir, callback)
     counter = budget.attach(trainer, recipe.train.max_tokens)
     budget.attach_snapshots(trainer, counter, job.snapshot_budgets, job.work / budget.SNAPSHOTS)
