@@ -13,6 +13,7 @@ from typing import Any
 
 from layerprune.cli.flags import add_schema_flags, typed_layer
 from layerprune.cli.run import add_model_flags, cell_output
+from layerprune.core.errors import LayerpruneError
 from layerprune.core.recipe_loading import build_schema
 from layerprune.core.settings import RunSettings
 from layerprune.pipeline.studies.sweep_grid import SweepStudy
@@ -34,6 +35,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="Refuse, before any stage runs (and in a dry run), a study or grid whose dry-run time "
                              "estimate (every stage, complete ones included) is over H hours; the estimate exists "
                              "for the embedded model only (the measured 2-core rates)")
+    parser.add_argument("--save-progress", type=Path, default=None, metavar="FILE.tar.gz",
+                        help="Pack the study's progress, no weights and no document text, into FILE (replaced if "
+                             "there) and run nothing: every finished stage, less the folders a pending stage reads, "
+                             "to resume on another machine with --from-progress")
+    parser.add_argument("--from-progress", type=Path, default=None, metavar="FILE.tar.gz",
+                        help="Restore a --save-progress archive into the study's new directory, then resume: no "
+                             "finished stage runs again")
     add_model_flags(parser)
     add_schema_flags(parser, RunSettings, group="how to run")
 
@@ -61,6 +69,12 @@ def run(args: argparse.Namespace) -> int:
                for cell in selection.cells]  # every cell valid before any runs
     if args.max_hours is not None:
         check_max_hours(estimate_seconds, studies, settings, args.max_hours)
+    if args.save_progress is not None or args.from_progress is not None:
+        if len(studies) > 1:
+            raise LayerpruneError("--save-progress and --from-progress take one study, not a grid: name its cell")
+        if args.save_progress is not None:
+            return save_progress(studies[0], args.save_progress)
+        restore(studies[0], args.from_progress, args.dry_run)
     if args.dry_run:
         print(selection.dry_run([dry_run(study, settings) for study in studies]))
         return 0
@@ -70,6 +84,31 @@ def run(args: argparse.Namespace) -> int:
         word = "sweep" if study.grains is None else "grain study"
         print(f"{word}: {run_sweep(study, settings, args.overwrite)}")
     return 0
+
+
+def save_progress(study: SweepStudy, archive: Path) -> int:
+    from layerprune.pipeline.studies.progress import pack_progress
+
+    record = pack_progress(study, study.run_dir(), archive, overwrite=True)
+    print(f"progress of {study.name}: {len(record['complete'])} stages complete, {record['files']} files, "
+          f"{archive.stat().st_size / 2**20:.1f} MiB -> {archive} (resume: layerprune study {study.name} "
+          f"--from-progress {archive})")
+    return 0
+
+
+def restore(study: SweepStudy, archive: Path, dry_run: bool) -> None:
+    """The archive's progress unpacked into the study's directory (in a dry run, only checked to be one)."""
+    from layerprune.pipeline.studies.progress import MANIFEST, read_archive_manifest, restore_progress
+
+    if dry_run:
+        record = read_archive_manifest(archive)
+        print(f"{archive}: progress of {record.get('study')}, {len(record.get('complete') or [])} stages complete "
+              f"(a dry run restores nothing; {MANIFEST})")
+        return
+    names = restore_progress(study, archive, study.run_dir())
+    print(f"restored {len(names)} files of {study.name}'s progress into {study.run_dir()}" if names else
+          f"{study.run_dir()} holds {study.name}'s run already: resuming it as it stands ({archive} not unpacked)",
+          flush=True)
 
 
 def check_max_hours(estimate: Callable[[Any, RunSettings], float | None], studies: list[Any], settings: RunSettings,

@@ -74,13 +74,14 @@ def strip_sample(sample: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
-def scrub(value: Any) -> Any:
-    """A JSON value with `DROPPED_KEYS` removed and every string under a `TEXT_KEYS` key replaced by its hash."""
+def scrub(value: Any, keep: frozenset[str] = frozenset()) -> Any:
+    """A JSON value with `DROPPED_KEYS` removed and every string under a `TEXT_KEYS` key replaced by its hash; the
+    values of the keys in `keep` as they are."""
     if isinstance(value, dict):
-        return {key: (_hashed(item) if key in TEXT_KEYS else scrub(item)) for key, item in value.items()
-                if key not in DROPPED_KEYS}
+        return {key: item if key in keep else _hashed(item) if key in TEXT_KEYS else scrub(item, keep)
+                for key, item in value.items() if key not in DROPPED_KEYS}
     if isinstance(value, list):
-        return [scrub(item) for item in value]
+        return [scrub(item, keep) for item in value]
     return value
 
 
@@ -161,7 +162,7 @@ def _analysis_items(report: Any) -> int:
                for result in per_model.values() if isinstance(result, dict))
 
 
-def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime = len(data), 0o644, 0
     tar.addfile(info, io.BytesIO(data))
@@ -178,14 +179,14 @@ def pack_records(run: Path, archive: Path, overwrite: bool = False) -> Packed:
     samples, others = record_files(run)
     buffer, items, too_large = io.BytesIO(), 0, []
     with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as zipped, tarfile.open(fileobj=zipped, mode="w") as tar:
-        _add(tar, MANIFEST, json.dumps(manifest(run), indent=1, sort_keys=True).encode())
+        add_member(tar, MANIFEST, json.dumps(manifest(run), indent=1, sort_keys=True).encode())
         for path in sorted([*samples, *others]):
             data, count = _member(path)
             if count == 0 and len(data) > MAX_FILE:
                 too_large.append(path.relative_to(run).as_posix())
                 continue
             items += count
-            _add(tar, path.relative_to(run).as_posix(), data)
+            add_member(tar, path.relative_to(run).as_posix(), data)
     if items == 0:  # nothing is written
         raise LayerpruneError(f"{run}: no per-item records ({SAMPLES_DIR}/*.jsonl or {ANALYSIS_RECORDS} with items) "
                               "to pack")

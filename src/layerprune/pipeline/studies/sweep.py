@@ -53,7 +53,8 @@ from layerprune.pipeline.studies.cells import (
     replicate_settings,
 )
 from layerprune.pipeline.studies.grain import check_reachable
-from layerprune.pipeline.studies.sweep_cells import Cell, cells, model_dir
+from layerprune.pipeline.studies.progress import check_same_weights
+from layerprune.pipeline.studies.sweep_cells import STATES, Cell, cells, model_dir
 from layerprune.pipeline.studies.sweep_grid import (
     GSM8K,
     SweepStudy,
@@ -87,12 +88,11 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
     if not overwrite:
         adopt_added_arms(study, RunPaths(root))
     claim_run_dir(RunPaths(root), study, overwrite)
+    if not overwrite:
+        check_same_weights(study, settings, root)  # a resumed run (restored progress too) on the weights it scored
     run_stages(sweep_stages(study, settings, root, grid), root)
     shutil.rmtree(root / STATES, ignore_errors=True)  # every run that could read the kept states has run
     return grid[-1].output  # the report: sweep.md, or a grain study's grain.md
-
-
-STATES = "teacher-states"  # the teacher's hidden states a local arm's runs share (states_folder), until the sweep ends
 
 
 def states_folder(study: SweepStudy, root: Path, arm: str | None, search: bool = False) -> Path | None:

@@ -32,6 +32,8 @@ from layerprune.pipeline.studies.sweep_grid import (
 )
 from layerprune.recover.lr_search import lr_search_file
 
+STATES = "teacher-states"  # the teacher's hidden states a local arm's runs share (sweep.states_folder), till the end
+
 
 @dataclass(frozen=True)
 class Cell:
