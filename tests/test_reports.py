@@ -82,6 +82,23 @@ def test_provenance_records_versions_host_and_this_checkout():
         assert record.git is not None and record.git.commit == head.strip()
 
 
+def test_provenance_names_the_cpu_and_its_widest_vector_extension(monkeypatch, tmp_path):
+    """The math variant, made again from the same code, versions and seed, once came out with other weights: the
+    record names the CPU (and the vector extension its kernels can use) that made it."""
+    from layerprune.core import provenance
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9654\nflags\t\t: fpu sse4_2 avx avx2 avx512f\n\n"
+                    "processor\t: 1\nmodel name\t: AMD EPYC 9654\n")
+    real = Path
+
+    monkeypatch.setattr(provenance, "Path", lambda path: info if path == "/proc/cpuinfo" else real(path))
+    assert provenance.cpu_model() == "AMD EPYC 9654 (avx512f)"
+    info.write_text("processor\t: 0\nmodel name\t: Old\nflags\t\t: fpu sse4_2 avx\n")
+    assert provenance.cpu_model() == "Old (avx)"
+    assert provenance.collect_provenance().cpu == "Old (avx)"
+
+
 def test_git_state_commit_and_dirty_flag(tmp_path):
     def git(*args: str) -> str:
         done = subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],

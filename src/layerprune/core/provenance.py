@@ -34,6 +34,9 @@ class Provenance(BaseModel):
     versions: dict[str, str] = Field(description="Versions of the installed packages that shape results")
     git: GitState | None = Field(description="The layerprune checkout, or None when run from an installed package")
     host: str = Field(description="Machine name")
+    cpu: str | None = Field(default=None, description="The CPU's model and widest vector extension (the same code and "
+                            "seeds can train other weights on another: the math variant made again once came out "
+                            "otherwise)")
     python: str = Field(description="Python version")
     time: datetime = Field(description="When the record was made (UTC)")
 
@@ -41,7 +44,27 @@ class Provenance(BaseModel):
 def collect_provenance() -> Provenance:
     """The provenance of this process, now."""
     return Provenance(layerprune=package_version(), versions=package_versions(), git=source_checkout(),
-                      host=platform.node(), python=platform.python_version(), time=datetime.now(timezone.utc))
+                      host=platform.node(), cpu=cpu_model(), python=platform.python_version(),
+                      time=datetime.now(timezone.utc))
+
+
+VECTOR_EXTENSIONS = ("amx_tile", "avx512f", "avx2", "avx", "sse4_2", "neon", "asimd", "sve")  # widest first
+
+
+def cpu_model() -> str | None:
+    """'MODEL (EXTENSION)' from /proc/cpuinfo (Linux), else the platform's processor string, else None."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
+    except OSError:
+        return platform.processor() or None
+    fields = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip().lower(), value.strip())
+    flags = set((fields.get("flags") or fields.get("features") or "").split())
+    widest = next((name for name in VECTOR_EXTENSIONS if name in flags), None)
+    name = fields.get("model name") or fields.get("cpu model") or platform.processor() or platform.machine()
+    return f"{name} ({widest})" if widest else name or None
 
 
 def package_versions() -> dict[str, str]:
