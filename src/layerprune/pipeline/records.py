@@ -99,7 +99,8 @@ def _holds_weights(folder: Path) -> bool:
     return any(p.suffix in WEIGHT_SUFFIXES for p in folder.iterdir() if p.is_file())
 
 
-def _is_sample_file(path: Path) -> bool:
+def is_sample_file(path: Path) -> bool:
+    """Whether `path` is an evaluation's per-item samples (lm-eval's JSONL under its samples folder)."""
     return path.parent.name == SAMPLES_DIR and path.suffix == ".jsonl"
 
 
@@ -120,14 +121,15 @@ def record_files(run: Path) -> tuple[list[Path], list[Path]]:
             continue
         if path.parent not in weights:
             weights[path.parent] = _holds_weights(path.parent)
-        if _is_sample_file(path):
+        if is_sample_file(path):
             samples.append(path)
         elif _kept_file(path, weights[path.parent]):
             others.append(path)
     return samples, others
 
 
-def _stripped(path: Path) -> tuple[bytes, int]:
+def stripped_samples(path: Path) -> tuple[bytes, int]:
+    """A sample file's bytes cut to the allowlist (`strip_sample`), and its number of samples."""
     from layerprune.tasks.data import read_jsonl
 
     lines = [json.dumps(strip_sample(sample), sort_keys=True) for sample in (read_jsonl(path) if path.stat().st_size
@@ -135,21 +137,22 @@ def _stripped(path: Path) -> tuple[bytes, int]:
     return ("\n".join(lines) + "\n").encode() if lines else b"", len(lines)
 
 
-def _scrubbed(path: Path) -> bytes:
+def scrubbed_json(path: Path, keep: frozenset[str] = frozenset()) -> bytes:
+    """A JSON file's bytes scrubbed of data text (`scrub`), the values of the keys in `keep` verbatim."""
     try:
         raw = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise LayerpruneError(f"{path}: not JSON ({exc})") from exc
-    return json.dumps(scrub(raw), indent=1).encode()  # in its own key order: readers may follow it
+    return json.dumps(scrub(raw, keep), indent=1).encode()  # in its own key order: readers may follow it
 
 
 def _member(path: Path) -> tuple[bytes, int]:
     """A kept file's bytes in the archive, and its number of per-item records (lm-eval samples, or an importance
     analysis's items per task and model)."""
-    if _is_sample_file(path):
-        return _stripped(path)
+    if is_sample_file(path):
+        return stripped_samples(path)
     if path.suffix == ".json":
-        data = _scrubbed(path)
+        data = scrubbed_json(path)
         return data, _analysis_items(json.loads(data)) if path.name == ANALYSIS_RECORDS else 0
     return path.read_bytes(), 0
 

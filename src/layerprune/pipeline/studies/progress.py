@@ -13,8 +13,8 @@ machines whose disks do not last (a cluster's scratch, a lent machine) this way.
   not yet scored), whole: the stage that wrote it runs again (a checkpoint's: the run that saves it), and so, in turn,
   the folders of what that stage reads;
 and with each evaluation's per-item samples cut to the records allowlist and every JSON file but the recipes in it
-scrubbed of data text (`records.strip_sample`, `records.scrub`): no document text travels but the scored items as
-the original's evaluation logged them, which the contamination audit reads again with every report
+scrubbed of data text (`records.stripped_samples`, `records.scrubbed_json`): no document text travels but the
+scored items as the original's evaluation logged them, which the contamination audit reads again with every report
 (`audit.scored_tasks`).
 `progress-manifest.json` in it names the study (its fingerprint), the stages complete, the weights the run
 evaluated (`model_hash` of the original, from its baseline evaluation) and the answers left out.
@@ -36,7 +36,14 @@ from typing import TYPE_CHECKING, Any
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.outputs import write_atomic
-from layerprune.pipeline.records import WEIGHT_SUFFIXES, add_member, scrub, strip_sample, unpack_records
+from layerprune.pipeline.records import (
+    WEIGHT_SUFFIXES,
+    add_member,
+    is_sample_file,
+    scrubbed_json,
+    stripped_samples,
+    unpack_records,
+)
 from layerprune.pipeline.studies.sweep_cells import STATES, Cell, cells, model_dir
 
 if TYPE_CHECKING:
@@ -72,11 +79,9 @@ def pack_progress(study: SweepStudy, root: Path, archive: Path, overwrite: bool 
             relative = path.relative_to(root)
             if not kept_file(path, relative, dropped):
                 continue
-            if path.suffix == ".jsonl" and not is_sample(path):
-                continue
             add_member(tar, relative.as_posix(), path.read_bytes() if path in items else member(path))
             kept.append(relative.as_posix())
-        record = manifest(study, root, grid, answers, kept)
+        record = manifest(study, root, grid, dropped, answers, kept)
         add_member(tar, MANIFEST, json.dumps(record, indent=1, sort_keys=True).encode())
     try:
         write_atomic(archive, buffer.getvalue())
@@ -105,12 +110,17 @@ def dropped_folders(grid: list[Cell], root: Path) -> list[Path]:
 
 
 def kept_file(path: Path, relative: Path, dropped: list[Path]) -> bool:
-    """Whether a file under the run travels: a plain file, not hidden, not weights, a tokenizer or a figure, not in a
-    work folder or a folder left out."""
-    return (path.is_file() and not path.is_symlink() and not any(p.startswith(".") for p in relative.parts)
-            and not any(p.endswith(".work") for p in relative.parts) and path.suffix not in WEIGHT_SUFFIXES
-            and path.name not in MADE_FROM_OTHERS and path.suffix != ".png" and relative.as_posix() != MANIFEST
+    """Whether a file under the run travels: a plain file, not hidden or in a work folder, not weights, a tokenizer,
+    a figure or a JSONL file other than samples (answers: made again), not in a folder left out."""
+    return (path.is_file() and not path.is_symlink() and not made_by_the_run(relative)
+            and path.suffix not in WEIGHT_SUFFIXES and path.name not in MADE_FROM_OTHERS and path.suffix != ".png"
+            and (path.suffix != ".jsonl" or is_sample_file(path)) and relative.as_posix() != MANIFEST
             and not any(path.is_relative_to(folder) for folder in dropped))
+
+
+def made_by_the_run(relative: Path) -> bool:
+    """Whether a path under the run is hidden (a lock, a partial write) or in a trainer's work folder."""
+    return any(part.startswith(".") or part.endswith(".work") for part in relative.parts)
 
 
 def audited_items(root: Path) -> set[Path]:
@@ -122,32 +132,19 @@ def audited_items(root: Path) -> set[Path]:
     return {folder / SAMPLES_DIR / f"{task}.jsonl" for task, folder in scored_tasks(root).items()}
 
 
-def is_sample(path: Path) -> bool:
-    from layerprune.evaluate.items import SAMPLES_DIR
-
-    return path.parent.name == SAMPLES_DIR
-
-
 def member(path: Path) -> bytes:
     """A kept file's bytes: samples cut to the allowlist, JSON scrubbed of data text but for its recipes."""
-    if is_sample(path):
-        from layerprune.tasks.data import read_jsonl
-
-        lines = [json.dumps(strip_sample(s), sort_keys=True) for s in (read_jsonl(path) if path.stat().st_size else [])]
-        return ("\n".join(lines) + "\n").encode() if lines else b""
+    if is_sample_file(path):
+        return stripped_samples(path)[0]
     if path.suffix == ".json":
-        try:
-            return json.dumps(scrub(json.loads(path.read_text()), KEPT_VERBATIM), indent=1).encode()
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise LayerpruneError(f"{path}: not JSON ({exc}); nothing was packed") from exc
+        return scrubbed_json(path, KEPT_VERBATIM)
     return path.read_bytes()
 
 
 def answer_files(root: Path) -> dict[str, str]:
     """The teacher answers and other JSONL files the pack leaves out (samples aside): path -> sha256."""
     return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(
-        root.rglob("*.jsonl")) if p.is_file() and not is_sample(p) and not any(
-        part.startswith(".") or part.endswith(".work") for part in p.relative_to(root).parts)}
+        root.rglob("*.jsonl")) if p.is_file() and not is_sample_file(p) and not made_by_the_run(p.relative_to(root))}
 
 
 def check_answers(root: Path) -> dict[str, str]:
@@ -169,11 +166,14 @@ def read_manifest(root: Path) -> dict[str, Any]:
         return {}
 
 
-def manifest(study: SweepStudy, root: Path, grid: list[Cell], answers: dict[str, str], kept: list[str]) -> dict:
+def manifest(study: SweepStudy, root: Path, grid: list[Cell], dropped: list[Path], answers: dict[str, str],
+             kept: list[str]) -> dict:
+    """The archive's manifest; its complete stages are those whose output travels (not one in a folder left out)."""
     from layerprune.pipeline.stages import recipe_fingerprint
 
-    return {"format": FORMAT, "study": study.name, "fingerprint": recipe_fingerprint(study),
-            "complete": [c.name for c in grid if c.output.exists() and c.step != "report"],
+    complete = [c.name for c in grid if c.output.exists() and c.step != "report"
+                and not any(c.output.is_relative_to(folder) for folder in dropped)]
+    return {"format": FORMAT, "study": study.name, "fingerprint": recipe_fingerprint(study), "complete": complete,
             "model_hash": evaluated_hash(root), "answers": answers, "files": len(kept)}
 
 
