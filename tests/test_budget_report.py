@@ -181,17 +181,43 @@ def test_a_positive_control_under_half_means_the_instrument_cannot_show_a_limit(
         "verdicts"]["sft-k1"] == "limit structural at this scale"
 
 
+def test_a_still_linear_fit_extrapolates_its_asymptote_and_is_never_a_structural_limit():
+    """A curve falling along the budgets fits t at the grid's top (still linear) and a far below 0: a is extrapolated,
+    not measured, so a's upper end under 50% is no structural limit. Before: 'limit structural at this scale' beside
+    a table saying 'undetermined (still linear)'."""
+    from layerprune.pipeline.studies.budget_fit import SCALES, saturating_fit
+    from layerprune.pipeline.studies.budget_report import verdict
+
+    a, t = saturating_fit(np.array(BUDGETS, dtype=float), np.array([0.02, 0.01, 0.0, -0.03]))
+    assert t == SCALES[-1] and a < -1
+    gate = {"reached": True, "why": ""}
+    linear = {"asymptote": {"value": float(a), "low": float(a) - 1, "high": 0.2}, "scale": float(t),
+              "rising": {"value": -0.03, "low": -0.06, "high": 0.0}}
+    assert verdict(linear, gate)[0] == "not shown"
+    assert verdict({**linear, "scale": 1e5}, gate)[0] == "limit structural at this scale"
+
+
 def test_a_study_scored_in_part_says_what_is_missing_and_draws_what_is_there(tiny_llama, tmp_path):
     """Replicates, budgets and the control's smaller budgets missing: listed, each figure from the cells there; the
-    gate needs only the control's largest budget. Before: the control's incomplete curve hid it ('not shown')."""
+    gate needs only the control's largest budget. Before: the control's incomplete curve hid it ('not shown'). A curve
+    whose budgets have other replicates (local: r2 at 256k only missing) is not fitted: one run's checkpoints pair
+    seed by seed, and the replicate draws are shared by position (before: r0, r1 at 256k drawn as if r0, r1, r2)."""
     study = _study(tiny_llama, tmp_path / "s")
-    skip = {"sft-k1@r2", "sft-k1@8k@r2", "kd-k1@8k", "kd-k1@8k@r1", "kd-k1@8k@r2", "kd-arith-k1@8k",
-            "kd-arith-k1@8k@r1", "kd-arith-k1@8k@r2", "kd-arith-k1@32k", "kd-k1@32k-dedicated@r1"}
+    skip = {"sft-k1@r2", "sft-k1@8k@r2", "sft-k1@32k@r2", "sft-k1@128k@r2", "kd-k1@8k", "kd-k1@8k@r1",
+            "kd-k1@8k@r2", "kd-arith-k1@8k", "kd-arith-k1@8k@r1", "kd-arith-k1@8k@r2", "kd-arith-k1@32k",
+            "kd-k1@32k-dedicated@r1", "local-k1@r2"}
     _plant(tmp_path / "s", _models(CURVES, AGREEING), skip)
     text = write_budget_report(study, tmp_path / "s").read_text()
     data = json.loads((tmp_path / "s" / "budget.json").read_text())
     assert data["verdicts"]["sft-k1"] == "limit structural at this scale"  # the control's 256k point is enough
     assert data["missing"]["sft-k1"] == {"replicates": [2], "of": 3} and "pruned-k1" not in data["missing"]
+    local = next(c for c in data["curves"] if (c["arm"], c["k"], c["task"]) == ("local", 1, "arith_2d_sub"))
+    assert local["fit"] == ("waits for the same replicates at every budget (8000: r0, r1, r2; 32000: r0, r1, r2; "
+                            "128000: r0, r1, r2; 256000: r0, r1)") and "rising" not in local
+    assert data["verdicts"]["local-k1"] == "not shown"
+    rows = {r["name"]: r for f in data["default_families"].values() for r in f["contrasts"]}
+    assert rows["local-k1-rise-arith_2d_sub"]["interval"] == (
+        "n/a (local-k1 and local-k1@8k not scored on the same replicates yet)")
     assert data["missing"]["kd-k1@8k"]["replicates"] == [0, 1, 2] and data["missing"]["pruned-k2"]["of"] == 1
     assert "Not scored yet (" in text and "sft-k1 (replicate 2), " in text and "kd-k1@8k, " in text
     assert "pruned-k2, " in text

@@ -3,6 +3,7 @@ the training fields of recover_report.json."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -119,3 +120,43 @@ def test_local_counts_the_answer_tokens_of_the_sequences_it_regresses(tiny_llama
     # steps of 2, 2 and 1 sequences (the last step of a pass shorter): 9, then 22 >= 20 answer tokens
     assert (fits[0]["steps"], fits[0]["sequences"], fits[0]["target_tokens"], fits[0]["tokens"]) == (2, 4, 22, 48)
     assert local.step_batches(5, 2, 4) == [[0, 1], [2, 3], [4], [0, 1]]
+
+
+def test_a_budget_point_that_ends_short_of_its_budget_is_refused_and_writes_nothing(pruned, prompts_file, tmp_path,
+                                                                                    monkeypatch, capsys):
+    """A plain recover run takes train.max_tokens as a cap (local's 2 steps end first). A study's budget point
+    (RecoverJob.reach_budget) that ends before it is refused in one line before its output is written: it would be
+    labelled with tokens it never trained on. Before, only a run with checkpoints at budgets was checked (local's
+    points, runs of their own, were not)."""
+    from layerprune.recover import job as job_module
+
+    capped = run(pruned, prompts_file, tmp_path / "cap", "--method", "local", "--max-steps", "2",
+                 "--train-max-tokens", "100000")
+    assert capped["optimizer_steps"] == 2 and capped["tokens_unpadded"] < 100000
+    monkeypatch.setattr(job_module, "RecoverJob", functools.partial(job_module.RecoverJob, reach_budget=True))
+    capsys.readouterr()
+    code = main(["recover", "--model", str(pruned), "--prompts", str(prompts_file), "-o", str(tmp_path / "point"),
+                 *FAST, "--method", "local", "--max-steps", "2", "--train-max-tokens", "100000"])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and "before the budget 100000" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "point").exists()
+
+
+def test_a_run_started_over_drops_the_snapshots_an_abandoned_run_left(tmp_path):
+    """A run that starts from step 0 (no checkpoint to resume) removes the snapshots a crashed run left, and takes
+    every budget itself; a resumed run keeps them. Before, a run started over took an abandoned run's 8k point."""
+
+    class Trainer:
+        def __init__(self) -> None:
+            self.callbacks: list = []
+
+        def add_callback(self, callback: object) -> None:
+            self.callbacks.append(callback)
+
+    kept = tmp_path / "snapshots" / "8"
+    kept.mkdir(parents=True)
+    (kept / budget.SNAPSHOT_RECORD).write_text("{}")
+    resumed = budget.attach_snapshots(Trainer(), budget.TargetTokens(), [8, 16], tmp_path / "snapshots", fresh=False)
+    assert resumed.budgets == [16] and kept.is_dir()
+    fresh = budget.attach_snapshots(Trainer(), budget.TargetTokens(), [8, 16], tmp_path / "snapshots", fresh=True)
+    assert fresh.budgets == [8, 16] and not kept.exists()

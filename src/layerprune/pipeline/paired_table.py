@@ -85,6 +85,12 @@ class Figures:
     def has(self, group: str) -> bool:
         return bool(self.groups.get(group))
 
+    def seeds(self, label: str) -> tuple[str, ...]:
+        """The replicates a logical label's rows are, as suffixes of their physical labels ('' is replicate 0's,
+        '@r2' replicate 2's): the points of one run (its checkpoints) pair replicate by replicate only when these are
+        the same (the replicate draws are shared by position)."""
+        return tuple(sorted(self.physical[i][len(label):] for i in self.rows[label]))
+
     def mean(self, m: np.ndarray, label: str, group: str) -> np.ndarray:
         return m[..., self.labels.index(label), :][..., self.groups[group]].mean(axis=-1)
 

@@ -183,8 +183,16 @@ def keep_snapshot(checkpoint: Any, destination: Any, record: dict[str, Any]) -> 
     (destination / SNAPSHOT_RECORD).write_text(json.dumps(record, indent=2))
 
 
-def attach_snapshots(trainer: Any, counter: TargetTokens, budgets: list[int], directory: Any) -> Snapshots | None:
-    """Save `trainer`'s model at each of `budgets` target tokens into `directory` (none: nothing added)."""
+def attach_snapshots(trainer: Any, counter: TargetTokens, budgets: list[int], directory: Any,
+                     fresh: bool = True) -> Snapshots | None:
+    """Save `trainer`'s model at each of `budgets` target tokens into `directory` (none: nothing added). `fresh`: the
+    run starts from step 0 (not resumed from a checkpoint), so a snapshot left in `directory` is an abandoned run's
+    (a crash, then a run started over) and is removed, never taken as this run's."""
+    import shutil
+    from pathlib import Path
+
+    if fresh and Path(directory).exists():
+        shutil.rmtree(directory)
     if not budgets:
         return None
     snapshots = Snapshots(counter, budgets, directory)

@@ -23,6 +23,8 @@ class RecoverJob:
     snapshots: dict[int, Path] = field(default_factory=dict)  # budget (target tokens) -> the model saved on reaching it
     states: Path | None = None  # a folder where a block-training step (local) keeps the teacher's hidden states for
     # other runs of a study on the same teacher and sequences (recover/local.span_states); None: not kept
+    reach_budget: bool = False  # train.max_tokens is the run's budget, not a cap (a study's budget point): a run that
+    # ends before it is refused before its output is written (a point labelled with tokens it did not train on)
 
     @property
     def snapshot_budgets(self) -> list[int]:

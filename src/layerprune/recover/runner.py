@@ -315,11 +315,13 @@ def save_snapshots(recipe: RecoverRecipe, job: RecoverJob, student: ModelSource,
     reached = int(report.tokens_unpadded or 0)
     short = [b for b in job.snapshot_budgets
              if not (job.work / budget.SNAPSHOTS / str(b) / budget.SNAPSHOT_RECORD).is_file()]
-    if job.snapshots and recipe.train.max_tokens is not None and reached < recipe.train.max_tokens:
+    must_reach = job.snapshots or job.reach_budget  # else train.max_tokens is a cap
+    if must_reach and recipe.train.max_tokens is not None and reached < recipe.train.max_tokens:
         short.append(recipe.train.max_tokens)
     if short:
         raise LayerpruneError(f"{job.output.name}: the run ended at {reached} target tokens, before the budget "
-                              f"{short[0]}; raise train.epochs (or max_steps) so that it reaches every budget")
+                              f"{short[0]}; raise train.epochs (or max_steps; local: local.steps, shared out over "
+                              "the cut's spans) so that it reaches every budget")
     lineage = read_lineage(Path(student.location))
     for target, output in sorted(job.snapshots.items()):
         folder = job.work / budget.SNAPSHOTS / str(target)

@@ -64,8 +64,9 @@ def at_budget(study: Any, arm: str | None, k: int, budget: int) -> str:
 
 def curve(figures: Figures, study: Any, arm: str | None, k: int, task: str) -> dict[str, Any] | None:
     """One arm's curve at k on one task (None: no point of it scored): the drop, the share at each budget (or why none
-    can be stated), and, on a complete curve, the fit's a (with its interval) and t, the tokens for TARGETS; with the
-    two largest budgets scored, whether the share still rises at the largest."""
+    can be stated), and, on a complete curve (every budget scored on the same replicates: its points are one run's
+    checkpoints, paired seed by seed), the fit's a (with its interval) and t, the tokens for TARGETS; with the two
+    largest budgets scored on the same replicates, whether the share still rises at the largest."""
     points = budget_labels(study, arm, k)
     present = [(b, label) for b, label in points if label in figures.labels]
     if not present or not figures.has(task):
@@ -85,14 +86,24 @@ def curve(figures: Figures, study: Any, arm: str | None, k: int, task: str) -> d
 
     out["shares"] = {str(b): figures.interval(share(label)) if (b, label) in present else NOT_SCORED
                      for b, label in points}
-    if len(present) == len(points):
-        out.update(_fit(figures, [share(label) for _, label in points], [b for b, _ in points]))
-    else:
+    if len(present) < len(points):
         out["fit"] = f"waits for {', '.join(str(b) for b, label in points if (b, label) not in present)}"
-    if all(p in present for p in points[-2:]):
+    elif len({figures.seeds(label) for _, label in points}) > 1:  # one run's checkpoints pair replicate by replicate
+        out["fit"] = f"waits for the same replicates at every budget ({_replicates(figures, points)})"
+    else:
+        out.update(_fit(figures, [share(label) for _, label in points], [b for b, _ in points]))
+    if all(p in present for p in points[-2:]) and figures.seeds(points[-2][1]) == figures.seeds(points[-1][1]):
         before, last = (share(label) for _, label in points[-2:])
         out["rising"] = figures.interval(lambda m: last(m) - before(m))
     return out
+
+
+def _replicates(figures: Figures, points: list[tuple[int, str]]) -> str:
+    """'8000: r0, r1; 32000: r0, r1, r2; ...': the replicates scored at each budget of a curve."""
+    def named(label: str) -> str:
+        return ", ".join(f"r{seed.removeprefix('@r') or 0}" for seed in figures.seeds(label))
+
+    return "; ".join(f"{b}: {named(label)}" for b, label in points)
 
 
 def _fit(figures: Figures, shares: list[Any], budgets: list[int]) -> dict[str, Any]:
@@ -131,7 +142,8 @@ def control_gate(figures: Figures, study: Any, control_arm: str | None, k: int) 
 
 def verdict(arm_curve: dict[str, Any] | None, gate: dict[str, Any]) -> tuple[str, str]:
     """The protocol's verdict on an arm's curve of LIMIT_TASK and why: 'limit structural at this scale' (a's upper
-    end below 50% and the positive control at 50% or more of the drop at the largest budget, `control_gate`),
+    end below 50%, a determined: a fit still linear at the largest budget extrapolates a, it does not measure it, and
+    the positive control at 50% or more of the drop at the largest budget, `control_gate`),
     'budget-bound' (the share still rises at the largest budget, its paired step from the budget before above 0, and
     a undetermined), else 'not shown'."""
     if not arm_curve:
@@ -139,7 +151,7 @@ def verdict(arm_curve: dict[str, Any] | None, gate: dict[str, Any]) -> tuple[str
     if "asymptote" not in arm_curve:
         return NOT_SHOWN, arm_curve.get("state") or f"no fit yet: it {arm_curve.get('fit', 'waits')}"
     upper = arm_curve["asymptote"].get("high")
-    if upper is not None and upper < GATE:
+    if upper is not None and upper < GATE and not undetermined(arm_curve):  # a still linear fit: a extrapolated
         if gate["reached"]:
             return STRUCTURAL, f"a's upper end {100 * upper:.1f}% < 50%, the positive control reached 50%"
         return NOT_SHOWN, (f"a's upper end {100 * upper:.1f}% < 50%, but the positive control: {gate['why']}, so the "

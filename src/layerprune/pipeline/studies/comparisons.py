@@ -244,6 +244,9 @@ def _statistic(contrast: Contrast, figures: Figures, label: PointLabel,
     absent = [m for m in dict.fromkeys(needed) if m not in figures.labels]
     if absent:
         return None, f"n/a ({', '.join(absent)} not scored)"
+    points = [label(arm, k, b) for arm, k, b in sides]
+    if len(sides) == 2 and sides[0][:2] == sides[1][:2] and len({figures.seeds(p) for p in points}) > 1:
+        return None, f"n/a ({' and '.join(points)} not scored on the same replicates yet)"  # one run's checkpoints
     if contrast.measure == "share":
         for _, k, _ in sides:
             state = paired.share_state(figures.difference("baseline", pruned(k), kinds[0]))

@@ -245,7 +245,7 @@ def recover_at(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell)
     snapshots = {budget: model_dir(root, label) for budget, label in cell.snapshots}
     answers = root / study.answers_file(cell.arm, recipe, cell.replicate)
     recover_with_snapshots(recipe, cell.output.parent, answers, settings, cell.replicate, data_dir_of(study),
-                           snapshots, states_folder(study, root, cell.arm))
+                           snapshots, states_folder(study, root, cell.arm), reach_budget=cell.budget is not None)
 
 
 def with_budget(recipe: RecoverRecipe, tokens: int | None) -> RecoverRecipe:
@@ -258,14 +258,16 @@ def with_budget(recipe: RecoverRecipe, tokens: int | None) -> RecoverRecipe:
 
 
 def recover_with_snapshots(recipe: RecoverRecipe, output: Path, answers: Path, settings: RunSettings, replicate: int,
-                           data_dir: Path | None, snapshots: dict[int, Path], states: Path | None = None) -> None:
+                           data_dir: Path | None, snapshots: dict[int, Path], states: Path | None = None,
+                           reach_budget: bool = False) -> None:
     """One replicate's recovery (resumed from its last checkpoint, under the run seed + replicate) with the teacher
     answers shared in `answers`, its run also saving a model on reaching each budget of `snapshots` (budget ->
-    folder), and keeping the teacher's hidden states in `states` for the arm's other runs (states_folder)."""
+    folder), and keeping the teacher's hidden states in `states` for the arm's other runs (states_folder).
+    `reach_budget`: the recipe's train.max_tokens is the point's budget: a run that ends before it is refused."""
     from layerprune.recover.job import RecoverJob
 
     job = RecoverJob(output=output, settings=replicate_settings(settings, replicate), overwrite=True,
-                     resume=True, data_dir=data_dir, snapshots=snapshots, states=states)
+                     resume=True, data_dir=data_dir, snapshots=snapshots, states=states, reach_budget=reach_budget)
     recover_sharing_answers(recipe, job, answers)
 
 
@@ -283,7 +285,7 @@ def search_lr(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) 
         recipe = with_budget(with_learning_rate(study.arm_recipe(arm, student), rate), (study.budgets or [None])[0])
         answers = root / study.answers_file(arm, recipe, SEARCH_REPLICATE)
         recover_with_snapshots(recipe, output, answers, settings, SEARCH_REPLICATE, data_dir_of(study), {},
-                               states_folder(study, root, arm, search=True))
+                               states_folder(study, root, arm, search=True), reach_budget=bool(study.budgets))
 
     record = lr_search.search(root, arm, study.lr_grid[arm], train, k=k, seed_offset=SEARCH_REPLICATE)
     lr_search.write_search(root, record)

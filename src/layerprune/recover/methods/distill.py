@@ -137,7 +137,8 @@ def run_trainer(recipe: RecoverRecipe, loaded: Any, teacher: Any, rows: list[dic
     callback = heldout.HeldOutCallback(held)
     trainer = make_trainer(recipe, method, loaded, teacher, rows, prompts, job, optimizer, trainer_dir, callback)
     counter = budget.attach(trainer, recipe.train.max_tokens)
-    budget.attach_snapshots(trainer, counter, job.snapshot_budgets, job.work / budget.SNAPSHOTS)
+    budget.attach_snapshots(trainer, counter, job.snapshot_budgets, job.work / budget.SNAPSHOTS,
+                            fresh=resume_from is None)
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     data["trainer"] = type(trainer).__name__
     steps = trainer.state.global_step

@@ -78,7 +78,8 @@ def train_sft(run: MethodRun) -> TrainResult:
     train_set = train.to_dataset(train_rows, gen, loaded.tokenizer, cap)
     trainer = train.make_trainer(recipe, loaded.model, loaded.tokenizer, args, train_set, eval_set)
     counter = budget.attach(trainer, recipe.train.max_tokens)
-    budget.attach_snapshots(trainer, counter, job.snapshot_budgets, job.work / budget.SNAPSHOTS)
+    budget.attach_snapshots(trainer, counter, job.snapshot_budgets, job.work / budget.SNAPSHOTS,
+                            fresh=resume_from is None)
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     before = train.loss_before(trainer.state.log_history) if eval_set is not None else None
     after = train.loss_after(trainer) if eval_set is not None else None
