@@ -283,3 +283,25 @@ def test_every_point_says_what_it_spent_the_dedicated_runs_and_controls_included
     assert "| kd | 0 (control) | - | - | - | 256,100 / 99 / 0.0002 |" in text
     assert "| local | 1 (dedicated) |" not in text and "| local | 0 (control) |" not in text  # none: local is a cut
     assert f"Rerun: `layerprune study tiny-budget --output {root}`" in text
+
+
+def test_the_dry_run_shares_local_steps_out_over_the_cuts_spans(tiny_llama, tmp_path, monkeypatch):
+    """local.steps are shared out over the cut's spans (a block trained per span): 90k steps of 2 sequences of 6
+    tokens reach 256k target tokens with one span but not with two. Before the scoring pass, as if the k = 2 cut's
+    blocks were apart (a warning); with its ranking, the spans it has (adjacent blocks: one span, no warning).
+    Before, the dry run counted every step for every span and never warned."""
+    from layerprune.pipeline.studies import sweep_inputs
+    from layerprune.pipeline.studies.recovery_plan import budget_lines
+
+    arms = {**ARMS, "local": {"method": "local", "local": {"steps": 30000, "learning_rate": 1.0e-3}}}
+    study = _study(tiny_llama, tmp_path / "s", arms=arms)
+    line = next(s for s in budget_lines(study) if s.startswith("arm local:"))
+    assert "WARNING: at most 180000 target tokens reachable" in line
+    assert "raise local.steps, shared out over the cut's spans: 2 at most (the blocks not ranked yet" in line
+    (tmp_path / "s" / "scored").mkdir(parents=True)
+    (tmp_path / "s" / "scored" / "prune_report.json").write_text("{}")
+    monkeypatch.setattr(sweep_inputs, "ranking", lambda root, ratios, layers=None: {1: [3], 2: [3, 4]})
+    assert "WARNING" not in next(s for s in budget_lines(study) if s.startswith("arm local:"))
+    monkeypatch.setattr(sweep_inputs, "ranking", lambda root, ratios, layers=None: {1: [3], 2: [1, 4]})
+    apart = next(s for s in budget_lines(study) if s.startswith("arm local:"))
+    assert apart.endswith("raise local.steps, shared out over the cut's spans: 2 at most")

@@ -115,6 +115,19 @@ def budget_seconds(study: SweepStudy, arm: str | None) -> float:
     return sum(budget_runs(study, arm)) * sequence_tokens(recipe) / recipe.generate.max_new_tokens / rate
 
 
+def most_spans(study: SweepStudy) -> tuple[int, str]:
+    """The most spans (runs of adjacent dropped blocks) any k's cut has, and how it is known: from the scoring
+    pass's ranking where its run has one, else as if every dropped block were apart (local trains a block per span,
+    local.steps shared out over them)."""
+    from layerprune.pipeline.studies.sweep_inputs import ranking
+
+    root = study.run_dir()
+    if study.prune.layers is None and not (root / "scored" / "prune_report.json").is_file():
+        return max(study.ratios), "at most (the blocks not ranked yet: as if every dropped block were apart)"
+    cuts = [sorted(cut) for cut in ranking(root, study.ratios, study.prune.layers).values()]
+    return max(1, *(sum(1 for i, b in enumerate(cut) if i == 0 or cut[i - 1] != b - 1) for cut in cuts)), "at most"
+
+
 def budget_lines(study: SweepStudy) -> list[str]:
     """The budget points, how each is made, and where an arm's epochs (local: steps) cannot reach the largest."""
     if not study.budgets:
@@ -134,9 +147,10 @@ def budget_lines(study: SweepStudy) -> list[str]:
         if trains_each_budget(study, arm):
             from layerprune.recover.chain import local_budget
 
-            steps = local_budget(recipe, trained)
-            reach = steps.steps * steps.sequences_per_step * new
-            how, more = "a run of its own per budget (no trainer to save checkpoints)", "local.steps"
+            steps, spans = local_budget(recipe, trained), most_spans(study)
+            reach = steps.steps // spans[0] * steps.sequences_per_step * new
+            how = "a run of its own per budget (no trainer to save checkpoints)"
+            more = f"local.steps, shared out over the cut's spans: {spans[0]} {spans[1]}"
         else:
             reach = int(train.epochs * trained * new) if train.max_steps is None else \
                 train.max_steps * train.batch_size * train.grad_accum * new
