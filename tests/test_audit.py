@@ -227,6 +227,17 @@ def test_a_reformatted_arithmetic_item_is_the_item():
     assert worded["either"] == 3
 
 
+def test_a_sum_with_its_addends_swapped_is_the_item():
+    """'50 + 31 =' for the item '31 + 50 =': a sum holds its addends in any order (the kd-arith prompts of the budget
+    study held 16 of 150 scored arith_2d_add items so). Old code: 0 overlapping."""
+    def swapped(question: str) -> str:
+        a, _, b, eq = question.split()
+        return f"{b} + {a} {eq}"
+
+    row = _plant("arith_2d_add", swapped, n=100)
+    assert (row["prompts"], row["either"], row["flagged"]) == (3, 3, True)
+
+
 def test_a_comma_separated_copy_list_and_another_cue_word_are_the_item():
     def commas(question: str) -> str:
         return "Repeat this list back to me: " + ", ".join(question.split("\n")[0].removeprefix("Input: ").split())

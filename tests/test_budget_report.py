@@ -305,3 +305,21 @@ def test_the_dry_run_shares_local_steps_out_over_the_cuts_spans(tiny_llama, tmp_
     monkeypatch.setattr(sweep_inputs, "ranking", lambda root, ratios, layers=None: {1: [3], 2: [1, 4]})
     apart = next(s for s in budget_lines(study) if s.startswith("arm local:"))
     assert apart.endswith("raise local.steps, shared out over the cut's spans: 2 at most")
+
+
+def test_an_arm_with_prompts_of_its_own_answers_them_in_its_own_format(tiny_llama, tmp_path):
+    """arm_generate: the positive control's probe prompts answered and trained as the probes are scored (plain text
+    to the line's end), the other arms in the shared chat format; a format for an arm that shares the teacher
+    answers, or a field generate does not have, is refused before any stage runs. Before, an arm could set only its
+    prompts: the math variant answered the kd-arith prompts through the chat template (arith_2d_sub 5.3% there, 70%
+    in plain text), all 528 answers seen cut at 128 tokens."""
+    plain = {"kd-arith": {"chat_template": False, "max_new_tokens": 16}}
+    study = _study(tiny_llama, tmp_path / "s", arm_generate=plain)
+    control, other = study.arm_recipe("kd-arith", "<pruned>"), study.arm_recipe("kd", "<pruned>")
+    assert (control.generate.chat_template, control.generate.max_new_tokens, control.generate.stop) == (False, 16, "\n")
+    assert other.generate.max_new_tokens == 6  # the shared recipe's (the tiny study's is plain already)
+    assert control.prompts.source == "probes:arith_2d_sub"
+    with pytest.raises(ValueError, match="arm_generate: kd has no prompts of its own"):
+        _study(tiny_llama, tmp_path / "s", arm_generate={"kd": {"chat_template": False}})
+    with pytest.raises(ValueError, match="chat_templates"):
+        _study(tiny_llama, tmp_path / "s", arm_generate={"kd-arith": {"chat_templates": False}})

@@ -202,6 +202,22 @@ def test_probe_prompts_never_include_evaluation_items():
     assert [p.text for p in kept] == ["hello"] and card["excluded_probe_eval"] == 5
 
 
+def test_probe_prompts_show_no_scored_item_even_as_a_few_shot_example_or_swapped():
+    """Every question a kept probe prompt asks (its question and its few-shot examples) is none of the scored items,
+    a sum's addends in either order. Before, only the question was checked: the budget study's 2048 kd-arith prompts
+    held 53 of the 150 scored arith_2d_sub items, solved, in their examples, and 16 arith_2d_add items swapped."""
+    source = PromptSource(source="probes:arith_2d_sub+arith_2d_add", samples=400, exclude_probe_seeds=[0])
+    chosen, card = prompts.load_prompts(source, None)
+    assert len(chosen) == 400 and card["excluded_probe_eval"] > 0
+    scored = {prompts.asked_key(p.question) for task in ("arith_2d_sub", "arith_2d_add", "arith_2d_add_nc")
+              for p in prompts.generate_probes(task, prompts.EVAL_ITEMS, 0)}
+    asked = [prompts.asked_key(line[:line.index("=") + 1])
+             for p in chosen for line in p.text.splitlines() if "=" in line]
+    assert len(asked) == 4 * 400 and not set(asked) & scored
+    assert prompts.asked_key("50 + 31 =") == "31 + 50 =" == prompts.asked_key("31 + 50 =")
+    assert prompts.asked_key("81 - 50 =") == "81 - 50 ="
+
+
 def test_hub_dataset_prompts_come_through_datasets_minus_the_evaluation_items(monkeypatch):
     import datasets
 

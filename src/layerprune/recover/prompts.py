@@ -3,7 +3,9 @@
 `prompts.source: probes` (every probe task) or `probes:arith_1dc+brackets_d3` draws few-shot probe questions from
 the generators on this module's own seed stream ('recover-<shuffle_seed>'), which the evaluation never uses. Then,
 whatever the source, any prompt whose question is one of the first EVAL_ITEMS items of a probe task (under the
-evaluation seeds in `prompts.exclude_probe_seeds`) or a GSM8K test question is dropped, and the count is reported.
+evaluation seeds in `prompts.exclude_probe_seeds`) or a GSM8K test question is dropped, and the count is reported; a
+probe prompt also where one of its few-shot examples is such an item, a sum's operands in either order (a scored
+item solved in the context is still the item in view).
 The probe tasks and their generators are those of `layerprune.tasks.probes`, which evaluate uses too: one list, so a new
 probe task is excluded here as soon as it is evaluated.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from pathlib import Path
 
 from layerprune.core.errors import LayerpruneError
@@ -52,17 +55,56 @@ def probe_task_names(source: str) -> list[str] | None:
     return names
 
 
-def probe_prompts(names: list[str], n: int, seed: int) -> list[selfgen.Prompt]:
-    """`n` probe prompts, round-robin over the tasks, on the recovery seed stream."""
+def draw_probes(names: list[str], n: int, seed: int) -> list[Probe]:
+    """`n` probes, round-robin over the tasks, on the recovery seed stream, a repeated prompt once."""
     per_task = -(-n // len(names))
     drawn = {name: generate_probes(name, per_task, f"recover-{seed}") for name in names}
     ordered = [drawn[name][i] for i in range(per_task) for name in names if i < len(drawn[name])][:n]  # small
     # tasks (brackets_d2 has 9 distinct questions) run out first
-    unique: dict[str, selfgen.Prompt] = {}
+    unique: dict[str, Probe] = {}
     for probe in ordered:  # the first occurrence of a repeated question wins
-        unique.setdefault(selfgen.prompt_id(probe.prompt), selfgen.Prompt(selfgen.prompt_id(probe.prompt), probe.prompt,
-                                                                          probe.answer.strip()))
+        unique.setdefault(selfgen.prompt_id(probe.prompt), probe)
     return list(unique.values())
+
+
+def probe_prompts(names: list[str], n: int, seed: int) -> list[selfgen.Prompt]:
+    """`n` probe prompts, round-robin over the tasks, on the recovery seed stream."""
+    return [as_prompt(probe) for probe in draw_probes(names, n, seed)]
+
+
+def as_prompt(probe: Probe) -> selfgen.Prompt:
+    return selfgen.Prompt(selfgen.prompt_id(probe.prompt), probe.prompt, probe.answer.strip())
+
+
+SUM = re.compile(r"\d+ \+ \d+ =")
+
+
+def asked_key(question: str) -> str:
+    """A probe question as the exclusion compares it: stripped, the addends of a sum of two in order ('50 + 31 =' is
+    '31 + 50 =': the same item with its operands swapped; as the audit matches it, tasks/contamination.py)."""
+    text = question.strip()
+    if SUM.fullmatch(text):
+        return " + ".join(sorted(text[:-2].split(" + "), key=int)) + " ="
+    return text
+
+
+@functools.lru_cache(maxsize=8)
+def scored_keys(seeds: tuple[int, ...]) -> frozenset[str]:
+    """The questions (`asked_key`) of the first EVAL_ITEMS items of every probe task under each evaluation seed."""
+    return frozenset(asked_key(p.question) for seed in seeds for task in probes.probe_tasks()
+                     for p in generate_probes(task, EVAL_ITEMS, seed))
+
+
+def exclude_scored_probes(drawn: list[Probe], seeds: tuple[int, ...],
+                          gsm8k_test: set[str]) -> tuple[list[selfgen.Prompt], dict[str, int]]:
+    """Drop probes that ask a probe evaluation question anywhere: as the question or in a few-shot example, its
+    operands in either order (`asked_key`); the rest as `exclude_eval_items` (GSM8K test questions)."""
+    keys = scored_keys(seeds)
+    clean = [p for p in drawn if not {asked_key(q) for q in (p.question, *(q for q, _ in p.examples))} & keys]
+    kept, card = exclude_eval_items([as_prompt(p) for p in clean], seeds, gsm8k_test)
+    card["prompts"] = len(drawn)
+    card["excluded_probe_eval"] += len(drawn) - len(clean)
+    return kept, card
 
 
 def prompts_of_task(task: str, wanted: int, seed: int = 0) -> set[str]:
@@ -106,10 +148,10 @@ def load_prompts(source: PromptSource, data_dir: Path | None) -> tuple[list[self
         kept, card = exclude_eval_items(selfgen.load_prompts(source, data_dir), seeds, gsm8k_test)
     else:  # draw more until the exclusion leaves `samples` (small tasks such as brackets_d2 are all evaluation items)
         drawn = 2 * wanted
-        kept, card = exclude_eval_items(probe_prompts(names, drawn, source.shuffle_seed), seeds, gsm8k_test)
+        kept, card = exclude_scored_probes(draw_probes(names, drawn, source.shuffle_seed), seeds, gsm8k_test)
         while len(kept) < wanted and drawn < 64 * wanted:
             drawn *= 2
-            kept, card = exclude_eval_items(probe_prompts(names, drawn, source.shuffle_seed), seeds, gsm8k_test)
+            kept, card = exclude_scored_probes(draw_probes(names, drawn, source.shuffle_seed), seeds, gsm8k_test)
         kept = kept[:wanted]
         card["kept"] = len(kept)
     if not kept:

@@ -9,7 +9,10 @@ Two normalizations, one per kind of scored item:
   81 and 50 under the shape '<2> - <2>', digits to a placeholder of their length; 'Input: k d m\\nCopy:' the letters
   k d m under 'letters:3'), found wherever the family's template stands in a text, whatever the wording around it:
   GPT-3's arithmetic check searched its training data for '<NUM1> + <NUM2> =' and '<NUM1> plus <NUM2>' alike.
-  So 'What is 81 - 50?', '81 minus 50 =', 'k, d, m', '[K, D, M]' and 'Repeat: k d m' are each the item they hold.
+  So 'What is 81 - 50?', '81 minus 50 =', 'k, d, m', '[K, D, M]' and 'Repeat: k d m' are each the item they hold,
+  and a sum of two holds its addends in order ('50 + 31 =' is the item '31 + 50 ='). Not a sum of three one-digit
+  addends: its 165 sets of addends are nearly all among the 500 ordered evaluation items, so in any order every such
+  question would be an item.
 
 A template is specific on purpose: an arithmetic expression counts only when an '=' or a '?' follows it or a cue
 ('what is', 'compute', 'calculate', 'evaluate', 'solve') precedes it, so '1990 - 2000' or 'pages 12 - 15' in prose
@@ -106,8 +109,11 @@ def _arithmetic(tokens: Sequence[str]) -> list[Payload]:
     while i < len(tokens):
         end = _expression_end(tokens, i)
         if end > i and sum(t.isdigit() for t in tokens[i:end]) >= 2 and _asked(tokens, i, end):
-            shape = " ".join(f"<{len(t)}>" if t.isdigit() else OPERATORS.get(t, t) for t in tokens[i:end])
-            found.append(Payload(f"arith:{shape}", tuple(t for t in tokens[i:end] if t.isdigit())))
+            expression = list(tokens[i:end])
+            if len(expression) == 3 and OPERATORS.get(expression[1]) == "+":  # a sum of two: its addends in order
+                expression = [*sorted(expression[::2], key=int)[:1], "+", *sorted(expression[::2], key=int)[1:]]
+            shape = " ".join(f"<{len(t)}>" if t.isdigit() else OPERATORS.get(t, t) for t in expression)  # in order
+            found.append(Payload(f"arith:{shape}", tuple(t for t in expression if t.isdigit())))
         i = max(end, i + 1)
     return found
 

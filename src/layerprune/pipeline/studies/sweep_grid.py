@@ -88,6 +88,10 @@ class SweepStudy(PipelineRecipe):
         "the shared recipe's (a task-aligned positive control, e.g. source: probes:arith_2d_sub, drawn on the "
         "recovery seed stream with the evaluation's items excluded): its own teacher answers (selfgen-ARM.jsonl), "
         "shared by its k, replicates and control")
+    arm_generate: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="By arm label (one with arm_prompts), the generate fields its own prompts "
+        "are answered and trained in: chat_template false for probe prompts answered as the probe evaluation asks "
+        "them (plain few-shot text, to the line's end)")
     budgets: list[int] | None = Field(
         None, description="Training budgets in unpadded target tokens (recover/budget.py's unit), increasing: every "
         "recovery at k > 0 trains to the largest (train.max_tokens) and a trainer's run saves its model when its "
@@ -132,6 +136,11 @@ class SweepStudy(PipelineRecipe):
         if set(self.arm_prompts) - set(self.arms or {}):
             raise ValueError(f"arm_prompts: {', '.join(sorted(set(self.arm_prompts) - set(self.arms or {})))} "
                              "not among the arms")
+        if set(self.arm_generate) - set(self.arm_prompts):  # the others share the teacher answers
+            raise ValueError(f"arm_generate: {', '.join(sorted(set(self.arm_generate) - set(self.arm_prompts)))} "
+                             "has no prompts of its own (arm_prompts): it shares the teacher answers")
+        for arm in self.arm_generate:
+            self.arm_recipe(arm, "<pruned>")  # its fields, checked before any stage runs
         return self
 
     def _check_cut(self) -> None:
@@ -232,7 +241,8 @@ class SweepStudy(PipelineRecipe):
         dumped = recipe.model_dump(mode="json")
         seeds = sorted({*dumped["prompts"]["exclude_probe_seeds"], *self.arm_prompts[arm].get(
             "exclude_probe_seeds", [])})  # the evaluation's probe seed stays excluded
-        layer = {"prompts": {**self.arm_prompts[arm], "exclude_probe_seeds": seeds}}
+        layer = {"prompts": {**self.arm_prompts[arm], "exclude_probe_seeds": seeds},
+                 **({"generate": self.arm_generate[arm]} if arm in self.arm_generate else {})}
         return RecoverRecipe.model_validate(merge_layers(dumped, layer))
 
     def answers_file(self, arm: str | None, recipe: RecoverRecipe, replicate: int) -> str:

@@ -90,8 +90,18 @@ def _sweep_lines(study: SweepStudy, settings: RunSettings, size: Sizing) -> list
             *(f"arm {arm} trains on its own prompts: {study.arm_recipe(arm, '<pruned>').prompts.samples} from "
               f"{study.arm_recipe(arm, '<pruned>').prompts.source} (evaluation probe seeds "
               f"{study.arm_recipe(arm, '<pruned>').prompts.exclude_probe_seeds} excluded, the count in its report), "
-              f"answered by the teacher once (selfgen-{arm}.jsonl)" for arm in study.arm_prompts),
+              f"answered by the teacher once (selfgen-{arm}.jsonl)" + _format_of(study, arm)
+              for arm in study.arm_prompts),
             _replicate_line(study, size.shared, size.answer_sets)]
+
+
+def _format_of(study: SweepStudy, arm: str) -> str:
+    """How an arm with prompts of its own has them answered, where its arm_generate sets it."""
+    if arm not in study.arm_generate:
+        return ""
+    generate = study.arm_recipe(arm, "<pruned>").generate
+    return (f", in {'the chat format' if generate.chat_template else 'plain text to the stop ' + repr(generate.stop)}"
+            f", at most {generate.max_new_tokens} new tokens (arm_generate)")
 
 
 @dataclass(frozen=True)
