@@ -323,3 +323,23 @@ def test_an_arm_with_prompts_of_its_own_answers_them_in_its_own_format(tiny_llam
         _study(tiny_llama, tmp_path / "s", arm_generate={"kd": {"chat_template": False}})
     with pytest.raises(ValueError, match="chat_templates"):
         _study(tiny_llama, tmp_path / "s", arm_generate={"kd-arith": {"chat_templates": False}})
+
+
+def test_a_rate_chosen_at_an_end_of_its_grid_says_so_with_each_candidates_kl(tmp_path):
+    """The rate chosen at the grid's top or bottom: the report says a better one may lie beyond it; each candidate's
+    held-out KL beside its CE where its report kept it (the criterion stays the CE). The budget study's three
+    searches all chose an end (sft-dolly 1e-3 and local-dolly 2e-3 the top, kd-dolly 2e-4 the bottom)."""
+    from layerprune.recover.lr_search import lr_lines, write_search
+
+    rows = []
+    for i, (rate, ce, kl) in enumerate([(2e-4, 0.61, 0.23), (5e-4, 0.53, 0.35), (1e-3, 0.50, 0.32)]):
+        folder = tmp_path / "lr_search" / "sft" / f"lr{i}"
+        folder.mkdir(parents=True)
+        (folder / "recover_report.json").write_text(json.dumps({"held_out_metrics": {"after": {"ce": ce, "kl": kl}}}))
+        rows.append({"learning_rate": rate, "held_out_loss": ce, "folder": f"lr_search/sft/lr{i}"})
+    write_search(tmp_path, {"arm": "sft", "k": 2, "chosen": 1e-3, "candidates": rows})
+    line = lr_lines(tmp_path, ["sft"], "scope")[0]
+    assert "0.0002 -> 0.6100 (KL 0.2300), 0.0005 -> 0.5300 (KL 0.3500), 0.001 -> 0.5000 (KL 0.3200)" in line
+    assert line.endswith("It is the highest rate of the grid: a better one may lie beyond it, untried.")
+    write_search(tmp_path, {"arm": "sft", "k": 2, "chosen": 5e-4, "candidates": rows})
+    assert lr_lines(tmp_path, ["sft"], "scope")[0].endswith("; scope.")

@@ -101,14 +101,32 @@ def lr_lines(root: Path, labels: list[str], scope: str) -> list[str]:
         if path.is_file():
             record = json.loads(path.read_text())
             tried = ", ".join(f"{c['learning_rate']:g} -> " + ("-" if c["held_out_loss"] is None
-                                                              else f"{c['held_out_loss']:.4f}")
+                                                              else f"{c['held_out_loss']:.4f}") + _kl(root, c)
                               for c in record["candidates"])
             where = f" at k = {record['k']}" if "k" in record else ""
             seed = f" (seed + {record['seed_offset']})" if "seed_offset" in record else " (replicate 0's seed)"
             lines.append(f"Learning rate of {label}: {record['chosen']:g}, the lowest held-out CE after training of "
                          f"the arm's recipe{where}{seed} on the teacher's held-out answers (never scored) among "
-                         f"{tried}; {scope}.")
+                         f"{tried}; {scope}." + _edge(record))
     return lines
+
+
+def _kl(root: Path, candidate: dict[str, Any]) -> str:
+    """' (KL 0.1215)': a candidate's held-out KL to the teacher after training, where its report kept it."""
+    path = root / str(candidate.get("folder", "")) / "recover_report.json"
+    if not candidate.get("folder") or not path.is_file():
+        return ""
+    kl = ((json.loads(path.read_text()).get("held_out_metrics") or {}).get("after") or {}).get("kl")
+    return "" if kl is None else f" (KL {kl:.4f})"
+
+
+def _edge(record: dict[str, Any]) -> str:
+    """A note where the rate chosen is an end of its grid: the best rate may lie beyond the grid."""
+    rates = [float(c["learning_rate"]) for c in record["candidates"]]
+    if len(rates) < 2 or record["chosen"] not in (min(rates), max(rates)):
+        return ""
+    end = "highest" if record["chosen"] == max(rates) else "lowest"
+    return f" It is the {end} rate of the grid: a better one may lie beyond it, untried."
 
 
 def budget_spent(path: Path) -> dict[str, Any]:
