@@ -343,3 +343,24 @@ def test_a_rate_chosen_at_an_end_of_its_grid_says_so_with_each_candidates_kl(tmp
     assert line.endswith("It is the highest rate of the grid: a better one may lie beyond it, untried.")
     write_search(tmp_path, {"arm": "sft", "k": 2, "chosen": 5e-4, "candidates": rows})
     assert lr_lines(tmp_path, ["sft"], "scope")[0].endswith("; scope.")
+
+
+def test_the_dry_run_plans_an_arms_training_from_the_answers_its_lr_search_trained_on(tiny_llama, tmp_path):
+    """Planned, a target token costs (max_new_tokens + 60) / max_new_tokens trained tokens: every answer as long as
+    it may be. Once the arm's lr search has trained on its answers, the measured ratio (tokens_padded /
+    tokens_unpadded) is used: 4-token arithmetic answers after a 40-token few-shot prompt cost 14 tokens a target
+    token, not the 4.75 planned at 16 new tokens (kd-arith's 256k runs: about 3.5 times the hours first planned)."""
+    from layerprune.pipeline.studies.cells import RATES
+    from layerprune.pipeline.studies.recovery_plan import budget_runs, budget_seconds, held_out_seconds
+
+    study = _study(tiny_llama, tmp_path / "s")
+    runs = [float(t) for t in budget_runs(study, "kd")]
+    planned, held = budget_seconds(study, "kd"), held_out_seconds(study, "kd", runs)
+    assert planned == pytest.approx(sum(runs) * (6 + 60) / 6 / RATES["trained tokens/s"])
+    report = tmp_path / "s" / "lr_search" / "kd" / "lr0" / "recover_report.json"
+    report.parent.mkdir(parents=True)
+    report.write_text(json.dumps({"tokens_unpadded": 4000, "tokens_padded": 56000, "sequences": 1000}))
+    assert budget_seconds(study, "kd") == pytest.approx(sum(runs) * 14 / RATES["trained tokens/s"])
+    assert held_out_seconds(study, "kd", runs) > held  # 4 target tokens a sequence: more steps, more evaluations
+    assert budget_seconds(study, "sft") == pytest.approx(sum(budget_runs(study, "sft")) * 11 / RATES[
+        "trained tokens/s"])  # another arm: still planned

@@ -70,9 +70,9 @@ def held_out_seconds(study: SweepStudy, arm: str | None, runs: list[float]) -> f
     runner measures the saved weights (its own evaluations batch the rows: counted alike, an upper bound)."""
     from layerprune.recover.methods import METHODS
 
-    recipe = study.arm_recipe(arm, "<pruned>")
-    train, new = recipe.train, recipe.generate.max_new_tokens
-    held = answers(recipe) * train.held_out * sequence_tokens(recipe)
+    recipe, measured = study.arm_recipe(arm, "<pruned>"), measured_sequences(study, arm)
+    train, new = recipe.train, measured[1] if measured else recipe.generate.max_new_tokens
+    held = answers(recipe) * train.held_out * new * per_target_token(study, arm)
     per_step = train.batch_size * train.grad_accum * new
     trainer = recipe.trainer_method() is not None
     own = 2 if trainer and not METHODS.get(recipe.method).needs_teacher else 0  # SFT: eval_on_start and last step
@@ -107,12 +107,32 @@ def budget_runs(study: SweepStudy, arm: str | None) -> list[int]:
     return [*points, *control, *dedicated, *[smallest] * len(study.lr_grid.get(arm or "", []))]
 
 
+def measured_sequences(study: SweepStudy, arm: str | None) -> tuple[float, float] | None:
+    """(trained tokens a target token, target tokens a sequence) of the arm's answers as its learning-rate search's
+    first run trained on them (recover_report.json: tokens_padded / tokens_unpadded, tokens_unpadded / sequences);
+    None before that run, or without a search."""
+    import json
+
+    report = study.run_dir() / "lr_search" / str(arm) / "lr0" / "recover_report.json"
+    if arm is None or not report.is_file():
+        return None
+    data = json.loads(report.read_text())
+    target, padded, sequences = (data.get(k) for k in ("tokens_unpadded", "tokens_padded", "sequences"))
+    return (padded / target, target / sequences) if target and padded and sequences else None
+
+
+def per_target_token(study: SweepStudy, arm: str | None) -> float:
+    """The tokens trained a target token: measured (`measured_sequences`), else planned as sequence_tokens /
+    max_new_tokens (every answer max_new_tokens long: a lower bound where the answers are short)."""
+    recipe, measured = study.arm_recipe(arm, "<pruned>"), measured_sequences(study, arm)
+    return measured[0] if measured else sequence_tokens(recipe) / recipe.generate.max_new_tokens
+
+
 def budget_seconds(study: SweepStudy, arm: str | None) -> float:
-    """The arm's training time with budgets at the measured rates: a target token planned as sequence_tokens /
-    max_new_tokens trained tokens (every answer max_new_tokens long; shorter answers cost more a target token)."""
-    recipe = study.arm_recipe(arm, "<pruned>")
+    """The arm's training time with budgets at the measured rates, `per_target_token` trained tokens a target
+    token."""
     rate = RATES["local tokens/s"] if trains_each_budget(study, arm) else RATES["trained tokens/s"]
-    return sum(budget_runs(study, arm)) * sequence_tokens(recipe) / recipe.generate.max_new_tokens / rate
+    return sum(budget_runs(study, arm)) * per_target_token(study, arm) / rate
 
 
 def most_spans(study: SweepStudy) -> tuple[int, str]:
