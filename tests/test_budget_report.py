@@ -364,3 +364,47 @@ def test_the_dry_run_plans_an_arms_training_from_the_answers_its_lr_search_train
     assert held_out_seconds(study, "kd", runs) > held  # 4 target tokens a sequence: more steps, more evaluations
     assert budget_seconds(study, "sft") == pytest.approx(sum(budget_runs(study, "sft")) * 11 / RATES[
         "trained tokens/s"])  # another arm: still planned
+
+
+def test_a_positive_control_with_budgets_of_its_own_is_scored_and_gated_at_its_largest(tiny_llama, tmp_path):
+    """arm_budgets: kd-arith trains to 32k (its runs and its k = 0 control), a checkpoint at 8k, no dedicated run (its
+    run is the 32k one); the gate reads its share at 32k, its curve has its two budgets, each arm is compared with
+    it at 32k (the largest both reach), and what it spent sits in its budgets' columns. A list that does not start
+    at the smallest budget is refused.
+    Before, every arm trained to the largest: a 256k run of 4-token answers is about 8 h here."""
+    from layerprune.pipeline.studies.budget_report import write_budget_report
+    from layerprune.pipeline.studies.recovery_plan import budget_runs
+    from layerprune.pipeline.studies.sweep_cells import cells
+    from layerprune.pipeline.studies.sweep_grid import models
+
+    study = _study(tiny_llama, tmp_path / "s", arm_budgets={"kd-arith": [8000, 32000]})
+    grid = models(study)
+    assert {"kd-arith-k1@8k", "kd-arith-k1", "kd-arith-k0@r2"} <= set(grid)
+    assert not [m for m in grid if m.startswith("kd-arith") and ("@32k" in m or "@128k" in m)]
+    run = next(c for c in cells(study, tmp_path / "s") if c.name == "recover-kd-arith-k1")
+    assert run.budget == 32000 and [b for b, _ in run.snapshots] == [8000]
+    assert max(budget_runs(study, "kd-arith")) == 32000 and max(budget_runs(study, "kd")) == 256000
+    planted = _models({arm: shares for arm, shares in CURVES.items() if arm != "kd-arith"}, AGREEING)
+    for r in range(3):
+        rr = f"@r{r}" if r else ""
+        planted |= {f"kd-arith-k1@8k{rr}": _winning(0.30, r), f"kd-arith-k1{rr}": _winning(0.55, r, 3),
+                    f"kd-arith-k0{rr}": BASE}
+    _plant(tmp_path / "s", planted)
+    text = write_budget_report(study, tmp_path / "s").read_text()
+    data = json.loads((tmp_path / "s" / "budget.json").read_text())
+    gate = data["gates"][0]
+    assert gate["budget"] == 32000 and gate["reached"] and gate["share"]["value"] == pytest.approx(0.55, abs=0.02)
+    assert "of the arith_2d_sub drop won back at 32k" in text
+    control = next(c for c in data["curves"] if (c["arm"], c["k"], c["task"]) == ("kd-arith", 1, "arith_2d_sub"))
+    assert list(control["shares"]) == ["8000", "32000"]
+    rows = {r["name"]: r for f in data["default_families"].values() for r in f["contrasts"]}
+    pair = rows["sft-vs-kd-arith-k1-arith_2d_sub"]
+    assert pair["budget"] == 32000 and pair["interval"]["value"] == pytest.approx(0.31 - 0.55, abs=0.02)
+    assert rows["sft-vs-kd-k1-arith_2d_sub"]["budget"] is None  # both at the largest
+    spent = next(r for r in data["spent"] if r["arm"] == "kd-arith" and r["k"] == 1)
+    assert [len(p) for p in spent["points"]] == [0, 0, 0, 0]  # nothing trained here: planted evaluations only
+    assert len(spent["points"]) == 4
+    row = next(line for line in text.splitlines() if line.startswith("| kd-arith | 1 | arith_2d_sub |"))
+    assert "| 55.0% [46.9, 63.2] | - | - |" in row  # 128k and 256k: not its budgets
+    with pytest.raises(ValueError, match="arm_budgets.kd-arith: two or more of budgets in order, the smallest"):
+        _study(tiny_llama, tmp_path / "s", arm_budgets={"kd-arith": [32000, 256000]})

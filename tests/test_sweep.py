@@ -156,7 +156,7 @@ def test_every_shipped_sweep_dry_runs(capsys, name, monkeypatch, tmp_path):
     # arms x 3 replicates at 3 k with the k = 0 controls (local has none), the baseline and one pruned model per k
     models = {"limits-sweep-arms-embedded": 25, "limits-sweep-math-embedded": 37,
               "limits-sweep-math-gsm8k-embedded": 16, "limits-sweep-math-dolly-embedded": 37,
-              "limits-budget-math-embedded": 117}.get(name, 11)  # budgets: 4 points an arm at each k
+              "limits-budget-math-embedded": 102}.get(name, 11)  # budgets: 4 points an arm at each k (kd-arith 2)
     assert "pruning-ratio sweep" in out and f"models evaluated: {models} " in out and "memory plan:" in out
     assert ("total about" in out) == name.endswith("embedded") and not (tmp_path / "s").exists()
     assert shipped_command("sweep-study", name).startswith(f"layerprune study {name} ")

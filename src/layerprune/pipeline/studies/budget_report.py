@@ -50,15 +50,16 @@ def budget_labels(study: Any, arm: str | None, k: int) -> list[tuple[int, str]]:
     """(budget, logical label) of an arm's points at k, budget by budget (the largest: the recovered label itself)."""
     from layerprune.pipeline.studies.sweep_grid import budget_tag, recovered_label
 
-    label = recovered_label(arm, k)
-    return [(b, f"{label}@{budget_tag(b)}") for b in study.budgets[:-1]] + [(study.budgets[-1], label)]
+    label, own = recovered_label(arm, k), study.budgets_of(arm)
+    return [(b, f"{label}@{budget_tag(b)}") for b in own[:-1]] + [(own[-1], label)]
 
 
 def at_budget(study: Any, arm: str | None, k: int, budget: int) -> str:
     """The logical label of an arm's point at k and a budget (one of budgets; else an error naming them)."""
     labels = dict(budget_labels(study, arm, k))
     if budget not in labels:
-        raise LayerpruneError(f"budget {budget} is not one of budgets ({', '.join(map(str, study.budgets))})")
+        raise LayerpruneError(f"budget {budget} is not one of {arm or 'the recovery'}'s budgets "
+                              f"({', '.join(map(str, labels))})")
     return labels[budget]
 
 
@@ -125,7 +126,8 @@ def control_gate(figures: Figures, study: Any, control_arm: str | None, k: int) 
     without it at GATE the instrument cannot show a limit."""
     from layerprune.pipeline.studies.sweep_grid import recovered_label
 
-    out: dict[str, Any] = {"arm": control_arm, "k": k, "share": None, "reached": False}
+    out: dict[str, Any] = {"arm": control_arm, "k": k, "share": None, "reached": False,
+                           "budget": study.budgets_of(control_arm)[-1] if control_arm else None}
     if control_arm is None:
         return {**out, "why": "no positive control declared (an arm with arm_prompts)"}
     label, pruned = recovered_label(control_arm, k), f"pruned-k{k}"
@@ -195,11 +197,14 @@ def spent(study: Any, root: Path) -> list[dict[str, Any]]:
     def only(budget: int, label: str) -> list[list[dict[str, Any]]]:  # a row with one budget's column filled
         return [runs.get(label, []) if b == budget else [] for b in study.budgets]
 
-    rows = [{"arm": arm, "k": k, "points": [runs.get(label, []) for _, label in budget_labels(study, arm, k)]}
-            for arm in arm_names(study) for k in study.ratios]
+    def columns(arm: str | None, k: int) -> list[list[dict[str, Any]]]:  # a column per budget; empty: not its own
+        own = dict(budget_labels(study, arm, k))
+        return [runs.get(own[b], []) if b in own else [] for b in study.budgets]
+
+    rows = [{"arm": arm, "k": k, "points": columns(arm, k)} for arm in arm_names(study) for k in study.ratios]
     rows += [{"arm": arm, "k": f"{study.lr_k} (dedicated)", "points": only(study.dedicated_at, split_label(own[0])[0])}
              for arm in arm_names(study) if (own := dedicated_points(study, study.lr_k, arm))]
-    return rows + [{"arm": arm, "k": "0 (control)", "points": only(study.budgets[-1], recovered_label(arm, 0))}
+    return rows + [{"arm": arm, "k": "0 (control)", "points": only(study.budgets_of(arm)[-1], recovered_label(arm, 0))}
                    for arm in arm_names(study) if has_control(study, arm)]
 
 
@@ -210,11 +215,17 @@ def default_families(study: Any, tasks: list[str]) -> dict[str, ComparisonFamily
     from layerprune.pipeline.studies.sweep_grid import arm_names, has_control
 
     arms = [(arm or NO_ARMS, has_control(study, arm)) for arm in arm_names(study)]
+    largest = {a: study.budgets_of(None if a == NO_ARMS else a)[-1] for a, _ in arms}
+
+    def at(a: str, b: str) -> int | None:  # the largest budget both arms reach (None: the study's, each its own)
+        common = min(largest[a], largest[b])
+        return None if common == largest[a] == largest[b] else common
+
     out = {}
     for task in tasks:
         rise = [Contrast(name=f"{a}-k{k}-rise-{task}", a=a, at=k, b_budget=study.budgets[0], task=task)
                 for k in study.ratios for a, _ in arms]
-        pairs = [Contrast(name=f"{a}-vs-{b}-k{k}-{task}", a=a, b=b, at=k, task=task)
+        pairs = [Contrast(name=f"{a}-vs-{b}-k{k}-{task}", a=a, b=b, at=k, task=task, budget=at(a, b))
                  for k in study.ratios for (a, _), (b, _) in combinations(arms, 2)]
         net = [Contrast(name=f"{a}-k{k}-net-{task}", a=a, at=k, net_of_control=True, task=task)
                for k in study.ratios for a, controlled in arms if controlled]

@@ -23,7 +23,7 @@ def plot_curves(curves: list[dict[str, Any]], budgets: list[int], path: Path) ->
     def draw(axes: list[Any]) -> None:
         for ax, task in zip(axes, tasks or [""], strict=True):
             for c in (c for c in stated if c["task"] == task):
-                points = [(b, s) for b, s in zip(budgets, c["shares"].values(), strict=True) if _stated(s)]
+                points = [(int(b), s) for b, s in c["shares"].items() if _stated(s)]  # an arm's own budgets
                 values, errors = error_bars([s for _, s in points])
                 ax.errorbar([b for b, _ in points], values, yerr=errors, marker="o", capsize=3,
                             label=f"{c['arm'] or 'recovered'} k={c['k']}")
@@ -58,7 +58,8 @@ def format_budget(study: Any, record: dict[str, Any], root: Path) -> list[str]:
              "| arm | k | task | drop | " + " | ".join(tags) + " | a (fit) | t | 25% at | 50% at |",
              "|" + "---|" * (8 + len(tags))]
     for c in record["curves"]:
-        shares = [format_interval(s) if isinstance(s, dict) else str(s) for s in c["shares"].values()]
+        shares = [format_interval(s) if isinstance(s, dict) else str(s)  # '-': not one of the arm's budgets
+                  for s in (c["shares"].get(str(b), "-") for b in study.budgets)]
         fit = c.get("tokens_for", {})
         lines.append(f"| {c['arm'] or 'recovered'} | {c['k']} | {c['task']} | {format_interval(c.get('drop'))} | "
                      + " | ".join(shares) + f" | {_asymptote(c)} | "
@@ -103,7 +104,10 @@ def _format_verdicts(record: dict[str, Any], largest: str) -> list[str]:
     lines = [f"## Verdicts (on {LIMIT_TASK}; positive control: {control or 'none declared'})", ""]
     for gate in record["gates"]:
         share = format_interval(gate["share"]) if gate["share"] else "-"
-        said = (f"{share} of the {LIMIT_TASK} drop won back at {largest}" if gate["share"] else gate["why"])
+        from layerprune.pipeline.studies.sweep_grid import budget_tag
+
+        own = budget_tag(gate["budget"]) if gate.get("budget") else largest
+        said = (f"{share} of the {LIMIT_TASK} drop won back at {own}" if gate["share"] else gate["why"])
         lines.append(f"- positive control {control or '-'} at k = {gate['k']}: {said}" + (
             "" if gate["reached"] else ": the instrument cannot show a limit at this k" + (
                 f" ({gate['why']})" if gate["share"] else "")))

@@ -99,8 +99,9 @@ def states_seconds(study: SweepStudy, arm: str | None) -> float:
 def budget_runs(study: SweepStudy, arm: str | None) -> list[int]:
     """The target tokens of every run of an arm with budgets: each replicate at every k to the largest budget (local
     also to each smaller one, a run of its own), the controls to the largest, the lr grid's runs to the smallest."""
-    largest, smallest = study.budgets[-1], study.budgets[0]  # type: ignore[index]
-    per_point = list(study.budgets or []) if trains_each_budget(study, arm) else [largest]
+    own = study.budgets_of(arm)
+    largest, smallest = own[-1], own[0]
+    per_point = own if trains_each_budget(study, arm) else [largest]
     points = len(study.ratios) * study.replicates * per_point
     control = [largest] * study.replicates if has_control(study, arm) else []
     dedicated = [study.dedicated_at] * len(dedicated_points(study, study.lr_k, arm)) if study.dedicated_at else []
@@ -178,8 +179,10 @@ def budget_lines(study: SweepStudy) -> list[str]:
                    f"the step that first reaches a budget), lr {train.lr_scheduler} after {train.warmup_steps} warmup "
                    "steps")
             more = "train.epochs" if train.max_steps is None else "train.max_steps"
-        runs = budget_runs(study, arm)
+        runs, own = budget_runs(study, arm), study.budgets_of(arm)
         lines.append(f"arm {name}: budget points as {how}; {len(runs)} runs, {sum(runs) / 1000:.0f}k target tokens "
-                     f"in all" + ("" if reach >= largest else f"; WARNING: at most {reach} target tokens reachable "
-                                  f"({trained} answers of at most {new} tokens): raise {more}"))
+                     f"in all" + (f"; its own budgets (arm_budgets): {', '.join(map(str, own))}, its runs and "
+                                  f"control to {own[-1]}" if own != study.budgets else "")
+                     + ("" if reach >= own[-1] else f"; WARNING: at most {reach} target tokens reachable "
+                        f"({trained} answers of at most {new} tokens): raise {more}"))
     return lines

@@ -25,6 +25,7 @@ from layerprune.pipeline.studies.sweep_grid import (
     arm_names,
     both_formats,
     budget_tag,
+    dedicated_points,
     gsm8k_gated,
     has_control,
     point_label,
@@ -78,14 +79,15 @@ def cells(study: SweepStudy, root: Path) -> list[Cell]:
                      "recover", label, k, arm, replicate, budget, snapshots, student), *evals(label, replicate)]
 
     def arm_at(k: int, arm: str | None) -> list[Cell]:  # a checkpoint is scored after the run that saves it
-        largest = study.budgets[-1] if study.budgets else None
-        smaller = [] if k == 0 else (study.budgets or [])[:-1]
+        own = study.budgets_of(arm)
+        largest = own[-1] if own else None
+        smaller = [] if k == 0 else own[:-1]
         runs = range(study.replicates)
         if trains_each_budget(study, arm):  # local: every budget a run of its own
             return [c for b in smaller for r in runs for c in recovery(arm, k, r, f"@{budget_tag(b)}", b)] + \
                 [c for r in runs for c in recovery(arm, k, r, budget=largest)]
         points = {r: tuple((b, point_label(arm, k, r, f"@{budget_tag(b)}")) for b in smaller) for r in runs}
-        dedicated = [] if study.dedicated_at is None or k != study.lr_k else [
+        dedicated = [] if not dedicated_points(study, k, arm) else [
             c for r in runs for c in recovery(arm, k, r, f"@{budget_tag(study.dedicated_at)}{DEDICATED}",
                                               study.dedicated_at)]
         return [*(c for r in runs for c in recovery(arm, k, r, budget=largest, snapshots=points[r])),

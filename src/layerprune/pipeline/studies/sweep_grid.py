@@ -100,6 +100,10 @@ class SweepStudy(PipelineRecipe):
         "controls at the largest budget only, lr_grid searched at the smallest. The rate must be constant after "
         "warmup (lr_scheduler constant or constant_with_warmup), so a checkpoint is the model a run of that budget "
         "would be")
+    arm_budgets: dict[str, list[int]] = Field(
+        default_factory=dict, description="By arm label, the budgets it trains to where not all of budgets: the "
+        "smallest, then any others of them in order, its largest its runs' and its k = 0 control's end (a positive "
+        "control whose short answers make each target token costly, scored on the same axis)")
     dedicated_at: int | None = Field(
         None, description="One of budgets below the largest at which every trainer arm also trains a run of its own "
         "at k = lr_at (model ARM-kK@<budget>-dedicated[@rR], each replicate): the report pairs it with the checkpoint "
@@ -183,8 +187,9 @@ class SweepStudy(PipelineRecipe):
 
     def _check_budgets(self) -> None:
         if self.budgets is None:
-            if self.dedicated_at is not None:
-                raise ValueError("dedicated_at: name the budgets it is one of")
+            if self.dedicated_at is not None or self.arm_budgets:
+                raise ValueError(f"{'dedicated_at' if self.dedicated_at is not None else 'arm_budgets'}: name the "
+                                 "budgets it is drawn from")
             return
         if len(self.budgets) < 2 or sorted(set(self.budgets)) != self.budgets or self.budgets[0] < 1:
             raise ValueError(f"budgets must be two or more distinct target-token counts >= 1 in increasing order, not "
@@ -202,6 +207,16 @@ class SweepStudy(PipelineRecipe):
             if recipe.trainer_method() is not None and recipe.train.lr_scheduler not in CONSTANT:
                 raise ValueError(f"budgets: {name} decays its rate (train.lr_scheduler {recipe.train.lr_scheduler}); "
                                  f"a budget point is a checkpoint of one run: use {' or '.join(CONSTANT)}")
+        for arm, own in self.arm_budgets.items():
+            if arm not in (self.arms or {}):
+                raise ValueError(f"arm_budgets: '{arm}' is not among the arms")
+            if len(own) < 2 or own[0] != self.budgets[0] or sorted(set(own)) != own or set(own) - set(self.budgets):
+                raise ValueError(f"arm_budgets.{arm}: two or more of budgets in order, the smallest "
+                                 f"({self.budgets[0]}: the lr search's and every rise's) first, not {own}")
+
+    def budgets_of(self, arm: str | None) -> list[int]:
+        """The budgets an arm trains to (arm_budgets, else budgets; none without budgets)."""
+        return list(self.arm_budgets.get(arm or "", self.budgets or []))
 
     @model_validator(mode="after")
     def _declared_comparisons(self) -> SweepStudy:
@@ -309,7 +324,8 @@ def budget_points(study: SweepStudy, k: int, arm: str | None = None) -> list[str
     budget by budget; none without budgets or at k = 0 (the controls train to the largest budget only)."""
     if not study.budgets or k == 0:
         return []
-    return [point_label(arm, k, r, f"@{budget_tag(b)}") for b in study.budgets[:-1] for r in range(study.replicates)]
+    return [point_label(arm, k, r, f"@{budget_tag(b)}") for b in study.budgets_of(arm)[:-1]
+            for r in range(study.replicates)]
 
 
 DEDICATED = "-dedicated"  # the tag of a budget point trained as a run of its own beside a trainer's checkpoint
@@ -318,8 +334,8 @@ DEDICATED = "-dedicated"  # the tag of a budget point trained as a run of its ow
 def dedicated_points(study: SweepStudy, k: int, arm: str | None = None) -> list[str]:
     """The physical labels of a trainer arm's dedicated runs at dedicated_at (k = lr_k only), replicate by
     replicate; none otherwise (local's budget points are all runs of their own)."""
-    if study.dedicated_at is None or k != study.lr_k or trains_each_budget(study, arm):
-        return []
+    if study.dedicated_at not in study.budgets_of(arm)[:-1] or k != study.lr_k or trains_each_budget(study, arm):
+        return []  # also an arm whose largest budget is dedicated_at: its run is the dedicated one
     return [point_label(arm, k, r, f"@{budget_tag(study.dedicated_at)}{DEDICATED}") for r in range(study.replicates)]
 
 

@@ -117,7 +117,8 @@ def arm_figures(study: Any, figures: Figures) -> tuple[list[dict[str, Any]], dic
     points = [point(study, figures, k, arm) for k in study.ratios if f"pruned-k{k}" in figures.labels for arm in arms]
     controls = {arm: control_point(figures, arm) for arm in arms}
     default = study.arms and uses_default_family(study.comparisons)
-    return points, controls, comparisons(figures, points, list(study.arms)) if default else []
+    same = [arm for arm in study.arms or [] if study.budgets_of(arm) == (study.budgets or [])]  # an arm with budgets of
+    return points, controls, comparisons(figures, points, same) if default else []  # its own: compared in budget.md
 
 
 def chat_figures(study: Any, root: Path, plain_generative: list[str],
