@@ -408,3 +408,25 @@ def test_a_positive_control_with_budgets_of_its_own_is_scored_and_gated_at_its_l
     assert "| 55.0% [46.9, 63.2] | - | - |" in row  # 128k and 256k: not its budgets
     with pytest.raises(ValueError, match="arm_budgets.kd-arith: two or more of budgets in order, the smallest"):
         _study(tiny_llama, tmp_path / "s", arm_budgets={"kd-arith": [32000, 256000]})
+
+
+def test_arms_with_budgets_of_their_own_are_compared_where_both_have_a_point(tiny_llama, tmp_path):
+    """Two arms of their own budgets (kd-arith to 32k, sft to 128k): their pair at 8k, the largest budget both have
+    (not the smaller of their largest, 32k: no point of sft's), each rise from its own largest; a declared
+    contrast at a budget its arm does not train to is refused when the recipe is read, not when the report is drawn.
+    Before, both ended in the report stage's error (at_budget)."""
+    from layerprune.pipeline.studies.budget_report import at_budget, default_families
+
+    own = {"kd-arith": [8000, 32000], "sft": [8000, 128000]}
+    study = _study(tiny_llama, tmp_path / "s", arm_budgets=own)
+    rows = {c.label: c for c in default_families(study, ["arith_2d_sub"])["arith_2d_sub"].contrasts}
+    assert rows["sft-vs-kd-arith-k1-arith_2d_sub"].budget == 8000
+    assert rows["sft-vs-kd-k1-arith_2d_sub"].budget == 128000 and rows["kd-vs-local-k1-arith_2d_sub"].budget is None
+    assert (rows["sft-k1-rise-arith_2d_sub"].budget, rows["kd-k1-rise-arith_2d_sub"].budget) == (128000, None)
+    for contrast in rows.values():
+        for arm, k, budget in contrast.points:
+            at_budget(study, arm, k, budget or study.budgets_of(arm)[-1])  # every side names a point the arm has
+    declared = {"late": {"contrasts": [{"name": "x", "a": "kd-arith", "at": 1, "budget": 128000,
+                                        "task": "arith_2d_sub"}]}}
+    with pytest.raises(ValueError, match="budget 128000 is not one of kd-arith's budgets \\(8000, 32000\\)"):
+        _study(tiny_llama, tmp_path / "s", arm_budgets=own, comparisons=declared)

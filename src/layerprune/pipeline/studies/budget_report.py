@@ -215,15 +215,18 @@ def default_families(study: Any, tasks: list[str]) -> dict[str, ComparisonFamily
     from layerprune.pipeline.studies.sweep_grid import arm_names, has_control
 
     arms = [(arm or NO_ARMS, has_control(study, arm)) for arm in arm_names(study)]
-    largest = {a: study.budgets_of(None if a == NO_ARMS else a)[-1] for a, _ in arms}
+    own = {a: study.budgets_of(None if a == NO_ARMS else a) for a, _ in arms}
 
-    def at(a: str, b: str) -> int | None:  # the largest budget both arms reach (None: the study's, each its own)
-        common = min(largest[a], largest[b])
-        return None if common == largest[a] == largest[b] else common
+    def at(a: str, b: str) -> int | None:  # the largest budget both arms have (None: the study's largest)
+        common = max(set(own[a]) & set(own[b]))
+        return None if common == study.budgets[-1] else common
+
+    def end(a: str) -> int | None:  # an arm's largest budget where it is not the study's (None: the study's)
+        return None if own[a][-1] == study.budgets[-1] else own[a][-1]
 
     out = {}
     for task in tasks:
-        rise = [Contrast(name=f"{a}-k{k}-rise-{task}", a=a, at=k, b_budget=study.budgets[0], task=task)
+        rise = [Contrast(name=f"{a}-k{k}-rise-{task}", a=a, at=k, budget=end(a), b_budget=study.budgets[0], task=task)
                 for k in study.ratios for a, _ in arms]
         pairs = [Contrast(name=f"{a}-vs-{b}-k{k}-{task}", a=a, b=b, at=k, task=task, budget=at(a, b))
                  for k in study.ratios for (a, _), (b, _) in combinations(arms, 2)]

@@ -136,7 +136,8 @@ def _format_comparisons(record: dict[str, Any], replicates: int) -> list[str]:
     default, declared = record["default_families"], record["families"]
     if not (default or declared):
         return []
-    lines = ["## Comparisons", "", "A contrast that names no budget is at the largest budget.", ""]
+    lines = ["## Comparisons", "", "A contrast that names no budget is at the largest budget (an arm with budgets "
+             "of its own, arm_budgets: at its largest; its k = 0 control ends there too).", ""]
     if default:
         lines += ["The recipe declares no confirmatory budget comparison (contrasts naming a task or a budget), so "
                   "each task's default family is drawn: each arm's share at the largest budget minus at the smallest "

@@ -162,14 +162,18 @@ def _named(families: dict[str, ComparisonFamily]) -> list[tuple[str, Contrast]]:
     return out
 
 
-def check_budget_contrasts(families: dict[str, ComparisonFamily], budgets: list[int] | None) -> None:
-    """Raise ValueError (one line) for a budget contrast naming a budget not in `budgets`, or any, without them."""
+def check_budget_contrasts(families: dict[str, ComparisonFamily], budgets: list[int] | None,
+                           budgets_of: Callable[[str | None], list[int]] | None = None) -> None:
+    """Raise ValueError (one line) for a budget contrast naming a budget not in `budgets`, or any, without them; with
+    `budgets_of(arm)`, a side's budget must be one of its arm's own (arm_budgets)."""
     for family, declared in families.items():
         for contrast in declared.contrasts:
-            for _, _, budget in contrast.points:
-                if budget is not None and budget not in (budgets or []):
-                    raise ValueError(f"comparisons.{family}.{contrast.label}: budget {budget} is not one of budgets "
-                                     f"({', '.join(map(str, budgets or [])) or 'none declared'})")
+            for arm, _, budget in contrast.points:
+                own = budgets or [] if budgets_of is None else budgets_of(None if arm == NO_ARMS else arm)
+                if budget is not None and budget not in own:
+                    whose = "budgets" if own == (budgets or []) else f"{arm}'s budgets"
+                    raise ValueError(f"comparisons.{family}.{contrast.label}: budget {budget} is not one of "
+                                     f"{whose} ({', '.join(map(str, own)) or 'none declared'})")
 
 
 def uses_default_family(families: dict[str, ComparisonFamily], budget: bool = False) -> bool:

@@ -222,7 +222,7 @@ class SweepStudy(PipelineRecipe):
     def _declared_comparisons(self) -> SweepStudy:
         check_comparisons(self.comparisons, list(self.arms) if self.arms else None, self.ratios,
                           lambda arm: has_control(self, arm))
-        check_budget_contrasts(self.comparisons, self.budgets)
+        check_budget_contrasts(self.comparisons, self.budgets, self.budgets_of)
         return self
 
     def _check_lr_grid(self, shared: RecoverRecipe) -> None:
