@@ -66,7 +66,7 @@ def _block_spans(dropped: list[int], num_blocks_before: int, block: str) -> list
     if block == "after" and drops and drops[-1] == num_blocks_before - 1:
         raise LayerpruneError("local cannot train a block after a span at the last block; set local.block: before")
     if drops and drops[0] == 0:  # block 'after' at block 0: dropped_runs needs a kept block before, compute here
-        runs = [(r[0], r[-1]) for r in _contiguous(drops)]
+        runs = [(r[0], r[-1]) for r in contiguous(drops)]
     else:
         runs = [(r.first, r.last) for r in dropped_runs(drops, num_blocks_before)]
     spans = []
@@ -79,7 +79,8 @@ def _block_spans(dropped: list[int], num_blocks_before: int, block: str) -> list
     return spans
 
 
-def _contiguous(drops: list[int]) -> list[list[int]]:
+def contiguous(drops: list[int]) -> list[list[int]]:
+    """The runs of adjacent blocks of sorted `drops` (each a span local trains one block for)."""
     runs: list[list[int]] = []
     for d in drops:
         if runs and d == runs[-1][-1] + 1:

@@ -291,7 +291,7 @@ def write_budget_report(study: Any, root: Path, control_arm: str | None = None) 
     against their checkpoints, the verdicts, and the cells not scored yet; `control_arm`: the positive control
     (default: the arm with its own prompts, study.arm_prompts, if there is one)."""
     try:
-        check_budget_contrasts(study.comparisons, study.budgets)
+        check_budget_contrasts(study.comparisons, study.budgets, study.budgets_of)
     except ValueError as exc:
         raise LayerpruneError(str(exc)) from None
     folders = evaluated(study, root)
@@ -300,7 +300,7 @@ def write_budget_report(study: Any, root: Path, control_arm: str | None = None) 
                               "missing": missing_cells(study, folders), "spent": spent(study, root),
                               **_drawn(study, folders, control_arm)}
     write_atomic(root / "budget.json", json.dumps(record, indent=1, default=str))
-    plot_curves(record["curves"], study.budgets, root / "budget.png")
+    plot_curves(record["curves"], root / "budget.png")
     text = format_budget(study, record, root) + ["", "![budget curves](budget.png)"]
     write_atomic(root / "budget.md", "\n".join(text) + "\n")
     return root / "budget.md"

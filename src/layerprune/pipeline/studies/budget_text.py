@@ -14,7 +14,7 @@ from layerprune.pipeline.studies.figures import spent_text
 from layerprune.pipeline.studies.sweep_curves import error_bars, save_chart
 
 
-def plot_curves(curves: list[dict[str, Any]], budgets: list[int], path: Path) -> None:
+def plot_curves(curves: list[dict[str, Any]], path: Path) -> None:
     """One panel per task: each arm's share (per k) against the budget on a log axis, its interval as error bars
     (the budgets scored so far)."""
     stated = [c for c in curves if any(_stated(s) for s in c["shares"].values())]

@@ -70,9 +70,10 @@ def held_out_seconds(study: SweepStudy, arm: str | None, runs: list[float]) -> f
     runner measures the saved weights (its own evaluations batch the rows: counted alike, an upper bound)."""
     from layerprune.recover.methods import METHODS
 
-    recipe, measured = study.arm_recipe(arm, "<pruned>"), measured_sequences(study, arm)
-    train, new = recipe.train, measured[1] if measured else recipe.generate.max_new_tokens
-    held = answers(recipe) * train.held_out * new * per_target_token(study, arm)
+    recipe = study.arm_recipe(arm, "<pruned>")
+    per_target, new = sequence_shape(study, arm)
+    train = recipe.train
+    held = answers(recipe) * train.held_out * new * per_target
     per_step = train.batch_size * train.grad_accum * new
     trainer = recipe.trainer_method() is not None
     own = 2 if trainer and not METHODS.get(recipe.method).needs_teacher else 0  # SFT: eval_on_start and last step
@@ -122,18 +123,20 @@ def measured_sequences(study: SweepStudy, arm: str | None) -> tuple[float, float
     return (padded / target, target / sequences) if target and padded and sequences else None
 
 
-def per_target_token(study: SweepStudy, arm: str | None) -> float:
-    """The tokens trained a target token: measured (`measured_sequences`), else planned as sequence_tokens /
-    max_new_tokens (every answer max_new_tokens long: a lower bound where the answers are short)."""
-    recipe, measured = study.arm_recipe(arm, "<pruned>"), measured_sequences(study, arm)
-    return measured[0] if measured else sequence_tokens(recipe) / recipe.generate.max_new_tokens
+def sequence_shape(study: SweepStudy, arm: str | None) -> tuple[float, float]:
+    """(tokens trained a target token, target tokens a sequence): measured (`measured_sequences`), else planned as
+    sequence_tokens / max_new_tokens and max_new_tokens (every answer as long as it may be: a lower bound on the cost
+    where the answers are short)."""
+    recipe = study.arm_recipe(arm, "<pruned>")
+    new = recipe.generate.max_new_tokens
+    return measured_sequences(study, arm) or (sequence_tokens(recipe) / new, float(new))
 
 
 def budget_seconds(study: SweepStudy, arm: str | None) -> float:
-    """The arm's training time with budgets at the measured rates, `per_target_token` trained tokens a target
+    """The arm's training time with budgets at the measured rates, `sequence_shape`'s trained tokens a target
     token."""
     rate = RATES["local tokens/s"] if trains_each_budget(study, arm) else RATES["trained tokens/s"]
-    return sum(budget_runs(study, arm)) * per_target_token(study, arm) / rate
+    return sum(budget_runs(study, arm)) * sequence_shape(study, arm)[0] / rate
 
 
 def most_spans(study: SweepStudy) -> tuple[int, str]:
@@ -141,12 +144,13 @@ def most_spans(study: SweepStudy) -> tuple[int, str]:
     pass's ranking where its run has one, else as if every dropped block were apart (local trains a block per span,
     local.steps shared out over them)."""
     from layerprune.pipeline.studies.sweep_inputs import ranking
+    from layerprune.recover.local import contiguous
 
     root = study.run_dir()
     if study.prune.layers is None and not (root / "scored" / "prune_report.json").is_file():
         return max(study.ratios), "at most (the blocks not ranked yet: as if every dropped block were apart)"
-    cuts = [sorted(cut) for cut in ranking(root, study.ratios, study.prune.layers).values()]
-    return max(1, *(sum(1 for i, b in enumerate(cut) if i == 0 or cut[i - 1] != b - 1) for cut in cuts)), "at most"
+    cuts = ranking(root, study.ratios, study.prune.layers).values()
+    return max(1, *(len(contiguous(sorted(cut))) for cut in cuts)), "at most"
 
 
 def budget_lines(study: SweepStudy) -> list[str]:
