@@ -160,3 +160,56 @@ def test_a_run_started_over_drops_the_snapshots_an_abandoned_run_left(tmp_path):
     assert resumed.budgets == [16] and kept.is_dir()
     fresh = budget.attach_snapshots(Trainer(), budget.TargetTokens(), [8, 16], tmp_path / "snapshots", fresh=True)
     assert fresh.budgets == [8, 16] and not kept.exists()
+
+
+def _budget_trainer(model_dir: Path, out: Path, max_tokens: int, snapshots: list[int]) -> tuple:
+    """A plain trainer on sequences of 5 target tokens each, a checkpoint every step, counted by budget.attach."""
+    from transformers import Trainer, TrainingArguments
+
+    rows = [{"input_ids": torch.arange(4 + i, 10 + i), "attention_mask": torch.ones(6, dtype=torch.long),
+             "labels": torch.arange(4 + i, 10 + i)} for i in range(12)]
+    args = TrainingArguments(output_dir=str(out / "trainer"), per_device_train_batch_size=1, max_steps=12,
+                             save_strategy="steps", save_steps=1, learning_rate=1e-2, report_to=[], use_cpu=True,
+                             disable_tqdm=True, logging_steps=1, seed=0)
+    trainer = Trainer(model=AutoModelForCausalLM.from_pretrained(model_dir), args=args, train_dataset=rows)
+    counter = budget.attach(trainer, max_tokens)
+    budget.attach_snapshots(trainer, counter, snapshots, out / "snapshots", fresh=False)
+    return trainer, counter
+
+
+def test_a_run_resumed_at_its_budget_trains_no_further_step(tiny_llama, tmp_path):
+    """A run stopped after its last step (the budget, 12 target tokens, reached at step 3 with 15), with a
+    checkpoint there, resumes to that checkpoint's weights and step: before, the trainer took step 4 first."""
+    from safetensors.torch import load_file
+
+    first, _ = _budget_trainer(tiny_llama, tmp_path, 12, [])
+    budget.train(first, None)
+    assert first.state.global_step == 3
+    checkpoint = tmp_path / "trainer" / "checkpoint-3"
+    again, counter = _budget_trainer(tiny_llama, tmp_path, 12, [])
+    budget.train(again, checkpoint)
+    assert again.state.global_step == 3 and counter.totals["tokens_unpadded"] == 15
+    saved = load_file(checkpoint / "model.safetensors")
+    weights = again.model.state_dict()
+    assert all(torch.equal(weights[name], tensor) for name, tensor in saved.items())
+
+
+def test_a_snapshot_cut_off_after_its_checkpoint_is_taken_from_that_checkpoint(tiny_llama, tmp_path, monkeypatch):
+    """A run stopped between saving the checkpoint that reached a budget (step 3, 15 target tokens >= 12) and copying
+    it to snapshots/ takes the snapshot from that checkpoint when resumed. Before, it was taken at step 4."""
+    real = budget.keep_snapshot
+
+    def cut_off(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(budget, "keep_snapshot", cut_off)
+    first, _ = _budget_trainer(tiny_llama, tmp_path, 30, [12])
+    with pytest.raises(KeyboardInterrupt):
+        budget.train(first, None)
+    assert (tmp_path / "trainer" / "checkpoint-3").is_dir() and not (tmp_path / "snapshots" / "12").exists()
+    monkeypatch.setattr(budget, "keep_snapshot", real)
+    again, _ = _budget_trainer(tiny_llama, tmp_path, 30, [12])
+    budget.train(again, tmp_path / "trainer" / "checkpoint-3")
+    record = json.loads((tmp_path / "snapshots" / "12" / budget.SNAPSHOT_RECORD).read_text())
+    assert (record["optimizer_steps"], record["tokens_unpadded"]) == (3, 15)
+    assert again.state.global_step == 6  # 30 target tokens

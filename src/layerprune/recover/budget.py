@@ -7,7 +7,8 @@ batch are, and prompt tokens on the prompt source; neither is what an arm learns
 budget in such a unit train on different amounts of text. Counted from the batches themselves (`attach` wraps the
 trainer's compute_loss), the same for SFTTrainer, the KD/GKD trainers and TRL's DistillationTrainer; the local
 step counts the answer tokens of the sequences it regresses (local.py). The budget is checked after each
-optimizer step, so a run ends at the step that reaches it (at most one step past it).
+optimizer step, so a run ends at the step that reaches it (at most one step past it); a run resumed from a
+checkpoint that already reached it trains no step (`train`).
 
 Every arm also trains on the same sequences in the same order for a given seed (`order`, and trainers that read
 their data sequentially), so one budget stops every arm after the same sequences and the same target tokens.
@@ -16,12 +17,15 @@ their data sequentially), so one budget stops every arm after the same sequences
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
+
+log = logging.getLogger(__name__)
 
 COUNTS = ("tokens_unpadded", "tokens_padded", "sequences")
 
@@ -61,6 +65,7 @@ class TargetTokens(TrainerCallback, ExportableState):
         self.totals = dict.fromkeys(COUNTS, 0)
         self.pending = [0, 0, 0]
         self.learning_rate = 0.0
+        self.spent = False  # resumed from a checkpoint that already reached max_tokens
 
     def add(self, inputs: dict[str, Any]) -> None:
         """Count one training micro-batch of this process."""
@@ -81,6 +86,7 @@ class TargetTokens(TrainerCallback, ExportableState):
             attributes = saved.get("attributes", {})
             self.totals = {name: int(attributes.get(name, 0)) for name in COUNTS}
             self.learning_rate = float(attributes.get("learning_rate", 0.0))
+            self.spent = self.max_tokens is not None and self.totals["tokens_unpadded"] >= self.max_tokens
 
     def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):  # type: ignore[no-untyped-def]
         if optimizer is not None:  # before the scheduler steps: the rate this step used
@@ -112,12 +118,29 @@ def attach(trainer: Any, max_tokens: int | None) -> TargetTokens:
 
     def compute_loss(model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         if model.training:
+            if counter.spent:  # before the first forward pass: no optimizer step is taken
+                raise BudgetSpent
             counter.add(inputs)
         return inner(model, inputs, *args, **kwargs)
 
     trainer.compute_loss = compute_loss
     trainer.add_callback(counter)
     return counter
+
+
+class BudgetSpent(Exception):
+    """The run was resumed from a checkpoint that had already reached its budget (see `train`)."""
+
+
+def train(trainer: Any, resume_from: Any) -> None:
+    """`trainer.train()`, resumed from the checkpoint `resume_from` (None: from the start). A checkpoint that had
+    already reached the budget (a run stopped after its last step, with a checkpoint there) is taken as the end:
+    the trainer loads its weights and state and stops before its first forward pass, where resuming would train
+    one more step past the budget."""
+    try:
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    except BudgetSpent:
+        log.info("%s had already reached the budget: no step trained after it", resume_from)
 
 
 def counter_of(trainer: Any) -> TargetTokens | None:
@@ -150,6 +173,19 @@ class Snapshots(TrainerCallback):
         self.counter, self.directory = counter, Path(directory)
         self.budgets = sorted(b for b in budgets if not (self.directory / str(b) / SNAPSHOT_RECORD).is_file())
         self.due: list[int] = []
+
+    def on_train_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        """Resumed from a checkpoint whose counts (restored by `counter`, added before this) already reach a budget
+        not kept: a run stopped after saving the checkpoint that reached it and before copying it. It is taken from
+        that checkpoint now; waiting for the next step would keep a model one step past the budget."""
+        from pathlib import Path
+
+        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if state.global_step > 0 and checkpoint.is_dir():
+            self.due = [b for b in self.budgets if b <= self.counter.totals["tokens_unpadded"]]
+            if self.due:
+                self.on_save(args, state, control)
+        return control
 
     def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
         reached = self.counter.totals["tokens_unpadded"]

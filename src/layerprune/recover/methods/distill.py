@@ -139,7 +139,7 @@ def run_trainer(recipe: RecoverRecipe, loaded: Any, teacher: Any, rows: list[dic
     counter = budget.attach(trainer, recipe.train.max_tokens)
     budget.attach_snapshots(trainer, counter, job.snapshot_budgets, job.work / budget.SNAPSHOTS,
                             fresh=resume_from is None)
-    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    budget.train(trainer, resume_from)
     data["trainer"] = type(trainer).__name__
     steps = trainer.state.global_step
     return Trained(trainer.model, trainer, base, training_curve(trainer.state.log_history, callback.points, metrics),

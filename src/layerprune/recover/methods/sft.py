@@ -80,7 +80,7 @@ def train_sft(run: MethodRun) -> TrainResult:
     counter = budget.attach(trainer, recipe.train.max_tokens)
     budget.attach_snapshots(trainer, counter, job.snapshot_budgets, job.work / budget.SNAPSHOTS,
                             fresh=resume_from is None)
-    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    budget.train(trainer, resume_from)
     before = train.loss_before(trainer.state.log_history) if eval_set is not None else None
     after = train.loss_after(trainer) if eval_set is not None else None
     log.info("held-out loss after training: %s (before %s)", _fmt(after), _fmt(before))
