@@ -319,6 +319,13 @@ def test_an_arm_with_prompts_of_its_own_answers_them_in_its_own_format(tiny_llam
     assert (control.generate.chat_template, control.generate.max_new_tokens, control.generate.stop) == (False, 16, "\n")
     assert other.generate.max_new_tokens == 6  # the shared recipe's (the tiny study's is plain already)
     assert control.prompts.source == "probes:arith_2d_sub"
+    from layerprune.pipeline.studies.cells import RATES
+    from layerprune.pipeline.studies.recovery_plan import answers
+    from layerprune.pipeline.studies.sweep_plan import sizing
+
+    seconds = sizing(study).seconds  # the dry run: its answers of at most 16 tokens, the shared ones of 6
+    assert seconds["teacher answers kd-arith"] == pytest.approx(answers(control) * 16 / RATES["teacher tokens/s"])
+    assert seconds["teacher answers"] == pytest.approx(answers(other) * 6 / RATES["teacher tokens/s"])
     with pytest.raises(ValueError, match="arm_generate: kd has no prompts of its own"):
         _study(tiny_llama, tmp_path / "s", arm_generate={"kd": {"chat_template": False}})
     with pytest.raises(ValueError, match="chat_templates"):
@@ -406,6 +413,14 @@ def test_a_positive_control_with_budgets_of_its_own_is_scored_and_gated_at_its_l
     assert len(spent["points"]) == 4
     row = next(line for line in text.splitlines() if line.startswith("| kd-arith | 1 | arith_2d_sub |"))
     assert "| 55.0% [46.9, 63.2] | - | - |" in row  # 128k and 256k: not its budgets
+    from layerprune.pipeline.studies.figures import evaluated, study_figures
+    from layerprune.pipeline.studies.sweep_report import arm_figures, table_lines
+
+    points = arm_figures(study, study_figures(evaluated(study, tmp_path / "s"))[0])[0]
+    note = table_lines(study, points)[2]  # sweep.md: its row is at 32k, beside the others' 256k
+    assert note.startswith("Rows at a budget of their own (arm_budgets): kd-arith at 32,000 target tokens, the "
+                           "other arms' at 256,000."), note
+    assert len(table_lines(study, [p for p in points if p.get("arm") != "kd-arith"])) == 2  # no row, no note
     with pytest.raises(ValueError, match="arm_budgets.kd-arith: two or more of budgets in order, the smallest"):
         _study(tiny_llama, tmp_path / "s", arm_budgets={"kd-arith": [32000, 256000]})
 

@@ -140,7 +140,6 @@ def sizing(study: SweepStudy) -> Sizing:
     per_model = (cls_docs / RATES["classification docs/s"] + most_probes * probe_limit / RATES["probe items/s"]
                  + fixed_seconds(study, limits))
     n_models = len(models(study))
-    planned = answers(shared)
     plans = {arm: training(study.arm_recipe(arm, "<pruned>")) for arm in arm_names(study)}
     runs = {arm: (len(study.ratios) + has_control(study, arm)) * study.replicates
             + len(study.lr_grid.get(arm or "", [])) if not study.budgets else len(budget_runs(study, arm))
@@ -150,9 +149,9 @@ def sizing(study: SweepStudy) -> Sizing:
                / RATES["calibration items/s"],
                "gate": study.gsm8k_gate.limit / RATES["gsm8k items/s"] if study.gsm8k_gate and gsm8k_gated(study)
                else 0.0,
-               "teacher answers": answer_sets * planned * shared.generate.max_new_tokens / RATES["teacher tokens/s"],
-               **{f"teacher answers {arm}": answer_sets * answers(study.arm_recipe(arm, "<pruned>"))
-                  * shared.generate.max_new_tokens / RATES["teacher tokens/s"] for arm in study.arm_prompts},
+               "teacher answers": answer_seconds(shared, study.replicates),
+               **{f"teacher answers {arm}": answer_seconds(study.arm_recipe(arm, "<pruned>"), study.replicates)
+                  for arm in study.arm_prompts},
                **({"training" if arm is None else f"training {arm}": runs[arm] * trained / rate
                    for arm, (trained, _, rate) in plans.items()} if not study.budgets else
                   {"training" if arm is None else f"training {arm}": budget_seconds(study, arm)
@@ -165,6 +164,13 @@ def sizing(study: SweepStudy) -> Sizing:
                   if both_formats(study) else {})}
     return Sizing(shared, limits, candidates, families, most_probes, probe_limit, n_models, plans, runs, answer_sets,
                   seconds)
+
+
+def answer_seconds(recipe: RecoverRecipe, replicates: int) -> float:
+    """The teacher's time for one recipe's answers, each of max_new_tokens (its own: an arm's arm_generate), one set
+    per replicate where they are sampled."""
+    sets = replicates if recipe.generate.temperature > 0 else 1
+    return sets * answers(recipe) * recipe.generate.max_new_tokens / RATES["teacher tokens/s"]
 
 
 def estimate_seconds(study: SweepStudy, settings: RunSettings) -> float | None:

@@ -79,7 +79,7 @@ def write_sweep_report(study: Any, root: Path, curves: dict[int | str, dict[str,
     verdict_lines = [f"- {'' if arm is None else f'{arm}: '}{v}" for arm, (lines, _) in judged.items() for v in lines]
     title = "Pruning-ratio sweep" if len(study.ratios) > 1 else f"Recovery at one cut (k = {study.ratios[0]})"
     text = [f"# {title}: {study.name}", "", study.description, "", *verdict_lines, "",
-            "![retention against pruning ratio](sweep.png)", "", format_table(points), "",
+            "![retention against pruning ratio](sweep.png)", "", *table_lines(study, points),
             *_recovery_sections(study, points, controls, pairs, declared), *(chat_text + [""] if chat_text else []),
             *_method_lines(study, root, figures, items, calibration, curves, left, depth), "",
             records_line(kept), "",
@@ -105,6 +105,19 @@ def _recovery_sections(study: Any, points: list[dict[str, Any]], controls: dict[
     default = study.arms and uses_default_family(study.comparisons)
     return text + ([*format_comparisons(pairs, study.replicates), ""] if default else []) \
         + format_families(declared or {}, study.replicates)
+
+
+def table_lines(study: Any, points: list[dict[str, Any]]) -> list[str]:
+    """The points' table and, where an arm trains to budgets of its own (arm_budgets), which budget its rows are
+    at: a row of a 32k arm beside rows of 256k ones is not a comparison between the arms."""
+    own = {arm: study.budgets_of(arm)[-1] for arm in study.arms or []
+           if study.budgets_of(arm) != (study.budgets or []) and any(p.get("arm") == arm for p in points)}
+    if not own:
+        return [format_table(points), ""]
+    return [format_table(points), "", "Rows at a budget of their own (arm_budgets): " + "; ".join(
+        f"{arm} at {b:,}" for arm, b in own.items()) + f" target tokens, the other arms' at {study.budgets[-1]:,}. "
+        "They are left out of the arms compared here; budget.md compares each pair at the largest budget both "
+        "have.", ""]
 
 
 def arm_figures(study: Any, figures: Figures) -> tuple[list[dict[str, Any]], dict[str | None, dict[str, Any] | None],
@@ -150,7 +163,7 @@ def chat_figures(study: Any, root: Path, plain_generative: list[str],
                               "chat template either way, so compare the probe levels' own rows in eval/)"
                               if plain_more else "") + ". Where the plain and chat figures part, the recovery moved "
             "the model's format as well as its skill.", "",
-            format_table(points), "", *_recovery_sections(study, points, controls, pairs, declared)]
+            *table_lines(study, points), *_recovery_sections(study, points, controls, pairs, declared)]
     return data, text
 
 
