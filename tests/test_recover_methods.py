@@ -192,8 +192,7 @@ def test_probe_prompts_never_include_evaluation_items():
     chosen, card = prompts.load_prompts(source, None)
     assert len(chosen) == 100 and card["excluded_probe_eval"] >= 9  # the 9 depth-2 bracket questions are all used
     assert not any("Closing" in p.text for p in chosen)  # by the evaluation
-    eval_keys = prompts.eval_question_keys((0,))
-    assert not {prompts.question_key(p.text) for p in chosen} & eval_keys
+    assert not any(prompts.asks_scored_item(p.text, (0,)) for p in chosen)
     # the evaluation's own probes (seed 0, first 500) are excluded whatever the source
     from layerprune.recover.selfgen import Prompt, prompt_id
 
@@ -209,13 +208,20 @@ def test_probe_prompts_show_no_scored_item_even_as_a_few_shot_example_or_swapped
     source = PromptSource(source="probes:arith_2d_sub+arith_2d_add", samples=400, exclude_probe_seeds=[0])
     chosen, card = prompts.load_prompts(source, None)
     assert len(chosen) == 400 and card["excluded_probe_eval"] > 0
-    scored = {prompts.asked_key(p.question) for task in ("arith_2d_sub", "arith_2d_add", "arith_2d_add_nc")
+
+
+    def asked(question: str) -> str:  # the test's own reading: a sum of two is its addends in order
+        terms = question.rstrip(" =").split(" + ")
+        return " + ".join(sorted(terms, key=int)) if len(terms) == 2 else question.rstrip(" =")
+
+    scored = {asked(p.question) for task in ("arith_2d_sub", "arith_2d_add", "arith_2d_add_nc")
               for p in prompts.generate_probes(task, prompts.EVAL_ITEMS, 0)}
-    asked = [prompts.asked_key(line[:line.index("=") + 1])
-             for p in chosen for line in p.text.splitlines() if "=" in line]
-    assert len(asked) == 4 * 400 and not set(asked) & scored
-    assert prompts.asked_key("50 + 31 =") == "31 + 50 =" == prompts.asked_key("31 + 50 =")
-    assert prompts.asked_key("81 - 50 =") == "81 - 50 ="
+    lines = [asked(line[:line.index("=") + 1]) for p in chosen for line in p.text.splitlines() if "=" in line]
+    assert len(lines) == 4 * 400 and not set(lines) & scored
+    swapped = next(p.question for p in prompts.generate_probes("arith_2d_add", 50, 0)
+                   if p.question.split(" + ")[0] != p.question.split(" + ")[1].rstrip(" ="))
+    a, b = swapped.rstrip(" =").split(" + ")
+    assert prompts.asks_scored_item(f"What is 1 + 1? 2\n{b} + {a} =", (0,))
 
 
 def test_hub_dataset_prompts_come_through_datasets_minus_the_evaluation_items(monkeypatch):
@@ -247,13 +253,30 @@ def test_recovery_excludes_the_items_of_every_probe_task_evaluate_knows(monkeypa
 
     known = probes.probe_tasks()
     monkeypatch.setattr(probes, "probe_tasks", lambda: {**known, "brackets_d9": {"family": "brackets", "depth": 9}})
-    prompts.eval_question_keys.cache_clear()
+    prompts.scored_payloads.cache_clear()
     try:
         assert "brackets_d9" in prompts.probe_task_names("probes")  # one task list, not a copy
         new_eval = prompts.generate_probes("brackets_d9", 3, 0)
-        assert {prompts.question_key(p.prompt) for p in new_eval} <= prompts.eval_question_keys((0,))
+        assert all(prompts.asks_scored_item(p.question, (0,)) for p in new_eval)
     finally:
-        prompts.eval_question_keys.cache_clear()
+        prompts.scored_payloads.cache_clear()
+
+
+def test_probe_prompts_whose_question_ends_in_a_cue_line_are_not_all_taken_for_evaluation_items():
+    """A copy, reverse or count prompt asks its item over two lines ('Input: y p a' then 'Copy:'):
+    the exclusion matches the item's payload, the audit's unit (tasks/contamination.py), so only the prompts that hold
+    a scored list are dropped. Before, the question was the last line, 'Copy:' for every copy item: every such prompt
+    was taken for an evaluation item, and so was any prompt of the user's ending in 'Count:'."""
+    from layerprune.recover.selfgen import Prompt, prompt_id
+
+    for source in ("probes:copy_l3", "probes:reverse_l3", "probes:count_2to5"):
+        chosen, card = prompts.load_prompts(PromptSource(source=source, samples=64, exclude_probe_seeds=[0]), None)
+        assert len(chosen) == 64, (source, card)
+        assert not any(prompts.asks_scored_item(p.text, (0,)) for p in chosen)
+    item = prompts.generate_probes("copy_l3", 1, 0)[0].question  # 'Input: y p a\nCopy:'
+    own = ["Name three fruits, one per line.\nCount:", f"Repeat the letters.\n{item}"]
+    kept, card = prompts.exclude_eval_items([Prompt(prompt_id(t), t) for t in own], (0,), set())
+    assert [p.text for p in kept] == own[:1] and card["excluded_probe_eval"] == 1
 
 
 def test_probe_task_names_fail_with_close_matches_and_gsm8k_test_is_refused():

@@ -2,10 +2,12 @@
 
 `prompts.source: probes` (every probe task) or `probes:arith_1dc+brackets_d3` draws few-shot probe questions from
 the generators on this module's own seed stream ('recover-<shuffle_seed>'), which the evaluation never uses. Then,
-whatever the source, any prompt whose question is one of the first EVAL_ITEMS items of a probe task (under the
-evaluation seeds in `prompts.exclude_probe_seeds`) or a GSM8K test question is dropped, and the count is reported; a
-probe prompt also where one of its few-shot examples is such an item, a sum's operands in either order (a scored
-item solved in the context is still the item in view).
+whatever the source, any prompt that asks one of the first EVAL_ITEMS items of a probe task (under the evaluation
+seeds in `prompts.exclude_probe_seeds`) anywhere in its text, as its question or in a few-shot example (a scored item
+solved in the context is still the item in view), or is a GSM8K test question, is dropped, and the count is reported.
+An item is asked where its payload stands: the unit the contamination audit matches (tasks/contamination.py: '50 + 31
+=' is the item '31 + 50 =', 'Input: k d m\nCopy:' holds the list k d m), so the exclusion drops exactly what the
+audit would call an exact match in the prompts.
 The probe tasks and their generators are those of `layerprune.tasks.probes`, which evaluate uses too: one list, so a new
 probe task is excluded here as soon as it is evaluated.
 """
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 from pathlib import Path
 
 from layerprune.core.errors import LayerpruneError
@@ -22,6 +23,7 @@ from layerprune.core.registry import unknown_name_message
 from layerprune.recover import selfgen
 from layerprune.recover.schema import PromptSource
 from layerprune.tasks import probes
+from layerprune.tasks.contamination import Payload, find_payloads, item_payload
 from layerprune.tasks.data import HUB_DATASETS, HUB_SOURCE, local_split, parse_hub_source, read_jsonl, resolve_data_dir
 from layerprune.tasks.probes import PROBE_DOCS, Probe
 
@@ -33,12 +35,6 @@ EVAL_ITEMS = PROBE_DOCS  # evaluate generates this many items per probe task; --
 def generate_probes(task: str, n: int, seed: int | str) -> list[Probe]:
     """The first `n` questions of a probe task under `seed` (an int for evaluation, a string namespace here)."""
     return probes.generate_probes(probes.probe_tasks()[task], n, seed)  # type: ignore[arg-type]
-
-
-def question_key(text: str) -> str:
-    """The question of a few-shot probe prompt (its last line that is not the bare 'Closing:' cue), or the text."""
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip() and line.strip() != "Closing:"]
-    return lines[-1] if lines else text.strip()
 
 
 def probe_task_names(source: str) -> list[str] | None:
@@ -76,47 +72,23 @@ def as_prompt(probe: Probe) -> selfgen.Prompt:
     return selfgen.Prompt(selfgen.prompt_id(probe.prompt), probe.prompt, probe.answer.strip())
 
 
-SUM = re.compile(r"\d+ \+ \d+ =")
-
-
-def asked_key(question: str) -> str:
-    """A probe question as the exclusion compares it: stripped, the addends of a sum of two in order ('50 + 31 =' is
-    '31 + 50 =': the same item with its operands swapped; as the audit matches it, tasks/contamination.py)."""
-    text = question.strip()
-    if SUM.fullmatch(text):
-        return " + ".join(sorted(text[:-2].split(" + "), key=int)) + " ="
-    return text
-
-
 @functools.lru_cache(maxsize=8)
-def scored_keys(seeds: tuple[int, ...]) -> frozenset[str]:
-    """The questions (`asked_key`) of the first EVAL_ITEMS items of every probe task under each evaluation seed."""
-    return frozenset(asked_key(p.question) for seed in seeds for task in probes.probe_tasks()
-                     for p in generate_probes(task, EVAL_ITEMS, seed))
+def scored_payloads(seeds: tuple[int, ...]) -> frozenset[Payload]:
+    """The payloads (tasks/contamination.py) of the first EVAL_ITEMS items of every probe task under each evaluation
+    seed."""
+    found = (item_payload(p.question, probes.family_of(task)) for seed in seeds
+             for task, args in probes.probe_tasks().items() for p in probes.generate_probes(args, EVAL_ITEMS, seed))
+    return frozenset(payload for payload in found if payload is not None)
 
 
-def exclude_scored_probes(drawn: list[Probe], seeds: tuple[int, ...],
-                          gsm8k_test: set[str]) -> tuple[list[selfgen.Prompt], dict[str, int]]:
-    """Drop probes that ask a probe evaluation question anywhere: as the question or in a few-shot example, its
-    operands in either order (`asked_key`); the rest as `exclude_eval_items` (GSM8K test questions)."""
-    keys = scored_keys(seeds)
-    clean = [p for p in drawn if not {asked_key(q) for q in (p.question, *(q for q, _ in p.examples))} & keys]
-    kept, card = exclude_eval_items([as_prompt(p) for p in clean], seeds, gsm8k_test)
-    card["prompts"] = len(drawn)
-    card["excluded_probe_eval"] += len(drawn) - len(clean)
-    return kept, card
+def asks_scored_item(text: str, seeds: tuple[int, ...]) -> bool:
+    """Whether a prompt asks a scored probe item anywhere (its question or a few-shot example)."""
+    return not scored_payloads(seeds).isdisjoint(find_payloads(text))
 
 
 def prompts_of_task(task: str, wanted: int, seed: int = 0) -> set[str]:
     """Every prompt text `probe_prompts` can draw from `task` for up to `wanted` prompts (its redraws included)."""
     return {p.prompt for p in generate_probes(task, 64 * max(wanted, 1), f"recover-{seed}")}
-
-
-@functools.lru_cache(maxsize=8)
-def eval_question_keys(seeds: tuple[int, ...]) -> frozenset[str]:
-    """The questions of the first EVAL_ITEMS items of every probe task under each evaluation seed."""
-    return frozenset(question_key(p.prompt) for seed in seeds for task in probes.probe_tasks()
-                     for p in generate_probes(task, EVAL_ITEMS, seed))
 
 
 def gsm8k_test_questions(data_dir: Path | None) -> set[str]:
@@ -148,10 +120,10 @@ def load_prompts(source: PromptSource, data_dir: Path | None) -> tuple[list[self
         kept, card = exclude_eval_items(selfgen.load_prompts(source, data_dir), seeds, gsm8k_test)
     else:  # draw more until the exclusion leaves `samples` (small tasks such as brackets_d2 are all evaluation items)
         drawn = 2 * wanted
-        kept, card = exclude_scored_probes(draw_probes(names, drawn, source.shuffle_seed), seeds, gsm8k_test)
+        kept, card = exclude_eval_items(probe_prompts(names, drawn, source.shuffle_seed), seeds, gsm8k_test)
         while len(kept) < wanted and drawn < 64 * wanted:
             drawn *= 2
-            kept, card = exclude_scored_probes(draw_probes(names, drawn, source.shuffle_seed), seeds, gsm8k_test)
+            kept, card = exclude_eval_items(probe_prompts(names, drawn, source.shuffle_seed), seeds, gsm8k_test)
         kept = kept[:wanted]
         card["kept"] = len(kept)
     if not kept:
@@ -161,11 +133,10 @@ def load_prompts(source: PromptSource, data_dir: Path | None) -> tuple[list[self
 
 def exclude_eval_items(prompts: list[selfgen.Prompt], seeds: tuple[int, ...],
                        gsm8k_test: set[str]) -> tuple[list[selfgen.Prompt], dict[str, int]]:
-    """Drop prompts whose question is a probe evaluation question or a GSM8K test question."""
-    probe_keys = eval_question_keys(seeds)
+    """Drop prompts that ask a probe evaluation item anywhere (`asks_scored_item`) or are a GSM8K test question."""
     kept, card = [], {"prompts": len(prompts), "excluded_probe_eval": 0, "excluded_gsm8k_test": 0}
     for prompt in prompts:
-        if question_key(prompt.text) in probe_keys:
+        if asks_scored_item(prompt.text, seeds):
             card["excluded_probe_eval"] += 1
         elif prompt.text.strip() in gsm8k_test:
             card["excluded_gsm8k_test"] += 1
