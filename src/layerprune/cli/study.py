@@ -34,7 +34,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-hours", type=positive_hours, default=None, metavar="H",
                         help="Refuse, before any stage runs (and in a dry run), a study or grid whose dry-run time "
                              "estimate (every stage, complete ones included) is over H hours; the estimate exists "
-                             "for the embedded model only (the measured 2-core rates)")
+                             "for the embedded model only (the measured 2-core rates) and, once an arm's learning-"
+                             "rate search has run, takes its measured answer lengths: it can change on resume")
     parser.add_argument("--save-progress", type=Path, default=None, metavar="FILE.tar.gz",
                         help="Pack the study's progress, no weights and no document text, into FILE (replaced if "
                              "there) and run nothing: every finished stage, less the folders a pending stage reads, "
