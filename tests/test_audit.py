@@ -265,7 +265,9 @@ def test_a_reformatted_document_is_found_on_normalized_text():
 def test_ordinary_prose_with_numbers_lists_and_brackets_is_not_a_probe_template():
     prose = [{"prompt": "Summarize: in 1817 - 1820 Drais built 2 bikes; pages 12 - 15 (see [1]) tell how.",
               "response": "The U.S.A. and e.g. the U.K. had 3 or 4 makers by 1900, per the a, b list."},
-             {"prompt": "Is 5 more than 3?", "response": "Yes, 5 is 2 more than 3, (i.e. ((roughly)) so)."}]
+             {"prompt": "Is 5 more than 3?", "response": "Yes, 5 is 2 more than 3, (i.e. ((roughly)) so)."},
+             {"prompt": ">>> intersperse([], 4)\n[]\n>>> longest(['a', 'bb'])", "response": 'Send [{"id": 1}] as '
+              "JSON, or f([x, y])."}]  # code and JSON: before, '([' and '[{' were bracket sequences (brackets_d2's)
     tasks = ["arith_4d_sub", "arith_2d_sub", "arith_1dc", "copy_l3", "brackets_d2", "count_2to5"]
     found = audit.audit_recovery_data(prose, {t: [p.question for p in probe_items(t, 50)] for t in tasks})
     assert {t: (row["either"], row["template_records"], row["flagged"]) for t, row in found["tasks"].items()} == {

@@ -421,6 +421,8 @@ def test_a_positive_control_with_budgets_of_its_own_is_scored_and_gated_at_its_l
     assert note.startswith("Rows at a budget of their own (arm_budgets): kd-arith at 32,000 target tokens, the "
                            "other arms' at 256,000."), note
     assert len(table_lines(study, [p for p in points if p.get("arm") != "kd-arith"])) == 2  # no row, no note
+    skipping = _study(tiny_llama, tmp_path / "s", arm_budgets={"kd-arith": [8000, 256000]})
+    assert len(table_lines(skipping, points)) == 2  # its own budgets, but it ends at 256k with the others
     with pytest.raises(ValueError, match="arm_budgets.kd-arith: two or more of budgets in order, the smallest"):
         _study(tiny_llama, tmp_path / "s", arm_budgets={"kd-arith": [32000, 256000]})
 

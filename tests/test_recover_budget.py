@@ -27,7 +27,8 @@ FAST = ["--max-new-tokens", "8", "--no-generate-drop-truncated", "--temperature"
 @pytest.fixture(scope="module")
 def prompts_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
-    rows = [{"prompt": f"what is {i} + {3 * i}?" + " please" * (i % 4), "answer": str(4 * i)} for i in range(16)]
+    rows = [{"prompt": f"say {i} and {3 * i}" + " please" * (i % 4), "answer": str(4 * i)}
+            for i in range(16)]  # no sum: 'what is 3 + 9?' asks a scored probe item and is excluded
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
 
@@ -187,7 +188,11 @@ def test_a_run_resumed_at_its_budget_trains_no_further_step(tiny_llama, tmp_path
     assert first.state.global_step == 3
     checkpoint = tmp_path / "trainer" / "checkpoint-3"
     again, counter = _budget_trainer(tiny_llama, tmp_path, 12, [])
+    steps = []  # no batch drawn: an on-policy trainer generates (and counts) in training_step, before its loss
+    inner = again.training_step
+    again.training_step = lambda *args, **kwargs: steps.append(1) or inner(*args, **kwargs)
     budget.train(again, checkpoint)
+    assert steps == []
     assert again.state.global_step == 3 and counter.totals["tokens_unpadded"] == 15
     saved = load_file(checkpoint / "model.safetensors")
     weights = again.model.state_dict()

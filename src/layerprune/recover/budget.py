@@ -11,7 +11,9 @@ optimizer step, so a run ends at the step that reaches it (at most one step past
 checkpoint that already reached it trains no step (`train`).
 
 Every arm also trains on the same sequences in the same order for a given seed (`order`, and trainers that read
-their data sequentially), so one budget stops every arm after the same sequences and the same target tokens.
+their data sequentially), so one budget stops every arm after the same sequences and the same target tokens, while
+every sequence fits train.max_length: past it, TRL's SFT collation cuts a chat sequence's end (its last answer
+tokens) and GKD's (kd) its start (the prompt first), so the two count different target tokens for that sequence.
 """
 
 from __future__ import annotations
@@ -88,6 +90,13 @@ class TargetTokens(TrainerCallback, ExportableState):
             self.learning_rate = float(attributes.get("learning_rate", 0.0))
             self.spent = self.max_tokens is not None and self.totals["tokens_unpadded"] >= self.max_tokens
 
+    def on_epoch_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        """Resumed at or over the budget: stop before any batch is drawn or generated (`train`), after every
+        callback's on_train_begin (a snapshot due at the checkpoint is taken there)."""
+        if self.spent:
+            raise BudgetSpent
+        return control
+
     def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):  # type: ignore[no-untyped-def]
         if optimizer is not None:  # before the scheduler steps: the rate this step used
             self.learning_rate = max(self.learning_rate, *(float(g["lr"]) for g in optimizer.param_groups))
@@ -118,8 +127,6 @@ def attach(trainer: Any, max_tokens: int | None) -> TargetTokens:
 
     def compute_loss(model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         if model.training:
-            if counter.spent:  # before the first forward pass: no optimizer step is taken
-                raise BudgetSpent
             counter.add(inputs)
         return inner(model, inputs, *args, **kwargs)
 
@@ -135,8 +142,8 @@ class BudgetSpent(Exception):
 def train(trainer: Any, resume_from: Any) -> None:
     """`trainer.train()`, resumed from the checkpoint `resume_from` (None: from the start). A checkpoint that had
     already reached the budget (a run stopped after its last step, with a checkpoint there) is taken as the end:
-    the trainer loads its weights and state and stops before its first forward pass, where resuming would train
-    one more step past the budget."""
+    the trainer loads its weights and state and stops before its first batch (no on-policy generation, no count),
+    where resuming would train one more step past the budget."""
     try:
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     except BudgetSpent:

@@ -80,13 +80,16 @@ def find_payloads(text: str) -> list[Payload]:
 
 
 def _bracket_runs(text: str) -> list[Payload]:
-    """Maximal runs of opening brackets (spaces or commas between them allowed) that no word follows at once: '( [ {'
-    and '([{' are sequences, '((roughly))' and 'f([x' are not."""
+    """Maximal runs of opening brackets (spaces or commas between them allowed) that no word or quote follows at once
+    and no name precedes: '( [ {' and '([{' are sequences; '((roughly))', code ('f([x', 'g([], 4)', 'h(['a'') and
+    JSON ('[{"a": 1}]') are not."""
     found = []
     for match in OPEN_RUN.finditer(text):
         values = tuple(ch for ch in match.group() if ch in OPENING)
-        after = text[match.end():match.end() + 1]
-        if len(values) >= MIN_RUN and not (after.isalnum() or after == "_"):
+        after, before = text[match.end():match.end() + 1], text[max(match.start() - 1, 0):match.start()]
+        followed = after.isalnum() or after in ("_", "'", '"')  # a word or a string literal at once
+        named = before.isalnum() or before == "_"  # a call or an index: f([, x[(
+        if len(values) >= MIN_RUN and not followed and not named:
             found.append(Payload(f"open:{len(values)}", values))
     return found
 

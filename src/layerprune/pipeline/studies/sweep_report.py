@@ -111,7 +111,7 @@ def table_lines(study: Any, points: list[dict[str, Any]]) -> list[str]:
     """The points' table and, where an arm trains to budgets of its own (arm_budgets), which budget its rows are
     at: a row of a 32k arm beside rows of 256k ones is not a comparison between the arms."""
     own = {arm: study.budgets_of(arm)[-1] for arm in study.arms or []
-           if study.budgets_of(arm) != (study.budgets or []) and any(p.get("arm") == arm for p in points)}
+           if not ends_with_the_others(study, arm) and any(p.get("arm") == arm for p in points)}
     if not own:
         return [format_table(points), ""]
     return [format_table(points), "", "Rows at a budget of their own (arm_budgets): " + "; ".join(
@@ -130,8 +130,13 @@ def arm_figures(study: Any, figures: Figures) -> tuple[list[dict[str, Any]], dic
     points = [point(study, figures, k, arm) for k in study.ratios if f"pruned-k{k}" in figures.labels for arm in arms]
     controls = {arm: control_point(figures, arm) for arm in arms}
     default = study.arms and uses_default_family(study.comparisons)
-    same = [arm for arm in study.arms or [] if study.budgets_of(arm) == (study.budgets or [])]  # an arm with budgets of
-    return points, controls, comparisons(figures, points, same) if default else []  # its own: compared in budget.md
+    same = [arm for arm in study.arms or [] if ends_with_the_others(study, arm)]  # one ending at a budget of its own:
+    return points, controls, comparisons(figures, points, same) if default else []  # compared in budget.md
+
+
+def ends_with_the_others(study: Any, arm: str) -> bool:
+    """Whether an arm's models end at the study's largest budget (arm_budgets may skip budgets below it)."""
+    return not study.budgets or study.budgets_of(arm)[-1] == study.budgets[-1]
 
 
 def chat_figures(study: Any, root: Path, plain_generative: list[str],
