@@ -83,6 +83,20 @@ def test_one_budget_stops_sft_kd_and_local_after_the_same_sequences_and_tokens(p
     assert one_more["optimizer_steps"] == 3 and one_more["sequences"] == 12  # the step that reaches it, no further
 
 
+def test_sft_and_kd_cut_a_sequence_past_max_length_alike(pruned, tmp_path):
+    """Chat sequences longer than train.max_length (96 here; these prompts make 89-104 tokens): SFT and kd (GKD)
+    train on, and count, the same tokens of each, cut at the end as the held-out rows are. Before, GKD's collator
+    kept a sequence's last tokens (the prompt cut first): kd counted 136 target tokens where SFT counted 106."""
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"name {i} cities of over {3 * i} million people"
+                                        + " please" * (i % 4)}) + "\n" for i in range(16)))
+    probe = run(pruned, path, tmp_path / "probe", "--method", "merge")
+    tokens = hand_count(pruned, tmp_path / "probe", probe, 8)
+    reports = {method: run(pruned, path, tmp_path / method, "--method", method, "--train-max-tokens", str(tokens))
+               for method in ("lora", "kd")}
+    assert [(r["tokens_unpadded"], r["sequences"]) for r in reports.values()] == [(tokens, 8)] * 2
+
+
 def test_batch_counts_take_the_loss_tokens_of_a_padded_batch_and_of_on_policy_completions():
     labels = torch.tensor([[-100, -100, 5, 6, -100], [-100, 7, 8, 9, 10]])  # row 0: the last token is padding
     attention = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])

@@ -11,9 +11,9 @@ optimizer step, so a run ends at the step that reaches it (at most one step past
 checkpoint that already reached it trains no step (`train`).
 
 Every arm also trains on the same sequences in the same order for a given seed (`order`, and trainers that read
-their data sequentially), so one budget stops every arm after the same sequences and the same target tokens, while
-every sequence fits train.max_length: past it, TRL's SFT collation cuts a chat sequence's end (its last answer
-tokens) and GKD's (kd) its start (the prompt first), so the two count different target tokens for that sequence.
+their data sequentially), so one budget stops every arm after the same sequences and the same target tokens. A
+sequence longer than train.max_length is cut at its end by every trainer (kd.messages_dataset gives GKD, whose
+collator would cut its start, the ids SFT trains on); local cuts at local.max_length.
 """
 
 from __future__ import annotations

@@ -41,19 +41,20 @@ def encode_rows(tokenizer: Any, rows: list[dict[str, Any]], settings: Generation
                 max_length: int) -> list[tuple[list[int], int]]:
     """(token ids, index of the first completion token) per row, cut to max_length: in the chat format, or plain
     prompt + answer + stop where generate.chat_template is false (the format every method trains on)."""
-    encoded = []
-    for row in rows:
-        if not settings.chat_template:
-            encoded.append(plain_example(tokenizer, row["prompt"], row["response"], settings, max_length))
-            continue
-        prompt = chat_messages(row["prompt"], settings.system_prompt)
-        full = [*prompt, {"role": "assistant", "content": row["response"]}]
-        prompt_ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-        full_ids = tokenizer.apply_chat_template(full, tokenize=True)
-        prompt_ids, full_ids = _ids(prompt_ids), _ids(full_ids)
-        start = min(len(prompt_ids), len(full_ids) - 1)
-        encoded.append((full_ids[:max_length], start))
+    encoded = [encode_row(tokenizer, row, settings, max_length) for row in rows]
     return [(ids, start) for ids, start in encoded if start < len(ids) - 1]
+
+
+def encode_row(tokenizer: Any, row: dict[str, Any], settings: GenerationSection,
+               max_length: int) -> tuple[list[int], int]:
+    """One row's (token ids, index of the first completion token), cut at its end to max_length, as SFT cuts it."""
+    if not settings.chat_template:
+        return plain_example(tokenizer, row["prompt"], row["response"], settings, max_length)
+    prompt = chat_messages(row["prompt"], settings.system_prompt)
+    full = [*prompt, {"role": "assistant", "content": row["response"]}]
+    prompt_ids = _ids(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True))
+    full_ids = _ids(tokenizer.apply_chat_template(full, tokenize=True))
+    return full_ids[:max_length], min(len(prompt_ids), len(full_ids) - 1)
 
 
 def _ids(value: Any) -> list[int]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from layerprune.recover.schema import GenerationSection, RecoverRecipe
-from layerprune.recover.selfgen import chat_messages, plain_example, stop_token_ids
+from layerprune.recover.selfgen import chat_messages, stop_token_ids
 
 
 def gkd_agrees(recipe: RecoverRecipe) -> bool:
@@ -36,17 +36,22 @@ def gkd_agrees(recipe: RecoverRecipe) -> bool:
 
 def messages_dataset(rows: list[dict[str, Any]], settings: GenerationSection, tokenizer: Any, max_length: int) -> Any:
     """Teacher answers as chat conversations (GKD's ChatML collator masks the prompt); with generate.chat_template
-    false, plain prompt + answer + stop as token ids with their completion mask, which the same collator takes."""
+    false, plain prompt + answer + stop as token ids with their completion mask, which the same collator takes.
+    Where a conversation is longer than max_length, every row as token ids cut at its end as SFT cuts it
+    (heldout.encode_row): GKD's collator would keep its last tokens, the prompt cut first, so the two methods would
+    train on, and count, different tokens of that row."""
     from datasets import Dataset
 
-    if not settings.chat_template:
-        encoded = [(r["prompt"], *plain_example(tokenizer, r["prompt"], r["response"], settings, max_length))
-                   for r in rows]
-        return Dataset.from_list([{"prompt": text, "input_ids": ids,
-                                   "completion_mask": [0] * start + [1] * (len(ids) - start)}
-                                  for text, ids, start in encoded])
-    return Dataset.from_list([{"messages": [*chat_messages(r["prompt"], settings.system_prompt),
-                                            {"role": "assistant", "content": r["response"]}]} for r in rows])
+    from layerprune.recover.heldout import encode_row
+
+    whole = [encode_row(tokenizer, r, settings, 1 << 30) for r in rows]
+    if settings.chat_template and all(len(ids) <= max_length for ids, _ in whole):
+        return Dataset.from_list([{"messages": [*chat_messages(r["prompt"], settings.system_prompt),
+                                                {"role": "assistant", "content": r["response"]}]} for r in rows])
+    cut = [(ids[:max_length], min(start, max_length)) for ids, start in whole]
+    return Dataset.from_list([{"prompt": r["prompt"], "input_ids": ids,
+                               "completion_mask": [0] * start + [1] * (len(ids) - start)}
+                              for r, (ids, start) in zip(rows, cut, strict=True)])
 
 
 def prompts_dataset(texts: list[str], settings: GenerationSection) -> Any:
