@@ -447,3 +447,44 @@ def test_arms_with_budgets_of_their_own_are_compared_where_both_have_a_point(tin
                                         "task": "arith_2d_sub"}]}}
     with pytest.raises(ValueError, match="budget 128000 is not one of kd-arith's budgets \\(8000, 32000\\)"):
         _study(tiny_llama, tmp_path / "s", arm_budgets=own, comparisons=declared)
+
+
+def test_the_dry_run_and_the_start_say_when_the_models_left_will_not_fit_on_disk(tiny_llama, tmp_path, monkeypatch,
+                                                                                 caplog):
+    """The models a study has still to save (cuts, recoveries with the budget points they keep, lr candidates), at
+    the original's bytes a weight less the blocks cut, against the space free: a line of the dry run, and a warning
+    when a run starts where they will not fit. A recovery done leaves its own and its points out. (New: the budget
+    study saves about 100 models of 0.5 GB; a full disk would have ended it hours in.)"""
+    import shutil
+    from collections import namedtuple
+
+    from layerprune.core.settings import RunSettings
+    from layerprune.pipeline.studies import sweep
+    from layerprune.pipeline.studies.sweep_cells import cells, disk_need
+    from layerprune.pipeline.studies.sweep_plan import dry_run
+
+    study, root, settings = _study(tiny_llama, tmp_path / "s"), tmp_path / "s", RunSettings()
+    from transformers import AutoModelForCausalLM
+
+    params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_llama).parameters())
+    grid = cells(study, root)
+    recoveries = [c for c in grid if c.step == "recover"]
+    expected = sum(1 + len(c.snapshots) for c in recoveries) + sum(c.step == "prune" for c in grid) \
+        + sum(len(g) for g in study.lr_grid.values())
+    disk = disk_need(study, settings, root)
+    assert disk.models == expected and disk.need <= expected * params * 4
+    control = next(c for c in recoveries if c.k == 0)
+    control.output.parent.mkdir(parents=True)
+    control.output.write_text("{}")  # a control done: its model (no points at k = 0) is left out
+    after = disk_need(study, settings, root)
+    assert after.models == expected - 1 - len(control.snapshots)
+    assert after.need == pytest.approx(disk.need - (1 + len(control.snapshots)) * params * 4)
+    assert f"disk: {after.models} models still to save" in dry_run(study, settings)
+    Usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(1, 1, 1000))
+    assert dry_run(study, settings).split("disk: ")[1].split("\n")[0].endswith(
+        "not enough: free space or choose another --output")
+    monkeypatch.setattr(sweep, "run_stages", lambda stages, root: None)  # the start only: no stage runs
+    with caplog.at_level("WARNING"):
+        sweep.run_sweep(_study(tiny_llama, tmp_path / "t"), settings)
+    assert any("not enough: free space" in r.getMessage() for r in caplog.records)

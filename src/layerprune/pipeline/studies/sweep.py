@@ -54,7 +54,7 @@ from layerprune.pipeline.studies.cells import (
 )
 from layerprune.pipeline.studies.grain import check_reachable
 from layerprune.pipeline.studies.progress import check_same_weights
-from layerprune.pipeline.studies.sweep_cells import STATES, Cell, cells, model_dir
+from layerprune.pipeline.studies.sweep_cells import STATES, Cell, cells, disk_need, model_dir
 from layerprune.pipeline.studies.sweep_grid import (
     GSM8K,
     SweepStudy,
@@ -90,6 +90,9 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
     claim_run_dir(RunPaths(root), study, overwrite)
     if not overwrite:
         check_same_weights(study, settings, root)  # a resumed run (restored progress too) on the weights it scored
+    disk = disk_need(study, settings, root) if study.grains is None else None
+    if disk is not None and disk.need > disk.free:  # said before hours of stages, not at the save that fails
+        log.warning("%s", disk.line())
     run_stages(sweep_stages(study, settings, root, grid), root)
     shutil.rmtree(root / STATES, ignore_errors=True)  # every run that could read the kept states has run
     return grid[-1].output  # the report: sweep.md, or a grain study's grain.md

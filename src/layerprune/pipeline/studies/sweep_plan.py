@@ -24,7 +24,7 @@ from layerprune.pipeline.studies.recovery_plan import (
     training,
 )
 from layerprune.pipeline.studies.sweep import arms_added
-from layerprune.pipeline.studies.sweep_cells import cells, stage_names
+from layerprune.pipeline.studies.sweep_cells import cells, disk_need, stage_names
 from layerprune.pipeline.studies.sweep_grid import (
     GSM8K,
     SweepStudy,
@@ -60,8 +60,15 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
              *[f"data: {line}" for line in check_data(instrument(study))], *body,
              f"recoveries: {runs}; stages: {in_brief(stage_names(study))}",
              *(line for arm in arm_names(study) for line in _memory_lines(study, settings, arm)),
-             *progress_lines(study, study.run_dir()), _estimate(study, seconds)]
+             *progress_lines(study, study.run_dir()), *_disk_lines(study, settings), _estimate(study, seconds)]
     return "\n".join(lines)
+
+
+def _disk_lines(study: SweepStudy, settings: RunSettings) -> list[str]:
+    """What the models still to save take at most against the space free (a sweep's; a grain study's cells save
+    their own)."""
+    disk = disk_need(study, settings, study.run_dir()) if study.grains is None else None
+    return [disk.line()] if disk is not None else []
 
 
 def _sweep_lines(study: SweepStudy, settings: RunSettings, size: Sizing) -> list[str]:
