@@ -488,3 +488,32 @@ def test_the_dry_run_and_the_start_say_when_the_models_left_will_not_fit_on_disk
     with caplog.at_level("WARNING"):
         sweep.run_sweep(_study(tiny_llama, tmp_path / "t"), settings)
     assert any("not enough: free space" in r.getMessage() for r in caplog.records)
+
+
+def test_the_dry_run_of_a_run_in_part_says_what_its_stages_left_will_take(tiny_llama, tmp_path, monkeypatch):
+    """A run to resume: the estimate's seconds still to spend, each phase's times the share of its work not done
+    (evaluations by model; an arm's training and all held-out evaluations by the target tokens of the runs left).
+    (New: the dry run gave only the whole study's estimate, complete stages counted.)"""
+    from layerprune.core.settings import RunSettings
+    from layerprune.pipeline.studies import sweep_plan
+    from layerprune.pipeline.studies.sweep_cells import cells
+    from layerprune.pipeline.studies.sweep_plan import dry_run, left_seconds, sizing
+
+    study = _study(tiny_llama, tmp_path / "s")
+    seconds, root = sizing(study).seconds, study.run_dir()
+    assert left_seconds(study, seconds) == pytest.approx(sum(seconds.values()))
+    assert "left (the stages not complete)" not in dry_run(study, RunSettings())  # no run there yet
+    grid = cells(study, root)
+    evals = [c for c in grid if c.step == "eval"]
+    runs = [c for c in grid if c.step == "recover"]
+    control = next(c for c in runs if (c.arm, c.k, c.replicate) == ("kd", 0, 0))
+    for cell in (evals[0], control):
+        cell.output.parent.mkdir(parents=True, exist_ok=True)
+        cell.output.write_text("{}")
+    kd = sum(c.budget for c in runs if c.arm == "kd")
+    every = sum(c.budget for c in runs)  # no lr grid in this study
+    expected = sum(seconds.values()) - seconds["evaluation"] / len(evals) - seconds["training kd"] * 256000 / kd \
+        - seconds["held-out evaluations"] * 256000 / every
+    assert control.budget == 256000 and left_seconds(study, seconds) == pytest.approx(expected)
+    monkeypatch.setattr(sweep_plan, "rates_apply", lambda model: True)  # the tiny model has no measured rates
+    assert f"left (the stages not complete) about {expected / 60:.0f} min" in dry_run(study, RunSettings())
