@@ -97,6 +97,20 @@ def test_sft_and_kd_cut_a_sequence_past_max_length_alike(pruned, tmp_path):
     assert [(r["tokens_unpadded"], r["sequences"]) for r in reports.values()] == [(tokens, 8)] * 2
 
 
+def test_kd_drops_a_row_cut_inside_its_prompt_as_sft_does(pruned):
+    """Past max_length every kd row is cut at its end; a row whose prompt alone fills max_length has no completion
+    token left and is dropped, as TRL's SFT drops it (else kd trains on a row SFT never sees, and every later batch
+    shifts)."""
+    from layerprune.recover import kd
+
+    tokenizer = AutoTokenizer.from_pretrained(pruned)
+    rows = [{"prompt": "say 1", "response": "one"}, {"prompt": "say 2" + " please" * 200, "response": "two"},
+            {"prompt": "say 3", "response": "three"}]
+    data = kd.messages_dataset(rows, GenerationSection(), tokenizer, 64)
+    assert len(data) == 2 and all(1 in mask for mask in data["completion_mask"])
+    assert data["input_ids"][1] == heldout.encode_row(tokenizer, rows[2], GenerationSection(), 64)[0]
+
+
 def test_batch_counts_take_the_loss_tokens_of_a_padded_batch_and_of_on_policy_completions():
     labels = torch.tensor([[-100, -100, 5, 6, -100], [-100, 7, 8, 9, 10]])  # row 0: the last token is padding
     attention = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])

@@ -38,8 +38,8 @@ def messages_dataset(rows: list[dict[str, Any]], settings: GenerationSection, to
     """Teacher answers as chat conversations (GKD's ChatML collator masks the prompt); with generate.chat_template
     false, plain prompt + answer + stop as token ids with their completion mask, which the same collator takes.
     Where a conversation is longer than max_length, every row as token ids cut at its end as SFT cuts it
-    (heldout.encode_row): GKD's collator would keep its last tokens, the prompt cut first, so the two methods would
-    train on, and count, different tokens of that row."""
+    (heldout.encode_row), and a row left without completion tokens dropped as SFT drops it: GKD's collator would keep
+    its last tokens, the prompt cut first, so the two methods would train on, and count, different tokens."""
     from datasets import Dataset
 
     from layerprune.recover.heldout import encode_row
@@ -48,10 +48,10 @@ def messages_dataset(rows: list[dict[str, Any]], settings: GenerationSection, to
     if settings.chat_template and all(len(ids) <= max_length for ids, _ in whole):
         return Dataset.from_list([{"messages": [*chat_messages(r["prompt"], settings.system_prompt),
                                                 {"role": "assistant", "content": r["response"]}]} for r in rows])
-    cut = [(ids[:max_length], min(start, max_length)) for ids, start in whole]
-    return Dataset.from_list([{"prompt": r["prompt"], "input_ids": ids,
-                               "completion_mask": [0] * start + [1] * (len(ids) - start)}
-                              for r, (ids, start) in zip(rows, cut, strict=True)])
+    cut = [(r["prompt"], ids[:max_length], start) for r, (ids, start) in zip(rows, whole, strict=True)]
+    kept = [(text, ids, start) for text, ids, start in cut if start < len(ids)]  # cut inside its prompt: SFT drops it
+    return Dataset.from_list([{"prompt": text, "input_ids": ids,
+                               "completion_mask": [0] * start + [1] * (len(ids) - start)} for text, ids, start in kept])
 
 
 def prompts_dataset(texts: list[str], settings: GenerationSection) -> Any:

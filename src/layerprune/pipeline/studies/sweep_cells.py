@@ -155,36 +155,45 @@ def gate_summary(root: Path) -> Path:
 
 @dataclass(frozen=True)
 class Disk:
-    """What the models a study has still to save take at most, and the space free where they go."""
+    """What the models a study has still to save take, and the space free where they go."""
 
     models: int
-    need: float  # bytes: each model at its cut's share of the original's weights, in the original's dtype
+    need: float  # bytes: each model at its cut's share of the original's weights, in the dtype it is saved in
     free: float  # bytes free on the output's file system
 
     def line(self) -> str:
         short = self.need > self.free
-        return (f"disk: {self.models} models still to save (cuts, recoveries, budget points, lr searches): at most "
-                f"{self.need / 1e9:.1f} GB; {self.free / 1e9:.1f} GB free there"
+        return (f"disk: {self.models} models still to save (cuts, recoveries, budget points, lr candidates): about "
+                f"{self.need / 1e9:.1f} GB, a running recovery's work folder (two checkpoints) and local's teacher "
+                f"states on top; {self.free / 1e9:.1f} GB free there"
                 + (" - not enough: free space or choose another --output" if short else ""))
 
 
 def disk_need(study: SweepStudy, settings: Any, root: Path) -> Disk | None:
     """The models the stages left will save (a prune, a recovery and each budget point it keeps, each lr candidate)
-    at the original's bytes a weight less the blocks cut; None where the original's config cannot be read."""
+    at the bytes a weight they are saved in (the original's, or the dtype a recovery loads in where wider: float32
+    on a CPU) less the blocks cut; None where the original's config cannot be read or sized. Plans only: a variant
+    not yet made is sized on its source model (loading.planning)."""
     import shutil
 
+    from layerprune.models.loading import planning
     from layerprune.pipeline.plan import model_config
     from layerprune.recover.memory import model_shape
 
-    config, _ = model_config(study.model, settings)
-    if config is None:
+    try:
+        with planning():
+            config, _ = model_config(study.model, settings)
+        shape = model_shape(config) if config is not None else None
+    except Exception:  # advisory: a config this cannot size leaves the line out, never the run
+        shape = None
+    if shape is None:
         return None
-    shape = model_shape(config)
     dtype = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "float32")
-    width = 4 if "32" in dtype else 2
+    saved = 4 if "32" in dtype else 2
+    loaded = settings.resolved_dtype().itemsize
     per_block = shape.linear_params / shape.layers
     left = [c for c in cells(study, root) if c.step in ("prune", "recover", "lr") and not c.output.exists()]
-    sizes = [((shape.params - c.k * per_block) * width, 1 + len(c.snapshots) if c.step != "lr" else
-              len(study.lr_grid.get(c.arm or "", []))) for c in left]
+    sizes = [((shape.params - c.k * per_block) * (saved if c.step == "prune" else max(saved, loaded)),
+              1 + len(c.snapshots) if c.step != "lr" else len(study.lr_grid.get(c.arm or "", []))) for c in left]
     where = next(p for p in (root, *root.parents) if p.exists())
     return Disk(sum(n for _, n in sizes), sum(size * n for size, n in sizes), shutil.disk_usage(where).free)

@@ -360,9 +360,9 @@ def left_seconds(study: SweepStudy, seconds: dict[str, float]) -> float:
     for arm in arm_names(study):
         done[f"training {arm}"] = share(lambda c, arm=arm: c.step in trains and c.arm == arm, tokens)
         recipe = study.arm_recipe(arm, "<pruned>")
-        answered = (root / study.answers_file(arm, recipe, 0)).is_file()
-        done["teacher answers" if arm not in study.arm_prompts else f"teacher answers {arm}"] = 0.0 if answered \
-            else 1.0
+        sets = {study.answers_file(arm, recipe, r) for r in range(study.replicates)}  # one set unless sampled
+        done["teacher answers" if arm not in study.arm_prompts else f"teacher answers {arm}"] = \
+            sum(not (root / name).is_file() for name in sets) / len(sets)
     return sum(value * done.get(phase, 1.0) for phase, value in seconds.items())
 
 
