@@ -111,6 +111,19 @@ def test_kd_drops_a_row_cut_inside_its_prompt_as_sft_does(pruned):
     assert data["input_ids"][1] == heldout.encode_row(tokenizer, rows[2], GenerationSection(), 64)[0]
 
 
+def test_a_completion_starts_where_the_conversation_leaves_its_prompt():
+    """A template that renders the prompt alone otherwise than inside the conversation (Gemma 4's empty thought block
+    after the generation prompt): the completion starts after the common prefix, as TRL's SFT takes it, not after
+    the prompt's length (which would leave the answer's first token out)."""
+
+    class Template:
+        def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=True):
+            return [1, 2, 3, 9] if add_generation_prompt else [1, 2, 3, 4, 5, 6]
+
+    ids, start = heldout.encode_row(Template(), {"prompt": "q", "response": "a"}, GenerationSection(), 64)
+    assert (ids, start) == ([1, 2, 3, 4, 5, 6], 3)
+
+
 def test_batch_counts_take_the_loss_tokens_of_a_padded_batch_and_of_on_policy_completions():
     labels = torch.tensor([[-100, -100, 5, 6, -100], [-100, 7, 8, 9, 10]])  # row 0: the last token is padding
     attention = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])

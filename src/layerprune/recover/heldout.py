@@ -47,14 +47,18 @@ def encode_rows(tokenizer: Any, rows: list[dict[str, Any]], settings: Generation
 
 def encode_row(tokenizer: Any, row: dict[str, Any], settings: GenerationSection,
                max_length: int) -> tuple[list[int], int]:
-    """One row's (token ids, index of the first completion token), cut at its end to max_length, as SFT cuts it."""
+    """One row's (token ids, index of the first completion token), cut at its end to max_length, as SFT cuts it: the
+    completion starts where the conversation's ids leave the prompt's (TRL's common prefix; a template may render
+    the prompt alone otherwise than inside the conversation)."""
+    from trl.data_utils import common_prefix_length
+
     if not settings.chat_template:
         return plain_example(tokenizer, row["prompt"], row["response"], settings, max_length)
     prompt = chat_messages(row["prompt"], settings.system_prompt)
     full = [*prompt, {"role": "assistant", "content": row["response"]}]
     prompt_ids = _ids(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True))
     full_ids = _ids(tokenizer.apply_chat_template(full, tokenize=True))
-    return full_ids[:max_length], min(len(prompt_ids), len(full_ids) - 1)
+    return full_ids[:max_length], min(common_prefix_length(prompt_ids, full_ids), len(full_ids) - 1)
 
 
 def _ids(value: Any) -> list[int]:
