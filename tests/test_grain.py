@@ -49,7 +49,7 @@ def tiny_grain(model: Path | str, output: Path, **fields) -> dict:
         "recover": {"recipe": "demo", "overrides": {
             "prompts": {"source": "dolly", "samples": 8},
             "generate": {"max_new_tokens": 6, "batch_size": 4, "temperature": 0.0, "drop_truncated": False},
-            "train": {"max_steps": 2, "max_tokens": 40, "max_length": 64, "batch_size": 4, "eval_steps": 1,
+            "train": {"max_steps": 2, "max_tokens": 40, "max_length": 256, "batch_size": 4, "eval_steps": 1,
                       "logging_steps": 1, "save_steps": 4, "held_out": 0.25, "warmup_steps": 0,
                       "gradient_checkpointing": False, "learning_rate": 1e-2},
             "lora": {"r": 4, "alpha": 8}}},

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerControl, Tr
 
 from helpers import pruned_copy
 from layerprune.cli import main
+from layerprune.core.errors import LayerpruneError
 from layerprune.models import drop_blocks
 from layerprune.recover import budget, heldout, local, selfgen
 from layerprune.recover.schema import GenerationSection
@@ -109,6 +110,8 @@ def test_kd_drops_a_row_cut_inside_its_prompt_as_sft_does(pruned):
     data = kd.messages_dataset(rows, GenerationSection(), tokenizer, 64)
     assert len(data) == 2 and all(1 in mask for mask in data["completion_mask"])
     assert data["input_ids"][1] == heldout.encode_row(tokenizer, rows[2], GenerationSection(), 64)[0]
+    with pytest.raises(LayerpruneError, match="every training row is longer than train.max_length \\(64 tokens\\)"):
+        kd.messages_dataset(rows[1:2], GenerationSection(), tokenizer, 64)  # not TRL's StopIteration on no rows
 
 
 def test_a_completion_starts_where_the_conversation_leaves_its_prompt():

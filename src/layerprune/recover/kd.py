@@ -50,6 +50,11 @@ def messages_dataset(rows: list[dict[str, Any]], settings: GenerationSection, to
                                                 {"role": "assistant", "content": r["response"]}]} for r in rows])
     cut = [(r["prompt"], ids[:max_length], start) for r, (ids, start) in zip(rows, whole, strict=True)]
     kept = [(text, ids, start) for text, ids, start in cut if start < len(ids)]  # cut inside its prompt: SFT drops it
+    if not kept:
+        from layerprune.core.errors import LayerpruneError
+
+        raise LayerpruneError(f"every training row is longer than train.max_length ({max_length} tokens) before its "
+                              "answer starts: nothing to train on; raise train.max_length")
     return Dataset.from_list([{"prompt": text, "input_ids": ids,
                                "completion_mask": [0] * start + [1] * (len(ids) - start)} for text, ids, start in kept])
 
