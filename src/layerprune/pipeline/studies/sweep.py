@@ -91,7 +91,7 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
     if not overwrite:
         check_same_weights(study, settings, root)  # a resumed run (restored progress too) on the weights it scored
     disk = disk_need(study, settings, root) if study.grains is None else None
-    if disk is not None and disk.need > disk.free:  # said before hours of stages, not at the save that fails
+    if disk is not None and disk.short:  # said before hours of stages, not at the save that fails
         log.warning("%s", disk.line())
     run_stages(sweep_stages(study, settings, root, grid), root)
     shutil.rmtree(root / STATES, ignore_errors=True)  # every run that could read the kept states has run

@@ -161,12 +161,16 @@ class Disk:
     need: float  # bytes: each model at its cut's share of the original's weights, in the dtype it is saved in
     free: float  # bytes free on the output's file system
 
+    @property
+    def short(self) -> bool:
+        """The models left will not fit in the space free."""
+        return self.need > self.free
+
     def line(self) -> str:
-        short = self.need > self.free
         return (f"disk: {self.models} models still to save (cuts, recoveries, budget points, lr candidates): about "
                 f"{self.need / 1e9:.1f} GB, a running recovery's work folder (two checkpoints) and local's teacher "
                 f"states on top; {self.free / 1e9:.1f} GB free there"
-                + (" - not enough: free space or choose another --output" if short else ""))
+                + (" - not enough: free space or choose another --output" if self.short else ""))
 
 
 def disk_need(study: SweepStudy, settings: Any, root: Path) -> Disk | None:

@@ -68,8 +68,8 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
 
 
 def _disk_lines(study: SweepStudy, settings: RunSettings) -> list[str]:
-    """What the models still to save take at most against the space free (a sweep's; a grain study's cells save
-    their own)."""
+    """What the models still to save take against the space free (a sweep's; a grain study's cells save their
+    own)."""
     disk = disk_need(study, settings, study.run_dir()) if study.grains is None else None
     return [disk.line()] if disk is not None else []
 
