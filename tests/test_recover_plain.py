@@ -108,3 +108,14 @@ def test_plain_on_policy_samples_end_at_the_stop(tiny_llama, tiny_models, tmp_pa
     chat = kd.opd_trainer(_recipe(True).model_copy(update={"opd": recipe.opd}), AutoModelForCausalLM.from_pretrained(
         tiny_llama), teacher, tokenizer, common, [PROMPT], None, [])
     assert not set(newline) & set(chat.eos_token_ids)
+
+
+def test_a_row_with_one_completion_token_is_held_out_as_sft_and_kd_train_on_it(tiny_llama):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    rows = [{"id": "e", "prompt": PROMPT, "response": "", "tokens": 1}]  # the answer is its stop alone
+    (ids, start), = heldout.encode_rows(tokenizer, rows, PLAIN, 64)
+    assert tokenizer.decode(ids[start:]) == "\n" and start == len(ids) - 1
+    assert len(kd.messages_dataset(rows, PLAIN, tokenizer, 64)) == 1
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    assert heldout.held_out_metrics(model, model, [(ids, start)])["tokens"] == 1
+    assert heldout.encode_rows(tokenizer, rows, PLAIN, start) == []  # cut before its completion: nothing to score

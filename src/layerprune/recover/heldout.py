@@ -40,9 +40,10 @@ def report_metrics(pruned: dict[str, Any] | None, after: dict[str, Any] | None, 
 def encode_rows(tokenizer: Any, rows: list[dict[str, Any]], settings: GenerationSection,
                 max_length: int) -> list[tuple[list[int], int]]:
     """(token ids, index of the first completion token) per row, cut to max_length: in the chat format, or plain
-    prompt + answer + stop where generate.chat_template is false (the format every method trains on)."""
+    prompt + answer + stop where generate.chat_template is false (the format every method trains on). A row cut
+    before its first completion token is left out; one with a single completion token is kept, as SFT and kd keep it."""
     encoded = [encode_row(tokenizer, row, settings, max_length) for row in rows]
-    return [(ids, start) for ids, start in encoded if start < len(ids) - 1]
+    return [(ids, start) for ids, start in encoded if 0 < start < len(ids)]
 
 
 def encode_row(tokenizer: Any, row: dict[str, Any], settings: GenerationSection,
