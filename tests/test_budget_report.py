@@ -285,6 +285,27 @@ def test_every_point_says_what_it_spent_the_dedicated_runs_and_controls_included
     assert f"Rerun: `layerprune study tiny-budget --output {root}`" in text
 
 
+def test_the_time_left_counts_local_teacher_states_once_a_cut_and_seed(tiny_llama, tmp_path):
+    """local's runs at one cut and seed (a run per budget) share the teacher states the first of them captures: when
+    it is complete, the states of that cut and seed are done whatever the others' state (before: weighted by the
+    target tokens of the runs left, so a finished 8k run counted as a sliver of its cut's states)."""
+    from layerprune.pipeline.studies.sweep_cells import cells
+    from layerprune.pipeline.studies.sweep_plan import left_seconds, sizing
+
+    study = _study(tiny_llama, tmp_path / "s")
+    seconds = sizing(study).seconds
+    runs = [c for c in cells(study, study.run_dir()) if c.step == "recover" and c.arm == "local"]
+    first, second = [c for c in runs if (c.k, c.replicate) == (2, 1)][:2]
+    assert seconds["teacher states"] > 0 and (first.budget, second.budget) == (8000, 32000)
+    only = {"teacher states": seconds["teacher states"]}
+    second.output.parent.mkdir(parents=True)
+    second.output.write_text("{}")  # a later run of the cut and seed: the states were the first's to capture
+    assert left_seconds(study, only) == pytest.approx(only["teacher states"])
+    first.output.parent.mkdir(parents=True)
+    first.output.write_text("{}")
+    assert left_seconds(study, only) == pytest.approx(only["teacher states"] * (1 - 2 / (3 * (1 + 2))))
+
+
 def test_the_dry_run_shares_local_steps_out_over_the_cuts_spans(tiny_llama, tmp_path, monkeypatch):
     """local.steps are shared out over the cut's spans (a block trained per span): 90k steps of 2 sequences of 6
     tokens reach 256k target tokens with one span but not with two. Before the scoring pass, as if the k = 2 cut's

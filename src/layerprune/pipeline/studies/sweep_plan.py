@@ -24,9 +24,10 @@ from layerprune.pipeline.studies.recovery_plan import (
     states_seconds,
     training,
 )
-from layerprune.pipeline.studies.sweep import arms_added
+from layerprune.pipeline.studies.sweep import arms_added, states_folder
 from layerprune.pipeline.studies.sweep_cells import Cell, cells, disk_need, stage_names
 from layerprune.pipeline.studies.sweep_grid import (
+    DEDICATED,
     GSM8K,
     SweepStudy,
     arm_names,
@@ -336,8 +337,9 @@ def _estimate(study: SweepStudy, seconds: dict[str, float]) -> str:
 
 def left_seconds(study: SweepStudy, seconds: dict[str, float]) -> float:
     """The estimate's seconds still to spend: each phase's times the share of its work whose stages are not complete
-    (evaluations by model; training, held-out evaluations and teacher states by the target tokens of the runs left,
-    an arm's or all arms'); the gates and each set of teacher answers whole until done."""
+    (evaluations by model; training and held-out evaluations by the target tokens of the runs left, an arm's or all
+    arms'; teacher states by the forwards of the runs that capture them, one a cut and seed where the others read
+    them); the gates and each set of teacher answers whole until done."""
     root = study.run_dir()
     grid = [c for c in cells(study, root) if c.step != "report"]
 
@@ -352,10 +354,23 @@ def left_seconds(study: SweepStudy, seconds: dict[str, float]) -> float:
         return sum(weight(c) for c in mine if not c.output.exists()) / total if total else 0.0
 
     trains = {"recover", "lr"}
+    caching = {a for a in arm_names(study) if states_seconds(study, a) > 0}
+    captures: dict[tuple[Any, ...], Cell] = {}  # the run that captures each cut and seed's states (the others read)
+    for c in grid:
+        if c.step == "recover" and c.arm in caching:
+            captures.setdefault((c.arm, c.k, c.replicate, c.name.endswith(DEDICATED)), c)
+
+    def states(cell: Cell) -> float:  # forwards per dropped block, as states_seconds counts them
+        if cell.step == "lr":
+            return float(study.lr_k * (1 if states_folder(study, root, cell.arm, search=True)
+                                       else len(study.lr_grid.get(cell.arm or "", []))))
+        return float(cell.k) if captures.get((cell.arm, cell.k, cell.replicate,
+                                              cell.name.endswith(DEDICATED))) is cell else 0.0
+
     done = {"calibrate": share(lambda c: c.step == "calibrate"), "gate": share(lambda c: c.step == "gate"),
             "evaluation": share(lambda c: c.step == "eval"), "chat-format probes": share(lambda c: c.step == "chat"),
             "held-out evaluations": share(lambda c: c.step in trains, tokens),
-            "teacher states": share(lambda c: c.step in trains and states_seconds(study, c.arm) > 0, tokens),
+            "teacher states": share(lambda c: c.step in trains and c.arm in caching, states),
             "training": share(lambda c: c.step in trains, tokens)}
     for arm in arm_names(study):
         done[f"training {arm}"] = share(lambda c, arm=arm: c.step in trains and c.arm == arm, tokens)
