@@ -163,8 +163,10 @@ def test_a_dedicated_run_is_paired_with_its_checkpoint_per_task(tiny_llama, tmp_
     assert sft["verdict"] == "agrees" and sft["difference"]["value"] == pytest.approx(0.0)
     assert sft["difference"]["low"] < 0 < sft["difference"]["high"]
     assert rows["kd"]["tasks"]["arc_easy"]["verdict"] == "agrees"
+    assert kd["holm"]["family"] == 2 and kd["holm"]["low"] <= kd["difference"]["low"]  # Holm over the 2 tasks
     assert "## Dedicated runs against their checkpoints (32000 tokens, k = 1)" in text
     assert "- kd-k1@32k-dedicated - kd-k1@32k (replicates 0, 1, 2): arith_2d_sub 20.0% [" in text
+    assert "(Holm 20.0% [" in text
 
 
 def test_a_positive_control_under_half_means_the_instrument_cannot_show_a_limit(tiny_llama, tmp_path):
@@ -181,6 +183,29 @@ def test_a_positive_control_under_half_means_the_instrument_cannot_show_a_limit(
         "verdicts"]["sft-k1"] == "limit structural at this scale"
 
 
+def test_a_control_short_of_its_replicates_is_not_judged_and_the_tokens_carry_their_interval(tiny_llama, tmp_path):
+    """The control scored on r0 alone at its largest budget: 'not judged yet', no structural limit beside it (before:
+    the gate passed on one run). The tokens for 25% and 50% carry their interval over the refits, and a share reached
+    at or under the smallest budget reads '<= 8k' (before: a bare point, '0k' for a fit reaching it at 30 tokens)."""
+    study = _study(tiny_llama, tmp_path / "s")
+    _plant(tmp_path / "s", _models(CURVES, AGREEING), {"kd-arith-k1@r1", "kd-arith-k1@r2"})
+    text = write_budget_report(study, tmp_path / "s").read_text()
+    data = json.loads((tmp_path / "s" / "budget.json").read_text())
+    gate = data["gates"][0]
+    assert gate["pending"] and not gate["reached"] and gate["why"] == "kd-arith-k1 holds 1 of its 3 replicates yet"
+    assert data["verdicts"]["sft-k1"] == "not shown"
+    assert "but the positive control is not judged yet (kd-arith-k1 holds 1" in data["verdict_reasons"]["sft-k1"]
+    assert "at k = 1: " in text and ": not judged yet (kd-arith-k1 holds 1 of its 3 replicates yet)" in text
+    curves = {(c["arm"], c["task"]): c for c in data["curves"] if c["k"] == 1}
+    half = curves["kd", "arith_2d_sub"]["tokens_for"]["0.5"]
+    assert 128000 < half["value"] < 256000 and half["low"] < half["value"]
+    assert half["high"] is None or half["high"] > half["value"]
+    flat = curves["sft", "arith_2d_sub"]["tokens_for"]
+    assert flat["0.25"]["value"] < 8000 and flat["0.5"] == {"value": None, "low": None, "high": None}
+    line = next(x for x in text.splitlines() if x.startswith("| sft | 1 | arith_2d_sub |"))
+    assert "| <= 8k [<= 8k, " in line and line.endswith("| not reached |")
+
+
 def test_a_still_linear_fit_extrapolates_its_asymptote_and_is_never_a_structural_limit():
     """A curve falling along the budgets fits t at the grid's top (still linear) and a far below 0: a is extrapolated,
     not measured, so a's upper end under 50% is no structural limit. Before: 'limit structural at this scale' beside
@@ -192,16 +217,20 @@ def test_a_still_linear_fit_extrapolates_its_asymptote_and_is_never_a_structural
     assert t == SCALES[-1] and a < -1
     gate = {"reached": True, "why": ""}
     linear = {"asymptote": {"value": float(a), "low": float(a) - 1, "high": 0.2}, "scale": float(t),
-              "rising": {"value": -0.03, "low": -0.06, "high": 0.0}}
-    assert verdict(linear, gate)[0] == "not shown"
-    assert verdict({**linear, "scale": 1e5}, gate)[0] == "limit structural at this scale"
+              "rising": {"value": -0.03, "low": -0.06, "high": 0.0}, "replicates": 3}
+    assert verdict(linear, gate, 3)[0] == "not shown"
+    assert verdict({**linear, "scale": 1e5}, gate, 3)[0] == "limit structural at this scale"
+    one = verdict({**linear, "scale": 1e5, "replicates": 1}, gate, 3)  # one run's checkpoints: no run variance in a
+    assert one == ("not shown", "the fit holds 1 of the 3 replicates: no verdict before every run is in its interval")
 
 
 def test_a_study_scored_in_part_says_what_is_missing_and_draws_what_is_there(tiny_llama, tmp_path):
     """Replicates, budgets and the control's smaller budgets missing: listed, each figure from the cells there; the
     gate needs only the control's largest budget. Before: the control's incomplete curve hid it ('not shown'). A curve
     whose budgets have other replicates (local: r2 at 256k only missing) is not fitted: one run's checkpoints pair
-    seed by seed, and the replicate draws are shared by position (before: r0, r1 at 256k drawn as if r0, r1, r2)."""
+    seed by seed, and the replicate draws are shared by position (before: r0, r1 at 256k drawn as if r0, r1, r2). A
+    curve fitted on 2 of its 3 replicates gets no verdict (before: 'limit structural' from sft's r0 and r1); the
+    control at k = 2, not scored, is 'not judged yet', not failed (before: 'cannot show a limit')."""
     study = _study(tiny_llama, tmp_path / "s")
     skip = {"sft-k1@r2", "sft-k1@8k@r2", "sft-k1@32k@r2", "sft-k1@128k@r2", "kd-k1@8k", "kd-k1@8k@r1",
             "kd-k1@8k@r2", "kd-arith-k1@8k", "kd-arith-k1@8k@r1", "kd-arith-k1@8k@r2", "kd-arith-k1@32k",
@@ -209,7 +238,10 @@ def test_a_study_scored_in_part_says_what_is_missing_and_draws_what_is_there(tin
     _plant(tmp_path / "s", _models(CURVES, AGREEING), skip)
     text = write_budget_report(study, tmp_path / "s").read_text()
     data = json.loads((tmp_path / "s" / "budget.json").read_text())
-    assert data["verdicts"]["sft-k1"] == "limit structural at this scale"  # the control's 256k point is enough
+    assert data["verdicts"]["sft-k1"] == "not shown"  # fitted on r0, r1 at every budget: no verdict before r2
+    assert data["verdict_reasons"]["sft-k1"].startswith("the fit holds 2 of the 3 replicates")
+    sft = next(c for c in data["curves"] if (c["arm"], c["k"], c["task"]) == ("sft", 1, "arith_2d_sub"))
+    assert sft["replicates"] == 2 and "asymptote" in sft
     assert data["missing"]["sft-k1"] == {"replicates": [2], "of": 3} and "pruned-k1" not in data["missing"]
     local = next(c for c in data["curves"] if (c["arm"], c["k"], c["task"]) == ("local", 1, "arith_2d_sub"))
     assert local["fit"] == ("waits for the same replicates at every budget (8000: r0, r1, r2; 32000: r0, r1, r2; "
@@ -227,6 +259,7 @@ def test_a_study_scored_in_part_says_what_is_missing_and_draws_what_is_there(tin
     assert kd["rising"]["low"] > 0  # the two largest budgets are there
     assert data["verdicts"]["kd-k1"] == "not shown" and "no fit yet" in data["verdict_reasons"]["kd-k1"]
     assert data["gates"][0]["reached"] and data["gates"][1]["why"].startswith("pruned-k2, kd-arith-k2 not scored")
+    assert data["gates"][1]["pending"] and "at k = 2: pruned-k2, kd-arith-k2 not scored yet: not judged yet" in text
     assert {r["arm"]: r["replicates"] for r in data["dedicated"]}["kd"] == [0, 2]  # paired on the seeds both have
     assert (tmp_path / "s" / "budget.png").stat().st_size > 0
 
@@ -425,6 +458,7 @@ def test_a_positive_control_with_budgets_of_its_own_is_scored_and_gated_at_its_l
     assert "of the arith_2d_sub drop won back at 32k" in text
     control = next(c for c in data["curves"] if (c["arm"], c["k"], c["task"]) == ("kd-arith", 1, "arith_2d_sub"))
     assert list(control["shares"]) == ["8000", "32000"]
+    assert control["fit"] == "none: 2 budgets for the fit's 2 parameters" and "asymptote" not in control
     rows = {r["name"]: r for f in data["default_families"].values() for r in f["contrasts"]}
     pair = rows["sft-vs-kd-arith-k1-arith_2d_sub"]
     assert pair["budget"] == 32000 and pair["interval"]["value"] == pytest.approx(0.31 - 0.55, abs=0.02)

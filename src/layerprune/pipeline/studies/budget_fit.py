@@ -36,6 +36,25 @@ def tokens_for(a: float, t: float, share: float, largest: int) -> float | None:
     return float(needed) if needed <= largest else None
 
 
+def tokens_interval(a: float, t: float, draws: tuple[np.ndarray, np.ndarray], share: float, largest: int,
+                    alpha: float) -> dict[str, float | None]:
+    """The tokens at which the fit reaches `share` with its percentile interval over the refits on every resample
+    (`draws`: their a and t): a refit that does not reach it within the largest budget counts as beyond it, so an
+    end there is None (not reached); a resample whose fit is undefined is left out."""
+    value = tokens_for(a, t, share, largest)
+    draw_a, draw_t = (np.asarray(d, dtype=np.float64).reshape(-1) for d in draws)
+    defined = np.isfinite(draw_a) & np.isfinite(draw_t)
+    reaches = defined & (draw_a > share)
+    needed = np.full(draw_a.shape, np.inf)
+    needed[reaches] = -draw_t[reaches] * np.log1p(-share / draw_a[reaches])
+    needed[needed > largest] = np.inf
+    if not defined.any():
+        return {"value": value, "low": None, "high": None}
+    ends = np.quantile(needed[defined], [alpha / 2, 1 - alpha / 2], method="inverted_cdf")  # a draw: inf stays inf
+    low, high = (float(q) for q in ends)
+    return {"value": value, "low": low if np.isfinite(low) else None, "high": high if np.isfinite(high) else None}
+
+
 def undetermined(arm_curve: dict[str, Any]) -> bool:
     """Whether a curve's asymptote is undetermined: the fit still linear (t at the grid's end), or a's interval open
     or reaching past 100% of the drop."""

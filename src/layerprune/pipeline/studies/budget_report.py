@@ -30,7 +30,14 @@ from layerprune.core import paired
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.outputs import write_atomic
 from layerprune.pipeline.paired_table import Figures
-from layerprune.pipeline.studies.budget_fit import GATE, LIMIT_TASK, TARGETS, saturating_fit, tokens_for, undetermined
+from layerprune.pipeline.studies.budget_fit import (
+    GATE,
+    LIMIT_TASK,
+    TARGETS,
+    saturating_fit,
+    tokens_interval,
+    undetermined,
+)
 from layerprune.pipeline.studies.budget_text import format_budget, plot_curves
 from layerprune.pipeline.studies.comparisons import (
     NO_ARMS,
@@ -87,13 +94,17 @@ def curve(figures: Figures, study: Any, arm: str | None, k: int, task: str) -> d
 
     out["shares"] = {str(b): figures.interval(share(label)) if (b, label) in present else NOT_SCORED
                      for b, label in points}
-    if len(present) < len(points):
+    if len(points) < 3:  # two points: a and t pass through them, nothing tests the curve's form
+        out["fit"] = f"none: {len(points)} budget{'s' * (len(points) > 1)} for the fit's 2 parameters"
+    elif len(present) < len(points):
         out["fit"] = f"waits for {', '.join(str(b) for b, label in points if (b, label) not in present)}"
     elif len({figures.seeds(label) for _, label in points}) > 1:  # one run's checkpoints pair replicate by replicate
         out["fit"] = f"waits for the same replicates at every budget ({_replicates(figures, points)})"
     else:
         out.update(_fit(figures, [share(label) for _, label in points], [b for b, _ in points]))
-    if all(p in present for p in points[-2:]) and figures.seeds(points[-2][1]) == figures.seeds(points[-1][1]):
+        out["replicates"] = len(figures.seeds(points[-1][1]))
+    if len(points) > 1 and all(p in present for p in points[-2:]) \
+            and figures.seeds(points[-2][1]) == figures.seeds(points[-1][1]):
         before, last = (share(label) for _, label in points[-2:])
         out["rising"] = figures.interval(lambda m: last(m) - before(m))
     return out
@@ -116,46 +127,59 @@ def _fit(figures: Figures, shares: list[Any], budgets: list[int]) -> dict[str, A
         return np.stack([s(m) for s in shares], axis=-1)
 
     a, t = (float(v) for v in saturating_fit(tokens, stacked(figures.boot.point)))
-    return {"asymptote": figures.interval(lambda m: saturating_fit(tokens, stacked(m))[0]), "scale": t,
-            "tokens_for": {str(p): tokens_for(a, t, p, int(tokens[-1])) for p in TARGETS}}
+    draws = saturating_fit(tokens, stacked(figures.boot.resampled))  # the same refits give a's interval and the tokens'
+    alpha = figures.boot.alpha
+    return {"asymptote": paired.percentile_interval(a, draws[0], alpha), "scale": t,
+            "tokens_for": {str(p): tokens_interval(a, t, draws, p, int(tokens[-1]), alpha) for p in TARGETS}}
 
 
 
 def control_gate(figures: Figures, study: Any, control_arm: str | None, k: int) -> dict[str, Any]:
-    """The positive control's share of LIMIT_TASK's drop at the largest budget at k, and whether it reached GATE:
-    without it at GATE the instrument cannot show a limit."""
+    """The positive control's share of LIMIT_TASK's drop at the largest budget at k, and whether it reached GATE
+    (its point estimate, on every replicate of the design): without it at GATE the instrument cannot show a limit.
+    `pending`: not judged yet (a model or a replicate not scored), which is not a failure."""
     from layerprune.pipeline.studies.sweep_grid import recovered_label
 
-    out: dict[str, Any] = {"arm": control_arm, "k": k, "share": None, "reached": False,
+    out: dict[str, Any] = {"arm": control_arm, "k": k, "share": None, "reached": False, "pending": False,
                            "budget": study.budgets_of(control_arm)[-1] if control_arm else None}
     if control_arm is None:
         return {**out, "why": "no positive control declared (an arm with arm_prompts)"}
     label, pruned = recovered_label(control_arm, k), f"pruned-k{k}"
     absent = [m for m in ("baseline", pruned, label) if m not in figures.labels]
     if absent or not figures.has(LIMIT_TASK):
-        return {**out, "why": f"{', '.join(absent) or LIMIT_TASK} {NOT_SCORED} yet"}
+        return {**out, "pending": True, "why": f"{', '.join(absent) or LIMIT_TASK} {NOT_SCORED} yet"}
     state = paired.share_state(figures.difference("baseline", pruned, LIMIT_TASK))
     if state is not None:
         return {**out, "why": f"the {LIMIT_TASK} drop: {state}"}
     out["share"] = figures.interval(lambda m: figures.share_of(label, pruned, LIMIT_TASK, m))
+    held = len(figures.seeds(label))
+    if held < study.replicates:
+        return {**out, "pending": True, "why": f"{label} holds {held} of its {study.replicates} replicates yet"}
     out["reached"] = (out["share"]["value"] or 0) >= GATE
     return {**out, "why": "" if out["reached"] else f"won back under {GATE:.0%} of the drop"}
 
 
-def verdict(arm_curve: dict[str, Any] | None, gate: dict[str, Any]) -> tuple[str, str]:
-    """The protocol's verdict on an arm's curve of LIMIT_TASK and why: 'limit structural at this scale' (a's upper
-    end below 50%, a determined: a fit still linear at the largest budget extrapolates a, it does not measure it, and
-    the positive control at 50% or more of the drop at the largest budget, `control_gate`),
+def verdict(arm_curve: dict[str, Any] | None, gate: dict[str, Any], replicates: int) -> tuple[str, str]:
+    """The protocol's verdict on an arm's curve of LIMIT_TASK and why, given only on a fit over all `replicates` of
+    the design (fewer: the run-to-run variance in a's interval is not yet measured): 'limit structural at this scale'
+    (a's upper end below 50%, a determined: a fit still linear at the largest budget extrapolates a, it does not
+    measure it, and the positive control at 50% or more of the drop at the largest budget, `control_gate`),
     'budget-bound' (the share still rises at the largest budget, its paired step from the budget before above 0, and
     a undetermined), else 'not shown'."""
     if not arm_curve:
         return NOT_SHOWN, f"its {LIMIT_TASK} curve is {NOT_SCORED} yet"
     if "asymptote" not in arm_curve:
         return NOT_SHOWN, arm_curve.get("state") or f"no fit yet: it {arm_curve.get('fit', 'waits')}"
+    if arm_curve.get("replicates", 0) < replicates:
+        return NOT_SHOWN, (f"the fit holds {arm_curve.get('replicates', 0)} of the {replicates} replicates: no verdict "
+                           "before every run is in its interval")
     upper = arm_curve["asymptote"].get("high")
     if upper is not None and upper < GATE and not undetermined(arm_curve):  # a still linear fit: a extrapolated
         if gate["reached"]:
             return STRUCTURAL, f"a's upper end {100 * upper:.1f}% < 50%, the positive control reached 50%"
+        if gate.get("pending"):
+            return NOT_SHOWN, (f"a's upper end {100 * upper:.1f}% < 50%, but the positive control is not judged yet "
+                               f"({gate['why']})")
         return NOT_SHOWN, (f"a's upper end {100 * upper:.1f}% < 50%, but the positive control: {gate['why']}, so the "
                            "instrument cannot show a limit")
     rising = "rising" in arm_curve and (arm_curve["rising"].get("low") or 0) > 0
@@ -209,9 +233,9 @@ def spent(study: Any, root: Path) -> list[dict[str, Any]]:
 
 
 def default_families(study: Any, tasks: list[str]) -> dict[str, ComparisonFamily]:
-    """One family per task where the recipe declares no budget family: each arm's share at the largest budget
-    against the smallest (does it rise?), every pair of arms at the largest budget, each arm's share net of its k = 0
-    control (where it has one) against 0; at every k."""
+    """One family per task where the recipe declares no budget family: each arm's share at its largest budget
+    against its smallest (does it rise?), every pair of arms at the largest budget both have (none where they share
+    none), each arm's share net of its k = 0 control (where it has one) against 0; at every k."""
     from layerprune.pipeline.studies.sweep_grid import arm_names, has_control
 
     arms = [(arm or NO_ARMS, has_control(study, arm)) for arm in arm_names(study)]
@@ -221,15 +245,18 @@ def default_families(study: Any, tasks: list[str]) -> dict[str, ComparisonFamily
         common = max(set(own[a]) & set(own[b]))
         return None if common == study.budgets[-1] else common
 
+    def first(a: str) -> int:  # an arm's smallest budget
+        return own[a][0]
+
     def end(a: str) -> int | None:  # an arm's largest budget where it is not the study's (None: the study's)
         return None if own[a][-1] == study.budgets[-1] else own[a][-1]
 
     out = {}
     for task in tasks:
-        rise = [Contrast(name=f"{a}-k{k}-rise-{task}", a=a, at=k, budget=end(a), b_budget=study.budgets[0], task=task)
-                for k in study.ratios for a, _ in arms]
+        rise = [Contrast(name=f"{a}-k{k}-rise-{task}", a=a, at=k, budget=end(a), b_budget=first(a), task=task)
+                for k in study.ratios for a, _ in arms if len(own[a]) > 1]
         pairs = [Contrast(name=f"{a}-vs-{b}-k{k}-{task}", a=a, b=b, at=k, task=task, budget=at(a, b))
-                 for k in study.ratios for (a, _), (b, _) in combinations(arms, 2)]
+                 for k in study.ratios for (a, _), (b, _) in combinations(arms, 2) if set(own[a]) & set(own[b])]
         net = [Contrast(name=f"{a}-k{k}-net-{task}", a=a, at=k, net_of_control=True, task=task)
                for k in study.ratios for a, controlled in arms if controlled]
         out[task] = ComparisonFamily(contrasts=[*rise, *pairs, *net])
@@ -253,7 +280,8 @@ def draw_budget_families(study: Any, figures: Figures,
 def agreement(figures: Figures, study: Any, arm: str | None, tasks: list[str]) -> dict[str, Any] | None:
     """A trainer arm's dedicated run at dedicated_at (k = lr_k) against the checkpoint of that budget: per task the
     paired difference of their scores, dedicated - checkpoint, on the replicates both have (paired by seed), with its
-    interval and 'agrees' (the interval holds 0) or 'differs'. None: the arm has no dedicated run."""
+    interval and its Holm interval over the tasks, and 'agrees' (the Holm interval holds 0) or 'differs'. None: the
+    arm has no dedicated run."""
     from layerprune.pipeline.studies.cells import replicate_label, split_label
     from layerprune.pipeline.studies.sweep_grid import dedicated_points
 
@@ -269,11 +297,16 @@ def agreement(figures: Figures, study: Any, arm: str | None, tasks: list[str]) -
     if not pairs:
         return {**out, "why": f"no replicate of {own} with its checkpoint scored yet"}
     pair = _pair_figures(figures, {checkpoint: [c for c, _ in pairs], own: [d for _, d in pairs]})
+
+    def gap(task: str) -> Any:
+        return lambda m: pair.mean(m, own, task) - pair.mean(m, checkpoint, task)
+
+    holm = pair.family({task: gap(task) for task in tasks})  # over the tasks: one check of the checkpoint, not one each
     rows = {}
     for task in tasks:
-        ci = pair.difference(own, checkpoint, task)
-        holds = paired.holds_zero(ci)
-        rows[task] = {"difference": ci, "verdict": NOT_SHOWN if holds is None else "agrees" if holds else "differs"}
+        holds = paired.holds_zero(holm[task])
+        rows[task] = {"difference": pair.interval(gap(task)), "holm": holm[task],
+                      "verdict": NOT_SHOWN if holds is None else "agrees" if holds else "differs"}
     return {**out, "tasks": rows}
 
 
@@ -319,7 +352,7 @@ def _drawn(study: Any, folders: dict[str, Path], control_arm: str | None) -> dic
               if (c := curve(figures, study, arm, k, task)) is not None]
     by = {(c["arm"], c["k"], c["task"]): c for c in curves}
     gates = {k: control_gate(figures, study, control_arm, k) for k in study.ratios}
-    judged = {f"{arm or NO_ARMS}-k{k}": verdict(by.get((arm, k, LIMIT_TASK)), gates[k])
+    judged = {f"{arm or NO_ARMS}-k{k}": verdict(by.get((arm, k, LIMIT_TASK)), gates[k], study.replicates)
               for k in study.ratios for arm in arm_names(study)
               if arm != control_arm and any(key[:2] == (arm, k) for key in by)}  # the rest: not scored yet
     default, declared = draw_budget_families(study, figures, tasks)

@@ -52,7 +52,10 @@ def format_budget(study: Any, record: dict[str, Any], root: Path) -> list[str]:
              "Share of the drop won back, (recovered - pruned) / (original - pruned), at each budget of unpadded "
              "target tokens, with its paired interval (items, and replicates where there are several); the fit "
              "share = a (1 - exp(-tokens / t)) per complete curve, a's interval from the same bootstrap; the tokens "
-             "for 25% and 50% of the drop from the fit, where it reaches them within the largest budget. Arms and "
+             "for 25% and 50% of the drop from the fit, where it reaches them within the largest budget, with their "
+             f"interval over the same refits ('<= {tags[0]}': at or under the smallest budget, below any measured "
+             "point). A "
+             "fit needs 3 budgets, a verdict every replicate of the design. Arms and "
              "budgets are compared below only through their paired differences, never by setting two intervals side "
              "by side.", "",
              "| arm | k | task | drop | " + " | ".join(tags) + " | a (fit) | t | 25% at | 50% at |",
@@ -64,7 +67,8 @@ def format_budget(study: Any, record: dict[str, Any], root: Path) -> list[str]:
         lines.append(f"| {c['arm'] or 'recovered'} | {c['k']} | {c['task']} | {format_interval(c.get('drop'))} | "
                      + " | ".join(shares) + f" | {_asymptote(c)} | "
                      + (f"{c['scale']:.3g}" if "scale" in c else "-") + " | "
-                     + " | ".join(_tokens(fit.get(str(p))) if fit else "-" for p in TARGETS) + " |")
+                     + " | ".join(_tokens(fit.get(str(p)), study.budgets_of(c["arm"])[0]) if fit else "-"
+                                  for p in TARGETS) + " |")
     lines += [f"- {task}: left out, {why}" for task, why in record["unpaired"].items()]
     lines += ["", *_format_verdicts(record, tags[-1]), *_format_dedicated(record["dedicated"], study)]
     lines += _format_comparisons(record, study.replicates)
@@ -109,8 +113,9 @@ def _format_verdicts(record: dict[str, Any], largest: str) -> list[str]:
         own = budget_tag(gate["budget"]) if gate.get("budget") else largest
         said = (f"{share} of the {LIMIT_TASK} drop won back at {own}" if gate["share"] else gate["why"])
         lines.append(f"- positive control {control or '-'} at k = {gate['k']}: {said}" + (
-            "" if gate["reached"] else ": the instrument cannot show a limit at this k" + (
-                f" ({gate['why']})" if gate["share"] else "")))
+            "" if gate["reached"] else (": not judged yet" if gate.get("pending") else
+                                        ": the instrument cannot show a limit at this k")
+            + (f" ({gate['why']})" if gate["share"] else "")))
     lines += [f"- {label}: {text} ({record['verdict_reasons'][label]})" for label, text in record["verdicts"].items()]
     return lines + [""]
 
@@ -120,7 +125,8 @@ def _format_dedicated(rows: list[dict[str, Any]], study: Any) -> list[str]:
         return []
     lines = [f"## Dedicated runs against their checkpoints ({study.dedicated_at} tokens, k = {study.lr_k})", "",
              "Score of the run trained to this budget alone minus that of the checkpoint of the longer run, paired by "
-             "item and seed (the replicates both have), 95% interval; 'agrees' where it holds 0.", ""]
+             "item and seed (the replicates both have), 95% interval and, after it, the Holm interval over the tasks "
+             "(one check of the checkpoint, not one per task); 'agrees' where the Holm interval holds 0.", ""]
     for row in rows:
         head = f"- {row['dedicated']} - {row['checkpoint']}"
         if "tasks" not in row:
@@ -128,7 +134,8 @@ def _format_dedicated(rows: list[dict[str, Any]], study: Any) -> list[str]:
             continue
         reps = f"replicates {', '.join(map(str, row['replicates']))}"
         lines.append(f"{head} ({reps}): " + "; ".join(
-            f"{task} {format_interval(t['difference'])} {t['verdict']}" for task, t in row["tasks"].items()))
+            f"{task} {format_interval(t['difference'])} (Holm {format_interval(t['holm'])}) {t['verdict']}"
+            for task, t in row["tasks"].items()))
     return lines + [""]
 
 
@@ -156,5 +163,13 @@ def _asymptote(c: dict[str, Any]) -> str:
     return format_interval(c.get("asymptote")) + (" (undetermined)" if undetermined(c) else "")
 
 
-def _tokens(value: float | None) -> str:
-    return "not reached" if value is None else f"{value / 1000:.0f}k"
+def _tokens(at: dict[str, Any] | None, smallest: int) -> str:
+    """The tokens for a share with its interval ('not reached': not within the largest budget; at or under the
+    smallest budget: read off the fit below any measured point, so only a bound)."""
+    def said(value: float | None) -> str:
+        return "not reached" if value is None else f"<= {smallest / 1000:.0f}k" if value <= smallest else \
+            f"{value / 1000:.0f}k"
+
+    if not at or at.get("value") is None:
+        return "not reached"
+    return f"{said(at['value'])} [{said(at.get('low'))}, {said(at.get('high'))}]"
