@@ -1100,7 +1100,8 @@ def test_the_budget_report_gives_each_curve_its_shares_fit_and_verdict(tiny_llam
     assert by_arm["sft"]["asymptote"]["high"] < 0.5 and by_arm["sft"]["asymptote"]["value"] == pytest.approx(0.36,
                                                                                                           abs=0.02)
     assert data["verdicts"] == {"sft-k1": "limit structural at this scale", "kd-k1": "budget-bound"}
-    assert by_arm["kd-arith"]["tokens_for"]["0.5"] is not None and by_arm["sft"]["tokens_for"]["0.5"] is None
+    assert by_arm["kd-arith"]["tokens_for"]["0.5"]["value"] is not None
+    assert by_arm["sft"]["tokens_for"]["0.5"]["value"] is None
     assert "| sft | 1 | arith_2d_sub |" in text and "- kd-k1: budget-bound" in text
     assert "undetermined (still linear)" in text and "- positive control kd-arith at k = 1: 90.0%" in text
     assert (root / "budget.png").stat().st_size > 0 and "![budget curves](budget.png)" in text
