@@ -572,3 +572,41 @@ def test_the_dry_run_of_a_run_in_part_says_what_its_stages_left_will_take(tiny_l
     assert control.budget == 256000 and left_seconds(study, seconds) == pytest.approx(expected)
     monkeypatch.setattr(sweep_plan, "rates_apply", lambda model: True)  # the tiny model has no measured rates
     assert f"left (the stages not complete) about {expected / 60:.0f} min" in dry_run(study, RunSettings())
+
+
+def test_two_arms_ending_at_other_budgets_are_compared_only_at_a_budget_the_contrast_names(tiny_llama, tmp_path):
+    """kd-arith ends at 32k (arm_budgets), sft at 256k: a declared contrast of the two that names no budget would set
+    one's 32k beside the other's 256k (sweep.md drew it so, under a note saying kd-arith was left out): refused on
+    load, naming the budget both have; at a named budget, or an arm against itself, it stands."""
+    fields = {"arm_budgets": {"kd-arith": [8000, 32000]}}
+    with pytest.raises(ValueError, match=r"comparisons.main.sft-vs-arith: sft ends at 256000 target tokens and "
+                                         r"kd-arith at 32000: name the budget they are compared at \(budget: 32000\)"):
+        _study(tiny_llama, tmp_path / "s", comparisons={"main": [{"name": "sft-vs-arith", "a": "sft", "b": "kd-arith",
+                                                                  "at": 1}]}, **fields)
+    with pytest.raises(ValueError, match="sft ends at 256000 target tokens and kd-arith at 32000"):
+        _study(tiny_llama, tmp_path / "s", comparisons={"m": [{"a": "sft", "b": "kd-arith", "at": 1,
+                                                               "task": "arith_2d_sub"}]}, **fields)
+    named = {"m": [{"a": "sft", "b": "kd-arith", "at": 1, "budget": 32000, "task": "arith_2d_sub"},
+                   {"a": "kd-arith", "at": 1, "b_at": 2}, {"a": "sft", "b": "kd", "at": 1}]}
+    assert len(_study(tiny_llama, tmp_path / "s", comparisons={"m": named["m"][:1]}, **fields).comparisons["m"]
+               .contrasts) == 1
+    assert _study(tiny_llama, tmp_path / "s", comparisons={"n": named["m"][1:]}, **fields).comparisons
+
+
+def test_sweep_md_of_a_budget_study_names_the_controls_own_prompts_and_an_arm_without_a_control(tiny_llama, tmp_path,
+                                                                                                 monkeypatch):
+    """sweep.md of the same run: the method line said every arm's teacher answered the shared generic prompts (kd-arith
+    answered its own arithmetic ones), and an arm with no k = 0 control (local) read 'undefined' in the net column,
+    as an undefined ratio would."""
+    from layerprune.pipeline.studies import sweep_inputs, sweep_report
+
+    monkeypatch.setattr(sweep_inputs, "ranking", lambda root, ratios, layers=None: {k: list(range(k)) for k in ratios})
+    monkeypatch.setattr(sweep_report, "_depth", lambda study, root: 10)
+    study = _study(tiny_llama, tmp_path / "s")
+    _plant(tmp_path / "s", _models(CURVES, AGREEING))
+    sweep_report.write_sweep_report(study, tmp_path / "s", curves={})
+    text = (tmp_path / "s" / "sweep.md").read_text()
+    assert "The teacher answered generic instructions (dolly); arm kd-arith its own prompts (probes:arith_2d_sub);" \
+        in text
+    local = next(row for row in text.splitlines() if row.startswith("| 1 | local | generative |"))
+    assert local.endswith("(undefined 0.0%) | - (no control) |")

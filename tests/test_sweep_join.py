@@ -195,3 +195,23 @@ def test_own_models_compare_arms_net_of_each_arms_own_control(tmp_path):
     (mixed,) = sweep_join.compare([a, c], own=True)[0]["comparisons"]  # one arm without a control: gross shares
     assert not mixed["generative"]["share_net_of_controls"]
     assert mixed["generative"]["share"]["value"] == pytest.approx(10 / 45 - 15 / 30)
+
+
+def test_an_arm_ending_at_a_budget_of_its_own_is_left_out_of_the_pairs_as_its_sweep_md_leaves_it(tmp_path):
+    """A budget study's positive control trains to 32k (arm_budgets) while its sweep's other arms train to 256k: the
+    join, like that sweep's own sweep.md, leaves it out of the arms compared and says so (before: paired with every
+    other arm, 32k against 256k, in the Holm family, with no word)."""
+    from layerprune.pipeline.studies import sweep_join
+
+    generic = _sweep(tmp_path / "a", "generic", "sft-dolly", {0: [45, 44, 45], 1: [10, 12, 11]})
+    control = _sweep(tmp_path / "b", "budget", "kd-arith", {0: [45, 45, 44], 1: [30, 33, 36]})
+    control.joinpath("run.json").write_text(json.dumps({"recipe": {
+        "name": "budget", "budgets": [8000, 32000, 256000], "arm_budgets": {"kd-arith": [8000, 32000]}}}))
+    data, text = sweep_join.compare([generic, control])
+    assert data["comparisons"] == [] and {p["arm"] for p in data["points"]} == {"sft-dolly", "kd-arith"}
+    assert ("Rows at a budget of their own (arm_budgets), left out of the arms compared: kd-arith at 32,000 target "
+            "tokens, its sweep's other arms at 256,000.") in text
+    own, _ = sweep_join.compare([generic, control], own=True)
+    assert own["comparisons"] == []
+    control.joinpath("run.json").write_text(json.dumps({"recipe": {"name": "budget", "budgets": [8000, 32000]}}))
+    assert len(sweep_join.compare([generic, control])[0]["comparisons"]) == 1  # ending with the others: compared

@@ -165,15 +165,27 @@ def _named(families: dict[str, ComparisonFamily]) -> list[tuple[str, Contrast]]:
 def check_budget_contrasts(families: dict[str, ComparisonFamily], budgets: list[int] | None,
                            budgets_of: Callable[[str | None], list[int]] | None = None) -> None:
     """Raise ValueError (one line) for a budget contrast naming a budget not in `budgets`, or any, without them; with
-    `budgets_of(arm)`, a side's budget must be one of its arm's own (arm_budgets)."""
+    `budgets_of(arm)`, a side's budget must be one of its arm's own (arm_budgets), and two arms whose largest budgets
+    differ (an arm of arm_budgets against one of budgets) are compared at a budget the contrast names, never each at
+    its own largest."""
     for family, declared in families.items():
         for contrast in declared.contrasts:
+            where = f"comparisons.{family}.{contrast.label}"
             for arm, _, budget in contrast.points:
                 own = budgets or [] if budgets_of is None else budgets_of(None if arm == NO_ARMS else arm)
                 if budget is not None and budget not in own:
                     whose = "budgets" if own == (budgets or []) else f"{arm}'s budgets"
-                    raise ValueError(f"comparisons.{family}.{contrast.label}: budget {budget} is not one of "
-                                     f"{whose} ({', '.join(map(str, own)) or 'none declared'})")
+                    raise ValueError(f"{where}: budget {budget} is not one of {whose} "
+                                     f"({', '.join(map(str, own)) or 'none declared'})")
+            if budgets and budgets_of is not None and len({arm for arm, _, _ in contrast.points}) == 2 \
+                    and any(budget is None for *_, budget in contrast.points):
+                owns = [budgets_of(None if arm == NO_ARMS else arm) for arm, _, _ in contrast.points]
+                ends = [budget or own[-1] for (*_, budget), own in zip(contrast.points, owns, strict=True)]
+                if ends[0] != ends[1]:
+                    both = sorted(set(owns[0]) & set(owns[1]))
+                    raise ValueError(f"{where}: {contrast.points[0][0]} ends at {ends[0]} target tokens and "
+                                     f"{contrast.points[1][0]} at {ends[1]}: name the budget they are compared at "
+                                     f"(budget: {both[-1] if both else 'one both have'})")
 
 
 def uses_default_family(families: dict[str, ComparisonFamily], budget: bool = False) -> bool:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ class Sweep:
     replicates: int
     arms: tuple[str, ...]
     recovered: dict[str, str]
+    own_budget: dict[str, tuple[int, int]] = field(default_factory=dict)  # arm -> (its largest budget, the sweep's)
 
 
 def read_sweep(root: Path) -> Sweep:
@@ -58,10 +59,14 @@ def read_sweep(root: Path) -> Sweep:
                               "(layerprune study RECIPE --output DIR finishes it)")
     try:
         sweep = json.loads(path.read_text())
-        name = json.loads((root / RUN_FILE).read_text())["recipe"]["name"]
+        recipe = json.loads((root / RUN_FILE).read_text())["recipe"]
+        name = recipe["name"]
         named = list(sweep.get("arms") or {})
         replicates = int(sweep.get("replicates") or 1)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        budgets, own = list(recipe.get("budgets") or []), dict(recipe.get("arm_budgets") or {})
+        short = {arm: (int(own[arm][-1]), int(budgets[-1])) for arm in named
+                 if budgets and own.get(arm) and own[arm][-1] != budgets[-1]}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as err:
         raise LayerpruneError(f"{root}: cannot read its {SWEEP_FILE} / {RUN_FILE} ({err})") from err
     if not named and name in TAKEN:
         raise LayerpruneError(f"{root}: a sweep without arms is an arm named by its recipe, and {name!r} names the "
@@ -73,7 +78,7 @@ def read_sweep(root: Path) -> Sweep:
         for arm in named or [None]:
             if re.fullmatch(rf"{re.escape(recovered_label(arm, 0)[:-1])}\d+", label):
                 recovered[folder] = folder if arm is not None else f"{name}{folder[len('recovered'):]}"
-    return Sweep(root, name, replicates, arms, recovered)
+    return Sweep(root, name, replicates, arms, recovered, short)
 
 
 def k_of(label: str) -> int:
@@ -143,15 +148,17 @@ def compare(roots: list[Path], evals: str = "eval", own: bool = False) -> tuple[
     sweeps, folders, ratios = join(roots, evals, own)
     figures, kinds = study_figures(folders, common=True)
     arms = [arm for sweep in sweeps for arm in sweep.arms]
+    short = {arm: ends for sweep in sweeps for arm, ends in sweep.own_budget.items()}  # as its sweep.md leaves it
+    compared = [arm for arm in arms if arm not in short]
     if own:
-        points, controls, pairs, originals = own_figures(figures, sweeps, ratios)
+        points, controls, pairs, originals = own_figures(figures, sweeps, ratios, compared)
         judged: dict[str, tuple[list[str], dict[str, Any]]] = {}
     else:
         points = [point(None, figures, k, arm) for k in ratios for arm in arms]
         points = [p for p in points if any("recovered" in p.get(kind, {}) for kind in KINDS)]
         controls = {arm: control_point(figures, arm) for arm in arms}
         judged = {arm: verdicts(None, figures, [p for p in points if p.get("arm") == arm], arm) for arm in arms}
-        pairs, originals = comparisons(figures, points, arms), []
+        pairs, originals = comparisons(figures, points, compared), []
     replicates = min(s.replicates for s in sweeps)
     items, left = items_of(figures), unpaired(kinds)
     data = {"runs": [{"folder": str(s.root), "name": s.name, "arms": list(s.arms), "replicates": s.replicates}
@@ -166,6 +173,10 @@ def compare(roots: list[Path], evals: str = "eval", own: bool = False) -> tuple[
             + ".", "",
             *[f"- {arm}: {line}" for arm, (lines, _) in judged.items() for line in lines], *([""] if judged else []),
             *(own_lines(originals) if own else []), format_table(points), ""]
+    if short:
+        text += ["Rows at a budget of their own (arm_budgets), left out of the arms compared: " + "; ".join(
+            f"{arm} at {end:,} target tokens, its sweep's other arms at {largest:,}"
+            for arm, (end, largest) in short.items()) + ".", ""]
     text += [line for arm in arms for line in (
         format_control(controls[arm], "", False, arm) if controls[arm] else f"No k = 0 control of arm {arm}.", "")]
     text += ["Run-to-run spread (replicates of every recovery, seeds settings.seed + r):", "",
@@ -177,17 +188,17 @@ def compare(roots: list[Path], evals: str = "eval", own: bool = False) -> tuple[
     return data, text
 
 
-def own_figures(figures: Figures, sweeps: list[Sweep], ratios: list[int]) -> tuple[
+def own_figures(figures: Figures, sweeps: list[Sweep], ratios: list[int], compared: list[str]) -> tuple[
         list[dict[str, Any]], dict[str, dict[str, Any] | None], list[dict[str, Any]], list[dict[str, Any]]]:
     """Each arm measured against its own run's original and pruned models (one bootstrap draw of the items for all):
-    the points and controls as a sweep's, every pair of arms' difference of recovered shares (net of each arm's
-    control where both have one) and recovered scores, and every later run's original and pruned models against the
-    first's (how far apart the runs' models are)."""
+    the points and controls as a sweep's, every pair of the `compared` arms' difference of recovered shares (net of
+    each arm's control where both have one) and recovered scores, and every later run's original and pruned models
+    against the first's (how far apart the runs' models are)."""
     models = {arm: f"{sweep.name}:" if i else "" for i, sweep in enumerate(sweeps) for arm in sweep.arms}
     points = [point(None, figures, k, arm, models[arm]) for arm in models for k in ratios
               if recovered_label(arm, k) in figures.labels]
     controls = {arm: control_point(figures, arm, models[arm]) for arm in models}
-    pairs = comparisons(figures, points, list(models), models)
+    pairs = comparisons(figures, points, [arm for arm in models if arm in compared], models)
     originals = [{"run": sweep.name, "label": label,
                   **{kind: figures.difference(f"{sweep.name}:{label}", label, kind) for kind in KINDS
                      if figures.has(kind)}}

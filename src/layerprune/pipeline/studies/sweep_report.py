@@ -134,6 +134,13 @@ def arm_figures(study: Any, figures: Figures) -> tuple[list[dict[str, Any]], dic
     return points, controls, comparisons(figures, points, same) if default else []  # compared in budget.md
 
 
+def own_prompts(study: Any) -> dict[str, str]:
+    """The arms whose teacher answered prompts of their own (arm_prompts), with their source."""
+    shared = study.shared_recipe("<pruned>").prompts.source
+    return {arm: source for arm in study.arms or [] if (source := study.arm_recipe(arm, "<pruned>").prompts.source)
+            != shared}
+
+
 def ends_with_the_others(study: Any, arm: str) -> bool:
     """Whether an arm's models end at the study's largest budget (arm_budgets may skip budgets below it)."""
     return not study.budgets or study.budgets_of(arm)[-1] == study.budgets[-1]
@@ -161,13 +168,16 @@ def chat_figures(study: Any, root: Path, plain_generative: list[str],
     declared = draw_families(study.comparisons, figures, recovered_label)
     data = {"points": points, "control": controls[None] if study.arms is None else controls, "comparisons": pairs,
             "records": records(root, folders), **({"declared_comparisons": declared} if declared else {})}
+    plain = [arm for arm in study.arms or [] if not study.arm_recipe(arm, "<pruned>").generate.chat_template]
     text = ["## Probes through the chat template", "",
             "The recovery data is chat-formatted, so every model's kept probe levels (" + ", ".join(probes) + ") were "
             "also scored through the chat template, on the same items (eval-chat/<model>); the figures as above for "
             "those levels" + (" (the plain generative figures above also hold GSM8K, which is scored through the "
                               "chat template either way, so compare the probe levels' own rows in eval/)"
                               if plain_more else "") + ". Where the plain and chat figures part, the recovery moved "
-            "the model's format as well as its skill.", "",
+            "the model's format as well as its skill" + (f" (arm{'s' * (len(plain) > 1)} {', '.join(plain)} trained "
+                                                         "on plain text instead: for those, the chat rows are the "
+                                                         "format they did not train on)" if plain else "") + ".", "",
             *table_lines(study, points), *_recovery_sections(study, points, controls, pairs, declared)]
     return data, text
 
@@ -210,8 +220,10 @@ def _method_lines(study: Any, root: Path, figures: Figures, items: dict[str, int
              f"{100 * figures.chance['classification']:.0f}%); generative: "
              f"{', '.join(groups['generative']) or 'none'} (chance 0).",
              gate_line(study, calibration), *_split_line(figures),
-             f"The teacher answered generic instructions ({study.shared_recipe('<pruned>').prompts.source}); "
-             "how far each scored skill is held out from them is measured, not assumed (Held out, measured, below).",
+             f"The teacher answered generic instructions ({study.shared_recipe('<pruned>').prompts.source})"
+             + "".join(f"; arm {arm} its own prompts ({source})" for arm, source in own_prompts(study).items())
+             + "; how far each scored skill is held out from them is measured, not assumed (Held out, measured, "
+             "below).",
              f"Recovery budget per k{' and arm' if study.arms else ''} (replicate 0): " + "; ".join(
                  f"{curve_name(k)}: {budget_text(c)}" for k, c in curves.items()) + ".",
              *lr_lines(root, list(study.lr_grid), "every k, replicate and control of the arm trained at it (the "
