@@ -323,7 +323,8 @@ def test_the_time_left_counts_local_teacher_states_once_a_cut_and_seed(tiny_llam
     it is complete, the states of that cut and seed are done whatever the others' state (before: weighted by the
     target tokens of the runs left, so a finished 8k run counted as a sliver of its cut's states)."""
     from layerprune.pipeline.studies.sweep_cells import cells
-    from layerprune.pipeline.studies.sweep_plan import left_seconds, sizing
+    from layerprune.pipeline.studies.sweep_plan import sizing
+    from layerprune.pipeline.studies.sweep_time import left_seconds
 
     study = _study(tiny_llama, tmp_path / "s")
     seconds = sizing(study).seconds
@@ -539,7 +540,7 @@ def test_the_dry_run_and_the_start_say_when_the_models_left_will_not_fit_on_disk
     monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(1, 1, 1000))
     assert dry_run(study, settings).split("disk: ")[1].split("\n")[0].endswith(
         "not enough: free space or choose another --output")
-    monkeypatch.setattr(sweep, "run_stages", lambda stages, root: None)  # the start only: no stage runs
+    monkeypatch.setattr(sweep, "run_stages", lambda stages, root, times=None: None)  # the start only: no stage runs
     with caplog.at_level("WARNING"):
         sweep.run_sweep(_study(tiny_llama, tmp_path / "t"), settings)
     assert any("not enough: free space" in r.getMessage() for r in caplog.records)
@@ -552,7 +553,8 @@ def test_the_dry_run_of_a_run_in_part_says_what_its_stages_left_will_take(tiny_l
     from layerprune.core.settings import RunSettings
     from layerprune.pipeline.studies import sweep_plan
     from layerprune.pipeline.studies.sweep_cells import cells
-    from layerprune.pipeline.studies.sweep_plan import dry_run, left_seconds, sizing
+    from layerprune.pipeline.studies.sweep_plan import dry_run, sizing
+    from layerprune.pipeline.studies.sweep_time import left_seconds
 
     study = _study(tiny_llama, tmp_path / "s")
     seconds, root = sizing(study).seconds, study.run_dir()
@@ -610,3 +612,53 @@ def test_sweep_md_of_a_budget_study_names_the_controls_own_prompts_and_an_arm_wi
         in text
     local = next(row for row in text.splitlines() if row.startswith("| 1 | local | generative |"))
     assert local.endswith("(undefined 0.0%) | - (no control) |")
+
+
+def test_the_dry_run_sets_the_stages_the_runner_timed_beside_their_estimate(tiny_llama, tmp_path, monkeypatch):
+    """stage_times.json (the runner's, every attempt) against the estimate for the same complete stages, per family
+    (evaluations, recoveries), and the time left with each family's phases scaled by its ratio. A stage timed but
+    not complete, or complete but not timed (a part run before the times were kept), is left out. (New.)"""
+    import json
+
+    from layerprune.core.settings import RunSettings
+    from layerprune.pipeline.runner import TIMES
+    from layerprune.pipeline.studies import sweep_plan
+    from layerprune.pipeline.studies.sweep_cells import cells
+    from layerprune.pipeline.studies.sweep_plan import dry_run, sizing
+    from layerprune.pipeline.studies.sweep_time import left_seconds, measured, measured_line
+
+    study = _study(tiny_llama, tmp_path / "s")
+    seconds, root = sizing(study).seconds, study.run_dir()
+    grid = cells(study, root)
+    evals = [c for c in grid if c.step == "eval"]
+    run = next(c for c in grid if c.step == "recover" and (c.arm, c.k, c.replicate) == ("sft", 1, 0))
+    for cell in (evals[0], evals[1], evals[2], run):
+        cell.output.parent.mkdir(parents=True, exist_ok=True)
+        cell.output.write_text("{}")
+    attempts = [(evals[0], 60.0, True), (evals[1], 30.0, False), (evals[1], 30.0, True), (evals[3], 99.0, False),
+                (run, 600.0, True)]  # evals[2]: complete, never timed; evals[3]: timed, not complete
+    root.joinpath(TIMES).write_text(json.dumps({"attempts": [
+        {"stage": cell.name, "seconds": spent, "done": done} for cell, spent, done in attempts]}))
+    found = measured(study, seconds)
+    per_eval = seconds["evaluation"] / len(evals)
+    assert found["eval"] == (2, 120.0, pytest.approx(2 * per_eval)) and "chat" not in found
+    sft = sum(c.budget for c in grid if c.step == "recover" and c.arm == "sft")
+    every = sum(c.budget for c in grid if c.step == "recover")
+    assert found["recover"][:2] == (1, 600.0)
+    assert found["recover"][2] == pytest.approx(seconds["training sft"] * run.budget / sft
+                                                + seconds["held-out evaluations"] * run.budget / every)
+    ratios = {"eval": 120.0 / (2 * per_eval), "recover": 600.0 / found["recover"][2]}
+    scaled = left_seconds(study, seconds, ratios)
+    plain = left_seconds(study, seconds)
+    assert scaled == pytest.approx(plain + (ratios["eval"] - 1) * seconds["evaluation"] * (len(evals) - 3) / len(evals)
+                                   + (ratios["recover"] - 1) * (plain - left_seconds(study, {
+                                       k: v for k, v in seconds.items() if not k.startswith(("training", "held-out",
+                                                                                             "teacher states"))})))
+    line = measured_line(study, seconds)
+    assert line.startswith("timed by the runner (stage_times.json, every attempt;")
+    assert f"evaluations 2 (2 min; the estimate {2 * per_eval / 60:.0f} min, x{ratios['eval']:.2f})" in line
+    assert f"left at these ratios about {scaled / 60:.0f} min" in line
+    monkeypatch.setattr(sweep_plan, "rates_apply", lambda model: True)  # the tiny model has no measured rates
+    assert line in dry_run(study, RunSettings())
+    root.joinpath(TIMES).unlink()
+    assert measured_line(study, seconds) is None

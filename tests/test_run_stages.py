@@ -83,3 +83,37 @@ def test_a_complete_stage_removes_the_work_folder_an_interrupted_run_left(tmp_pa
         assert run_stages([stage], tmp_path) == []
     assert not work.exists() and output.is_file() and "removed" in caplog.text
     assert recover_leftover(tmp_path / "eval" / "sft" / "summary.json") is None
+
+
+def test_every_attempt_at_a_stage_adds_its_time_and_a_stage_counts_once_it_ends_done(tmp_path, monkeypatch):
+    """With `times`, each attempt (failed, interrupted or done) is kept; stage_seconds sums them for the stages that
+    ended done, so a stage resumed over three parts counts all three. (New: the times were only logged.)"""
+    import json
+
+    from layerprune.pipeline import runner
+    from layerprune.pipeline.runner import stage_seconds
+
+    clock = iter([0.0, 5.0, 10.0, 12.0, 20.0, 27.0, 30.0, 31.0, 40.0, 41.0])
+    monkeypatch.setattr(runner.time, "perf_counter", lambda: next(clock))
+    calls: list[str] = []
+    times = tmp_path / runner.TIMES
+    with pytest.raises(RuntimeError):
+        run_stages([writer(calls, "a", tmp_path / "a"), writer(calls, "b", tmp_path / "b", fail=True)], tmp_path,
+                   times=times)
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_stages([writer(calls, "a", tmp_path / "a"), Stage("b", tmp_path / "b", interrupted)], tmp_path,
+                   times=times)
+    run_stages([writer(calls, "a", tmp_path / "a"), writer(calls, "b", tmp_path / "b")], tmp_path, times=times)
+    attempts = json.loads(times.read_text())["attempts"]
+    assert [(a["stage"], a["seconds"], a["done"]) for a in attempts] == [
+        ("a", 5.0, True), ("b", 2.0, False), ("b", 7.0, False), ("b", 1.0, True)]
+    assert stage_seconds(tmp_path) == {"a": 5.0, "b": 10.0}
+    times.write_text("{not json")
+    assert stage_seconds(tmp_path) == {}
+    run_stages([writer(calls, "c", tmp_path / "c")], tmp_path, times=times)  # an unreadable file is started again
+    assert stage_seconds(tmp_path) == {"c": 1.0}
+    assert not (tmp_path / "elsewhere" / runner.TIMES).exists()

@@ -1185,7 +1185,7 @@ def test_a_sweep_checks_the_data_of_the_tasks_it_can_score_not_of_its_whole_suit
     study = SweepStudy.model_validate({**data, "evaluate": {**data["evaluate"], "data_dir": str(mirror)}})
     assert instrument(study).evaluate.only == ["arc_easy", "arith_1d_sum3", "copy_l3", "gsm8k"]
     ran: list[int] = []
-    monkeypatch.setattr(sweep, "run_stages", lambda stages, root: ran.append(len(list(stages))))
+    monkeypatch.setattr(sweep, "run_stages", lambda stages, root, times=None: ran.append(len(list(stages))))
     sweep.run_sweep(study, RunSettings())
     assert ran, "the run stopped on the data of a task it does not score"
     assert "pruning-ratio sweep" in sweep_plan.dry_run(study, RunSettings())  # the dry run and --max-hours alike

@@ -2,21 +2,28 @@
 
 A stage is complete when its output (a file every stage writes last and atomically) exists; an interrupted run
 starts again at its first incomplete stage. A stage without an output runs every time (its action reuses what it
-finds). A `refresh` stage (a report) also runs when an earlier stage of the same call did work.
+finds). A `refresh` stage (a report) also runs when an earlier stage of the same call did work. With `times`, every
+attempt at a stage (finished, failed or interrupted) adds its seconds to that JSON file (TIMES in the run folder of a
+study run in parts: what its stages took, all parts together).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 from layerprune.core import errors
+from layerprune.core.outputs import write_atomic
 
 log = logging.getLogger(__name__)
+
+TIMES = "stage_times.json"
 
 
 @dataclass(frozen=True)
@@ -34,9 +41,11 @@ class Stage:
         return self.output is not None and self.output.exists()
 
 
-def run_stages(stages: Sequence[Stage], folder: Path | None = None, dry_run: bool = False) -> list[str]:
+def run_stages(stages: Sequence[Stage], folder: Path | None = None, dry_run: bool = False,
+               times: Path | None = None) -> list[str]:
     """Run every incomplete stage in order, each named (with `folder`) on an unexpected error; return the names of
-    the stages that ran. `dry_run`: say which stages would run and which are complete, and run none."""
+    the stages that ran. `dry_run`: say which stages would run and which are complete, and run none. `times`: the
+    file each attempt's seconds are added to (`record_attempt`)."""
     ran: list[str] = []
     total = len(stages)
     for number, stage in enumerate(stages, 1):
@@ -52,8 +61,45 @@ def run_stages(stages: Sequence[Stage], folder: Path | None = None, dry_run: boo
             log.info("[%d/%d] %s: would run", number, total, stage.name)
             continue
         log.info("[%d/%d] %s ...", number, total, stage.name)
-        start = time.perf_counter()
-        with errors.stage(stage.name, folder):
-            stage.action()
-        log.info("[%d/%d] %s done in %.0f s", number, total, stage.name, time.perf_counter() - start)
+        start, done = time.perf_counter(), False
+        try:
+            with errors.stage(stage.name, folder):
+                stage.action()
+            done = True
+        finally:
+            elapsed = time.perf_counter() - start
+            if times is not None:
+                record_attempt(times, stage.name, elapsed, done)
+        log.info("[%d/%d] %s done in %.0f s", number, total, stage.name, elapsed)
     return ran
+
+
+def record_attempt(path: Path, name: str, seconds: float, done: bool) -> None:
+    """Add one attempt at a stage to `path` ({"attempts": [{stage, seconds, done, ended}]}); a file that cannot be
+    read is started again with a warning, and one that cannot be written is left as it is (a warning): the timing
+    never stops a run."""
+    try:
+        attempts = json.loads(path.read_text())["attempts"] if path.is_file() else []
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("%s: unreadable (%s): started again", path, exc)
+        attempts = []
+    attempts.append({"stage": name, "seconds": round(seconds, 1), "done": done,
+                     "ended": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    try:
+        write_atomic(path, json.dumps({"attempts": attempts}, indent=1))
+    except OSError as exc:
+        log.warning("%s: not written (%s)", path, exc)
+
+
+def stage_seconds(folder: Path) -> dict[str, float]:
+    """The seconds of every attempt at each stage that ended done, summed (its interrupted attempts too), from the
+    folder's TIMES; {} where there is none, or it cannot be read."""
+    total: dict[str, float] = {}
+    finished = set()
+    try:
+        for a in json.loads((folder / TIMES).read_text())["attempts"]:
+            total[a["stage"]] = total.get(a["stage"], 0.0) + float(a["seconds"])
+            finished |= {a["stage"]} if a.get("done") else set()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+    return {name: seconds for name, seconds in total.items() if name in finished}

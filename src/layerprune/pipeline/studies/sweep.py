@@ -40,7 +40,7 @@ from layerprune.core.errors import LayerpruneError
 from layerprune.core.reports import read_report, write_report
 from layerprune.core.settings import RunSettings
 from layerprune.evaluate.schema import EvalSettings
-from layerprune.pipeline.runner import Stage, run_stages
+from layerprune.pipeline.runner import TIMES, Stage, run_stages
 from layerprune.pipeline.stages import RunPaths, RunState, claim_run_dir, owns, recipe_fingerprint
 from layerprune.pipeline.studies import grain
 from layerprune.pipeline.studies.cells import (
@@ -93,7 +93,7 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
     disk = disk_need(study, settings, root) if study.grains is None else None
     if disk is not None and disk.short:  # said before hours of stages, not at the save that fails
         log.warning("%s", disk.line())
-    run_stages(sweep_stages(study, settings, root, grid), root)
+    run_stages(sweep_stages(study, settings, root, grid), root, times=root / TIMES)
     shutil.rmtree(root / STATES, ignore_errors=True)  # every run that could read the kept states has run
     return grid[-1].output  # the report: sweep.md, or a grain study's grain.md
 

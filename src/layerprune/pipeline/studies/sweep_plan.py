@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.reports import read_report
@@ -24,10 +23,9 @@ from layerprune.pipeline.studies.recovery_plan import (
     states_seconds,
     training,
 )
-from layerprune.pipeline.studies.sweep import arms_added, states_folder
-from layerprune.pipeline.studies.sweep_cells import Cell, cells, disk_need, stage_names
+from layerprune.pipeline.studies.sweep import arms_added
+from layerprune.pipeline.studies.sweep_cells import cells, disk_need, stage_names
 from layerprune.pipeline.studies.sweep_grid import (
-    DEDICATED,
     GSM8K,
     SweepStudy,
     arm_names,
@@ -38,6 +36,7 @@ from layerprune.pipeline.studies.sweep_grid import (
     instrument,
     models,
 )
+from layerprune.pipeline.studies.sweep_time import left_seconds, measured_line
 from layerprune.recover.schema import RecoverRecipe
 
 log = logging.getLogger(__name__)
@@ -58,8 +57,8 @@ def dry_run(study: SweepStudy, settings: RunSettings) -> str:
             f"one-cut sweep (k = {study.ratios[0]}: a recovery study)"
         size = sizing(study)
         body, seconds, runs = _sweep_lines(study, settings, size), size.seconds, sum(size.runs.values())
-        if study.run_dir().exists():  # a run to resume: what its stages left will take
-            seconds = {**seconds, "left": left_seconds(study, seconds)}
+        if study.run_dir().exists():  # a run to resume: what its stages left will take, and what the timed ones took
+            seconds = {**seconds, "left": left_seconds(study, seconds), "timed": measured_line(study, seconds)}
     lines = [f"{what} '{study.name}' -> {study.run_dir()}", f"model: {check_model(study.model, settings)}",
              *[f"data: {line}" for line in check_data(instrument(study))], *body,
              f"recoveries: {runs}; stages: {in_brief(stage_names(study))}",
@@ -328,57 +327,12 @@ def _memory_lines(study: SweepStudy, settings: RunSettings, arm: str | None) -> 
 def _estimate(study: SweepStudy, seconds: dict[str, float]) -> str:
     if not rates_apply(study.model):
         return "time: no estimate (the rates were measured for the embedded model on 2 CPU cores)"
-    left = seconds.pop("left", None)
+    left, timed = seconds.pop("left", None), seconds.pop("timed", None)
     return ("time estimate at the embedded model's measured 2-core rates (" + ", ".join(
         f"{k} {v:g}" for k, v in RATES.items()) + "): " + ", ".join(f"{k} {v / 60:.0f} min" for k, v in seconds.items())
         + f"; total about {sum(seconds.values()) / 60:.0f} min"
-        + (f"; left (the stages not complete) about {left / 60:.0f} min" if left is not None else ""))
-
-
-def left_seconds(study: SweepStudy, seconds: dict[str, float]) -> float:
-    """The estimate's seconds still to spend: each phase's times the share of its work whose stages are not complete
-    (evaluations by model; training and held-out evaluations by the target tokens of the runs left, an arm's or all
-    arms'; teacher states by the forwards of the runs that capture them, one a cut and seed where the others read
-    them); the gates and each set of teacher answers whole until done."""
-    root = study.run_dir()
-    grid = [c for c in cells(study, root) if c.step != "report"]
-
-    def tokens(cell: Cell) -> float:  # a run's target tokens (a learning-rate search: its runs at the smallest)
-        own = study.budgets_of(cell.arm) or [1]
-        return float(cell.budget or own[-1]) if cell.step == "recover" else \
-            float(len(study.lr_grid.get(cell.arm or "", [])) * own[0])
-
-    def share(pick: Any, weight: Any = lambda cell: 1.0) -> float:
-        mine = [c for c in grid if pick(c)]
-        total = sum(weight(c) for c in mine)
-        return sum(weight(c) for c in mine if not c.output.exists()) / total if total else 0.0
-
-    trains = {"recover", "lr"}
-    caching = {a for a in arm_names(study) if states_seconds(study, a) > 0}
-    captures: dict[tuple[Any, ...], Cell] = {}  # the run that captures each cut and seed's states (the others read)
-    for c in grid:
-        if c.step == "recover" and c.arm in caching:
-            captures.setdefault((c.arm, c.k, c.replicate, c.name.endswith(DEDICATED)), c)
-
-    def states(cell: Cell) -> float:  # forwards per dropped block, as states_seconds counts them
-        if cell.step == "lr":
-            return float(study.lr_k * (1 if states_folder(study, root, cell.arm, search=True)
-                                       else len(study.lr_grid.get(cell.arm or "", []))))
-        return float(cell.k) if captures.get((cell.arm, cell.k, cell.replicate,
-                                              cell.name.endswith(DEDICATED))) is cell else 0.0
-
-    done = {"calibrate": share(lambda c: c.step == "calibrate"), "gate": share(lambda c: c.step == "gate"),
-            "evaluation": share(lambda c: c.step == "eval"), "chat-format probes": share(lambda c: c.step == "chat"),
-            "held-out evaluations": share(lambda c: c.step in trains, tokens),
-            "teacher states": share(lambda c: c.step in trains and c.arm in caching, states),
-            "training": share(lambda c: c.step in trains, tokens)}
-    for arm in arm_names(study):
-        done[f"training {arm}"] = share(lambda c, arm=arm: c.step in trains and c.arm == arm, tokens)
-        recipe = study.arm_recipe(arm, "<pruned>")
-        sets = {study.answers_file(arm, recipe, r) for r in range(study.replicates)}  # one set unless sampled
-        done["teacher answers" if arm not in study.arm_prompts else f"teacher answers {arm}"] = \
-            sum(not (root / name).is_file() for name in sets) / len(sets)
-    return sum(value * done.get(phase, 1.0) for phase, value in seconds.items())
+        + (f"; left (the stages not complete) about {left / 60:.0f} min" if left is not None else "")
+        + (f"\n{timed}" if timed else ""))
 
 
 def _size(limit: float | None) -> str:
