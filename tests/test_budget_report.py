@@ -5,6 +5,7 @@ records in the layout the sweep writes (eval/<model>/summary.json and samples/<t
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -41,8 +42,9 @@ def _study(model: Path, output: Path, **fields: object) -> SweepStudy:
         "dedicated_at": 32000, "replicates": 3, "controls": True, **fields})
 
 
-def _eval_folder(folder: Path, rows: dict[str, tuple[str, list[float]]]) -> None:
-    """A synthetic eval folder as the sweep writes it: summary.json and samples/TASK.jsonl of per-item scores."""
+def _eval_folder(folder: Path, rows: dict[str, tuple[str, list[float]]], model_hash: str | None = None) -> None:
+    """A synthetic eval folder as the sweep writes it: summary.json and samples/TASK.jsonl of per-item scores (the
+    model hash: the folder's name unless given)."""
     from layerprune.evaluate import Summary, TaskResult
 
     (folder / "samples").mkdir(parents=True)
@@ -55,7 +57,8 @@ def _eval_folder(folder: Path, rows: dict[str, tuple[str, list[float]]]) -> None
                                          "prompt_hash": f"p{i}", "arguments": [["q", "a"], ["q", "b"]]}) + "\n")
         results.append(TaskResult(task=task, kind=kind, metric=metric, value=sum(scores) / len(scores), stderr=None,
                                   n=len(scores), headline=True, settings={}, seconds=1.0))
-    summary = Summary(model={"spec": "x", "location": "x", "kind": "local"}, model_hash="h", results=results)
+    summary = Summary(model={"spec": "x", "location": "x", "kind": "local"}, model_hash=model_hash or folder.name,
+                      results=results)
     (folder / "summary.json").write_text(summary.model_dump_json())
 
 
@@ -166,7 +169,19 @@ def test_a_dedicated_run_is_paired_with_its_checkpoint_per_task(tiny_llama, tmp_
     assert kd["holm"]["family"] == 2 and kd["holm"]["low"] <= kd["difference"]["low"]  # Holm over the 2 tasks
     assert "## Dedicated runs against their checkpoints (32000 tokens, k = 1)" in text
     assert "- kd-k1@32k-dedicated - kd-k1@32k (replicates 0, 1, 2): arith_2d_sub 20.0% [" in text
-    assert "(Holm 20.0% [" in text
+    assert "(Holm 20.0% [" in text and not rows["sft"]["identical"] and "the same weights" not in text
+    for r in ("", "@r1", "@r2"):  # the dedicated runs as the checkpoints' own weights: one model, bit for bit
+        folder = tmp_path / "s" / "eval" / f"sft-k1@32k-dedicated{r}"
+        shutil.rmtree(folder)
+        _eval_folder(folder, {"arith_2d_sub": ("generative", _winning(FLAT[1], int(r[2:] or 0), 3).tolist()),
+                              "arc_easy": ("classification", CLS.tolist())}, model_hash=f"sft-k1@32k{r}")
+    text = write_budget_report(study, tmp_path / "s").read_text()
+    rows = {r["arm"]: r for r in json.loads((tmp_path / "s" / "budget.json").read_text())["dedicated"]}
+    assert rows["sft"]["identical"] and not rows["kd"]["identical"]
+    assert rows["sft"]["tasks"]["arith_2d_sub"]["difference"]["value"] == 0
+    line = next(x for x in text.splitlines() if x.startswith("- sft-k1@32k-dedicated - sft-k1@32k"))
+    assert line.endswith("; the same weights in every pair (the model hashes of their evaluations are equal: a "
+                         "difference of 0 by construction)")
 
 
 def test_a_positive_control_under_half_means_the_instrument_cannot_show_a_limit(tiny_llama, tmp_path):

@@ -277,11 +277,14 @@ def draw_budget_families(study: Any, figures: Figures,
             draw_families(study.comparisons, figures, recovered_label, label))
 
 
-def agreement(figures: Figures, study: Any, arm: str | None, tasks: list[str]) -> dict[str, Any] | None:
+def agreement(figures: Figures, study: Any, arm: str | None, tasks: list[str],
+              folders: dict[str, Path] | None = None) -> dict[str, Any] | None:
     """A trainer arm's dedicated run at dedicated_at (k = lr_k) against the checkpoint of that budget: per task the
     paired difference of their scores, dedicated - checkpoint, on the replicates both have (paired by seed), with its
     interval and its Holm interval over the tasks, and 'agrees' (the Holm interval holds 0) or 'differs'. None: the
-    arm has no dedicated run."""
+    arm has no dedicated run. `identical`: every pair is the same weights (the model hashes their evaluations
+    recorded, from `folders`): with a constant rate after warmup and a deterministic run, the run to a budget and the
+    longer run's checkpoint there are one model, and the difference is 0 by construction, not by chance."""
     from layerprune.pipeline.studies.cells import replicate_label, split_label
     from layerprune.pipeline.studies.sweep_grid import dedicated_points
 
@@ -307,7 +310,17 @@ def agreement(figures: Figures, study: Any, arm: str | None, tasks: list[str]) -
         holds = paired.holds_zero(holm[task])
         rows[task] = {"difference": pair.interval(gap(task)), "holm": holm[task],
                       "verdict": NOT_SHOWN if holds is None else "agrees" if holds else "differs"}
-    return {**out, "tasks": rows}
+    hashes = [tuple(_model_hash(folders[m]) if folders and m in folders else None for m in pair) for pair in pairs]
+    return {**out, "tasks": rows, "identical": all(a is not None and a == b for a, b in hashes)}
+
+
+def _model_hash(folder: Path) -> str | None:
+    from layerprune.evaluate.summary import SUMMARY_FILE, read_summary
+
+    try:
+        return read_summary(folder / SUMMARY_FILE).model_hash or None
+    except (OSError, ValueError, LayerpruneError):
+        return None
 
 
 def _pair_figures(figures: Figures, groups: dict[str, list[str]]) -> Figures:
@@ -356,7 +369,7 @@ def _drawn(study: Any, folders: dict[str, Path], control_arm: str | None) -> dic
               for k in study.ratios for arm in arm_names(study)
               if arm != control_arm and any(key[:2] == (arm, k) for key in by)}  # the rest: not scored yet
     default, declared = draw_budget_families(study, figures, tasks)
-    dedicated = [a for arm in arm_names(study) if (a := agreement(figures, study, arm, tasks)) is not None]
+    dedicated = [a for arm in arm_names(study) if (a := agreement(figures, study, arm, tasks, folders)) is not None]
     return {"curves": curves, "verdicts": {label: v for label, (v, _) in judged.items()},
             "verdict_reasons": {label: why for label, (_, why) in judged.items()}, "gates": list(gates.values()),
             "default_families": default, "families": declared, "dedicated": dedicated, "unpaired": unpaired(kinds)}

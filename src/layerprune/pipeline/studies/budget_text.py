@@ -135,7 +135,9 @@ def _format_dedicated(rows: list[dict[str, Any]], study: Any) -> list[str]:
         reps = f"replicates {', '.join(map(str, row['replicates']))}"
         lines.append(f"{head} ({reps}): " + "; ".join(
             f"{task} {format_interval(t['difference'])} (Holm {format_interval(t['holm'])}) {t['verdict']}"
-            for task, t in row["tasks"].items()))
+            for task, t in row["tasks"].items()) + ("; the same weights in every pair (the model hashes of their "
+                                                    "evaluations are equal: a difference of 0 by construction)"
+                                                    if row.get("identical") else ""))
     return lines + [""]
 
 
