@@ -235,6 +235,8 @@ def test_a_still_linear_fit_extrapolates_its_asymptote_and_is_never_a_structural
               "rising": {"value": -0.03, "low": -0.06, "high": 0.0}, "replicates": 3}
     assert verdict(linear, gate, 3)[0] == "not shown"
     assert verdict({**linear, "scale": 1e5}, gate, 3)[0] == "limit structural at this scale"
+    assert verdict({"fit": "none: 2 budgets for the fit's 2 parameters"}, gate, 3) == (
+        "not shown", "no fit: 2 budgets for the fit's 2 parameters")
     one = verdict({**linear, "scale": 1e5, "replicates": 1}, gate, 3)  # one run's checkpoints: no run variance in a
     assert one == ("not shown", "the fit holds 1 of the 3 replicates: no verdict before every run is in its interval")
 
@@ -597,7 +599,7 @@ def test_two_arms_ending_at_other_budgets_are_compared_only_at_a_budget_the_cont
     load, naming the budget both have; at a named budget, or an arm against itself, it stands."""
     fields = {"arm_budgets": {"kd-arith": [8000, 32000]}}
     with pytest.raises(ValueError, match=r"comparisons.main.sft-vs-arith: sft ends at 256000 target tokens and "
-                                         r"kd-arith at 32000: name the budget they are compared at \(budget: 32000\)"):
+                                         r"kd-arith at 32000: name the budget they are compared at \(budget: 32000;"):
         _study(tiny_llama, tmp_path / "s", comparisons={"main": [{"name": "sft-vs-arith", "a": "sft", "b": "kd-arith",
                                                                   "at": 1}]}, **fields)
     with pytest.raises(ValueError, match="sft ends at 256000 target tokens and kd-arith at 32000"):
@@ -626,7 +628,7 @@ def test_sweep_md_of_a_budget_study_names_the_controls_own_prompts_and_an_arm_wi
     assert "The teacher answered generic instructions (dolly); arm kd-arith its own prompts (probes:arith_2d_sub);" \
         in text
     local = next(row for row in text.splitlines() if row.startswith("| 1 | local | generative |"))
-    assert local.endswith("(undefined 0.0%) | - (no control) |")
+    assert local.endswith("(undefined 0.0%) | - (no control scored) |")
 
 
 def test_the_dry_run_sets_the_stages_the_runner_timed_beside_their_estimate(tiny_llama, tmp_path, monkeypatch):

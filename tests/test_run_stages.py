@@ -93,7 +93,7 @@ def test_every_attempt_at_a_stage_adds_its_time_and_a_stage_counts_once_it_ends_
     from layerprune.pipeline import runner
     from layerprune.pipeline.runner import stage_seconds
 
-    clock = iter([0.0, 5.0, 10.0, 12.0, 20.0, 27.0, 30.0, 31.0, 40.0, 41.0])
+    clock = iter([0.0, 5.0, 10.0, 12.0, 20.0, 27.0, 30.0, 31.0, 40.0, 41.0, 50.0, 52.0])
     monkeypatch.setattr(runner.time, "perf_counter", lambda: next(clock))
     calls: list[str] = []
     times = tmp_path / runner.TIMES
@@ -116,4 +116,16 @@ def test_every_attempt_at_a_stage_adds_its_time_and_a_stage_counts_once_it_ends_
     assert stage_seconds(tmp_path) == {}
     run_stages([writer(calls, "c", tmp_path / "c")], tmp_path, times=times)  # an unreadable file is started again
     assert stage_seconds(tmp_path) == {"c": 1.0}
-    assert not (tmp_path / "elsewhere" / runner.TIMES).exists()
+    times.write_text(json.dumps({"attempts": [{"stage": "m", "seconds": 4.0, "done": False},
+                                              {"stage": "m", "seconds": 6.0, "done": True},
+                                              {"stage": "m", "seconds": 3.0, "done": True},
+                                              {"stage": "m", "seconds": 9.0, "done": False}]}))
+    assert stage_seconds(tmp_path) == {"m": 3.0}  # made again (its output removed): its last making only
+    times.write_text(json.dumps({"attempts": None}))
+
+    def stopped() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # the interrupt, not the timing's trouble with the file
+        run_stages([Stage("d", tmp_path / "d", stopped)], tmp_path, times=times)
+    assert json.loads(times.read_text())["attempts"][0]["stage"] == "d"

@@ -80,6 +80,8 @@ def record_attempt(path: Path, name: str, seconds: float, done: bool) -> None:
     never stops a run."""
     try:
         attempts = json.loads(path.read_text())["attempts"] if path.is_file() else []
+        if not isinstance(attempts, list):
+            raise TypeError(f"attempts is a {type(attempts).__name__}, not a list")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         log.warning("%s: unreadable (%s): started again", path, exc)
         attempts = []
@@ -92,14 +94,16 @@ def record_attempt(path: Path, name: str, seconds: float, done: bool) -> None:
 
 
 def stage_seconds(folder: Path) -> dict[str, float]:
-    """The seconds of every attempt at each stage that ended done, summed (its interrupted attempts too), from the
-    folder's TIMES; {} where there is none, or it cannot be read."""
-    total: dict[str, float] = {}
-    finished = set()
+    """Each stage's seconds to its last completion, from the folder's TIMES: the attempts since the one before that
+    ended done (its interrupted and failed attempts too; a stage made again, its output removed, counts its last
+    making only); {} where there is none, or it cannot be read."""
+    running: dict[str, float] = {}
+    made: dict[str, float] = {}
     try:
         for a in json.loads((folder / TIMES).read_text())["attempts"]:
-            total[a["stage"]] = total.get(a["stage"], 0.0) + float(a["seconds"])
-            finished |= {a["stage"]} if a.get("done") else set()
+            running[a["stage"]] = running.get(a["stage"], 0.0) + float(a["seconds"])
+            if a.get("done"):
+                made[a["stage"]] = running.pop(a["stage"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
-    return {name: seconds for name, seconds in total.items() if name in finished}
+    return made

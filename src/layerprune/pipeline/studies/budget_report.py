@@ -169,7 +169,9 @@ def verdict(arm_curve: dict[str, Any] | None, gate: dict[str, Any], replicates: 
     if not arm_curve:
         return NOT_SHOWN, f"its {LIMIT_TASK} curve is {NOT_SCORED} yet"
     if "asymptote" not in arm_curve:
-        return NOT_SHOWN, arm_curve.get("state") or f"no fit yet: it {arm_curve.get('fit', 'waits')}"
+        fit = arm_curve.get("fit", "waits")
+        return NOT_SHOWN, arm_curve.get("state") or (f"no fit: {fit.removeprefix('none: ')}" if fit.startswith(
+            "none: ") else f"no fit yet: it {fit}")
     if arm_curve.get("replicates", 0) < replicates:
         return NOT_SHOWN, (f"the fit holds {arm_curve.get('replicates', 0)} of the {replicates} replicates: no verdict "
                            "before every run is in its interval")

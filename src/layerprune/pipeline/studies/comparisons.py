@@ -185,7 +185,8 @@ def check_budget_contrasts(families: dict[str, ComparisonFamily], budgets: list[
                     both = sorted(set(owns[0]) & set(owns[1]))
                     raise ValueError(f"{where}: {contrast.points[0][0]} ends at {ends[0]} target tokens and "
                                      f"{contrast.points[1][0]} at {ends[1]}: name the budget they are compared at "
-                                     f"(budget: {both[-1] if both else 'one both have'})")
+                                     f"(budget: {both[-1] if both else 'one both have'}; b_budget alone names the "
+                                     "second side's)")
 
 
 def uses_default_family(families: dict[str, ComparisonFamily], budget: bool = False) -> bool:

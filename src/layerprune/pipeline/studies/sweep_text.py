@@ -64,7 +64,7 @@ def format_table(points: list[dict[str, Any]]) -> str:
                      ci_pct(row.get("recovered")), ci_pct(row.get("gain")), ci_pct(row["retention_pruned"]),
                      ci_pct(row.get("retention_recovered")), share_pct(row.get("recovered_share"))]
             cells += [share_pct(row["recovered_share_net"]) if "recovered_share_net" in row else
-                      "- (no control)" if "recovered" in row else ci_pct(None)] if net else []
+                      "- (no control scored)" if "recovered" in row else ci_pct(None)] if net else []
             cells[1:1] = [p["arm"]] if arms else []
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -43,14 +43,14 @@ def phase_shares(study: SweepStudy, chosen: Callable[[Cell], bool]) -> dict[str,
     captures: dict[tuple[Any, ...], Cell] = {}  # the run that captures each cut and seed's states (the others read)
     for c in grid:
         if c.step == "recover" and c.arm in caching:
-            captures.setdefault((c.arm, c.k, c.replicate, c.name.endswith(DEDICATED)), c)
+            captures.setdefault((c.arm, c.k, c.replicate, DEDICATED in c.name), c)
 
     def states(cell: Cell) -> float:  # forwards per dropped block, as states_seconds counts them
         if cell.step == "lr":
             return float(study.lr_k * (1 if states_folder(study, root, cell.arm, search=True)
                                        else len(study.lr_grid.get(cell.arm or "", []))))
         return float(cell.k) if captures.get((cell.arm, cell.k, cell.replicate,
-                                              cell.name.endswith(DEDICATED))) is cell else 0.0
+                                              DEDICATED in cell.name)) is cell else 0.0
 
     out = {"calibrate": share(lambda c: c.step == "calibrate"), "gate": share(lambda c: c.step == "gate"),
            "evaluation": share(lambda c: c.step == "eval"), "chat-format probes": share(lambda c: c.step == "chat"),
