@@ -839,8 +839,35 @@ def test_budget_points_are_labelled_staged_and_trained_to_their_budget(tiny_llam
         _recover(study, RunSettings(), tmp_path / "s", label)
     states = Path("s") / sweep.STATES  # local's runs, one a budget, share the teacher's states; a trainer's keep none
     assert calls == [("lora-k1@r1", 40000, {20: "lora-k1@20@r1", 32768: "lora-k1@32768@r1"}, None),
-                     ("local-k1@20@r1", 20, {}, states), ("local-k2", 40000, {}, states), ("lora-k0", 40000, {}, None),
-                     ("lora-k1@20-dedicated@r1", 20, {}, None)]
+                     ("local-k1@20@r1", 20, {}, states / "k1-r1"), ("local-k2", 40000, {}, states / "k2-r0"),
+                     ("lora-k0", 40000, {}, None), ("lora-k1@20-dedicated@r1", 20, {}, None)]
+
+
+def test_a_cut_and_seeds_teacher_states_go_once_no_stage_left_reads_them(tiny_llama, tmp_path):
+    """local's states were kept to the sweep's end: 6 cuts and seeds of about 1.5-3 GB at the budget study's size
+    beside its 48 GB of models. Now each cut and seed keeps a folder of its own, and before each recovery or search
+    whatever no stage left reads goes: a cut and seed whose local runs are complete, the search's once it is, and
+    the one-folder layout's files."""
+    from layerprune.pipeline.studies import sweep
+
+    study = SweepStudy.model_validate(_budget_sweep(tiny_llama, tmp_path / "s", budgets=[20, 4000], replicates=2,
+                                                    lr_grid={"local": [1e-3, 2e-3]}))
+    root = study.run_dir()
+    states = root / sweep.STATES
+    for name in ("k1-r0", "k1-r1", "k2-r0", "lr"):
+        (states / name).mkdir(parents=True)
+        (states / name / "a.pt").write_bytes(b"x")
+    (states / "old-layout.pt").write_bytes(b"x")
+    grid = sweep_cells.cells(study, root)
+    done = [c for c in grid if c.step == "lr" or (c.step == "recover" and c.arm == "local" and c.k == 1
+                                                   and c.replicate == 0)]
+    done += [next(c for c in grid if c.step == "recover" and c.arm == "local" and (c.k, c.replicate) == (1, 1))]
+    for cell in done:
+        cell.output.parent.mkdir(parents=True, exist_ok=True)
+        cell.output.write_text("{}")
+    sweep.release_states(study, root)
+    assert sorted(p.name for p in states.iterdir()) == ["k1-r1", "k2-r0"]  # k1-r1: its 4000 run is still to come
+    assert (states / "k1-r1" / "a.pt").is_file()
 
 
 def test_the_estimate_counts_held_out_evaluations_and_local_states_captured_once_a_cut_and_seed(tiny_llama, tmp_path):
@@ -868,10 +895,10 @@ def test_the_estimate_counts_held_out_evaluations_and_local_states_captured_once
         "forward tokens/s"])
     assert recovery_plan.states_seconds(study, "kd") == 0.0
     searched = study.model_copy(update={"lr_grid": {"local": [1e-3, 2e-3]}})  # its grid: two runs, one cut
-    assert sweep.states_folder(searched, tmp_path, "local", search=True) == tmp_path / sweep.STATES
+    assert sweep.states_folder(searched, tmp_path, "local", search=True) == tmp_path / sweep.STATES / "lr"
     unbudgeted = searched.model_copy(update={"budgets": None})  # one run a cut and seed: nothing to share but the grid
     assert sweep.states_folder(unbudgeted, tmp_path, "local") is None
-    assert sweep.states_folder(unbudgeted, tmp_path, "local", search=True) == tmp_path / sweep.STATES
+    assert sweep.states_folder(unbudgeted, tmp_path, "local", search=True) == tmp_path / sweep.STATES / "lr"
     assert recovery_plan.states_seconds(searched, "local") == pytest.approx((forwards + 1) / 2 * sequences / RATES[
         "forward tokens/s"])
     seconds = sweep_plan.sizing(study).seconds

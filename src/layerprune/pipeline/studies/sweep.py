@@ -98,13 +98,35 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
     return grid[-1].output  # the report: sweep.md, or a grain study's grain.md
 
 
-def states_folder(study: SweepStudy, root: Path, arm: str | None, search: bool = False) -> Path | None:
+def states_folder(study: SweepStudy, root: Path, arm: str | None, search: bool = False,
+                  cell: Cell | None = None) -> Path | None:
     """Where an arm's runs keep the teacher's hidden states for each other (recover/local.span_states): an arm that
     trains a block on them (local) and runs more than once on one cut and seed (a run per budget; with `search`, its
-    lr grid's runs); None where nothing would read them again."""
+    lr grid's runs); None where nothing would read them again. A folder of its own for each cut and seed (`cell`'s)
+    and for the lr search, so each goes as soon as no stage left reads it (`release_states`)."""
     methods = study.arm_recipe(arm, "<pruned>").chain_methods()
     again = len(study.lr_grid.get(arm or "", [])) > 1 if search else trains_each_budget(study, arm)
-    return root / STATES if again and any(method.caches_states for method in methods) else None
+    if not (again and any(method.caches_states for method in methods)):
+        return None
+    return root / STATES / ("lr" if search else "" if cell is None else f"k{cell.k}-r{cell.replicate}")
+
+
+def release_states(study: SweepStudy, root: Path) -> None:
+    """Remove the teacher states no recovery or search left to run reads: a cut and seed's once its runs are
+    complete, the search's once it is, and any file of the one-folder layout before them (nothing reads it now).
+    About 1.5 GB a cut and seed at the budget study's size: kept to the end, they were 15 GB at once."""
+    folder = root / STATES
+    if not folder.is_dir():
+        return
+    read = {states_folder(study, root, c.arm, search=c.step == "lr", cell=c) for c in cells(study, root)
+            if c.step in ("recover", "lr") and not c.output.exists()}
+    for path in folder.iterdir():
+        if path not in read:
+            log.info("teacher states %s: no stage left reads them, removed", path.name)
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
 
 
 def check_prompts(study: SweepStudy) -> None:
@@ -242,13 +264,15 @@ def recover_at(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell)
     Replicate r runs with seed settings.seed + r; its teacher answers are replicate 0's at temperature 0 (greedy: the
     same), its own at a temperature above 0. The run trains to the cell's budget (with budgets) and saves a model at
     each of its snapshot budgets, as those points."""
+    release_states(study, root)
     student = cell.model or original_copy(study, settings, root)
     rate = lr_search.chosen(root, cell.arm, study.lr_grid) if cell.arm else None
     recipe = with_budget(with_learning_rate(study.arm_recipe(cell.arm, str(student)), rate), cell.budget)
     snapshots = {budget: model_dir(root, label) for budget, label in cell.snapshots}
     answers = root / study.answers_file(cell.arm, recipe, cell.replicate)
     recover_with_snapshots(recipe, cell.output.parent, answers, settings, cell.replicate, data_dir_of(study),
-                           snapshots, states_folder(study, root, cell.arm), reach_budget=cell.budget is not None)
+                           snapshots, states_folder(study, root, cell.arm, cell=cell),
+                           reach_budget=cell.budget is not None)
 
 
 def with_budget(recipe: RecoverRecipe, tokens: int | None) -> RecoverRecipe:
@@ -280,6 +304,7 @@ def search_lr(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) 
     data order and initialisation of its own: no scored replicate is a run the choice was made on, and the search's
     runs are never scored), the lowest held-out loss chosen (lr_search/ARM.json)."""
     k, arm = cell.k, str(cell.arm)
+    release_states(study, root)
     if not (model_dir(root, f"pruned-k{k}") / "prune_report.json").is_file():
         prune_at(study, settings, root, k)
     student = str(model_dir(root, f"pruned-k{k}"))

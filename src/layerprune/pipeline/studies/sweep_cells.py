@@ -34,7 +34,8 @@ from layerprune.pipeline.studies.sweep_grid import (
 )
 from layerprune.recover.lr_search import lr_search_file
 
-STATES = "teacher-states"  # the teacher's hidden states a local arm's runs share (sweep.states_folder), till the end
+STATES = "teacher-states"  # the teacher's hidden states a local arm's runs share (sweep.states_folder), a folder a
+# cut and seed, each removed once no stage left reads it (sweep.release_states)
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ class Disk:
     def line(self) -> str:
         return (f"disk: {self.models} models still to save (cuts, recoveries, budget points, lr candidates): about "
                 f"{self.need / 1e9:.1f} GB, a running recovery's work folder (two checkpoints) and local's teacher "
-                f"states on top; {self.free / 1e9:.1f} GB free there"
+                f"states (one cut and seed's at a time) on top; {self.free / 1e9:.1f} GB free there"
                 + (" - not enough: free space or choose another --output" if self.short else ""))
 
 
