@@ -843,7 +843,7 @@ def test_budget_points_are_labelled_staged_and_trained_to_their_budget(tiny_llam
                      ("lora-k0", 40000, {}, None), ("lora-k1@20-dedicated@r1", 20, {}, None)]
 
 
-def test_a_cut_and_seeds_teacher_states_go_once_no_stage_left_reads_them(tiny_llama, tmp_path):
+def test_a_cut_and_seeds_teacher_states_go_once_no_stage_left_reads_them(tiny_llama, tmp_path, monkeypatch):
     """local's states were kept to the sweep's end: 6 cuts and seeds of about 1.5-3 GB at the budget study's size
     beside its 48 GB of models. Now each cut and seed keeps a folder of its own, and before each recovery or search
     whatever no stage left reads goes: a cut and seed whose local runs are complete, the search's once it is, and
@@ -868,6 +868,11 @@ def test_a_cut_and_seeds_teacher_states_go_once_no_stage_left_reads_them(tiny_ll
     sweep.release_states(study, root)
     assert sorted(p.name for p in states.iterdir()) == ["k1-r1", "k2-r0"]  # k1-r1: its 4000 run is still to come
     assert (states / "k1-r1" / "a.pt").is_file()
+    (states / "lr").mkdir()
+    (states / "lr" / "a.pt").write_bytes(b"x")
+    monkeypatch.setattr(sweep.shutil, "rmtree", lambda path: (_ for _ in ()).throw(PermissionError(13, "denied")))
+    sweep.release_states(study, root)  # a removal that fails costs disk, not the stage
+    assert (states / "lr" / "a.pt").is_file()
 
 
 def test_the_estimate_counts_held_out_evaluations_and_local_states_captured_once_a_cut_and_seed(tiny_llama, tmp_path):

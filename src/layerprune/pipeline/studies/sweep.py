@@ -121,12 +121,16 @@ def release_states(study: SweepStudy, root: Path) -> None:
     read = {states_folder(study, root, c.arm, search=c.step == "lr", cell=c) for c in cells(study, root)
             if c.step in ("recover", "lr") and not c.output.exists()}
     for path in folder.iterdir():
-        if path not in read:
-            log.info("teacher states %s: no stage left reads them, removed", path.name)
-            if path.is_dir():
+        if path in read:
+            continue
+        try:  # a removal that fails costs disk, never the stage
+            if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
             else:
                 path.unlink(missing_ok=True)
+            log.info("teacher states %s: no stage left reads them, removed", path.name)
+        except OSError as err:
+            log.warning("teacher states %s: not removed (%s)", path, err)
 
 
 def check_prompts(study: SweepStudy) -> None:
