@@ -28,12 +28,21 @@ def saturating_fit(tokens: np.ndarray, shares: np.ndarray) -> tuple[np.ndarray, 
     return np.where(undefined, np.nan, chosen_a), np.where(undefined, np.nan, chosen_t)
 
 
+def needed_tokens(a: Any, t: Any, share: float, largest: int) -> np.ndarray:
+    """The tokens at which fits (a, t) reach `share`: inf where not within the largest budget, or never; nan where
+    the fit is undefined."""
+    a, t = np.asarray(a, dtype=np.float64), np.asarray(t, dtype=np.float64)
+    reaches = np.isfinite(a) & np.isfinite(t) & (a > share)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        needed = np.where(reaches, -t * np.log1p(-share / np.where(reaches, a, 1.0)), np.inf)
+    needed = np.where(needed > largest, np.inf, needed)
+    return np.where(np.isfinite(a) & np.isfinite(t), needed, np.nan)
+
+
 def tokens_for(a: float, t: float, share: float, largest: int) -> float | None:
     """The tokens at which the fit reaches `share` (None: not within the largest budget, or never)."""
-    if not (np.isfinite(a) and np.isfinite(t)) or a <= share:
-        return None
-    needed = -t * np.log(1.0 - share / a)
-    return float(needed) if needed <= largest else None
+    needed = float(needed_tokens(a, t, share, largest))
+    return needed if np.isfinite(needed) else None
 
 
 def tokens_interval(a: float, t: float, draws: tuple[np.ndarray, np.ndarray], share: float, largest: int,
@@ -42,15 +51,11 @@ def tokens_interval(a: float, t: float, draws: tuple[np.ndarray, np.ndarray], sh
     (`draws`: their a and t): a refit that does not reach it within the largest budget counts as beyond it, so an
     end there is None (not reached); a resample whose fit is undefined is left out."""
     value = tokens_for(a, t, share, largest)
-    draw_a, draw_t = (np.asarray(d, dtype=np.float64).reshape(-1) for d in draws)
-    defined = np.isfinite(draw_a) & np.isfinite(draw_t)
-    reaches = defined & (draw_a > share)
-    needed = np.full(draw_a.shape, np.inf)
-    needed[reaches] = -draw_t[reaches] * np.log1p(-share / draw_a[reaches])
-    needed[needed > largest] = np.inf
-    if not defined.any():
+    needed = needed_tokens(*draws, share, largest).reshape(-1)
+    defined = needed[~np.isnan(needed)]
+    if not defined.size:
         return {"value": value, "low": None, "high": None}
-    ends = np.quantile(needed[defined], [alpha / 2, 1 - alpha / 2], method="inverted_cdf")  # a draw: inf stays inf
+    ends = np.quantile(defined, [alpha / 2, 1 - alpha / 2], method="inverted_cdf")  # a draw: inf stays inf
     low, high = (float(q) for q in ends)
     return {"value": value, "low": low if np.isfinite(low) else None, "high": high if np.isfinite(high) else None}
 

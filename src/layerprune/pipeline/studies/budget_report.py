@@ -247,15 +247,12 @@ def default_families(study: Any, tasks: list[str]) -> dict[str, ComparisonFamily
         common = max(set(own[a]) & set(own[b]))
         return None if common == study.budgets[-1] else common
 
-    def first(a: str) -> int:  # an arm's smallest budget
-        return own[a][0]
-
     def end(a: str) -> int | None:  # an arm's largest budget where it is not the study's (None: the study's)
         return None if own[a][-1] == study.budgets[-1] else own[a][-1]
 
     out = {}
     for task in tasks:
-        rise = [Contrast(name=f"{a}-k{k}-rise-{task}", a=a, at=k, budget=end(a), b_budget=first(a), task=task)
+        rise = [Contrast(name=f"{a}-k{k}-rise-{task}", a=a, at=k, budget=end(a), b_budget=own[a][0], task=task)
                 for k in study.ratios for a, _ in arms if len(own[a]) > 1]
         pairs = [Contrast(name=f"{a}-vs-{b}-k{k}-{task}", a=a, b=b, at=k, task=task, budget=at(a, b))
                  for k in study.ratios for (a, _), (b, _) in combinations(arms, 2) if set(own[a]) & set(own[b])]
@@ -280,13 +277,14 @@ def draw_budget_families(study: Any, figures: Figures,
 
 
 def agreement(figures: Figures, study: Any, arm: str | None, tasks: list[str],
-              folders: dict[str, Path] | None = None) -> dict[str, Any] | None:
+              folders: dict[str, Path]) -> dict[str, Any] | None:
     """A trainer arm's dedicated run at dedicated_at (k = lr_k) against the checkpoint of that budget: per task the
     paired difference of their scores, dedicated - checkpoint, on the replicates both have (paired by seed), with its
     interval and its Holm interval over the tasks, and 'agrees' (the Holm interval holds 0) or 'differs'. None: the
-    arm has no dedicated run. `identical`: every pair is the same weights (the model hashes their evaluations
-    recorded, from `folders`): with a constant rate after warmup and a deterministic run, the run to a budget and the
+    arm has no dedicated run. `identical`: every pair is the same weights (the model hashes their evaluations in
+    `folders` recorded): with a constant rate after warmup and a deterministic run, the run to a budget and the
     longer run's checkpoint there are one model, and the difference is 0 by construction, not by chance."""
+    from layerprune.evaluate.summary import SUMMARY_FILE, read_summary
     from layerprune.pipeline.studies.cells import replicate_label, split_label
     from layerprune.pipeline.studies.sweep_grid import dedicated_points
 
@@ -312,17 +310,8 @@ def agreement(figures: Figures, study: Any, arm: str | None, tasks: list[str],
         holds = paired.holds_zero(holm[task])
         rows[task] = {"difference": pair.interval(gap(task)), "holm": holm[task],
                       "verdict": NOT_SHOWN if holds is None else "agrees" if holds else "differs"}
-    hashes = [tuple(_model_hash(folders[m]) if folders and m in folders else None for m in pair) for pair in pairs]
-    return {**out, "tasks": rows, "identical": all(a is not None and a == b for a, b in hashes)}
-
-
-def _model_hash(folder: Path) -> str | None:
-    from layerprune.evaluate.summary import SUMMARY_FILE, read_summary
-
-    try:
-        return read_summary(folder / SUMMARY_FILE).model_hash or None
-    except (OSError, ValueError, LayerpruneError):
-        return None
+    weights = {m: read_summary(folders[m] / SUMMARY_FILE).model_hash for pair in pairs for m in pair}  # scored ones
+    return {**out, "tasks": rows, "identical": all(weights[c] == weights[d] for c, d in pairs)}
 
 
 def _pair_figures(figures: Figures, groups: dict[str, list[str]]) -> Figures:

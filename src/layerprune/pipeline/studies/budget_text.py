@@ -172,8 +172,6 @@ def _tokens(at: dict[str, Any] | None, smallest: int) -> str:
         return "not reached" if value is None else f"<= {smallest / 1000:.0f}k" if value <= smallest else \
             f"{value / 1000:.0f}k"
 
-    if not at:
-        return "not reached"
-    if at.get("value") is None and at.get("low") is None:
+    if not at or (at.get("value") is None and at.get("low") is None):
         return "not reached"
     return f"{said(at.get('value'))} [{said(at.get('low'))}, {said(at.get('high'))}]"

@@ -87,9 +87,10 @@ def measured(study: SweepStudy, seconds: dict[str, float]) -> dict[str, tuple[in
     """Per family of cells (FAMILIES) complete and timed to their end by the runner: (how many, the seconds measured,
     the seconds the estimate gives them); families with none left out."""
     timed = stage_seconds(study.run_dir())
+    complete = [c for c in cells(study, study.run_dir()) if c.name in timed and c.output.exists()]
     out = {}
     for family in FAMILIES:
-        grid = [c for c in cells(study, study.run_dir()) if c.step == family and c.name in timed and c.output.exists()]
+        grid = [c for c in complete if c.step == family]
         if not grid:
             continue
         names = {c.name for c in grid}
