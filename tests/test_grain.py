@@ -148,6 +148,7 @@ def test_the_matched_prefix_is_the_nearest_and_the_shorter_on_a_tie():
     ({"gsm8k_gate": {}}, "the instrument is fixed"),
     ({"prune": {"drop": 1, "score": "ablation", "granularity": "attention"}}, "no layers, target or granularity"),
     ({"comparisons": {"f": [{"name": "c", "a": "kd", "at": 1}]}}, "comparisons are fixed"),
+    ({"run_order": [1, 0]}, "a grain study runs replicate by replicate"),
     ({"classification": [], "fixed": []}, "name the instrument"),
 ])
 def test_the_schema_refuses_what_the_study_cannot_compare(tmp_path, fields, message):

@@ -304,6 +304,26 @@ def _recover(study: SweepStudy, settings: Any, root: Path, label: str) -> None:
     sweep.recover_at(study, settings, root, given[f"recover-{label}"])
 
 
+def test_a_run_order_runs_cut_by_cut_with_every_replicate_and_changes_no_stage_or_fingerprint(tiny_llama, tmp_path):
+    from layerprune.pipeline.stages import recipe_fingerprint
+
+    by_replicate = _tiny_study(tiny_llama, tmp_path, replicates=2, controls=True)
+    by_cut = _tiny_study(tiny_llama, tmp_path, replicates=2, controls=True, run_order=[2, 0, 1])
+    assert sweep_cells.stage_names(by_cut)[4:] == [
+        "prune-k2", "eval-pruned-k2", "recover-k2", "eval-recovered-k2", "recover-k2@r1", "eval-recovered-k2@r1",
+        "recover-k0", "eval-recovered-k0", "recover-k0@r1", "eval-recovered-k0@r1",
+        "prune-k1", "eval-pruned-k1", "recover-k1", "eval-recovered-k1", "recover-k1@r1", "eval-recovered-k1@r1",
+        "report"]
+    root = tmp_path / "s"
+    assert {c.name: c for c in sweep_cells.cells(by_cut, root)} == {c.name: c for c in sweep_cells.cells(
+        by_replicate, root)}  # the same stages, each given the same: only when each runs differs
+    assert recipe_fingerprint(by_cut) == recipe_fingerprint(by_replicate)  # a run in progress takes it on resume
+    for order, why in (([2, 1], r"every cut once \(1, 2, 0; 0: the k = 0 controls\), not \[2, 1\]"),
+                       ([2, 0, 1, 1], "every cut once"), ([3, 0, 1], "every cut once")):
+        with pytest.raises(ValueError, match=why):
+            _tiny_study(tiny_llama, tmp_path, replicates=2, controls=True, run_order=order)
+
+
 def test_replicates_and_the_control_add_stages_and_leave_replicate_0_as_it_was(tiny_llama, tmp_path):
     from layerprune.pipeline.studies import sweep_grid
 

@@ -71,6 +71,7 @@ class RunPaths:
 
 # What a run directory's fingerprint leaves out: the prose, where it is written, and settings that change no result
 UNOWNED: dict[str, Any] = {"description": True, "output": True, "degeneration": True, "comparisons": True,
+                           "run_order": True,
                            "prune": {"stack_candidates", "verify", "force"}, "evaluate": {"allow_overlap"}}
 
 

@@ -59,9 +59,9 @@ class Cell:
 
 def cells(study: SweepStudy, root: Path) -> list[Cell]:
     """Every stage of the sweep in order, built from the grid: the probe gate, the scoring pass and the GSM8K gate,
-    the original's evaluation, each arm's learning-rate search, then replicate by replicate (a stable sort: each
-    replicate's cuts, then its controls, so a study run in parts holds whole replicates of the design after each
-    part) every cut and its recoveries, and the report."""
+    the original's evaluation, each arm's learning-rate search, then every cut and its recoveries and the controls
+    (`in_run_order`: by default replicate by replicate, so a study run in parts holds whole replicates of the design
+    after each part), and the report."""
     if study.grains is not None:
         return grain_cells(study, root)
     chat, scored = both_formats(study), root / "scored"
@@ -95,17 +95,25 @@ def cells(study: SweepStudy, root: Path) -> list[Cell]:
         return [*(c for r in runs for c in recovery(arm, k, r, budget=largest, snapshots=points[r])),
                 *(c for b in range(len(smaller)) for r in runs for c in evals(points[r][b][1], r)), *dedicated]
 
-    control = [c for arm in arm_names(study) if has_control(study, arm) for c in arm_at(0, arm)]
-    per_k = [c for k in study.ratios
-             for c in (Cell(f"prune-k{k}", model_dir(root, f"pruned-k{k}") / "prune_report.json", "prune",
-                            f"pruned-k{k}", k), *evals(f"pruned-k{k}"), *(c for a in arm_names(study)
-                                                                           for c in arm_at(k, a)))]
+    cuts = {k: [Cell(f"prune-k{k}", model_dir(root, f"pruned-k{k}") / "prune_report.json", "prune", f"pruned-k{k}",
+                     k), *evals(f"pruned-k{k}"), *(c for a in arm_names(study) for c in arm_at(k, a))]
+            for k in study.ratios}
+    cuts[0] = [c for arm in arm_names(study) if has_control(study, arm) for c in arm_at(0, arm)]
     first = [*([Cell("calibrate-probes", root / CALIBRATION_FILE, "calibrate")] if study.probes is not None else []),
              *([] if study.given_cut else [Cell("score", root / "scored" / "prune_report.json", "score")]),
              *([Cell("gate-gsm8k", gate_summary(root), "gate")] if gsm8k_gated(study) else [])]
     return [*first, *evals("baseline"),
             *(Cell(f"lr-{arm}", lr_search_file(root, arm), "lr", k=study.lr_k, arm=arm) for arm in study.lr_grid),
-            *sorted([*per_k, *control], key=lambda c: c.replicate), Cell("report", root / "sweep.md", "report")]
+            *in_run_order(study, cuts), Cell("report", root / "sweep.md", "report")]
+
+
+def in_run_order(study: SweepStudy, cuts: dict[int, list[Cell]]) -> list[Cell]:
+    """Each cut's stages (0: the k = 0 controls') in the order they run: replicate by replicate, each one's cuts in
+    `ratios` order and then its controls (a stable sort), or with `run_order` cut by cut, each with every replicate
+    before the next (the first cut's comparisons whole before the others start)."""
+    if study.run_order is None:
+        return sorted([c for k in [*study.ratios, 0] for c in cuts[k]], key=lambda c: c.replicate)
+    return [c for k in study.run_order for c in sorted(cuts[k], key=lambda c: c.replicate)]
 
 
 def grain_cells(study: SweepStudy, root: Path) -> list[Cell]:

@@ -108,6 +108,11 @@ class SweepStudy(PipelineRecipe):
         None, description="One of budgets below the largest at which every trainer arm also trains a run of its own "
         "at k = lr_at (model ARM-kK@<budget>-dedicated[@rR], each replicate): the report pairs it with the checkpoint "
         "of that budget, which it should match within its interval")
+    run_order: list[int] | None = Field(
+        None, description="The cuts in the order their stages run, each with every replicate before the next (0: the "
+        "k = 0 controls), e.g. [2, 0, 4]: the first cut's comparisons whole before the others start; none: replicate "
+        "by replicate (a run in parts holds whole replicates of the design). When a stage runs, never what it does: "
+        "no fingerprint holds it, so a run in progress takes a new order as it resumes")
     grains: GrainCuts | None = Field(None, description="Finer grains cut beside the block cut at each k, at "
                                      "matched savings (pipeline/studies/grain_grid.py): every cell recovered by the "
                                      "one arm, the grain report (grain.md) instead of the sweep's; none: blocks only")
@@ -135,6 +140,7 @@ class SweepStudy(PipelineRecipe):
                 raise ValueError(validation_message(exc, f"arm '{label}'")) from None
         self._check_lr_grid(shared)
         self._check_budgets()
+        self._check_run_order()
         if self.grains is not None:
             check_grain_cuts(self)
         if set(self.arm_prompts) - set(self.arms or {}):
@@ -179,6 +185,16 @@ class SweepStudy(PipelineRecipe):
         if twice or len(set(self.fixed)) != len(self.fixed):
             raise ValueError(f"fixed: {', '.join(twice) or 'a task named twice'}: a fixed task is scored whatever "
                              "the gate keeps; name it once, not also in classification or probes.candidates")
+
+    def _check_run_order(self) -> None:
+        if self.run_order is None:
+            return
+        if self.grains is not None:
+            raise ValueError("run_order: a grain study runs replicate by replicate")
+        cuts = [*self.ratios, *([0] if self.controls else [])]
+        if sorted(self.run_order) != sorted(cuts):
+            raise ValueError(f"run_order: every cut once ({', '.join(map(str, cuts))}"
+                             f"{'; 0: the k = 0 controls' if self.controls else ''}), not {self.run_order}")
 
     @property
     def given_cut(self) -> bool:
