@@ -10,8 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
+from helpers import assert_one_line_error, run_cli
 from layerprune.core.errors import LayerpruneError
+from layerprune.core.settings import RunSettings
+from layerprune.pipeline.stages import RunPaths, claim_run_dir
+from layerprune.pipeline.studies import sweep, sweep_cells
 from layerprune.pipeline.studies.budget_report import write_budget_report
 from layerprune.pipeline.studies.sweep_grid import SweepStudy
 
@@ -679,3 +684,33 @@ def test_the_dry_run_sets_the_stages_the_runner_timed_beside_their_estimate(tiny
     assert line in dry_run(study, RunSettings())
     root.joinpath(TIMES).unlink()
     assert measured_line(study, seconds) is None
+
+
+def test_the_report_of_a_run_in_parts_is_drawn_on_demand_and_runs_nothing(tiny_llama, tmp_path, capsys):
+    """`layerprune study RECIPE --report`: sweep.md and budget.md from the cells scored so far, no stage run; refused
+    in one line where the directory holds no run of the recipe, or another recipe's. Before: the report came only with
+    the last stage, so a run in parts (the budget study: about 33 h) could not be read before its end."""
+    root = tmp_path / "s"
+    study = _study(tiny_llama, root, run_order=[1, 0, 2])
+    recipe = tmp_path / "tiny-budget.yaml"
+    recipe.write_text(yaml.safe_dump({"kind": "sweep-study", **study.model_dump(mode="json", exclude_defaults=True)}))
+    code, _, err = run_cli(capsys, ["study", str(recipe), "--report"])
+    assert_one_line_error(code, err, "holds no run of tiny-budget", "nothing to report")
+    assert not root.exists()
+    claim_run_dir(RunPaths(root), study, overwrite=False)
+    _plant(root, _models(CURVES, AGREEING), skip={"sft-k1@r2", "kd-k1@8k"})
+    code, _, err = run_cli(capsys, ["study", str(recipe), "--report"])
+    assert_one_line_error(code, err, "nothing to report before its score stage has run")
+    sweep.score(study, RunSettings(), root, next(c for c in sweep_cells.cells(study, root) if c.step == "score"))
+    code, out, err = run_cli(capsys, ["study", str(recipe), "--report"])
+    assert code == 0, err
+    assert f"report of tiny-budget (the stages complete so far): {root / 'sweep.md'}" in out
+    data = json.loads((root / "budget.json").read_text())
+    assert data["missing"]["sft-k1"] == {"replicates": [2], "of": 3} and "Not scored yet (" in (
+        root / "budget.md").read_text()
+    assert not [c.name for c in sweep_cells.cells(study, root) if c.step not in ("score", "eval", "report")
+                and c.output.exists()]  # nothing ran: no probe gate, cut, recovery or search
+    other = tmp_path / "other.yaml"
+    other.write_text(recipe.read_text().replace("drop: 2", "drop: 3").replace("- 2\n", "- 3\n"))
+    code, _, err = run_cli(capsys, ["study", str(other), "--report"])
+    assert_one_line_error(code, err, "holds another recipe's run")

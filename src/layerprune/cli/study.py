@@ -40,6 +40,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="Pack the study's progress, no weights and no document text, into FILE (replaced if "
                              "there) and run nothing: every finished stage, less the folders a pending stage reads, "
                              "to resume on another machine with --from-progress")
+    parser.add_argument("--report", action="store_true",
+                        help="Draw the report (sweep.md; with budgets budget.md too; with grains grain.md) from the "
+                             "stages complete so far and run nothing: a run in parts read before its end says what "
+                             "is not scored yet (after --from-progress: the archive's report)")
     parser.add_argument("--from-progress", type=Path, default=None, metavar="FILE.tar.gz",
                         help="Restore a --save-progress archive into the study's new directory, then resume: no "
                              "finished stage runs again")
@@ -76,6 +80,12 @@ def run(args: argparse.Namespace) -> int:
         if args.save_progress is not None:
             return save_progress(studies[0], args.save_progress)
         restore(studies[0], args.from_progress, args.dry_run)
+    if args.report and not args.dry_run:
+        from layerprune.pipeline.studies.sweep import draw_report
+
+        for study in studies:
+            print(f"report of {study.name} (the stages complete so far): {draw_report(study, settings)}")
+        return 0
     if args.dry_run:
         print(selection.dry_run([dry_run(study, settings) for study in studies]))
         return 0

@@ -223,6 +223,22 @@ def write_reports(study: SweepStudy, settings: RunSettings, root: Path, cell: Ce
         write_budget_report(study, root)
 
 
+def draw_report(study: SweepStudy, settings: RunSettings) -> Path:
+    """The report drawn from the stages complete so far, nothing run (`layerprune study NAME --report`): a run in
+    parts read before its end says in it what is not scored yet; the report stage draws it again at the end."""
+    paths = RunPaths(study.run_dir())
+    if not paths.state.is_file():
+        raise LayerpruneError(f"{paths.root} holds no run of {study.name}: nothing to report (run the study first)")
+    if not owns(read_report(paths.state, RunState), study):
+        raise LayerpruneError(f"{paths.root} holds another recipe's run, not {study.name}'s: nothing drawn")
+    grid = cells(study, paths.root)
+    cut = next(c for c in grid if c.step in ("score", "prune", "plan"))  # every figure reads the cut it ranks
+    if not cut.output.exists():
+        raise LayerpruneError(f"{paths.root}: nothing to report before its {cut.name} stage has run")
+    write_reports(study, settings, paths.root, grid[-1])
+    return grid[-1].output
+
+
 def evaluate(study: SweepStudy, settings: RunSettings, root: Path, label: str, model: str | None,
              eval_settings: EvalSettings, calibration: Path, evals: str = "eval") -> None:
     """`model` scored into `evals`/`label`, recording the calibration items of the pruned folder `calibration`."""

@@ -132,6 +132,7 @@ def plot_losses(curves: dict[int | str, dict[str, Any]], path: Path) -> None:
             ax.plot([s for s, _ in points], [v for _, v in points], "-o", ms=3, label=curve_name(k))
         ax.set(xlabel="optimizer step", ylabel="held-out loss (teacher answers)", title="Recovery: held-out loss per k"
                + (" and arm" if any(isinstance(k, str) for k in curves) else ""))
-        ax.legend(fontsize=8)
+        if curves:  # none recovered yet (a report of a run in parts)
+            ax.legend(fontsize=8)
 
     save_chart(path, draw, (6.4, 3.8))
