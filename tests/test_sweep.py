@@ -611,11 +611,14 @@ def test_tiny_sweep_with_two_arms_recovers_every_k_both_ways_and_compares_them_p
     grid = {"lora": [1e-5, 5e-3]}
     recipe.write_text(yaml.safe_dump({**tiny_sweep(tiny_llama, tmp_path / "sweep"), "arms": ARMS, "lr_grid": grid},
                                      sort_keys=False))
-    assert "lr from the grid 1e-05, 0.005" in run_cli(capsys, ["study", str(recipe), "--dry-run"])[1]
+    planned = run_cli(capsys, ["study", str(recipe), "--dry-run"])[1]
+    assert "epochs, lr from the grid 1e-05, 0.005" in planned  # before: the recipe's rate, which no run trains at
     code, out, err = run_cli(capsys, ["study", str(recipe), "--device", "cpu", "-q"])
     assert code == 0, err
     root = tmp_path / "sweep"
     search = json.loads((root / "lr_search" / "lora.json").read_text())
+    assert f"epochs, lr {search['chosen']:g} chosen by lr-lora from the grid 1e-05, 0.005" in run_cli(
+        capsys, ["study", str(recipe), "--dry-run"])[1]
     losses = {c["learning_rate"]: c["held_out_loss"] for c in search["candidates"]}
     assert set(losses) == set(grid["lora"]) and search["k"] == 1 and losses[1e-5] != losses[5e-3]
     assert search["chosen"] == min(losses, key=losses.get) and search["seed_offset"] == 1000

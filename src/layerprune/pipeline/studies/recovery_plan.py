@@ -30,9 +30,18 @@ def sequence_tokens(recipe: RecoverRecipe) -> int:
     return recipe.generate.max_new_tokens + PROMPT_TOKENS
 
 
+def learning_rate(recipe: RecoverRecipe) -> float | None:
+    """The rate a recovery's first training step trains at (local's section, else train's; None: nothing trains)."""
+    section = recipe.lr_section()
+    if section is None:
+        return None
+    rate = getattr(recipe, section).learning_rate  # local's unset: the train section's
+    return float(recipe.train.learning_rate if rate is None else rate)
+
+
 def training(recipe: RecoverRecipe) -> tuple[float, str, float]:
-    """One recovery's plan: the tokens it trains (sequence_tokens a teacher answer), its schedule in words, and the
-    measured CPU rate it trains at (the local step on cached states has its own)."""
+    """One recovery's plan: the tokens it trains (sequence_tokens a teacher answer), its schedule in words (its rate
+    apart: `learning_rate`), and the measured CPU rate it trains at (the local step on cached states has its own)."""
     train, per_answer, planned = recipe.train, sequence_tokens(recipe), answers(recipe)
     if recipe.trainer_method() is None and recipe.lr_section() is not None:
         # the local step's own budget: local.steps (else train.max_steps, else one pass) of batch x accum
@@ -42,7 +51,7 @@ def training(recipe: RecoverRecipe) -> tuple[float, str, float]:
         trained = budget.steps * budget.sequences_per_step * per_answer
         if train.max_tokens is not None:
             trained = min(trained, train.max_tokens)
-        return trained, f"{budget.steps} local steps, lr {budget.learning_rate:g}", RATES["local tokens/s"]
+        return trained, f"{budget.steps} local steps", RATES["local tokens/s"]
     if recipe.trainer_method() is None:
         return 0.0, "no training (forward passes only)", RATES["trained tokens/s"]
     trained = planned * (1 - train.held_out) * per_answer * train.epochs if train.max_steps is None else \
@@ -51,7 +60,7 @@ def training(recipe: RecoverRecipe) -> tuple[float, str, float]:
     if train.max_tokens is not None:  # target (answer) tokens: sequence_tokens / max_new_tokens trained a token
         trained = min(trained, train.max_tokens * per_answer / recipe.generate.max_new_tokens)
         schedule += f" or {train.max_tokens} target (answer) tokens, whichever comes first"
-    return trained, f"{schedule}, lr {train.learning_rate:g}", RATES["trained tokens/s"]
+    return trained, schedule, RATES["trained tokens/s"]
 
 
 def run_tokens(study: SweepStudy, arm: str | None, plans: dict[str | None, tuple[float, str, float]],

@@ -19,6 +19,7 @@ from layerprune.pipeline.studies.recovery_plan import (
     budget_runs,
     budget_seconds,
     held_out_seconds,
+    learning_rate,
     run_tokens,
     states_seconds,
     training,
@@ -37,6 +38,7 @@ from layerprune.pipeline.studies.sweep_grid import (
     models,
 )
 from layerprune.pipeline.studies.sweep_time import left_seconds, measured_line
+from layerprune.recover import lr_search
 from layerprune.recover.schema import RecoverRecipe
 
 log = logging.getLogger(__name__)
@@ -260,9 +262,9 @@ def _recovery_lines(study: SweepStudy, shared: RecoverRecipe, plans: dict[str | 
     if study.arms is None:
         trained, schedule, _ = plans[None]
         return [f"recovery at every k: {shared.method} on {asked} (generated once; {gen.max_new_tokens} new tokens "
-                f"at temperature {gen.temperature:g}), {schedule}, batch {train.batch_size} x {train.grad_accum}, "
-                f"held-out {train.held_out:g} every {train.eval_steps} steps: about {trained / 1000:.0f}k trained "
-                f"tokens per k {tail}"]
+                f"at temperature {gen.temperature:g}), {schedule}{_rate(study, None, shared)}, batch "
+                f"{train.batch_size} x {train.grad_accum}, held-out {train.held_out:g} every {train.eval_steps} "
+                f"steps: about {trained / 1000:.0f}k trained tokens per k {tail}"]
     lines = [f"arms ({len(study.arms)}, each at every k, paired on the same items): {', '.join(study.arms)}; every "
              f"arm{' but ' + ', '.join(study.arm_prompts) if study.arm_prompts else ''} on the same {asked} "
              f"(generated once for every arm and k; {gen.max_new_tokens} new tokens at "
@@ -270,14 +272,24 @@ def _recovery_lines(study: SweepStudy, shared: RecoverRecipe, plans: dict[str | 
              f"{train.held_out:g}"]
     for arm, (trained, schedule, _) in plans.items():
         recipe = study.arm_recipe(arm, "<pruned>")
-        grid = study.lr_grid.get(arm or "")
-        search = (f" (lr from the grid {', '.join(f'{rate:g}' for rate in grid)}: the arm's recipe trained at "
-                  f"each on pruned-k{study.lr_k} under a seed of its own, the lowest held-out loss chosen; "
-                  f"{len(grid)} of the recoveries are that search, never scored)" if grid else "")
         size = (f"about {trained / 1000:.0f}k trained tokens per k" if not study.budgets else
                 "each run to its budget (below)")
-        lines.append(f"arm {arm}: {recipe.chain_name()}, {schedule}{search}: {size}; {runs[arm]} recoveries {tail}")
+        lines.append(f"arm {arm}: {recipe.chain_name()}, {schedule}{_rate(study, arm, recipe)}: {size}; "
+                     f"{runs[arm]} recoveries {tail}")
     return lines
+
+
+def _rate(study: SweepStudy, arm: str | None, recipe: RecoverRecipe) -> str:
+    """', lr 0.001' (the recipe's), or for an arm with a grid the rate its search chose once it has run."""
+    grid, rate = study.lr_grid.get(arm or ""), learning_rate(recipe)
+    if not grid:
+        return "" if rate is None else f", lr {rate:g}"
+    path = lr_search.lr_search_file(study.run_dir(), str(arm))
+    chosen = f"lr {lr_search.chosen(study.run_dir(), str(arm), study.lr_grid):g} chosen by lr-{arm} from" \
+        if path.is_file() else "lr from"
+    return (f", {chosen} the grid {', '.join(f'{rate:g}' for rate in grid)} (the arm's recipe trained at each on "
+            f"pruned-k{study.lr_k} under a seed of its own, the lowest held-out loss chosen; {len(grid)} of the "
+            "recoveries are that search, never scored)")
 
 
 def _replicate_line(study: SweepStudy, shared: RecoverRecipe, answer_sets: int) -> str:
