@@ -103,6 +103,17 @@ def test_study_model_on_a_plain_recipe_keeps_its_counts_or_takes_drop(capsys, he
     assert written(here) == []
 
 
+def test_drop_keeps_a_run_order_of_the_cuts_still_there_and_runs_the_new_ones_after(capsys, here, tiny_models):
+    from layerprune.pipeline.on_model import with_drop
+
+    assert with_drop({"ratios": [2, 4], "run_order": [2, 0, 4], "prune": {"drop": 4}}, 6)["run_order"] == [2, 0, 4, 6]
+    assert with_drop({"ratios": [2, 4], "run_order": [4, 0, 2], "prune": {"drop": 4}}, 3)["run_order"] == [0, 2, 3]
+    code, out, err = run_cli(capsys, ["study", "limits-budget-math-embedded", "--model", str(tiny_models("llama", 8)),
+                                      "--drop", "6", "--dry-run"])  # before: run_order [2, 0, 4] refused ratios 2, 4, 6
+    assert code == 0, err
+    assert "prune.drop 6 (--drop)" in out and "cut at k = 2, 4, 6 blocks" in out
+
+
 def test_study_grid_on_the_user_s_model(capsys, here, tiny_llama):
     code, out, err = run_cli(capsys, ["study", "recovery-methods-7b-8b", "--model", str(tiny_llama), "--dry-run"])
     assert code == 0, err

@@ -29,7 +29,7 @@ from layerprune.core.errors import LayerpruneError
 from layerprune.core.settings import RunSettings
 
 # the fields that count blocks (a prune target counts them by size: params=6.5B is the recipe model's, 0.8x anyone's)
-DEPTH_KEYS = (("prune", "drop"), ("prune", "layers"), ("prune", "target"), ("ratios",))
+DEPTH_KEYS = (("prune", "drop"), ("prune", "layers"), ("prune", "target"), ("ratios",), ("run_order",))
 PROSE = ("name", "description", "output", "tag")  # a label's fields that say which cell it is, not what it does
 # Blocks of the shipped protocols' own models (their public configs), read here so that a dry run needs no hub
 PUBLISHED_DEPTHS = {"meta-llama/Llama-3.1-8B-Instruct": 32, "mistralai/Mistral-7B-Instruct-v0.3": 32,
@@ -189,13 +189,16 @@ def largest_count(counts: Mapping[tuple[str, ...], Any]) -> int:
 
 def with_drop(fields: dict[str, Any], drop: int) -> dict[str, Any]:
     """The counts a mapping sets, with N as the largest: prune.drop N (prune.layers and prune.target gone), ratios
-    kept below N and ending at N."""
+    kept below N and ending at N (a run_order keeps its order of the cuts still there, the new ones after)."""
     out = copy.deepcopy(fields)
     if isinstance(out.get("prune"), Mapping) and ({"drop", "layers", "target"} & set(out["prune"])):
         prune = {key: value for key, value in out["prune"].items() if key not in ("layers", "target")}
         out["prune"] = {**prune, "drop": drop}
     if isinstance(out.get("ratios"), list):
         out["ratios"] = [k for k in out["ratios"] if isinstance(k, int) and k < drop] + [drop]
+        if isinstance(out.get("run_order"), list):
+            kept = [k for k in out["run_order"] if k in {0, *out["ratios"]}]
+            out["run_order"] = kept + [k for k in out["ratios"] if k not in kept]
     return out
 
 
