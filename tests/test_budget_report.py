@@ -686,10 +686,15 @@ def test_the_dry_run_sets_the_stages_the_runner_timed_beside_their_estimate(tiny
     assert measured_line(study, seconds) is None
 
 
-def test_the_report_of_a_run_in_parts_is_drawn_on_demand_and_runs_nothing(tiny_llama, tmp_path, capsys):
-    """`layerprune study RECIPE --report`: sweep.md and budget.md from the cells scored so far, no stage run; refused
-    in one line where the directory holds no run of the recipe, or another recipe's. Before: the report came only with
-    the last stage, so a run in parts (the budget study: about 33 h) could not be read before its end."""
+def test_the_report_of_a_run_in_parts_is_drawn_on_demand_and_runs_nothing(tiny_llama, tmp_path, capsys,
+                                                                          monkeypatch, shared_data):
+    """`layerprune study RECIPE --report`: sweep.md and budget.md from the cells scored so far, headed by what is not
+    run yet, no stage run, and the report stage still draws the study's own at the end; refused in one line where the
+    directory holds no run of the recipe, another recipe's, no cut or no evaluation of the original yet, with flags
+    that run something, or for a grid none of whose cells has a run. Before: the report came only with the last
+    stage, so a run in parts (the budget study: about 33 h) could not be read before its end."""
+    from layerprune.pipeline.studies import study_reports
+
     root = tmp_path / "s"
     study = _study(tiny_llama, root, run_order=[1, 0, 2])
     recipe = tmp_path / "tiny-budget.yaml"
@@ -698,19 +703,37 @@ def test_the_report_of_a_run_in_parts_is_drawn_on_demand_and_runs_nothing(tiny_l
     assert_one_line_error(code, err, "holds no run of tiny-budget", "nothing to report")
     assert not root.exists()
     claim_run_dir(RunPaths(root), study, overwrite=False)
-    _plant(root, _models(CURVES, AGREEING), skip={"sft-k1@r2", "kd-k1@8k"})
     code, _, err = run_cli(capsys, ["study", str(recipe), "--report"])
     assert_one_line_error(code, err, "nothing to report before its score stage has run")
-    sweep.score(study, RunSettings(), root, next(c for c in sweep_cells.cells(study, root) if c.step == "score"))
+    grid = sweep_cells.cells(study, root)
+    sweep.score(study, RunSettings(), root, next(c for c in grid if c.step == "score"))
+    code, _, err = run_cli(capsys, ["study", str(recipe), "--report"])
+    assert_one_line_error(code, err, "nothing to report before its eval-baseline stage has run")
+    _plant(root, _models(CURVES, AGREEING), skip={"sft-k1@r2", "kd-k1@8k"})
+    for flag in ("--dry-run", "--max-hours=1"):
+        code, _, err = run_cli(capsys, ["study", str(recipe), "--report", flag])
+        assert_one_line_error(code, err, "runs nothing: not with --dry-run")
     code, out, err = run_cli(capsys, ["study", str(recipe), "--report"])
     assert code == 0, err
     assert f"report of tiny-budget (the stages complete so far): {root / 'sweep.md'}" in out
     data = json.loads((root / "budget.json").read_text())
     assert data["missing"]["sft-k1"] == {"replicates": [2], "of": 3} and "Not scored yet (" in (
         root / "budget.md").read_text()
-    assert not [c.name for c in sweep_cells.cells(study, root) if c.step not in ("score", "eval", "report")
-                and c.output.exists()]  # nothing ran: no probe gate, cut, recovery or search
+    left = json.loads((root / "sweep.json").read_text())["partial"]["left"]
+    assert "recover-sft-k1" in left and "eval-sft-k1" not in left and data["partial"]["left"] == left
+    for name in ("sweep.md", "budget.md"):
+        assert (root / name).read_text().startswith("> **Drawn from a run in progress** (`layerprune study "
+                                                    "tiny-budget --report`): ")
+    assert not [c.name for c in grid if c.step not in ("score", "eval") and c.output.exists()]  # nothing ran, and
+    # the report stage is not complete: it draws the study's report at the end, with no banner
+    study_reports.write_reports(study, RunSettings(), root, grid[-1])
+    assert grid[-1].output.exists() and not (root / "sweep.md").read_text().startswith("> **Drawn")
+    assert "partial" not in json.loads((root / "budget.json").read_text())
     other = tmp_path / "other.yaml"
     other.write_text(recipe.read_text().replace("drop: 2", "drop: 3").replace("- 2\n", "- 3\n"))
     code, _, err = run_cli(capsys, ["study", str(other), "--report"])
     assert_one_line_error(code, err, "holds another recipe's run")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LAYERPRUNE_DATA_DIR", str(shared_data))
+    code, _, err = run_cli(capsys, ["study", "limits-sweep-7b-8b", "--report"])  # a grid: no cell has a run
+    assert_one_line_error(code, err, "no cell of the grid has a report to draw", "holds no run of")

@@ -72,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
     replicates = {} if args.replicates is None else {"replicates": args.replicates}  # defaults < recipe < flags
     studies = [selection.build(SweepStudy, cell, cell_output(args, selection.grid, cell.name), replicates)
                for cell in selection.cells]  # every cell valid before any runs
+    if args.report and (args.dry_run or args.save_progress is not None or args.max_hours is not None):
+        raise LayerpruneError("--report draws the report of what has run and runs nothing: not with --dry-run, "
+                              "--save-progress or --max-hours")
     if args.max_hours is not None:
         check_max_hours(estimate_seconds, studies, settings, args.max_hours)
     if args.save_progress is not None or args.from_progress is not None:
@@ -80,12 +83,8 @@ def run(args: argparse.Namespace) -> int:
         if args.save_progress is not None:
             return save_progress(studies[0], args.save_progress)
         restore(studies[0], args.from_progress, args.dry_run)
-    if args.report and not args.dry_run:
-        from layerprune.pipeline.studies.sweep import draw_report
-
-        for study in studies:
-            print(f"report of {study.name} (the stages complete so far): {draw_report(study, settings)}")
-        return 0
+    if args.report:
+        return report(studies, settings)
     if args.dry_run:
         print(selection.dry_run([dry_run(study, settings) for study in studies]))
         return 0
@@ -94,6 +93,31 @@ def run(args: argparse.Namespace) -> int:
             print(f"cell {index}/{len(studies)}: {study.name} -> {study.run_dir()}", flush=True)
         word = "sweep" if study.grains is None else "grain study"
         print(f"{word}: {run_sweep(study, settings, args.overwrite)}")
+    return 0
+
+
+def report(studies: list[SweepStudy], settings: RunSettings) -> int:
+    """--report: each study's report drawn from its stages complete so far; a grid's cells without a run of their
+    own said and passed over (refused, one line, where no cell has one)."""
+    from layerprune.pipeline.stages import RunPaths
+    from layerprune.pipeline.studies.study_reports import draw_report
+    from layerprune.pipeline.studies.sweep import arms_added
+
+    drawn, passed = 0, []
+    for study in studies:
+        try:
+            path = draw_report(study, settings, adds_arms=arms_added(study, RunPaths(study.run_dir())) is not None)
+        except LayerpruneError as exc:
+            if len(studies) == 1:
+                raise
+            passed.append(f"{study.name}: {exc}")
+            continue
+        drawn += 1
+        print(f"report of {study.name} (the stages complete so far): {path}")
+    for line in passed:
+        print(f"no report of {line}")
+    if not drawn:
+        raise LayerpruneError(f"no cell of the grid has a report to draw ({passed[0]})")
     return 0
 
 

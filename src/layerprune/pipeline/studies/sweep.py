@@ -54,6 +54,7 @@ from layerprune.pipeline.studies.cells import (
 )
 from layerprune.pipeline.studies.grain import check_reachable
 from layerprune.pipeline.studies.progress import check_same_weights
+from layerprune.pipeline.studies.study_reports import report_file, write_reports
 from layerprune.pipeline.studies.sweep_cells import STATES, Cell, cells, disk_need, model_dir
 from layerprune.pipeline.studies.sweep_grid import (
     GSM8K,
@@ -95,7 +96,7 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
         log.warning("%s", disk.line())
     run_stages(sweep_stages(study, settings, root, grid), root, times=root / TIMES)
     shutil.rmtree(root / STATES, ignore_errors=True)  # every run that could read the kept states has run
-    return grid[-1].output  # the report: sweep.md, or a grain study's grain.md
+    return report_file(study, root)
 
 
 def states_folder(study: SweepStudy, root: Path, arm: str | None, search: bool = False,
@@ -206,37 +207,6 @@ def evaluate_model_of(study: SweepStudy, settings: RunSettings, root: Path, cell
     assert cell.calibration is not None
     evaluate(study, settings, root, cell.label, str(cell.model) if cell.model else study.model,
              study.eval_settings(evaluated_tasks(study, root)), cell.calibration)
-
-
-def write_reports(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) -> None:
-    if study.grains is not None:  # a grain study's report instead (pipeline/studies/grain_report.py)
-        from layerprune.pipeline.studies.grain_report import write_grain_report
-
-        write_grain_report(study, root)
-        return
-    from layerprune.pipeline.studies.sweep_report import write_sweep_report
-
-    write_sweep_report(study, root)
-    if study.budgets:  # the budget curves beside it (pipeline/studies/budget_report.py)
-        from layerprune.pipeline.studies.budget_report import write_budget_report
-
-        write_budget_report(study, root)
-
-
-def draw_report(study: SweepStudy, settings: RunSettings) -> Path:
-    """The report drawn from the stages complete so far, nothing run (`layerprune study NAME --report`): a run in
-    parts read before its end says in it what is not scored yet; the report stage draws it again at the end."""
-    paths = RunPaths(study.run_dir())
-    if not paths.state.is_file():
-        raise LayerpruneError(f"{paths.root} holds no run of {study.name}: nothing to report (run the study first)")
-    if not owns(read_report(paths.state, RunState), study):
-        raise LayerpruneError(f"{paths.root} holds another recipe's run, not {study.name}'s: nothing drawn")
-    grid = cells(study, paths.root)
-    cut = next(c for c in grid if c.step in ("score", "prune", "plan"))  # every figure reads the cut it ranks
-    if not cut.output.exists():
-        raise LayerpruneError(f"{paths.root}: nothing to report before its {cut.name} stage has run")
-    write_reports(study, settings, paths.root, grid[-1])
-    return grid[-1].output
 
 
 def evaluate(study: SweepStudy, settings: RunSettings, root: Path, label: str, model: str | None,

@@ -34,6 +34,7 @@ from layerprune.pipeline.studies.sweep_grid import (
 )
 from layerprune.recover.lr_search import lr_search_file
 
+REPORTED = ".reported"  # written by the report stage after every report of a finished run (study_reports.py)
 STATES = "teacher-states"  # the teacher's hidden states a local arm's runs share (sweep.states_folder), a folder a
 # cut and seed, each removed once no stage left reads it (sweep.release_states)
 
@@ -104,7 +105,7 @@ def cells(study: SweepStudy, root: Path) -> list[Cell]:
              *([Cell("gate-gsm8k", gate_summary(root), "gate")] if gsm8k_gated(study) else [])]
     return [*first, *evals("baseline"),
             *(Cell(f"lr-{arm}", lr_search_file(root, arm), "lr", k=study.lr_k, arm=arm) for arm in study.lr_grid),
-            *in_run_order(study, cuts), Cell("report", root / "sweep.md", "report")]
+            *in_run_order(study, cuts), Cell("report", root / REPORTED, "report")]
 
 
 def in_run_order(study: SweepStudy, cuts: dict[int, list[Cell]]) -> list[Cell]:
@@ -144,7 +145,7 @@ def grain_cells(study: SweepStudy, root: Path) -> list[Cell]:
                      *(c for name, level in cuts for pruned in [root / "pruned" / name] for c in (
                          evaluation(f"pruned-{name}", pruned, pruned),
                          *recoveries(name, "recovered", level, pruned, pruned)))], key=lambda c: c.replicate),
-            Cell("report", root / "grain.md", "report")]
+            Cell("report", root / REPORTED, "report")]
 
 
 def stage_names(study: SweepStudy) -> list[str]:

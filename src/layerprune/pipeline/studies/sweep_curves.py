@@ -67,7 +67,8 @@ def plot_retention(points: list[dict[str, Any]], depth: int | None, path: Path) 
         ax.axhline(0, color="grey", lw=0.6)
         ax.set(xlabel="blocks dropped (% of depth)" if depth else "blocks dropped",
                ylabel="retention above chance (%)", title="Retention against pruning ratio (95% paired intervals)")
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # nothing drawn: no pruned model scored yet
+            ax.legend(fontsize=8)
 
     save_chart(path, draw)
 
