@@ -619,6 +619,9 @@ def test_tiny_sweep_with_two_arms_recovers_every_k_both_ways_and_compares_them_p
     search = json.loads((root / "lr_search" / "lora.json").read_text())
     assert f"epochs, lr {search['chosen']:g} chosen by lr-lora from the grid 1e-05, 0.005" in run_cli(
         capsys, ["study", str(recipe), "--dry-run"])[1]
+    other = tmp_path / "other.yaml"  # another grid: the run there is another recipe's, its search not this one's
+    other.write_text(recipe.read_text().replace("0.005", "0.004"))
+    assert "epochs, lr from the grid 1e-05, 0.004" in run_cli(capsys, ["study", str(other), "--dry-run"])[1]
     losses = {c["learning_rate"]: c["held_out_loss"] for c in search["candidates"]}
     assert set(losses) == set(grid["lora"]) and search["k"] == 1 and losses[1e-5] != losses[5e-3]
     assert search["chosen"] == min(losses, key=losses.get) and search["seed_offset"] == 1000

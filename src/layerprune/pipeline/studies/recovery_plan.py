@@ -31,11 +31,12 @@ def sequence_tokens(recipe: RecoverRecipe) -> int:
 
 
 def learning_rate(recipe: RecoverRecipe) -> float | None:
-    """The rate a recovery's first training step trains at (local's section, else train's; None: nothing trains)."""
+    """The rate of the schedule `training` words: its trainer's, else its local step's (unset: train's); None where
+    nothing trains."""
     section = recipe.lr_section()
     if section is None:
         return None
-    rate = getattr(recipe, section).learning_rate  # local's unset: the train section's
+    rate = None if recipe.trainer_method() is not None else getattr(recipe, section).learning_rate
     return float(recipe.train.learning_rate if rate is None else rate)
 
 

@@ -235,12 +235,8 @@ def progress_lines(study: SweepStudy, root: Path) -> list[str]:
     paths = RunPaths(root)
     if not paths.state.is_file():
         return []
-    try:
-        owned = owns(read_report(paths.state, RunState), study)
-    except LayerpruneError:
-        owned = False
     added = arms_added(study, paths)
-    if not owned and added is None:
+    if not holds_its_run(study, root):
         return [f"{root} holds another recipe's run (or this sweep changed): the sweep would be refused there; "
                 "--overwrite starts it over, --output chooses another folder"]
     stages = [cell for cell in cells(study, root) if cell.step != "report"]
@@ -250,6 +246,16 @@ def progress_lines(study: SweepStudy, root: Path) -> list[str]:
     return [f"{root} holds a run of this {kind}{arms}: {len(names) - len(left)} of {len(names)} stages complete "
             f"(skipped when it resumes; the estimate below counts them all); "
             f"left: {in_brief(left) if left else 'none'}"]
+
+
+def holds_its_run(study: SweepStudy, root: Path) -> bool:
+    """Whether `root` holds a run of this sweep (its run.json this recipe's, or this recipe's less arms it adds)."""
+    paths = RunPaths(root)
+    try:
+        owned = paths.state.is_file() and owns(read_report(paths.state, RunState), study)
+    except LayerpruneError:
+        owned = False
+    return owned or arms_added(study, paths) is not None
 
 
 def _recovery_lines(study: SweepStudy, shared: RecoverRecipe, plans: dict[str | None, tuple[float, str, float]],
@@ -284,9 +290,10 @@ def _rate(study: SweepStudy, arm: str | None, recipe: RecoverRecipe) -> str:
     grid, rate = study.lr_grid.get(arm or ""), learning_rate(recipe)
     if not grid:
         return "" if rate is None else f", lr {rate:g}"
-    path = lr_search.lr_search_file(study.run_dir(), str(arm))
-    chosen = f"lr {lr_search.chosen(study.run_dir(), str(arm), study.lr_grid):g} chosen by lr-{arm} from" \
-        if path.is_file() else "lr from"
+    searched = lr_search.lr_search_file(study.run_dir(), str(arm)).is_file() and holds_its_run(study, study.run_dir())
+    section = "" if recipe.lr_section() == "train" or recipe.trainer_method() is None else f"{recipe.lr_section()} "
+    chosen = f"{section}lr {lr_search.chosen(study.run_dir(), str(arm), study.lr_grid):g} chosen by lr-{arm} from" \
+        if searched else f"{section}lr from"
     return (f", {chosen} the grid {', '.join(f'{rate:g}' for rate in grid)} (the arm's recipe trained at each on "
             f"pruned-k{study.lr_k} under a seed of its own, the lowest held-out loss chosen; {len(grid)} of the "
             "recoveries are that search, never scored)")
