@@ -15,10 +15,12 @@ import yaml
 from helpers import assert_one_line_error, run_cli
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.settings import RunSettings
+from layerprune.pipeline.results import study_kind
 from layerprune.pipeline.stages import RunPaths, claim_run_dir
 from layerprune.pipeline.studies import sweep, sweep_cells
 from layerprune.pipeline.studies.budget_report import write_budget_report
 from layerprune.pipeline.studies.sweep_grid import SweepStudy
+from layerprune.pipeline.studies.sweep_join import read_sweep
 
 BUDGETS = [8000, 32000, 128000, 256000]
 TAGS = ["@8k", "@32k", "@128k", ""]
@@ -726,9 +728,29 @@ def test_the_report_of_a_run_in_parts_is_drawn_on_demand_and_runs_nothing(tiny_l
                                                     "tiny-budget --report`): ")
     assert not [c.name for c in grid if c.step not in ("score", "eval") and c.output.exists()]  # nothing ran, and
     # the report stage is not complete: it draws the study's report at the end, with no banner
+    for kind in ("sweep.json", "budget.json"):  # nothing takes a partial report for the study's result
+        with pytest.raises(LayerpruneError, match=f"its {kind} was drawn from a run in progress"):
+            if kind == "sweep.json":
+                read_sweep(root)
+            else:
+                (root / "sweep.json").rename(root / "kept.json")
+                study_kind(root)
+    (root / "kept.json").rename(root / "sweep.json")
     study_reports.write_reports(study, RunSettings(), root, grid[-1])
     assert grid[-1].output.exists() and not (root / "sweep.md").read_text().startswith("> **Drawn")
     assert "partial" not in json.loads((root / "budget.json").read_text())
+    assert run_cli(capsys, ["study", str(recipe), "--report"])[0] == 0  # drawn over the stage's: it draws again
+    assert not grid[-1].output.exists()
+    done = tmp_path / "done"  # a finished run given stages since (replicates, arms): its reports are drawn again
+    finished = [c.output for c in sweep_cells.cells(study, done)]
+    for path in finished:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}")
+    study_reports.unmark_if_left(study, done)
+    assert finished[-1].exists()
+    finished[3].unlink()
+    study_reports.unmark_if_left(study, done)
+    assert not finished[-1].exists()
     other = tmp_path / "other.yaml"
     other.write_text(recipe.read_text().replace("drop: 2", "drop: 3").replace("- 2\n", "- 3\n"))
     code, _, err = run_cli(capsys, ["study", str(other), "--report"])

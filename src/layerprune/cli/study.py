@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             return save_progress(studies[0], args.save_progress)
         restore(studies[0], args.from_progress, args.dry_run)
     if args.report:
-        return report(studies, settings)
+        return report(studies)
     if args.dry_run:
         print(selection.dry_run([dry_run(study, settings) for study in studies]))
         return 0
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def report(studies: list[SweepStudy], settings: RunSettings) -> int:
+def report(studies: list[SweepStudy]) -> int:
     """--report: each study's report drawn from its stages complete so far; a grid's cells without a run of their
     own said and passed over (refused, one line, where no cell has one)."""
     from layerprune.pipeline.stages import RunPaths
@@ -106,7 +106,7 @@ def report(studies: list[SweepStudy], settings: RunSettings) -> int:
     drawn, passed = 0, []
     for study in studies:
         try:
-            path = draw_report(study, settings, adds_arms=arms_added(study, RunPaths(study.run_dir())) is not None)
+            path = draw_report(study, adds_arms=arms_added(study, RunPaths(study.run_dir())) is not None)
         except LayerpruneError as exc:
             if len(studies) == 1:
                 raise

@@ -136,7 +136,12 @@ KINDS: dict[str, tuple[Callable[[Path], bool], Callable[[Path, Path], tuple[str,
 
 
 def study_kind(root: Path) -> str:
-    """Which report an unpacked archive holds (the first of KINDS whose files it has)."""
+    """Which report an unpacked archive holds (the first of KINDS whose files it has); refused where a report was
+    drawn from a run in progress (`study --report`): its page would pass for the study's result."""
+    for name in ("sweep.json", "budget.json", "grain.json"):
+        if (root / name).is_file() and "partial" in _load(root / name):
+            raise LayerpruneError(f"{root}: its {name} was drawn from a run in progress (study --report): archive "
+                                  "the finished run")
     for kind, (holds, _) in KINDS.items():
         if holds(root):
             return kind

@@ -2,25 +2,27 @@
 
 The report stage draws sweep.md (with budgets budget.md too; a grain study grain.md) and then writes REPORTED, the
 mark that it drew them from a finished run: a report drawn on demand never writes it, so the stage still draws the
-study's report at the end however many partial ones were read before. One lock per run folder keeps a report drawn
-on demand from interleaving with the stage's (the later drawing wins, whole)."""
+study's report at the end however many partial ones were read before; a report drawn on demand removes the mark, and
+a run given stages since (replicates, arms) loses it too. One lock file per run folder keeps a report drawn on demand
+from interleaving with the stage's (the later drawing wins, whole)."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
 from layerprune.core.errors import LayerpruneError
-from layerprune.core.outputs import cache_lock, write_atomic
+from layerprune.core.outputs import write_atomic
 from layerprune.core.reports import read_report
 from layerprune.core.settings import RunSettings
 from layerprune.pipeline.stages import RunPaths, RunState, in_brief, owns
 from layerprune.pipeline.studies.sweep_cells import Cell, cells
 from layerprune.pipeline.studies.sweep_grid import SweepStudy
+
+LOCK = ".report.lock"
 
 
 def report_file(study: SweepStudy, root: Path) -> Path:
@@ -30,7 +32,7 @@ def report_file(study: SweepStudy, root: Path) -> Path:
 
 def write_reports(study: SweepStudy, settings: RunSettings, root: Path, cell: Cell) -> None:
     """The report stage: every report of the finished run, then its mark (`cell.output`, REPORTED)."""
-    with report_lock(settings, root):
+    with report_lock(root):
         draw(study, root)
         write_atomic(cell.output, json.dumps({"drawn": datetime.now(timezone.utc).isoformat(timespec="seconds")}))
 
@@ -51,7 +53,7 @@ def draw(study: SweepStudy, root: Path) -> list[Path]:
     return drawn
 
 
-def draw_report(study: SweepStudy, settings: RunSettings, adds_arms: bool = False) -> Path:
+def draw_report(study: SweepStudy, adds_arms: bool = False) -> Path:
     """The reports drawn from the stages complete so far, nothing run: each headed, while stages are left, by what is
     not run yet (their figures and verdicts are over what is scored, not the design's). `adds_arms`: the recipe adds
     arms to the run there (sweep.arms_added), which it then reports as not scored yet. Refused in one line where the
@@ -61,13 +63,14 @@ def draw_report(study: SweepStudy, settings: RunSettings, adds_arms: bool = Fals
         raise LayerpruneError(f"{paths.root} holds no run of {study.name}: nothing to report (run the study first)")
     if not (adds_arms or owns(read_report(paths.state, RunState), study)):
         raise LayerpruneError(f"{paths.root} holds another recipe's run, not {study.name}'s: nothing drawn")
-    grid = cells(study, paths.root)
-    needed = [next(c for c in grid if c.step in ("score", "prune", "plan")), next(c for c in grid if c.step == "eval")]
-    for cell in needed:  # every figure reads the cut and is drawn against the original
-        if not cell.output.exists():
-            raise LayerpruneError(f"{paths.root}: nothing to report before its {cell.name} stage has run")
-    left = [c.name for c in grid if c.step != "report" and not c.output.exists()]
-    with report_lock(settings, paths.root):
+    with report_lock(paths.root):  # what has run, read under the lock: a stage drawing at once waits or went first
+        grid = cells(study, paths.root)
+        for cell in (next(c for c in grid if c.step in ("score", "prune", "plan")),
+                     next(c for c in grid if c.step == "eval")):  # every figure reads the cut, against the original
+            if not cell.output.exists():
+                raise LayerpruneError(f"{paths.root}: nothing to report before its {cell.name} stage has run")
+        left = [c.name for c in grid if c.step != "report" and not c.output.exists()]
+        grid[-1].output.unlink(missing_ok=True)  # drawn over the stage's: it draws them again on the next resume
         drawn = draw(study, paths.root)
         if left:
             mark_partial(study.name, drawn, left, len(grid) - 1)
@@ -88,9 +91,26 @@ def mark_partial(name: str, drawn: list[Path], left: list[str], stages: int) -> 
             write_atomic(record, json.dumps({**json.loads(record.read_text()), "partial": partial}, indent=1))
 
 
+def unmark_if_left(study: SweepStudy, root: Path) -> None:
+    """Forget that the reports were drawn from a finished run where stages are left (replicates or arms added
+    since): the report stage then draws them again once they have run, even in a later part that runs nothing else."""
+    grid = cells(study, root)
+    if any(c.step != "report" and not c.output.exists() for c in grid):
+        grid[-1].output.unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
-def report_lock(settings: RunSettings, root: Path) -> Iterator[None]:
-    """One drawing of a run folder's reports at a time (a lock in the cache, named by the folder)."""
-    digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
-    with cache_lock(settings.resolved_cache_dir(), f"report-{digest}"):
-        yield
+def report_lock(root: Path) -> Iterator[None]:
+    """One drawing of a run folder's reports at a time, whoever draws them (a hidden lock file in the folder: no
+    archive packs it). Where the platform has no flock (Windows) it holds nothing; each file is still atomic."""
+    with open(root / LOCK, "a") as handle:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows
+            yield
+            return
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -54,7 +54,7 @@ from layerprune.pipeline.studies.cells import (
 )
 from layerprune.pipeline.studies.grain import check_reachable
 from layerprune.pipeline.studies.progress import check_same_weights
-from layerprune.pipeline.studies.study_reports import report_file, write_reports
+from layerprune.pipeline.studies.study_reports import report_file, unmark_if_left, write_reports
 from layerprune.pipeline.studies.sweep_cells import STATES, Cell, cells, disk_need, model_dir
 from layerprune.pipeline.studies.sweep_grid import (
     GSM8K,
@@ -94,6 +94,7 @@ def run_sweep(study: SweepStudy, settings: RunSettings, overwrite: bool = False)
     disk = disk_need(study, settings, root) if study.grains is None else None
     if disk is not None and disk.short:  # said before hours of stages, not at the save that fails
         log.warning("%s", disk.line())
+    unmark_if_left(study, root)  # stages added to a finished run: its reports are drawn again once they have run
     run_stages(sweep_stages(study, settings, root, grid), root, times=root / TIMES)
     shutil.rmtree(root / STATES, ignore_errors=True)  # every run that could read the kept states has run
     return report_file(study, root)

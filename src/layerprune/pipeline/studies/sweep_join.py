@@ -59,6 +59,9 @@ def read_sweep(root: Path) -> Sweep:
                               "(layerprune study RECIPE --output DIR finishes it)")
     try:
         sweep = json.loads(path.read_text())
+        if "partial" in sweep:
+            raise LayerpruneError(f"{root}: its {SWEEP_FILE} was drawn from a run in progress (study --report, "
+                                  f"{len(sweep['partial'].get('left') or [])} stages left): finish the run first")
         recipe = json.loads((root / RUN_FILE).read_text())["recipe"]
         name = recipe["name"]
         named = list(sweep.get("arms") or {})
