@@ -711,6 +711,10 @@ def test_the_report_of_a_run_in_parts_is_drawn_on_demand_and_runs_nothing(tiny_l
     sweep.score(study, RunSettings(), root, next(c for c in grid if c.step == "score"))
     code, _, err = run_cli(capsys, ["study", str(recipe), "--report"])
     assert_one_line_error(code, err, "nothing to report before its eval-baseline stage has run")
+    _plant(root, {"baseline": BASE})
+    code, _, err = run_cli(capsys, ["study", str(recipe), "--report"])  # the original alone: every cell not scored
+    assert code == 0, err
+    shutil.rmtree(root / "eval" / "baseline")
     _plant(root, _models(CURVES, AGREEING), skip={"sft-k1@r2", "kd-k1@8k"})
     for flag in ("--dry-run", "--max-hours=1"):
         code, _, err = run_cli(capsys, ["study", str(recipe), "--report", flag])
