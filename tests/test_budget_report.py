@@ -598,6 +598,16 @@ def test_the_dry_run_of_a_run_in_part_says_what_its_stages_left_will_take(tiny_l
     assert control.budget == 256000 and left_seconds(study, seconds) == pytest.approx(expected)
     monkeypatch.setattr(sweep_plan, "rates_apply", lambda model: True)  # the tiny model has no measured rates
     assert f"left (the stages not complete) about {expected / 60:.0f} min" in dry_run(study, RunSettings())
+    assert "in run order" not in dry_run(study, RunSettings())
+    ordered = _study(tiny_llama, tmp_path / "s", run_order=[1, 0, 2])  # the same run, cut by cut: when each is whole
+    first = left_seconds(ordered, seconds, among=lambda c: c.cut in (None, 1))
+    controls = left_seconds(ordered, seconds, among=lambda c: c.cut in (None, 1, 0))
+    answers = seconds["teacher answers"] + seconds["teacher answers kd-arith"]  # whole in every count
+    assert 0 < first < controls < expected and controls == pytest.approx(
+        expected - left_seconds(ordered, seconds, among=lambda c: c.cut == 2) + answers)
+    assert (f"in run order (run_order): k = 1 whole after about {first / 60:.0f} min, the k = 0 controls whole after "
+            f"about {controls / 60:.0f} min, k = 2 whole after about {expected / 60:.0f} min") in dry_run(
+        ordered, RunSettings())
 
 
 def test_two_arms_ending_at_other_budgets_are_compared_only_at_a_budget_the_contrast_names(tiny_llama, tmp_path):

@@ -5,7 +5,7 @@ stage's name back."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ class Cell:
     snapshots: tuple[tuple[int, str], ...] = ()  # (budget, point label): checkpoints a run saves as those points
     model: Path | None = None  # the model the step reads: evaluated, or a recovery's student (None: the original)
     calibration: Path | None = None  # an evaluation's: the pruned folder whose calibration items it records
+    cut: int | None = None  # the cut whose stages it is among (in_run_order; 0: the controls'), None: before them
 
 
 def cells(study: SweepStudy, root: Path) -> list[Cell]:
@@ -112,9 +113,10 @@ def in_run_order(study: SweepStudy, cuts: dict[int, list[Cell]]) -> list[Cell]:
     """Each cut's stages (0: the k = 0 controls') in the order they run: replicate by replicate, each one's cuts in
     `ratios` order and then its controls (a stable sort), or with `run_order` cut by cut, each with every replicate
     before the next (the first cut's comparisons whole before the others start)."""
+    tagged = {k: [replace(c, cut=k) for c in group] for k, group in cuts.items()}
     if study.run_order is None:
-        return sorted([c for k in [*study.ratios, 0] for c in cuts[k]], key=lambda c: c.replicate)
-    return [c for k in study.run_order for c in sorted(cuts[k], key=lambda c: c.replicate)]
+        return sorted([c for k in [*study.ratios, 0] for c in tagged[k]], key=lambda c: c.replicate)
+    return [c for k in study.run_order for c in sorted(tagged[k], key=lambda c: c.replicate)]
 
 
 def grain_cells(study: SweepStudy, root: Path) -> list[Cell]:

@@ -66,12 +66,26 @@ def phase_shares(study: SweepStudy, chosen: Callable[[Cell], bool]) -> dict[str,
     return out
 
 
-def left_seconds(study: SweepStudy, seconds: dict[str, float], ratios: dict[str, float] | None = None) -> float:
-    """The estimate's seconds still to spend: each phase's times the share of its work whose stages are not complete;
-    `ratios` (measured_ratios): each family's phases scaled by its measured / estimated time."""
-    left = phase_shares(study, lambda c: not c.output.exists())
+def left_seconds(study: SweepStudy, seconds: dict[str, float], ratios: dict[str, float] | None = None,
+                 among: Callable[[Cell], bool] = lambda cell: True) -> float:
+    """The estimate's seconds still to spend (`among` the cells so chosen): each phase's times the share of its work
+    whose stages are not complete; `ratios` (measured_ratios): each family's phases scaled by its measured /
+    estimated time."""
+    left = phase_shares(study, lambda c: not c.output.exists() and among(c))
     return sum(value * left.get(phase, 1.0) * (ratios or {}).get(family_of(phase), 1.0)
                for phase, value in seconds.items())
+
+
+def order_line(study: SweepStudy, seconds: dict[str, float], ratios: dict[str, float] | None) -> str | None:
+    """With run_order: the time left until each cut is whole, in the order the cuts run (None without one)."""
+    if study.run_order is None:
+        return None
+    parts = []
+    for index, k in enumerate(study.run_order):
+        through = set(study.run_order[:index + 1])
+        left = left_seconds(study, seconds, ratios, lambda c, through=through: c.cut is None or c.cut in through)
+        parts.append(f"{'the k = 0 controls' if k == 0 else f'k = {k}'} whole after about {left / 60:.0f} min")
+    return "in run order (run_order" + (", at the measured ratios" if ratios else "") + "): " + ", ".join(parts)
 
 
 def family_of(phase: str) -> str:
@@ -101,14 +115,17 @@ def measured(study: SweepStudy, seconds: dict[str, float]) -> dict[str, tuple[in
 
 
 def measured_line(study: SweepStudy, seconds: dict[str, float]) -> str | None:
-    """The dry run's line on the stages the runner timed, and the time left at their ratios (None: none timed)."""
+    """The dry run's lines on the stages the runner timed and the time left at their ratios, and with run_order the
+    time until each cut is whole (None: neither)."""
     found = measured(study, seconds)
-    if not found:
-        return None
     ratios = {family: spent / estimate for family, (_, spent, estimate) in found.items() if estimate > 0}
+    order = order_line(study, seconds, ratios)
+    if not found:
+        return order
     parts = [f"{FAMILIES[family]} {n} ({spent / 60:.0f} min; the estimate {estimate / 60:.0f} min"
              + (f", x{ratios[family]:.2f})" if family in ratios else ")")
              for family, (n, spent, estimate) in found.items()]
     left = left_seconds(study, seconds, ratios)
     return ("timed by the runner (stage_times.json, every attempt; a recovery's time holds the teacher answers it "
-            f"made): {'; '.join(parts)}; left at these ratios about {left / 60:.0f} min")
+            f"made): {'; '.join(parts)}; left at these ratios about {left / 60:.0f} min") + (f"\n{order}" if order
+                                                                                             else "")
