@@ -60,7 +60,15 @@ def cache_lock(cache_dir: Path, name: str) -> Iterator[None]:
     """
     locks = cache_dir / "locks"
     locks.mkdir(parents=True, exist_ok=True)
-    with open(locks / f"{name}.lock", "a") as handle:
+    with file_lock(locks / f"{name}.lock"):
+        yield
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock (flock) on the file at `path` (made if absent); where the platform has none
+    (Windows) it holds nothing."""
+    with open(path, "a") as handle:
         try:
             import fcntl
         except ImportError:  # pragma: no cover - Windows

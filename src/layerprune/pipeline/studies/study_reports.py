@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
 from layerprune.core.errors import LayerpruneError
-from layerprune.core.outputs import write_atomic
+from layerprune.core.outputs import file_lock, write_atomic
 from layerprune.core.reports import read_report
 from layerprune.core.settings import RunSettings
 from layerprune.pipeline.stages import RunPaths, RunState, in_brief, owns
@@ -99,18 +98,7 @@ def unmark_if_left(study: SweepStudy, root: Path) -> None:
         grid[-1].output.unlink(missing_ok=True)
 
 
-@contextlib.contextmanager
-def report_lock(root: Path) -> Iterator[None]:
+def report_lock(root: Path) -> contextlib.AbstractContextManager[None]:
     """One drawing of a run folder's reports at a time, whoever draws them (a hidden lock file in the folder: no
-    archive packs it). Where the platform has no flock (Windows) it holds nothing; each file is still atomic."""
-    with open(root / LOCK, "a") as handle:
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - Windows
-            yield
-            return
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    archive packs it)."""
+    return file_lock(root / LOCK)
