@@ -532,11 +532,6 @@ def share_interval(boot: Bootstrap, drop: dict[str, Any] | None, statistic: Call
     return state if state is not None else boot.interval(statistic)
 
 
-def is_stated(ci: Any) -> bool:
-    """Whether a share (or any figure) is an interval, not a string saying why there is none."""
-    return isinstance(ci, dict)
-
-
 # --- paper A: agreement ratios against the ceiling and the control -------------------------------------------------
 
 MEASURES_A = ("spearman", "jaccard")  # the agreement measures of paper A's verdict

@@ -25,13 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy
 import xxhash
 
 from layerprune.core.errors import LayerpruneError
 from layerprune.models.safetensors_check import check_safetensors_file
 
-CHUNK = 8 << 20  # bytes read at a time by the comparisons
+CHUNK = 8 << 20  # bytes read at a time by the checks (copy_check.py)
 WRITE_CHUNK = 1 << 20  # bytes hashed, then written, at a time: still in the CPU's cache when written
 # safetensors' own data order (its Dtype enum, largest first), so the files match what `save_file` writes
 DTYPE_ORDER = ("U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF16", "F16", "U16", "I16", "F8_E8M0", "F8_E4M3",
@@ -274,59 +273,3 @@ def _write_all(fd: int, data: memoryview, offset: int) -> None:
     while data:
         written = os.pwrite(fd, data, offset)
         data, offset = data[written:], offset + written
-
-
-def compare_copied(source_dir: Path, source: Mapping[str, Stored], target_dir: Path, written: Mapping[str, Stored],
-                   renamed: Mapping[str, str]) -> int:
-    """Each `renamed` pair (old -> new): the new tensor in `written` has the old one's dtype, shape and bytes.
-    Returns the bytes compared; a difference is a one-line error naming the tensor."""
-    missing = sorted(set(renamed.values()) - set(written))
-    if missing:
-        raise LayerpruneError(f"{target_dir} lacks {missing[0]} (and {len(missing) - 1} more); nothing was written")
-    compared, buffers = 0, (bytearray(CHUNK), bytearray(CHUNK))
-    with _Files(source_dir) as a, _Files(target_dir) as b:
-        for old, new in renamed.items():
-            x, y = source[old], written[new]
-            if (x.dtype, x.shape) != (y.dtype, y.shape) or not _same_bytes(a(x), b(y), x, y, buffers):
-                raise LayerpruneError(f"{new} in {target_dir / y.file} is not a copy of {old} in "
-                                      f"{source_dir / x.file} ({y.dtype} {list(y.shape)} vs {x.dtype} "
-                                      f"{list(x.shape)}, or other bytes); nothing was written")
-            compared += x.nbytes
-    return compared
-
-
-def _same_bytes(a: Any, b: Any, x: Stored, y: Stored, buffers: tuple[bytearray, bytearray]) -> bool:
-    if x.nbytes != y.nbytes:
-        return False
-    left, right = buffers
-    b.seek(y.start)
-    for _, chunk in _chunks(a, Path(a.name), x.start, x.end, memoryview(left), None, seek=True):
-        if b.readinto(memoryview(right)[: len(chunk)]) != len(chunk):
-            return False
-        if len(chunk) == len(left):
-            if left != right:  # bytearray == bytearray: one memcmp
-                return False
-        elif not numpy.array_equal(numpy.frombuffer(left, numpy.uint8, len(chunk)),
-                                   numpy.frombuffer(right, numpy.uint8, len(chunk))):
-            return False
-    return True
-
-
-class _Files:
-    """`files(tensor)` -> the open file holding it, opened on first use, all closed on exit."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.handles: dict[str, Any] = {}
-
-    def __call__(self, tensor: Stored) -> Any:
-        if tensor.file not in self.handles:
-            self.handles[tensor.file] = (self.directory / tensor.file).open("rb", buffering=0)
-        return self.handles[tensor.file]
-
-    def __enter__(self) -> _Files:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for handle in self.handles.values():
-            handle.close()

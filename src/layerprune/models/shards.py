@@ -24,7 +24,6 @@ from layerprune.models.blocks import STACK_PATHS, check_block_indices, drop_bloc
 from layerprune.models.safetensors_check import open_safetensors
 from layerprune.models.safetensors_copy import (
     CopyResult,
-    compare_copied,
     copy_tensors,
     plan_layout,
     read_headers,
@@ -235,15 +234,6 @@ def verify_stream(plan: StreamPlan, target: Path, config: Any) -> None:
             suffixes[int(match["index"])].add(match["rest"])
     if any(suffixes[new] != _block_suffixes(plan, old) for new, old in enumerate(plan.kept)):
         raise LayerpruneError("streamed blocks are not renumbered 0..N-1 with their original tensors")
-
-
-def check_copied(plan: StreamPlan, target: Path) -> int:
-    """Every written tensor equals the source tensor it was copied from, byte for byte, with the same dtype and
-    shape: both files' headers as written (each file accepted by safetensors' own reader first), both byte ranges
-    read and compared a chunk at a time. Returns the bytes compared; raises on the first difference."""
-    written = read_checkpoint(target)
-    return compare_copied(plan.checkpoint.directory, read_headers(plan.checkpoint.directory, plan.checkpoint.files),
-                          target, read_headers(target, written.files), plan.renamed)
 
 
 def _block_suffixes(plan: StreamPlan, index: int) -> set[str]:
