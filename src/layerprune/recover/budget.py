@@ -150,11 +150,6 @@ def train(trainer: Any, resume_from: Any) -> None:
         log.info("%s had already reached the budget: no step trained after it", resume_from)
 
 
-def counter_of(trainer: Any) -> TargetTokens | None:
-    """The TargetTokens callback `attach` added to `trainer` (None: none)."""
-    return next((cb for cb in trainer.callback_handler.callbacks if isinstance(cb, TargetTokens)), None)
-
-
 def combine(*parts: dict[str, Any] | None) -> dict[str, Any]:
     """The training fields of a chain's steps together (counts and steps add up; the peak rate is the highest)."""
     given = [p for p in parts if p]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import random
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,16 +42,6 @@ def quantization_config() -> Any:
 
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                               bnb_4bit_compute_dtype=torch.bfloat16)
-
-
-def split_rows(
-    rows: list[dict[str, Any]], held_out: float, seed: int
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Shuffle and hold out a fraction (at least one row when held_out > 0 and two or more rows)."""
-    rows = list(rows)
-    random.Random(seed).shuffle(rows)
-    n_eval = 0 if held_out == 0 or len(rows) < 2 else max(1, round(len(rows) * held_out))
-    return rows[n_eval:], rows[:n_eval]
 
 
 def to_dataset(rows: list[dict[str, Any]], settings: GenerationSection, tokenizer: Any, max_length: int) -> Any:
