@@ -108,6 +108,8 @@ def test_drop_keeps_a_run_order_of_the_cuts_still_there_and_runs_the_new_ones_af
 
     assert with_drop({"ratios": [2, 4], "run_order": [2, 0, 4], "prune": {"drop": 4}}, 6)["run_order"] == [2, 0, 4, 6]
     assert with_drop({"ratios": [2, 4], "run_order": [4, 0, 2], "prune": {"drop": 4}}, 3)["run_order"] == [0, 2, 3]
+    assert with_drop({"run_order": [2, 0, 4]}, 6)["run_order"] == [2, 0, 4, 6]  # ratios set in a grid's label
+    assert with_drop({"run_order": [4, 0, 2]}, 3) == {"run_order": [0, 2, 3]}
     code, out, err = run_cli(capsys, ["study", "limits-budget-math-embedded", "--model", str(tiny_models("llama", 8)),
                                       "--drop", "6", "--dry-run"])  # before: run_order [2, 0, 4] refused ratios 2, 4, 6
     assert code == 0, err

@@ -196,9 +196,9 @@ def with_drop(fields: dict[str, Any], drop: int) -> dict[str, Any]:
         out["prune"] = {**prune, "drop": drop}
     if isinstance(out.get("ratios"), list):
         out["ratios"] = [k for k in out["ratios"] if isinstance(k, int) and k < drop] + [drop]
-        if isinstance(out.get("run_order"), list):
-            kept = [k for k in out["run_order"] if k in {0, *out["ratios"]}]
-            out["run_order"] = kept + [k for k in out["ratios"] if k not in kept]
+    if isinstance(out.get("run_order"), list):  # the cuts of the ratios above, wherever the ratios are set
+        kept = [k for k in out["run_order"] if isinstance(k, int) and k <= drop]
+        out["run_order"] = kept + ([drop] if drop not in kept else [])
     return out
 
 
