@@ -225,7 +225,7 @@ def test_a_control_short_of_its_replicates_is_not_judged_and_the_tokens_carry_th
     flat = curves["sft", "arith_2d_sub"]["tokens_for"]
     assert flat["0.25"]["value"] < 8000 and flat["0.5"] == {"value": None, "low": None, "high": None}
     line = next(x for x in text.splitlines() if x.startswith("| sft | 1 | arith_2d_sub |"))
-    assert "| <= 8k [<= 8k, " in line and line.endswith("| not reached |")
+    assert "| <= 8k [<= 8k, " in line and line.split("|")[-3] == " not reached "  # 50% at, before the run variance
 
 
 def test_a_still_linear_fit_extrapolates_its_asymptote_and_is_never_a_structural_limit():
@@ -246,6 +246,39 @@ def test_a_still_linear_fit_extrapolates_its_asymptote_and_is_never_a_structural
         "not shown", "no fit: 2 budgets for the fit's 2 parameters")
     one = verdict({**linear, "scale": 1e5, "replicates": 1}, gate, 3)  # one run's checkpoints: no run variance in a
     assert one == ("not shown", "the fit holds 1 of the 3 replicates: no verdict before every run is in its interval")
+
+
+def test_a_curve_still_rising_at_its_largest_budget_is_never_a_structural_limit():
+    """Shares growing by a step a doubling (10, 20, 30, 35%) fit the saturating form with a determined a just under
+    the last point (t inside its grid): with the paired step to the largest budget above 0 the curve has not levelled
+    off, so a's upper end under 50% is the form's, not a measured plateau. Before: 'limit structural at this scale'."""
+    from layerprune.pipeline.studies.budget_fit import SCALES, saturating_fit
+    from layerprune.pipeline.studies.budget_report import verdict
+
+    a, t = saturating_fit(np.array(BUDGETS, dtype=float), np.array([0.10, 0.20, 0.30, 0.35]))
+    assert t < SCALES[-1] and 0.3 < a < 0.36
+    gate = {"reached": True, "why": ""}
+    climbing = {"asymptote": {"value": float(a), "low": 0.3, "high": 0.4}, "scale": float(t),
+                "rising": {"value": 0.05, "low": 0.01, "high": 0.09}, "replicates": 3}
+    said, why = verdict(climbing, gate, 3)
+    assert said == "not shown" and "still rises at the largest budget" in why
+    level = {**climbing, "rising": {"value": 0.0, "low": -0.04, "high": 0.04}}
+    assert verdict(level, gate, 3)[0] == "limit structural at this scale"
+
+
+def test_the_table_names_the_budgets_whose_interval_holds_no_run_variance(tiny_llama, tmp_path):
+    """Where the replicates' run variance is estimated at 0 (floored: identical runs here), the share's interval
+    holds item variance alone: budget.md says at which budgets (before: nothing in budget.md said it)."""
+    study = _study(tiny_llama, tmp_path / "s")
+    models = _models(CURVES, AGREEING)
+    models |= {f"sft-k1{tag}@r{r}": models[f"sft-k1{tag}"] for tag in TAGS for r in (1, 2)}  # sft's runs agree
+    _plant(tmp_path / "s", models)
+    text = write_budget_report(study, tmp_path / "s").read_text()
+    rows = {tuple(cell.strip() for cell in line.split("|")[1:4]): line.split("|")[-2].strip()
+            for line in text.splitlines() if line.startswith("| ") and "|" in line[2:]}
+    assert rows[("sft", "1", "arith_2d_sub")] == "8k, 32k, 128k, 256k"
+    assert rows[("kd", "1", "arith_2d_sub")] == "-"  # its replicates differ run to run
+    assert "estimated at 0 (method of moments, floored)" in text
 
 
 def test_a_study_scored_in_part_says_what_is_missing_and_draws_what_is_there(tiny_llama, tmp_path):

@@ -94,6 +94,8 @@ def curve(figures: Figures, study: Any, arm: str | None, k: int, task: str) -> d
 
     out["shares"] = {str(b): figures.interval(share(label)) if (b, label) in present else NOT_SCORED
                      for b, label in points}
+    out["no_run_variance"] = [b for b, label in present if len(figures.rows[label]) > 1
+                              and figures.spread(label, task)["run_variance"]["zero"]]  # its interval holds none
     if len(points) < 3:  # two points: a and t pass through them, nothing tests the curve's form
         out["fit"] = f"none: {len(points)} budget{'s' * (len(points) > 1)} for the fit's 2 parameters"
     elif len(present) < len(points):
@@ -163,7 +165,9 @@ def verdict(arm_curve: dict[str, Any] | None, gate: dict[str, Any], replicates: 
     """The protocol's verdict on an arm's curve of LIMIT_TASK and why, given only on a fit over all `replicates` of
     the design (fewer: the run-to-run variance in a's interval is not yet measured): 'limit structural at this scale'
     (a's upper end below 50%, a determined: a fit still linear at the largest budget extrapolates a, it does not
-    measure it, and the positive control at 50% or more of the drop at the largest budget, `control_gate`),
+    measure it, the share not shown to rise at the largest budget: a curve still climbing there, by a step a
+    doubling say, fits the form with a just above its last point, and the positive control at 50% or more of the
+    drop at the largest budget, `control_gate`),
     'budget-bound' (the share still rises at the largest budget, its paired step from the budget before above 0, and
     a undetermined), else 'not shown'."""
     if not arm_curve:
@@ -176,7 +180,12 @@ def verdict(arm_curve: dict[str, Any] | None, gate: dict[str, Any], replicates: 
         return NOT_SHOWN, (f"the fit holds {arm_curve.get('replicates', 0)} of the {replicates} replicates: no verdict "
                            "before every run is in its interval")
     upper = arm_curve["asymptote"].get("high")
+    rising = "rising" in arm_curve and (arm_curve["rising"].get("low") or 0) > 0
     if upper is not None and upper < GATE and not undetermined(arm_curve):  # a still linear fit: a extrapolated
+        if rising:  # a curve still climbing at the largest budget fits the form with a just above its last point
+            return NOT_SHOWN, (f"a's upper end {100 * upper:.1f}% < 50%, but the share still rises at the largest "
+                               "budget (its paired step from the budget before above 0): the plateau is the fit's "
+                               "form, not measured")
         if gate["reached"]:
             return STRUCTURAL, f"a's upper end {100 * upper:.1f}% < 50%, the positive control reached 50%"
         if gate.get("pending"):
@@ -184,7 +193,6 @@ def verdict(arm_curve: dict[str, Any] | None, gate: dict[str, Any], replicates: 
                                f"({gate['why']})")
         return NOT_SHOWN, (f"a's upper end {100 * upper:.1f}% < 50%, but the positive control: {gate['why']}, so the "
                            "instrument cannot show a limit")
-    rising = "rising" in arm_curve and (arm_curve["rising"].get("low") or 0) > 0
     if rising and undetermined(arm_curve):
         return BOUND, "the share still rises at the largest budget and a is undetermined"
     return NOT_SHOWN, ("a is undetermined but the share is not shown to rise at the largest budget" if

@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from layerprune.core.paired import format_interval
 from layerprune.pipeline.studies.budget_fit import GATE, LIMIT_TASK, SCALES, TARGETS, undetermined
 from layerprune.pipeline.studies.comparisons import format_families
@@ -16,7 +18,7 @@ from layerprune.pipeline.studies.sweep_curves import error_bars, save_chart
 
 def plot_curves(curves: list[dict[str, Any]], path: Path) -> None:
     """One panel per task: each arm's share (per k) against the budget on a log axis, its interval as error bars
-    (the budgets scored so far)."""
+    (the budgets scored so far), and its saturating fit dashed where it has one."""
     stated = [c for c in curves if any(_stated(s) for s in c["shares"].values())]
     tasks = sorted({c["task"] for c in stated})
 
@@ -25,8 +27,12 @@ def plot_curves(curves: list[dict[str, Any]], path: Path) -> None:
             for c in (c for c in stated if c["task"] == task):
                 points = [(int(b), s) for b, s in c["shares"].items() if _stated(s)]  # an arm's own budgets
                 values, errors = error_bars([s for _, s in points])
-                ax.errorbar([b for b, _ in points], values, yerr=errors, marker="o", capsize=3,
-                            label=f"{c['arm'] or 'recovered'} k={c['k']}")
+                drawn = ax.errorbar([b for b, _ in points], values, yerr=errors, marker="o", capsize=3,
+                                    label=f"{c['arm'] or 'recovered'} k={c['k']}")
+                if (c.get("asymptote") or {}).get("value") is not None:  # its fit, dashed, over its budgets
+                    x = np.geomspace(points[0][0], points[-1][0], 50)
+                    ax.plot(x, c["asymptote"]["value"] * -np.expm1(-x / c["scale"]), ls="--", lw=1,
+                            color=drawn.lines[0].get_color())
             ax.set_xscale("log")
             ax.axhline(GATE, color="grey", lw=0.8, ls="--")
             ax.set(title=task or "no share could be stated", xlabel="unpadded target tokens",
@@ -54,12 +60,16 @@ def format_budget(study: Any, record: dict[str, Any], root: Path) -> list[str]:
              "share = a (1 - exp(-tokens / t)) per complete curve, a's interval from the same bootstrap; the tokens "
              "for 25% and 50% of the drop from the fit, where it reaches them within the largest budget, with their "
              f"interval over the same refits ('<= {tags[0]}': at or under the smallest budget, below any measured "
-             "point). A "
-             "fit needs 3 budgets, a verdict every replicate of the design. Arms and "
+             "point). 'no run variance': the budgets where the run-to-run variance of the replicates is estimated "
+             "at 0 (method of moments, floored), so that share's interval holds item variance alone there (with 3 "
+             "replicates a frequent floor, not a finding that the runs agree). A "
+             "fit needs 3 budgets, a verdict every replicate of the design; a is undetermined where the fit is "
+             "still linear (t at the top of its grid) or a's interval is open or reaches past 100% of the drop. "
+             "Arms and "
              "budgets are compared below only through their paired differences, never by setting two intervals side "
              "by side.", "",
-             "| arm | k | task | drop | " + " | ".join(tags) + " | a (fit) | t | 25% at | 50% at |",
-             "|" + "---|" * (8 + len(tags))]
+             "| arm | k | task | drop | " + " | ".join(tags) + " | a (fit) | t | 25% at | 50% at | no run variance |",
+             "|" + "---|" * (9 + len(tags))]
     for c in record["curves"]:
         shares = [format_interval(s) if isinstance(s, dict) else str(s)  # '-': not one of the arm's budgets
                   for s in (c["shares"].get(str(b), "-") for b in study.budgets)]
@@ -68,7 +78,8 @@ def format_budget(study: Any, record: dict[str, Any], root: Path) -> list[str]:
                      + " | ".join(shares) + f" | {_asymptote(c)} | "
                      + (f"{c['scale']:.3g}" if "scale" in c else "-") + " | "
                      + " | ".join(_tokens(fit.get(str(p)), study.budgets_of(c["arm"])[0]) if fit else "-"
-                                  for p in TARGETS) + " |")
+                                  for p in TARGETS)
+                     + f" | {', '.join(budget_tag(b) for b in c.get('no_run_variance', [])) or '-'} |")
     lines += [f"- {task}: left out, {why}" for task, why in record["unpaired"].items()]
     lines += ["", *_format_verdicts(record, tags[-1]), *_format_dedicated(record["dedicated"], study)]
     lines += _format_comparisons(record, study.replicates)
@@ -162,7 +173,9 @@ def _asymptote(c: dict[str, Any]) -> str:
         return c.get("fit", "-")
     if c["scale"] >= SCALES[-1]:
         return "undetermined (still linear)"
-    return format_interval(c.get("asymptote")) + (" (undetermined)" if undetermined(c) else "")
+    lost = (c.get("asymptote") or {}).get("undefined") or 0  # refits on resamples whose share is undefined
+    return format_interval(c.get("asymptote")) + (" (undetermined)" if undetermined(c) else "") + (
+        f" ({100 * lost:.1f}% of refits undefined, left out)" if lost else "")
 
 
 def _tokens(at: dict[str, Any] | None, smallest: int) -> str:
