@@ -19,10 +19,44 @@ from layerprune.models.lineage import VARIANT_REPORT, SourceRecord
 SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
-def summary(scores: dict[str, float]) -> Summary:
+def summary(scores: dict[str, float], model: Path | None = None) -> Summary:
+    """A summary of `scores`; with `model`, under that folder's weights' fingerprint (as `evaluate` records it)."""
+    from layerprune.core.settings import RunSettings
+    from layerprune.models.identity import model_fingerprint
+    from layerprune.models.loading import resolve_model
+
     results = [TaskResult(task=task, kind="classification", metric="acc", value=value, stderr=0.01, n=200,
                           headline=True, settings={}, seconds=1.0) for task, value in scores.items()]
-    return Summary(model=EvaluatedModel(spec="m", location="m", kind="local"), model_hash="0" * 16, results=results)
+    digest = "0" * 16 if model is None else model_fingerprint(resolve_model(model), RunSettings().resolved_cache_dir())
+    return Summary(model=EvaluatedModel(spec=str(model or "m"), location=str(model or "m"), kind="local"),
+                   model_hash=digest, results=results)
+
+
+def scores_of(folder: Path, tmp_path: Path, scores: dict[str, float]) -> Path:
+    """An `evaluate` output folder holding `scores` of `folder`'s weights."""
+    evaluation = tmp_path / "eval"
+    evaluation.mkdir()
+    write_summary(evaluation, summary(scores, folder))
+    return evaluation
+
+
+@pytest.fixture
+def hub_calls(monkeypatch) -> dict:
+    """A token, and HfApi's create_repo / list_repo_files / create_commit recorded, not sent (`there`: the repo's
+    files before the push)."""
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    calls: dict = {"there": [".gitattributes"]}
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: calls.update(
+        create_repo={"repo_id": repo_id, "token": self.token, **kw}))
+    monkeypatch.setattr(HfApi, "list_repo_files", lambda self, repo_id, **kw: list(calls["there"]))
+    monkeypatch.setattr(HfApi, "create_commit", lambda self, **kw: calls.setdefault("commits", []).append(kw)
+                        or "https://huggingface.co/me/x/commit/abc")
+    return calls
+
+
+def sent(commit: dict) -> dict[str, object]:
+    """path in the repo -> what a commit adds (bytes or a file path), or None for a deletion."""
+    return {o.path_in_repo: getattr(o, "path_or_fileobj", None) for o in commit["operations"]}
 
 
 @pytest.fixture
@@ -124,7 +158,7 @@ def test_the_card_round_trips_its_scores_through_huggingface_hub(pruned, tiny_ll
     text = (pruned / "README.md").read_text()
     write_card(pruned, with_scores(with_scores(text, "old", scores[:1], "| old |"), "demo-pruned", scores, "| t |"))
     card = ModelCard.load(pruned / "README.md")
-    assert card.data.base_model == str(tiny_llama)  # a local path: no hub id is known for it
+    assert card.data.base_model is None and card.data.layerprune["source"] == str(tiny_llama)  # no hub id known
     assert card.data.model_name == "demo-pruned"
     assert [(r.dataset_name, r.metric_type, r.metric_value, r.task_type) for r in card.data.eval_results] == [
         (s.task, s.metric, s.value, "text-generation") for s in scores]
@@ -146,30 +180,26 @@ def test_a_runs_report_stage_puts_each_models_scores_and_the_paired_table_on_its
 
 
 def test_dry_run_lists_the_files_and_the_card_metadata_and_writes_nothing(capsys, pruned, no_hub, tmp_path):
-    evaluation = tmp_path / "eval"
-    evaluation.mkdir()
-    write_summary(evaluation, summary({"piqa": 0.66}))
+    evaluation = scores_of(pruned, tmp_path, {"piqa": 0.66})
     before = (pruned / "README.md").read_text()
     code, out, err = run_cli(capsys, ["push", str(pruned), "--repo", "me/x", "--dry-run", "--scores",
                                       str(evaluation)])
     assert code == 0, err
-    assert f"would push {pruned} to me/x (public)" in out and "config.json" in out and "model.safetensors" in out
-    assert f"base_model: {ModelCard(before).data.base_model}" in out and "model-index:" in out
+    assert f"would push {pruned} to me/x (public unless the owner's default is private" in out
+    assert "config.json" in out and "model.safetensors" in out and "model-index:" in out
     assert "name: piqa" in out and "value: 0.66" in out and "nothing uploaded or written" in out
     assert (pruned / "README.md").read_text() == before
 
 
 def test_push_without_a_token_is_one_line_and_writes_nothing(capsys, pruned, no_hub, no_token, tmp_path):
-    evaluation = tmp_path / "eval"
-    evaluation.mkdir()
-    write_summary(evaluation, summary({"piqa": 0.66}))
+    evaluation = scores_of(pruned, tmp_path, {"piqa": 0.66})
     before = (pruned / "README.md").read_text()
     code, out, err = run_cli(capsys, ["push", str(pruned), "--repo", "me/x", "--scores", str(evaluation)])
     assert code == 2 and err.startswith("error: no Hugging Face token") and len(err.strip().splitlines()) == 1
     assert (pruned / "README.md").read_text() == before and not out
 
 
-@pytest.mark.parametrize("failing", ["create_repo", "upload_folder", "offline"])
+@pytest.mark.parametrize("failing", ["create_repo", "create_commit", "offline"])
 def test_a_network_or_hub_error_is_one_line_and_leaves_the_folder_as_it_was(capsys, monkeypatch, pruned, tmp_path,
                                                                             failing):
     import requests
@@ -183,11 +213,9 @@ def test_a_network_or_hub_error_is_one_line_and_leaves_the_folder_as_it_was(caps
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     else:
         monkeypatch.setattr(HfApi, "create_repo", lambda self, *a, **k: None)
+        monkeypatch.setattr(HfApi, "list_repo_files", lambda self, *a, **k: [])
         monkeypatch.setattr(HfApi, failing, fail)
-    monkeypatch.setattr(HfApi, "upload_folder", fail if failing == "upload_folder" else HfApi.upload_folder)
-    evaluation = tmp_path / "eval"
-    evaluation.mkdir()
-    write_summary(evaluation, summary({"piqa": 0.66}))
+    evaluation = scores_of(pruned, tmp_path, {"piqa": 0.66})
     before = (pruned / "README.md").read_text()
     code, _, err = run_cli(capsys, ["push", str(pruned), "--repo", "me/x", "--scores", str(evaluation)])
     assert code == 2 and err.startswith("error: could not push to me/x: ") and len(err.strip().splitlines()) == 1
@@ -195,43 +223,88 @@ def test_a_network_or_hub_error_is_one_line_and_leaves_the_folder_as_it_was(caps
     assert ("OfflineModeIsEnabled" in err) == (failing == "offline")
 
 
-def test_push_uploads_the_folder_with_the_scores_on_its_card(capsys, monkeypatch, pruned, tmp_path):
-    monkeypatch.setenv("HF_TOKEN", "hf_test")
-    calls: dict[str, dict] = {}
-
-    def create_repo(self, repo_id, **kwargs):
-        calls["create_repo"] = {"repo_id": repo_id, "token": self.token, **kwargs}
-
-    def upload_folder(self, **kwargs):
-        calls["upload_folder"] = {**kwargs, "card": ModelCard.load(Path(kwargs["folder_path"]) / "README.md")}
-        return "https://huggingface.co/me/x/commit/abc"
-
-    monkeypatch.setattr(HfApi, "create_repo", create_repo)
-    monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
-    evaluation = tmp_path / "eval"
-    evaluation.mkdir()
-    write_summary(evaluation, summary({"piqa": 0.66}))
+def test_push_sends_the_folder_in_one_commit_with_the_scores_on_its_card(capsys, pruned, tmp_path, hub_calls):
+    evaluation = scores_of(pruned, tmp_path, {"piqa": 0.66})
+    hub_calls["there"] = [".gitattributes", "model-00001-of-00002.safetensors", "model.safetensors.index.json",
+                          "adapter/adapter_model.safetensors", "notes.md"]  # an earlier push, and a file of the owner's
     code, out, err = run_cli(capsys, ["push", str(pruned), "--repo", "me/x", "--private", "--scores",
                                       str(evaluation)])
     assert code == 0, err
-    assert calls["create_repo"] == {"repo_id": "me/x", "token": "hf_test", "private": True, "exist_ok": True}
-    upload = calls["upload_folder"]
-    assert upload["repo_id"] == "me/x" and Path(upload["folder_path"]) == pruned and ".*" in upload["ignore_patterns"]
-    assert [(r.dataset_name, r.metric_value) for r in upload["card"].data.eval_results] == [("piqa", 0.66)]
+    assert hub_calls["create_repo"] == {"repo_id": "me/x", "token": "hf_test", "private": True, "exist_ok": True}
+    (commit,) = hub_calls["commits"]
+    files = sent(commit)
+    assert commit["repo_id"] == "me/x" and files["model.safetensors"] == str(pruned / "model.safetensors")
+    assert not any(name.startswith(".") or "/." in name for name in files)
+    assert [name for name, what in files.items() if what is None] == [
+        "model-00001-of-00002.safetensors", "model.safetensors.index.json", "adapter/adapter_model.safetensors"]
+    card = ModelCard(files["README.md"].decode())
+    assert [(r.dataset_name, r.metric_value) for r in card.data.eval_results] == [("piqa", 0.66)]
+    assert (pruned / "README.md").read_text() == files["README.md"].decode()  # the folder's card is the hub's
     assert "me/x" in out
+
+
+def test_push_without_private_leaves_the_visibility_to_the_owners_default(capsys, pruned, hub_calls):
+    """`private=False` made a public repo even in an organization whose repos are private by default."""
+    code, _, err = run_cli(capsys, ["push", str(pruned), "--repo", "org/x"])
+    assert code == 0, err
+    assert hub_calls["create_repo"]["private"] is None
+
+
+def test_push_refuses_a_folder_that_is_not_whole_or_was_never_checked(capsys, tiny_llama, pruned, tmp_path,
+                                                                      no_hub):
+    unchecked = tmp_path / "unchecked"
+    code, _, err = run_cli(capsys, ["prune", "--model", str(tiny_llama), "--output", str(unchecked), "--layers",
+                                    "2,4", "--no-verify"])
+    assert code == 0, err
+    code, _, err = run_cli(capsys, ["push", str(unchecked), "--repo", "me/x", "--dry-run"])
+    assert code == 2 and "saved without being checked against its source" in err and len(err.splitlines()) == 1
+    code, out, err = run_cli(capsys, ["push", str(unchecked), "--repo", "me/x", "--dry-run", "--allow-unverified"])
+    assert code == 0, err
+    (pruned / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "lm_head.weight": "model.safetensors", "x": "model-00002-of-00002.safetensors"}}))
+    code, _, err = run_cli(capsys, ["push", str(pruned), "--repo", "me/x", "--dry-run", "--allow-unverified"])
+    assert code == 2 and "names model-00002-of-00002.safetensors, which is not there" in err
+    (pruned / "model.safetensors.index.json").unlink()
+    weights = pruned / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-16])  # a copy cut short
+    code, _, err = run_cli(capsys, ["push", str(pruned), "--repo", "me/x", "--dry-run"])
+    assert code == 2 and "corrupt safetensors file" in err and len(err.splitlines()) == 1
+
+
+def test_scores_of_other_weights_are_refused(capsys, pruned, tiny_llama, tmp_path, no_hub):
+    evaluation = scores_of(tiny_llama, tmp_path, {"piqa": 0.66})  # the original's scores, not the pruned model's
+    before = (pruned / "README.md").read_text()
+    code, _, err = run_cli(capsys, ["push", str(pruned), "--repo", "me/x", "--dry-run", "--scores",
+                                    str(evaluation)])
+    assert code == 2 and "not of the weights in" in err and len(err.splitlines()) == 1
+    assert (pruned / "README.md").read_text() == before
+
+
+def test_a_local_base_model_stays_off_the_hubs_card(capsys, pruned, tiny_llama, hub_calls):
+    """A card an older layerprune wrote named a local path as base_model; the hub's model tree takes ids only."""
+    card = ModelCard.load(pruned / "README.md")
+    card.data.base_model = str(tiny_llama)
+    write_card(pruned, str(card))
+    code, out, err = run_cli(capsys, ["push", str(pruned), "--repo", "me/x", "--dry-run"])
+    assert code == 0, err
+    assert f"base_model {str(tiny_llama)!r} is not a hub id: left out" in out and "base_model:" not in out
+    code, _, err = run_cli(capsys, ["push", str(pruned), "--repo", "me/x"])
+    assert code == 0, err
+    pushed = ModelCard(sent(hub_calls["commits"][0])["README.md"].decode())
+    assert pushed.data.base_model is None and pushed.data.layerprune["dropped_blocks"] == [2, 4]
 
 
 def test_push_of_a_gguf_file_sends_it_with_a_card_from_its_source(capsys, monkeypatch, pruned, tmp_path):
     gguf = tmp_path / "gguf" / "model.gguf"
     gguf.parent.mkdir()
     gguf.write_bytes(b"GGUF" + b"\0" * 60)
-    (gguf.parent / "model.export.json").write_text(json.dumps({"model": str(pruned), "output": str(gguf),
-                                                               "outtype": "q8_0"}))
+    record = {"model": str(pruned), "output": str(gguf), "outtype": "q8_0", "bytes": 64, "readback": {"ok": 1}}
+    (gguf.parent / "model.export.json").write_text(json.dumps(record))
     write_card(pruned, with_scores((pruned / "README.md").read_text(), "p", [CardScore(task="piqa", metric="acc",
                                                                                           value=0.6)], "| t |"))
     code, out, err = run_cli(capsys, ["push", str(gguf), "--repo", "me/x-gguf", "--dry-run"])
     assert code == 0, err
-    assert "model.gguf" in out and "64 B" in out and "- gguf" in out and "name: piqa" in out
+    assert "model.gguf" in out and "64 B" in out and "- gguf" in out and "model-index" not in out
     monkeypatch.setenv("HF_TOKEN", "hf_test")
     commits = []
     monkeypatch.setattr(HfApi, "create_repo", lambda self, *a, **k: None)
@@ -242,9 +315,24 @@ def test_push_of_a_gguf_file_sends_it_with_a_card_from_its_source(capsys, monkey
     assert commit["repo_id"] == "me/x-gguf" and [o.path_in_repo for o in commit["operations"]] == ["model.gguf",
                                                                                                  "README.md"]
     card = ModelCard(commit["operations"][1].path_or_fileobj.decode())
-    assert card.data.base_model == ModelCard.load(pruned / "README.md").data.base_model
+    assert card.data.layerprune["dropped_blocks"] == [2, 4]  # the source folder's card, read from its record
     assert "gguf" in card.data.tags and card.data.layerprune["gguf"]["outtype"] == "q8_0"
-    assert [r.metric_value for r in card.data.eval_results] == [0.6]
+    assert card.data.eval_results is None and "## Scores" not in card.text  # measured on the folder, not the file
+    assert "this file was not evaluated" in card.text.replace("\n", " ")
+
+
+@pytest.mark.parametrize(("record", "words"), [
+    (None, "has no export record"), ({"bytes": 64}, "exported without its read-back"),
+    ({"bytes": 63, "readback": {"ok": 1}}, "the file changed since it was exported")])
+def test_push_refuses_a_gguf_file_its_export_did_not_check(capsys, tmp_path, no_hub, record, words):
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF" + b"\0" * 60)
+    if record is not None:
+        (tmp_path / "model.export.json").write_text(json.dumps({**record, "output": str(gguf), "model": "x"}))
+    code, _, err = run_cli(capsys, ["push", str(gguf), "--repo", "me/x", "--dry-run"])
+    assert code == 2 and words in err and len(err.splitlines()) == 1
+
+
 
 
 def test_push_refuses_a_folder_without_a_card_or_a_bad_repo(capsys, tiny_llama, no_hub):

@@ -38,7 +38,8 @@ def test_pruned_model_card_names_the_base_model_and_the_dropped_blocks(pruned, t
     from layerprune.prune.report import read_prune_report
 
     card = ModelCard.load(pruned / "README.md")
-    assert card.data.base_model == str(tiny_llama) and card.data.library_name == "transformers"
+    assert card.data.base_model is None and card.data.library_name == "transformers"  # no hub id for a local path
+    assert card.data.layerprune["source"] == str(tiny_llama)
     assert {"layerprune", "pruned"} <= set(card.data.tags)
     assert card.data.layerprune["dropped_blocks"] == [2, 4] and card.data.layerprune["score"] == "explicit"
     assert "- dropped blocks (original numbering): [2, 4]" in card.text

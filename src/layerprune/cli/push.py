@@ -17,6 +17,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scores", type=Path, default=None, metavar="EVAL_DIR",
                         help="Put the scores of this `layerprune evaluate` output (its summary.json) on the card "
                              "first (a run's cards carry theirs already)")
+    parser.add_argument("--allow-unverified", action="store_true", help="Share a model no check compared with its "
+                        "source (a folder pruned with --no-verify, a GGUF file exported with --no-verify or without "
+                        "its export record)")
     parser.add_argument("--dry-run", action="store_true", help="Print the files (with sizes) and the card's metadata "
                         "that would go; upload and write nothing")
 
@@ -28,8 +31,9 @@ def run(args: argparse.Namespace) -> int:
     if args.scores is not None:
         from layerprune.pipeline.cards import card_with_evaluation
 
-        refresh = partial(card_with_evaluation, evaluation=args.scores, model_name=args.repo.rsplit("/", 1)[-1])
-    plan = plan_push(args.model, args.repo, refresh)
+        refresh = partial(card_with_evaluation, evaluation=args.scores, model_name=args.repo.rsplit("/", 1)[-1],
+                          model=args.model)
+    plan = plan_push(args.model, args.repo, refresh, args.allow_unverified)
     if args.dry_run:
         print(plan.listing(args.private))
         print("dry run: nothing uploaded or written")

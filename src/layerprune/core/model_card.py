@@ -55,7 +55,7 @@ def with_scores(text: str, model_name: str, scores: list[CardScore], table: str)
     from huggingface_hub import ModelCard
 
     card = ModelCard(text, ignore_metadata_errors=True)
-    card.data.model_name = model_name
+    card.data.model_name = model_name if scores else None  # the hub reads model_name only with model-index
     card.data.eval_results = eval_results(scores) or None
     section = [SCORES_HEADING, "", table.rstrip(), ""]
     return f"---\n{card.data.to_yaml()}\n---\n" + replace_section(card.text, SCORES_HEADING, "\n".join(section))
@@ -71,6 +71,16 @@ def replace_section(body: str, heading: str, section: str) -> str:
     end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith(level)), len(lines))
     rest = lines[end:]
     return "\n".join([*lines[:start], *section.rstrip("\n").split("\n"), *([""] + rest if rest else [])]) + "\n"
+
+
+def without_section(body: str, heading: str) -> str:
+    """`body` less the section under `heading` (up to the next heading of its level)."""
+    lines = body.split("\n")
+    if heading not in lines:
+        return body
+    start, level = lines.index(heading), heading.split(" ", 1)[0] + " "
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith(level)), len(lines))
+    return "\n".join([*lines[:start], *lines[end:]])
 
 
 def read_card(path: Path) -> ModelCard:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoConfig, AutoTokenizer
 
 from layerprune.core.errors import LayerpruneError
+from layerprune.core.outputs import write_atomic
 from layerprune.core.settings import RunSettings
 from layerprune.export.catalog import TRANSFORMERS_READS, family_for
 from layerprune.export.quantize import QUANTS, check_quant_name, check_quantized, quantize_in_place, require_quantizer
@@ -78,13 +79,13 @@ def export_gguf(model_dir: Path, output: Path, outtype: str = "q8_0", overwrite:
             quantized = quantize_in_place(tmp, outtype)
             checked = check_quantized(tmp, model_dir, outtype) if verify else None
     with parsed_once():  # the per-layer fields and the read-back's three loads: one parse of the file
-        report = ExportReport(model=str(model_dir), output=str(output), outtype=outtype,
+        report = ExportReport(model=str(model_dir.resolve()), output=str(output), outtype=outtype,
                               architecture=family.arch.name, tensors=tensors, bytes=output.stat().st_size,
                               tokenizer_from=str(tokenizer_gguf), per_layer=per_layer_fields(output),
                               seconds=round(time.perf_counter() - start, 1), quantized=quantized)
         if verify:
             report.readback = checked or _read_back(model_dir, output, family, config, tokenizer)
-    output.with_suffix(".export.json").write_text(report.model_dump_json(indent=2))
+    write_atomic(output.with_suffix(".export.json"), report.model_dump_json(indent=2))
     return report
 
 

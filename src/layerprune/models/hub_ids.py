@@ -30,6 +30,11 @@ class BaseModelRef:
     on_hub: bool
     variant: str | None = None
 
+    @property
+    def hub_id(self) -> str | None:
+        """What a card's `base_model` holds: the hub id, or None for a local path (the hub takes ids only)."""
+        return self.base_model if self.on_hub else None
+
 
 def base_model_of(source: SourceRecord) -> BaseModelRef:
     """The base model of a recorded source (a prune's, a recovery's student, a variant's)."""

@@ -46,15 +46,33 @@ def refresh_run_cards(name: str, folders: dict[str, Path], summaries: dict[str, 
     return written
 
 
-def card_with_evaluation(text: str, evaluation: Path, model_name: str) -> str:
-    """The card `text` with the scores of an `evaluate` output folder (its summary.json) and their table."""
+def card_with_evaluation(text: str, evaluation: Path, model_name: str, model: Path | None = None) -> str:
+    """The card `text` with the scores of an `evaluate` output folder (its summary.json) and their table; with
+    `model`, only when those scores are of its weights (check_scored)."""
     path = Path(evaluation)
     path = path / SUMMARY_FILE if path.is_dir() else path
     if not path.is_file():
         raise LayerpruneError(f"--scores {evaluation}: no {SUMMARY_FILE} there (give the folder `layerprune "
                               "evaluate` wrote for this model)")
     summary = read_summary(path)
+    if model is not None:
+        check_scored(summary, Path(model), evaluation)
     return with_scores(text, model_name, summary_scores(summary), paired_table(path.parent) or format_table(summary))
+
+
+def check_scored(summary: Summary, model: Path, evaluation: Path) -> None:
+    """Refuse scores measured on other weights than `model`'s: the summary's model_hash against the fingerprint of
+    `model`'s files (models/identity.py; the file hashes are remembered, so the model evaluated here is not read
+    again)."""
+    from layerprune.core.settings import RunSettings
+    from layerprune.models.identity import model_fingerprint
+    from layerprune.models.loading import resolve_model
+
+    settings = RunSettings()
+    if model_fingerprint(resolve_model(model, settings), settings.resolved_cache_dir()) != summary.model_hash:
+        raise LayerpruneError(f"--scores {evaluation}: those are the scores of {summary.model.spec} (weights "
+                              f"{summary.model_hash[:12]}), not of the weights in {model}; give the evaluation of "
+                              "this model")
 
 
 def paired_table(folder: Path) -> str | None:

@@ -188,7 +188,7 @@ def card_data(report: dict[str, Any]) -> ModelCardData:
     name = (report.get("recipe") or {}).get("name")
     teacher = report.get("teacher")
     return ModelCardData(
-        base_model=base.base_model, library_name="transformers", pipeline_tag="text-generation",
+        base_model=base.hub_id, library_name="transformers", pipeline_tag="text-generation",
         tags=["layerprune", "variant", report["kind"]], layerprune={
             "source": report["source_model"], **({"variant": base.variant} if base.variant else {}),
             "variant_recipe": name, "variant_kind": report["kind"], "train_method": report["train"]["method"],

@@ -197,7 +197,7 @@ def model_card(report: PruneReport) -> ModelCard:
 
     method, spec = report.method, report.source.spec or report.source.location
     base = base_model_of(report.source)
-    data = ModelCardData(base_model=base.base_model, library_name="transformers", pipeline_tag="text-generation",
+    data = ModelCardData(base_model=base.hub_id, library_name="transformers", pipeline_tag="text-generation",
                          tags=["layerprune", "pruned"], layerprune=_known({
                              "source": spec, "variant": base.variant, "dropped_blocks": report.dropped,
                              "removed_sublayers": report.removed_sublayers, "score": method.score,

@@ -88,7 +88,7 @@ def model_card(report: RecoverReport, lineage: PrunedLineage | None) -> ModelCar
     source = lineage.source if lineage is not None else report.student
     original = source.spec or source.location
     base = base_model_of(source)
-    data = ModelCardData(base_model=base.base_model, library_name="transformers", pipeline_tag="text-generation",
+    data = ModelCardData(base_model=base.hub_id, library_name="transformers", pipeline_tag="text-generation",
                          tags=["layerprune", "pruned", "recovered", f"recover-{recipe.method}"], layerprune={
                              "source": original, "variant": base.variant,
                              "dropped_blocks": lineage.dropped if lineage is not None else None,
