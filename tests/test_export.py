@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from helpers import run_cli
+from layerprune.core.outputs import current_umask
 from layerprune.core.settings import RunSettings
 from layerprune.export import export_gguf
 from layerprune.export.families import gemma3_metadata
@@ -48,6 +49,7 @@ def test_export_is_read_back_by_transformers_with_the_models_logits(gguf_sourced
     parses, tokenizers = counting_gguf_parses(monkeypatch), counting_tokenizer_loads(monkeypatch)
     report = export_gguf(gguf_sourced, tmp_path / "m.gguf", outtype)
     assert parses.count(str(tmp_path / "m.gguf")) == 1  # the read-back's config, tokenizer and weights: one parse
+    assert (tmp_path / "m.gguf").stat().st_mode & 0o777 == 0o666 & ~current_umask()  # not mkstemp's private 0600
     assert tokenizers.count(str(gguf_sourced)) == 1  # the directory's tokenizer: the chat template and the read-back
     back = report.readback
     assert back["config_fields_differing"] == {} and back["tokenizer_ids_equal"]

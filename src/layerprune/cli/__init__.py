@@ -9,9 +9,11 @@ import argparse
 import contextlib
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from pydantic import ValidationError
 
@@ -41,8 +43,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with its usage errors in one line (the command's --help says the rest), not the usage block first:
+    every bad input ends in one line."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (`{self.prog} --help` lists the options)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="layerprune",
+    parser = OneLineParser(prog="layerprune",
                                      description="Make decoder-only LLMs shallower and measure the cost.")
     parser.add_argument("--version", action="version", version=f"layerprune {package_version()}")
     parser.add_argument("-q", "--quiet", action="store_true", help="print warnings and errors only")
@@ -75,7 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from layerprune.models.loading import planning
 
         with planning() if getattr(args, "dry_run", False) else contextlib.nullcontext():
-            return int(args.handler(args) or 0)
+            code = int(args.handler(args) or 0)
+            sys.stdout.flush()  # a closed pipe found here, not by Python's own flush at exit
+            return code
     except LayerpruneError as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return exc.exit_code
@@ -85,6 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted; re-run the same command to resume where possible", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of our output went away (`| head`): nothing to say, as a Unix tool
+        with contextlib.suppress(OSError, ValueError):  # no second error when Python flushes at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as exc:  # a library's own failure: one line naming the stage, the traceback kept
         if args.debug:
             raise

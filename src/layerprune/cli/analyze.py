@@ -63,9 +63,12 @@ def analysis_function(name: str) -> Callable[[Any, RunSettings, Path], dict[str,
     return analyze_degeneration
 
 
+ANALYSIS_INPUTS = ("models", "generations", "runs", "critical_from")  # what an analysis reads: never its output
+
+
 def run(args: argparse.Namespace) -> int:
     """Validate, refuse an existing output, compute into a temporary directory, then move it in place."""
-    from layerprune.core.outputs import atomic_output_dir, check_output_dir
+    from layerprune.core.outputs import atomic_output_dir, check_output_dir, input_paths
 
     config, settings = build_config(args)
     if getattr(config, "dry_run", False):
@@ -74,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         print(dry_run_text(config, settings), end="")
         return 0
     out = config.output or Path("analysis") / args.analysis
-    check_output_dir(out, config.overwrite)
+    check_output_dir(out, config.overwrite, input_paths(*(getattr(config, name, None) for name in ANALYSIS_INPUTS)))
     start = time.perf_counter()
     with atomic_output_dir(out, config.overwrite) as tmp:
         analysis_function(args.analysis)(config, settings, tmp)

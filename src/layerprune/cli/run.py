@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from layerprune.pipeline.plan import dry_run
     from layerprune.pipeline.recipe import RunRecipe
     from layerprune.pipeline.recipe_cells import select_cells
-    from layerprune.pipeline.stages import run_pipeline
+    from layerprune.pipeline.stages import check_run_target, run_pipeline
 
     settings = build_schema(RunSettings, typed_layer(args, RunSettings))
     selection = select_cells(args.recipe, RunRecipe.kind, settings, args.model, args.drop, args.cell)
@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
                for cell in selection.cells]  # every cell valid before any runs
     for recipe in recipes:
         recipe.evaluate.allow_overlap = recipe.evaluate.allow_overlap or args.allow_overlap
+        check_run_target(recipe, args.from_stage)
     if args.dry_run:
         plans = [dry_run(recipe, settings) for recipe in recipes]
         print(selection.dry_run(plans))

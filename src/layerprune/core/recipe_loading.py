@@ -129,14 +129,38 @@ def _locate(name_or_path: str | Path, kind: str | None) -> Shipped:
     return found
 
 
+@functools.cache
+def unique_key_loader() -> Any:
+    """PyYAML's SafeLoader refusing a mapping that names a key twice (safe_load keeps the last one, silently: a
+    recipe with `drop: 3` and later `drop: 4` would run 4 with no word); merge keys (`<<`) still override."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError("while reading a mapping", node.start_mark,
+                                                            f"the key {key!r} is given twice", key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeyLoader
+
+
 def read_recipe_dict(path: Path) -> dict[str, Any]:
-    """The YAML mapping in a recipe file, as written (one-line error when it is not one)."""
+    """The YAML mapping in a recipe file, as written (one-line error when it is not one, or names a key twice)."""
     import yaml
 
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=unique_key_loader())  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as exc:
         raise LayerpruneError(f"{path} is not valid YAML: {' '.join(str(exc).split())[:200]}") from exc
+    except UnicodeDecodeError as exc:
+        raise LayerpruneError(f"{path} is not a text file (not UTF-8 at byte {exc.start}); a recipe is YAML") from exc
     except OSError as exc:
         raise LayerpruneError(f"cannot read recipe {path}: {exc.strerror or exc}") from exc
     if data is None:

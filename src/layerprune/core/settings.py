@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from layerprune.core.errors import LayerpruneError
+
 if TYPE_CHECKING:
     import torch
 
@@ -65,7 +67,14 @@ class RunSettings(BaseModel):
 
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
+        device = torch.device(self.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise LayerpruneError(f"--device {self.device}: this torch sees no CUDA device (torch "
+                                  f"{torch.__version__}); use --device cpu or auto")
+        if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+            raise LayerpruneError(f"--device {self.device}: this machine has {torch.cuda.device_count()} CUDA "
+                                  "device(s)")
+        return device
 
     def resolved_dtype(self) -> torch.dtype:
         import torch

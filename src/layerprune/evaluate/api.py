@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from layerprune.core.outputs import atomic_output_dir, check_output_dir
+from layerprune.core.outputs import atomic_output_dir, check_output_dir, input_paths
 from layerprune.core.settings import RunSettings
 from layerprune.evaluate.overlap import calibration_overlap
 from layerprune.evaluate.report import compare, format_table
@@ -46,7 +46,7 @@ def warn_tokenizer_mismatch(roles: dict[str, Any], run: RunSettings, backend: st
 def evaluate_models(roles: dict[str, Any], settings: EvalSettings, run: RunSettings, output: Path,
                     overwrite: bool = False) -> str:
     """Evaluate each model into output/<role> (or output itself for one model); return the printed tables."""
-    check_output_dir(output, overwrite)
+    check_output_dir(output, overwrite, input_paths(list(roles.values())))
     warning = warn_tokenizer_mismatch(roles, run, settings.backend)
     summaries: dict[str, Summary] = {}
     pruned = roles.get("pruned")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
+import subprocess
 from typing import Any
 
 _RECORDS: dict[tuple[str, str], Any] = {}
@@ -40,11 +41,20 @@ def _memoized_env_info(original: Any) -> Any:
     return add_env_info
 
 
+def _in_git_tree() -> bool:
+    try:
+        found = subprocess.run(["git", "rev-parse", "--is-inside-work-tree"], capture_output=True, timeout=10,
+                               check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return found.returncode == 0
+
+
 def _memoized_git_hash(original: Any) -> Any:
     def get_git_commit_hash() -> Any:
         key = ("git", os.getcwd())
-        if key not in _RECORDS:
-            _RECORDS[key] = original()
+        if key not in _RECORDS:  # outside a git work tree git says "fatal: not a git repository" on our stderr
+            _RECORDS[key] = original() if _in_git_tree() else None
         return _RECORDS[key]
 
     return get_git_commit_hash

@@ -12,7 +12,7 @@ from typing import Any
 
 from layerprune.core import errors
 from layerprune.core.errors import LayerpruneError, one_line
-from layerprune.core.outputs import atomic_output_dir, check_output_dir
+from layerprune.core.outputs import atomic_output_dir, check_output_dir, input_paths
 from layerprune.core.provenance import collect_provenance
 from layerprune.core.settings import RunSettings
 from layerprune.evaluate.cache import cache_path, read_cached, task_settings, write_cached
@@ -164,7 +164,7 @@ def evaluate_model(
     """
     settings, run = settings or EvalSettings(), run or RunSettings()
     if output_dir is not None:
-        check_output_dir(output_dir, overwrite)
+        check_output_dir(output_dir, overwrite, input_paths(model, calibration_from))
     data_dir = resolve_data_dir(settings.data_dir)
     planned, skipped = plan_tasks(settings, data_dir)
     if any(task.spec.source == "humaneval" for task in planned):

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoConfig, AutoTokenizer
 
 from layerprune.core.errors import LayerpruneError
-from layerprune.core.outputs import write_atomic
+from layerprune.core.outputs import current_umask, write_atomic
 from layerprune.core.settings import RunSettings
 from layerprune.export.catalog import TRANSFORMERS_READS, family_for
 from layerprune.export.quantize import QUANTS, check_quant_name, check_quantized, quantize_in_place, require_quantizer
@@ -69,6 +69,9 @@ def export_gguf(model_dir: Path, output: Path, outtype: str = "q8_0", overwrite:
     if output.exists() and not overwrite:
         raise LayerpruneError(f"{output} already exists; pass --overwrite")
     tokenizer_gguf = source_gguf(model_dir, settings)
+    if output.resolve() == Path(tokenizer_gguf).resolve():
+        raise LayerpruneError(f"{output} is the GGUF the tokenizer is read from (the model's source); choose another "
+                              "output")
     start = time.perf_counter()
     quantized, checked = None, None
     tokenizer = AutoTokenizer.from_pretrained(model_dir)  # once: Gemma-3's 262k-token tokenizer takes seconds to load
@@ -127,11 +130,15 @@ def _write(path: Path, model_dir: Path, family: Any, config: Any, outtype: str, 
 
 @contextlib.contextmanager
 def _atomic_file(path: Path):  # type: ignore[no-untyped-def]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    except OSError as exc:
+        raise LayerpruneError(f"cannot write {path}: {exc.strerror or exc} ({exc.filename or path})") from exc
     os.close(fd)
     try:
         yield Path(name)
+        os.chmod(name, 0o666 & ~current_umask())  # mkstemp's file is private: the user's usual permissions
         os.replace(name, path)
     except BaseException:
         with contextlib.suppress(OSError):

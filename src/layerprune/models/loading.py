@@ -176,6 +176,21 @@ def device_map_kwargs(settings: RunSettings, whole: bool = False) -> dict[str, A
     return {"device_map": settings.device_map, "max_memory": settings.resolved_max_memory()}
 
 
+def check_loading_info(spec: str, info: dict[str, Any]) -> None:
+    """Refuse weights the checkpoint lacks for its config (transformers would start them at random and go on), say
+    which it holds that the config has no place for."""
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        more = f" and {len(missing) - 2} more" if len(missing) > 2 else ""
+        raise LayerpruneError(f"could not load model {spec}: its checkpoint lacks {len(missing)} weights its config "
+                              f"needs ({', '.join(missing[:2])}{more}); a truncated checkpoint, or a config that "
+                              "does not match it (num_hidden_layers?)")
+    unexpected = sorted(info.get("unexpected_keys") or [])
+    if unexpected:
+        log.warning("model %s: %d weights of its checkpoint are not used by its config (%s ...)", spec,
+                    len(unexpected), unexpected[0])
+
+
 def load_model(
     spec: str | os.PathLike[str] | ModelSource | None = None,
     settings: RunSettings | None = None,
@@ -195,18 +210,20 @@ def load_model(
     if "device_map" not in kwargs:
         kwargs.update(device_map_kwargs(settings))
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model, info = AutoModelForCausalLM.from_pretrained(
             source.location,
             config=config,
             dtype=settings.resolved_dtype(),
             trust_remote_code=settings.trust_remote_code,
             use_safetensors=None if settings.allow_pickle else True,
+            output_loading_info=True,
             **kwargs,
         )
     except LayerpruneError:
         raise
     except Exception as exc:
         raise LayerpruneError(f"could not load model {source.spec}: {one_line(exc)[:300]}") from exc
+    check_loading_info(source.spec, info)
     if getattr(model, "hf_device_map", None) is None:
         model.to(settings.resolved_device())
     model.eval()

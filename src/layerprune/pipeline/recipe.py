@@ -7,6 +7,7 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from layerprune.core.outputs import run_folder
 from layerprune.core.recipe_loading import build_from_recipe, load_recipe, merge_layers, validation_message
 from layerprune.evaluate.schema import EvalSettings
 from layerprune.prune.recipe import PruneRecipe
@@ -66,7 +67,7 @@ class PipelineRecipe(BaseModel):
         return build_from_recipe(cls, cls.kind, name_or_path, {"output": str(output)} if output is not None else {})
 
     def run_dir(self) -> Path:
-        return self.output or Path("runs") / self.name
+        return self.output or run_folder(self.name)
 
 
 class RunRecipe(PipelineRecipe):

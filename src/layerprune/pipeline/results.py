@@ -367,10 +367,17 @@ def draw_results(archives: list[Path], questions: dict[str, dict[str, Any]], cha
 
 
 def write_results(archives: list[Path], output: Path, index: bool, readme: Path | None) -> list[Path]:
-    """Every archive's page under `output`; with `index`, output/README.md; with `readme`, its results block."""
+    """Every archive's page under `output`; with `index`, output/README.md; with `readme`, its results block. An
+    archive that cannot be drawn leaves no `output` folder behind that was not there before."""
+    made = not output.exists()
     output.mkdir(parents=True, exist_ok=True)
-    questions = read_questions(output / QUESTIONS)
-    pages, answers = draw_results(archives, questions, output)
+    try:
+        questions = read_questions(output / QUESTIONS)
+        pages, answers = draw_results(archives, questions, output)
+    except BaseException:
+        if made:
+            shutil.rmtree(output, ignore_errors=True)
+        raise
     written = []
     for name, text in pages.items():
         write_atomic(output / name, text.encode())

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from layerprune.core.errors import LayerpruneError
+from layerprune.core.outputs import check_can_make, check_not_input, input_paths
 from layerprune.core.provenance import Provenance, collect_provenance
 from layerprune.core.registry import unknown_name_message
 from layerprune.core.reports import read_report, write_report
@@ -122,7 +123,8 @@ def _read_state(path: Path, overwrite: bool) -> RunState | None:
 
 def claim_run_dir(paths: RunPaths, recipe: Any, overwrite: bool) -> None:
     """A run directory belongs to one recipe (a pydantic recipe or study with a `name`): refuse another recipe's
-    outputs unless --overwrite."""
+    outputs unless --overwrite; never a folder that is, holds or lies in the recipe's model."""
+    check_not_input(paths.root, input_paths(getattr(recipe, "model", None)))
     if paths.state.is_file():
         other = _read_state(paths.state, overwrite)
         if other is not None and owns(other, recipe):
@@ -158,9 +160,7 @@ def stages_for(recipe: RunRecipe) -> list[str]:
 
 def reset_from(paths: RunPaths, recipe: RunRecipe, stage: str) -> None:
     """--from STAGE: forget the outputs of STAGE and every later stage."""
-    stages = stages_for(recipe)
-    if stage not in stages:
-        raise LayerpruneError(unknown_name_message("stage", stage, stages))
+    stages = check_stage(recipe, stage)
     for later in stages[stages.index(stage) :]:
         target = paths.stage_output(later)
         folder = target.parent if later != "report" else target
@@ -172,6 +172,24 @@ def reset_from(paths: RunPaths, recipe: RunRecipe, stage: str) -> None:
         paths.selfgen.unlink()
 
 
+def check_stage(recipe: RunRecipe, stage: str) -> list[str]:
+    """The run's stages, refusing a --from STAGE not among them."""
+    stages = stages_for(recipe)
+    if stage not in stages:
+        raise LayerpruneError(unknown_name_message("stage", stage, stages))
+    return stages
+
+
+def check_run_target(recipe: RunRecipe, from_stage: str | None = None) -> None:
+    """What a run refuses before any cell of it runs (and in its dry run): a name that is no folder name, a run
+    folder that is, holds or lies in its model, that is a file or lies under one, a --from stage it does not have."""
+    root = recipe.run_dir()
+    check_not_input(root, input_paths(recipe.model))
+    check_can_make(root)
+    if from_stage:
+        check_stage(recipe, from_stage)
+
+
 def run_pipeline(
     recipe: RunRecipe, settings: RunSettings, from_stage: str | None = None, overwrite: bool = False
 ) -> Path:
@@ -179,6 +197,8 @@ def run_pipeline(
     from layerprune.pipeline.plan import validate_data
 
     paths = RunPaths(recipe.run_dir())
+    if from_stage:
+        check_stage(recipe, from_stage)  # before the run folder is claimed: nothing written for a misspelled stage
     validate_data(
         recipe,
         settings,

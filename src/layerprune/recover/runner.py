@@ -14,7 +14,7 @@ from typing import Any
 from layerprune.core import errors
 from layerprune.core.errors import LayerpruneError
 from layerprune.core.model_card import write_card
-from layerprune.core.outputs import atomic_output_dir, check_output_dir
+from layerprune.core.outputs import atomic_output_dir, check_output_dir, input_paths
 from layerprune.core.provenance import collect_provenance
 from layerprune.core.reports import write_report
 from layerprune.core.settings import RunSettings
@@ -107,7 +107,7 @@ def recover_model(recipe: RecoverRecipe, job: RecoverJob) -> RecoverReport:
     notes = [*notes, precision] if precision else notes
     for note in notes:
         log.warning("%s", note)
-    check_output_dir(job.output, job.overwrite, inputs=(Path(student.location),) if student.is_local else ())
+    check_output_dir(job.output, job.overwrite, input_paths(student, teacher))
     refuse_over_bound(recipe, student, teacher, job)
     prompts, exclusion = prompt_sources.load_prompts(recipe.prompts, _data_dir(recipe, job))
     state = distributed_state(job.settings)

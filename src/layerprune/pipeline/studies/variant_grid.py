@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from layerprune.analyze.schemas import ImportanceAnalysis, NmiAnalysis
+from layerprune.core.outputs import run_folder
 from layerprune.core.recipe_loading import build_from_recipe, merge_layers, validation_message
 from layerprune.pipeline.recipe import RecoverStage
 from layerprune.posttrain.schema import VariantRecipe
@@ -137,7 +138,7 @@ class VariantStudy(BaseModel):
         return self.target or tasks[0]
 
     def run_dir(self) -> Path:
-        return self.output or Path("runs") / self.name
+        return self.output or run_folder(self.name)
 
     def recover_recipe(self) -> Any:
         """The recover recipe that makes the variant: the original model learns from its own answers."""
