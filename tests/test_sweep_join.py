@@ -137,8 +137,9 @@ def test_the_cli_writes_the_comparison_and_a_refusal_leaves_nothing(tmp_path, ca
     code, stdout, err = run_cli(capsys, ["analyze", "sweeps", "--runs", str(a), str(b), "-o", str(out)])
     assert code == 0, err
     assert (out / "sweeps.json").is_file() and "# Sweeps compared: generic, aligned" in stdout
-    bad = tmp_path / "bad"
-    code, stdout, err = run_cli(capsys, ["analyze", "sweeps", "--runs", str(a), str(tmp_path), "-o", str(bad)])
+    bad, not_a_run = tmp_path / "bad", tmp_path / "not-a-run"
+    not_a_run.mkdir()
+    code, stdout, err = run_cli(capsys, ["analyze", "sweeps", "--runs", str(a), str(not_a_run), "-o", str(bad)])
     assert_one_line_error(code, err, "no sweep.json")
     assert not bad.exists()
 
